@@ -1,0 +1,49 @@
+"""Domain errors -> canonical gRPC status codes with google.rpc details."""
+
+from __future__ import annotations
+
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from ..domain import errors as e
+
+DOMAIN = "agentruntime.dev"
+
+
+def to_status(error: e.DomainError) -> status_pb2.Status:
+    details: list[object] = []
+    if isinstance(error, e.InvalidArgument):
+        code = code_pb2.INVALID_ARGUMENT
+        details.append(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                    for v in error.violations
+                ]
+            )
+        )
+    elif isinstance(error, e.NotFound):
+        code = code_pb2.NOT_FOUND
+        details.append(error_details_pb2.ResourceInfo(resource_type=error.kind, resource_name=error.name))
+    elif isinstance(error, e.AlreadyExists):
+        code = code_pb2.ALREADY_EXISTS
+    elif isinstance(error, e.FailedPrecondition):
+        code = code_pb2.FAILED_PRECONDITION
+        details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
+    elif isinstance(error, e.ResourceExhausted):
+        code = code_pb2.RESOURCE_EXHAUSTED
+        metadata = {"limit": error.limit.wire_name} if error.limit.value else {}
+        details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata))
+    else:
+        code = code_pb2.FAILED_PRECONDITION
+    packed = []
+    for detail in details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)  # type: ignore[arg-type]
+        packed.append(holder)
+    return status_pb2.Status(code=code, message=str(error), details=packed)
+
+
+def to_grpc_status(error: e.DomainError) -> object:
+    return rpc_status.to_status(to_status(error))

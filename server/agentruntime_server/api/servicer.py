@@ -1,0 +1,127 @@
+"""The gRPC edge: check required fields, convert, hand off to the domain, convert back."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from ..domain.errors import DomainError, FieldViolation, InvalidArgument
+from ..domain.runtime import Runtime
+from ..domain.service import RuntimeService
+from . import convert
+from .errors import to_grpc_status
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    """Maps a refused request to its canonical status; nothing else escapes as INTERNAL quietly."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request, context)
+        except DomainError as error:
+            await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _require(**fields: str) -> None:
+    missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
+    if missing:
+        raise InvalidArgument(missing)
+
+
+class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
+    def __init__(self, service: RuntimeService) -> None:
+        self.service = service
+
+    def _runtime(self, runtime_id: str) -> Runtime:
+        _require(runtime_id=runtime_id)
+        return self.service.runtime(runtime_id)
+
+    def _handle_target(self, request: Any) -> Runtime:
+        _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+        return self.service.runtime(request.runtime_id)
+
+    @_edge
+    async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: grpc.aio.ServicerContext) -> pb.CreateRuntimeResponse:
+        agents = convert.agents_from_proto(list(request.agents))
+        runtime = await self.service.create_runtime(request.runtime_id, agents)
+        return pb.CreateRuntimeResponse(runtime_id=runtime.id)
+
+    @_edge
+    async def Spawn(self, request: pb.SpawnRequest, context: grpc.aio.ServicerContext) -> pb.SpawnResponse:
+        runtime = self._runtime(request.runtime_id)
+        _require(agent=request.agent)
+        budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else None
+        handle = await runtime.spawn(request.parent_id or "root", request.agent, budget)
+        return pb.SpawnResponse(handle_id=handle.id)
+
+    @_edge
+    async def Post(self, request: pb.PostRequest, context: grpc.aio.ServicerContext) -> pb.PostResponse:
+        runtime = self._handle_target(request)
+        size = await runtime.post(request.handle_id, request.text, request.channel, request.sender)
+        return pb.PostResponse(ok=True, inbox_size=size)
+
+    @_edge
+    async def Wake(self, request: pb.WakeRequest, context: grpc.aio.ServicerContext) -> pb.WakeResponse:
+        runtime = self._handle_target(request)
+        return pb.WakeResponse(queued=runtime.wake(request.handle_id, request.prompt))
+
+    @_edge
+    async def Wait(self, request: pb.WaitRequest, context: grpc.aio.ServicerContext) -> pb.WaitResponse:
+        runtime = self._handle_target(request)
+        timeout = None
+        if request.HasField("timeout"):
+            timeout = request.timeout.ToTimedelta().total_seconds()
+            if timeout < 0:
+                raise InvalidArgument([FieldViolation("timeout", "must not be negative")])
+        result = await runtime.wait(request.handle_id, timeout)
+        return pb.WaitResponse(result=convert.result_to_proto(result))
+
+    @_edge
+    async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> pb.ResumeResponse:
+        runtime = self._runtime(request.runtime_id)
+        _require(**{"answer.id": request.answer.id})
+        result = await runtime.resume(convert.answer_from_proto(request.answer))
+        return pb.ResumeResponse(result=convert.result_to_proto(result))
+
+    @_edge
+    async def Interrupt(self, request: pb.InterruptRequest, context: grpc.aio.ServicerContext) -> pb.InterruptResponse:
+        runtime = self._handle_target(request)
+        return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id))
+
+    @_edge
+    async def Close(self, request: pb.CloseRequest, context: grpc.aio.ServicerContext) -> pb.CloseResponse:
+        runtime = self._handle_target(request)
+        return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force))
+
+    @_edge
+    async def Inspect(self, request: pb.InspectRequest, context: grpc.aio.ServicerContext) -> pb.InspectResponse:
+        runtime = self._handle_target(request)
+        return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
+
+    @_edge
+    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.ListResponse:
+        runtime = self._runtime(request.runtime_id)
+        return pb.ListResponse(handles=[convert.handle_to_proto(snapshot) for snapshot in runtime.list()])
+
+    @_edge
+    async def GetTranscript(
+        self, request: pb.GetTranscriptRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetTranscriptResponse:
+        runtime = self._handle_target(request)
+        return pb.GetTranscriptResponse(messages=[convert.message_to_proto(m) for m in runtime.transcript(request.handle_id)])

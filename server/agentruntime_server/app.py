@@ -1,0 +1,78 @@
+"""Wires the parts together and serves them over gRPC."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from .api.servicer import AgentRuntimeServicer
+from .domain.ports import ModelProvider
+from .domain.runtime import Services
+from .domain.service import RuntimeService
+from .http_session import HttpSession
+from .providers.openai import OpenAIProvider
+from .providers.router import ProviderRouter
+from .providers.scripted import ScriptedProvider
+from .settings import Settings
+from .store.memory import MemoryStore
+from .tools.http import HttpTools
+
+log = logging.getLogger("agentruntime")
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentRuntime"].full_name
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    http: HttpSession
+    health: HealthServicer
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.http.close()
+
+
+def build_service(settings: Settings, http: HttpSession) -> RuntimeService:
+    scripted = ScriptedProvider()
+    default: ModelProvider = scripted
+    if settings.llm_style == "openai":
+        default = OpenAIProvider(
+            http,
+            base_url=settings.llm_base_url,
+            api_key=settings.llm_api_key.get_secret_value(),
+            default_model=settings.llm_model,
+            timeout=settings.llm_timeout,
+        )
+    services = Services(
+        models=ProviderRouter(default, scripted),
+        http_tools=HttpTools(http),
+        store=MemoryStore(),
+        inbox_capacity=settings.inbox_capacity,
+    )
+    return RuntimeService(services)
+
+
+async def start(settings: Settings) -> RunningServer:
+    http = HttpSession(settings.http_pool_size)
+    server = grpc.aio.server()
+    pb_grpc.add_AgentRuntimeServicer_to_server(AgentRuntimeServicer(build_service(settings, http)), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(settings.listen)
+    await server.start()
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("agentruntime serving on port %d (model provider: %s)", port, settings.llm_style)
+    return RunningServer(server=server, port=port, http=http, health=health)

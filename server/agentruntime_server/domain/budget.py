@@ -1,0 +1,73 @@
+"""Budgets: carved at spawn from the parent's remaining budget, checked live up the
+ancestor chain before every turn, tool call and spawn.
+
+Scopes: turns are the handle's own; tokens and tool calls are its subtree's (a parent's
+budget pays for its delegates); children, depth and concurrency are about the handle's
+direct children."""
+
+from __future__ import annotations
+
+from .errors import ResourceExhausted
+from .handle import Handle
+from .model import Budget, Limit
+
+
+def _smallest(*values: int | None) -> int | None:
+    present = [value for value in values if value is not None]
+    return min(present) if present else None
+
+
+def carve(own: Budget, parent: Handle | None) -> Budget:
+    if parent is None:
+        return own
+    cap = parent.budget
+
+    def left(limit: int | None, used: int) -> int | None:
+        return None if limit is None else max(limit - used, 0)
+
+    return Budget(
+        max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.turns)),
+        max_tokens=_smallest(own.max_tokens, left(cap.max_tokens, parent.total_tokens)),
+        max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.subtree_tool_calls)),
+        max_wall_time=own.max_wall_time,  # per run; a child's run deadline is carved from its parent's
+        max_children=own.max_children,
+        max_depth=_smallest(own.max_depth, None if cap.max_depth is None else max(cap.max_depth - 1, 0)),
+        max_concurrent=own.max_concurrent,
+    )
+
+
+def turn_stop(handle: Handle) -> Limit | None:
+    """The limit that forbids another model turn now, if any."""
+    if handle.budget.max_turns is not None and handle.turns >= handle.budget.max_turns:
+        return Limit.MAX_TURNS
+    for node in handle.lineage():
+        if node.budget.max_tokens is not None and node.total_tokens >= node.budget.max_tokens:
+            return Limit.MAX_TOKENS
+    return None
+
+
+def tool_calls_left(handle: Handle) -> int | None:
+    """How many more tool calls the handle's subtree and every ancestor's allow; None = no cap."""
+    return _smallest(
+        *(
+            None if node.budget.max_tool_calls is None else max(node.budget.max_tool_calls - node.subtree_tool_calls, 0)
+            for node in handle.lineage()
+        )
+    )
+
+
+def check_spawn(parent: Handle) -> None:
+    """Raises ResourceExhausted when the parent may not have another child."""
+    budget = parent.budget
+    if budget.max_children is not None and len(parent.children) >= budget.max_children:
+        raise ResourceExhausted(
+            f"handle {parent.id!r} has spawned {len(parent.children)} of its max_children {budget.max_children}",
+            reason=Limit.MAX_CHILDREN.wire_name,
+            limit=Limit.MAX_CHILDREN,
+        )
+    if budget.max_depth is not None and budget.max_depth <= 0:
+        raise ResourceExhausted(
+            f"handle {parent.id!r} is at its max_depth: it may not delegate further",
+            reason=Limit.MAX_DEPTH.wire_name,
+            limit=Limit.MAX_DEPTH,
+        )

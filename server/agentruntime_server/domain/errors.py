@@ -1,0 +1,50 @@
+"""Errors the domain raises for a caller's mistake. The api layer maps each to a gRPC code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Limit
+
+
+class DomainError(Exception):
+    """Base: a request the runtime refuses, with a message a caller can act on."""
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class InvalidArgument(DomainError):
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        self.violations = violations
+        super().__init__("; ".join(f"{v.field}: {v.description}" for v in violations))
+
+
+class NotFound(DomainError):
+    def __init__(self, kind: str, name: str, hint: str = "") -> None:
+        self.kind = kind
+        self.name = name
+        message = f"{kind} {name!r} not found"
+        super().__init__(f"{message}; {hint}" if hint else message)
+
+
+class AlreadyExists(DomainError):
+    pass
+
+
+class FailedPrecondition(DomainError):
+    def __init__(self, message: str, reason: str = "FAILED_PRECONDITION") -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class ResourceExhausted(DomainError):
+    """A budget or a bounded resource (an inbox) is used up."""
+
+    def __init__(self, message: str, reason: str, limit: Limit = Limit.NONE) -> None:
+        self.reason = reason
+        self.limit = limit
+        super().__init__(message)

@@ -1,0 +1,244 @@
+"""The runtime's vocabulary as plain Python values (no proto, no transport)."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+class Status(enum.Enum):
+    UNSPECIFIED = 0
+    DONE = 1
+    PENDING = 2
+    INCOMPLETE = 3
+    INTERRUPTED = 4
+    CLOSED = 5
+    TIMEOUT = 6
+    ERROR = 7
+
+
+class Limit(enum.Enum):
+    NONE = 0
+    MAX_TURNS = 1
+    MAX_TOKENS = 2
+    MAX_TOOL_CALLS = 3
+    MAX_WALL_TIME = 4
+    MAX_CHILDREN = 5
+    MAX_DEPTH = 6
+    COMPLETION = 7
+
+    @property
+    def wire_name(self) -> str:
+        return f"LIMIT_{self.name}"
+
+
+class HandleState(enum.Enum):
+    IDLE = 1
+    RUNNING = 2
+    SUSPENDED = 3
+    CLOSED = 4
+
+
+class GuardrailAction(enum.Enum):
+    DENY = 1
+    REQUIRE_APPROVAL = 2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Every field None means unlimited. Wall time is in seconds."""
+
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    max_tool_calls: int | None = None
+    max_wall_time: float | None = None
+    max_children: int | None = None
+    max_depth: int | None = None
+    max_concurrent: int | None = None
+
+    def overridden_by(self, other: Budget) -> Budget:
+        """Field by field: the other's set fields win."""
+        merged = {
+            name: getattr(other, name) if getattr(other, name) is not None else getattr(self, name)
+            for name in self.__dataclass_fields__
+        }
+        return Budget(**merged)
+
+
+@dataclass(frozen=True)
+class HttpExecutor:
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class RelayExecutor:
+    pass
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    executor: HttpExecutor | RelayExecutor
+    approval_required: bool = False
+    approval_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class CompletionGate:
+    max_attempts: int = 1
+    must_match: str = ""
+    judge_agent: str = ""
+
+    @property
+    def active(self) -> bool:
+        return bool(self.must_match or self.judge_agent)
+
+    @property
+    def pattern(self) -> re.Pattern[str] | None:
+        return _compiled(self.must_match) if self.must_match else None
+
+
+@dataclass(frozen=True)
+class Guardrail:
+    tool: str
+    action: GuardrailAction
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class ScriptedReply:
+    text: str
+    tool_calls: tuple[ScriptedToolCall, ...] = ()
+    tokens: int = 0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    description: str = ""
+    instructions: str = ""
+    model: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    team: tuple[str, ...] = ()
+    budget: Budget = Budget()
+    completion: CompletionGate = CompletionGate()
+    guardrails: tuple[Guardrail, ...] = ()
+    script: tuple[ScriptedReply, ...] = ()
+
+    def tool(self, name: str) -> ToolSpec | None:
+        for spec in self.tools:
+            if spec.name == name:
+                return spec
+        return None
+
+    def guardrail(self, tool_name: str) -> Guardrail | None:
+        for rail in self.guardrails:
+            if rail.tool == tool_name:
+                return rail
+        return None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    is_error: bool = False
+    turn: int = 0
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    id: str
+    kind: str
+    prompt: str = ""
+    url: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    path: tuple[str, ...] = ()
+    calls: tuple[tuple[ToolCall, str], ...] = ()  # (call, idempotency key)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    handle_id: str
+    text: str = ""
+    is_error: bool = False
+    status: Status = Status.UNSPECIFIED
+    limit: Limit = Limit.NONE
+    pending: PendingRequest | None = None
+    turns: int = 0
+    total_tokens: int = 0
+    own_tokens: int = 0
+    tool_calls: int = 0
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    text: str
+    channel: str
+    sender: str
+
+
+@dataclass(frozen=True)
+class HandleSnapshot:
+    handle_id: str
+    parent_id: str
+    agent: str
+    state: HandleState
+    turns: int
+    total_tokens: int
+    own_tokens: int
+    tool_calls: int
+    pending_kind: str
+    inbox_size: int
+    budget: Budget
+    last_status: Status
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Answer:
+    id: str
+    ok: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    outputs: tuple[ToolOutput, ...] = ()

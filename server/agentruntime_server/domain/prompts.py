@@ -1,0 +1,54 @@
+"""The text the runtime itself puts in front of a model."""
+
+from __future__ import annotations
+
+from .model import AgentSpec, InboxItem, Message, Status, TaskResult
+from .ports import ToolSchema
+
+
+def wake_message(prompt: str, inbox: list[InboxItem]) -> Message:
+    """One user message: the prompt, then the drained inbox as one block with provenance."""
+    parts = [prompt] if prompt else []
+    if inbox:
+        lines = [f"[from {item.sender}" + (f" on #{item.channel}" if item.channel else "") + f"] {item.text}" for item in inbox]
+        parts.append("Messages received:\n" + "\n".join(lines))
+    return Message(role="user", content="\n\n".join(parts))
+
+
+def task_tool(team: list[AgentSpec]) -> ToolSchema:
+    members = sorted(team, key=lambda agent: agent.name)
+    roster = "\n".join(f"- {agent.name}: {agent.description or agent.name}" for agent in members)
+    return ToolSchema(
+        name="task",
+        description="Delegate a task to a team mate, who works on it alone and returns its result.\n"
+        f"Team:\n{roster}",
+        parameters={
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": [agent.name for agent in members]},
+                "prompt": {"type": "string", "description": "Everything the team mate needs to know."},
+            },
+            "required": ["agent", "prompt"],
+        },
+    )
+
+
+def task_output(result: TaskResult) -> str:
+    """The one tool message a parent gets for a child's run."""
+    if result.status is Status.DONE:
+        return result.text
+    headline = f"[{result.handle_id} {result.status.name}"
+    if result.limit.value:
+        headline += f" {result.limit.wire_name}"
+    return f"{headline}] {result.text}"
+
+
+def gate_feedback(reason: str) -> Message:
+    return Message(role="user", content=f"Your answer was not accepted: {reason}. Revise it and answer again.")
+
+
+def judge_prompt(task: str, answer: str) -> str:
+    return (
+        f"Task:\n{task}\n\nProposed answer:\n{answer}\n\n"
+        "Reply PASS if the answer is acceptable; otherwise reply FAIL and the reason."
+    )

@@ -1,0 +1,58 @@
+"""The embedded, offline, deterministic model.
+
+With a script (AgentDef.script) reply i answers the call made after i assistant messages
+in the transcript, so a host in any language can test its workflow without a key. With no
+script, a generic behaviour that makes the shipped example agents do something sensible:
+delegate the prompt to every team mate, then sum up what they returned."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ..domain.model import Message, ToolCall
+from ..domain.ports import ModelReply, ModelRequest
+
+
+class ScriptedProvider:
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        script = request.agent.script
+        if not script:
+            return _generic(request)
+        answered = sum(1 for message in request.messages if message.role == "assistant")
+        reply = script[min(answered, len(script) - 1)]
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        calls = tuple(
+            ToolCall(id=f"scripted_{index}", name=call.name, arguments_json=call.arguments_json or "{}")
+            for index, call in enumerate(reply.tool_calls, start=1)
+        )
+        return ModelReply(text=reply.text, tool_calls=calls, tokens=reply.tokens)
+
+
+def _generic(request: ModelRequest) -> ModelReply:
+    agent = request.agent
+    conversation = [message for message in request.messages if message.role != "system"]
+    last = conversation[-1]
+    if last.role == "user" and agent.team:
+        calls = tuple(
+            ToolCall(id=f"generic_{index}", name="task", arguments_json=json.dumps({"agent": member, "prompt": last.content}))
+            for index, member in enumerate(sorted(agent.team), start=1)
+        )
+        return ModelReply(text="", tool_calls=calls, tokens=_tokens(request.messages, ""))
+    if last.role == "tool":
+        results = []
+        for message in reversed(conversation):
+            if message.role != "tool":
+                break
+            results.append(message.content)
+        text = f"{agent.name}: " + " | ".join(reversed(results))
+    else:
+        first_line = last.content.strip().splitlines()[0] if last.content.strip() else ""
+        text = f"{agent.name} on {first_line!r}: done."
+    return ModelReply(text=text, tool_calls=(), tokens=_tokens(request.messages, text))
+
+
+def _tokens(messages: tuple[Message, ...], reply: str) -> int:
+    """Deterministic usage: about four characters a token, as real tokenizers roughly do."""
+    return (sum(len(message.content) for message in messages) + len(reply)) // 4 + 1

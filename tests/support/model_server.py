@@ -1,0 +1,105 @@
+"""A scripted OpenAI-compatible chat/completions server on loopback, for tests.
+
+Each model name has a script: a function from the request body to a reply spec. The
+server is stateless per request (replies depend only on the transcript it is sent), and
+it counts the calls made for each model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    text: str = ""
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    tokens: int = 10
+    delay: float = 0.0
+    status: int = 200
+    raw: str | None = None  # sent verbatim instead of a chat completion
+
+
+Script = Callable[[dict[str, Any]], Reply]
+
+
+def tool_results(body: dict[str, Any]) -> int:
+    """How many tool results the transcript holds so far."""
+    return sum(1 for message in body["messages"] if message["role"] == "tool")
+
+
+def last_user(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+
+
+class ScriptedModelServer:
+    def __init__(self) -> None:
+        self.scripts: dict[str, Script] = {}
+        self.calls: Counter[str] = Counter()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    def script(self, model: str, script: Script) -> None:
+        self.scripts[model] = script
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        model = body["model"]
+        self.calls[model] += 1
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        script = self.scripts.get(model)
+        if script is None:
+            return web.json_response({"error": {"message": f"no script for model {model}"}}, status=404)
+        reply = script(body)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+        finally:
+            self.in_flight -= 1
+        if reply.raw is not None:
+            return web.Response(status=reply.status, text=reply.raw, content_type="application/json")
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+        if reply.calls:
+            message["tool_calls"] = [
+                {"id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                for index, (name, args) in enumerate(reply.calls)
+            ]
+        return web.json_response(
+            {
+                "id": "chatcmpl-test",
+                "object": "chat.completion",
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.calls else "stop"}],
+                "usage": {"prompt_tokens": reply.tokens // 2, "completion_tokens": reply.tokens - reply.tokens // 2, "total_tokens": reply.tokens},
+            }
+        )

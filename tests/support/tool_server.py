@@ -1,0 +1,46 @@
+"""An HTTP endpoint the test owns: counts hits per path and keeps each Idempotency-Key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class ToolServer:
+    hits: Counter[str] = field(default_factory=Counter)
+    keys: list[str] = field(default_factory=list)
+    bodies: list[str] = field(default_factory=list)
+    delay: float = 0.0
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{name}", self._hit)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _hit(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.hits[name] += 1
+        self.keys.append(request.headers.get("Idempotency-Key", ""))
+        self.bodies.append(await request.text())
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if name == "fail":
+            return web.Response(status=503, text="upstream down")
+        return web.Response(text=f"{name} ok #{self.hits[name]}")
