@@ -24,7 +24,7 @@ class ToolServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/{name}", self._hit)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

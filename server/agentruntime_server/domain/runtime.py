@@ -148,9 +148,9 @@ class Runtime:
             )
         closed: list[str] = []
         for node in subtree:
-            await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             if node.state is HandleState.CLOSED:
                 continue
+            await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             node.state = HandleState.CLOSED
             node.pending = None
             await self.services.store.save_handle(self.id, node.snapshot())

@@ -1,0 +1,86 @@
+# agentruntime — the newcomer's entry points.
+#
+#   make run     serve the AgentRuntime gRPC service on 127.0.0.1:50051 (embedded scripted model)
+#   make test    everything CI runs: generated-code drift, lint, tests
+#
+# Everything lives in .venv (Python) and .tools (grpcurl); `make clean` removes both.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON      ?= python3
+PIP_VERSION := 25.3
+GRPCURL     := github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.3
+
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+TOOLS   := $(CURDIR)/.tools/bin
+PROTO   := proto/agentruntime/v1/agent_runtime.proto
+GEN_OUT := clients/python
+
+.PHONY: help install gen check-gen lint test test-python run grpcurl smoke clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+# --- setup -------------------------------------------------------------------
+
+install: $(STAMP) ## create .venv and install the client and the server (with dev tools)
+
+$(STAMP): server/pyproject.toml clients/python/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip==$(PIP_VERSION)
+	$(BIN)/pip install -e clients/python -e 'server[dev]'
+	touch $@
+
+grpcurl: $(TOOLS)/grpcurl ## install grpcurl into .tools/bin (needs Go)
+
+$(TOOLS)/grpcurl:
+	GOBIN=$(TOOLS) go install $(GRPCURL)
+
+# --- generated code ----------------------------------------------------------
+
+gen: $(STAMP) ## regenerate the Python stubs from the proto
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
+		-Iproto -I"$$($(BIN)/python -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')" \
+		--python_out=$(GEN_OUT) --grpc_python_out=$(GEN_OUT) \
+		--mypy_out=$(GEN_OUT) --mypy_grpc_out=$(GEN_OUT) \
+		$(PROTO)
+
+check-gen: gen ## fail if the committed stubs differ from the proto
+	git diff --exit-code -- $(GEN_OUT)
+
+# --- quality -----------------------------------------------------------------
+
+lint: $(STAMP) ## ruff, mypy, buf lint, buf format
+	$(BIN)/ruff check server tests
+	$(BIN)/ruff format --check server tests
+	$(BIN)/mypy
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+
+# One line per client language: add `test-go` etc. here and define it below.
+TEST_TARGETS := test-python
+
+test: $(STAMP) ## generated-code drift, lint, then every client's tests
+	$(MAKE) check-gen
+	$(MAKE) lint
+	$(MAKE) $(TEST_TARGETS)
+
+test-python: $(STAMP)
+	$(BIN)/pytest -q
+
+# --- running -----------------------------------------------------------------
+
+run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see README)
+	$(BIN)/agentruntime serve
+
+smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the README with grpcurl
+	scripts/smoke.sh
+
+clean: ## remove the venv, tools and caches
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +
