@@ -66,6 +66,8 @@ class Run:
     stop: tuple[Status, Limit] | None = None
     gate_attempts: int = 0
     children: list[Handle] = field(default_factory=list)
+    # The parent's run that this run's settling continued (Resume follows the chain up).
+    next: Run | None = None
 
 
 class Handle:
@@ -91,7 +93,9 @@ class Handle:
         self.transcript: list[Message] = []
         self.tool_results: dict[str, ToolResult] = {}
         self.last_result: TaskResult | None = None
+        # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
+        self.approved: set[str] = set()
         self.run: Run | None = None
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
 

@@ -15,6 +15,13 @@ def wake_message(prompt: str, inbox: list[InboxItem]) -> Message:
     return Message(role="user", content="\n\n".join(parts))
 
 
+ASK_TOOL = ToolSchema(
+    name="ask",
+    description="Ask the host (a person or the calling service) a question and wait for the answer.",
+    parameters={"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+)
+
+
 def task_tool(team: list[AgentSpec]) -> ToolSchema:
     members = sorted(team, key=lambda agent: agent.name)
     roster = "\n".join(f"- {agent.name}: {agent.description or agent.name}" for agent in members)

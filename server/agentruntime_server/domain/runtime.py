@@ -23,6 +23,7 @@ from .model import (
 )
 from .ports import HttpToolRunner, ModelProvider, ProviderError, Store
 from .prompts import wake_message
+from .suspension import read_answer
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Runtime:
         self.services = services
         self.handles: dict[str, Handle] = {}
         self._top_level_per_agent: dict[str, int] = {}
+        # Live Requests by id -> the handle that made them; answered ones -> (answer, run).
+        self.requests: dict[str, Handle] = {}
+        self.answered: dict[str, tuple[Answer, Run]] = {}
         self._loop = TurnLoop(self)
 
     # ---- lookups -------------------------------------------------------------------------
@@ -136,6 +140,11 @@ class Runtime:
 
     async def interrupt(self, handle_id: str) -> bool:
         handle = self.handle(handle_id)
+        if handle.state is HandleState.SUSPENDED:
+            for node in handle.subtree_leaf_first():
+                if node.state is HandleState.SUSPENDED:
+                    await self._cancel_suspension(node, Status.INTERRUPTED, continue_parent=node is handle)
+            return True
         return await self.stop_run(handle, (Status.INTERRUPTED, Limit.NONE))
 
     async def close(self, handle_id: str, force: bool) -> list[str]:
@@ -150,6 +159,8 @@ class Runtime:
         for node in subtree:
             if node.state is HandleState.CLOSED:
                 continue
+            if node.state is HandleState.SUSPENDED:
+                await self._cancel_suspension(node, Status.CLOSED, continue_parent=node is handle)
             await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             node.state = HandleState.CLOSED
             node.pending = None
@@ -157,11 +168,59 @@ class Runtime:
             closed.append(node.id)
         return closed
 
+    async def _cancel_suspension(self, handle: Handle, status: Status, continue_parent: bool) -> None:
+        """Interrupt/Close of a SUSPENDED handle: its Request is withdrawn, Wait tells why."""
+        request = handle.pending
+        if request is not None:
+            self.requests.pop(request.id, None)
+        kind = request.kind if request else "?"
+        await self._answer_dangling_calls(handle, f"not run: the pending {kind} request was cancelled ({status.name})")
+        handle.last_result = handle.result(status, text=f"the pending {kind} request was cancelled")
+        handle.pending = None
+        handle.state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
+        await self.services.store.save_handle(self.id, handle.snapshot())
+        if continue_parent:
+            self._continue_waiting_parent(handle)
+
     async def resume(self, answer: Answer) -> TaskResult:
-        raise FailedPrecondition(
-            f"no live request has id {answer.id!r} in runtime {self.id!r}; Wait on a handle to see its pending request",
-            reason="NO_SUCH_REQUEST",
-        )
+        leaf = self.requests.get(answer.id)
+        if leaf is None or leaf.pending is None:
+            return await self._replay_resume(answer)
+        outcome = read_answer(leaf.pending, answer)  # refuses a malformed answer before any change
+        del self.requests[answer.id]
+        for call_id in outcome.approved:
+            leaf.approved.add(call_id)
+            await self.services.store.record_approval(self.id, leaf.id, call_id)
+        for call_id, result in outcome.results:
+            await self._loop.record(leaf, call_id, result)
+        run = self.continue_run(leaf)
+        self.answered[answer.id] = (answer, run)
+        return await self._follow(run)
+
+    async def _replay_resume(self, answer: Answer) -> TaskResult:
+        earlier = self.answered.get(answer.id)
+        if earlier is None:
+            raise FailedPrecondition(
+                f"no live request has id {answer.id!r} in runtime {self.id!r}; Wait on the root handle to see its pending request",
+                reason="NO_SUCH_REQUEST",
+            )
+        first_answer, run = earlier
+        if first_answer != answer:
+            raise FailedPrecondition(
+                f"request {answer.id!r} was already answered with a different answer; it cannot be answered twice",
+                reason="ALREADY_ANSWERED",
+            )
+        return await self._follow(run)
+
+    @staticmethod
+    async def _follow(run: Run) -> TaskResult:
+        """The settled result of the topmost handle a Resume continued, up the chain of parents."""
+        assert run.task is not None
+        result = await asyncio.shield(run.task)
+        while run.next is not None and run.next.task is not None:
+            run = run.next
+            result = await asyncio.shield(run.task)
+        return result
 
     def transcript(self, handle_id: str) -> list[Message]:
         return list(self.handle(handle_id).transcript)
@@ -190,16 +249,36 @@ class Runtime:
             )
 
     def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
+        """A new run on the prompt and the drained inbox."""
+        run = self._begin(handle, list(handle.inbox), parent_run)
+        handle.inbox.clear()
+        assert run.task is None
+        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run, wake_message(prompt, run.drained)))
+        return run
+
+    def continue_run(self, handle: Handle) -> Run:
+        """Re-enters a suspended handle's turn from its transcript and journal."""
+        run = self._begin(handle, [], None)
+        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run, None))
+        return run
+
+    def _begin(self, handle: Handle, drained: list[InboxItem], parent_run: Run | None) -> Run:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + handle.budget.max_wall_time if handle.budget.max_wall_time else None
         if parent_run is not None and parent_run.deadline is not None:
             deadline = parent_run.deadline if deadline is None else min(deadline, parent_run.deadline)
-        run = Run(drained=list(handle.inbox), transcript_mark=len(handle.transcript), deadline=deadline)
-        handle.inbox.clear()
+        run = Run(drained=drained, transcript_mark=len(handle.transcript), deadline=deadline)
         handle.state = HandleState.RUNNING
+        handle.pending = None
         handle.run = run
-        run.task = loop.create_task(self._execute(handle, run, wake_message(prompt, run.drained)))
         return run
+
+    def _continue_waiting_parent(self, child: Handle) -> Run | None:
+        """A child whose suspended parent waits on it has settled: the parent goes on."""
+        parent = child.parent
+        if parent is None or parent.state is not HandleState.SUSPENDED or child not in parent.children_by_key.values():
+            return None
+        return self.continue_run(parent)
 
     async def stop_run(self, handle: Handle, stop: tuple[Status, Limit]) -> bool:
         """Cancels the handle's run, if any, and waits until it has settled."""
@@ -213,7 +292,7 @@ class Runtime:
             await asyncio.shield(run.task)
         return True
 
-    async def _execute(self, handle: Handle, run: Run, prompt: Message) -> TaskResult:
+    async def _execute(self, handle: Handle, run: Run, prompt: Message | None) -> TaskResult:
         gate = handle.parent.gate if handle.parent else None
         holds_slot = False
         try:
@@ -221,7 +300,8 @@ class Runtime:
                 if gate is not None:
                     await gate.acquire()
                     holds_slot = True
-                await self.append_message(handle, prompt)
+                if prompt is not None:
+                    await self.append_message(handle, prompt)
                 result = await self._loop.drive(handle, run)
         except TimeoutError:
             result = handle.result(
@@ -246,29 +326,38 @@ class Runtime:
             await self.stop_run(child, stop)
 
     async def _settle(self, handle: Handle, run: Run, result: TaskResult) -> None:
-        if result.status is Status.INTERRUPTED:
+        rolled_back = result.status is Status.INTERRUPTED
+        if rolled_back:
             # The run is rolled back: its drained messages go back to the inbox, its
             # transcript entries are dropped; what it spent stays counted.
             handle.inbox.extendleft(reversed(run.drained))
             del handle.transcript[run.transcript_mark :]
-            await self.services.store.truncate_transcript(self.id, handle.id, run.transcript_mark)
-        elif result.status is not Status.PENDING:
-            await self._answer_dangling_calls(handle, f"not run: the run stopped ({result.status.name})")
+        # The state changes before any await: a concurrent Resume or parent reads it.
         handle.last_result = result
         handle.run = None
-        if handle.state is not HandleState.CLOSED:
-            handle.state = HandleState.SUSPENDED if result.status is Status.PENDING else HandleState.IDLE
         if result.status is Status.CLOSED:
             handle.state = HandleState.CLOSED
+        elif handle.state is not HandleState.CLOSED:
+            handle.state = HandleState.SUSPENDED if result.status is Status.PENDING else HandleState.IDLE
+        handle.pending = result.pending if result.status is Status.PENDING else None
+        if handle.pending is not None and handle.pending.path == handle.path:
+            self.requests[handle.pending.id] = handle
+        if rolled_back:
+            await self.services.store.truncate_transcript(self.id, handle.id, run.transcript_mark)
+        if result.status is not Status.PENDING:
+            await self._answer_dangling_calls(handle, f"not run: the run stopped ({result.status.name})")
         await self.services.store.save_handle(self.id, handle.snapshot())
+        run.next = self._continue_waiting_parent(handle)
 
     async def _answer_dangling_calls(self, handle: Handle, reason: str) -> None:
         """Keeps the transcript well formed: every tool call made gets a tool message."""
         if not handle.transcript or not handle.transcript[-1].tool_calls:
             return
         for call in handle.transcript[-1].tool_calls:
+            result = handle.tool_results.get(call.id)
+            content, is_error = (result.output, result.is_error) if result else (reason, True)
             await self.append_message(
-                handle, Message(role="tool", content=reason, tool_call_id=call.id, is_error=True)
+                handle, Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error)
             )
 
     async def append_message(self, handle: Handle, message: Message) -> None:

@@ -19,7 +19,18 @@ from . import budget as budgets
 from . import prompts
 from .errors import ResourceExhausted
 from .handle import Handle, Run
-from .model import GuardrailAction, HttpExecutor, Limit, Message, Status, TaskResult, ToolCall, ToolResult
+from .model import (
+    GuardrailAction,
+    HttpExecutor,
+    Limit,
+    Message,
+    PendingRequest,
+    RelayExecutor,
+    Status,
+    TaskResult,
+    ToolCall,
+    ToolResult,
+)
 from .ports import ModelRequest, ToolSchema
 
 if TYPE_CHECKING:
@@ -35,9 +46,12 @@ class TurnLoop:
         while True:
             last = handle.transcript[-1]
             if last.role == "assistant" and last.tool_calls:
-                limit = await self._tool_phase(handle, run, last)
-                if limit is not None:
-                    return handle.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
+                outcome = await self._tool_phase(handle, run, last)
+                if isinstance(outcome, PendingRequest):
+                    if self._still_live(handle, outcome):
+                        return handle.result(Status.PENDING, text=outcome.prompt, pending=outcome)
+                elif outcome is not None:
+                    return handle.result(Status.INCOMPLETE, text=f"stopped at {outcome.wire_name}", limit=outcome)
             elif last.role == "assistant":
                 rejection = await self._completion_gate(handle, run, last.content)
                 if rejection is None:
@@ -51,6 +65,13 @@ class TurnLoop:
                 if limit is not None:
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
                 await self._model_turn(handle)
+
+    def _still_live(self, handle: Handle, request: PendingRequest) -> bool:
+        """A child's Request may have been answered while this phase waited for its siblings."""
+        if request.path == handle.path:
+            return True
+        child = self.runtime.handles.get("/".join(request.path))
+        return child is not None and child.pending == request
 
     # ---- model ---------------------------------------------------------------------------
 
@@ -83,16 +104,33 @@ class TurnLoop:
         ]
         if agent.team:
             schemas.append(prompts.task_tool([self.runtime.agents[name] for name in agent.team]))
+        schemas.append(prompts.ASK_TOOL)
         return tuple(schemas)
 
     # ---- tools ---------------------------------------------------------------------------
 
-    async def _tool_phase(self, handle: Handle, run: Run, message: Message) -> Limit | None:
+    async def _tool_phase(self, handle: Handle, run: Run, message: Message) -> Limit | PendingRequest | None:
+        """Runs what can run now; returns the Request to suspend on, a limit, or None when done."""
         fresh = [call for call in message.tool_calls if call.id not in handle.tool_results]
         allowed = budgets.tool_calls_left(handle)
         runnable = fresh if allowed is None else fresh[:allowed]
         refused = fresh[len(runnable) :]
-        await asyncio.gather(*(self._call(handle, run, call) for call in runnable))
+        now: list[ToolCall] = []
+        relay: list[ToolCall] = []
+        held: list[PendingRequest] = []  # approvals and questions, one Request each
+        for call in runnable:
+            kind = self._suspension_kind(handle, call)
+            if kind == "relay":
+                relay.append(call)
+            elif kind:
+                held.append(self._own_request(handle, kind, [call]))
+            else:
+                now.append(call)
+        child_requests = await asyncio.gather(*(self._call(handle, run, call) for call in now))
+        own = ([self._own_request(handle, "tool_call", relay)] if relay else []) + held
+        waiting = own + [request for request in child_requests if request is not None]
+        if waiting:
+            return waiting[0]
         for call in message.tool_calls:
             result = handle.tool_results.get(call.id) or ToolResult(
                 f"not run: the tool call budget is used up ({Limit.MAX_TOOL_CALLS.wire_name})", is_error=True
@@ -102,15 +140,66 @@ class TurnLoop:
             )
         return Limit.MAX_TOOL_CALLS if refused else None
 
-    async def _call(self, handle: Handle, run: Run, call: ToolCall) -> None:
+    def _suspension_kind(self, handle: Handle, call: ToolCall) -> str:
+        """Why this call needs the host before it can complete ('' when it can run now)."""
+        agent = handle.agent
+        rail = agent.guardrail(call.name)
+        if rail is not None and rail.action is GuardrailAction.DENY:
+            return ""
+        if call.name == "ask":
+            return "input"
+        spec = agent.tool(call.name)
+        needs_approval = (spec is not None and spec.approval_required) or (
+            rail is not None and rail.action is GuardrailAction.REQUIRE_APPROVAL
+        )
+        if needs_approval and call.id not in handle.approved:
+            return "approval"
+        if spec is not None and isinstance(spec.executor, RelayExecutor):
+            return "relay"
+        return ""
+
+    def _own_request(self, handle: Handle, kind: str, calls: list[ToolCall]) -> PendingRequest:
+        keyed = tuple((call, self.idempotency_key(handle, call)) for call in calls)
+        first = calls[0]
+        data: dict[str, Any] = {
+            "calls": [
+                {"id": call.id, "name": call.name, "arguments_json": call.arguments_json, "idempotency_key": key}
+                for call, key in keyed
+            ]
+        }
+        prompt = ""
+        if kind == "approval":
+            spec = handle.agent.tool(first.name)
+            rail = handle.agent.guardrail(first.name)
+            prompt = (spec.approval_prompt if spec else "") or (rail.reason if rail else "") or f"Allow {first.name}?"
+            prompt = f"{prompt} ({first.name} {first.arguments_json})"
+        elif kind == "input":
+            prompt = _question(first)
+        elif kind == "tool_call":
+            prompt = f"Run {', '.join(call.name for call in calls)} and answer with their outputs"
+        return PendingRequest(
+            id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed
+        )
+
+    def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
+        return f"{self.runtime.id}/{handle.id}/{call.id}"
+
+    async def _call(self, handle: Handle, run: Run, call: ToolCall) -> PendingRequest | None:
+        """Runs one call and journals its result; a suspended child's Request is returned instead."""
         result = await self._execute_call(handle, run, call)
-        handle.tool_results[call.id] = result
+        if isinstance(result, PendingRequest):
+            return result
+        await self.record(handle, call.id, result)
+        return None
+
+    async def record(self, handle: Handle, call_id: str, result: ToolResult) -> None:
+        handle.tool_results[call_id] = result
         handle.tool_calls += 1
         for node in handle.lineage():
             node.subtree_tool_calls += 1
-        await self.services.store.record_tool_result(self.runtime.id, handle.id, call.id, result, handle.ancestor_ids())
+        await self.services.store.record_tool_result(self.runtime.id, handle.id, call_id, result, handle.ancestor_ids())
 
-    async def _execute_call(self, handle: Handle, run: Run, call: ToolCall) -> ToolResult:
+    async def _execute_call(self, handle: Handle, run: Run, call: ToolCall) -> ToolResult | PendingRequest:
         agent = handle.agent
         rail = agent.guardrail(call.name)
         if rail is not None and rail.action is GuardrailAction.DENY:
@@ -125,21 +214,21 @@ class TurnLoop:
             return await self._delegate(handle, run, call, arguments)
         spec = agent.tool(call.name)
         if spec is None:
-            known = sorted([tool.name for tool in agent.tools] + (["task"] if agent.team else []))
+            known = sorted([tool.name for tool in agent.tools] + ["ask"] + (["task"] if agent.team else []))
             return ToolResult(f"unknown tool {call.name!r}; available tools: {known}", is_error=True)
         if spec.input_schema:
             try:
                 jsonschema.validate(arguments, spec.input_schema)
             except jsonschema.ValidationError as exc:
                 return ToolResult(f"the arguments do not match the tool's schema: {exc.message}", is_error=True)
-        if isinstance(spec.executor, HttpExecutor):
-            key = f"{self.runtime.id}/{handle.id}/{call.id}"
-            return await self.services.http_tools.run(spec.executor, call.arguments_json, key)
-        return ToolResult(f"tool {call.name!r} needs the host (relay), which this server version does not do yet", is_error=True)
+        assert isinstance(spec.executor, HttpExecutor)  # relay calls suspend before they get here
+        return await self.services.http_tools.run(spec.executor, call.arguments_json, self.idempotency_key(handle, call))
 
     # ---- delegation ------------------------------------------------------------------------
 
-    async def _delegate(self, handle: Handle, run: Run, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+    async def _delegate(
+        self, handle: Handle, run: Run, call: ToolCall, arguments: dict[str, Any]
+    ) -> ToolResult | PendingRequest:
         name, prompt = arguments.get("agent"), arguments.get("prompt")
         if name not in handle.agent.team:
             return ToolResult(f"unknown team mate {name!r}; your team is {sorted(handle.agent.team)}", is_error=True)
@@ -148,6 +237,8 @@ class TurnLoop:
         result = await self.run_child(handle, run, key=call.id, agent_name=name, prompt=prompt)
         if isinstance(result, ToolResult):
             return result
+        if result.status is Status.PENDING and result.pending is not None:
+            return result.pending
         return ToolResult(prompts.task_output(result), is_error=result.status is not Status.DONE)
 
     async def run_child(
@@ -184,3 +275,12 @@ class TurnLoop:
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
         return None
+
+
+def _question(call: ToolCall) -> str:
+    try:
+        arguments = json.loads(call.arguments_json)
+    except ValueError:
+        return call.arguments_json
+    question = arguments.get("question") if isinstance(arguments, dict) else None
+    return str(question) if question else call.arguments_json

@@ -17,6 +17,7 @@ class HandleRow:
     own_tokens: int = 0
     total_tokens: int = 0
     tool_calls: int = 0
+    approved: set[str] = field(default_factory=set)
 
 
 class MemoryStore:
@@ -50,6 +51,9 @@ class MemoryStore:
         row = self.handles[runtime_id, handle_id]
         row.tool_results[call_id] = result
         row.tool_calls += 1
+
+    async def record_approval(self, runtime_id: str, handle_id: str, call_id: str) -> None:
+        self.handles[runtime_id, handle_id].approved.add(call_id)
 
     async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None:
         del self.handles[runtime_id, handle_id].transcript[length:]

@@ -1,0 +1,62 @@
+"""What an Answer means for the Request it answers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .errors import FieldViolation, InvalidArgument
+from .model import Answer, PendingRequest, ToolResult
+
+
+@dataclass(frozen=True)
+class AnswerOutcome:
+    results: list[tuple[str, ToolResult]]  # call id -> the result to journal
+    approved: list[str]  # call ids that may run now, once
+
+
+def read_answer(request: PendingRequest, answer: Answer) -> AnswerOutcome:
+    call_ids = [call.id for call, _ in request.calls]
+    if request.kind == "tool_call":
+        return _relay(call_ids, answer)
+    if answer.outputs:
+        raise InvalidArgument(
+            [FieldViolation("answer.outputs", f"a {request.kind!r} request takes ok/data/reason, not tool outputs")]
+        )
+    [call_id] = call_ids
+    if request.kind == "approval":
+        if answer.ok:
+            return AnswerOutcome(results=[], approved=[call_id])
+        declined = ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", is_error=True)
+        return AnswerOutcome(results=[(call_id, declined)], approved=[])
+    # input (the ask tool): the answer's data is the result
+    if not answer.ok:
+        return AnswerOutcome([(call_id, ToolResult(f"the host did not answer: {answer.reason or 'no reason given'}", True))], [])
+    output = json.dumps(answer.data, sort_keys=True) if answer.data else answer.reason
+    return AnswerOutcome(results=[(call_id, ToolResult(output))], approved=[])
+
+
+def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
+    violations = []
+    seen: set[str] = set()
+    for index, output in enumerate(answer.outputs):
+        if output.call_id not in call_ids:
+            violations.append(
+                FieldViolation(f"answer.outputs[{index}].call_id", f"{output.call_id!r} is not one of the request's calls {call_ids}")
+            )
+        elif output.call_id in seen:
+            violations.append(FieldViolation(f"answer.outputs[{index}].call_id", f"{output.call_id!r} is answered twice"))
+        seen.add(output.call_id)
+    if violations:
+        raise InvalidArgument(violations)
+    given = {output.call_id: output for output in answer.outputs}
+    results = []
+    for call_id in call_ids:
+        output = given.get(call_id)
+        if output is not None:
+            results.append((call_id, ToolResult(output.output, output.is_error)))
+        elif not answer.ok and not answer.outputs:
+            results.append((call_id, ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", is_error=True)))
+        else:
+            results.append((call_id, ToolResult("the host returned no output for this call", is_error=True)))
+    return AnswerOutcome(results=results, approved=[])
