@@ -5,9 +5,9 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-
 from agentruntime_server.app import RunningServer, start
 from agentruntime_server.settings import Settings
+
 from tests.support.model_server import ScriptedModelServer
 from tests.support.tool_server import ToolServer
 

@@ -103,7 +103,9 @@ async def test_relay_answer_naming_an_unknown_call_changes_nothing(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert await wait(stub, runtime_id, handle_id) == pending
     # One output only: the other call gets an explicit error result.
-    done = await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=second.id, output="two")]))
+    done = await resume(
+        stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=second.id, output="two")])
+    )
     assert done.status == pb.STATUS_DONE
     assert done.text == "the host returned no output for this call + two"
 
@@ -137,7 +139,9 @@ async def test_c2_approval_runs_the_tool_once_after_yes(
 
 
 async def test_guardrail_require_approval(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
-    model.script("op", lambda body: Reply(calls=[("drop", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body)))
+    model.script(
+        "op", lambda body: Reply(calls=[("drop", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body))
+    )
     rail = pb.Guardrail(tool="drop", action=pb.GUARDRAIL_ACTION_REQUIRE_APPROVAL, reason="dropping needs a human")
     runtime_id = await create(stub, agent("op", tools=[http_tool("drop", tools.url("drop"))], guardrails=[rail]))
     _, pending = await run(stub, runtime_id, "op", "go")
@@ -192,7 +196,9 @@ async def test_d_nested_suspension_travels_to_the_root(stub: pb_grpc.AgentRuntim
     assert listed[handle_id].pending_kind == "tool_call"
 
     call = pending.pending.calls[0]
-    done = await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="data")]))
+    done = await resume(
+        stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="data")])
+    )
     assert (done.handle_id, done.status, done.text) == (handle_id, pb.STATUS_DONE, "all done")
     assert (done.total_tokens, done.own_tokens, done.turns) == (220, 200, 2)
     assert (model.calls["coordinator"], model.calls["worker"]) == (2, 2)
@@ -206,7 +212,9 @@ async def test_e_fan_out_replays_only_the_suspended_worker(stub: pb_grpc.AgentRu
     assert list(pending.pending.path) == ["root", "coordinator.1", "worker.2"]
 
     call = pending.pending.calls[0]
-    done = await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="x")]))
+    done = await resume(
+        stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="x")])
+    )
     assert done.status == pb.STATUS_DONE
     listed = await views(stub, runtime_id)
     assert [listed[f"{handle_id}/worker.{n}"].turns for n in (1, 2, 3, 4)] == [1, 2, 1, 1]
@@ -269,7 +277,9 @@ async def test_close_a_suspended_root_cancels_its_request(stub: pb_grpc.AgentRun
     assert model.calls["coordinator"] == 1
 
 
-async def test_transcript_shows_what_will_be_replayed(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
+async def test_transcript_shows_what_will_be_replayed(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
     model.script("worker", stage_approve_commit)
     worker = agent("worker", tools=[http_tool("counter", tools.url("counter")), relay_tool("approve")])
     runtime_id = await create(stub, worker)

@@ -239,7 +239,9 @@ async def test_http_tool_sends_idempotency_key_and_reports_errors(
     assert '{"n": 1}' in tools.bodies
 
 
-async def test_guardrail_deny_never_runs_the_tool(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
+async def test_guardrail_deny_never_runs_the_tool(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
     def script(body: dict) -> Reply:  # type: ignore[type-arg]
         return Reply(calls=[("wipe", {})]) if tool_results(body) == 0 else Reply(text="could not")
 

@@ -22,9 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--llm-model", help="env AGENTRUNTIME_LLM_MODEL")
     serve.add_argument("--log-level", help="env AGENTRUNTIME_LOG_LEVEL")
     args = parser.parse_args(argv)
-    overrides: dict[str, Any] = {
-        key: value for key, value in vars(args).items() if key != "command" and value is not None
-    }
+    overrides: dict[str, Any] = {key: value for key, value in vars(args).items() if key != "command" and value is not None}
     settings = Settings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_serve(settings))

@@ -100,6 +100,10 @@ class ScriptedModelServer:
                 "object": "chat.completion",
                 "model": model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.calls else "stop"}],
-                "usage": {"prompt_tokens": reply.tokens // 2, "completion_tokens": reply.tokens - reply.tokens // 2, "total_tokens": reply.tokens},
+                "usage": {
+                    "prompt_tokens": reply.tokens // 2,
+                    "completion_tokens": reply.tokens - reply.tokens // 2,
+                    "total_tokens": reply.tokens,
+                },
             }
         )

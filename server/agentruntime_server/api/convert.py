@@ -81,8 +81,7 @@ def agent_from_proto(message: pb.AgentDef) -> m.AgentSpec:
             judge_agent=message.completion.judge_agent,
         ),
         guardrails=tuple(
-            m.Guardrail(tool=rail.tool, action=m.GuardrailAction(rail.action), reason=rail.reason)
-            for rail in message.guardrails
+            m.Guardrail(tool=rail.tool, action=m.GuardrailAction(rail.action), reason=rail.reason) for rail in message.guardrails
         ),
         script=tuple(
             m.ScriptedReply(

@@ -21,14 +21,15 @@ log = logging.getLogger(__name__)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
 
 
 def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     """Maps a refused request to its canonical status; nothing else escapes as INTERNAL quietly."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         try:
             return await method(self, request, context)
         except DomainError as error:
@@ -57,13 +58,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         return self.service.runtime(request.runtime_id)
 
     @_edge
-    async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: grpc.aio.ServicerContext) -> pb.CreateRuntimeResponse:
+    async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
         agents = convert.agents_from_proto(list(request.agents))
         runtime = await self.service.create_runtime(request.runtime_id, agents)
         return pb.CreateRuntimeResponse(runtime_id=runtime.id)
 
     @_edge
-    async def Spawn(self, request: pb.SpawnRequest, context: grpc.aio.ServicerContext) -> pb.SpawnResponse:
+    async def Spawn(self, request: pb.SpawnRequest, context: Context) -> pb.SpawnResponse:
         runtime = self._runtime(request.runtime_id)
         _require(agent=request.agent)
         budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else None
@@ -71,18 +72,18 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         return pb.SpawnResponse(handle_id=handle.id)
 
     @_edge
-    async def Post(self, request: pb.PostRequest, context: grpc.aio.ServicerContext) -> pb.PostResponse:
+    async def Post(self, request: pb.PostRequest, context: Context) -> pb.PostResponse:
         runtime = self._handle_target(request)
         size = await runtime.post(request.handle_id, request.text, request.channel, request.sender)
         return pb.PostResponse(ok=True, inbox_size=size)
 
     @_edge
-    async def Wake(self, request: pb.WakeRequest, context: grpc.aio.ServicerContext) -> pb.WakeResponse:
+    async def Wake(self, request: pb.WakeRequest, context: Context) -> pb.WakeResponse:
         runtime = self._handle_target(request)
         return pb.WakeResponse(queued=runtime.wake(request.handle_id, request.prompt))
 
     @_edge
-    async def Wait(self, request: pb.WaitRequest, context: grpc.aio.ServicerContext) -> pb.WaitResponse:
+    async def Wait(self, request: pb.WaitRequest, context: Context) -> pb.WaitResponse:
         runtime = self._handle_target(request)
         timeout = None
         if request.HasField("timeout"):
@@ -93,35 +94,33 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         return pb.WaitResponse(result=convert.result_to_proto(result))
 
     @_edge
-    async def Resume(self, request: pb.ResumeRequest, context: grpc.aio.ServicerContext) -> pb.ResumeResponse:
+    async def Resume(self, request: pb.ResumeRequest, context: Context) -> pb.ResumeResponse:
         runtime = self._runtime(request.runtime_id)
         _require(**{"answer.id": request.answer.id})
         result = await runtime.resume(convert.answer_from_proto(request.answer))
         return pb.ResumeResponse(result=convert.result_to_proto(result))
 
     @_edge
-    async def Interrupt(self, request: pb.InterruptRequest, context: grpc.aio.ServicerContext) -> pb.InterruptResponse:
+    async def Interrupt(self, request: pb.InterruptRequest, context: Context) -> pb.InterruptResponse:
         runtime = self._handle_target(request)
         return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id))
 
     @_edge
-    async def Close(self, request: pb.CloseRequest, context: grpc.aio.ServicerContext) -> pb.CloseResponse:
+    async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
         runtime = self._handle_target(request)
         return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force))
 
     @_edge
-    async def Inspect(self, request: pb.InspectRequest, context: grpc.aio.ServicerContext) -> pb.InspectResponse:
+    async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
         runtime = self._handle_target(request)
         return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
 
     @_edge
-    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.ListResponse:
+    async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         runtime = self._runtime(request.runtime_id)
-        return pb.ListResponse(handles=[convert.handle_to_proto(snapshot) for snapshot in runtime.list()])
+        return pb.ListResponse(handles=[convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()])
 
     @_edge
-    async def GetTranscript(
-        self, request: pb.GetTranscriptRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetTranscriptResponse:
+    async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
         runtime = self._handle_target(request)
         return pb.GetTranscriptResponse(messages=[convert.message_to_proto(m) for m in runtime.transcript(request.handle_id)])

@@ -71,9 +71,7 @@ class Run:
 
 
 class Handle:
-    def __init__(
-        self, runtime_id: str, handle_id: str, parent: Handle | None, agent: AgentSpec, budget: Budget
-    ) -> None:
+    def __init__(self, runtime_id: str, handle_id: str, parent: Handle | None, agent: AgentSpec, budget: Budget) -> None:
         self.runtime_id = runtime_id
         self.id = handle_id
         self.parent = parent
@@ -147,9 +145,7 @@ class Handle:
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
         """A kept result re-read later: the figures are the handle's now (they never go down)."""
-        return self.result(
-            status or result.status, result.text, result.limit, result.is_error, result.pending
-        )
+        return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending)
 
     def snapshot(self) -> HandleSnapshot:
         return HandleSnapshot(

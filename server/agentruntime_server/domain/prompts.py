@@ -27,8 +27,7 @@ def task_tool(team: list[AgentSpec]) -> ToolSchema:
     roster = "\n".join(f"- {agent.name}: {agent.description or agent.name}" for agent in members)
     return ToolSchema(
         name="task",
-        description="Delegate a task to a team mate, who works on it alone and returns its result.\n"
-        f"Team:\n{roster}",
+        description=f"Delegate a task to a team mate, who works on it alone and returns its result.\nTeam:\n{roster}",
         parameters={
             "type": "object",
             "properties": {

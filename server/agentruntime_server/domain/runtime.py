@@ -119,7 +119,7 @@ class Runtime:
         self.start_run(handle, prompt)
         return True
 
-    async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
+    async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:  # noqa: ASYNC109 - Wait's own contract
         handle = self.handle(handle_id)
         run = handle.run
         if run is not None and run.task is not None:
@@ -201,7 +201,8 @@ class Runtime:
         earlier = self.answered.get(answer.id)
         if earlier is None:
             raise FailedPrecondition(
-                f"no live request has id {answer.id!r} in runtime {self.id!r}; Wait on the root handle to see its pending request",
+                f"no live request has id {answer.id!r} in runtime {self.id!r}; "
+                "Wait on the root handle to see its pending request",
                 reason="NO_SUCH_REQUEST",
             )
         first_answer, run = earlier
@@ -217,8 +218,9 @@ class Runtime:
         """The settled result of the topmost handle a Resume continued, up the chain of parents."""
         assert run.task is not None
         result = await asyncio.shield(run.task)
-        while run.next is not None and run.next.task is not None:
+        while run.next is not None:
             run = run.next
+            assert run.task is not None
             result = await asyncio.shield(run.task)
         return result
 
@@ -228,7 +230,7 @@ class Runtime:
     def inspect(self, handle_id: str) -> HandleSnapshot:
         return self.handle(handle_id).snapshot()
 
-    def list(self) -> list[HandleSnapshot]:
+    def list_handles(self) -> list[HandleSnapshot]:
         return [handle.snapshot() for handle in self.handles.values()]
 
     # ---- runs ----------------------------------------------------------------------------
@@ -356,9 +358,7 @@ class Runtime:
         for call in handle.transcript[-1].tool_calls:
             result = handle.tool_results.get(call.id)
             content, is_error = (result.output, result.is_error) if result else (reason, True)
-            await self.append_message(
-                handle, Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error)
-            )
+            await self.append_message(handle, Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error))
 
     async def append_message(self, handle: Handle, message: Message) -> None:
         handle.transcript.append(message)
@@ -376,4 +376,3 @@ def budgets_violations(budget: Budget) -> list[FieldViolation]:
     from .validation import check_budget
 
     return check_budget(budget, "budget")
-

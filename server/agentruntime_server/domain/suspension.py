@@ -42,7 +42,9 @@ def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
     for index, output in enumerate(answer.outputs):
         if output.call_id not in call_ids:
             violations.append(
-                FieldViolation(f"answer.outputs[{index}].call_id", f"{output.call_id!r} is not one of the request's calls {call_ids}")
+                FieldViolation(
+                    f"answer.outputs[{index}].call_id", f"{output.call_id!r} is not one of the request's calls {call_ids}"
+                )
             )
         elif output.call_id in seen:
             violations.append(FieldViolation(f"answer.outputs[{index}].call_id", f"{output.call_id!r} is answered twice"))
@@ -52,9 +54,9 @@ def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
     given = {output.call_id: output for output in answer.outputs}
     results = []
     for call_id in call_ids:
-        output = given.get(call_id)
-        if output is not None:
-            results.append((call_id, ToolResult(output.output, output.is_error)))
+        given_output = given.get(call_id)
+        if given_output is not None:
+            results.append((call_id, ToolResult(given_output.output, given_output.is_error)))
         elif not answer.ok and not answer.outputs:
             results.append((call_id, ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", is_error=True)))
         else:

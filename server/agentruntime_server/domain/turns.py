@@ -92,9 +92,7 @@ class TurnLoop:
         for node in handle.lineage():
             node.total_tokens += reply.tokens
         handle.transcript.append(message)
-        await self.services.store.record_model_reply(
-            self.runtime.id, handle.id, message, reply.tokens, handle.ancestor_ids()
-        )
+        await self.services.store.record_model_reply(self.runtime.id, handle.id, message, reply.tokens, handle.ancestor_ids())
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         agent = handle.agent
@@ -177,9 +175,7 @@ class TurnLoop:
             prompt = _question(first)
         elif kind == "tool_call":
             prompt = f"Run {', '.join(call.name for call in calls)} and answer with their outputs"
-        return PendingRequest(
-            id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed
-        )
+        return PendingRequest(id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
         return f"{self.runtime.id}/{handle.id}/{call.id}"
@@ -226,9 +222,7 @@ class TurnLoop:
 
     # ---- delegation ------------------------------------------------------------------------
 
-    async def _delegate(
-        self, handle: Handle, run: Run, call: ToolCall, arguments: dict[str, Any]
-    ) -> ToolResult | PendingRequest:
+    async def _delegate(self, handle: Handle, run: Run, call: ToolCall, arguments: dict[str, Any]) -> ToolResult | PendingRequest:
         name, prompt = arguments.get("agent"), arguments.get("prompt")
         if name not in handle.agent.team:
             return ToolResult(f"unknown team mate {name!r}; your team is {sorted(handle.agent.team)}", is_error=True)
@@ -241,9 +235,7 @@ class TurnLoop:
             return result.pending
         return ToolResult(prompts.task_output(result), is_error=result.status is not Status.DONE)
 
-    async def run_child(
-        self, handle: Handle, run: Run, key: str, agent_name: str, prompt: str
-    ) -> TaskResult | ToolResult:
+    async def run_child(self, handle: Handle, run: Run, key: str, agent_name: str, prompt: str) -> TaskResult | ToolResult:
         """Runs (or reattaches to) the child keyed by `key`; a refused spawn is an error result."""
         child = handle.children_by_key.get(key)
         if child is None:
@@ -269,7 +261,11 @@ class TurnLoop:
         if gate.judge_agent:
             task = next((m.content for m in reversed(handle.transcript[: run.transcript_mark + 1]) if m.role == "user"), "")
             verdict = await self.run_child(
-                handle, run, key=f"judge_turn_{handle.turns}", agent_name=gate.judge_agent, prompt=prompts.judge_prompt(task, text)
+                handle,
+                run,
+                key=f"judge_turn_{handle.turns}",
+                agent_name=gate.judge_agent,
+                prompt=prompts.judge_prompt(task, text),
             )
             verdict_text = verdict.output if isinstance(verdict, ToolResult) else verdict.text
             if not verdict_text.strip().startswith("PASS"):

@@ -45,8 +45,7 @@ def check_agents(agents: Sequence[AgentSpec]) -> None:
             violations.append(
                 FieldViolation(
                     f"{where}.name",
-                    f"{agent.name!r} is not a valid agent name: use 1-64 letters, digits, '_' or '-', "
-                    "starting with a letter",
+                    f"{agent.name!r} is not a valid agent name: use 1-64 letters, digits, '_' or '-', starting with a letter",
                 )
             )
         elif agent.name in seen:
@@ -109,7 +108,9 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
             violations.append(FieldViolation(f"{where}.completion.must_match", f"invalid regular expression: {exc}"))
     if gate.judge_agent and gate.judge_agent not in agent_names:
         violations.append(
-            FieldViolation(f"{where}.completion.judge_agent", f"unknown agent {gate.judge_agent!r}; define it in the same runtime")
+            FieldViolation(
+                f"{where}.completion.judge_agent", f"unknown agent {gate.judge_agent!r}; define it in the same runtime"
+            )
         )
     callable_tools = tool_names | ({"task"} if agent.team else set()) | {"ask"}
     for index, rail in enumerate(agent.guardrails):

@@ -39,7 +39,9 @@ class OpenAIProvider:
             ) as response:
                 raw = await response.read()
                 if response.status >= 300:
-                    raise ProviderError(self._redact(f"provider answered HTTP {response.status}: {raw[:500].decode('utf-8', 'replace')}"))
+                    raise ProviderError(
+                        self._redact(f"provider answered HTTP {response.status}: {raw[:500].decode('utf-8', 'replace')}")
+                    )
         except TimeoutError as exc:
             raise ProviderError(f"provider did not answer within {self._timeout.total}s") from exc
         except aiohttp.ClientError as exc:
@@ -70,7 +72,11 @@ def _parse(raw: bytes) -> ModelReply:
         payload = json.loads(raw)
         choice = payload["choices"][0]["message"]
         calls = tuple(
-            ToolCall(id=str(call.get("id", "")), name=call["function"]["name"], arguments_json=call["function"].get("arguments") or "{}")
+            ToolCall(
+                id=str(call.get("id", "")),
+                name=call["function"]["name"],
+                arguments_json=call["function"].get("arguments") or "{}",
+            )
             for call in choice.get("tool_calls") or ()
         )
         usage = payload.get("usage") or {}
