@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install gen check-gen lint test test-python run grpcurl smoke clean
+.PHONY: help install gen check-gen lint test test-python run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -62,7 +62,7 @@ lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/buf format --diff --exit-code
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python
+TEST_TARGETS := test-python smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -79,6 +79,9 @@ run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see
 
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the README with grpcurl
 	scripts/smoke.sh
+
+bench: $(STAMP) ## measured figures (not asserted): model-call HTTP transports
+	$(BIN)/python bench/http_clients.py
 
 clean: ## remove the venv, tools and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

@@ -35,6 +35,11 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
             raise  # unreachable: abort raises
+        except Exception:
+            # Our bug, not the caller's: log it whole, answer INTERNAL without internals.
+            log.exception("%s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed inside the server; see the server log")
+            raise
 
     return wrapper
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 
 from . import budget as budgets
@@ -24,6 +25,8 @@ from .model import (
 from .ports import HttpToolRunner, ModelProvider, ProviderError, Store
 from .prompts import wake_message
 from .suspension import read_answer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,11 @@ class Runtime:
         except ProviderError as exc:
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
             result = handle.result(Status.ERROR, text=f"model call failed: {exc}", is_error=True)
+        except Exception:
+            # A bug of ours must not leave the handle RUNNING forever: settle it loudly.
+            log.exception("run of %s/%s failed", self.id, handle.id)
+            await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
+            result = handle.result(Status.ERROR, text="internal error in the runtime; see the server log", is_error=True)
         finally:
             if holds_slot and gate is not None:
                 gate.release()

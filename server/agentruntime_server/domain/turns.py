@@ -174,7 +174,7 @@ class TurnLoop:
         elif kind == "input":
             prompt = _question(first)
         elif kind == "tool_call":
-            prompt = f"Run {', '.join(call.name for call in calls)} and answer with their outputs"
+            prompt = f"Run {', '.join(call.name for call in calls)} and Resume with one output per call"
         return PendingRequest(id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
