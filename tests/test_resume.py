@@ -44,13 +44,21 @@ async def resume(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, answer: pb.Ans
     return (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
 
 
-async def test_c_resume_replays_the_checkpoint(
+async def start_scenario_c(
     stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
-) -> None:
+) -> tuple[str, str, pb.TaskResult]:
+    """A worker with counter (http) and approve (relay), run until it suspends on approve."""
     model.script("worker", stage_approve_commit)
     worker = agent("worker", tools=[http_tool("counter", tools.url("counter")), relay_tool("approve")])
     runtime_id = await create(stub, worker)
     handle_id, pending = await run(stub, runtime_id, "worker", "stage then commit")
+    return runtime_id, handle_id, pending
+
+
+async def test_c_resume_replays_the_checkpoint(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    runtime_id, handle_id, pending = await start_scenario_c(stub, model, tools)
 
     assert pending.status == pb.STATUS_PENDING
     assert pending.pending.kind == "tool_call"
@@ -280,10 +288,7 @@ async def test_close_a_suspended_root_cancels_its_request(stub: pb_grpc.AgentRun
 async def test_transcript_shows_what_will_be_replayed(
     stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
-    model.script("worker", stage_approve_commit)
-    worker = agent("worker", tools=[http_tool("counter", tools.url("counter")), relay_tool("approve")])
-    runtime_id = await create(stub, worker)
-    handle_id, _ = await run(stub, runtime_id, "worker", "plan")
+    runtime_id, handle_id, _ = await start_scenario_c(stub, model, tools)
     transcript = (await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))).messages
     assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
     assert [c.name for c in transcript[-1].tool_calls] == ["approve"]
