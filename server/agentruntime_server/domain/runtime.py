@@ -25,6 +25,7 @@ from .model import (
 from .ports import HttpToolRunner, ModelProvider, ProviderError, Store
 from .prompts import wake_message
 from .suspension import read_answer
+from .validation import check_budget
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Runtime:
             raise FailedPrecondition(f"parent {parent.id!r} is closed")
         agent = self.agent(agent_name)
         if budget_override is not None:
-            violations = budgets_violations(budget_override)
+            violations = check_budget(budget_override, "budget")
             if violations:
                 raise InvalidArgument(violations)
         return await self.spawn_child(parent, agent, budget_override, key=None)
@@ -378,9 +379,3 @@ class Runtime:
             if message.role == "assistant" and message.content:
                 return message.content
         return fallback
-
-
-def budgets_violations(budget: Budget) -> list[FieldViolation]:
-    from .validation import check_budget
-
-    return check_budget(budget, "budget")
