@@ -134,6 +134,33 @@ GUARDRAIL_ACTION_REQUIRE_APPROVAL: GuardrailAction.ValueType  # 2
 """The tool runs only after the host approves it (a Request of kind `approval`)."""
 Global___GuardrailAction: _TypeAlias = GuardrailAction  # noqa: Y015
 
+class _OnInterrupted:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnInterruptedEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnInterrupted.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_INTERRUPTED_UNSPECIFIED: _OnInterrupted.ValueType  # 0
+    """RETRY for http tools (the Idempotency-Key lets the target dedupe), ASK otherwise."""
+    ON_INTERRUPTED_RETRY: _OnInterrupted.ValueType  # 1
+    """Run the call again with the same idempotency key."""
+    ON_INTERRUPTED_ASK: _OnInterrupted.ValueType  # 2
+    """Suspend with a Request of kind `in_doubt` naming the call: answer ok with an output to
+    use it, ok without an output to run the call again, or not ok to fail the call.
+    """
+
+class OnInterrupted(_OnInterrupted, metaclass=_OnInterruptedEnumTypeWrapper): ...
+
+ON_INTERRUPTED_UNSPECIFIED: OnInterrupted.ValueType  # 0
+"""RETRY for http tools (the Idempotency-Key lets the target dedupe), ASK otherwise."""
+ON_INTERRUPTED_RETRY: OnInterrupted.ValueType  # 1
+"""Run the call again with the same idempotency key."""
+ON_INTERRUPTED_ASK: OnInterrupted.ValueType  # 2
+"""Suspend with a Request of kind `in_doubt` naming the call: answer ok with an output to
+use it, ok without an output to run the call again, or not ok to fail the call.
+"""
+Global___OnInterrupted: _TypeAlias = OnInterrupted  # noqa: Y015
+
 @_typing.final
 class TaskResult(_message.Message):
     """TaskResult crosses every handle boundary and every RPC that settles.
@@ -385,8 +412,11 @@ class ToolDef(_message.Message):
     RELAY_FIELD_NUMBER: _builtins.int
     HTTP_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
+    ON_INTERRUPTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
+    on_interrupted: Global___OnInterrupted.ValueType
+    """What to do with a call that was in flight when the server died (the call is in doubt)."""
     @_builtins.property
     def input_schema(self) -> _struct_pb2.Struct:
         """JSON Schema of the arguments object."""
@@ -406,10 +436,11 @@ class ToolDef(_message.Message):
         relay: Global___RelayTool | None = ...,
         http: Global___HttpTool | None = ...,
         approval: Global___ApprovalPolicy | None = ...,
+        on_interrupted: Global___OnInterrupted.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "relay", b"relay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "description", b"description", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "name", b"name", "relay", b"relay"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "description", b"description", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "name", b"name", "on_interrupted", b"on_interrupted", "relay", b"relay"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["relay", "http"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
