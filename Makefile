@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install gen check-gen lint test test-python run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint test test-python conformance-python run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -40,29 +40,47 @@ grpcurl: $(TOOLS)/grpcurl ## install grpcurl into .tools/bin (needs Go)
 $(TOOLS)/grpcurl:
 	GOBIN=$(TOOLS) go install $(GRPCURL)
 
+# Code generators for buf.gen.yaml (local plugins only).
+TS_DIR := clients/typescript
+tools: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TS_DIR)/node_modules/.installed ## install the Go and TypeScript generators
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+
+$(TS_DIR)/node_modules/.installed: $(TS_DIR)/package.json $(TS_DIR)/package-lock.json
+	cd $(TS_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
 # --- generated code ----------------------------------------------------------
 
-gen: $(STAMP) ## regenerate the Python stubs from the proto
+gen: $(STAMP) tools ## regenerate every committed stub from the proto (Python, Go, TypeScript)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc \
 		-Iproto -I"$$($(BIN)/python -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')" \
 		--python_out=$(GEN_OUT) --grpc_python_out=$(GEN_OUT) \
 		--mypy_out=$(GEN_OUT) --mypy_grpc_out=$(GEN_OUT) \
 		$(PROTO)
+	$(BIN)/buf generate
 
-check-gen: gen ## fail if the committed stubs differ from the proto
-	git diff --exit-code -- $(GEN_OUT)
+GENERATED := $(GEN_OUT)/agentruntime/v1 clients/go/agentruntime/v1 $(TS_DIR)/src/gen
+check-gen: gen ## fail if the committed stubs differ from the proto (or new ones appear)
+	git diff --exit-code -- $(GENERATED)
+	test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))"
 
 # --- quality -----------------------------------------------------------------
 
+PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/conformance
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
-	$(BIN)/ruff check server tests
-	$(BIN)/ruff format --check server tests
+	$(BIN)/ruff check $(PY_SOURCES)
+	$(BIN)/ruff format --check $(PY_SOURCES)
 	$(BIN)/mypy
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python smoke
+TEST_TARGETS := test-python conformance-python smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -71,6 +89,9 @@ test: $(STAMP) ## generated-code drift, lint, then every client's tests
 
 test-python: $(STAMP)
 	$(BIN)/pytest -q
+
+conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the Python client
+	scripts/with-server.sh $(BIN)/python clients/python/conformance/run.py
 
 # --- running -----------------------------------------------------------------
 

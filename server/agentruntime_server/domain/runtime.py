@@ -123,7 +123,7 @@ class Runtime:
         self.start_run(handle, prompt)
         return True
 
-    async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:  # noqa: ASYNC109 - Wait's own contract
+    async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
         handle = self.handle(handle_id)
         run = handle.run
         if run is not None and run.task is not None:

@@ -1,0 +1,142 @@
+"""A thin asyncio client over the generated stubs: one method per verb, errors with their code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+_DETAIL_TYPES = (
+    error_details_pb2.BadRequest,
+    error_details_pb2.ErrorInfo,
+    error_details_pb2.ResourceInfo,
+)
+
+
+class AgentRuntimeError(Exception):
+    """A refused call: the gRPC code, the server's message and its google.rpc details."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, details: list[Any]) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def detail(self, kind: type[Any]) -> Any | None:
+        return next((d for d in self.details if isinstance(d, kind)), None)
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.aio.AioRpcError) -> AgentRuntimeError:
+        details: list[Any] = []
+        for key, value in error.trailing_metadata() or ():
+            if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+                continue
+            for packed in status_pb2.Status.FromString(value).details:
+                for kind in _DETAIL_TYPES:
+                    if packed.Is(kind.DESCRIPTOR):
+                        unpacked = kind()
+                        packed.Unpack(unpacked)
+                        details.append(unpacked)
+        return cls(error.code(), error.details() or "", details)
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    value.FromNanoseconds(int(seconds * 1e9))
+    return value
+
+
+class Client:
+    """`async with Client("127.0.0.1:50051") as client: result = await client.run(rt, "coordinator", "...")`"""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        timeout: float | None = 60.0,
+    ) -> None:
+        if tls:
+            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates))
+        else:
+            self._channel = grpc.aio.insecure_channel(target)
+        self._stub = pb_grpc.AgentRuntimeStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        await self.close_channel()
+
+    async def close_channel(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout or self._timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as error:
+            raise AgentRuntimeError.from_rpc_error(error) from None
+
+    async def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "") -> str:
+        response = await self._call(self._stub.CreateRuntime, pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=agents))
+        return str(response.runtime_id)
+
+    async def spawn(self, runtime_id: str, agent: str, parent: str = "root", budget: pb.Budget | None = None) -> str:
+        request = pb.SpawnRequest(runtime_id=runtime_id, parent_id=parent, agent=agent, budget=budget)
+        return str((await self._call(self._stub.Spawn, request)).handle_id)
+
+    async def post(self, runtime_id: str, handle_id: str, text: str, channel: str = "", sender: str = "") -> int:
+        request = pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text=text, channel=channel, sender=sender)
+        return int((await self._call(self._stub.Post, request)).inbox_size)
+
+    async def wake(self, runtime_id: str, handle_id: str, prompt: str = "") -> bool:
+        request = pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt)
+        return bool((await self._call(self._stub.Wake, request)).queued)
+
+    async def wait(self, runtime_id: str, handle_id: str, timeout: float | None = None) -> pb.TaskResult:
+        request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id)
+        if timeout is not None:
+            request.timeout.CopyFrom(_duration(timeout))
+        deadline = None if self._timeout is None else max(self._timeout, (timeout or 0) + 5)
+        response = await self._call(self._stub.Wait, request, timeout=deadline)
+        return response.result  # type: ignore[no-any-return]
+
+    async def resume(self, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
+        response = await self._call(self._stub.Resume, pb.ResumeRequest(runtime_id=runtime_id, answer=answer))
+        return response.result  # type: ignore[no-any-return]
+
+    async def run(self, runtime_id: str, agent: str, prompt: str, parent: str = "root") -> pb.TaskResult:
+        """Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle."""
+        handle_id = await self.spawn(runtime_id, agent, parent)
+        await self.wake(runtime_id, handle_id, prompt)
+        return await self.wait(runtime_id, handle_id)
+
+    async def interrupt(self, runtime_id: str, handle_id: str) -> bool:
+        request = pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id)
+        return bool((await self._call(self._stub.Interrupt, request)).interrupted)
+
+    async def close(self, runtime_id: str, handle_id: str, force: bool = False) -> list[str]:
+        request = pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, force=force)
+        return list((await self._call(self._stub.Close, request)).closed_handle_ids)
+
+    async def inspect(self, runtime_id: str, handle_id: str) -> pb.HandleView:
+        request = pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id)
+        return (await self._call(self._stub.Inspect, request)).handle  # type: ignore[no-any-return]
+
+    async def list_handles(self, runtime_id: str) -> list[pb.HandleView]:
+        return list((await self._call(self._stub.List, pb.ListRequest(runtime_id=runtime_id))).handles)
+
+    async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
+        request = pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id)
+        return list((await self._call(self._stub.GetTranscript, request)).messages)

@@ -1,0 +1,135 @@
+"""The Python conformance runner: every vector in tests/vectors against AGENTRUNTIME_ADDR."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentruntime.client import AgentRuntimeError, Client
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from google.protobuf import json_format
+from google.rpc import error_details_pb2
+
+VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
+
+
+class Mismatch(Exception):
+    pass
+
+
+def _result_fields(result: pb.TaskResult) -> dict[str, Any]:
+    return {
+        "handle_id": result.handle_id,
+        "text": result.text,
+        "is_error": result.is_error,
+        "status": pb.Status.Name(result.status),
+        "limit": pb.Limit.Name(result.limit),
+        "turns": result.turns,
+        "total_tokens": result.total_tokens,
+        "own_tokens": result.own_tokens,
+        "tool_calls": result.tool_calls,
+        "pending": {
+            "kind": result.pending.kind,
+            "path": list(result.pending.path),
+            "call_names": [call.name for call in result.pending.calls],
+        },
+    }
+
+
+def _view_fields(view: pb.HandleView) -> dict[str, Any]:
+    return {
+        "state": pb.HandleState.Name(view.state),
+        "turns": view.turns,
+        "own_tokens": view.own_tokens,
+        "total_tokens": view.total_tokens,
+        "tool_calls": view.tool_calls,
+        "pending_kind": view.pending_kind,
+    }
+
+
+def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None:
+    for key, want in expected.items():
+        got = actual[key]
+        if isinstance(want, dict):
+            _check(f"{where}.{key}", got, want)
+        elif got != want:
+            raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
+
+
+async def run_vector(client: Client, vector: dict[str, Any]) -> None:
+    agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
+    runtime_id = await client.create_runtime(agents)
+    last_pending: pb.Request | None = None
+    for index, step in enumerate(vector["steps"]):
+        where = f"step {index + 1}"
+        try:
+            outcome: Any = None
+            if "spawn" in step:
+                args = step["spawn"]
+                budget = json_format.ParseDict(args["budget"], pb.Budget()) if "budget" in args else None
+                outcome = {"handle_id": await client.spawn(runtime_id, args["agent"], args["parent"], budget)}
+            elif "wake" in step:
+                await client.wake(runtime_id, step["wake"]["handle"], step["wake"].get("prompt", ""))
+            elif "wait" in step:
+                result = await client.wait(runtime_id, step["wait"]["handle"])
+                outcome = _result_fields(result)
+                last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
+            elif "resume" in step:
+                args = step["resume"]
+                calls = list(last_pending.calls) if last_pending else []
+                answer = pb.Answer(
+                    id=args.get("id") or (last_pending.id if last_pending else ""),
+                    ok=args.get("ok", False),
+                    reason=args.get("reason", ""),
+                    outputs=[pb.ToolOutput(call_id=calls[i].id, output=text) for i, text in enumerate(args.get("outputs", []))],
+                )
+                result = await client.resume(runtime_id, answer)
+                outcome = _result_fields(result)
+                last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
+            elif "list" in step:
+                handles = await client.list_handles(runtime_id)
+                outcome = {"count": len(handles), "handles": {view.handle_id: _view_fields(view) for view in handles}}
+            else:
+                raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
+        except AgentRuntimeError as error:
+            if "expect_error" not in step:
+                raise Mismatch(f"{where}: unexpected error {error}") from None
+            want = step["expect_error"]
+            if error.code.name != want["code"]:
+                raise Mismatch(f"{where}: expected {want['code']}, got {error}") from None
+            if "limit" in want:
+                info = error.detail(error_details_pb2.ErrorInfo)
+                limit = info.metadata.get("limit") if info else None
+                if limit != want["limit"]:
+                    raise Mismatch(f"{where}: expected ErrorInfo limit {want['limit']}, got {limit}") from None
+            continue
+        if "expect_error" in step:
+            raise Mismatch(f"{where}: expected {step['expect_error']['code']}, but the call succeeded")
+        if "expect" in step:
+            _check(where, outcome, step["expect"])
+
+
+async def main() -> int:
+    address = os.environ.get("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+    passed = failed = 0
+    async with Client(address) as client:
+        for path in sorted(VECTORS.glob("*.json")):
+            vector = json.loads(path.read_text())
+            try:
+                await run_vector(client, vector)
+            except Mismatch as mismatch:
+                failed += 1
+                print(f"FAIL {vector['name']}: {mismatch}")
+            else:
+                passed += 1
+                print(f"ok   {vector['name']}")
+    print(f"conformance: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
