@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint test test-python conformance-python run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -80,7 +80,7 @@ lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/buf format --diff --exit-code
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python smoke
+TEST_TARGETS := test-python conformance-python test-go smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -92,6 +92,9 @@ test-python: $(STAMP)
 
 conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the Python client
 	scripts/with-server.sh $(BIN)/python clients/python/conformance/run.py
+
+test-go: $(STAMP) ## the Go client: vet, build, unit tests, then the vectors against a fresh server
+	$(MAKE) -C clients/go test
 
 # --- running -----------------------------------------------------------------
 

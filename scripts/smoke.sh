@@ -17,6 +17,7 @@ done
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ADDR=127.0.0.1:$PORT
 LOG=$(mktemp -t agentruntime-smoke.XXXXXX)
+STORE_DIR=$(mktemp -d -t agentruntime-smoke-store.XXXXXX)
 SERVER_PID=
 
 stop_server() {
@@ -24,7 +25,7 @@ stop_server() {
     kill "$SERVER_PID" 2>/dev/null || true
     wait "$SERVER_PID" 2>/dev/null || true
   fi
-  rm -f "$LOG"
+  rm -rf "$LOG" "$STORE_DIR"
 }
 trap stop_server EXIT
 
@@ -61,7 +62,7 @@ call() {
 }
 
 # --- start the server and wait for health ------------------------------------
-"$SERVER" serve --listen "$ADDR" >"$LOG" 2>&1 &
+"$SERVER" serve --listen "$ADDR" --store "sqlite:///$STORE_DIR/smoke.db" >"$LOG" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do
   if health=$("$GRPCURL" -plaintext -max-time 2 "$ADDR" grpc.health.v1.Health/Check 2>/dev/null); then break; fi

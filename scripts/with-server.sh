@@ -7,9 +7,10 @@ PY=.venv/bin/python
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export AGENTRUNTIME_ADDR=127.0.0.1:$PORT
 LOG=$(mktemp -t agentruntime-server.XXXXXX)
-.venv/bin/agentruntime serve --listen "$AGENTRUNTIME_ADDR" >"$LOG" 2>&1 &
+STORE_DIR=$(mktemp -d -t agentruntime-store.XXXXXX)
+AGENTRUNTIME_STORE=${AGENTRUNTIME_STORE:-sqlite:///$STORE_DIR/agentruntime.db} .venv/bin/agentruntime serve --listen "$AGENTRUNTIME_ADDR" >"$LOG" 2>&1 &
 SERVER_PID=$!
-trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; rm -f "$LOG"' EXIT
+trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; rm -rf "$LOG" "$STORE_DIR"' EXIT
 "$PY" - "$AGENTRUNTIME_ADDR" <<'PYEOF' || { cat "$LOG" >&2; exit 1; }
 import sys, time, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

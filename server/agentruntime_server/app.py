@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from .api.servicer import AgentRuntimeServicer
-from .domain.ports import ModelProvider
+from .domain.ports import ModelProvider, Store
 from .domain.runtime import Services
 from .domain.service import RuntimeService
 from .http_session import HttpSession
@@ -22,6 +23,7 @@ from .providers.router import ProviderRouter
 from .providers.scripted import ScriptedProvider
 from .settings import Settings
 from .store.memory import MemoryStore
+from .store.sqlite import SqliteStore
 from .tools.http import HttpTools
 
 log = logging.getLogger("agentruntime")
@@ -34,14 +36,26 @@ class RunningServer:
     port: int
     http: HttpSession
     health: HealthServicer
+    service: RuntimeService
+    store: Store
 
     async def stop(self, grace: float | None = 5.0) -> None:
+        """Stop accepting, let running turns reach a journal point within `grace`, close the store."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await self.service.drain(grace or 0.0)
+        await stopping
         await self.http.close()
+        await self.store.close()
 
 
-def build_service(settings: Settings, http: HttpSession) -> RuntimeService:
+def open_store(url: str) -> Store:
+    if url == "memory://":
+        return MemoryStore()
+    return SqliteStore(url.removeprefix("sqlite:///"))
+
+
+def build_service(settings: Settings, http: HttpSession, store: Store) -> RuntimeService:
     scripted = ScriptedProvider()
     default: ModelProvider = scripted
     if settings.llm_style == "openai":
@@ -55,16 +69,19 @@ def build_service(settings: Settings, http: HttpSession) -> RuntimeService:
     services = Services(
         models=ProviderRouter(default, scripted),
         http_tools=HttpTools(http),
-        store=MemoryStore(),
+        store=store,
         inbox_capacity=settings.inbox_capacity,
     )
-    return RuntimeService(services)
+    return RuntimeService(services, cache_size=settings.runtime_cache)
 
 
 async def start(settings: Settings) -> RunningServer:
     http = HttpSession(settings.http_pool_size)
+    store = open_store(settings.store)
+    service = build_service(settings, http, store)
+    await service.recover()
     server = grpc.aio.server()
-    pb_grpc.add_AgentRuntimeServicer_to_server(AgentRuntimeServicer(build_service(settings, http)), server)
+    pb_grpc.add_AgentRuntimeServicer_to_server(AgentRuntimeServicer(service), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -74,5 +91,5 @@ async def start(settings: Settings) -> RunningServer:
     await server.start()
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("agentruntime serving on port %d (model provider: %s)", port, settings.llm_style)
-    return RunningServer(server=server, port=port, http=http, health=health)
+    log.info("agentruntime serving on port %d (model provider: %s, store: %s)", port, settings.llm_style, settings.store)
+    return RunningServer(server=server, port=port, http=http, health=health, service=service, store=store)

@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--llm-style", choices=["scripted", "openai"], help="env AGENTRUNTIME_LLM_STYLE")
     serve.add_argument("--llm-base-url", help="env AGENTRUNTIME_LLM_BASE_URL")
     serve.add_argument("--llm-model", help="env AGENTRUNTIME_LLM_MODEL")
+    serve.add_argument("--store", help="sqlite:///path.db or memory:// (env AGENTRUNTIME_STORE)")
     serve.add_argument("--log-level", help="env AGENTRUNTIME_LOG_LEVEL")
     args = parser.parse_args(argv)
     overrides: dict[str, Any] = {key: value for key, value in vars(args).items() if key != "command" and value is not None}
@@ -35,7 +36,7 @@ async def _serve(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await running.stop()
+    await running.stop(settings.shutdown_grace)
 
 
 if __name__ == "__main__":

@@ -19,4 +19,11 @@ class Settings(BaseSettings):
     llm_timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
     http_pool_size: int = Field(256, ge=1, description="keep-alive connections shared by model calls and http tools")
     inbox_capacity: int = Field(100, ge=1, description="messages a handle's inbox holds before Post is refused")
+    store: str = Field(
+        "sqlite:///agentruntime.db",
+        pattern=r"^(memory://|sqlite:///.+)$",
+        description="sqlite:///relative/path.db, sqlite:////absolute/path.db, or memory:// (nothing survives)",
+    )
+    runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
+    shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")
     log_level: str = Field("INFO")

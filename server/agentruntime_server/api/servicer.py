@@ -54,13 +54,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     def __init__(self, service: RuntimeService) -> None:
         self.service = service
 
-    def _runtime(self, runtime_id: str) -> Runtime:
+    async def _runtime(self, runtime_id: str) -> Runtime:
         _require(runtime_id=runtime_id)
-        return self.service.runtime(runtime_id)
+        return await self.service.runtime(runtime_id)
 
-    def _handle_target(self, request: Any) -> Runtime:
+    async def _handle_target(self, request: Any) -> Runtime:
         _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
-        return self.service.runtime(request.runtime_id)
+        return await self.service.runtime(request.runtime_id)
 
     @_edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
@@ -70,7 +70,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Spawn(self, request: pb.SpawnRequest, context: Context) -> pb.SpawnResponse:
-        runtime = self._runtime(request.runtime_id)
+        runtime = await self._runtime(request.runtime_id)
         _require(agent=request.agent)
         budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else None
         handle = await runtime.spawn(request.parent_id or "root", request.agent, budget)
@@ -78,18 +78,18 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Post(self, request: pb.PostRequest, context: Context) -> pb.PostResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         size = await runtime.post(request.handle_id, request.text, request.channel, request.sender)
         return pb.PostResponse(ok=True, inbox_size=size)
 
     @_edge
     async def Wake(self, request: pb.WakeRequest, context: Context) -> pb.WakeResponse:
-        runtime = self._handle_target(request)
-        return pb.WakeResponse(queued=runtime.wake(request.handle_id, request.prompt))
+        runtime = await self._handle_target(request)
+        return pb.WakeResponse(queued=await runtime.wake(request.handle_id, request.prompt))
 
     @_edge
     async def Wait(self, request: pb.WaitRequest, context: Context) -> pb.WaitResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         timeout = None
         if request.HasField("timeout"):
             timeout = request.timeout.ToTimedelta().total_seconds()
@@ -100,32 +100,32 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Resume(self, request: pb.ResumeRequest, context: Context) -> pb.ResumeResponse:
-        runtime = self._runtime(request.runtime_id)
+        runtime = await self._runtime(request.runtime_id)
         _require(**{"answer.id": request.answer.id})
         result = await runtime.resume(convert.answer_from_proto(request.answer))
         return pb.ResumeResponse(result=convert.result_to_proto(result))
 
     @_edge
     async def Interrupt(self, request: pb.InterruptRequest, context: Context) -> pb.InterruptResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id))
 
     @_edge
     async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force))
 
     @_edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
 
     @_edge
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
-        runtime = self._runtime(request.runtime_id)
+        runtime = await self._runtime(request.runtime_id)
         return pb.ListResponse(handles=[convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()])
 
     @_edge
     async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
-        runtime = self._handle_target(request)
+        runtime = await self._handle_target(request)
         return pb.GetTranscriptResponse(messages=[convert.message_to_proto(m) for m in runtime.transcript(request.handle_id)])

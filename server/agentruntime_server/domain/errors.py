@@ -48,3 +48,8 @@ class ResourceExhausted(DomainError):
         self.reason = reason
         self.limit = limit
         super().__init__(message)
+
+
+class Detached(Exception):
+    """Raised inside a run when the process is shutting down: the run stops at a journal
+    point without settling, and continues from the store at the next start."""

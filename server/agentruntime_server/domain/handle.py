@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from .model import (
     AgentSpec,
     Budget,
+    HandleRecord,
     HandleSnapshot,
     HandleState,
     InboxItem,
@@ -68,15 +69,27 @@ class Run:
     children: list[Handle] = field(default_factory=list)
     # The parent's run that this run's settling continued (Resume follows the chain up).
     next: Run | None = None
+    shutdown: bool = False  # cancelled because the process stops: not settled
 
 
 class Handle:
-    def __init__(self, runtime_id: str, handle_id: str, parent: Handle | None, agent: AgentSpec, budget: Budget) -> None:
+    def __init__(
+        self,
+        runtime_id: str,
+        handle_id: str,
+        parent: Handle | None,
+        agent: AgentSpec,
+        budget: Budget,
+        child_key: str = "",
+        seq: int = 0,
+    ) -> None:
         self.runtime_id = runtime_id
         self.id = handle_id
         self.parent = parent
         self.agent = agent
         self.budget = budget
+        self.child_key = child_key  # the parent's call id (or judge key) that spawned it
+        self.seq = seq  # spawn order within the runtime
         self.depth: int = parent.depth + 1 if parent else 1
         self.state = HandleState.IDLE
         self.turns = 0
@@ -94,6 +107,8 @@ class Handle:
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
         self.approved: set[str] = set()
+        # Calls that were in flight when the process died and whose tool says ASK.
+        self.in_doubt: set[str] = set()
         self.run: Run | None = None
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
 
@@ -146,6 +161,49 @@ class Handle:
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
         """A kept result re-read later: the figures are the handle's now (they never go down)."""
         return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending)
+
+    def record(self) -> HandleRecord:
+        return HandleRecord(
+            handle_id=self.id,
+            parent_id=self.parent.id if self.parent else "",
+            agent=self.agent.name,
+            budget=self.budget,
+            child_key=self.child_key,
+            seq=self.seq,
+            state=self.state,
+            turns=self.turns,
+            own_tokens=self.own_tokens,
+            total_tokens=self.total_tokens,
+            tool_calls=self.tool_calls,
+            subtree_tool_calls=self.subtree_tool_calls,
+            inbox=tuple(self.inbox),
+            last_result=self.last_result,
+            pending=self.pending,
+            approved=tuple(sorted(self.approved)),
+            in_doubt=tuple(sorted(self.in_doubt)),
+        )
+
+    @classmethod
+    def restore(cls, runtime_id: str, record: HandleRecord, parent: Handle | None, agent: AgentSpec) -> Handle:
+        handle = cls(runtime_id, record.handle_id, parent, agent, record.budget, record.child_key, record.seq)
+        handle.state = record.state
+        handle.turns = record.turns
+        handle.own_tokens = record.own_tokens
+        handle.total_tokens = record.total_tokens
+        handle.tool_calls = record.tool_calls
+        handle.subtree_tool_calls = record.subtree_tool_calls
+        handle.inbox.extend(record.inbox)
+        handle.last_result = record.last_result
+        handle.pending = record.pending
+        handle.approved = set(record.approved)
+        handle.in_doubt = set(record.in_doubt)
+        if parent is not None:
+            parent.children.append(handle)
+            number = int(record.handle_id.rsplit(".", 1)[1])
+            parent.spawned_per_agent[agent.name] = max(parent.spawned_per_agent.get(agent.name, 0), number)
+            if record.child_key:
+                parent.children_by_key[record.child_key] = handle
+        return handle
 
     def snapshot(self) -> HandleSnapshot:
         return HandleSnapshot(

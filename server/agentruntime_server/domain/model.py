@@ -47,6 +47,14 @@ class HandleState(enum.Enum):
     CLOSED = 4
 
 
+class OnInterrupted(enum.Enum):
+    """What recovery does with a tool call that was in flight when the process died."""
+
+    DEFAULT = 0  # RETRY for http tools
+    RETRY = 1
+    ASK = 2
+
+
 class GuardrailAction(enum.Enum):
     DENY = 1
     REQUIRE_APPROVAL = 2
@@ -93,6 +101,11 @@ class ToolSpec:
     executor: HttpExecutor | RelayExecutor
     approval_required: bool = False
     approval_prompt: str = ""
+    on_interrupted: OnInterrupted = OnInterrupted.DEFAULT
+
+    @property
+    def asks_when_in_doubt(self) -> bool:
+        return self.on_interrupted is OnInterrupted.ASK
 
 
 @dataclass(frozen=True)
@@ -242,3 +255,39 @@ class Answer:
     data: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     outputs: tuple[ToolOutput, ...] = ()
+
+
+@dataclass(frozen=True)
+class HandleRecord:
+    """Everything the store keeps about a handle besides its transcript and journal."""
+
+    handle_id: str
+    parent_id: str  # "" for a top-level handle
+    agent: str
+    budget: Budget
+    child_key: str  # the parent's task call id (or judge key) that spawned it; "" for host spawns
+    seq: int  # spawn order in the runtime
+    state: HandleState
+    turns: int
+    own_tokens: int
+    total_tokens: int
+    tool_calls: int
+    subtree_tool_calls: int
+    inbox: tuple[InboxItem, ...]
+    last_result: TaskResult | None
+    pending: PendingRequest | None
+    approved: tuple[str, ...]
+    in_doubt: tuple[str, ...]
+
+
+@dataclass
+class RuntimeRecord:
+    """A runtime as loaded back from the store."""
+
+    runtime_id: str
+    agents: tuple[AgentSpec, ...]
+    handles: list[HandleRecord]  # in spawn order
+    transcripts: dict[str, list[Message]]
+    tool_results: dict[str, dict[str, ToolResult]]
+    started_calls: dict[str, set[str]]  # calls begun but never recorded: in doubt after a crash
+    answered: dict[str, tuple[Answer, str]]  # request id -> (answer, the leaf handle it answered)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .model import AgentSpec, HandleSnapshot, HttpExecutor, Message, ToolCall, ToolResult
+from .model import AgentSpec, Answer, HandleRecord, HttpExecutor, Message, RuntimeRecord, ToolCall, ToolResult
 
 
 class ProviderError(Exception):
@@ -43,28 +43,48 @@ class HttpToolRunner(Protocol):
 
 
 class Store(Protocol):
-    """Where the runtime writes what it acknowledges. Every model reply and tool result is
-    recorded before the runtime acts on it; each method is one atomic write."""
+    """Where the runtime writes what it acknowledges; the source of truth after a restart.
+
+    Every method is one atomic write (or read). Model replies and tool results are
+    recorded before the runtime acts on them, together with the usage roll-up they imply.
+    """
+
+    durable: bool  # False: nothing survives the process, so nothing is evicted from memory
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None: ...
 
-    async def save_handle(self, runtime_id: str, snapshot: HandleSnapshot) -> None: ...
+    async def runtime_exists(self, runtime_id: str) -> bool: ...
 
-    async def append_message(self, runtime_id: str, handle_id: str, message: Message) -> None: ...
+    async def save_handles(self, runtime_id: str, records: list[HandleRecord]) -> None: ...
 
-    async def record_model_reply(
-        self, runtime_id: str, handle_id: str, message: Message, tokens: int, rolled_up_to: tuple[str, ...]
+    async def append_messages(
+        self, runtime_id: str, handle_id: str, start: int, messages: list[Message], record: HandleRecord | None = None
     ) -> None:
-        """The assistant message, the handle's turn and own spend, and `tokens` added to the
-        total of the handle and of every id in `rolled_up_to` (its ancestors)."""
-        ...
-
-    async def record_tool_result(
-        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, rolled_up_to: tuple[str, ...]
-    ) -> None: ...
-
-    async def record_approval(self, runtime_id: str, handle_id: str, call_id: str) -> None:
-        """The host approved this call: it runs (once) when the turn is re-entered."""
+        """Transcript entries start..start+len-1, with the handle's row when it changed too."""
         ...
 
     async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None: ...
+
+    async def record_model_reply(
+        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+    ) -> None:
+        """The assistant message at `index`, the handle's row, and each ancestor's new total_tokens."""
+        ...
+
+    async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
+        """A side-effecting call is about to run: after a crash without its result, it is in doubt."""
+        ...
+
+    async def record_tool_result(
+        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+    ) -> None:
+        """The result, the handle's row, and each ancestor's new subtree tool-call count."""
+        ...
+
+    async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None: ...
+
+    async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None: ...
+
+    async def runtimes_with_running_handles(self) -> list[str]: ...
+
+    async def close(self) -> None: ...

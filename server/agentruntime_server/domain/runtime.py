@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from . import budget as budgets
-from .errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
+from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
 from .handle import Handle, Run
 from .model import (
     AgentSpec,
@@ -19,6 +19,7 @@ from .model import (
     InboxItem,
     Limit,
     Message,
+    RuntimeRecord,
     Status,
     TaskResult,
 )
@@ -49,10 +50,56 @@ class Runtime:
         self.services = services
         self.handles: dict[str, Handle] = {}
         self._top_level_per_agent: dict[str, int] = {}
+        self._spawned = 0
         # Live Requests by id -> the handle that made them; answered ones -> (answer, run).
         self.requests: dict[str, Handle] = {}
         self.answered: dict[str, tuple[Answer, Run]] = {}
+        # Answered before this process started: request id -> (answer, leaf handle id).
+        self.answered_earlier: dict[str, tuple[Answer, str]] = {}
         self._loop = TurnLoop(self)
+        self.draining = False  # set at shutdown: runs stop at their next journal point
+
+    @classmethod
+    def restore(cls, record: RuntimeRecord, services: Services) -> Runtime:
+        """Rebuilds a runtime from the store, exactly as it was acknowledged."""
+        runtime = cls(record.runtime_id, record.agents, services)
+        for row in record.handles:
+            parent = runtime.handles[row.parent_id] if row.parent_id else None
+            agent = runtime.agents[row.agent]
+            handle = Handle.restore(runtime.id, row, parent, agent)
+            handle.transcript = record.transcripts.get(handle.id, [])
+            handle.tool_results = record.tool_results.get(handle.id, {})
+            runtime.handles[handle.id] = handle
+            runtime._spawned = max(runtime._spawned, row.seq)
+            if parent is None:
+                number = int(handle.id.rsplit(".", 1)[1])
+                runtime._top_level_per_agent[agent.name] = max(runtime._top_level_per_agent.get(agent.name, 0), number)
+            if handle.state is HandleState.SUSPENDED and handle.pending is not None and handle.pending.path == handle.path:
+                runtime.requests[handle.pending.id] = handle
+        runtime.answered_earlier = dict(record.answered)
+        return runtime
+
+    @property
+    def busy(self) -> bool:
+        """True while any handle has a run in flight (the runtime must stay in memory)."""
+        return any(handle.run is not None for handle in self.handles.values())
+
+    async def recover(self, started_calls: dict[str, set[str]]) -> int:
+        """Continues every handle that was RUNNING when the process died, from its journal.
+
+        A call started but never recorded is in doubt: its tool's on_interrupted policy
+        decides (RETRY: it runs again with the same idempotency key; ASK: the host decides).
+        Children are continued before their parents, so a parent re-entering its tool
+        phase reattaches to the child's run instead of reading a stale result."""
+        running = [h for h in self.handles.values() if h.state is HandleState.RUNNING]
+        for handle in sorted(running, key=lambda h: h.seq, reverse=True):
+            for call_id in sorted(started_calls.get(handle.id, set()) - set(handle.tool_results)):
+                call = self._loop.find_call(handle, call_id)
+                spec = handle.agent.tool(call.name) if call else None
+                if spec is not None and spec.asks_when_in_doubt:
+                    handle.in_doubt.add(call_id)
+            await self.continue_run(handle)
+        return len(running)
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -91,14 +138,15 @@ class Runtime:
         prefix = parent.id if parent else "root"
         handle_id = f"{prefix}/{agent.name}.{number}"
         own = agent.budget.overridden_by(budget_override) if budget_override else agent.budget
-        handle = Handle(self.id, handle_id, parent, agent, budgets.carve(own, parent))
+        self._spawned += 1
+        handle = Handle(self.id, handle_id, parent, agent, budgets.carve(own, parent), key or "", self._spawned)
         counters[agent.name] = number
         self.handles[handle_id] = handle
         if parent is not None:
             parent.children.append(handle)
             if key is not None:
                 parent.children_by_key[key] = handle
-        await self.services.store.save_handle(self.id, handle.snapshot())
+        await self.services.store.save_handles(self.id, [handle.record()])
         return handle
 
     async def post(self, handle_id: str, text: str, channel: str, sender: str) -> int:
@@ -113,14 +161,15 @@ class Runtime:
                 reason="INBOX_FULL",
             )
         handle.inbox.append(InboxItem(text=text, channel=channel, sender=sender or "host"))
+        await self.services.store.save_handles(self.id, [handle.record()])
         return len(handle.inbox)
 
-    def wake(self, handle_id: str, prompt: str) -> bool:
+    async def wake(self, handle_id: str, prompt: str) -> bool:
         handle = self.handle(handle_id)
         self._check_wakeable(handle)
         if not prompt and not handle.inbox:
             raise InvalidArgument([FieldViolation("prompt", "the prompt is empty and the inbox is empty: nothing to run on")])
-        self.start_run(handle, prompt)
+        await self.start_run(handle, prompt)
         return True
 
     async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
@@ -168,7 +217,7 @@ class Runtime:
             await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             node.state = HandleState.CLOSED
             node.pending = None
-            await self.services.store.save_handle(self.id, node.snapshot())
+            await self.services.store.save_handles(self.id, [node.record()])
             closed.append(node.id)
         return closed
 
@@ -182,9 +231,9 @@ class Runtime:
         handle.last_result = handle.result(status, text=f"the pending {kind} request was cancelled")
         handle.pending = None
         handle.state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
-        await self.services.store.save_handle(self.id, handle.snapshot())
+        await self.services.store.save_handles(self.id, [handle.record()])
         if continue_parent:
-            self._continue_waiting_parent(handle)
+            await self._continue_waiting_parent(handle)
 
     async def resume(self, answer: Answer) -> TaskResult:
         leaf = self.requests.get(answer.id)
@@ -192,30 +241,40 @@ class Runtime:
             return await self._replay_resume(answer)
         outcome = read_answer(leaf.pending, answer)  # refuses a malformed answer before any change
         del self.requests[answer.id]
-        for call_id in outcome.approved:
-            leaf.approved.add(call_id)
-            await self.services.store.record_approval(self.id, leaf.id, call_id)
+        # Each step is idempotent, so a crash between them is repaired by the host's retry.
+        leaf.approved.update(outcome.approved)
+        leaf.in_doubt.difference_update(outcome.rerun)
+        await self.services.store.save_handles(self.id, [leaf.record()])
         for call_id, result in outcome.results:
             await self._loop.record(leaf, call_id, result)
-        run = self.continue_run(leaf)
+        await self.services.store.record_answer(self.id, answer.id, answer, leaf.id)
+        run = await self.continue_run(leaf)
         self.answered[answer.id] = (answer, run)
         return await self._follow(run)
 
     async def _replay_resume(self, answer: Answer) -> TaskResult:
+        """A retried Resume: the same answer gets the same result and runs nothing again."""
         earlier = self.answered.get(answer.id)
-        if earlier is None:
+        before_restart = self.answered_earlier.get(answer.id)
+        first_answer = earlier[0] if earlier else before_restart[0] if before_restart else None
+        if first_answer is None:
             raise FailedPrecondition(
                 f"no live request has id {answer.id!r} in runtime {self.id!r}; "
                 "Wait on the root handle to see its pending request",
                 reason="NO_SUCH_REQUEST",
             )
-        first_answer, run = earlier
         if first_answer != answer:
             raise FailedPrecondition(
                 f"request {answer.id!r} was already answered with a different answer; it cannot be answered twice",
                 reason="ALREADY_ANSWERED",
             )
-        return await self._follow(run)
+        if earlier is not None:
+            return await self._follow(earlier[1])
+        assert before_restart is not None
+        topmost = self.handle(before_restart[1])
+        while topmost.parent is not None and topmost.child_key:
+            topmost = topmost.parent  # the chain a Resume continues climbs through task calls
+        return await self.wait(topmost.id, None)
 
     @staticmethod
     async def _follow(run: Run) -> TaskResult:
@@ -254,18 +313,22 @@ class Runtime:
                 reason="HANDLE_RUNNING",
             )
 
-    def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
-        """A new run on the prompt and the drained inbox."""
+    async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
+        """A new run on the prompt and the drained inbox, persisted before it is acknowledged."""
         run = self._begin(handle, list(handle.inbox), parent_run)
         handle.inbox.clear()
-        assert run.task is None
-        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run, wake_message(prompt, run.drained)))
+        start = len(handle.transcript)
+        message = wake_message(prompt, run.drained)
+        handle.transcript.append(message)
+        await self.services.store.append_messages(self.id, handle.id, start, [message], handle.record())
+        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
-    def continue_run(self, handle: Handle) -> Run:
-        """Re-enters a suspended handle's turn from its transcript and journal."""
+    async def continue_run(self, handle: Handle) -> Run:
+        """Re-enters a handle's turn from its transcript and journal (after a Resume or a restart)."""
         run = self._begin(handle, [], None)
-        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run, None))
+        await self.services.store.save_handles(self.id, [handle.record()])
+        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
     def _begin(self, handle: Handle, drained: list[InboxItem], parent_run: Run | None) -> Run:
@@ -273,18 +336,28 @@ class Runtime:
         deadline = loop.time() + handle.budget.max_wall_time if handle.budget.max_wall_time else None
         if parent_run is not None and parent_run.deadline is not None:
             deadline = parent_run.deadline if deadline is None else min(deadline, parent_run.deadline)
+        # An interrupted run rolls back to here: for a new run, to just before its prompt.
         run = Run(drained=drained, transcript_mark=len(handle.transcript), deadline=deadline)
         handle.state = HandleState.RUNNING
         handle.pending = None
         handle.run = run
         return run
 
-    def _continue_waiting_parent(self, child: Handle) -> Run | None:
+    async def _continue_waiting_parent(self, child: Handle) -> Run | None:
         """A child whose suspended parent waits on it has settled: the parent goes on."""
         parent = child.parent
-        if parent is None or parent.state is not HandleState.SUSPENDED or child not in parent.children_by_key.values():
+        if parent is None or parent.state is not HandleState.SUSPENDED or not child.child_key:
             return None
-        return self.continue_run(parent)
+        return await self.continue_run(parent)
+
+    async def detach_runs(self) -> None:
+        """Process shutdown: cancel every run without settling it (it resumes at the next start)."""
+        runs = [handle.run for handle in self.handles.values() if handle.run is not None]
+        for run in runs:
+            run.shutdown = True
+            if run.task is not None:
+                run.task.cancel()
+        await asyncio.gather(*(run.task for run in runs if run.task is not None), return_exceptions=True)
 
     async def stop_run(self, handle: Handle, stop: tuple[Status, Limit]) -> bool:
         """Cancels the handle's run, if any, and waits until it has settled."""
@@ -298,7 +371,7 @@ class Runtime:
             await asyncio.shield(run.task)
         return True
 
-    async def _execute(self, handle: Handle, run: Run, prompt: Message | None) -> TaskResult:
+    async def _execute(self, handle: Handle, run: Run) -> TaskResult:
         gate = handle.parent.gate if handle.parent else None
         holds_slot = False
         try:
@@ -306,15 +379,21 @@ class Runtime:
                 if gate is not None:
                     await gate.acquire()
                     holds_slot = True
-                if prompt is not None:
-                    await self.append_message(handle, prompt)
                 result = await self._loop.drive(handle, run)
         except TimeoutError:
             result = handle.result(
                 Status.INCOMPLETE, text=self._last_text(handle, "stopped at max_wall_time"), limit=Limit.MAX_WALL_TIME
             )
             await self._stop_descendants(run, (Status.INCOMPLETE, Limit.MAX_WALL_TIME))
+        except Detached:
+            handle.run = None
+            return handle.result(Status.UNSPECIFIED)
         except asyncio.CancelledError:
+            if run.shutdown:
+                # The process is stopping: the run stays RUNNING in the store and goes on
+                # from its journal at the next start.
+                handle.run = None
+                raise
             status, limit = run.stop or (Status.INTERRUPTED, Limit.NONE)
             await self._stop_descendants(run, (status, limit))
             result = handle.result(status, text=self._last_text(handle, status.name.lower()), limit=limit)
@@ -357,21 +436,25 @@ class Runtime:
             await self.services.store.truncate_transcript(self.id, handle.id, run.transcript_mark)
         if result.status is not Status.PENDING:
             await self._answer_dangling_calls(handle, f"not run: the run stopped ({result.status.name})")
-        await self.services.store.save_handle(self.id, handle.snapshot())
-        run.next = self._continue_waiting_parent(handle)
+        await self.services.store.save_handles(self.id, [handle.record()])
+        run.next = await self._continue_waiting_parent(handle)
 
     async def _answer_dangling_calls(self, handle: Handle, reason: str) -> None:
         """Keeps the transcript well formed: every tool call made gets a tool message."""
         if not handle.transcript or not handle.transcript[-1].tool_calls:
             return
+        answers = []
         for call in handle.transcript[-1].tool_calls:
             result = handle.tool_results.get(call.id)
             content, is_error = (result.output, result.is_error) if result else (reason, True)
-            await self.append_message(handle, Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error))
+            answers.append(Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error))
+        await self.append_messages(handle, answers)
 
-    async def append_message(self, handle: Handle, message: Message) -> None:
-        handle.transcript.append(message)
-        await self.services.store.append_message(self.id, handle.id, message)
+    async def append_messages(self, handle: Handle, messages: list[Message]) -> None:
+        """Appends in one write: a tool phase's results never land half in the transcript."""
+        start = len(handle.transcript)
+        handle.transcript.extend(messages)
+        await self.services.store.append_messages(self.id, handle.id, start, messages)
 
     @staticmethod
     def _last_text(handle: Handle, fallback: str) -> str:

@@ -1,35 +1,98 @@
-"""All runtimes served by one process."""
+"""All runtimes served by one process. The store is the source of truth: a runtime with no
+run in flight may be dropped from memory and is loaded back when it is next addressed."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections import OrderedDict
 
-from .errors import AlreadyExists, NotFound
+from .errors import AlreadyExists, FailedPrecondition, NotFound
 from .model import AgentSpec
 from .runtime import Runtime, Services
 from .validation import check_agents, check_runtime_id
 
+log = logging.getLogger(__name__)
+
 
 class RuntimeService:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, cache_size: int = 1000) -> None:
         self.services = services
-        self._runtimes: dict[str, Runtime] = {}
+        self.cache_size = cache_size
+        self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
+        self.draining = False
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> Runtime:
+        self._refuse_while_draining()
         if runtime_id:
             check_runtime_id(runtime_id)
         else:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
         check_agents(agents)
-        if runtime_id in self._runtimes:
+        if runtime_id in self._runtimes or await self.services.store.runtime_exists(runtime_id):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
         runtime = Runtime(runtime_id, agents, self.services)
-        self._runtimes[runtime_id] = runtime
         await self.services.store.create_runtime(runtime_id, agents)
+        self._remember(runtime)
         return runtime
 
-    def runtime(self, runtime_id: str) -> Runtime:
+    async def runtime(self, runtime_id: str) -> Runtime:
         found = self._runtimes.get(runtime_id)
-        if found is None:
+        if found is not None:
+            self._runtimes.move_to_end(runtime_id)
+            return found
+        # The store's reads do not yield to the event loop, so two callers never load twice.
+        record = await self.services.store.load_runtime(runtime_id)
+        if record is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
-        return found
+        runtime = Runtime.restore(record, self.services)
+        runtime.draining = self.draining
+        self._remember(runtime)
+        return runtime
+
+    async def recover(self) -> int:
+        """At start: every handle that was RUNNING when the process died goes on from its journal."""
+        continued = 0
+        for runtime_id in await self.services.store.runtimes_with_running_handles():
+            record = await self.services.store.load_runtime(runtime_id)
+            if record is None:
+                continue
+            runtime = Runtime.restore(record, self.services)
+            self._remember(runtime)
+            continued += await runtime.recover(record.started_calls)
+        if continued:
+            log.info("recovered %d running handles from the store", continued)
+        return continued
+
+    async def drain(self, grace: float) -> None:
+        """Shutdown: runs stop at their next journal point; after `grace`, the rest are cut.
+        Either way they stay RUNNING in the store and go on at the next start."""
+        self.draining = True
+        runtimes = list(self._runtimes.values())
+        for runtime in runtimes:
+            runtime.draining = True
+        tasks = [h.run.task for rt in runtimes for h in rt.handles.values() if h.run is not None and h.run.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for runtime in runtimes:
+            await runtime.detach_runs()
+
+    def _refuse_while_draining(self) -> None:
+        if self.draining:
+            raise FailedPrecondition("the server is shutting down; retry against its replacement", reason="SHUTTING_DOWN")
+
+    def _remember(self, runtime: Runtime) -> None:
+        self._runtimes[runtime.id] = runtime
+        self._runtimes.move_to_end(runtime.id)
+        if not self.services.store.durable:
+            return
+        while len(self._runtimes) > self.cache_size:
+            idle = next((rt for rt in self._runtimes.values() if not rt.busy and rt is not runtime), None)
+            if idle is None:
+                return  # everything in memory is working: keep it all
+            del self._runtimes[idle.id]
+
+    @property
+    def cached(self) -> int:
+        return len(self._runtimes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import FieldViolation, InvalidArgument
 from .model import Answer, PendingRequest, ToolResult
@@ -12,13 +12,16 @@ from .model import Answer, PendingRequest, ToolResult
 @dataclass(frozen=True)
 class AnswerOutcome:
     results: list[tuple[str, ToolResult]]  # call id -> the result to journal
-    approved: list[str]  # call ids that may run now, once
+    approved: list[str] = field(default_factory=list)  # call ids that may run now, once
+    rerun: list[str] = field(default_factory=list)  # in-doubt call ids to run again
 
 
 def read_answer(request: PendingRequest, answer: Answer) -> AnswerOutcome:
     call_ids = [call.id for call, _ in request.calls]
     if request.kind == "tool_call":
         return _relay(call_ids, answer)
+    if request.kind == "in_doubt":
+        return _in_doubt(call_ids[0], answer)
     if answer.outputs:
         raise InvalidArgument(
             [FieldViolation("answer.outputs", f"a {request.kind!r} request takes ok/data/reason, not tool outputs")]
@@ -28,12 +31,12 @@ def read_answer(request: PendingRequest, answer: Answer) -> AnswerOutcome:
         if answer.ok:
             return AnswerOutcome(results=[], approved=[call_id])
         declined = ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", is_error=True)
-        return AnswerOutcome(results=[(call_id, declined)], approved=[])
+        return AnswerOutcome(results=[(call_id, declined)])
     # input (the ask tool): the answer's data is the result
     if not answer.ok:
-        return AnswerOutcome([(call_id, ToolResult(f"the host did not answer: {answer.reason or 'no reason given'}", True))], [])
+        return AnswerOutcome([(call_id, ToolResult(f"the host did not answer: {answer.reason or 'no reason given'}", True))])
     output = json.dumps(answer.data, sort_keys=True) if answer.data else answer.reason
-    return AnswerOutcome(results=[(call_id, ToolResult(output))], approved=[])
+    return AnswerOutcome(results=[(call_id, ToolResult(output))])
 
 
 def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
@@ -61,4 +64,18 @@ def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
             results.append((call_id, ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", is_error=True)))
         else:
             results.append((call_id, ToolResult("the host returned no output for this call", is_error=True)))
-    return AnswerOutcome(results=results, approved=[])
+    return AnswerOutcome(results=results)
+
+
+def _in_doubt(call_id: str, answer: Answer) -> AnswerOutcome:
+    if len(answer.outputs) > 1 or any(output.call_id not in ("", call_id) for output in answer.outputs):
+        raise InvalidArgument(
+            [FieldViolation("answer.outputs", f"an in_doubt request takes at most one output, for call {call_id!r}")]
+        )
+    if not answer.ok:
+        failed = ToolResult(f"failed by the host after a restart: {answer.reason or 'no reason given'}", is_error=True)
+        return AnswerOutcome(results=[(call_id, failed)])
+    if answer.outputs:
+        output = answer.outputs[0]
+        return AnswerOutcome(results=[(call_id, ToolResult(output.output, output.is_error))])
+    return AnswerOutcome(results=[], rerun=[call_id])

@@ -17,7 +17,7 @@ import jsonschema
 
 from . import budget as budgets
 from . import prompts
-from .errors import ResourceExhausted
+from .errors import Detached, ResourceExhausted
 from .handle import Handle, Run
 from .model import (
     GuardrailAction,
@@ -44,6 +44,8 @@ class TurnLoop:
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
+            if self.runtime.draining:
+                raise Detached
             last = handle.transcript[-1]
             if last.role == "assistant" and last.tool_calls:
                 outcome = await self._tool_phase(handle, run, last)
@@ -59,7 +61,7 @@ class TurnLoop:
                 run.gate_attempts += 1
                 if run.gate_attempts >= max(handle.agent.completion.max_attempts, 1):
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
-                await self.runtime.append_message(handle, prompts.gate_feedback(rejection))
+                await self.runtime.append_messages(handle, [prompts.gate_feedback(rejection)])
             else:
                 limit = budgets.turn_stop(handle)
                 if limit is not None:
@@ -81,6 +83,7 @@ class TurnLoop:
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
         reply = await self.services.models.complete(request)
         turn = handle.turns + 1
+        index = len(handle.transcript)
         calls = tuple(
             ToolCall(id=f"call_{turn}_{index}", name=call.name, arguments_json=call.arguments_json or "{}")
             for index, call in enumerate(reply.tool_calls, start=1)
@@ -92,7 +95,8 @@ class TurnLoop:
         for node in handle.lineage():
             node.total_tokens += reply.tokens
         handle.transcript.append(message)
-        await self.services.store.record_model_reply(self.runtime.id, handle.id, message, reply.tokens, handle.ancestor_ids())
+        totals = [(node.id, node.total_tokens) for node in handle.lineage()][1:]
+        await self.services.store.record_model_reply(self.runtime.id, handle.record(), index, message, totals)
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         agent = handle.agent
@@ -129,13 +133,15 @@ class TurnLoop:
         waiting = own + [request for request in child_requests if request is not None]
         if waiting:
             return waiting[0]
-        for call in message.tool_calls:
-            result = handle.tool_results.get(call.id) or ToolResult(
-                f"not run: the tool call budget is used up ({Limit.MAX_TOOL_CALLS.wire_name})", is_error=True
-            )
-            await self.runtime.append_message(
-                handle, Message(role="tool", content=result.output, tool_call_id=call.id, is_error=result.is_error)
-            )
+        refusal = ToolResult(f"not run: the tool call budget is used up ({Limit.MAX_TOOL_CALLS.wire_name})", is_error=True)
+        results = [handle.tool_results.get(call.id) or refusal for call in message.tool_calls]
+        await self.runtime.append_messages(
+            handle,
+            [
+                Message(role="tool", content=result.output, tool_call_id=call.id, is_error=result.is_error)
+                for call, result in zip(message.tool_calls, results, strict=True)
+            ],
+        )
         return Limit.MAX_TOOL_CALLS if refused else None
 
     def _suspension_kind(self, handle: Handle, call: ToolCall) -> str:
@@ -144,6 +150,8 @@ class TurnLoop:
         rail = agent.guardrail(call.name)
         if rail is not None and rail.action is GuardrailAction.DENY:
             return ""
+        if call.id in handle.in_doubt:
+            return "in_doubt"
         if call.name == "ask":
             return "input"
         spec = agent.tool(call.name)
@@ -175,6 +183,12 @@ class TurnLoop:
             prompt = _question(first)
         elif kind == "tool_call":
             prompt = f"Run {', '.join(call.name for call in calls)} and Resume with one output per call"
+        elif kind == "in_doubt":
+            prompt = (
+                f"{first.name} {first.arguments_json} was running when the server stopped and may or may not "
+                "have taken effect: answer ok with an output to use it, ok without one to run it again, "
+                "or not ok to fail the call"
+            )
         return PendingRequest(id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
@@ -189,11 +203,24 @@ class TurnLoop:
         return None
 
     async def record(self, handle: Handle, call_id: str, result: ToolResult) -> None:
+        """Journals a call's result (once: a call already recorded keeps its first result)."""
+        if call_id in handle.tool_results:
+            return
         handle.tool_results[call_id] = result
+        handle.in_doubt.discard(call_id)
         handle.tool_calls += 1
         for node in handle.lineage():
             node.subtree_tool_calls += 1
-        await self.services.store.record_tool_result(self.runtime.id, handle.id, call_id, result, handle.ancestor_ids())
+        counts = [(node.id, node.subtree_tool_calls) for node in handle.lineage()][1:]
+        await self.services.store.record_tool_result(self.runtime.id, handle.record(), call_id, result, counts)
+
+    @staticmethod
+    def find_call(handle: Handle, call_id: str) -> ToolCall | None:
+        for message in reversed(handle.transcript):
+            for call in message.tool_calls:
+                if call.id == call_id:
+                    return call
+        return None
 
     async def _execute_call(self, handle: Handle, run: Run, call: ToolCall) -> ToolResult | PendingRequest:
         agent = handle.agent
@@ -218,6 +245,7 @@ class TurnLoop:
             except jsonschema.ValidationError as exc:
                 return ToolResult(f"the arguments do not match the tool's schema: {exc.message}", is_error=True)
         assert isinstance(spec.executor, HttpExecutor)  # relay calls suspend before they get here
+        await self.services.store.record_call_started(self.runtime.id, handle.id, call.id)
         return await self.services.http_tools.run(spec.executor, call.arguments_json, self.idempotency_key(handle, call))
 
     # ---- delegation ------------------------------------------------------------------------
@@ -243,11 +271,14 @@ class TurnLoop:
                 child = await self.runtime.spawn_child(handle, self.runtime.agents[agent_name], None, key=key)
             except ResourceExhausted as exc:
                 return ToolResult(f"not spawned: {exc} ({exc.limit.wire_name})", is_error=True)
-            self.runtime.start_run(child, prompt, parent_run=run)
+            await self.runtime.start_run(child, prompt, parent_run=run)
         if child not in run.children:
             run.children.append(child)
         if child.run is not None and child.run.task is not None:
-            return await asyncio.shield(child.run.task)
+            result = await asyncio.shield(child.run.task)
+            if result.status is Status.UNSPECIFIED:
+                raise Detached  # the child stopped for shutdown: so does this run, unrecorded
+            return result
         return self.runtime.settled_result(child)
 
     # ---- completion gate ---------------------------------------------------------------------

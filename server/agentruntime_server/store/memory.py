@@ -1,59 +1,92 @@
-"""The in-memory store: the journal kept in dicts, for tests and `memory://`. Lost on exit."""
+"""`memory://`: the store kept in dicts, for tests. Nothing survives the process."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..domain.model import AgentSpec, HandleSnapshot, Message, ToolResult
+from ..domain.model import AgentSpec, Answer, HandleRecord, Message, RuntimeRecord, ToolResult
 
 
 @dataclass
-class HandleRow:
-    snapshot: HandleSnapshot | None = None
-    transcript: list[Message] = field(default_factory=list)
-    tool_results: dict[str, ToolResult] = field(default_factory=dict)
-    turns: int = 0
-    own_tokens: int = 0
-    total_tokens: int = 0
-    tool_calls: int = 0
-    approved: set[str] = field(default_factory=set)
+class _Runtime:
+    agents: tuple[AgentSpec, ...]
+    handles: dict[str, HandleRecord] = field(default_factory=dict)
+    transcripts: dict[str, list[Message]] = field(default_factory=lambda: defaultdict(list))
+    tool_results: dict[str, dict[str, ToolResult]] = field(default_factory=lambda: defaultdict(dict))
+    started_calls: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    answered: dict[str, tuple[Answer, str]] = field(default_factory=dict)
 
 
 class MemoryStore:
+    durable = False
+
     def __init__(self) -> None:
-        self.runtimes: dict[str, tuple[AgentSpec, ...]] = {}
-        self.handles: dict[tuple[str, str], HandleRow] = defaultdict(HandleRow)
+        self._runtimes: dict[str, _Runtime] = {}
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
-        self.runtimes[runtime_id] = agents
+        self._runtimes[runtime_id] = _Runtime(agents)
 
-    async def save_handle(self, runtime_id: str, snapshot: HandleSnapshot) -> None:
-        self.handles[runtime_id, snapshot.handle_id].snapshot = snapshot
+    async def runtime_exists(self, runtime_id: str) -> bool:
+        return runtime_id in self._runtimes
 
-    async def append_message(self, runtime_id: str, handle_id: str, message: Message) -> None:
-        self.handles[runtime_id, handle_id].transcript.append(message)
+    async def save_handles(self, runtime_id: str, records: list[HandleRecord]) -> None:
+        handles = self._runtimes[runtime_id].handles
+        for record in records:
+            handles[record.handle_id] = record
 
-    async def record_model_reply(
-        self, runtime_id: str, handle_id: str, message: Message, tokens: int, rolled_up_to: tuple[str, ...]
+    async def append_messages(
+        self, runtime_id: str, handle_id: str, start: int, messages: list[Message], record: HandleRecord | None = None
     ) -> None:
-        row = self.handles[runtime_id, handle_id]
-        row.transcript.append(message)
-        row.turns = message.turn
-        row.own_tokens += tokens
-        row.total_tokens += tokens
-        for ancestor in rolled_up_to:
-            self.handles[runtime_id, ancestor].total_tokens += tokens
-
-    async def record_tool_result(
-        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, rolled_up_to: tuple[str, ...]
-    ) -> None:
-        row = self.handles[runtime_id, handle_id]
-        row.tool_results[call_id] = result
-        row.tool_calls += 1
-
-    async def record_approval(self, runtime_id: str, handle_id: str, call_id: str) -> None:
-        self.handles[runtime_id, handle_id].approved.add(call_id)
+        runtime = self._runtimes[runtime_id]
+        transcript = runtime.transcripts[handle_id]
+        del transcript[start:]
+        transcript.extend(messages)
+        if record is not None:
+            runtime.handles[handle_id] = record
 
     async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None:
-        del self.handles[runtime_id, handle_id].transcript[length:]
+        del self._runtimes[runtime_id].transcripts[handle_id][length:]
+
+    async def record_model_reply(
+        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+    ) -> None:
+        await self.append_messages(runtime_id, record.handle_id, index, [message], record)
+        handles = self._runtimes[runtime_id].handles
+        for handle_id, total in totals:
+            handles[handle_id] = replace(handles[handle_id], total_tokens=total)
+
+    async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
+        self._runtimes[runtime_id].started_calls[handle_id].add(call_id)
+
+    async def record_tool_result(
+        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+    ) -> None:
+        runtime = self._runtimes[runtime_id]
+        runtime.tool_results[record.handle_id][call_id] = result
+        runtime.handles[record.handle_id] = record
+        for handle_id, count in subtree_calls:
+            runtime.handles[handle_id] = replace(runtime.handles[handle_id], subtree_tool_calls=count)
+
+    async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None:
+        self._runtimes[runtime_id].answered[request_id] = (answer, leaf_id)
+
+    async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
+        runtime = self._runtimes.get(runtime_id)
+        if runtime is None:
+            return None
+        return RuntimeRecord(
+            runtime_id=runtime_id,
+            agents=runtime.agents,
+            handles=sorted(runtime.handles.values(), key=lambda record: record.seq),
+            transcripts={key: list(value) for key, value in runtime.transcripts.items()},
+            tool_results={key: dict(value) for key, value in runtime.tool_results.items()},
+            started_calls={key: set(value) for key, value in runtime.started_calls.items()},
+            answered=dict(runtime.answered),
+        )
+
+    async def runtimes_with_running_handles(self) -> list[str]:
+        return []  # nothing outlives the process
+
+    async def close(self) -> None:
+        self._runtimes.clear()

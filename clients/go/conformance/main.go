@@ -1,0 +1,370 @@
+// Command conformance runs the shared vectors (tests/vectors, see its README) through
+// the Go client against the server at AGENTRUNTIME_ADDR, the same way the Python runner
+// (clients/python/conformance/run.py) does.
+//
+//	cd clients/go && AGENTRUNTIME_ADDR=127.0.0.1:50051 go run ./conformance
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/agentruntime/agentruntime/clients/go/agentruntime"
+	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
+)
+
+// callTimeout is the README's deadline for every call, Wait included.
+const callTimeout = 60 * time.Second
+
+type vector struct {
+	Name   string                       `json:"name"`
+	Agents []json.RawMessage            `json:"agents"`
+	Steps  []map[string]json.RawMessage `json:"steps"`
+}
+
+type spawnArgs struct {
+	Parent string          `json:"parent"`
+	Agent  string          `json:"agent"`
+	Budget json.RawMessage `json:"budget"`
+}
+
+type wakeArgs struct {
+	Handle string `json:"handle"`
+	Prompt string `json:"prompt"`
+}
+
+type waitArgs struct {
+	Handle string `json:"handle"`
+}
+
+type resumeArgs struct {
+	OK      bool     `json:"ok"`
+	ID      string   `json:"id"`
+	Reason  string   `json:"reason"`
+	Outputs []string `json:"outputs"`
+}
+
+type expectedError struct {
+	Code  string  `json:"code"`
+	Limit *string `json:"limit"`
+}
+
+var verbs = []string{"spawn", "wake", "wait", "resume", "list"}
+
+func main() {
+	addr := envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+	dir := envOr("AGENTRUNTIME_VECTORS", filepath.Join("..", "..", "tests", "vectors"))
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json")) // sorted by file name
+	if err == nil && len(paths) == 0 {
+		err = fmt.Errorf("no *.json vectors in %s (run from clients/go or set AGENTRUNTIME_VECTORS)", dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(2)
+	}
+	client, err := agentruntime.Dial(addr, agentruntime.WithTimeout(callTimeout))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(2)
+	}
+	defer client.CloseConn()
+
+	passed, failed := 0, 0
+	for _, path := range paths {
+		name, err := runFile(client, path)
+		if err != nil {
+			failed++
+			fmt.Printf("FAIL %s: %v\n", name, err)
+		} else {
+			passed++
+			fmt.Printf("ok   %s\n", name)
+		}
+	}
+	fmt.Printf("conformance: %d passed, %d failed\n", passed, failed)
+	if failed > 0 {
+		os.Exit(1)
+	}
+}
+
+func envOr(key, fallback string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return fallback
+}
+
+// runFile returns the vector's name (the file's, if the vector cannot be read) and why
+// it failed.
+func runFile(client *agentruntime.Client, path string) (string, error) {
+	name := strings.TrimSuffix(filepath.Base(path), ".json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return name, err
+	}
+	var v vector
+	if err := json.Unmarshal(data, &v); err != nil {
+		return name, fmt.Errorf("bad vector: %w", err)
+	}
+	if v.Name != "" {
+		name = v.Name
+	}
+	return name, run(context.Background(), client, &v)
+}
+
+func run(ctx context.Context, client *agentruntime.Client, v *vector) error {
+	agents := make([]*v1.AgentDef, len(v.Agents))
+	for i, raw := range v.Agents {
+		agents[i] = &v1.AgentDef{}
+		if err := protojson.Unmarshal(raw, agents[i]); err != nil {
+			return fmt.Errorf("agents[%d]: %w", i, err)
+		}
+	}
+	runtimeID, err := client.CreateRuntime(ctx, agents, "")
+	if err != nil {
+		return fmt.Errorf("CreateRuntime: %w", err)
+	}
+	// The Request the next resume answers: the last STATUS_PENDING result seen.
+	var lastPending *v1.Request
+	for i, step := range v.Steps {
+		where := fmt.Sprintf("step %d", i+1)
+		outcome, err := do(ctx, client, runtimeID, step, &lastPending)
+		var callErr *agentruntime.Error
+		if errors.As(err, &callErr) {
+			if err := checkError(step, callErr); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		if raw, ok := step["expect_error"]; ok {
+			var want expectedError
+			_ = json.Unmarshal(raw, &want)
+			return fmt.Errorf("%s: expected %s, but the call succeeded", where, want.Code)
+		}
+		if raw, ok := step["expect"]; ok {
+			if outcome == nil {
+				return fmt.Errorf("%s: this verb has nothing to expect", where)
+			}
+			var want map[string]any
+			if err := json.Unmarshal(raw, &want); err != nil {
+				return fmt.Errorf("%s: bad expect: %w", where, err)
+			}
+			if err := check(where, normalize(outcome), want); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// do runs one step's RPC and returns what its expect is checked against (nil for wake).
+// A refused call comes back as an *agentruntime.Error; any other error is the vector's.
+func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step map[string]json.RawMessage, lastPending **v1.Request) (map[string]any, error) {
+	verb, args, err := verbOf(step)
+	if err != nil {
+		return nil, err
+	}
+	switch verb {
+	case "spawn":
+		var a spawnArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		var budget *v1.Budget
+		if len(a.Budget) > 0 {
+			budget = &v1.Budget{}
+			if err := protojson.Unmarshal(a.Budget, budget); err != nil {
+				return nil, fmt.Errorf("budget: %w", err)
+			}
+		}
+		id, err := client.Spawn(ctx, runtimeID, a.Agent, a.Parent, budget)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"handle_id": id}, nil
+	case "wake":
+		var a wakeArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		_, err := client.Wake(ctx, runtimeID, a.Handle, a.Prompt)
+		return nil, err
+	case "wait":
+		var a waitArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		result, err := client.Wait(ctx, runtimeID, a.Handle, 0)
+		if err != nil {
+			return nil, err
+		}
+		return resultFields(result, lastPending), nil
+	case "resume":
+		var a resumeArgs
+		if err := json.Unmarshal(args, &a); err != nil {
+			return nil, err
+		}
+		answer := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
+		if answer.Id == "" {
+			answer.Id = (*lastPending).GetId()
+		}
+		calls := (*lastPending).GetCalls()
+		if len(a.Outputs) > len(calls) {
+			return nil, fmt.Errorf("resume gives %d outputs, the pending Request has %d calls", len(a.Outputs), len(calls))
+		}
+		for i, text := range a.Outputs {
+			answer.Outputs = append(answer.Outputs, &v1.ToolOutput{CallId: calls[i].GetId(), Output: text})
+		}
+		result, err := client.Resume(ctx, runtimeID, answer)
+		if err != nil {
+			return nil, err
+		}
+		return resultFields(result, lastPending), nil
+	default: // list
+		handles, err := client.List(ctx, runtimeID)
+		if err != nil {
+			return nil, err
+		}
+		views := map[string]any{}
+		for _, h := range handles {
+			views[h.GetHandleId()] = map[string]any{
+				"state":        h.GetState().String(),
+				"turns":        h.GetTurns(),
+				"own_tokens":   h.GetOwnTokens(),
+				"total_tokens": h.GetTotalTokens(),
+				"tool_calls":   h.GetToolCalls(),
+				"pending_kind": h.GetPendingKind(),
+			}
+		}
+		return map[string]any{"count": len(handles), "handles": views}, nil
+	}
+}
+
+// verbOf finds the step's one verb key; the README allows exactly one.
+func verbOf(step map[string]json.RawMessage) (string, json.RawMessage, error) {
+	var found []string
+	for _, verb := range verbs {
+		if _, ok := step[verb]; ok {
+			found = append(found, verb)
+		}
+	}
+	if len(found) != 1 {
+		keys := make([]string, 0, len(step))
+		for k := range step {
+			keys = append(keys, k)
+		}
+		return "", nil, fmt.Errorf("want exactly one verb of %v, got keys %v", verbs, keys)
+	}
+	return found[0], step[found[0]], nil
+}
+
+// resultFields is the TaskResult as the vectors name it, and remembers a PENDING
+// result's Request for the next resume.
+func resultFields(r *v1.TaskResult, lastPending **v1.Request) map[string]any {
+	if r.GetStatus() == v1.Status_STATUS_PENDING {
+		*lastPending = r.GetPending()
+	}
+	p := r.GetPending()
+	callNames := []string{} // not nil: an absent Request has [] names, as in Python
+	for _, call := range p.GetCalls() {
+		callNames = append(callNames, call.GetName())
+	}
+	return map[string]any{
+		"handle_id":    r.GetHandleId(),
+		"text":         r.GetText(),
+		"is_error":     r.GetIsError(),
+		"status":       r.GetStatus().String(),
+		"limit":        r.GetLimit().String(),
+		"turns":        r.GetTurns(),
+		"total_tokens": r.GetTotalTokens(),
+		"own_tokens":   r.GetOwnTokens(),
+		"tool_calls":   r.GetToolCalls(),
+		"pending": map[string]any{
+			"kind":       p.GetKind(),
+			"path":       append([]string{}, p.GetPath()...),
+			"call_names": callNames,
+		},
+	}
+}
+
+func checkError(step map[string]json.RawMessage, got *agentruntime.Error) error {
+	raw, ok := step["expect_error"]
+	if !ok {
+		return fmt.Errorf("unexpected error %v", got)
+	}
+	var want expectedError
+	if err := json.Unmarshal(raw, &want); err != nil {
+		return fmt.Errorf("bad expect_error: %w", err)
+	}
+	if got.CodeName() != want.Code {
+		return fmt.Errorf("expected %s, got %v", want.Code, got)
+	}
+	if want.Limit != nil {
+		limit, ok := got.ErrorInfo().GetMetadata()["limit"]
+		if !ok {
+			limit = "<none>"
+		}
+		if limit != *want.Limit {
+			return fmt.Errorf("expected ErrorInfo limit %s, got %s", *want.Limit, limit)
+		}
+	}
+	return nil
+}
+
+// normalize gives the actual values the types encoding/json decodes the expected ones
+// into (float64, []any, map[string]any), so equality is plain DeepEqual.
+func normalize(v map[string]any) map[string]any {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only strings, numbers, bools, slices and maps: cannot fail
+	}
+	var out map[string]any
+	if err := json.Unmarshal(data, &out); err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// check compares only the keys present in want, recursing into objects, and reports
+// every mismatch in key order (so a failure reads the same on every run).
+func check(where string, got, want map[string]any) error {
+	var bad []string
+	for _, key := range slices.Sorted(maps.Keys(want)) {
+		path, w := where+"."+key, want[key]
+		g, ok := got[key]
+		switch wm, isObject := w.(map[string]any); {
+		case !ok:
+			bad = append(bad, path+": missing from the result")
+		case isObject:
+			if gm, ok := g.(map[string]any); !ok {
+				bad = append(bad, fmt.Sprintf("%s: expected an object, got %s", path, show(g)))
+			} else if err := check(path, gm, wm); err != nil {
+				bad = append(bad, err.Error())
+			}
+		case !reflect.DeepEqual(g, w):
+			bad = append(bad, fmt.Sprintf("%s: expected %s, got %s", path, show(w), show(g)))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(bad, "; "))
+}
+
+func show(v any) string {
+	data, _ := json.Marshal(v)
+	return string(data)
+}

@@ -1,0 +1,264 @@
+"""`sqlite:///path`: the durable default. WAL mode, one writer (this process), one
+transaction per journal step together with its usage roll-up.
+
+Each message and journal entry is stored once, keyed by its position: a model call's
+prompt is the transcript so far, never a new copy of it, so storage grows with the
+transcript and not with its square. Calls run on the event loop thread: every write is
+a short local transaction and no await happens inside one, so writes are atomic with
+respect to the runtime's in-memory state."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from ..domain.model import (
+    AgentSpec,
+    Answer,
+    Budget,
+    HandleRecord,
+    HandleState,
+    InboxItem,
+    Message,
+    PendingRequest,
+    RuntimeRecord,
+    TaskResult,
+    ToolCall,
+    ToolResult,
+)
+from .migrations import migrate
+
+_AGENTS = TypeAdapter(tuple[AgentSpec, ...])
+_BUDGET = TypeAdapter(Budget)
+_INBOX = TypeAdapter(tuple[InboxItem, ...])
+_RESULT = TypeAdapter(TaskResult | None)
+_PENDING = TypeAdapter(PendingRequest | None)
+_CALLS = TypeAdapter(tuple[ToolCall, ...])
+_IDS = TypeAdapter(tuple[str, ...])
+_ANSWER = TypeAdapter(Answer)
+
+_HANDLE_COLUMNS = (
+    "runtime_id, handle_id, seq, parent_id, agent, child_key, state, turns, own_tokens, total_tokens, "
+    "tool_calls, subtree_tool_calls, budget, inbox, last_result, pending, approved, in_doubt"
+)
+_SAVE_HANDLE = f"INSERT OR REPLACE INTO handles ({_HANDLE_COLUMNS}) VALUES ({', '.join('?' * 18)})"
+_APPEND_MESSAGE = (
+    "INSERT OR REPLACE INTO messages (runtime_id, handle_id, idx, role, content, tool_calls, tool_call_id, is_error, turn) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+_TRUNCATE = "DELETE FROM messages WHERE runtime_id = ? AND handle_id = ? AND idx >= ?"
+
+
+class SqliteStore:
+    durable = True
+
+    def __init__(self, path: str) -> None:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # a committed write survives a process crash
+        self._db.execute("PRAGMA busy_timeout=5000")
+        migrate(self._db)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ---- writes --------------------------------------------------------------------------
+
+    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO runtimes (id, agents, created_at) VALUES (?, ?, ?)",
+                (runtime_id, _AGENTS.dump_json(agents), time.time()),
+            )
+
+    async def runtime_exists(self, runtime_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
+
+    async def save_handles(self, runtime_id: str, records: list[HandleRecord]) -> None:
+        with self._transaction() as db:
+            db.executemany(_SAVE_HANDLE, [_handle_row(runtime_id, record) for record in records])
+
+    async def append_messages(
+        self, runtime_id: str, handle_id: str, start: int, messages: list[Message], record: HandleRecord | None = None
+    ) -> None:
+        with self._transaction() as db:
+            db.execute(_TRUNCATE, (runtime_id, handle_id, start))
+            db.executemany(
+                _APPEND_MESSAGE, [_message_row(runtime_id, handle_id, start + i, message) for i, message in enumerate(messages)]
+            )
+            if record is not None:
+                db.execute(_SAVE_HANDLE, _handle_row(runtime_id, record))
+
+    async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None:
+        with self._transaction() as db:
+            db.execute(_TRUNCATE, (runtime_id, handle_id, length))
+
+    async def record_model_reply(
+        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+    ) -> None:
+        with self._transaction() as db:
+            db.execute(_APPEND_MESSAGE, _message_row(runtime_id, record.handle_id, index, message))
+            db.execute(_SAVE_HANDLE, _handle_row(runtime_id, record))
+            db.executemany(
+                "UPDATE handles SET total_tokens = ? WHERE runtime_id = ? AND handle_id = ?",
+                [(total, runtime_id, handle_id) for handle_id, total in totals],
+            )
+
+    async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO started_calls (runtime_id, handle_id, call_id) VALUES (?, ?, ?)",
+                (runtime_id, handle_id, call_id),
+            )
+
+    async def record_tool_result(
+        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+    ) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO tool_results (runtime_id, handle_id, call_id, output, is_error) VALUES (?, ?, ?, ?, ?)",
+                (runtime_id, record.handle_id, call_id, result.output, result.is_error),
+            )
+            db.execute(
+                "DELETE FROM started_calls WHERE runtime_id = ? AND handle_id = ? AND call_id = ?",
+                (runtime_id, record.handle_id, call_id),
+            )
+            db.execute(_SAVE_HANDLE, _handle_row(runtime_id, record))
+            db.executemany(
+                "UPDATE handles SET subtree_tool_calls = ? WHERE runtime_id = ? AND handle_id = ?",
+                [(count, runtime_id, handle_id) for handle_id, count in subtree_calls],
+            )
+
+    async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO answers (runtime_id, request_id, answer, leaf_id) VALUES (?, ?, ?, ?)",
+                (runtime_id, request_id, _ANSWER.dump_json(answer), leaf_id),
+            )
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
+        db = self._db
+        row = db.execute("SELECT agents FROM runtimes WHERE id = ?", (runtime_id,)).fetchone()
+        if row is None:
+            return None
+        record = RuntimeRecord(
+            runtime_id=runtime_id,
+            agents=_AGENTS.validate_json(row[0]),
+            handles=[
+                _handle_record(values)
+                for values in db.execute(
+                    f"SELECT {_HANDLE_COLUMNS} FROM handles WHERE runtime_id = ? ORDER BY seq", (runtime_id,)
+                )
+            ],
+            transcripts={},
+            tool_results={},
+            started_calls={},
+            answered={},
+        )
+        for handle_id, role, content, calls, call_id, is_error, turn in db.execute(
+            "SELECT handle_id, role, content, tool_calls, tool_call_id, is_error, turn FROM messages "
+            "WHERE runtime_id = ? ORDER BY handle_id, idx",
+            (runtime_id,),
+        ):
+            message = Message(role, content, _CALLS.validate_json(calls) if calls else (), call_id, bool(is_error), turn)
+            record.transcripts.setdefault(handle_id, []).append(message)
+        for handle_id, call_id, output, is_error in db.execute(
+            "SELECT handle_id, call_id, output, is_error FROM tool_results WHERE runtime_id = ?", (runtime_id,)
+        ):
+            record.tool_results.setdefault(handle_id, {})[call_id] = ToolResult(output, bool(is_error))
+        for handle_id, call_id in db.execute("SELECT handle_id, call_id FROM started_calls WHERE runtime_id = ?", (runtime_id,)):
+            record.started_calls.setdefault(handle_id, set()).add(call_id)
+        for request_id, answer, leaf_id in db.execute(
+            "SELECT request_id, answer, leaf_id FROM answers WHERE runtime_id = ?", (runtime_id,)
+        ):
+            record.answered[request_id] = (_ANSWER.validate_json(answer), leaf_id)
+        return record
+
+    async def runtimes_with_running_handles(self) -> list[str]:
+        rows = self._db.execute(
+            "SELECT DISTINCT runtime_id FROM handles WHERE state = ? ORDER BY runtime_id", (HandleState.RUNNING.value,)
+        )
+        return [runtime_id for (runtime_id,) in rows]
+
+    async def close(self) -> None:
+        self._db.close()
+
+
+def _handle_row(runtime_id: str, record: HandleRecord) -> tuple[Any, ...]:
+    return (
+        runtime_id,
+        record.handle_id,
+        record.seq,
+        record.parent_id,
+        record.agent,
+        record.child_key,
+        record.state.value,
+        record.turns,
+        record.own_tokens,
+        record.total_tokens,
+        record.tool_calls,
+        record.subtree_tool_calls,
+        _BUDGET.dump_json(record.budget),
+        _INBOX.dump_json(record.inbox) if record.inbox else None,
+        _RESULT.dump_json(record.last_result) if record.last_result else None,
+        _PENDING.dump_json(record.pending) if record.pending else None,
+        _IDS.dump_json(record.approved) if record.approved else None,
+        _IDS.dump_json(record.in_doubt) if record.in_doubt else None,
+    )
+
+
+def _handle_record(values: tuple[Any, ...]) -> HandleRecord:
+    (_, handle_id, seq, parent_id, agent, child_key, state, turns, own, total, calls, subtree_calls) = values[:12]
+    budget, inbox, last_result, pending, approved, in_doubt = values[12:]
+    return HandleRecord(
+        handle_id=handle_id,
+        parent_id=parent_id,
+        agent=agent,
+        budget=_BUDGET.validate_json(budget),
+        child_key=child_key,
+        seq=seq,
+        state=HandleState(state),
+        turns=turns,
+        own_tokens=own,
+        total_tokens=total,
+        tool_calls=calls,
+        subtree_tool_calls=subtree_calls,
+        inbox=_INBOX.validate_json(inbox) if inbox else (),
+        last_result=_RESULT.validate_json(last_result) if last_result else None,
+        pending=_PENDING.validate_json(pending) if pending else None,
+        approved=_IDS.validate_json(approved) if approved else (),
+        in_doubt=_IDS.validate_json(in_doubt) if in_doubt else (),
+    )
+
+
+def _message_row(runtime_id: str, handle_id: str, index: int, message: Message) -> tuple[Any, ...]:
+    calls = _CALLS.dump_json(message.tool_calls) if message.tool_calls else None
+    return (
+        runtime_id,
+        handle_id,
+        index,
+        message.role,
+        message.content,
+        calls,
+        message.tool_call_id,
+        message.is_error,
+        message.turn,
+    )
