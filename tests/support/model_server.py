@@ -48,6 +48,7 @@ class ScriptedModelServer:
         self.port = 0
         self.in_flight = 0
         self.peak_in_flight = 0
+        self.in_flight_bodies: list[dict[str, Any]] = []
 
     def script(self, model: str, script: Script) -> None:
         self.scripts[model] = script
@@ -81,11 +82,13 @@ class ScriptedModelServer:
         reply = script(body)
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.in_flight_bodies.append(body)
         try:
             if reply.delay:
                 await asyncio.sleep(reply.delay)
         finally:
             self.in_flight -= 1
+            self.in_flight_bodies.remove(body)
         if reply.raw is not None:
             return web.Response(status=reply.status, text=reply.raw, content_type="application/json")
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}

@@ -15,6 +15,8 @@ class ToolServer:
     keys: list[str] = field(default_factory=list)
     bodies: list[str] = field(default_factory=list)
     delay: float = 0.0
+    delays: dict[str, float] = field(default_factory=dict)  # per tool path
+    in_flight_keys: list[str] = field(default_factory=list)
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -37,10 +39,16 @@ class ToolServer:
     async def _hit(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.hits[name] += 1
-        self.keys.append(request.headers.get("Idempotency-Key", ""))
+        key = request.headers.get("Idempotency-Key", "")
+        self.keys.append(key)
         self.bodies.append(await request.text())
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        delay = self.delays.get(name, self.delay)
+        if delay:
+            self.in_flight_keys.append(key)
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self.in_flight_keys.remove(key)
         if name == "fail":
             return web.Response(status=503, text="upstream down")
         return web.Response(text=f"{name} ok #{self.hits[name]}")

@@ -51,6 +51,7 @@ def _tool_from_proto(message: pb.ToolDef) -> m.ToolSpec:
         executor=executor,
         approval_required=message.approval.required,
         approval_prompt=message.approval.prompt,
+        on_interrupted=m.OnInterrupted(message.on_interrupted),
     )
 
 

@@ -1,0 +1,78 @@
+"""The server as a real process on a real store file, started, killed and restarted by a test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import grpc
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, store: Path, model_url: str, log: Path) -> None:
+        self.store = store
+        self.model_url = model_url
+        self.log = log
+        self.port = free_port()
+        self.process: asyncio.subprocess.Process | None = None
+        self.channel: grpc.aio.Channel | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> pb_grpc.AgentRuntimeStub:
+        env = {
+            **os.environ,
+            "AGENTRUNTIME_STORE": f"sqlite:///{self.store}",
+            "AGENTRUNTIME_LLM_STYLE": "openai",
+            "AGENTRUNTIME_LLM_BASE_URL": self.model_url,
+            "AGENTRUNTIME_LLM_API_KEY": "sk-test-secret-never-shown",
+            "AGENTRUNTIME_SHUTDOWN_GRACE": "5",
+        }
+        with self.log.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agentruntime_server", "serve", "--listen", self.address,
+                env=env, stdout=log, stderr=log,
+            )  # fmt: skip
+        self.channel = grpc.aio.insecure_channel(self.address)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        for _ in range(200):
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return pb_grpc.AgentRuntimeStub(self.channel)
+            except grpc.aio.AioRpcError:
+                pass
+            if self.process.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
+
+    def send(self, sig: signal.Signals) -> None:
+        """Sends the signal now, with no await: the caller can snapshot what was in flight."""
+        assert self.process is not None and self.process.returncode is None
+        self.process.send_signal(sig)
+
+    async def stop(self, sig: signal.Signals = signal.SIGKILL) -> int:
+        assert self.process is not None
+        if self.channel is not None:
+            await self.channel.close()
+        if self.process.returncode is None:
+            self.process.send_signal(sig)
+        return await asyncio.wait_for(self.process.wait(), timeout=30)
+
+    async def restart(self) -> pb_grpc.AgentRuntimeStub:
+        return await self.start()

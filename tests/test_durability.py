@@ -1,0 +1,199 @@
+"""Acknowledged means persisted: a real server process on a SQLite file, killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sqlite3
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from tests.support.build import agent, create, http_tool, run, views
+from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.process import ServerProcess
+from tests.support.tool_server import ToolServer
+from tests.test_resume import relay_tool, stage_approve_commit
+
+
+@pytest.fixture
+async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[ServerProcess]:
+    server = ServerProcess(tmp_path / "store" / "agentruntime.db", model.base_url, tmp_path / "server.log")
+    yield server
+    if server.process is not None and server.process.returncode is None:
+        await server.stop()
+
+
+async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+    return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=60)).result
+
+
+async def test_restart_while_pending_then_resume(process: ServerProcess, model: ScriptedModelServer, tools: ToolServer) -> None:
+    """Scenario C across a SIGKILL: the suspended worker resumes exactly as before."""
+    model.script("worker", stage_approve_commit)
+    stub = await process.start()
+    worker = agent("worker", tools=[http_tool("counter", tools.url("counter")), relay_tool("approve")])
+    runtime_id = await create(stub, worker)
+    handle_id, pending = await run(stub, runtime_id, "worker", "stage then commit")
+    assert (pending.status, tools.hits["counter"], pending.turns, pending.total_tokens) == (pb.STATUS_PENDING, 1, 2, 100)
+
+    await process.stop(signal.SIGKILL)
+    stub = await process.restart()
+
+    assert await wait(stub, runtime_id, handle_id) == pending
+    view = (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
+    assert (view.state, view.pending_kind) == (pb.HANDLE_STATE_SUSPENDED, "tool_call")
+    approve = pending.pending.calls[0]
+    answer = pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=approve.id, output="approved")])
+    done = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
+    assert (done.status, done.text) == (pb.STATUS_DONE, "committed")
+    assert (tools.hits["counter"], model.calls["worker"], done.turns, done.total_tokens) == (2, 4, 4, 200)
+
+    # The answer itself is durable: after another restart, the same Resume returns the same result.
+    await process.stop(signal.SIGKILL)
+    stub = await process.restart()
+    again = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
+    assert (again.status, again.text, again.total_tokens) == (pb.STATUS_DONE, "committed", 200)
+    assert (tools.hits["counter"], model.calls["worker"]) == (2, 4)
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))
+    assert [m.role for m in transcript.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+
+
+def _journal(store: Path) -> tuple[Counter[str], set[str]]:
+    """From the store file after a kill: replies journaled per handle key, and the
+    idempotency keys of calls started but never recorded (in doubt)."""
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        journaled: Counter[str] = Counter()
+        for agent, prompt, replies in db.execute(
+            "SELECT h.agent, (SELECT content FROM messages WHERE runtime_id = h.runtime_id AND handle_id = h.handle_id "
+            "AND idx = 0), (SELECT COUNT(*) FROM messages WHERE runtime_id = h.runtime_id AND handle_id = h.handle_id "
+            "AND role = 'assistant') FROM handles h"
+        ):
+            journaled[f"{agent}|{prompt}"] = replies
+        in_doubt = {f"{rt}/{handle}/{call}" for rt, handle, call in db.execute("SELECT * FROM started_calls")}
+    return journaled, in_doubt
+
+
+def _key(body: dict) -> str:  # type: ignore[type-arg]
+    """Which handle a model call belongs to: the agent (model) and its first prompt."""
+    first_prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    return f"{body['model']}|{first_prompt}"
+
+
+async def test_crash_mid_turn_recovers_every_runtime(
+    process: ServerProcess, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    def coordinator(body: dict) -> Reply:  # type: ignore[type-arg]
+        if tool_results(body) == 0:
+            job = last_user(body)
+            calls = [("task", {"agent": "worker", "prompt": f"{job} part {part}"}) for part in (1, 2)]
+            return Reply(calls=calls, tokens=100, delay=0.2)
+        return Reply(text="merged", tokens=100, delay=0.2)
+
+    def worker(body: dict) -> Reply:  # type: ignore[type-arg]
+        if tool_results(body) == 0:
+            return Reply(calls=[("hit", {"job": last_user(body)})], tokens=10, delay=0.2)
+        return Reply(text="worked", tokens=10, delay=0.2)
+
+    model.script("coordinator", coordinator)
+    model.script("worker", worker)
+    tools.delays["hit"] = 0.2
+    clean_calls = {"coordinator": 2, "worker": 2}
+    stub = await process.start()
+    hit = http_tool("hit", tools.url("hit"))
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[hit]))
+    roots = []
+    for job in range(50):
+        handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="coordinator"))).handle_id
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=f"job {job}"))
+        roots.append(handle_id)
+    while sum(tools.hits.values()) < 40:  # well into the runs: tool calls and model calls in flight
+        await asyncio.sleep(0.02)
+
+    process.send(signal.SIGKILL)
+    await process.stop()
+    journaled, in_doubt = _journal(process.store)
+    calls_before = Counter(_key(body) for body in model.requests)
+    assert sum(calls_before[key] - journaled[key] for key in calls_before) > 0, "the kill should land mid-call"
+
+    stub = await process.restart()
+    for handle_id in roots:
+        result = await wait(stub, runtime_id, handle_id)
+        assert (result.status, result.text) == (pb.STATUS_DONE, "merged"), handle_id
+        assert (result.own_tokens, result.total_tokens, result.turns) == (200, 240, 2), handle_id
+    calls = Counter(_key(body) for body in model.requests)
+    for key, count in calls.items():
+        # After the restart a handle buys exactly the replies its journal lacks: none twice.
+        assert count - calls_before[key] == clean_calls[key.split("|")[0]] - journaled[key], key
+    hits_per_key = Counter(tools.keys)
+    assert len(hits_per_key) == 100  # every worker's one call ran
+    for key, hits in hits_per_key.items():
+        assert hits == 1 or (hits == 2 and key in in_doubt), (key, hits)
+    listed = await views(stub, runtime_id)
+    assert all(view.state == pb.HANDLE_STATE_IDLE for view in listed.values())
+
+
+async def test_in_doubt_call_with_ask_policy_suspends_after_a_crash(
+    process: ServerProcess, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    def payer(body: dict) -> Reply:  # type: ignore[type-arg]
+        if tool_results(body) == 0:
+            return Reply(calls=[("charge", {"cents": 500})], tokens=10)
+        last_tool = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
+        return Reply(text=f"charge: {last_tool}", tokens=10)
+
+    model.script("payer", payer)
+    tools.delays["charge"] = 30
+    charge = http_tool("charge", tools.url("charge"))
+    charge.on_interrupted = pb.ON_INTERRUPTED_ASK
+    stub = await process.start()
+    runtime_id = await create(stub, agent("payer", tools=[charge]))
+    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="payer"))).handle_id
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+    while not tools.in_flight_keys:
+        await asyncio.sleep(0.02)
+    await process.stop(signal.SIGKILL)
+    tools.delays["charge"] = 0
+
+    stub = await process.restart()
+    pending = await wait(stub, runtime_id, handle_id)
+    assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "in_doubt")
+    [call] = pending.pending.calls
+    assert (call.name, json.loads(call.arguments_json)) == ("charge", {"cents": 500})
+    assert call.idempotency_key == tools.keys[0]
+    answer = pb.Answer(id=pending.pending.id, ok=True)  # no output: run it again, same key
+    done = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
+    assert (done.status, done.text) == (pb.STATUS_DONE, "charge: charge ok #2")
+    assert tools.keys == [call.idempotency_key, call.idempotency_key]
+    assert model.calls["payer"] == 2  # the reply that made the call was not bought again
+
+
+async def test_sigterm_drains_and_the_run_goes_on_after_restart(process: ServerProcess, model: ScriptedModelServer) -> None:
+    model.script("steady", lambda body: Reply(text="finished", tokens=10, delay=1.0))
+    stub = await process.start()
+    runtime_id = await create(stub, agent("steady"))
+    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="steady"))).handle_id
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+    while not model.in_flight_bodies:
+        await asyncio.sleep(0.02)
+    assert await process.stop(signal.SIGTERM) == 0
+    assert model.calls["steady"] == 1
+    stub = await process.restart()
+    result = await wait(stub, runtime_id, handle_id)
+    assert (result.status, result.text, result.turns, result.own_tokens) == (pb.STATUS_DONE, "finished", 1, 10)
+    assert model.calls["steady"] == 1  # the reply was journaled before the process exited
