@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import signal
@@ -17,6 +16,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.tool_server import ToolServer
 from tests.test_resume import relay_tool, stage_approve_commit
@@ -122,8 +122,7 @@ async def test_crash_mid_turn_recovers_every_runtime(
         handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="coordinator"))).handle_id
         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=f"job {job}"))
         roots.append(handle_id)
-    while sum(tools.hits.values()) < 40:  # well into the runs: tool calls and model calls in flight
-        await asyncio.sleep(0.02)
+    await until(lambda: sum(tools.hits.values()) >= 40, "the runs to be well under way")
 
     process.send(signal.SIGKILL)
     await process.stop()
@@ -165,8 +164,7 @@ async def test_in_doubt_call_with_ask_policy_suspends_after_a_crash(
     runtime_id = await create(stub, agent("payer", tools=[charge]))
     handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="payer"))).handle_id
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
-    while not tools.in_flight_keys:
-        await asyncio.sleep(0.02)
+    await until(lambda: bool(tools.in_flight_keys), "the charge call to be in flight")
     await process.stop(signal.SIGKILL)
     tools.delays["charge"] = 0
 
@@ -189,8 +187,7 @@ async def test_sigterm_drains_and_the_run_goes_on_after_restart(process: ServerP
     runtime_id = await create(stub, agent("steady"))
     handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="steady"))).handle_id
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    while not model.in_flight_bodies:
-        await asyncio.sleep(0.02)
+    await until(lambda: bool(model.in_flight_bodies), "the model call to be in flight")
     assert await process.stop(signal.SIGTERM) == 0
     assert model.calls["steady"] == 1
     stub = await process.restart()

@@ -1,0 +1,102 @@
+"""The SQLite store under a real server: eviction and reload, migrations, linear storage."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from agentruntime_server.app import RunningServer, start
+from agentruntime_server.settings import Settings
+from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
+from tests.support.build import agent, create, http_tool, run, views
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.tool_server import ToolServer
+
+
+@pytest.fixture
+async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeStub]]:
+    settings = Settings(
+        listen="127.0.0.1:0",
+        llm_style="openai",
+        llm_base_url=model.base_url,
+        store=f"sqlite:///{tmp_path / 'agentruntime.db'}",
+        runtime_cache=2,
+    )
+    running = await start(settings)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield running, pb_grpc.AgentRuntimeStub(channel)
+    await running.stop(grace=None)
+
+
+async def test_idle_runtimes_leave_memory_and_come_back_whole(
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer
+) -> None:
+    running, stub = durable
+    model.script(
+        "coordinator",
+        lambda body: (
+            Reply(calls=[("task", {"agent": "explore", "prompt": "x"})], tokens=100)
+            if tool_results(body) == 0
+            else Reply(text="done", tokens=100)
+        ),
+    )
+    model.script("explore", lambda body: Reply(text="found", tokens=400))
+    finished = []
+    for _ in range(6):
+        runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
+        handle_id, result = await run(stub, runtime_id, "coordinator", "go")
+        finished.append((runtime_id, handle_id, result))
+    assert running.service.cached <= 2
+
+    first_runtime, first_handle, first_result = finished[0]
+    waited = (await stub.Wait(pb.WaitRequest(runtime_id=first_runtime, handle_id=first_handle))).result
+    assert waited == first_result
+    listed = await views(stub, first_runtime)
+    assert (listed[first_handle].total_tokens, listed[f"{first_handle}/explore.1"].own_tokens) == (600, 400)
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=first_runtime, handle_id=first_handle))
+    assert [m.role for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
+    # A reloaded runtime keeps counting where it left off: the next spawn is explore.2's sibling number.
+    spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=first_runtime, parent_id="root", agent="coordinator"))
+    assert spawned.handle_id == "root/coordinator.2"
+    with pytest.raises(grpc.aio.AioRpcError) as exists:
+        await create(stub, agent("x"), runtime_id=first_runtime)
+    assert exists.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_each_message_is_stored_once(
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
+) -> None:
+    _, stub = durable
+    model.script(
+        "looper",
+        lambda body: (
+            Reply(calls=[("ping", {"n": tool_results(body)})], tokens=10) if tool_results(body) < 30 else Reply(text="done")
+        ),
+    )
+    runtime_id = await create(stub, agent("looper", tools=[http_tool("ping", tools.url("ping"))]))
+    handle_id, result = await run(stub, runtime_id, "looper", "go")
+    assert (result.status, result.turns) == (pb.STATUS_DONE, 31)
+    with contextlib.closing(sqlite3.connect(tmp_path / "agentruntime.db")) as db:
+        rows = db.execute("SELECT COUNT(*), SUM(LENGTH(content)) FROM messages WHERE runtime_id = ?", (runtime_id,)).fetchone()
+        journal = db.execute("SELECT COUNT(*) FROM tool_results WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
+    # user + 31 assistant + 30 tool messages, each once: linear in the transcript, not quadratic.
+    assert rows[0] == 62
+    assert journal == 30
+
+
+def test_migrations_are_versioned_and_refuse_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        assert migrate(db) == len(MIGRATIONS)
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert migrate(db) == len(MIGRATIONS)  # nothing applied twice
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+        with pytest.raises(SchemaTooNew, match="upgrade the server"):
+            migrate(db)
