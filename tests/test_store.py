@@ -11,10 +11,10 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-
 from agentruntime_server.app import RunningServer, start
 from agentruntime_server.settings import Settings
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
+
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.tool_server import ToolServer
