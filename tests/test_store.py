@@ -81,7 +81,7 @@ async def test_each_message_is_stored_once(
         ),
     )
     runtime_id = await create(stub, agent("looper", tools=[http_tool("ping", tools.url("ping"))]))
-    handle_id, result = await run(stub, runtime_id, "looper", "go")
+    _, result = await run(stub, runtime_id, "looper", "go")
     assert (result.status, result.turns) == (pb.STATUS_DONE, 31)
     with contextlib.closing(sqlite3.connect(tmp_path / "agentruntime.db")) as db:
         rows = db.execute("SELECT COUNT(*), SUM(LENGTH(content)) FROM messages WHERE runtime_id = ?", (runtime_id,)).fetchone()
