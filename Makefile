@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java breaking proto-release run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -78,9 +78,19 @@ lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/mypy
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
+	$(MAKE) breaking
+
+# The released contract, as a buf image: every change must stay wire- and source-compatible
+# with it (FILE rules). Refresh it only when a release is cut: `make proto-release`.
+RELEASED := proto/released/agentruntime-v1.binpb
+breaking: $(STAMP) ## buf breaking against the released contract
+	$(BIN)/buf breaking --against $(RELEASED)
+
+proto-release: $(STAMP) ## record the current proto as the released contract
+	$(BIN)/buf build -o $(RELEASED)
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python test-go smoke
+TEST_TARGETS := test-python conformance-python test-go test-java smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -95,6 +105,9 @@ conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the P
 
 test-go: $(STAMP) ## the Go client: vet, build, unit tests, then the vectors against a fresh server
 	$(MAKE) -C clients/go test
+
+test-java: $(STAMP) ## the Java client (Maven, stubs generated at build): the vectors against a fresh server
+	scripts/with-server.sh bash -c 'cd clients/java && $(MAKE) test'
 
 # --- running -----------------------------------------------------------------
 

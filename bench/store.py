@@ -22,7 +22,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agentruntime_server.domain.model import (  # noqa: E402
+from agentruntime_server.domain.model import (
     Budget,
     HandleRecord,
     HandleState,
@@ -30,8 +30,9 @@ from agentruntime_server.domain.model import (  # noqa: E402
     ToolCall,
     ToolResult,
 )
-from agentruntime_server.store.sqlite import SqliteStore  # noqa: E402
-from tests.support.process import free_port  # noqa: E402
+from agentruntime_server.store.sqlite import SqliteStore
+
+from tests.support.process import free_port
 
 FINISHER = pb.AgentDef(
     name="finisher", script=pb.Script(replies=[pb.ScriptedReply(text="done", tokens=10)]), instructions="Answer."
@@ -39,7 +40,9 @@ FINISHER = pb.AgentDef(
 WAITER = pb.AgentDef(
     name="waiter",
     tools=[pb.ToolDef(name="approve", relay=pb.RelayTool())],
-    script=pb.Script(replies=[pb.ScriptedReply(tool_calls=[pb.ScriptedToolCall(name="approve", arguments_json="{}")], tokens=10)]),
+    script=pb.Script(
+        replies=[pb.ScriptedReply(tool_calls=[pb.ScriptedToolCall(name="approve", arguments_json="{}")], tokens=10)]
+    ),
 )
 
 
@@ -65,7 +68,9 @@ async def journal_cost(turns: int, batches: int) -> float:
                 await store.record_model_reply("bench", _record(turn, turn), index, reply, [])
                 await store.record_call_started("bench", "root/worker.1", call.id)
                 await store.record_tool_result("bench", _record(turn, turn + 1), call.id, ToolResult("pong #1"), [])
-                await store.append_messages("bench", "root/worker.1", index + 1, [Message("tool", "pong #1", tool_call_id=call.id)])
+                await store.append_messages(
+                    "bench", "root/worker.1", index + 1, [Message("tool", "pong #1", tool_call_id=call.id)]
+                )
                 index += 2
             samples.append((time.perf_counter() - started) / turns * 1e6)
         await store.close()

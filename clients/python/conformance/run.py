@@ -14,7 +14,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
-VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
+DEFAULT_VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
 
 
 class Mismatch(Exception):
@@ -53,10 +53,12 @@ def _view_fields(view: pb.HandleView) -> dict[str, Any]:
 
 def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None:
     for key, want in expected.items():
+        if key not in actual:
+            raise Mismatch(f"{where}.{key}: expected {want!r}, got nothing (no such entry)")
         got = actual[key]
         if isinstance(want, dict):
             _check(f"{where}.{key}", got, want)
-        elif got != want:
+        elif type(got) is not type(want) or got != want:
             raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
 
 
@@ -66,6 +68,9 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
     last_pending: pb.Request | None = None
     for index, step in enumerate(vector["steps"]):
         where = f"step {index + 1}"
+        verbs = [verb for verb in ("spawn", "wake", "wait", "resume", "list") if verb in step]
+        if len(verbs) != 1:
+            raise Mismatch(f"{where}: a step has exactly one verb, got {verbs}")
         try:
             outcome: Any = None
             if "spawn" in step:
@@ -113,23 +118,32 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
             _check(where, outcome, step["expect"])
 
 
-async def main() -> int:
-    address = os.environ.get("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
     passed = failed = 0
     async with Client(address) as client:
-        for path in sorted(VECTORS.glob("*.json")):
-            vector = json.loads(path.read_text())
+        for name, text in vectors:
             try:
+                vector = json.loads(text)
                 await run_vector(client, vector)
-            except Mismatch as mismatch:
+            except (Mismatch, AgentRuntimeError, KeyError, IndexError, TypeError, ValueError) as problem:
                 failed += 1
-                print(f"FAIL {vector['name']}: {mismatch}")
+                print(f"FAIL {name}: {type(problem).__name__}: {problem}")
             else:
                 passed += 1
-                print(f"ok   {vector['name']}")
+                print(f"ok   {name}")
     print(f"conformance: {passed} passed, {failed} failed")
     return 1 if failed else 0
 
 
+def main() -> int:
+    address = os.environ.get("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+    folder = Path(os.environ.get("AGENTRUNTIME_VECTORS", DEFAULT_VECTORS))
+    vectors = [(path.stem, path.read_text()) for path in sorted(folder.glob("*.json"))]
+    if not vectors:
+        print(f"conformance: no vectors in {folder}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_all(address, vectors))
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

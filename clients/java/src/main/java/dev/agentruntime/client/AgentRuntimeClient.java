@@ -1,0 +1,343 @@
+package dev.agentruntime.client;
+
+import dev.agentruntime.v1.AgentDef;
+import dev.agentruntime.v1.AgentRuntimeGrpc;
+import dev.agentruntime.v1.Answer;
+import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.CloseRequest;
+import dev.agentruntime.v1.CreateRuntimeRequest;
+import dev.agentruntime.v1.GetTranscriptRequest;
+import dev.agentruntime.v1.HandleView;
+import dev.agentruntime.v1.InspectRequest;
+import dev.agentruntime.v1.InterruptRequest;
+import dev.agentruntime.v1.ListRequest;
+import dev.agentruntime.v1.Message;
+import dev.agentruntime.v1.PostRequest;
+import dev.agentruntime.v1.ResumeRequest;
+import dev.agentruntime.v1.SpawnRequest;
+import dev.agentruntime.v1.TaskResult;
+import dev.agentruntime.v1.WaitRequest;
+import dev.agentruntime.v1.WakeRequest;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ForwardingClientCall;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
+import io.grpc.StatusRuntimeException;
+import io.grpc.TlsChannelCredentials;
+import java.io.File;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.time.Duration;
+import java.util.List;
+import java.util.Objects;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
+
+/**
+ * A thin blocking client over the generated stubs: one method per RPC, plain Java arguments in,
+ * generated messages out, and every refused call as an unchecked {@link AgentRuntimeException}
+ * carrying the gRPC code, the server's message and its {@code google.rpc} details.
+ *
+ * <pre>{@code
+ * try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder("127.0.0.1:50051").build()) {
+ *   String runtimeId = client.createRuntime(agents, "");
+ *   TaskResult result = client.run(runtimeId, "coordinator", "map the repo");
+ * }
+ * }</pre>
+ *
+ * <p>Every call gets the default deadline (60 s unless the builder says otherwise; {@code null}
+ * means none). The client is safe for concurrent use; {@link #close()} shuts its channel down.
+ */
+public final class AgentRuntimeClient implements AutoCloseable {
+  /** The per-call deadline when the builder sets none; it matches the Python client. */
+  public static final Duration DEFAULT_TIMEOUT = Duration.ofSeconds(60);
+
+  /** A Wait with a server-side timeout gets a call deadline at least this much above it. */
+  private static final Duration WAIT_SLACK = Duration.ofSeconds(5);
+
+  private final ManagedChannel channel;
+  private final AgentRuntimeGrpc.AgentRuntimeBlockingStub stub;
+  private final Duration timeout;
+
+  private AgentRuntimeClient(ManagedChannel channel, Duration timeout) {
+    this.channel = channel;
+    this.stub = AgentRuntimeGrpc.newBlockingStub(channel);
+    this.timeout = timeout;
+  }
+
+  /** A builder for a client of the server at {@code target} ({@code host:port} or a gRPC target URI). */
+  public static Builder newBuilder(String target) {
+    return new Builder(target);
+  }
+
+  /** Configures the channel: plaintext by default (like the Python client), TLS on request. */
+  public static final class Builder {
+    private final String target;
+    private ChannelCredentials credentials = InsecureChannelCredentials.create();
+    private String token;
+    private Duration timeout = DEFAULT_TIMEOUT;
+
+    private Builder(String target) {
+      this.target = Objects.requireNonNull(target, "target");
+    }
+
+    /** No transport security (the default): for a server on loopback or behind a TLS proxy. */
+    public Builder usePlaintext() {
+      this.credentials = InsecureChannelCredentials.create();
+      return this;
+    }
+
+    /** TLS, verifying the server against the JVM's default trust store. */
+    public Builder useTransportSecurity() {
+      this.credentials = TlsChannelCredentials.create();
+      return this;
+    }
+
+    /** TLS, verifying the server against the PEM root certificates in {@code rootCertificates}. */
+    public Builder useTransportSecurity(File rootCertificates) {
+      try {
+        this.credentials = TlsChannelCredentials.newBuilder().trustManager(rootCertificates).build();
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+      return this;
+    }
+
+    /** Any channel credentials (mutual TLS, ALTS, ...). */
+    public Builder credentials(ChannelCredentials credentials) {
+      this.credentials = Objects.requireNonNull(credentials, "credentials");
+      return this;
+    }
+
+    /** Sends {@code authorization: Bearer <token>} on every call; {@code null} sends none. */
+    public Builder bearerToken(String token) {
+      this.token = token;
+      return this;
+    }
+
+    /** The deadline of every call (Wait: at least its timeout plus 5 s); {@code null} means none. */
+    public Builder defaultTimeout(Duration timeout) {
+      this.timeout = timeout;
+      return this;
+    }
+
+    public AgentRuntimeClient build() {
+      ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(target, credentials);
+      if (token != null && !token.isEmpty()) {
+        builder.intercept(new BearerTokenInterceptor(token));
+      }
+      return new AgentRuntimeClient(builder.build(), timeout);
+    }
+  }
+
+  /** Adds {@code authorization: Bearer <token>} to the headers of every call. */
+  static final class BearerTokenInterceptor implements ClientInterceptor {
+    private static final Metadata.Key<String> AUTHORIZATION =
+        Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
+
+    private final String value;
+
+    BearerTokenInterceptor(String token) {
+      this.value = "Bearer " + token;
+    }
+
+    @Override
+    public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
+        MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
+      return new ForwardingClientCall.SimpleForwardingClientCall<ReqT, RespT>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<RespT> listener, Metadata headers) {
+          headers.put(AUTHORIZATION, value);
+          super.start(listener, headers);
+        }
+      };
+    }
+  }
+
+  private <T> T call(Duration deadline, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
+    AgentRuntimeGrpc.AgentRuntimeBlockingStub target = stub;
+    if (deadline != null) {
+      target = target.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
+    }
+    try {
+      return rpc.apply(target);
+    } catch (StatusRuntimeException e) {
+      throw AgentRuntimeException.fromThrowable(e);
+    }
+  }
+
+  private <T> T call(Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
+    return call(timeout, rpc);
+  }
+
+  private static com.google.protobuf.Duration toProto(Duration duration) {
+    return com.google.protobuf.Duration.newBuilder()
+        .setSeconds(duration.getSeconds())
+        .setNanos(duration.getNano())
+        .build();
+  }
+
+  /** Creates a runtime (one tree) with these agent definitions; an empty id asks the server for one. */
+  public String createRuntime(List<AgentDef> agents, String runtimeId) {
+    CreateRuntimeRequest request = CreateRuntimeRequest.newBuilder()
+        .setRuntimeId(runtimeId == null ? "" : runtimeId)
+        .addAllAgents(agents)
+        .build();
+    return call(s -> s.createRuntime(request)).getRuntimeId();
+  }
+
+  /** Creates a runtime with a generated id. */
+  public String createRuntime(List<AgentDef> agents) {
+    return createRuntime(agents, "");
+  }
+
+  /**
+   * Spawns a handle of {@code agent} under {@code parent} ({@code root} or a handle id) and returns
+   * its id; a non-null {@code budget} overrides the agent's (carved by the parent's either way).
+   */
+  public String spawn(String runtimeId, String agent, String parent, Budget budget) {
+    SpawnRequest.Builder request = SpawnRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setParentId(parent)
+        .setAgent(agent);
+    if (budget != null) {
+      request.setBudget(budget);
+    }
+    SpawnRequest built = request.build();
+    return call(s -> s.spawn(built)).getHandleId();
+  }
+
+  /** Spawns a top-level handle (under {@code root}) with the agent's own budget. */
+  public String spawn(String runtimeId, String agent) {
+    return spawn(runtimeId, agent, "root", null);
+  }
+
+  /** Posts into the handle's inbox; returns the inbox size. Empty channel and sender are the defaults. */
+  public int post(String runtimeId, String handleId, String text, String channel, String sender) {
+    PostRequest request = PostRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setText(text)
+        .setChannel(channel == null ? "" : channel)
+        .setSender(sender == null ? "" : sender)
+        .build();
+    return call(s -> s.post(request)).getInboxSize();
+  }
+
+  public int post(String runtimeId, String handleId, String text) {
+    return post(runtimeId, handleId, text, "", "");
+  }
+
+  /** Starts a run on the prompt plus the inbox; returns at once ({@code true} when accepted). */
+  public boolean wake(String runtimeId, String handleId, String prompt) {
+    WakeRequest request = WakeRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setPrompt(prompt == null ? "" : prompt)
+        .build();
+    return call(s -> s.wake(request)).getQueued();
+  }
+
+  /**
+   * Waits for the handle to settle. A non-null {@code timeout} is the server-side wait (the result
+   * is then {@code STATUS_TIMEOUT} if it passes first); {@code null} waits until the handle settles,
+   * bounded by the call deadline (the default timeout, or at least {@code timeout} + 5 s).
+   */
+  public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
+    WaitRequest.Builder request = WaitRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId);
+    if (timeout != null) {
+      request.setTimeout(toProto(timeout));
+    }
+    Duration deadline = null;
+    if (this.timeout != null) {
+      Duration floor = (timeout == null ? Duration.ZERO : timeout).plus(WAIT_SLACK);
+      deadline = this.timeout.compareTo(floor) >= 0 ? this.timeout : floor;
+    }
+    WaitRequest built = request.build();
+    return call(deadline, s -> s.wait(built)).getResult();
+  }
+
+  /** Waits without a server-side timeout. */
+  public TaskResult waitFor(String runtimeId, String handleId) {
+    return waitFor(runtimeId, handleId, null);
+  }
+
+  /** Answers a pending Request and returns the result the resumed handles settle on. */
+  public TaskResult resume(String runtimeId, Answer answer) {
+    ResumeRequest request = ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).build();
+    return call(s -> s.resume(request)).getResult();
+  }
+
+  /** Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle under {@code parent}. */
+  public TaskResult run(String runtimeId, String agent, String prompt, String parent) {
+    String handleId = spawn(runtimeId, agent, parent, null);
+    wake(runtimeId, handleId, prompt);
+    return waitFor(runtimeId, handleId, null);
+  }
+
+  /** Spawn + Wake + Wait of a fresh top-level handle. */
+  public TaskResult run(String runtimeId, String agent, String prompt) {
+    return run(runtimeId, agent, prompt, "root");
+  }
+
+  /** Cancels the handle's run and its subtree's; {@code false} when there was nothing to interrupt. */
+  public boolean interrupt(String runtimeId, String handleId) {
+    InterruptRequest request = InterruptRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+    return call(s -> s.interrupt(request)).getInterrupted();
+  }
+
+  /** Closes the handle and its subtree, leaf first; returns the closed ids. {@code force} interrupts running ones. */
+  public List<String> close(String runtimeId, String handleId, boolean force) {
+    CloseRequest request = CloseRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setForce(force)
+        .build();
+    return List.copyOf(call(s -> s.close(request)).getClosedHandleIdsList());
+  }
+
+  public List<String> close(String runtimeId, String handleId) {
+    return close(runtimeId, handleId, false);
+  }
+
+  /** One handle's view. */
+  public HandleView inspect(String runtimeId, String handleId) {
+    InspectRequest request = InspectRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+    return call(s -> s.inspect(request)).getHandle();
+  }
+
+  /** Every handle of the runtime, in spawn order. */
+  public List<HandleView> list(String runtimeId) {
+    ListRequest request = ListRequest.newBuilder().setRuntimeId(runtimeId).build();
+    return call(s -> s.list(request)).getHandlesList();
+  }
+
+  /** The handle's stored transcript: exactly what a resumed turn replays. */
+  public List<Message> transcript(String runtimeId, String handleId) {
+    GetTranscriptRequest request =
+        GetTranscriptRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+    return call(s -> s.getTranscript(request)).getMessagesList();
+  }
+
+  /** Shuts the channel down (closes no handle: see {@link #close(String, String)} for that). */
+  @Override
+  public void close() {
+    channel.shutdown();
+    try {
+      if (!channel.awaitTermination(5, TimeUnit.SECONDS)) {
+        channel.shutdownNow();
+      }
+    } catch (InterruptedException e) {
+      channel.shutdownNow();
+      Thread.currentThread().interrupt();
+    }
+  }
+}

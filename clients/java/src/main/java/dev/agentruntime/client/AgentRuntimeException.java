@@ -1,0 +1,120 @@
+package dev.agentruntime.client;
+
+import com.google.protobuf.Any;
+import com.google.protobuf.InvalidProtocolBufferException;
+import com.google.protobuf.Message;
+import com.google.rpc.BadRequest;
+import com.google.rpc.ErrorInfo;
+import com.google.rpc.ResourceInfo;
+import io.grpc.Status;
+import io.grpc.protobuf.StatusProto;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Optional;
+
+/**
+ * A call the server refused (or that failed on the way): the gRPC status code, the server's
+ * message and the decoded {@code google.rpc} details ({@link BadRequest}, {@link ErrorInfo},
+ * {@link ResourceInfo}) of the {@code grpc-status-details-bin} trailer.
+ *
+ * <pre>{@code
+ * try {
+ *   client.spawn(runtimeId, "helper", "root/lead.1", null);
+ * } catch (AgentRuntimeException e) {
+ *   if (e.code() == Status.Code.RESOURCE_EXHAUSTED) {
+ *     String limit = e.errorInfo().map(info -> info.getMetadataOrDefault("limit", "")).orElse("");
+ *   }
+ * }
+ * }</pre>
+ */
+public final class AgentRuntimeException extends RuntimeException {
+  private static final long serialVersionUID = 1L;
+
+  private final Status.Code code;
+  private final String description;
+  private final transient List<Message> details;
+
+  public AgentRuntimeException(Status.Code code, String description, List<? extends Message> details) {
+    super(code.name() + ": " + description);
+    this.code = code;
+    this.description = description;
+    this.details = Collections.unmodifiableList(new ArrayList<>(details));
+  }
+
+  private AgentRuntimeException(Status.Code code, String description, List<Message> details, Throwable cause) {
+    super(code.name() + ": " + description, cause);
+    this.code = code;
+    this.description = description;
+    this.details = Collections.unmodifiableList(details);
+  }
+
+  /** Wraps a failed call's exception (a {@code StatusRuntimeException} or {@code StatusException}). */
+  public static AgentRuntimeException fromThrowable(Throwable error) {
+    Status status = Status.fromThrowable(error);
+    String description = status.getDescription() == null ? "" : status.getDescription();
+    List<Message> details = new ArrayList<>();
+    com.google.rpc.Status rich = StatusProto.fromThrowable(error);
+    if (rich != null) {
+      for (Any packed : rich.getDetailsList()) {
+        Message unpacked = unpack(packed);
+        if (unpacked != null) {
+          details.add(unpacked);
+        }
+      }
+    }
+    return new AgentRuntimeException(status.getCode(), description, details, error);
+  }
+
+  private static Message unpack(Any packed) {
+    try {
+      if (packed.is(BadRequest.class)) {
+        return packed.unpack(BadRequest.class);
+      }
+      if (packed.is(ErrorInfo.class)) {
+        return packed.unpack(ErrorInfo.class);
+      }
+      if (packed.is(ResourceInfo.class)) {
+        return packed.unpack(ResourceInfo.class);
+      }
+    } catch (InvalidProtocolBufferException e) {
+      // A malformed detail is dropped, as the Python client drops unknown ones.
+    }
+    return null;
+  }
+
+  /** The gRPC status code, e.g. {@code FAILED_PRECONDITION}. */
+  public Status.Code code() {
+    return code;
+  }
+
+  /** The server's message (the status description), without the code; never null. */
+  public String description() {
+    return description;
+  }
+
+  /** The decoded details, in the order the server sent them. */
+  public List<Message> details() {
+    return details;
+  }
+
+  /** The first detail of the given type, e.g. {@code detail(ErrorInfo.class)}. */
+  public <T extends Message> Optional<T> detail(Class<T> type) {
+    return details.stream().filter(type::isInstance).map(type::cast).findFirst();
+  }
+
+  /** The {@link ErrorInfo} detail: its {@code metadata["limit"]} names the budget that refused a call. */
+  public Optional<ErrorInfo> errorInfo() {
+    return detail(ErrorInfo.class);
+  }
+
+  /** The {@link BadRequest} detail: which request fields were invalid, and why. */
+  public Optional<BadRequest> badRequest() {
+    return detail(BadRequest.class);
+  }
+
+  /** The {@link ResourceInfo} detail: which runtime, handle or request was not found. */
+  public Optional<ResourceInfo> resourceInfo() {
+    return detail(ResourceInfo.class);
+  }
+}

@@ -1,0 +1,363 @@
+package dev.agentruntime.conformance;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import com.google.gson.JsonPrimitive;
+import com.google.protobuf.InvalidProtocolBufferException;
+import com.google.protobuf.util.JsonFormat;
+import com.google.rpc.ErrorInfo;
+import dev.agentruntime.client.AgentRuntimeClient;
+import dev.agentruntime.client.AgentRuntimeException;
+import dev.agentruntime.v1.AgentDef;
+import dev.agentruntime.v1.Answer;
+import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.HandleView;
+import dev.agentruntime.v1.Request;
+import dev.agentruntime.v1.Status;
+import dev.agentruntime.v1.TaskResult;
+import dev.agentruntime.v1.ToolCall;
+import dev.agentruntime.v1.ToolOutput;
+import java.io.IOException;
+import java.math.BigDecimal;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeSet;
+import java.util.stream.Collectors;
+import java.util.stream.Stream;
+
+/**
+ * The Java conformance runner: every vector in tests/vectors (see its README) against the server
+ * at {@code AGENTRUNTIME_ADDR}, in file-name order; one line per vector, then
+ * {@code conformance: N passed, M failed}; exit status 1 when any failed.
+ *
+ * <p>The vector directory is {@code AGENTRUNTIME_VECTORS}, else the system property
+ * {@code agentruntime.vectors} (the POM sets it for {@code mvn exec:java}), else
+ * {@code ../../tests/vectors} relative to the working directory (clients/java).
+ */
+public final class Runner {
+  private Runner() {}
+
+  /** A vector's expectation that did not hold; its message is the FAIL line's reason. */
+  static final class Mismatch extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Mismatch(String message) {
+      super(message);
+    }
+  }
+
+  public static void main(String[] args) {
+    String address = envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051");
+    Path dir = vectorDirectory();
+    List<Path> files;
+    try (Stream<Path> listing = Files.list(dir)) {
+      files = listing
+          .filter(p -> p.getFileName().toString().endsWith(".json") && Files.isRegularFile(p))
+          .sorted((a, b) -> a.getFileName().toString().compareTo(b.getFileName().toString()))
+          .collect(Collectors.toList());
+    } catch (IOException e) {
+      System.out.println("conformance: cannot read the vectors in " + dir + ": " + e);
+      System.exit(2);
+      return;
+    }
+    if (files.isEmpty()) {
+      // Zero vectors is a misconfiguration, not a pass.
+      System.out.println("conformance: no *.json vectors in " + dir);
+      System.exit(2);
+      return;
+    }
+
+    int passed = 0;
+    int failed = 0;
+    try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder(address).build()) {
+      for (Path file : files) {
+        String name = file.getFileName().toString();
+        try {
+          JsonObject vector = JsonParser.parseString(Files.readString(file, StandardCharsets.UTF_8)).getAsJsonObject();
+          if (vector.has("name")) {
+            name = vector.get("name").getAsString();
+          }
+          runVector(client, vector);
+          passed++;
+          System.out.println("ok   " + name);
+        } catch (Mismatch mismatch) {
+          failed++;
+          System.out.println("FAIL " + name + ": " + mismatch.getMessage());
+        } catch (AgentRuntimeException error) {
+          // CreateRuntime refused the vector's agents (outside any step).
+          failed++;
+          System.out.println("FAIL " + name + ": create runtime: " + error.getMessage());
+        } catch (IOException | RuntimeException error) {
+          // A malformed vector (bad JSON, a missing argument, ...) fails it instead of the run.
+          failed++;
+          System.out.println("FAIL " + name + ": malformed vector: " + error);
+        }
+      }
+    }
+    System.out.println("conformance: " + passed + " passed, " + failed + " failed");
+    System.out.flush();
+    System.exit(failed > 0 ? 1 : 0);
+  }
+
+  private static String envOr(String name, String fallback) {
+    String value = System.getenv(name);
+    return value == null || value.isEmpty() ? fallback : value;
+  }
+
+  private static Path vectorDirectory() {
+    String fromEnv = System.getenv("AGENTRUNTIME_VECTORS");
+    if (fromEnv != null && !fromEnv.isEmpty()) {
+      return Paths.get(fromEnv);
+    }
+    String fromProperty = System.getProperty("agentruntime.vectors");
+    if (fromProperty != null && !fromProperty.isEmpty()) {
+      return Paths.get(fromProperty);
+    }
+    return Paths.get("..", "..", "tests", "vectors");
+  }
+
+  static void runVector(AgentRuntimeClient client, JsonObject vector)
+      throws Mismatch, InvalidProtocolBufferException {
+    List<AgentDef> agents = new ArrayList<>();
+    for (JsonElement agent : vector.getAsJsonArray("agents")) {
+      AgentDef.Builder builder = AgentDef.newBuilder();
+      JsonFormat.parser().merge(agent.toString(), builder);
+      agents.add(builder.build());
+    }
+    String runtimeId = client.createRuntime(agents, "");
+    Request lastPending = null;
+    JsonArray steps = vector.getAsJsonArray("steps");
+    for (int index = 0; index < steps.size(); index++) {
+      JsonObject step = steps.get(index).getAsJsonObject();
+      String where = "step " + (index + 1);
+      JsonObject outcome = null;
+      try {
+        if (step.has("spawn")) {
+          JsonObject args = step.getAsJsonObject("spawn");
+          Budget budget = null;
+          if (args.has("budget")) {
+            Budget.Builder builder = Budget.newBuilder();
+            JsonFormat.parser().merge(args.get("budget").toString(), builder);
+            budget = builder.build();
+          }
+          String handleId = client.spawn(
+              runtimeId, args.get("agent").getAsString(), args.get("parent").getAsString(), budget);
+          outcome = new JsonObject();
+          outcome.addProperty("handle_id", handleId);
+        } else if (step.has("wake")) {
+          JsonObject args = step.getAsJsonObject("wake");
+          client.wake(runtimeId, args.get("handle").getAsString(), stringOr(args, "prompt", ""));
+        } else if (step.has("wait")) {
+          TaskResult result = client.waitFor(runtimeId, step.getAsJsonObject("wait").get("handle").getAsString());
+          outcome = resultFields(result);
+          if (result.getStatus() == Status.STATUS_PENDING) {
+            lastPending = result.getPending();
+          }
+        } else if (step.has("resume")) {
+          JsonObject args = step.getAsJsonObject("resume");
+          List<ToolCall> calls = lastPending == null ? List.of() : lastPending.getCallsList();
+          String id = stringOr(args, "id", "");
+          if (id.isEmpty()) {
+            id = lastPending == null ? "" : lastPending.getId();
+          }
+          Answer.Builder answer = Answer.newBuilder()
+              .setId(id)
+              .setOk(args.has("ok") && args.get("ok").getAsBoolean())
+              .setReason(stringOr(args, "reason", ""));
+          if (args.has("outputs")) {
+            JsonArray outputs = args.getAsJsonArray("outputs");
+            if (outputs.size() > calls.size()) {
+              throw new Mismatch(where + ": " + outputs.size() + " outputs for a Request with "
+                  + calls.size() + " calls");
+            }
+            for (int i = 0; i < outputs.size(); i++) {
+              answer.addOutputs(ToolOutput.newBuilder()
+                  .setCallId(calls.get(i).getId())
+                  .setOutput(outputs.get(i).getAsString()));
+            }
+          }
+          TaskResult result = client.resume(runtimeId, answer.build());
+          outcome = resultFields(result);
+          if (result.getStatus() == Status.STATUS_PENDING) {
+            lastPending = result.getPending();
+          }
+        } else if (step.has("list")) {
+          List<HandleView> views = client.list(runtimeId);
+          JsonObject handles = new JsonObject();
+          for (HandleView view : views) {
+            handles.add(view.getHandleId(), viewFields(view));
+          }
+          outcome = new JsonObject();
+          outcome.addProperty("count", views.size());
+          outcome.add("handles", handles);
+        } else {
+          throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
+        }
+      } catch (AgentRuntimeException error) {
+        if (!step.has("expect_error")) {
+          throw new Mismatch(where + ": unexpected error " + error.getMessage());
+        }
+        JsonObject want = step.getAsJsonObject("expect_error");
+        String wantCode = want.get("code").getAsString();
+        if (!error.code().name().equals(wantCode)) {
+          throw new Mismatch(where + ": expected " + wantCode + ", got " + error.getMessage());
+        }
+        if (want.has("limit")) {
+          String limit = error.detail(ErrorInfo.class)
+              .filter(info -> info.containsMetadata("limit"))
+              .map(info -> info.getMetadataOrThrow("limit"))
+              .orElse(null);
+          String wantLimit = want.get("limit").getAsString();
+          if (!wantLimit.equals(limit)) {
+            throw new Mismatch(where + ": expected ErrorInfo limit " + wantLimit + ", got "
+                + (limit == null ? "None" : limit));
+          }
+        }
+        continue;
+      }
+      if (step.has("expect_error")) {
+        throw new Mismatch(where + ": expected " + step.getAsJsonObject("expect_error").get("code").getAsString()
+            + ", but the call succeeded");
+      }
+      if (step.has("expect")) {
+        if (outcome == null) {
+          throw new Mismatch(where + ": this verb has nothing to expect");
+        }
+        check(where, outcome, step.getAsJsonObject("expect"));
+      }
+    }
+  }
+
+  private static String stringOr(JsonObject args, String key, String fallback) {
+    JsonElement value = args.get(key);
+    return value == null || value.isJsonNull() ? fallback : value.getAsString();
+  }
+
+  private static JsonObject resultFields(TaskResult result) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("handle_id", result.getHandleId());
+    fields.addProperty("text", result.getText());
+    fields.addProperty("is_error", result.getIsError());
+    fields.addProperty("status", result.getStatus().name());
+    fields.addProperty("limit", result.getLimit().name());
+    fields.addProperty("turns", result.getTurns());
+    fields.addProperty("total_tokens", result.getTotalTokens());
+    fields.addProperty("own_tokens", result.getOwnTokens());
+    fields.addProperty("tool_calls", result.getToolCalls());
+    JsonObject pending = new JsonObject();
+    pending.addProperty("kind", result.getPending().getKind());
+    JsonArray path = new JsonArray();
+    result.getPending().getPathList().forEach(path::add);
+    pending.add("path", path);
+    JsonArray callNames = new JsonArray();
+    result.getPending().getCallsList().forEach(call -> callNames.add(call.getName()));
+    pending.add("call_names", callNames);
+    fields.add("pending", pending);
+    return fields;
+  }
+
+  private static JsonObject viewFields(HandleView view) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("state", view.getState().name());
+    fields.addProperty("turns", view.getTurns());
+    fields.addProperty("own_tokens", view.getOwnTokens());
+    fields.addProperty("total_tokens", view.getTotalTokens());
+    fields.addProperty("tool_calls", view.getToolCalls());
+    fields.addProperty("pending_kind", view.getPendingKind());
+    return fields;
+  }
+
+  /** Checks only the expected keys, each for equality; nested objects recursively. */
+  static void check(String where, JsonObject actual, JsonObject expected) throws Mismatch {
+    for (Map.Entry<String, JsonElement> entry : expected.entrySet()) {
+      String key = entry.getKey();
+      JsonElement want = entry.getValue();
+      JsonElement got = actual.get(key);
+      if (got == null) {
+        throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got nothing (no such "
+            + (want.isJsonObject() ? "entry" : "field") + ")");
+      }
+      if (want.isJsonObject()) {
+        if (!got.isJsonObject()) {
+          throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got " + pyRepr(got));
+        }
+        check(where + "." + key, got.getAsJsonObject(), want.getAsJsonObject());
+      } else if (!jsonEquals(got, want)) {
+        throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got " + pyRepr(got));
+      }
+    }
+  }
+
+  /** JSON equality with numbers compared by value (600 equals 600.0), strings, booleans and lists strictly. */
+  static boolean jsonEquals(JsonElement a, JsonElement b) {
+    if (a.isJsonPrimitive() && b.isJsonPrimitive()) {
+      JsonPrimitive x = a.getAsJsonPrimitive();
+      JsonPrimitive y = b.getAsJsonPrimitive();
+      if (x.isNumber() && y.isNumber()) {
+        return new BigDecimal(x.getAsString()).compareTo(new BigDecimal(y.getAsString())) == 0;
+      }
+      if (x.isNumber() || y.isNumber()) {
+        return false;
+      }
+      return x.equals(y);
+    }
+    if (a.isJsonArray() && b.isJsonArray()) {
+      JsonArray x = a.getAsJsonArray();
+      JsonArray y = b.getAsJsonArray();
+      if (x.size() != y.size()) {
+        return false;
+      }
+      for (int i = 0; i < x.size(); i++) {
+        if (!jsonEquals(x.get(i), y.get(i))) {
+          return false;
+        }
+      }
+      return true;
+    }
+    return a.equals(b);
+  }
+
+  private static JsonArray sortedKeys(JsonObject object) {
+    JsonArray keys = new JsonArray();
+    new TreeSet<>(object.keySet()).forEach(keys::add);
+    return keys;
+  }
+
+  /** Renders a value as the Python runner's repr does, so FAIL lines read the same in every runner. */
+  static String pyRepr(JsonElement value) {
+    if (value == null || value.isJsonNull()) {
+      return "None";
+    }
+    if (value.isJsonArray()) {
+      List<String> items = new ArrayList<>();
+      value.getAsJsonArray().forEach(item -> items.add(pyRepr(item)));
+      return "[" + String.join(", ", items) + "]";
+    }
+    if (value.isJsonObject()) {
+      List<String> items = new ArrayList<>();
+      for (Map.Entry<String, JsonElement> entry : value.getAsJsonObject().entrySet()) {
+        items.add(pyRepr(new JsonPrimitive(entry.getKey())) + ": " + pyRepr(entry.getValue()));
+      }
+      return "{" + String.join(", ", items) + "}";
+    }
+    JsonPrimitive primitive = value.getAsJsonPrimitive();
+    if (primitive.isBoolean()) {
+      return primitive.getAsBoolean() ? "True" : "False";
+    }
+    if (primitive.isNumber()) {
+      return primitive.getAsString();
+    }
+    String text = primitive.getAsString();
+    if (text.contains("'") && !text.contains("\"")) {
+      return "\"" + text.replace("\\", "\\\\") + "\"";
+    }
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'";
+  }
+}
