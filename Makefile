@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java breaking proto-release run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java test-typescript breaking proto-release run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -63,6 +63,7 @@ gen: $(STAMP) tools ## regenerate every committed stub from the proto (Python, G
 		--mypy_out=$(GEN_OUT) --mypy_grpc_out=$(GEN_OUT) \
 		$(PROTO)
 	$(BIN)/buf generate
+	cd $(TS_DIR) && npm run --silent gen:rpc
 
 GENERATED := $(GEN_OUT)/agentruntime/v1 clients/go/agentruntime/v1 $(TS_DIR)/src/gen
 check-gen: gen ## fail if the committed stubs differ from the proto (or new ones appear)
@@ -90,7 +91,7 @@ proto-release: $(STAMP) ## record the current proto as the released contract
 	$(BIN)/buf build -o $(RELEASED)
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python test-go test-java smoke
+TEST_TARGETS := test-python conformance-python test-go test-java test-typescript smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -105,6 +106,9 @@ conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the P
 
 test-go: $(STAMP) ## the Go client: vet, build, unit tests, then the vectors against a fresh server
 	$(MAKE) -C clients/go test
+
+test-typescript: $(STAMP) tools ## the TypeScript client: build, then the vectors against a fresh server
+	scripts/with-server.sh $(MAKE) -C $(TS_DIR) test
 
 test-java: $(STAMP) ## the Java client (Maven, stubs generated at build): the vectors against a fresh server
 	scripts/with-server.sh bash -c 'cd clients/java && $(MAKE) test'

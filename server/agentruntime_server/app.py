@@ -71,6 +71,7 @@ def build_service(settings: Settings, http: HttpSession, store: Store) -> Runtim
         http_tools=HttpTools(http),
         store=store,
         inbox_capacity=settings.inbox_capacity,
+        watch_buffer=settings.watch_buffer,
     )
     return RuntimeService(services, cache_size=settings.runtime_cache)
 

@@ -2,21 +2,57 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ProviderStyle = Literal["scripted", "openai", "anthropic"]
+PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# Used when a provider's base_url or model is left empty.
+STYLE_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1", "scripted": ""}
+STYLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5", "scripted": ""}
+
+
+class ProviderSettings(BaseModel):
+    """One named model provider (an entry of AGENTRUNTIME_PROVIDERS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    style: ProviderStyle = Field("openai", description="the wire protocol: openai (chat/completions) or anthropic (messages)")
+    base_url: str = Field("", description="API base URL; empty: the style's public endpoint")
+    api_key: SecretStr = Field(SecretStr(""), description="provider key; never logged")
+    model: str = Field("", description="model used when an AgentDef names none; empty: the style's default")
+    timeout: float | None = Field(None, gt=0, description="seconds one attempt may take; unset: AGENTRUNTIME_LLM_TIMEOUT")
+    max_output_tokens: int = Field(4096, ge=1, description="anthropic's required max_tokens for each reply")
+
+    @property
+    def url(self) -> str:
+        return self.base_url or STYLE_BASE_URLS[self.style]
+
+    @property
+    def default_model(self) -> str:
+        return self.model or STYLE_MODELS[self.style]
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTRUNTIME_", extra="ignore")
 
     listen: str = Field("127.0.0.1:50051", description="host:port to serve gRPC on")
-    llm_style: Literal["scripted", "openai"] = Field("scripted", description="the default model provider")
-    llm_base_url: str = Field("https://api.openai.com/v1", description="OpenAI-compatible base URL")
-    llm_api_key: SecretStr = Field(SecretStr(""), description="provider key; never logged")
-    llm_model: str = Field("gpt-4o-mini", description="model used when an AgentDef names none")
-    llm_timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
+    # The LLM_* fields define the provider named after its style (the default provider
+    # unless DEFAULT_PROVIDER says otherwise); PROVIDERS adds more, each by name.
+    llm_style: ProviderStyle = Field("scripted", description="the style (and name) of the provider LLM_* define")
+    llm_base_url: str = Field("", description="its API base URL; empty: the style's public endpoint")
+    llm_api_key: SecretStr = Field(SecretStr(""), description="its key; never logged")
+    llm_model: str = Field("", description="its model when an AgentDef names none; empty: the style's default")
+    llm_timeout: float = Field(120.0, gt=0, description="seconds one model call attempt may take (every provider's default)")
+    llm_max_retries: int = Field(4, ge=0, description="retries of a model call after a 429, a 5xx, a timeout or a lost connection")
+    llm_backoff_base: float = Field(0.5, ge=0, description="seconds: the first retry waits up to this, doubling each retry")
+    llm_backoff_max: float = Field(30.0, ge=0, description="seconds: the longest wait between retries, Retry-After included")
+    providers: dict[str, ProviderSettings] = Field(default_factory=dict, description="named providers (JSON)")
+    default_provider: str = Field("", description="provider of agents that name none; empty: the LLM_STYLE one")
+    max_concurrent_model_calls: int = Field(64, ge=1, description="HTTP model calls in flight at once, over all providers")
     http_pool_size: int = Field(256, ge=1, description="keep-alive connections shared by model calls and http tools")
     inbox_capacity: int = Field(100, ge=1, description="messages a handle's inbox holds before Post is refused")
     store: str = Field(
@@ -24,6 +60,42 @@ class Settings(BaseSettings):
         pattern=r"^(memory://|sqlite:///.+)$",
         description="sqlite:///relative/path.db, sqlite:////absolute/path.db, or memory:// (nothing survives)",
     )
+    watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
     shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")
     log_level: str = Field("INFO")
+
+    @model_validator(mode="after")
+    def _check_providers(self) -> Settings:
+        for name in self.providers:
+            if not PROVIDER_NAME.match(name):
+                raise ValueError(f"AGENTRUNTIME_PROVIDERS: {name!r} is not a provider name (letters, digits, '_', '-', '.')")
+            if name in ("scripted", self.llm_style):
+                raise ValueError(
+                    f"AGENTRUNTIME_PROVIDERS defines {name!r}, which "
+                    + ("is built in" if name == "scripted" else "AGENTRUNTIME_LLM_* already define (LLM_STYLE)")
+                    + "; choose another name"
+                )
+        known = self.provider_table()
+        if self.default_name not in known:
+            raise ValueError(
+                f"AGENTRUNTIME_DEFAULT_PROVIDER {self.default_name!r} is not a provider; known: {sorted(known)}"
+            )
+        return self
+
+    @property
+    def default_name(self) -> str:
+        return self.default_provider or self.llm_style
+
+    def provider_table(self) -> dict[str, ProviderSettings]:
+        """Every provider by name: the built-in scripted one, the LLM_* one, and PROVIDERS."""
+        table = {"scripted": ProviderSettings(style="scripted")}
+        table[self.llm_style] = ProviderSettings(
+            style=self.llm_style,
+            base_url=self.llm_base_url,
+            api_key=self.llm_api_key,
+            model=self.llm_model,
+            timeout=self.llm_timeout,
+        )
+        table.update(self.providers)
+        return table

@@ -7,6 +7,7 @@ from google.protobuf import json_format
 
 from ..domain import model as m
 from ..domain.errors import FieldViolation, InvalidArgument
+from ..domain.events import Event, EventKind
 
 
 def _opt(message: pb.Budget, name: str) -> int | None:
@@ -167,3 +168,41 @@ def answer_from_proto(message: pb.Answer) -> m.Answer:
         reason=message.reason,
         outputs=tuple(m.ToolOutput(o.call_id, o.output, o.is_error) for o in message.outputs),
     )
+
+
+def event_to_proto(event: Event) -> pb.Event:
+    message = pb.Event(seq=event.seq, handle_id=event.handle_id)
+    message.time.FromNanoseconds(int(event.time * 1e9))
+    kind = event.kind
+    if kind is EventKind.SPAWNED:
+        message.spawned.CopyFrom(pb.HandleSpawned(parent_id=event.parent_id, agent=event.agent))
+    elif kind is EventKind.STATE_CHANGED and event.state is not None:
+        message.state_changed.CopyFrom(pb.StateChanged(state=event.state.value))  # type: ignore[arg-type]
+    elif kind is EventKind.TURN_STARTED:
+        message.turn_started.CopyFrom(pb.TurnStarted(turn=event.turn))
+    elif kind is EventKind.TURN_ENDED:
+        message.turn_ended.CopyFrom(
+            pb.TurnEnded(
+                turn=event.turn,
+                tokens=event.tokens,
+                own_tokens=event.own_tokens,
+                total_tokens=event.total_tokens,
+                tool_calls=event.tool_calls,
+            )
+        )
+    elif kind is EventKind.TOOL_CALL_STARTED and event.call is not None:
+        message.tool_call_started.CopyFrom(pb.ToolCallStarted(call=_tool_call_to_proto(event.call)))
+    elif kind is EventKind.TOOL_CALL_ENDED:
+        message.tool_call_ended.CopyFrom(
+            pb.ToolCallEnded(
+                call_id=event.call_id,
+                name=event.call.name if event.call else "",
+                is_error=event.is_error,
+                output=event.output,
+            )
+        )
+    elif kind is EventKind.PENDING and event.pending is not None:
+        message.pending.CopyFrom(request_to_proto(event.pending))
+    elif kind is EventKind.RESULT and event.result is not None:
+        message.result.CopyFrom(result_to_proto(event.result))
+    return message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -129,3 +129,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
         runtime = await self._handle_target(request)
         return pb.GetTranscriptResponse(messages=[convert.message_to_proto(m) for m in runtime.transcript(request.handle_id)])
+
+    async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
+        try:
+            runtime = await self._runtime(request.runtime_id)
+            if request.after_seq < 0:
+                raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
+            async for event in runtime.events.follow(request.after_seq):
+                yield pb.WatchResponse(event=convert.event_to_proto(event))
+        except DomainError as error:
+            await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]

@@ -291,3 +291,4 @@ class RuntimeRecord:
     tool_results: dict[str, dict[str, ToolResult]]
     started_calls: dict[str, set[str]]  # calls begun but never recorded: in doubt after a crash
     answered: dict[str, tuple[Answer, str]]  # request id -> (answer, the leaf handle it answered)
+    last_event_seq: int = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .events import Event
 from .model import AgentSpec, Answer, HandleRecord, HttpExecutor, Message, RuntimeRecord, ToolCall, ToolResult
 
 
@@ -82,6 +83,10 @@ class Store(Protocol):
         ...
 
     async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None: ...
+
+    async def append_event(self, runtime_id: str, event: Event) -> None: ...
+
+    async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]: ...
 
     async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None: ...
 

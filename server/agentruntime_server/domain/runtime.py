@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from . import budget as budgets
+from .events import EventKind, EventLog
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
 from .handle import Handle, Run
 from .model import (
@@ -39,6 +40,7 @@ class Services:
     http_tools: HttpToolRunner
     store: Store
     inbox_capacity: int = 100
+    watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
 
 
 class Runtime:
@@ -58,6 +60,7 @@ class Runtime:
         self.answered_earlier: dict[str, tuple[Answer, str]] = {}
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
+        self.events = EventLog(runtime_id, services.store, buffer=services.watch_buffer)
 
     @classmethod
     def restore(cls, record: RuntimeRecord, services: Services) -> Runtime:
@@ -77,12 +80,13 @@ class Runtime:
             if handle.state is HandleState.SUSPENDED and handle.pending is not None and handle.pending.path == handle.path:
                 runtime.requests[handle.pending.id] = handle
         runtime.answered_earlier = dict(record.answered)
+        runtime.events.last_seq = record.last_event_seq
         return runtime
 
     @property
     def busy(self) -> bool:
-        """True while any handle has a run in flight (the runtime must stay in memory)."""
-        return any(handle.run is not None for handle in self.handles.values())
+        """True while a run is in flight or someone watches (the runtime must stay in memory)."""
+        return self.events.watched or any(handle.run is not None for handle in self.handles.values())
 
     async def recover(self, started_calls: dict[str, set[str]]) -> int:
         """Continues every handle that was RUNNING when the process died, from its journal.
@@ -147,6 +151,7 @@ class Runtime:
             if key is not None:
                 parent.children_by_key[key] = handle
         await self.services.store.save_handles(self.id, [handle.record()])
+        await self.events.emit(handle.id, EventKind.SPAWNED, parent_id=handle.parent_id, agent=agent.name)
         return handle
 
     async def post(self, handle_id: str, text: str, channel: str, sender: str) -> int:
@@ -218,6 +223,7 @@ class Runtime:
             node.state = HandleState.CLOSED
             node.pending = None
             await self.services.store.save_handles(self.id, [node.record()])
+            await self.events.emit(node.id, EventKind.STATE_CHANGED, state=HandleState.CLOSED)
             closed.append(node.id)
         return closed
 
@@ -232,6 +238,8 @@ class Runtime:
         handle.pending = None
         handle.state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
         await self.services.store.save_handles(self.id, [handle.record()])
+        await self.events.emit(handle.id, EventKind.RESULT, result=handle.last_result)
+        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=handle.state)
         if continue_parent:
             await self._continue_waiting_parent(handle)
 
@@ -321,6 +329,7 @@ class Runtime:
         message = wake_message(prompt, run.drained)
         handle.transcript.append(message)
         await self.services.store.append_messages(self.id, handle.id, start, [message], handle.record())
+        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=HandleState.RUNNING)
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
@@ -328,6 +337,7 @@ class Runtime:
         """Re-enters a handle's turn from its transcript and journal (after a Resume or a restart)."""
         run = self._begin(handle, [], None)
         await self.services.store.save_handles(self.id, [handle.record()])
+        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=HandleState.RUNNING)
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
@@ -437,6 +447,10 @@ class Runtime:
         if result.status is not Status.PENDING:
             await self._answer_dangling_calls(handle, f"not run: the run stopped ({result.status.name})")
         await self.services.store.save_handles(self.id, [handle.record()])
+        if result.pending is not None:
+            await self.events.emit(handle.id, EventKind.PENDING, pending=result.pending)
+        await self.events.emit(handle.id, EventKind.RESULT, result=result)
+        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=handle.state)
         run.next = await self._continue_waiting_parent(handle)
 
     async def _answer_dangling_calls(self, handle: Handle, reason: str) -> None:

@@ -18,6 +18,7 @@ import jsonschema
 from . import budget as budgets
 from . import prompts
 from .errors import Detached, ResourceExhausted
+from .events import OUTPUT_PREVIEW, EventKind
 from .handle import Handle, Run
 from .model import (
     GuardrailAction,
@@ -81,6 +82,7 @@ class TurnLoop:
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
+        await self.runtime.events.emit(handle.id, EventKind.TURN_STARTED, turn=handle.turns + 1)
         reply = await self.services.models.complete(request)
         turn = handle.turns + 1
         index = len(handle.transcript)
@@ -97,6 +99,15 @@ class TurnLoop:
         handle.transcript.append(message)
         totals = [(node.id, node.total_tokens) for node in handle.lineage()][1:]
         await self.services.store.record_model_reply(self.runtime.id, handle.record(), index, message, totals)
+        await self.runtime.events.emit(
+            handle.id,
+            EventKind.TURN_ENDED,
+            turn=turn,
+            tokens=reply.tokens,
+            own_tokens=handle.own_tokens,
+            total_tokens=handle.total_tokens,
+            tool_calls=len(calls),
+        )
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         agent = handle.agent
@@ -196,6 +207,8 @@ class TurnLoop:
 
     async def _call(self, handle: Handle, run: Run, call: ToolCall) -> PendingRequest | None:
         """Runs one call and journals its result; a suspended child's Request is returned instead."""
+        if call.id not in handle.children_by_key:  # a reattached task call started long ago
+            await self.runtime.events.emit(handle.id, EventKind.TOOL_CALL_STARTED, call=call)
         result = await self._execute_call(handle, run, call)
         if isinstance(result, PendingRequest):
             return result
@@ -213,6 +226,15 @@ class TurnLoop:
             node.subtree_tool_calls += 1
         counts = [(node.id, node.subtree_tool_calls) for node in handle.lineage()][1:]
         await self.services.store.record_tool_result(self.runtime.id, handle.record(), call_id, result, counts)
+        call = self.find_call(handle, call_id)
+        await self.runtime.events.emit(
+            handle.id,
+            EventKind.TOOL_CALL_ENDED,
+            call_id=call_id,
+            call=call,
+            is_error=result.is_error,
+            output=result.output[:OUTPUT_PREVIEW],
+        )
 
     @staticmethod
     def find_call(handle: Handle, call_id: str) -> ToolCall | None:

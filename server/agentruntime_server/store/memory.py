@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
+from ..domain.events import Event
 from ..domain.model import AgentSpec, Answer, HandleRecord, Message, RuntimeRecord, ToolResult
 
 
@@ -16,6 +17,7 @@ class _Runtime:
     tool_results: dict[str, dict[str, ToolResult]] = field(default_factory=lambda: defaultdict(dict))
     started_calls: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     answered: dict[str, tuple[Answer, str]] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
 
 
 class MemoryStore:
@@ -71,6 +73,13 @@ class MemoryStore:
     async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None:
         self._runtimes[runtime_id].answered[request_id] = (answer, leaf_id)
 
+    async def append_event(self, runtime_id: str, event: Event) -> None:
+        self._runtimes[runtime_id].events.append(event)
+
+    async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]:
+        events = self._runtimes[runtime_id].events
+        return events[after_seq:]  # seq n is at index n - 1: numbered without gaps
+
     async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
         runtime = self._runtimes.get(runtime_id)
         if runtime is None:
@@ -83,6 +92,7 @@ class MemoryStore:
             tool_results={key: dict(value) for key, value in runtime.tool_results.items()},
             started_calls={key: set(value) for key, value in runtime.started_calls.items()},
             answered=dict(runtime.answered),
+            last_event_seq=len(runtime.events),
         )
 
     async def runtimes_with_running_handles(self) -> list[str]:

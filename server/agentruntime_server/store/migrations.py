@@ -70,6 +70,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (runtime_id, request_id)
     ) WITHOUT ROWID;
     """,
+    # 2: the event log behind Watch.
+    """
+    CREATE TABLE events (
+        runtime_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        PRIMARY KEY (runtime_id, seq)
+    ) WITHOUT ROWID;
+    """,
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from ..domain.events import Event
 from ..domain.model import (
     AgentSpec,
     Answer,
@@ -42,6 +43,7 @@ _PENDING = TypeAdapter(PendingRequest | None)
 _CALLS = TypeAdapter(tuple[ToolCall, ...])
 _IDS = TypeAdapter(tuple[str, ...])
 _ANSWER = TypeAdapter(Answer)
+_EVENT = TypeAdapter(Event)
 
 _HANDLE_COLUMNS = (
     "runtime_id, handle_id, seq, parent_id, agent, child_key, state, turns, own_tokens, total_tokens, "
@@ -154,6 +156,16 @@ class SqliteStore:
 
     # ---- reads ---------------------------------------------------------------------------
 
+    async def append_event(self, runtime_id: str, event: Event) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO events (runtime_id, seq, event) VALUES (?, ?, ?)", (runtime_id, event.seq, _EVENT.dump_json(event))
+            )
+
+    async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]:
+        rows = self._db.execute("SELECT event FROM events WHERE runtime_id = ? AND seq > ? ORDER BY seq", (runtime_id, after_seq))
+        return [_EVENT.validate_json(row[0]) for row in rows]
+
     async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
         db = self._db
         row = db.execute("SELECT agents FROM runtimes WHERE id = ?", (runtime_id,)).fetchone()
@@ -190,6 +202,8 @@ class SqliteStore:
             "SELECT request_id, answer, leaf_id FROM answers WHERE runtime_id = ?", (runtime_id,)
         ):
             record.answered[request_id] = (_ANSWER.validate_json(answer), leaf_id)
+        last = db.execute("SELECT MAX(seq) FROM events WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
+        record.last_event_seq = last or 0
         return record
 
     async def runtimes_with_running_handles(self) -> list[str]:

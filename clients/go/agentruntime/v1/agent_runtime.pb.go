@@ -598,7 +598,10 @@ type AgentDef struct {
 	Guardrails []*Guardrail    `protobuf:"bytes,9,rep,name=guardrails,proto3" json:"guardrails,omitempty"`
 	// Replies for the embedded scripted model. An agent with a script always runs on it,
 	// whatever provider the server is configured with: hosts test workflows offline.
-	Script        *Script `protobuf:"bytes,10,opt,name=script,proto3" json:"script,omitempty"`
+	Script *Script `protobuf:"bytes,10,opt,name=script,proto3" json:"script,omitempty"`
+	// A provider named in the server's settings (e.g. `openai`, `anthropic`, `local`);
+	// empty means the server's default provider.
+	Provider      string `protobuf:"bytes,11,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -701,6 +704,13 @@ func (x *AgentDef) GetScript() *Script {
 		return x.Script
 	}
 	return nil
+}
+
+func (x *AgentDef) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
 }
 
 // Every field is optional: unset means unlimited (unset is not 0).
@@ -2889,6 +2899,638 @@ func (x *GetTranscriptResponse) GetMessages() []*Message {
 	return nil
 }
 
+type WatchRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// Events with a greater seq are sent; 0 sends the runtime's whole history.
+	AfterSeq      int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *WatchRequest) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetAfterSeq() int64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+type WatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *WatchResponse) GetEvent() *Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+// Event is one change in a runtime, numbered per runtime from 1 without gaps.
+type Event struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Seq      int64                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Time     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	HandleId string                 `protobuf:"bytes,3,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// Types that are valid to be assigned to Payload:
+	//
+	//	*Event_Spawned
+	//	*Event_StateChanged
+	//	*Event_TurnStarted
+	//	*Event_TurnEnded
+	//	*Event_ToolCallStarted
+	//	*Event_ToolCallEnded
+	//	*Event_Pending
+	//	*Event_Result
+	Payload       isEvent_Payload `protobuf_oneof:"payload"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *Event) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Event) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Event) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *Event) GetPayload() isEvent_Payload {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *Event) GetSpawned() *HandleSpawned {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_Spawned); ok {
+			return x.Spawned
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetStateChanged() *StateChanged {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_StateChanged); ok {
+			return x.StateChanged
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetTurnStarted() *TurnStarted {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_TurnStarted); ok {
+			return x.TurnStarted
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetTurnEnded() *TurnEnded {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_TurnEnded); ok {
+			return x.TurnEnded
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetToolCallStarted() *ToolCallStarted {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_ToolCallStarted); ok {
+			return x.ToolCallStarted
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetToolCallEnded() *ToolCallEnded {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_ToolCallEnded); ok {
+			return x.ToolCallEnded
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetPending() *Request {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_Pending); ok {
+			return x.Pending
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetResult() *TaskResult {
+	if x != nil {
+		if x, ok := x.Payload.(*Event_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isEvent_Payload interface {
+	isEvent_Payload()
+}
+
+type Event_Spawned struct {
+	Spawned *HandleSpawned `protobuf:"bytes,10,opt,name=spawned,proto3,oneof"`
+}
+
+type Event_StateChanged struct {
+	StateChanged *StateChanged `protobuf:"bytes,11,opt,name=state_changed,json=stateChanged,proto3,oneof"`
+}
+
+type Event_TurnStarted struct {
+	TurnStarted *TurnStarted `protobuf:"bytes,12,opt,name=turn_started,json=turnStarted,proto3,oneof"`
+}
+
+type Event_TurnEnded struct {
+	TurnEnded *TurnEnded `protobuf:"bytes,13,opt,name=turn_ended,json=turnEnded,proto3,oneof"`
+}
+
+type Event_ToolCallStarted struct {
+	ToolCallStarted *ToolCallStarted `protobuf:"bytes,14,opt,name=tool_call_started,json=toolCallStarted,proto3,oneof"`
+}
+
+type Event_ToolCallEnded struct {
+	ToolCallEnded *ToolCallEnded `protobuf:"bytes,15,opt,name=tool_call_ended,json=toolCallEnded,proto3,oneof"`
+}
+
+type Event_Pending struct {
+	// The handle suspended on this Request (its own, or a child's it presents).
+	Pending *Request `protobuf:"bytes,16,opt,name=pending,proto3,oneof"`
+}
+
+type Event_Result struct {
+	// A run of the handle settled with this result.
+	Result *TaskResult `protobuf:"bytes,17,opt,name=result,proto3,oneof"`
+}
+
+func (*Event_Spawned) isEvent_Payload() {}
+
+func (*Event_StateChanged) isEvent_Payload() {}
+
+func (*Event_TurnStarted) isEvent_Payload() {}
+
+func (*Event_TurnEnded) isEvent_Payload() {}
+
+func (*Event_ToolCallStarted) isEvent_Payload() {}
+
+func (*Event_ToolCallEnded) isEvent_Payload() {}
+
+func (*Event_Pending) isEvent_Payload() {}
+
+func (*Event_Result) isEvent_Payload() {}
+
+type HandleSpawned struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ParentId      string                 `protobuf:"bytes,1,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	Agent         string                 `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandleSpawned) Reset() {
+	*x = HandleSpawned{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandleSpawned) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandleSpawned) ProtoMessage() {}
+
+func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
+func (*HandleSpawned) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *HandleSpawned) GetParentId() string {
+	if x != nil {
+		return x.ParentId
+	}
+	return ""
+}
+
+func (x *HandleSpawned) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+type StateChanged struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         HandleState            `protobuf:"varint,1,opt,name=state,proto3,enum=agentruntime.v1.HandleState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateChanged) Reset() {
+	*x = StateChanged{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateChanged) ProtoMessage() {}
+
+func (x *StateChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
+func (*StateChanged) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *StateChanged) GetState() HandleState {
+	if x != nil {
+		return x.State
+	}
+	return HandleState_HANDLE_STATE_UNSPECIFIED
+}
+
+type TurnStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Turn          int64                  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TurnStarted) Reset() {
+	*x = TurnStarted{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnStarted) ProtoMessage() {}
+
+func (x *TurnStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
+func (*TurnStarted) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TurnStarted) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+type TurnEnded struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Turn  int64                  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	// This reply's usage, then the handle's figures after it.
+	Tokens        int64 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	OwnTokens     int64 `protobuf:"varint,3,opt,name=own_tokens,json=ownTokens,proto3" json:"own_tokens,omitempty"`
+	TotalTokens   int64 `protobuf:"varint,4,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	ToolCalls     int32 `protobuf:"varint,5,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TurnEnded) Reset() {
+	*x = TurnEnded{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TurnEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TurnEnded) ProtoMessage() {}
+
+func (x *TurnEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
+func (*TurnEnded) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *TurnEnded) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *TurnEnded) GetTokens() int64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *TurnEnded) GetOwnTokens() int64 {
+	if x != nil {
+		return x.OwnTokens
+	}
+	return 0
+}
+
+func (x *TurnEnded) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
+func (x *TurnEnded) GetToolCalls() int32 {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return 0
+}
+
+type ToolCallStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Call          *ToolCall              `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallStarted) Reset() {
+	*x = ToolCallStarted{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallStarted) ProtoMessage() {}
+
+func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
+func (*ToolCallStarted) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ToolCallStarted) GetCall() *ToolCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+type ToolCallEnded struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	CallId  string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Name    string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	IsError bool                   `protobuf:"varint,3,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	// The result, cut to its first 1000 characters (GetTranscript has it whole).
+	Output        string `protobuf:"bytes,4,opt,name=output,proto3" json:"output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallEnded) Reset() {
+	*x = ToolCallEnded{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallEnded) ProtoMessage() {}
+
+func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
+func (*ToolCallEnded) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ToolCallEnded) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *ToolCallEnded) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallEnded) GetIsError() bool {
+	if x != nil {
+		return x.IsError
+	}
+	return false
+}
+
+func (x *ToolCallEnded) GetOutput() string {
+	if x != nil {
+		return x.Output
+	}
+	return ""
+}
+
 var File_agentruntime_v1_agent_runtime_proto protoreflect.FileDescriptor
 
 const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
@@ -2927,7 +3569,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\ttoolCalls\x12/\n" +
 	"\x06budget\x18\v \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x128\n" +
 	"\vlast_status\x18\f \x01(\x0e2\x17.agentruntime.v1.StatusR\n" +
-	"lastStatus\"\x9d\x03\n" +
+	"lastStatus\"\xb9\x03\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -2943,7 +3585,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"guardrails\x18\t \x03(\v2\x1a.agentruntime.v1.GuardrailR\n" +
 	"guardrails\x12/\n" +
 	"\x06script\x18\n" +
-	" \x01(\v2\x17.agentruntime.v1.ScriptR\x06script\"\x90\x03\n" +
+	" \x01(\v2\x17.agentruntime.v1.ScriptR\x06script\x12\x1a\n" +
+	"\bprovider\x18\v \x01(\tR\bprovider\"\x90\x03\n" +
 	"\x06Budget\x12 \n" +
 	"\tmax_turns\x18\x01 \x01(\x03H\x00R\bmaxTurns\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -3113,7 +3756,50 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"M\n" +
 	"\x15GetTranscriptResponse\x124\n" +
-	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages*\xad\x01\n" +
+	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages\"J\n" +
+	"\fWatchRequest\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
+	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\"=\n" +
+	"\rWatchResponse\x12,\n" +
+	"\x05event\x18\x01 \x01(\v2\x16.agentruntime.v1.EventR\x05event\"\xfa\x04\n" +
+	"\x05Event\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1b\n" +
+	"\thandle_id\x18\x03 \x01(\tR\bhandleId\x12:\n" +
+	"\aspawned\x18\n" +
+	" \x01(\v2\x1e.agentruntime.v1.HandleSpawnedH\x00R\aspawned\x12D\n" +
+	"\rstate_changed\x18\v \x01(\v2\x1d.agentruntime.v1.StateChangedH\x00R\fstateChanged\x12A\n" +
+	"\fturn_started\x18\f \x01(\v2\x1c.agentruntime.v1.TurnStartedH\x00R\vturnStarted\x12;\n" +
+	"\n" +
+	"turn_ended\x18\r \x01(\v2\x1a.agentruntime.v1.TurnEndedH\x00R\tturnEnded\x12N\n" +
+	"\x11tool_call_started\x18\x0e \x01(\v2 .agentruntime.v1.ToolCallStartedH\x00R\x0ftoolCallStarted\x12H\n" +
+	"\x0ftool_call_ended\x18\x0f \x01(\v2\x1e.agentruntime.v1.ToolCallEndedH\x00R\rtoolCallEnded\x124\n" +
+	"\apending\x18\x10 \x01(\v2\x18.agentruntime.v1.RequestH\x00R\apending\x125\n" +
+	"\x06result\x18\x11 \x01(\v2\x1b.agentruntime.v1.TaskResultH\x00R\x06resultB\t\n" +
+	"\apayload\"B\n" +
+	"\rHandleSpawned\x12\x1b\n" +
+	"\tparent_id\x18\x01 \x01(\tR\bparentId\x12\x14\n" +
+	"\x05agent\x18\x02 \x01(\tR\x05agent\"B\n" +
+	"\fStateChanged\x122\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x1c.agentruntime.v1.HandleStateR\x05state\"!\n" +
+	"\vTurnStarted\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\"\x98\x01\n" +
+	"\tTurnEnded\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
+	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"own_tokens\x18\x03 \x01(\x03R\townTokens\x12!\n" +
+	"\ftotal_tokens\x18\x04 \x01(\x03R\vtotalTokens\x12\x1d\n" +
+	"\n" +
+	"tool_calls\x18\x05 \x01(\x05R\ttoolCalls\"@\n" +
+	"\x0fToolCallStarted\x12-\n" +
+	"\x04call\x18\x01 \x01(\v2\x19.agentruntime.v1.ToolCallR\x04call\"o\n" +
+	"\rToolCallEnded\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\x12\x16\n" +
+	"\x06output\x18\x04 \x01(\tR\x06output*\xad\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATUS_DONE\x10\x01\x12\x12\n" +
@@ -3145,7 +3831,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\rOnInterrupted\x12\x1e\n" +
 	"\x1aON_INTERRUPTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ON_INTERRUPTED_RETRY\x10\x01\x12\x16\n" +
-	"\x12ON_INTERRUPTED_ASK\x10\x022\xdf\x06\n" +
+	"\x12ON_INTERRUPTED_ASK\x10\x022\xa9\a\n" +
 	"\fAgentRuntime\x12^\n" +
 	"\rCreateRuntime\x12%.agentruntime.v1.CreateRuntimeRequest\x1a&.agentruntime.v1.CreateRuntimeResponse\x12F\n" +
 	"\x05Spawn\x12\x1d.agentruntime.v1.SpawnRequest\x1a\x1e.agentruntime.v1.SpawnResponse\x12C\n" +
@@ -3157,7 +3843,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x05Close\x12\x1d.agentruntime.v1.CloseRequest\x1a\x1e.agentruntime.v1.CloseResponse\x12L\n" +
 	"\aInspect\x12\x1f.agentruntime.v1.InspectRequest\x1a .agentruntime.v1.InspectResponse\x12C\n" +
 	"\x04List\x12\x1c.agentruntime.v1.ListRequest\x1a\x1d.agentruntime.v1.ListResponse\x12^\n" +
-	"\rGetTranscript\x12%.agentruntime.v1.GetTranscriptRequest\x1a&.agentruntime.v1.GetTranscriptResponseBz\n" +
+	"\rGetTranscript\x12%.agentruntime.v1.GetTranscriptRequest\x1a&.agentruntime.v1.GetTranscriptResponse\x12H\n" +
+	"\x05Watch\x12\x1d.agentruntime.v1.WatchRequest\x1a\x1e.agentruntime.v1.WatchResponse0\x01Bz\n" +
 	"\x13dev.agentruntime.v1B\x11AgentRuntimeProtoP\x01ZNgithub.com/agentruntime/agentruntime/clients/go/agentruntime/v1;agentruntimev1b\x06proto3"
 
 var (
@@ -3173,7 +3860,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -3220,10 +3907,19 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*ListResponse)(nil),          // 42: agentruntime.v1.ListResponse
 	(*GetTranscriptRequest)(nil),  // 43: agentruntime.v1.GetTranscriptRequest
 	(*GetTranscriptResponse)(nil), // 44: agentruntime.v1.GetTranscriptResponse
-	nil,                           // 45: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 47: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 48: google.protobuf.Timestamp
+	(*WatchRequest)(nil),          // 45: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 46: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 47: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 48: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 49: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 50: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 51: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 52: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 53: agentruntime.v1.ToolCallEnded
+	nil,                           // 54: agentruntime.v1.HttpTool.HeadersEntry
+	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 56: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	0,  // 0: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
@@ -3237,60 +3933,74 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	13, // 8: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
 	14, // 9: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
 	15, // 10: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	46, // 11: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	47, // 12: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	55, // 11: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	56, // 12: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
 	10, // 13: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
 	11, // 14: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
 	12, // 15: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
 	4,  // 16: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	45, // 17: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	46, // 18: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	54, // 17: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	55, // 18: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
 	3,  // 19: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
 	16, // 20: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
 	17, // 21: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	46, // 22: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	47, // 23: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	48, // 24: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	55, // 22: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	56, // 23: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	57, // 24: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
 	19, // 25: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	47, // 26: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	56, // 26: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
 	21, // 27: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
 	19, // 28: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
 	7,  // 29: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
 	8,  // 30: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	46, // 31: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	55, // 31: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	5,  // 32: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
 	20, // 33: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
 	5,  // 34: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
 	6,  // 35: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
 	6,  // 36: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
 	22, // 37: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	23, // 38: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	25, // 39: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	27, // 40: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	29, // 41: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	31, // 42: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	33, // 43: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	35, // 44: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	37, // 45: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	39, // 46: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	41, // 47: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	43, // 48: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	24, // 49: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	26, // 50: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	28, // 51: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	30, // 52: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	32, // 53: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	34, // 54: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	36, // 55: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	38, // 56: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	40, // 57: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	42, // 58: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	44, // 59: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	49, // [49:60] is the sub-list for method output_type
-	38, // [38:49] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	47, // 38: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	57, // 39: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	48, // 40: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	49, // 41: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	50, // 42: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	51, // 43: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	52, // 44: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	53, // 45: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	18, // 46: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	5,  // 47: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	2,  // 48: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	19, // 49: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	23, // 50: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	25, // 51: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	27, // 52: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	29, // 53: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	31, // 54: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	33, // 55: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	35, // 56: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	37, // 57: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	39, // 58: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	41, // 59: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	43, // 60: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	45, // 61: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	24, // 62: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	26, // 63: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	28, // 64: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	30, // 65: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	32, // 66: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	34, // 67: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	36, // 68: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	38, // 69: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	40, // 70: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	42, // 71: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	44, // 72: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	46, // 73: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	62, // [62:74] is the sub-list for method output_type
+	50, // [50:62] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -3303,13 +4013,23 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*ToolDef_Relay)(nil),
 		(*ToolDef_Http)(nil),
 	}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[42].OneofWrappers = []any{
+		(*Event_Spawned)(nil),
+		(*Event_StateChanged)(nil),
+		(*Event_TurnStarted)(nil),
+		(*Event_TurnEnded)(nil),
+		(*Event_ToolCallStarted)(nil),
+		(*Event_ToolCallEnded)(nil),
+		(*Event_Pending)(nil),
+		(*Event_Result)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   41,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	AgentRuntime_Inspect_FullMethodName       = "/agentruntime.v1.AgentRuntime/Inspect"
 	AgentRuntime_List_FullMethodName          = "/agentruntime.v1.AgentRuntime/List"
 	AgentRuntime_GetTranscript_FullMethodName = "/agentruntime.v1.AgentRuntime/GetTranscript"
+	AgentRuntime_Watch_FullMethodName         = "/agentruntime.v1.AgentRuntime/Watch"
 )
 
 // AgentRuntimeClient is the client API for AgentRuntime service.
@@ -61,6 +62,11 @@ type AgentRuntimeClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Returns a handle's stored transcript: exactly what a resumed turn replays.
 	GetTranscript(ctx context.Context, in *GetTranscriptRequest, opts ...grpc.CallOption) (*GetTranscriptResponse, error)
+	// Streams a runtime's events in order, from the first one after `after_seq`. Events are
+	// persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+	// consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+	// reconnects from its last seq.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
 type agentRuntimeClient struct {
@@ -181,6 +187,25 @@ func (c *agentRuntimeClient) GetTranscript(ctx context.Context, in *GetTranscrip
 	return out, nil
 }
 
+func (c *agentRuntimeClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentRuntime_ServiceDesc.Streams[0], AgentRuntime_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentRuntime_WatchClient = grpc.ServerStreamingClient[WatchResponse]
+
 // AgentRuntimeServer is the server API for AgentRuntime service.
 // All implementations must embed UnimplementedAgentRuntimeServer
 // for forward compatibility.
@@ -210,6 +235,11 @@ type AgentRuntimeServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Returns a handle's stored transcript: exactly what a resumed turn replays.
 	GetTranscript(context.Context, *GetTranscriptRequest) (*GetTranscriptResponse, error)
+	// Streams a runtime's events in order, from the first one after `after_seq`. Events are
+	// persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+	// consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+	// reconnects from its last seq.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedAgentRuntimeServer()
 }
 
@@ -252,6 +282,9 @@ func (UnimplementedAgentRuntimeServer) List(context.Context, *ListRequest) (*Lis
 }
 func (UnimplementedAgentRuntimeServer) GetTranscript(context.Context, *GetTranscriptRequest) (*GetTranscriptResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTranscript not implemented")
+}
+func (UnimplementedAgentRuntimeServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedAgentRuntimeServer) mustEmbedUnimplementedAgentRuntimeServer() {}
 func (UnimplementedAgentRuntimeServer) testEmbeddedByValue()                      {}
@@ -472,6 +505,17 @@ func _AgentRuntime_GetTranscript_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentRuntime_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentRuntimeServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentRuntime_WatchServer = grpc.ServerStreamingServer[WatchResponse]
+
 // AgentRuntime_ServiceDesc is the grpc.ServiceDesc for AgentRuntime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -524,6 +568,12 @@ var AgentRuntime_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AgentRuntime_GetTranscript_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _AgentRuntime_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "agentruntime/v1/agent_runtime.proto",
 }

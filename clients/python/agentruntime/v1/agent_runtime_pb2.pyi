@@ -291,6 +291,7 @@ class AgentDef(_message.Message):
     COMPLETION_FIELD_NUMBER: _builtins.int
     GUARDRAILS_FIELD_NUMBER: _builtins.int
     SCRIPT_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -299,6 +300,10 @@ class AgentDef(_message.Message):
     """The system prompt."""
     model: _builtins.str
     """Passed verbatim to the model provider as the model name."""
+    provider: _builtins.str
+    """A provider named in the server's settings (e.g. `openai`, `anthropic`, `local`);
+    empty means the server's default provider.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDef]: ...
     @_builtins.property
@@ -330,10 +335,11 @@ class AgentDef(_message.Message):
         completion: Global___CompletionGate | None = ...,
         guardrails: _abc.Iterable[Global___Guardrail] | None = ...,
         script: Global___Script | None = ...,
+        provider: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "completion", b"completion", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "instructions", b"instructions", "model", b"model", "name", b"name", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "instructions", b"instructions", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1345,3 +1351,253 @@ class GetTranscriptResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTranscriptResponse: _TypeAlias = GetTranscriptResponse  # noqa: Y015
+
+@_typing.final
+class WatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    after_seq: _builtins.int
+    """Events with a greater seq are sent; 0 sends the runtime's whole history."""
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "runtime_id", b"runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
+
+@_typing.final
+class WatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> Global___Event: ...
+    def __init__(
+        self,
+        *,
+        event: Global___Event | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchResponse: _TypeAlias = WatchResponse  # noqa: Y015
+
+@_typing.final
+class Event(_message.Message):
+    """Event is one change in a runtime, numbered per runtime from 1 without gaps."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    SPAWNED_FIELD_NUMBER: _builtins.int
+    STATE_CHANGED_FIELD_NUMBER: _builtins.int
+    TURN_STARTED_FIELD_NUMBER: _builtins.int
+    TURN_ENDED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_STARTED_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ENDED_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    handle_id: _builtins.str
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def spawned(self) -> Global___HandleSpawned: ...
+    @_builtins.property
+    def state_changed(self) -> Global___StateChanged: ...
+    @_builtins.property
+    def turn_started(self) -> Global___TurnStarted: ...
+    @_builtins.property
+    def turn_ended(self) -> Global___TurnEnded: ...
+    @_builtins.property
+    def tool_call_started(self) -> Global___ToolCallStarted: ...
+    @_builtins.property
+    def tool_call_ended(self) -> Global___ToolCallEnded: ...
+    @_builtins.property
+    def pending(self) -> Global___Request:
+        """The handle suspended on this Request (its own, or a child's it presents)."""
+
+    @_builtins.property
+    def result(self) -> Global___TaskResult:
+        """A run of the handle settled with this result."""
+
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        handle_id: _builtins.str = ...,
+        spawned: Global___HandleSpawned | None = ...,
+        state_changed: Global___StateChanged | None = ...,
+        turn_started: Global___TurnStarted | None = ...,
+        turn_ended: Global___TurnEnded | None = ...,
+        tool_call_started: Global___ToolCallStarted | None = ...,
+        tool_call_ended: Global___ToolCallEnded | None = ...,
+        pending: Global___Request | None = ...,
+        result: Global___TaskResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "pending", b"pending", "result", b"result", "spawned", b"spawned", "state_changed", b"state_changed", "time", b"time", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "payload", b"payload", "pending", b"pending", "result", b"result", "seq", b"seq", "spawned", b"spawned", "state_changed", b"state_changed", "time", b"time", "tool_call_ended", b"tool_call_ended", "tool_call_started", b"tool_call_started", "turn_ended", b"turn_ended", "turn_started", b"turn_started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["spawned", "state_changed", "turn_started", "turn_ended", "tool_call_started", "tool_call_ended", "pending", "result"]  # noqa: Y015
+    _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
+
+Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class HandleSpawned(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_ID_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
+    parent_id: _builtins.str
+    agent: _builtins.str
+    def __init__(
+        self,
+        *,
+        parent_id: _builtins.str = ...,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "parent_id", b"parent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandleSpawned: _TypeAlias = HandleSpawned  # noqa: Y015
+
+@_typing.final
+class StateChanged(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    state: Global___HandleState.ValueType
+    def __init__(
+        self,
+        *,
+        state: Global___HandleState.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateChanged: _TypeAlias = StateChanged  # noqa: Y015
+
+@_typing.final
+class TurnStarted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    turn: _builtins.int
+    def __init__(
+        self,
+        *,
+        turn: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnStarted: _TypeAlias = TurnStarted  # noqa: Y015
+
+@_typing.final
+class TurnEnded(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    OWN_TOKENS_FIELD_NUMBER: _builtins.int
+    TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    turn: _builtins.int
+    tokens: _builtins.int
+    """This reply's usage, then the handle's figures after it."""
+    own_tokens: _builtins.int
+    total_tokens: _builtins.int
+    tool_calls: _builtins.int
+    def __init__(
+        self,
+        *,
+        turn: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        own_tokens: _builtins.int = ...,
+        total_tokens: _builtins.int = ...,
+        tool_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["own_tokens", b"own_tokens", "tokens", b"tokens", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnEnded: _TypeAlias = TurnEnded  # noqa: Y015
+
+@_typing.final
+class ToolCallStarted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def call(self) -> Global___ToolCall: ...
+    def __init__(
+        self,
+        *,
+        call: Global___ToolCall | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallStarted: _TypeAlias = ToolCallStarted  # noqa: Y015
+
+@_typing.final
+class ToolCallEnded(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    name: _builtins.str
+    is_error: _builtins.bool
+    output: _builtins.str
+    """The result, cut to its first 1000 characters (GetTranscript has it whole)."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+        output: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "name", b"name", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallEnded: _TypeAlias = ToolCallEnded  # noqa: Y015

@@ -91,6 +91,11 @@ class AgentRuntimeStub:
                 request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptRequest.SerializeToString,
                 response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/agentruntime.v1.AgentRuntime/Watch',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class AgentRuntimeServicer:
@@ -175,6 +180,16 @@ class AgentRuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request, context):
+        """Streams a runtime's events in order, from the first one after `after_seq`. Events are
+        persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+        consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+        reconnects from its last seq.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentRuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +247,11 @@ def add_AgentRuntimeServicer_to_server(servicer, server):
                     servicer.GetTranscript,
                     request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptRequest.FromString,
                     response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -533,6 +553,33 @@ class AgentRuntime:
             '/agentruntime.v1.AgentRuntime/GetTranscript',
             agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptRequest.SerializeToString,
             agentruntime_dot_v1_dot_agent__runtime__pb2.GetTranscriptResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentruntime.v1.AgentRuntime/Watch',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

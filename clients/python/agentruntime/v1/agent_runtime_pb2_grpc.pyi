@@ -57,6 +57,12 @@ class AgentRuntimeStub:
     """Returns every handle of a runtime, in spawn order."""
     GetTranscript: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.GetTranscriptRequest, _agent_runtime_pb2.GetTranscriptResponse]
     """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+    Watch: _grpc.UnaryStreamMultiCallable[_agent_runtime_pb2.WatchRequest, _agent_runtime_pb2.WatchResponse]
+    """Streams a runtime's events in order, from the first one after `after_seq`. Events are
+    persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+    consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+    reconnects from its last seq.
+    """
 
 @_typing.type_check_only
 class AgentRuntimeAsyncStub(AgentRuntimeStub):
@@ -87,6 +93,12 @@ class AgentRuntimeAsyncStub(AgentRuntimeStub):
     """Returns every handle of a runtime, in spawn order."""
     GetTranscript: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.GetTranscriptRequest, _agent_runtime_pb2.GetTranscriptResponse]  # type: ignore[assignment]
     """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+    Watch: _aio.UnaryStreamMultiCallable[_agent_runtime_pb2.WatchRequest, _agent_runtime_pb2.WatchResponse]  # type: ignore[assignment]
+    """Streams a runtime's events in order, from the first one after `after_seq`. Events are
+    persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+    consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+    reconnects from its last seq.
+    """
 
 class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
     """AgentRuntime hosts trees of agents. A runtime is one tree; a handle is one live
@@ -180,5 +192,17 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_runtime_pb2.GetTranscriptResponse, _abc.Awaitable[_agent_runtime_pb2.GetTranscriptResponse]]:
         """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _agent_runtime_pb2.WatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_runtime_pb2.WatchResponse], _abc.AsyncIterator[_agent_runtime_pb2.WatchResponse]]:
+        """Streams a runtime's events in order, from the first one after `after_seq`. Events are
+        persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+        consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+        reconnects from its last seq.
+        """
 
 def add_AgentRuntimeServicer_to_server(servicer: AgentRuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,7 +12,7 @@ import type { JsonObject, Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file agentruntime/v1/agent_runtime.proto.
  */
 export const file_agentruntime_v1_agent_runtime: GenFile = /*@__PURE__*/
-  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIocCCgpUYXNrUmVzdWx0EhEKCWhhbmRsZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEicKBnN0YXR1cxgEIAEoDjIXLmFnZW50cnVudGltZS52MS5TdGF0dXMSJQoFbGltaXQYBSABKA4yFi5hZ2VudHJ1bnRpbWUudjEuTGltaXQSKQoHcGVuZGluZxgGIAEoCzIYLmFnZW50cnVudGltZS52MS5SZXF1ZXN0Eg0KBXR1cm5zGAcgASgDEhQKDHRvdGFsX3Rva2VucxgIIAEoAxISCgpvd25fdG9rZW5zGAkgASgDEhIKCnRvb2xfY2FsbHMYCiABKAMivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzIsACCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQiugIKBkJ1ZGdldBIWCgltYXhfdHVybnMYASABKANIAIgBARIXCgptYXhfdG9rZW5zGAIgASgDSAGIAQESGwoObWF4X3Rvb2xfY2FsbHMYAyABKANIAogBARIwCg1tYXhfd2FsbF90aW1lGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9jaGlsZHJlbhgFIAEoA0gDiAEBEhYKCW1heF9kZXB0aBgGIAEoA0gEiAEBEhsKDm1heF9jb25jdXJyZW50GAcgASgDSAWIAQFCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSKOAQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIo0BCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDIlUKFENyZWF0ZVJ1bnRpbWVSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSKQoGYWdlbnRzGAIgAygLMhkuYWdlbnRydW50aW1lLnYxLkFnZW50RGVmIisKFUNyZWF0ZVJ1bnRpbWVSZXNwb25zZRISCgpydW50aW1lX2lkGAEgASgJIm0KDFNwYXduUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRInCgZidWRnZXQYBCABKAsyFy5hZ2VudHJ1bnRpbWUudjEuQnVkZ2V0IiIKDVNwYXduUmVzcG9uc2USEQoJaGFuZGxlX2lkGAEgASgJImMKC1Bvc3RSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEgwKBHRleHQYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIOCgZzZW5kZXIYBSABKAkiLgoMUG9zdFJlc3BvbnNlEgoKAm9rGAEgASgIEhIKCmluYm94X3NpemUYAiABKAUiRAoLV2FrZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDgoGcHJvbXB0GAMgASgJIh4KDFdha2VSZXNwb25zZRIOCgZxdWV1ZWQYASABKAgiYAoLV2FpdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI7CgxXYWl0UmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiTAoNUmVzdW1lUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEicKBmFuc3dlchgCIAEoCzIXLmFnZW50cnVudGltZS52MS5BbnN3ZXIiPQoOUmVzdW1lUmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiOQoQSW50ZXJydXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSIoChFJbnRlcnJ1cHRSZXNwb25zZRITCgtpbnRlcnJ1cHRlZBgBIAEoCCJECgxDbG9zZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDQoFZm9yY2UYAyABKAgiKgoNQ2xvc2VSZXNwb25zZRIZChFjbG9zZWRfaGFuZGxlX2lkcxgBIAMoCSI3Cg5JbnNwZWN0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSI+Cg9JbnNwZWN0UmVzcG9uc2USKwoGaGFuZGxlGAEgASgLMhsuYWdlbnRydW50aW1lLnYxLkhhbmRsZVZpZXciIQoLTGlzdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCSI8CgxMaXN0UmVzcG9uc2USLAoHaGFuZGxlcxgBIAMoCzIbLmFnZW50cnVudGltZS52MS5IYW5kbGVWaWV3Ij0KFEdldFRyYW5zY3JpcHRSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJIkMKFUdldFRyYW5zY3JpcHRSZXNwb25zZRIqCghtZXNzYWdlcxgBIAMoCzIYLmFnZW50cnVudGltZS52MS5NZXNzYWdlKq0BCgZTdGF0dXMSFgoSU1RBVFVTX1VOU1BFQ0lGSUVEEAASDwoLU1RBVFVTX0RPTkUQARISCg5TVEFUVVNfUEVORElORxACEhUKEVNUQVRVU19JTkNPTVBMRVRFEAMSFgoSU1RBVFVTX0lOVEVSUlVQVEVEEAQSEQoNU1RBVFVTX0NMT1NFRBAFEhIKDlNUQVRVU19USU1FT1VUEAYSEAoMU1RBVFVTX0VSUk9SEAcqvwEKBUxpbWl0EhUKEUxJTUlUX1VOU1BFQ0lGSUVEEAASEwoPTElNSVRfTUFYX1RVUk5TEAESFAoQTElNSVRfTUFYX1RPS0VOUxACEhgKFExJTUlUX01BWF9UT09MX0NBTExTEAMSFwoTTElNSVRfTUFYX1dBTExfVElNRRAEEhYKEkxJTUlUX01BWF9DSElMRFJFThAFEhMKD0xJTUlUX01BWF9ERVBUSBAGEhQKEExJTUlUX0NPTVBMRVRJT04QByqRAQoLSGFuZGxlU3RhdGUSHAoYSEFORExFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRSEFORExFX1NUQVRFX0lETEUQARIYChRIQU5ETEVfU1RBVEVfUlVOTklORxACEhoKFkhBTkRMRV9TVEFURV9TVVNQRU5ERUQQAxIXChNIQU5ETEVfU1RBVEVfQ0xPU0VEEAQqdQoPR3VhcmRyYWlsQWN0aW9uEiAKHEdVQVJEUkFJTF9BQ1RJT05fVU5TUEVDSUZJRUQQABIZChVHVUFSRFJBSUxfQUNUSU9OX0RFTlkQARIlCiFHVUFSRFJBSUxfQUNUSU9OX1JFUVVJUkVfQVBQUk9WQUwQAiphCg1PbkludGVycnVwdGVkEh4KGk9OX0lOVEVSUlVQVEVEX1VOU1BFQ0lGSUVEEAASGAoUT05fSU5URVJSVVBURURfUkVUUlkQARIWChJPTl9JTlRFUlJVUFRFRF9BU0sQAjLfBgoMQWdlbnRSdW50aW1lEl4KDUNyZWF0ZVJ1bnRpbWUSJS5hZ2VudHJ1bnRpbWUudjEuQ3JlYXRlUnVudGltZVJlcXVlc3QaJi5hZ2VudHJ1bnRpbWUudjEuQ3JlYXRlUnVudGltZVJlc3BvbnNlEkYKBVNwYXduEh0uYWdlbnRydW50aW1lLnYxLlNwYXduUmVxdWVzdBoeLmFnZW50cnVudGltZS52MS5TcGF3blJlc3BvbnNlEkMKBFBvc3QSHC5hZ2VudHJ1bnRpbWUudjEuUG9zdFJlcXVlc3QaHS5hZ2VudHJ1bnRpbWUudjEuUG9zdFJlc3BvbnNlEkMKBFdha2USHC5hZ2VudHJ1bnRpbWUudjEuV2FrZVJlcXVlc3QaHS5hZ2VudHJ1bnRpbWUudjEuV2FrZVJlc3BvbnNlEkMKBFdhaXQSHC5hZ2VudHJ1bnRpbWUudjEuV2FpdFJlcXVlc3QaHS5hZ2VudHJ1bnRpbWUudjEuV2FpdFJlc3BvbnNlEkkKBlJlc3VtZRIeLmFnZW50cnVudGltZS52MS5SZXN1bWVSZXF1ZXN0Gh8uYWdlbnRydW50aW1lLnYxLlJlc3VtZVJlc3BvbnNlElIKCUludGVycnVwdBIhLmFnZW50cnVudGltZS52MS5JbnRlcnJ1cHRSZXF1ZXN0GiIuYWdlbnRydW50aW1lLnYxLkludGVycnVwdFJlc3BvbnNlEkYKBUNsb3NlEh0uYWdlbnRydW50aW1lLnYxLkNsb3NlUmVxdWVzdBoeLmFnZW50cnVudGltZS52MS5DbG9zZVJlc3BvbnNlEkwKB0luc3BlY3QSHy5hZ2VudHJ1bnRpbWUudjEuSW5zcGVjdFJlcXVlc3QaIC5hZ2VudHJ1bnRpbWUudjEuSW5zcGVjdFJlc3BvbnNlEkMKBExpc3QSHC5hZ2VudHJ1bnRpbWUudjEuTGlzdFJlcXVlc3QaHS5hZ2VudHJ1bnRpbWUudjEuTGlzdFJlc3BvbnNlEl4KDUdldFRyYW5zY3JpcHQSJS5hZ2VudHJ1bnRpbWUudjEuR2V0VHJhbnNjcmlwdFJlcXVlc3QaJi5hZ2VudHJ1bnRpbWUudjEuR2V0VHJhbnNjcmlwdFJlc3BvbnNlQnoKE2Rldi5hZ2VudHJ1bnRpbWUudjFCEUFnZW50UnVudGltZVByb3RvUAFaTmdpdGh1Yi5jb20vYWdlbnRydW50aW1lL2FnZW50cnVudGltZS9jbGllbnRzL2dvL2FnZW50cnVudGltZS92MTthZ2VudHJ1bnRpbWV2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIocCCgpUYXNrUmVzdWx0EhEKCWhhbmRsZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEicKBnN0YXR1cxgEIAEoDjIXLmFnZW50cnVudGltZS52MS5TdGF0dXMSJQoFbGltaXQYBSABKA4yFi5hZ2VudHJ1bnRpbWUudjEuTGltaXQSKQoHcGVuZGluZxgGIAEoCzIYLmFnZW50cnVudGltZS52MS5SZXF1ZXN0Eg0KBXR1cm5zGAcgASgDEhQKDHRvdGFsX3Rva2VucxgIIAEoAxISCgpvd25fdG9rZW5zGAkgASgDEhIKCnRvb2xfY2FsbHMYCiABKAMivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzItICCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQSEAoIcHJvdmlkZXIYCyABKAkiugIKBkJ1ZGdldBIWCgltYXhfdHVybnMYASABKANIAIgBARIXCgptYXhfdG9rZW5zGAIgASgDSAGIAQESGwoObWF4X3Rvb2xfY2FsbHMYAyABKANIAogBARIwCg1tYXhfd2FsbF90aW1lGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9jaGlsZHJlbhgFIAEoA0gDiAEBEhYKCW1heF9kZXB0aBgGIAEoA0gEiAEBEhsKDm1heF9jb25jdXJyZW50GAcgASgDSAWIAQFCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSKOAQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIo0BCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDIlUKFENyZWF0ZVJ1bnRpbWVSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSKQoGYWdlbnRzGAIgAygLMhkuYWdlbnRydW50aW1lLnYxLkFnZW50RGVmIisKFUNyZWF0ZVJ1bnRpbWVSZXNwb25zZRISCgpydW50aW1lX2lkGAEgASgJIm0KDFNwYXduUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRInCgZidWRnZXQYBCABKAsyFy5hZ2VudHJ1bnRpbWUudjEuQnVkZ2V0IiIKDVNwYXduUmVzcG9uc2USEQoJaGFuZGxlX2lkGAEgASgJImMKC1Bvc3RSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEgwKBHRleHQYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIOCgZzZW5kZXIYBSABKAkiLgoMUG9zdFJlc3BvbnNlEgoKAm9rGAEgASgIEhIKCmluYm94X3NpemUYAiABKAUiRAoLV2FrZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDgoGcHJvbXB0GAMgASgJIh4KDFdha2VSZXNwb25zZRIOCgZxdWV1ZWQYASABKAgiYAoLV2FpdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI7CgxXYWl0UmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiTAoNUmVzdW1lUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEicKBmFuc3dlchgCIAEoCzIXLmFnZW50cnVudGltZS52MS5BbnN3ZXIiPQoOUmVzdW1lUmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiOQoQSW50ZXJydXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSIoChFJbnRlcnJ1cHRSZXNwb25zZRITCgtpbnRlcnJ1cHRlZBgBIAEoCCJECgxDbG9zZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDQoFZm9yY2UYAyABKAgiKgoNQ2xvc2VSZXNwb25zZRIZChFjbG9zZWRfaGFuZGxlX2lkcxgBIAMoCSI3Cg5JbnNwZWN0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSI+Cg9JbnNwZWN0UmVzcG9uc2USKwoGaGFuZGxlGAEgASgLMhsuYWdlbnRydW50aW1lLnYxLkhhbmRsZVZpZXciIQoLTGlzdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCSI8CgxMaXN0UmVzcG9uc2USLAoHaGFuZGxlcxgBIAMoCzIbLmFnZW50cnVudGltZS52MS5IYW5kbGVWaWV3Ij0KFEdldFRyYW5zY3JpcHRSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJIkMKFUdldFRyYW5zY3JpcHRSZXNwb25zZRIqCghtZXNzYWdlcxgBIAMoCzIYLmFnZW50cnVudGltZS52MS5NZXNzYWdlIjUKDFdhdGNoUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyI2Cg1XYXRjaFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYuYWdlbnRydW50aW1lLnYxLkV2ZW50IoUECgVFdmVudBILCgNzZXEYASABKAMSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJaGFuZGxlX2lkGAMgASgJEjEKB3NwYXduZWQYCiABKAsyHi5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlU3Bhd25lZEgAEjYKDXN0YXRlX2NoYW5nZWQYCyABKAsyHS5hZ2VudHJ1bnRpbWUudjEuU3RhdGVDaGFuZ2VkSAASNAoMdHVybl9zdGFydGVkGAwgASgLMhwuYWdlbnRydW50aW1lLnYxLlR1cm5TdGFydGVkSAASMAoKdHVybl9lbmRlZBgNIAEoCzIaLmFnZW50cnVudGltZS52MS5UdXJuRW5kZWRIABI9ChF0b29sX2NhbGxfc3RhcnRlZBgOIAEoCzIgLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbFN0YXJ0ZWRIABI5Cg90b29sX2NhbGxfZW5kZWQYDyABKAsyHi5hZ2VudHJ1bnRpbWUudjEuVG9vbENhbGxFbmRlZEgAEisKB3BlbmRpbmcYECABKAsyGC5hZ2VudHJ1bnRpbWUudjEuUmVxdWVzdEgAEi0KBnJlc3VsdBgRIAEoCzIbLmFnZW50cnVudGltZS52MS5UYXNrUmVzdWx0SABCCQoHcGF5bG9hZCIxCg1IYW5kbGVTcGF3bmVkEhEKCXBhcmVudF9pZBgBIAEoCRINCgVhZ2VudBgCIAEoCSI7CgxTdGF0ZUNoYW5nZWQSKwoFc3RhdGUYASABKA4yHC5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlU3RhdGUiGwoLVHVyblN0YXJ0ZWQSDAoEdHVybhgBIAEoAyJnCglUdXJuRW5kZWQSDAoEdHVybhgBIAEoAxIOCgZ0b2tlbnMYAiABKAMSEgoKb3duX3Rva2VucxgDIAEoAxIUCgx0b3RhbF90b2tlbnMYBCABKAMSEgoKdG9vbF9jYWxscxgFIAEoBSI6Cg9Ub29sQ2FsbFN0YXJ0ZWQSJwoEY2FsbBgBIAEoCzIZLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbCJQCg1Ub29sQ2FsbEVuZGVkEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghpc19lcnJvchgDIAEoCBIOCgZvdXRwdXQYBCABKAkqrQEKBlN0YXR1cxIWChJTVEFUVVNfVU5TUEVDSUZJRUQQABIPCgtTVEFUVVNfRE9ORRABEhIKDlNUQVRVU19QRU5ESU5HEAISFQoRU1RBVFVTX0lOQ09NUExFVEUQAxIWChJTVEFUVVNfSU5URVJSVVBURUQQBBIRCg1TVEFUVVNfQ0xPU0VEEAUSEgoOU1RBVFVTX1RJTUVPVVQQBhIQCgxTVEFUVVNfRVJST1IQByq/AQoFTGltaXQSFQoRTElNSVRfVU5TUEVDSUZJRUQQABITCg9MSU1JVF9NQVhfVFVSTlMQARIUChBMSU1JVF9NQVhfVE9LRU5TEAISGAoUTElNSVRfTUFYX1RPT0xfQ0FMTFMQAxIXChNMSU1JVF9NQVhfV0FMTF9USU1FEAQSFgoSTElNSVRfTUFYX0NISUxEUkVOEAUSEwoPTElNSVRfTUFYX0RFUFRIEAYSFAoQTElNSVRfQ09NUExFVElPThAHKpEBCgtIYW5kbGVTdGF0ZRIcChhIQU5ETEVfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFIQU5ETEVfU1RBVEVfSURMRRABEhgKFEhBTkRMRV9TVEFURV9SVU5OSU5HEAISGgoWSEFORExFX1NUQVRFX1NVU1BFTkRFRBADEhcKE0hBTkRMRV9TVEFURV9DTE9TRUQQBCp1Cg9HdWFyZHJhaWxBY3Rpb24SIAocR1VBUkRSQUlMX0FDVElPTl9VTlNQRUNJRklFRBAAEhkKFUdVQVJEUkFJTF9BQ1RJT05fREVOWRABEiUKIUdVQVJEUkFJTF9BQ1RJT05fUkVRVUlSRV9BUFBST1ZBTBACKmEKDU9uSW50ZXJydXB0ZWQSHgoaT05fSU5URVJSVVBURURfVU5TUEVDSUZJRUQQABIYChRPTl9JTlRFUlJVUFRFRF9SRVRSWRABEhYKEk9OX0lOVEVSUlVQVEVEX0FTSxACMqkHCgxBZ2VudFJ1bnRpbWUSXgoNQ3JlYXRlUnVudGltZRIlLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVxdWVzdBomLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVzcG9uc2USRgoFU3Bhd24SHS5hZ2VudHJ1bnRpbWUudjEuU3Bhd25SZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLlNwYXduUmVzcG9uc2USQwoEUG9zdBIcLmFnZW50cnVudGltZS52MS5Qb3N0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5Qb3N0UmVzcG9uc2USQwoEV2FrZRIcLmFnZW50cnVudGltZS52MS5XYWtlUmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWtlUmVzcG9uc2USQwoEV2FpdBIcLmFnZW50cnVudGltZS52MS5XYWl0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWl0UmVzcG9uc2USSQoGUmVzdW1lEh4uYWdlbnRydW50aW1lLnYxLlJlc3VtZVJlcXVlc3QaHy5hZ2VudHJ1bnRpbWUudjEuUmVzdW1lUmVzcG9uc2USUgoJSW50ZXJydXB0EiEuYWdlbnRydW50aW1lLnYxLkludGVycnVwdFJlcXVlc3QaIi5hZ2VudHJ1bnRpbWUudjEuSW50ZXJydXB0UmVzcG9uc2USRgoFQ2xvc2USHS5hZ2VudHJ1bnRpbWUudjEuQ2xvc2VSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLkNsb3NlUmVzcG9uc2USTAoHSW5zcGVjdBIfLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVxdWVzdBogLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVzcG9uc2USQwoETGlzdBIcLmFnZW50cnVudGltZS52MS5MaXN0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5MaXN0UmVzcG9uc2USXgoNR2V0VHJhbnNjcmlwdBIlLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVxdWVzdBomLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USSAoFV2F0Y2gSHS5hZ2VudHJ1bnRpbWUudjEuV2F0Y2hSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLldhdGNoUmVzcG9uc2UwAUJ6ChNkZXYuYWdlbnRydW50aW1lLnYxQhFBZ2VudFJ1bnRpbWVQcm90b1ABWk5naXRodWIuY29tL2FnZW50cnVudGltZS9hZ2VudHJ1bnRpbWUvY2xpZW50cy9nby9hZ2VudHJ1bnRpbWUvdjE7YWdlbnRydW50aW1ldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * TaskResult crosses every handle boundary and every RPC that settles.
@@ -236,6 +236,14 @@ export type AgentDef = Message$1<"agentruntime.v1.AgentDef"> & {
    * @generated from field: agentruntime.v1.Script script = 10;
    */
   script?: Script | undefined;
+
+  /**
+   * A provider named in the server's settings (e.g. `openai`, `anthropic`, `local`);
+   * empty means the server's default provider.
+   *
+   * @generated from field: string provider = 11;
+   */
+  provider: string;
 };
 
 /**
@@ -1254,6 +1262,279 @@ export const GetTranscriptResponseSchema: GenMessage<GetTranscriptResponse> = /*
   messageDesc(file_agentruntime_v1_agent_runtime, 39);
 
 /**
+ * @generated from message agentruntime.v1.WatchRequest
+ */
+export type WatchRequest = Message$1<"agentruntime.v1.WatchRequest"> & {
+  /**
+   * @generated from field: string runtime_id = 1;
+   */
+  runtimeId: string;
+
+  /**
+   * Events with a greater seq are sent; 0 sends the runtime's whole history.
+   *
+   * @generated from field: int64 after_seq = 2;
+   */
+  afterSeq: bigint;
+};
+
+/**
+ * Describes the message agentruntime.v1.WatchRequest.
+ * Use `create(WatchRequestSchema)` to create a new message.
+ */
+export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 40);
+
+/**
+ * @generated from message agentruntime.v1.WatchResponse
+ */
+export type WatchResponse = Message$1<"agentruntime.v1.WatchResponse"> & {
+  /**
+   * @generated from field: agentruntime.v1.Event event = 1;
+   */
+  event?: Event | undefined;
+};
+
+/**
+ * Describes the message agentruntime.v1.WatchResponse.
+ * Use `create(WatchResponseSchema)` to create a new message.
+ */
+export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 41);
+
+/**
+ * Event is one change in a runtime, numbered per runtime from 1 without gaps.
+ *
+ * @generated from message agentruntime.v1.Event
+ */
+export type Event = Message$1<"agentruntime.v1.Event"> & {
+  /**
+   * @generated from field: int64 seq = 1;
+   */
+  seq: bigint;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp time = 2;
+   */
+  time?: Timestamp | undefined;
+
+  /**
+   * @generated from field: string handle_id = 3;
+   */
+  handleId: string;
+
+  /**
+   * @generated from oneof agentruntime.v1.Event.payload
+   */
+  payload: {
+    /**
+     * @generated from field: agentruntime.v1.HandleSpawned spawned = 10;
+     */
+    value: HandleSpawned;
+    case: "spawned";
+  } | {
+    /**
+     * @generated from field: agentruntime.v1.StateChanged state_changed = 11;
+     */
+    value: StateChanged;
+    case: "stateChanged";
+  } | {
+    /**
+     * @generated from field: agentruntime.v1.TurnStarted turn_started = 12;
+     */
+    value: TurnStarted;
+    case: "turnStarted";
+  } | {
+    /**
+     * @generated from field: agentruntime.v1.TurnEnded turn_ended = 13;
+     */
+    value: TurnEnded;
+    case: "turnEnded";
+  } | {
+    /**
+     * @generated from field: agentruntime.v1.ToolCallStarted tool_call_started = 14;
+     */
+    value: ToolCallStarted;
+    case: "toolCallStarted";
+  } | {
+    /**
+     * @generated from field: agentruntime.v1.ToolCallEnded tool_call_ended = 15;
+     */
+    value: ToolCallEnded;
+    case: "toolCallEnded";
+  } | {
+    /**
+     * The handle suspended on this Request (its own, or a child's it presents).
+     *
+     * @generated from field: agentruntime.v1.Request pending = 16;
+     */
+    value: Request;
+    case: "pending";
+  } | {
+    /**
+     * A run of the handle settled with this result.
+     *
+     * @generated from field: agentruntime.v1.TaskResult result = 17;
+     */
+    value: TaskResult;
+    case: "result";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message agentruntime.v1.Event.
+ * Use `create(EventSchema)` to create a new message.
+ */
+export const EventSchema: GenMessage<Event> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 42);
+
+/**
+ * @generated from message agentruntime.v1.HandleSpawned
+ */
+export type HandleSpawned = Message$1<"agentruntime.v1.HandleSpawned"> & {
+  /**
+   * @generated from field: string parent_id = 1;
+   */
+  parentId: string;
+
+  /**
+   * @generated from field: string agent = 2;
+   */
+  agent: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.HandleSpawned.
+ * Use `create(HandleSpawnedSchema)` to create a new message.
+ */
+export const HandleSpawnedSchema: GenMessage<HandleSpawned> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 43);
+
+/**
+ * @generated from message agentruntime.v1.StateChanged
+ */
+export type StateChanged = Message$1<"agentruntime.v1.StateChanged"> & {
+  /**
+   * @generated from field: agentruntime.v1.HandleState state = 1;
+   */
+  state: HandleState;
+};
+
+/**
+ * Describes the message agentruntime.v1.StateChanged.
+ * Use `create(StateChangedSchema)` to create a new message.
+ */
+export const StateChangedSchema: GenMessage<StateChanged> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 44);
+
+/**
+ * @generated from message agentruntime.v1.TurnStarted
+ */
+export type TurnStarted = Message$1<"agentruntime.v1.TurnStarted"> & {
+  /**
+   * @generated from field: int64 turn = 1;
+   */
+  turn: bigint;
+};
+
+/**
+ * Describes the message agentruntime.v1.TurnStarted.
+ * Use `create(TurnStartedSchema)` to create a new message.
+ */
+export const TurnStartedSchema: GenMessage<TurnStarted> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 45);
+
+/**
+ * @generated from message agentruntime.v1.TurnEnded
+ */
+export type TurnEnded = Message$1<"agentruntime.v1.TurnEnded"> & {
+  /**
+   * @generated from field: int64 turn = 1;
+   */
+  turn: bigint;
+
+  /**
+   * This reply's usage, then the handle's figures after it.
+   *
+   * @generated from field: int64 tokens = 2;
+   */
+  tokens: bigint;
+
+  /**
+   * @generated from field: int64 own_tokens = 3;
+   */
+  ownTokens: bigint;
+
+  /**
+   * @generated from field: int64 total_tokens = 4;
+   */
+  totalTokens: bigint;
+
+  /**
+   * @generated from field: int32 tool_calls = 5;
+   */
+  toolCalls: number;
+};
+
+/**
+ * Describes the message agentruntime.v1.TurnEnded.
+ * Use `create(TurnEndedSchema)` to create a new message.
+ */
+export const TurnEndedSchema: GenMessage<TurnEnded> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 46);
+
+/**
+ * @generated from message agentruntime.v1.ToolCallStarted
+ */
+export type ToolCallStarted = Message$1<"agentruntime.v1.ToolCallStarted"> & {
+  /**
+   * @generated from field: agentruntime.v1.ToolCall call = 1;
+   */
+  call?: ToolCall | undefined;
+};
+
+/**
+ * Describes the message agentruntime.v1.ToolCallStarted.
+ * Use `create(ToolCallStartedSchema)` to create a new message.
+ */
+export const ToolCallStartedSchema: GenMessage<ToolCallStarted> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 47);
+
+/**
+ * @generated from message agentruntime.v1.ToolCallEnded
+ */
+export type ToolCallEnded = Message$1<"agentruntime.v1.ToolCallEnded"> & {
+  /**
+   * @generated from field: string call_id = 1;
+   */
+  callId: string;
+
+  /**
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * @generated from field: bool is_error = 3;
+   */
+  isError: boolean;
+
+  /**
+   * The result, cut to its first 1000 characters (GetTranscript has it whole).
+   *
+   * @generated from field: string output = 4;
+   */
+  output: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.ToolCallEnded.
+ * Use `create(ToolCallEndedSchema)` to create a new message.
+ */
+export const ToolCallEndedSchema: GenMessage<ToolCallEnded> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 48);
+
+/**
  * Status says how a run settled (or that it has not).
  *
  * @generated from enum agentruntime.v1.Status
@@ -1588,6 +1869,19 @@ export const AgentRuntime: GenService<{
     methodKind: "unary";
     input: typeof GetTranscriptRequestSchema;
     output: typeof GetTranscriptResponseSchema;
+  },
+  /**
+   * Streams a runtime's events in order, from the first one after `after_seq`. Events are
+   * persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
+   * consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
+   * reconnects from its last seq.
+   *
+   * @generated from rpc agentruntime.v1.AgentRuntime.Watch
+   */
+  watch: {
+    methodKind: "server_streaming";
+    input: typeof WatchRequestSchema;
+    output: typeof WatchResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentruntime_v1_agent_runtime, 0);

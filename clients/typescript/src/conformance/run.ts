@@ -1,0 +1,265 @@
+/**
+ * The TypeScript conformance runner: every vector in tests/vectors against AGENTRUNTIME_ADDR.
+ * The format is tests/vectors/README.md; the behaviour mirrors clients/python/conformance/run.py.
+ *
+ *   AGENTRUNTIME_ADDR=127.0.0.1:50051 node dist/conformance/run.js
+ *
+ * AGENTRUNTIME_VECTORS overrides the vector directory.
+ */
+
+import { readdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+import { create, fromJson, type DescEnum, type JsonValue } from "@bufbuild/protobuf";
+import { ConnectError } from "@connectrpc/connect";
+
+import {
+  AgentDefSchema,
+  AnswerSchema,
+  BudgetSchema,
+  ErrorInfoSchema,
+  HandleStateSchema,
+  LimitSchema,
+  Status,
+  StatusSchema,
+  ToolOutputSchema,
+  createClient,
+  describeError,
+  grpcCodeName,
+  type AgentRuntimeClient,
+  type HandleView,
+  type Request,
+  type TaskResult,
+} from "../index.js";
+
+/** This package's directory (dist/conformance/run.js → ../..). */
+const PACKAGE_DIR = fileURLToPath(new URL("../../", import.meta.url));
+const VECTORS = process.env.AGENTRUNTIME_VECTORS
+  ? resolve(process.env.AGENTRUNTIME_VECTORS)
+  : resolve(PACKAGE_DIR, "..", "..", "tests", "vectors");
+
+/** What a step produced, as plain values keyed like the vectors' `expect` (int64 stay bigint). */
+type Actual = { [key: string]: Value };
+type Value = string | number | bigint | boolean | Value[] | Actual;
+
+type Step = { [key: string]: JsonValue };
+type Vector = { name?: string; agents: JsonValue[]; steps: Step[] };
+
+class Mismatch extends Error {
+  override name = "Mismatch";
+}
+
+const VERBS = ["spawn", "wake", "wait", "resume", "list"] as const;
+
+/** The proto name of an enum value (`STATUS_DONE`, not the generated TS name `DONE`). */
+function enumName(schema: DescEnum, value: number): string {
+  return schema.value[value]?.name ?? String(value);
+}
+
+function resultFields(result: TaskResult): Actual {
+  const pending = result.pending;
+  return {
+    handle_id: result.handleId,
+    text: result.text,
+    is_error: result.isError,
+    status: enumName(StatusSchema, result.status),
+    limit: enumName(LimitSchema, result.limit),
+    turns: result.turns,
+    total_tokens: result.totalTokens,
+    own_tokens: result.ownTokens,
+    tool_calls: result.toolCalls,
+    pending: {
+      kind: pending?.kind ?? "",
+      path: [...(pending?.path ?? [])],
+      call_names: (pending?.calls ?? []).map((call) => call.name),
+    },
+  };
+}
+
+function viewFields(view: HandleView): Actual {
+  return {
+    state: enumName(HandleStateSchema, view.state),
+    turns: view.turns,
+    own_tokens: view.ownTokens,
+    total_tokens: view.totalTokens,
+    tool_calls: view.toolCalls,
+    pending_kind: view.pendingKind,
+  };
+}
+
+function isObject(value: unknown): value is { [key: string]: JsonValue } {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/**
+ * Equality of an actual value and an expected JSON value, types strictly (a number never
+ * equals a boolean or a string); int64 fields (bigint) compare numerically with numbers.
+ */
+function equal(got: Value, want: JsonValue): boolean {
+  if (typeof got === "bigint") {
+    return typeof want === "number" && Number.isInteger(want) && got === BigInt(want);
+  }
+  if (Array.isArray(got)) {
+    return Array.isArray(want) && got.length === want.length && got.every((item, i) => equal(item, want[i] as JsonValue));
+  }
+  return got === want;
+}
+
+/** Renders a value as Python's repr does, so FAIL lines read the same in every runner. */
+function show(value: Value | JsonValue | undefined): string {
+  if (value === undefined || value === null) return "None";
+  if (typeof value === "bigint" || typeof value === "number") return String(value);
+  if (typeof value === "boolean") return value ? "True" : "False";
+  if (typeof value === "string") {
+    const text = value.replace(/\\/g, "\\\\").replace(/\n/g, "\\n");
+    if (value.includes("'") && !value.includes('"')) return `"${text}"`;
+    return `'${text.replace(/'/g, "\\'")}'`;
+  }
+  if (Array.isArray(value)) return `[${value.map((item) => show(item)).join(", ")}]`;
+  return `{${Object.entries(value)
+    .map(([key, item]) => `${show(key)}: ${show(item as Value | JsonValue)}`)
+    .join(", ")}}`;
+}
+
+function check(where: string, actual: Actual, expected: { [key: string]: JsonValue }): void {
+  for (const [key, want] of Object.entries(expected)) {
+    if (!Object.hasOwn(actual, key)) {
+      throw new Mismatch(`${where}.${key}: expected ${show(want)}, got nothing (no such entry)`);
+    }
+    const got = actual[key] as Value;
+    if (isObject(want)) {
+      if (typeof got !== "object" || got === null || Array.isArray(got)) {
+        throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
+      }
+      check(`${where}.${key}`, got as Actual, want);
+    } else if (!equal(got, want)) {
+      throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
+    }
+  }
+}
+
+function args(step: Step, verb: string): { [key: string]: JsonValue } {
+  const value = step[verb];
+  return isObject(value) ? value : {};
+}
+
+function str(value: JsonValue | undefined, fallback = ""): string {
+  return typeof value === "string" ? value : fallback;
+}
+
+async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<void> {
+  const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
+  const runtimeId = await client.createRuntime(agents);
+  let lastPending: Request | undefined;
+  for (const [index, step] of vector.steps.entries()) {
+    const where = `step ${index + 1}`;
+    const verbs = VERBS.filter((verb) => verb in step);
+    if (verbs.length !== 1) throw new Mismatch(`${where}: a step has exactly one verb, got ${show(verbs)}`);
+    let outcome: Actual = {};
+    try {
+      if ("spawn" in step) {
+        const a = args(step, "spawn");
+        const budget = "budget" in a ? fromJson(BudgetSchema, a.budget as JsonValue) : undefined;
+        outcome = { handle_id: await client.spawn(runtimeId, str(a.agent), str(a.parent), budget) };
+      } else if ("wake" in step) {
+        const a = args(step, "wake");
+        await client.wake(runtimeId, str(a.handle), str(a.prompt));
+      } else if ("wait" in step) {
+        const result = await client.wait(runtimeId, str(args(step, "wait").handle));
+        outcome = resultFields(result);
+        if (result.status === Status.PENDING) lastPending = result.pending;
+      } else if ("resume" in step) {
+        const a = args(step, "resume");
+        const calls = lastPending?.calls ?? [];
+        const outputs = Array.isArray(a.outputs) ? a.outputs : [];
+        const answer = create(AnswerSchema, {
+          id: str(a.id) || (lastPending?.id ?? ""),
+          ok: a.ok === true,
+          reason: str(a.reason),
+          outputs: outputs.map((text, i) => {
+            const call = calls[i];
+            if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
+            return create(ToolOutputSchema, { callId: call.id, output: str(text) });
+          }),
+        });
+        const result = await client.resume(runtimeId, answer);
+        outcome = resultFields(result);
+        if (result.status === Status.PENDING) lastPending = result.pending;
+      } else {
+        const handles = await client.list(runtimeId);
+        const byId: Actual = Object.create(null) as Actual;
+        for (const view of handles) byId[view.handleId] = viewFields(view);
+        outcome = { count: handles.length, handles: byId };
+      }
+    } catch (error) {
+      if (!(error instanceof ConnectError)) throw error;
+      if (!("expect_error" in step)) throw new Mismatch(`${where}: unexpected error ${describeError(error)}`);
+      const want = args(step, "expect_error");
+      if (grpcCodeName(error.code) !== want.code) {
+        throw new Mismatch(`${where}: expected ${str(want.code)}, got ${describeError(error)}`);
+      }
+      if ("limit" in want) {
+        const info = error.findDetails(ErrorInfoSchema)[0];
+        const limit = info?.metadata["limit"];
+        if (limit !== want.limit) {
+          throw new Mismatch(`${where}: expected ErrorInfo limit ${str(want.limit)}, got ${limit ?? "None"}`);
+        }
+      }
+      continue;
+    }
+    if ("expect_error" in step) {
+      throw new Mismatch(`${where}: expected ${str(args(step, "expect_error").code)}, but the call succeeded`);
+    }
+    if ("expect" in step) check(where, outcome, args(step, "expect"));
+  }
+}
+
+/** `Mismatch: why`, `ConnectError: CODE: message`, `SyntaxError: ...`, as Python's `Type: problem`. */
+function reason(error: unknown): string {
+  if (error instanceof Mismatch) return `Mismatch: ${error.message}`;
+  if (error instanceof ConnectError) return `ConnectError: ${describeError(error)}`;
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  return String(error);
+}
+
+function vectorFiles(): string[] {
+  try {
+    // File-name order, by code unit like Python's sorted() of ASCII names.
+    return readdirSync(VECTORS, { withFileTypes: true })
+      .filter((entry) => entry.isFile() && entry.name.endsWith(".json"))
+      .map((entry) => entry.name)
+      .sort();
+  } catch {
+    return []; // a missing directory has no vectors, as Python's glob says
+  }
+}
+
+async function main(): Promise<number> {
+  const address = process.env.AGENTRUNTIME_ADDR || "127.0.0.1:50051";
+  const files = vectorFiles();
+  if (files.length === 0) {
+    // Zero vectors is a misconfiguration, not a pass.
+    console.error(`conformance: no vectors in ${VECTORS}`);
+    return 2;
+  }
+  const client = createClient(address);
+  let passed = 0;
+  let failed = 0;
+  for (const file of files) {
+    const name = file.slice(0, -".json".length); // the file's stem, as the Python runner prints
+    try {
+      const vector = JSON.parse(readFileSync(join(VECTORS, file), "utf8")) as Vector;
+      await runVector(client, vector);
+      passed += 1;
+      console.log(`ok   ${name}`);
+    } catch (error) {
+      failed += 1;
+      console.log(`FAIL ${name}: ${reason(error)}`);
+    }
+  }
+  console.log(`conformance: ${passed} passed, ${failed} failed`);
+  return failed > 0 ? 1 : 0;
+}
+
+process.exitCode = await main();

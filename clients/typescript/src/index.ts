@@ -1,0 +1,241 @@
+/**
+ * A thin client over the generated AgentRuntime stubs: one method per verb, errors as
+ * ConnectError with their gRPC code and google.rpc details.
+ *
+ * ```ts
+ * const client = createClient("127.0.0.1:50051");
+ * const runtimeId = await client.createRuntime(agents);
+ * const result = await client.run(runtimeId, "coordinator", "map the repo");
+ * ```
+ */
+
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
+import {
+  Code,
+  ConnectError,
+  createClient as createConnectClient,
+  type CallOptions,
+  type Client as ConnectClient,
+  type Interceptor,
+} from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
+import {
+  AgentRuntime,
+  HandleViewSchema,
+  TaskResultSchema,
+  type AgentDefSchema,
+  type AnswerSchema,
+  type BudgetSchema,
+  type HandleView,
+  type Message,
+  type TaskResult,
+} from "./gen/agentruntime/v1/agent_runtime_pb.js";
+import {
+  BadRequestSchema,
+  ErrorInfoSchema,
+  ResourceInfoSchema,
+  type BadRequest,
+  type ErrorInfo,
+  type ResourceInfo,
+} from "./gen/google/rpc/error_details_pb.js";
+
+export * from "./gen/agentruntime/v1/agent_runtime_pb.js";
+export * from "./gen/google/rpc/error_details_pb.js";
+export { Code, ConnectError };
+
+/** The default deadline of every call, as in the Python client (60 s). */
+export const DEFAULT_TIMEOUT_MS = 60_000;
+
+export interface ClientOptions {
+  /** Connect over TLS (`https://`). Default false (plaintext HTTP/2, `http://`). */
+  tls?: boolean;
+  /** Sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /** The deadline of each call in ms (default 60 000); 0 means no deadline. */
+  timeoutMs?: number;
+  /** PEM root certificates for TLS (default: Node's bundled CAs). */
+  rootCertificates?: string | Buffer;
+}
+
+/** An AgentDef, Budget or Answer as a message or as a plain init object. */
+export type AgentDefInit = MessageInitShape<typeof AgentDefSchema>;
+export type BudgetInit = MessageInitShape<typeof BudgetSchema>;
+export type AnswerInit = MessageInitShape<typeof AnswerSchema>;
+
+/** The generated Connect client, for what the thin methods do not cover. */
+export type RawClient = ConnectClient<typeof AgentRuntime>;
+
+/** Turns `host:port` into a base URL; a target that already has a scheme is kept. */
+export function baseUrl(target: string, tls = false): string {
+  if (/^https?:\/\//.test(target)) return target;
+  return `${tls ? "https" : "http"}://${target}`;
+}
+
+export class AgentRuntimeClient {
+  /** The generated client: every RPC with the transport's interceptors. */
+  readonly raw: RawClient;
+  private readonly timeoutMs: number;
+
+  constructor(target: string, options: ClientOptions = {}) {
+    const interceptors: Interceptor[] = [];
+    const token = options.token;
+    if (token) {
+      interceptors.push((next) => async (request) => {
+        request.header.set("authorization", `Bearer ${token}`);
+        return next(request);
+      });
+    }
+    const transport = createGrpcTransport({
+      baseUrl: baseUrl(target, options.tls ?? false),
+      interceptors,
+      ...(options.rootCertificates !== undefined ? { nodeOptions: { ca: options.rootCertificates } } : {}),
+    });
+    this.raw = createConnectClient(AgentRuntime, transport);
+    this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  }
+
+  private call(timeoutMs?: number): CallOptions {
+    const ms = timeoutMs ?? this.timeoutMs;
+    // Connect: timeoutMs <= 0 disables the deadline.
+    return { timeoutMs: ms > 0 ? ms : 0 };
+  }
+
+  /** Creates a runtime (one tree); returns its id (generated when `runtimeId` is empty). */
+  async createRuntime(agents: AgentDefInit[], runtimeId = ""): Promise<string> {
+    const response = await this.raw.createRuntime({ runtimeId, agents }, this.call());
+    return response.runtimeId;
+  }
+
+  /** Spawns a handle of `agent` under `parent` (`root` or a handle id); returns its id. */
+  async spawn(runtimeId: string, agent: string, parent = "root", budget?: BudgetInit): Promise<string> {
+    const response = await this.raw.spawn({ runtimeId, parentId: parent, agent, budget }, this.call());
+    return response.handleId;
+  }
+
+  /** Posts a message into the handle's inbox; returns the inbox size. */
+  async post(runtimeId: string, handleId: string, text: string, channel = "", sender = ""): Promise<number> {
+    const response = await this.raw.post({ runtimeId, handleId, text, channel, sender }, this.call());
+    return response.inboxSize;
+  }
+
+  /** Starts a run on `prompt` plus the inbox; returns at once (true when accepted). */
+  async wake(runtimeId: string, handleId: string, prompt = ""): Promise<boolean> {
+    const response = await this.raw.wake({ runtimeId, handleId, prompt }, this.call());
+    return response.queued;
+  }
+
+  /**
+   * Waits for the handle to settle. Without `timeoutMs` the server waits until it settles,
+   * bounded by the call deadline; with it, STATUS_TIMEOUT comes back when it passes first.
+   */
+  async wait(runtimeId: string, handleId: string, timeoutMs?: number): Promise<TaskResult> {
+    const timeout = timeoutMs !== undefined ? durationFromMs(timeoutMs) : undefined;
+    // The call deadline outlives the server-side timeout by 5 s (0: no deadline).
+    const deadline = this.timeoutMs > 0 ? Math.max(this.timeoutMs, (timeoutMs ?? 0) + 5_000) : 0;
+    const response = await this.raw.wait({ runtimeId, handleId, timeout }, this.call(deadline));
+    return response.result ?? create(TaskResultSchema);
+  }
+
+  /** Answers a pending Request and continues the suspended handles. */
+  async resume(runtimeId: string, answer: AnswerInit): Promise<TaskResult> {
+    const response = await this.raw.resume({ runtimeId, answer }, this.call());
+    return response.result ?? create(TaskResultSchema);
+  }
+
+  /** Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle. */
+  async run(runtimeId: string, agent: string, prompt: string, parent = "root"): Promise<TaskResult> {
+    const handleId = await this.spawn(runtimeId, agent, parent);
+    await this.wake(runtimeId, handleId, prompt);
+    return this.wait(runtimeId, handleId);
+  }
+
+  /** Cancels the handle's run and its subtree's; false when there was nothing to interrupt. */
+  async interrupt(runtimeId: string, handleId: string): Promise<boolean> {
+    const response = await this.raw.interrupt({ runtimeId, handleId }, this.call());
+    return response.interrupted;
+  }
+
+  /** Closes the handle and its subtree; returns the closed ids, leaf first. */
+  async close(runtimeId: string, handleId: string, force = false): Promise<string[]> {
+    const response = await this.raw.close({ runtimeId, handleId, force }, this.call());
+    return response.closedHandleIds;
+  }
+
+  /** One handle's view. */
+  async inspect(runtimeId: string, handleId: string): Promise<HandleView> {
+    const response = await this.raw.inspect({ runtimeId, handleId }, this.call());
+    return response.handle ?? create(HandleViewSchema);
+  }
+
+  /** Every handle of the runtime, in spawn order. */
+  async list(runtimeId: string): Promise<HandleView[]> {
+    const response = await this.raw.list({ runtimeId }, this.call());
+    return response.handles;
+  }
+
+  /** The handle's stored transcript. */
+  async transcript(runtimeId: string, handleId: string): Promise<Message[]> {
+    const response = await this.raw.getTranscript({ runtimeId, handleId }, this.call());
+    return response.messages;
+  }
+}
+
+/** `createClient("127.0.0.1:50051", { token, tls, timeoutMs })`. */
+export function createClient(target: string, options?: ClientOptions): AgentRuntimeClient {
+  return new AgentRuntimeClient(target, options);
+}
+
+// --- errors ------------------------------------------------------------------
+
+/** The canonical gRPC status code names, by Connect `Code`. */
+const GRPC_CODE_NAMES: Record<Code, string> = {
+  [Code.Canceled]: "CANCELLED",
+  [Code.Unknown]: "UNKNOWN",
+  [Code.InvalidArgument]: "INVALID_ARGUMENT",
+  [Code.DeadlineExceeded]: "DEADLINE_EXCEEDED",
+  [Code.NotFound]: "NOT_FOUND",
+  [Code.AlreadyExists]: "ALREADY_EXISTS",
+  [Code.PermissionDenied]: "PERMISSION_DENIED",
+  [Code.ResourceExhausted]: "RESOURCE_EXHAUSTED",
+  [Code.FailedPrecondition]: "FAILED_PRECONDITION",
+  [Code.Aborted]: "ABORTED",
+  [Code.OutOfRange]: "OUT_OF_RANGE",
+  [Code.Unimplemented]: "UNIMPLEMENTED",
+  [Code.Internal]: "INTERNAL",
+  [Code.Unavailable]: "UNAVAILABLE",
+  [Code.DataLoss]: "DATA_LOSS",
+  [Code.Unauthenticated]: "UNAUTHENTICATED",
+};
+
+/** The gRPC name of a Connect code: `Code.ResourceExhausted` → `RESOURCE_EXHAUSTED`. */
+export function grpcCodeName(code: Code): string {
+  return GRPC_CODE_NAMES[code] ?? `CODE_${code}`;
+}
+
+/** The google.rpc details this server sends, decoded from the error's status. */
+export interface ErrorDetails {
+  errorInfo?: ErrorInfo;
+  badRequest?: BadRequest;
+  resourceInfo?: ResourceInfo;
+}
+
+/**
+ * Decodes the details of a failed call (any caught value; non-Connect errors have none).
+ * `errorInfo.metadata.limit` names the budget of a RESOURCE_EXHAUSTED (`LIMIT_MAX_CHILDREN`, ...).
+ */
+export function errorDetails(error: unknown): ErrorDetails {
+  if (!(error instanceof ConnectError)) return {};
+  return {
+    errorInfo: error.findDetails(ErrorInfoSchema)[0],
+    badRequest: error.findDetails(BadRequestSchema)[0],
+    resourceInfo: error.findDetails(ResourceInfoSchema)[0],
+  };
+}
+
+/** `RESOURCE_EXHAUSTED: <server message>`, like the Python client's AgentRuntimeError. */
+export function describeError(error: unknown): string {
+  if (error instanceof ConnectError) return `${grpcCodeName(error.code)}: ${error.rawMessage}`;
+  return error instanceof Error ? error.message : String(error);
+}

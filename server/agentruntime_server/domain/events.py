@@ -1,0 +1,107 @@
+"""A runtime's event log: every change, numbered per runtime, persisted before anyone sees it.
+
+Watchers read the history from the store, then follow live events through a bounded
+queue; a watcher whose queue fills is dropped and told so, and resumes from the store
+with the last seq it saw: a slow consumer never slows the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import ResourceExhausted
+from .model import HandleState, PendingRequest, TaskResult, ToolCall
+
+if TYPE_CHECKING:
+    from .ports import Store
+
+
+class EventKind(enum.Enum):
+    SPAWNED = 1
+    STATE_CHANGED = 2
+    TURN_STARTED = 3
+    TURN_ENDED = 4
+    TOOL_CALL_STARTED = 5
+    TOOL_CALL_ENDED = 6
+    PENDING = 7
+    RESULT = 8
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    time: float
+    handle_id: str
+    kind: EventKind
+    parent_id: str = ""
+    agent: str = ""
+    state: HandleState | None = None
+    turn: int = 0
+    tokens: int = 0
+    own_tokens: int = 0
+    total_tokens: int = 0
+    tool_calls: int = 0
+    call: ToolCall | None = None
+    call_id: str = ""
+    output: str = ""
+    is_error: bool = False
+    pending: PendingRequest | None = None
+    result: TaskResult | None = None
+
+
+OUTPUT_PREVIEW = 1000
+
+
+class EventLog:
+    def __init__(self, runtime_id: str, store: Store, last_seq: int = 0, buffer: int = 1000) -> None:
+        self.runtime_id = runtime_id
+        self.store = store
+        self.last_seq = last_seq
+        self.buffer = buffer
+        self._watchers: set[asyncio.Queue[Event | None]] = set()
+
+    @property
+    def watched(self) -> bool:
+        return bool(self._watchers)
+
+    async def emit(self, handle_id: str, kind: EventKind, **fields: object) -> None:
+        self.last_seq += 1
+        event = Event(seq=self.last_seq, time=time.time(), handle_id=handle_id, kind=kind, **fields)  # type: ignore[arg-type]
+        await self.store.append_event(self.runtime_id, event)
+        for queue in list(self._watchers):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # Too far behind: drop what it has not read (so it cannot skip any) and tell
+                # it to reconnect; it reads the rest from the store.
+                self._watchers.discard(queue)
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(None)
+
+    async def follow(self, after_seq: int) -> AsyncIterator[Event]:
+        """History after `after_seq` from the store, then live events, in order, once each."""
+        queue: asyncio.Queue[Event | None] = asyncio.Queue(self.buffer)
+        self._watchers.add(queue)  # subscribe first, so nothing falls between history and live
+        try:
+            seen = after_seq
+            for event in await self.store.events_after(self.runtime_id, after_seq):
+                yield event
+                seen = event.seq
+            while True:
+                live = await queue.get()
+                if live is None:
+                    raise ResourceExhausted(
+                        f"this watcher fell more than {self.buffer} events behind at seq {seen}; "
+                        f"Watch again with after_seq={seen}",
+                        reason="WATCH_LAGGING",
+                    )
+                if live.seq > seen:
+                    yield live
+                    seen = live.seq
+        finally:
+            self._watchers.discard(queue)

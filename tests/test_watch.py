@@ -1,0 +1,112 @@
+"""Watch: every change in order, persisted, resumable from the last seq seen."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from agentruntime_server.domain.errors import ResourceExhausted
+from agentruntime_server.domain.events import EventKind, EventLog
+from agentruntime_server.store.memory import MemoryStore
+from tests.support.build import agent, create
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+
+
+def team_script(body: dict) -> Reply:  # type: ignore[type-arg]
+    if tool_results(body) == 0:
+        return Reply(calls=[("task", {"agent": "worker", "prompt": str(i)}) for i in range(2)], tokens=100, delay=0.05)
+    return Reply(text="all done", tokens=100, delay=0.05)
+
+
+def worker_script(body: dict) -> Reply:  # type: ignore[type-arg]
+    if tool_results(body) < 2:
+        return Reply(calls=[("ask_nothing", {})], tokens=10, delay=0.05)
+    return Reply(text="worked", tokens=10, delay=0.05)
+
+
+async def _read(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, after: int, until: int | None = None) -> list[pb.Event]:
+    """Events after `after`; stops after `until` of them, or at the root's settled result."""
+    events = []
+    call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=after))
+    async for response in call:
+        events.append(response.event)
+        if until is not None and len(events) >= until:
+            call.cancel()  # the consumer goes away mid-run
+            break
+        event = response.event
+        if event.handle_id == "root/lead.1" and event.WhichOneof("payload") == "result":
+            call.cancel()
+            break
+    return events
+
+
+async def test_reconnecting_watcher_misses_nothing_and_sees_nothing_twice(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    model.script("lead", team_script)
+    model.script("worker", worker_script)
+    denied = pb.Guardrail(tool="ask_nothing", action=pb.GUARDRAIL_ACTION_DENY, reason="no")
+    worker = agent("worker", tools=[pb.ToolDef(name="ask_nothing", relay=pb.RelayTool())], guardrails=[denied])
+    runtime_id = await create(stub, agent("lead", team=["worker"]), worker)
+    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="lead"))).handle_id
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+
+    first = await _read(stub, runtime_id, after=0, until=6)
+    await asyncio.sleep(0.15)  # events go on while nobody watches
+    rest = await _read(stub, runtime_id, after=first[-1].seq)
+    seqs = [event.seq for event in first + rest]
+    assert seqs == list(range(1, len(seqs) + 1))
+    last = rest[-1]
+    assert (last.handle_id, last.result.status, last.result.total_tokens) == (handle_id, pb.STATUS_DONE, 260)
+
+    kinds = [(e.handle_id, e.WhichOneof("payload")) for e in first + rest]
+    assert kinds[0] == (handle_id, "spawned")
+    assert (f"{handle_id}/worker.2", "spawned") in kinds
+    worker_turns = [e.turn_ended for e in first + rest if e.handle_id == f"{handle_id}/worker.1" and e.HasField("turn_ended")]
+    assert [(t.turn, t.tokens, t.own_tokens) for t in worker_turns] == [(1, 10, 10), (2, 10, 20), (3, 10, 30)]
+    ended = [e.tool_call_ended for e in first + rest if e.HasField("tool_call_ended") and e.handle_id.endswith("worker.1")]
+    assert [(t.name, t.is_error) for t in ended] == [("ask_nothing", True), ("ask_nothing", True)]
+
+    # Persisted: the whole history again, identical.
+    replay = await _read(stub, runtime_id, after=0)
+    assert [e.SerializeToString() for e in replay] == [e.SerializeToString() for e in first + rest]
+
+
+async def test_watch_refuses_bad_input(stub: pb_grpc.AgentRuntimeStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        async for _ in stub.Watch(pb.WatchRequest(runtime_id="nope")):
+            pass
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    runtime_id = await create(stub, agent("a"))
+    with pytest.raises(grpc.aio.AioRpcError) as negative:
+        async for _ in stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=-1)):
+            pass
+    assert negative.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
+    store = MemoryStore()
+    await store.create_runtime("rt", ())
+    log = EventLog("rt", store, buffer=3)
+    watcher = log.follow(0)
+    await log.emit("root/a.1", EventKind.TURN_STARTED, turn=1)
+    assert (await anext(watcher)).seq == 1
+    for turn in range(2, 10):  # the runtime never waits for the watcher
+        await log.emit("root/a.1", EventKind.TURN_STARTED, turn=turn)
+    assert not log.watched
+    with pytest.raises(ResourceExhausted, match="after_seq=1"):
+        await anext(watcher)
+    resumed = [event.seq async for event in _take(log.follow(1), 8)]
+    assert resumed == list(range(2, 10))
+
+
+async def _take(events, count: int):  # type: ignore[no-untyped-def]
+    async for event in events:
+        yield event
+        count -= 1
+        if count == 0:
+            return
