@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,13 +55,25 @@ class Event:
 
 OUTPUT_PREVIEW = 1000
 
+# Called synchronously with every event once it is persisted (metrics, logs, traces).
+# An observer must be quick and must not raise.
+Observer = Callable[[str, Event], None]
+
 
 class EventLog:
-    def __init__(self, runtime_id: str, store: Store, last_seq: int = 0, buffer: int = 1000) -> None:
+    def __init__(
+        self,
+        runtime_id: str,
+        store: Store,
+        last_seq: int = 0,
+        buffer: int = 1000,
+        observers: tuple[Observer, ...] = (),
+    ) -> None:
         self.runtime_id = runtime_id
         self.store = store
         self.last_seq = last_seq
         self.buffer = buffer
+        self.observers = observers
         self._watchers: set[asyncio.Queue[Event | None]] = set()
 
     @property
@@ -72,6 +84,8 @@ class EventLog:
         self.last_seq += 1
         event = Event(seq=self.last_seq, time=time.time(), handle_id=handle_id, kind=kind, **fields)  # type: ignore[arg-type]
         await self.store.append_event(self.runtime_id, event)
+        for observe in self.observers:
+            observe(self.runtime_id, event)
         for queue in list(self._watchers):
             try:
                 queue.put_nowait(event)

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from . import budget as budgets
-from .events import EventKind, EventLog
+from .events import EventKind, EventLog, Observer
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
 from .handle import Handle, Run
 from .model import (
@@ -41,6 +41,7 @@ class Services:
     store: Store
     inbox_capacity: int = 100
     watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
+    observers: tuple[Observer, ...] = ()  # see events.Observer
 
 
 class Runtime:
@@ -60,7 +61,7 @@ class Runtime:
         self.answered_earlier: dict[str, tuple[Answer, str]] = {}
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
-        self.events = EventLog(runtime_id, services.store, buffer=services.watch_buffer)
+        self.events = EventLog(runtime_id, services.store, buffer=services.watch_buffer, observers=services.observers)
 
     @classmethod
     def restore(cls, record: RuntimeRecord, services: Services) -> Runtime:
