@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from . import budget as budgets
-from .events import EventKind, EventLog, Observer
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
+from .events import EventKind, EventLog, Observer
 from .handle import Handle, Run
 from .model import (
     AgentSpec,
