@@ -121,7 +121,8 @@ run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the README with grpcurl
 	scripts/smoke.sh
 
-bench: $(STAMP) ## measured figures (not asserted): HTTP transports, journal cost, memory
+bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory
+	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
 

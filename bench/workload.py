@@ -1,0 +1,241 @@
+"""The service benchmark: the bench workload driven over gRPC against a real server process.
+
+Workload: each root is a coordinator that delegates to 4 workers in one turn; each worker
+calls an http tool 3 times, then answers; the coordinator answers (18 model turns per
+root). The model is a stateless OpenAI-compatible server in its own process (keep-alive,
+replying at once or after a fixed latency); the tool is a loopback HTTP endpoint; the
+store is a fresh SQLite file. C roots are kept in flight.
+
+Prints: model turns/s, root p50/p99, server CPU per turn, peak RSS, for each (C, latency),
+and a floor row: the same number of model round trips from a bare keep-alive client.
+Figures are medians over batches; they are measured, never asserted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import grpc
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+WORKERS = 4
+TOOL_CALLS = 3
+TURNS_PER_ROOT = 2 + WORKERS * (TOOL_CALLS + 1)
+
+
+def _reply(body: dict) -> dict:  # type: ignore[type-arg]
+    results = sum(1 for message in body["messages"] if message["role"] == "tool")
+    calls: list[tuple[str, dict[str, object]]] = []
+    text = ""
+    if body["model"] == "coordinator":
+        if results == 0:
+            calls = [("task", {"agent": "worker", "prompt": f"part {i}"}) for i in range(WORKERS)]
+        else:
+            text = "merged"
+    elif results < TOOL_CALLS:
+        calls = [("lookup", {"n": results})]
+    else:
+        text = "done"
+    message: dict[str, object] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            for i, (name, args) in enumerate(calls)
+        ]
+    return {
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50},
+    }
+
+
+def _model_server(port: int, latency: float) -> None:
+    async def complete(request: web.Request) -> web.Response:
+        body = await request.json()
+        if latency:
+            await asyncio.sleep(latency)
+        return web.Response(text=json.dumps(_reply(body)), content_type="application/json")
+
+    async def lookup(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(text="42")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/lookup", lookup)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _wait_healthy(address: str) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        for _ in range(300):
+            try:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.05)
+    raise RuntimeError("the server did not start")
+
+
+def _agents(model_port: int) -> list[pb.AgentDef]:
+    lookup = pb.ToolDef(
+        name="lookup", description="look a number up", http=pb.HttpTool(url=f"http://127.0.0.1:{model_port}/lookup")
+    )
+    return [
+        pb.AgentDef(name="coordinator", model="coordinator", team=["worker"], description="coordinates"),
+        pb.AgentDef(name="worker", model="worker", tools=[lookup], description="works"),
+    ]
+
+
+async def service_run(concurrency: int, latency: float, roots: int, batches: int) -> dict[str, float]:
+    model_port, server_port = _free_port(), _free_port()
+    model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
+    model.start()
+    with tempfile.TemporaryDirectory() as folder:
+        env = {
+            **os.environ,
+            "AGENTRUNTIME_STORE": f"sqlite:///{folder}/bench.db",
+            "AGENTRUNTIME_LLM_STYLE": "openai",
+            "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
+            "AGENTRUNTIME_LOG_LEVEL": "WARNING",
+        }
+        address = f"127.0.0.1:{server_port}"
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env=env
+        )
+        try:
+            await _wait_healthy(address)
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = pb_grpc.AgentRuntimeStub(channel)
+                runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=_agents(model_port)))).runtime_id
+                latencies: list[float] = []
+
+                async def root() -> None:
+                    started = time.perf_counter()
+                    handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
+                    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
+                    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
+                    if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
+                        raise RuntimeError(f"unexpected result: {result}")
+                    latencies.append(time.perf_counter() - started)
+
+                async def batch() -> tuple[float, float]:
+                    gate = asyncio.Semaphore(concurrency)
+
+                    async def gated() -> None:
+                        async with gate:
+                            await root()
+
+                    cpu_before, started = _proc_cpu_seconds(server.pid), time.perf_counter()
+                    await asyncio.gather(*(gated() for _ in range(roots)))
+                    elapsed = time.perf_counter() - started
+                    return roots * TURNS_PER_ROOT / elapsed, (_proc_cpu_seconds(server.pid) - cpu_before) / (
+                        roots * TURNS_PER_ROOT
+                    )
+
+                await batch()  # warm-up
+                latencies.clear()
+                rates, cpu = zip(*[await batch() for _ in range(batches)], strict=True)
+                ordered = sorted(latencies)
+                return {
+                    "turns_per_s": statistics.median(rates),
+                    "p50_ms": ordered[len(ordered) // 2] * 1000,
+                    "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
+                    "cpu_us_per_turn": statistics.median(cpu) * 1e6,
+                    "peak_rss_mb": _peak_rss_mb(server.pid),
+                }
+        finally:
+            server.terminate()
+            await server.wait()
+            model.terminate()
+            model.join()
+
+
+async def floor_run(concurrency: int, latency: float, roots: int, batches: int) -> float:
+    """The same number of model round trips from a bare keep-alive client: no runtime."""
+    port = _free_port()
+    model = multiprocessing.Process(target=_model_server, args=(port, latency), daemon=True)
+    model.start()
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    body = json.dumps({"model": "worker", "messages": [{"role": "user", "content": "go"}]})
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+            for _ in range(200):
+                try:
+                    async with session.post(url, data=body) as response:
+                        await response.read()
+                    break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+
+            async def loop(count: int) -> None:
+                for _ in range(count):
+                    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                        json.loads(await response.read())
+
+            rates = []
+            total = roots * TURNS_PER_ROOT
+            for _ in range(batches + 1):
+                started = time.perf_counter()
+                await asyncio.gather(*(loop(total // concurrency) for _ in range(concurrency)))
+                rates.append(total // concurrency * concurrency / (time.perf_counter() - started))
+            return statistics.median(rates[1:])
+    finally:
+        model.terminate()
+        model.join()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--roots", type=int, default=50, help="roots per batch")
+    parser.add_argument("--batches", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        f"{'runner':<34} {'C':>3} {'latency':>8} {'turns/s':>9} {'root p50':>9} {'root p99':>9} {'CPU/turn':>10} {'peak RSS':>9}"
+    )
+    for concurrency, latency in ((1, 0.0), (20, 0.0), (1, 0.02), (20, 0.02)):
+        roots = args.roots if concurrency > 1 else max(args.roots // 5, 5)
+        figures = await service_run(concurrency, latency, roots, args.batches)
+        floor = await floor_run(concurrency, latency, roots, args.batches)
+        print(
+            f"{'agentruntime (gRPC, SQLite)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {figures['turns_per_s']:>9,.0f} "
+            f"{figures['p50_ms']:>7.0f}ms {figures['p99_ms']:>7.0f}ms {figures['cpu_us_per_turn']:>8.0f}µs "
+            f"{figures['peak_rss_mb']:>7.0f}MB"
+        )
+        print(f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor:>9,.0f}")
+        print(f"{'':<34} {'':>3} {'':>8} {figures['turns_per_s'] / floor:>8.0%} of the floor")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
