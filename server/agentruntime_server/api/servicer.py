@@ -31,7 +31,9 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         try:
-            return await method(self, request, context)
+            response = await method(self, request, context)
+            await self.service.acknowledge()
+            return response
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
             raise  # unreachable: abort raises
@@ -136,6 +138,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if request.after_seq < 0:
                 raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
             async for event in runtime.events.follow(request.after_seq):
+                await self.service.acknowledge()  # a watcher never sees an event a crash could lose
                 yield pb.WatchResponse(event=convert.event_to_proto(event))
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]

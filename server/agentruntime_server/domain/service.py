@@ -78,6 +78,10 @@ class RuntimeService:
         for runtime in runtimes:
             await runtime.detach_runs()
 
+    async def acknowledge(self) -> None:
+        """Called before any reply leaves: what the call did is durable."""
+        await self.services.store.flush()
+
     def _refuse_while_draining(self) -> None:
         if self.draining:
             raise FailedPrecondition("the server is shutting down; retry against its replacement", reason="SHUTTING_DOWN")

@@ -98,5 +98,8 @@ class MemoryStore:
     async def runtimes_with_running_handles(self) -> list[str]:
         return []  # nothing outlives the process
 
+    async def flush(self) -> None:
+        pass
+
     async def close(self) -> None:
         self._runtimes.clear()

@@ -9,6 +9,7 @@ respect to the runtime's in-memory state."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import time
@@ -69,16 +70,39 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")  # a committed write survives a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
         migrate(self._db)
+        self._open = False
+
+    # Group commit: the writes made in one event-loop tick share one transaction, committed
+    # when the tick ends, or at once by flush(). flush() runs before anything leaves the
+    # process that a lost write would make wrong: an RPC's acknowledgement, a side-effecting
+    # tool call. A crash can only lose writes whose effects have not left the process yet,
+    # which replay and the in-doubt rules already treat as in flight.
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        if not self._open:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._open = True
+            try:
+                asyncio.get_running_loop().call_soon(self._commit)
+            except RuntimeError:  # no event loop (a tool or a test): commit when the write ends
+                yield self._db
+                self._commit()
+                return
         try:
             yield self._db
         except BaseException:
+            self._open = False
             self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+
+    def _commit(self) -> None:
+        if self._open:
+            self._open = False
+            self._db.execute("COMMIT")
+
+    async def flush(self) -> None:
+        self._commit()
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -128,6 +152,7 @@ class SqliteStore:
                 "INSERT OR IGNORE INTO started_calls (runtime_id, handle_id, call_id) VALUES (?, ?, ?)",
                 (runtime_id, handle_id, call_id),
             )
+        self._commit()  # the call leaves the process next: it must be known to have started
 
     async def record_tool_result(
         self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
@@ -213,6 +238,7 @@ class SqliteStore:
         return [runtime_id for (runtime_id,) in rows]
 
     async def close(self) -> None:
+        self._commit()
         self._db.close()
 
 
