@@ -14,13 +14,11 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from .api.servicer import AgentRuntimeServicer
-from .domain.ports import ModelProvider, Store
+from .domain.ports import Store
 from .domain.runtime import Services
 from .domain.service import RuntimeService
 from .http_session import HttpSession
-from .providers.openai import OpenAIProvider
-from .providers.router import ProviderRouter
-from .providers.scripted import ScriptedProvider
+from .providers.registry import build_router
 from .settings import Settings
 from .store.memory import MemoryStore
 from .store.sqlite import SqliteStore
@@ -56,18 +54,8 @@ def open_store(url: str) -> Store:
 
 
 def build_service(settings: Settings, http: HttpSession, store: Store) -> RuntimeService:
-    scripted = ScriptedProvider()
-    default: ModelProvider = scripted
-    if settings.llm_style == "openai":
-        default = OpenAIProvider(
-            http,
-            base_url=settings.llm_base_url,
-            api_key=settings.llm_api_key.get_secret_value(),
-            default_model=settings.llm_model,
-            timeout=settings.llm_timeout,
-        )
     services = Services(
-        models=ProviderRouter(default, scripted),
+        models=build_router(settings, http),
         http_tools=HttpTools(http),
         store=store,
         inbox_capacity=settings.inbox_capacity,
@@ -92,5 +80,5 @@ async def start(settings: Settings) -> RunningServer:
     await server.start()
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("agentruntime serving on port %d (model provider: %s, store: %s)", port, settings.llm_style, settings.store)
+    log.info("agentruntime serving on port %d (default provider: %s, store: %s)", port, settings.default_name, settings.store)
     return RunningServer(server=server, port=port, http=http, health=health, service=service, store=store)

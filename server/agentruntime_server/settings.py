@@ -18,14 +18,14 @@ STYLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5", "scri
 class ProviderSettings(BaseModel):
     """One named model provider (an entry of AGENTRUNTIME_PROVIDERS)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # inputs hold keys
 
-    style: ProviderStyle = Field("openai", description="the wire protocol: openai (chat/completions) or anthropic (messages)")
-    base_url: str = Field("", description="API base URL; empty: the style's public endpoint")
-    api_key: SecretStr = Field(SecretStr(""), description="provider key; never logged")
-    model: str = Field("", description="model used when an AgentDef names none; empty: the style's default")
-    timeout: float | None = Field(None, gt=0, description="seconds one attempt may take; unset: AGENTRUNTIME_LLM_TIMEOUT")
-    max_output_tokens: int = Field(4096, ge=1, description="anthropic's required max_tokens for each reply")
+    style: ProviderStyle = Field(default="openai", description="wire protocol: openai (chat/completions) or anthropic (messages)")
+    base_url: str = Field(default="", description="API base URL; empty: the style's public endpoint")
+    api_key: SecretStr = Field(default=SecretStr(""), description="provider key; never logged")
+    model: str = Field(default="", description="model used when an AgentDef names none; empty: the style's default")
+    timeout: float | None = Field(default=None, gt=0, description="seconds one attempt may take; unset: AGENTRUNTIME_LLM_TIMEOUT")
+    max_output_tokens: int = Field(default=4096, ge=1, description="anthropic's required max_tokens for each reply")
 
     @property
     def url(self) -> str:
@@ -37,7 +37,7 @@ class ProviderSettings(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AGENTRUNTIME_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="AGENTRUNTIME_", extra="ignore", hide_input_in_errors=True)
 
     listen: str = Field("127.0.0.1:50051", description="host:port to serve gRPC on")
     # The LLM_* fields define the provider named after its style (the default provider
@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr = Field(SecretStr(""), description="its key; never logged")
     llm_model: str = Field("", description="its model when an AgentDef names none; empty: the style's default")
     llm_timeout: float = Field(120.0, gt=0, description="seconds one model call attempt may take (every provider's default)")
-    llm_max_retries: int = Field(4, ge=0, description="retries of a model call after a 429, a 5xx, a timeout or a lost connection")
+    llm_max_retries: int = Field(4, ge=0, description="retries of a model call after a 429, a 5xx, a timeout or a lost link")
     llm_backoff_base: float = Field(0.5, ge=0, description="seconds: the first retry waits up to this, doubling each retry")
     llm_backoff_max: float = Field(30.0, ge=0, description="seconds: the longest wait between retries, Retry-After included")
     providers: dict[str, ProviderSettings] = Field(default_factory=dict, description="named providers (JSON)")
@@ -78,9 +78,7 @@ class Settings(BaseSettings):
                 )
         known = self.provider_table()
         if self.default_name not in known:
-            raise ValueError(
-                f"AGENTRUNTIME_DEFAULT_PROVIDER {self.default_name!r} is not a provider; known: {sorted(known)}"
-            )
+            raise ValueError(f"AGENTRUNTIME_DEFAULT_PROVIDER {self.default_name!r} is not a provider; known: {sorted(known)}")
         return self
 
     @property

@@ -24,6 +24,8 @@ class Reply:
     delay: float = 0.0
     status: int = 200
     raw: str | None = None  # sent verbatim instead of a chat completion
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers (Retry-After)
+    drop: bool = False  # close the connection instead of answering
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -89,8 +91,12 @@ class ScriptedModelServer:
         finally:
             self.in_flight -= 1
             self.in_flight_bodies.remove(body)
+        if reply.drop:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=204)  # never reaches the client
         if reply.raw is not None:
-            return web.Response(status=reply.status, text=reply.raw, content_type="application/json")
+            return web.Response(status=reply.status, text=reply.raw, content_type="application/json", headers=reply.headers)
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
         if reply.calls:
             message["tool_calls"] = [
@@ -108,5 +114,6 @@ class ScriptedModelServer:
                     "completion_tokens": reply.tokens - reply.tokens // 2,
                     "total_tokens": reply.tokens,
                 },
-            }
+            },
+            headers=reply.headers,
         )

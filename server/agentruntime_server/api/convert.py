@@ -94,6 +94,7 @@ def agent_from_proto(message: pb.AgentDef) -> m.AgentSpec:
             )
             for reply in message.script.replies
         ),
+        provider=message.provider,
     )
 
 

@@ -156,6 +156,7 @@ class AgentSpec:
     completion: CompletionGate = CompletionGate()
     guardrails: tuple[Guardrail, ...] = ()
     script: tuple[ScriptedReply, ...] = ()
+    provider: str = ""  # a provider named in the server's settings; "" = the default
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:

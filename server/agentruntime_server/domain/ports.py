@@ -39,6 +39,15 @@ class ModelProvider(Protocol):
     async def complete(self, request: ModelRequest) -> ModelReply: ...
 
 
+class ModelRouter(ModelProvider, Protocol):
+    """The provider the runtime calls: it routes each agent to a named provider."""
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every provider name an AgentDef may give."""
+        ...
+
+
 class HttpToolRunner(Protocol):
     async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult: ...
 

@@ -24,7 +24,7 @@ from .model import (
     Status,
     TaskResult,
 )
-from .ports import HttpToolRunner, ModelProvider, ProviderError, Store
+from .ports import HttpToolRunner, ModelRouter, ProviderError, Store
 from .prompts import wake_message
 from .suspension import read_answer
 from .validation import check_budget
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 class Services:
     """What a runtime needs from outside the domain."""
 
-    models: ModelProvider
+    models: ModelRouter
     http_tools: HttpToolRunner
     store: Store
     inbox_capacity: int = 100

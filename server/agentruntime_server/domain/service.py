@@ -29,7 +29,7 @@ class RuntimeService:
             check_runtime_id(runtime_id)
         else:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
-        check_agents(agents)
+        check_agents(agents, self.services.models.names)
         if runtime_id in self._runtimes or await self.services.store.runtime_exists(runtime_id):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
         runtime = Runtime(runtime_id, agents, self.services)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from urllib.parse import urlsplit
 
 import jsonschema
@@ -33,7 +33,8 @@ def check_runtime_id(runtime_id: str) -> None:
         )
 
 
-def check_agents(agents: Sequence[AgentSpec]) -> None:
+def check_agents(agents: Sequence[AgentSpec], providers: Collection[str] | None = None) -> None:
+    """`providers`: the provider names this server has (None: not checked)."""
     violations: list[FieldViolation] = []
     if not agents:
         violations.append(FieldViolation("agents", "define at least one agent"))
@@ -52,6 +53,15 @@ def check_agents(agents: Sequence[AgentSpec]) -> None:
             violations.append(FieldViolation(f"{where}.name", f"duplicate agent name {agent.name!r}"))
         seen.add(agent.name)
         violations.extend(_check_agent(agent, where, names))
+        # A scripted agent runs on the scripted model whatever it names: hosts test offline.
+        if providers is not None and agent.provider and not agent.script and agent.provider not in providers:
+            violations.append(
+                FieldViolation(
+                    f"{where}.provider",
+                    f"unknown provider {agent.provider!r}; this server has {sorted(providers)} "
+                    "(leave it empty for the server's default)",
+                )
+            )
     if violations:
         raise InvalidArgument(violations)
 

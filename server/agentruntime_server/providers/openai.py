@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..domain.model import Message, ToolCall
@@ -50,7 +51,7 @@ class OpenAIProvider(HttpProvider):
             ToolCall(
                 id=str(call.get("id", "")),
                 name=call["function"]["name"],
-                arguments_json=call["function"].get("arguments") or "{}",
+                arguments_json=_arguments(call["function"].get("arguments")),
             )
             for call in choice.get("tool_calls") or ()
         )
@@ -59,6 +60,13 @@ class OpenAIProvider(HttpProvider):
         if tokens is None:
             tokens = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
         return ModelReply(text=choice.get("content") or "", tool_calls=calls, tokens=int(tokens))
+
+
+def _arguments(value: Any) -> str:
+    """A JSON string per the API; some compatible servers send the object itself."""
+    if not value:
+        return "{}"
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _wire_message(message: Message) -> dict[str, Any]:

@@ -1,17 +1,33 @@
-"""Chooses the provider per agent: a scripted agent always runs on the scripted model."""
+"""Chooses the provider per agent: a scripted agent always runs on the scripted model;
+any other runs on the provider its AgentDef names, or the server's default."""
 
 from __future__ import annotations
 
-from ..domain.ports import ModelProvider, ModelReply, ModelRequest
+from collections.abc import Mapping
+
+from ..domain.ports import ModelProvider, ModelReply, ModelRequest, ProviderError
 from .scripted import ScriptedProvider
 
 
 class ProviderRouter:
-    def __init__(self, default: ModelProvider, scripted: ScriptedProvider) -> None:
+    def __init__(self, providers: Mapping[str, ModelProvider], default: str, scripted: ScriptedProvider) -> None:
+        if default not in providers:
+            raise ValueError(f"default provider {default!r} is not one of {sorted(providers)}")
+        self.providers = dict(providers)
         self.default = default
         self.scripted = scripted
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The provider names an AgentDef may give."""
+        return frozenset(self.providers)
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         if request.agent.script:
             return await self.scripted.complete(request)
-        return await self.default.complete(request)
+        name = request.agent.provider or self.default
+        provider = self.providers.get(name)
+        if provider is None:
+            # Only a runtime stored by a server configured differently gets here: CreateRuntime refuses it.
+            raise ProviderError(f"provider {name!r} is not configured on this server; it has {sorted(self.providers)}")
+        return await provider.complete(request)

@@ -1,0 +1,115 @@
+"""Anthropic's messages API: the system prompt as `system`, tool calls as `tool_use`
+blocks, their results as `tool_result` blocks in the next user turn."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..domain.model import Message, ToolCall
+from ..domain.ports import ModelReply, ModelRequest
+from ..http_session import HttpSession
+from .base import CallPolicy, HttpProvider
+
+API_VERSION = "2023-06-01"
+
+
+class AnthropicProvider(HttpProvider):
+    kind = "message"
+
+    def __init__(
+        self,
+        session: HttpSession,
+        *,
+        base_url: str,
+        api_key: str,
+        default_model: str,
+        timeout: float,
+        policy: CallPolicy,
+        max_output_tokens: int = 4096,
+        name: str = "anthropic",
+    ) -> None:
+        headers = {"anthropic-version": API_VERSION}
+        if api_key:
+            headers["x-api-key"] = api_key
+        super().__init__(
+            name,
+            session,
+            url=base_url.rstrip("/") + "/messages",
+            headers=headers,
+            api_key=api_key,
+            default_model=default_model,
+            timeout=timeout,
+            policy=policy,
+        )
+        self._max_output_tokens = max_output_tokens
+
+    def body(self, request: ModelRequest, model: str) -> dict[str, Any]:
+        system = "\n\n".join(message.content for message in request.messages if message.role == "system" and message.content)
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self._max_output_tokens,
+            "messages": wire_messages(request.messages),
+        }
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+        return body
+
+    def parse(self, payload: Any) -> ModelReply:
+        if payload.get("type") == "error":
+            raise ValueError(f"an error object: {payload.get('error')}")
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in payload["content"]:
+            if block["type"] == "text":
+                texts.append(block["text"])
+            elif block["type"] == "tool_use":
+                calls.append(ToolCall(id=str(block["id"]), name=block["name"], arguments_json=json.dumps(block["input"])))
+        usage = payload.get("usage") or {}
+        tokens = sum(
+            int(usage.get(key) or 0)
+            for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
+        return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens)
+
+
+def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """The transcript as alternating user/assistant turns of content blocks (system excluded)."""
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            continue
+        blocks: list[dict[str, Any]]
+        if message.role == "tool":
+            role = "user"
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}
+            if message.is_error:
+                result["is_error"] = True
+            blocks = [result]
+        elif message.role == "assistant":
+            role = "assistant"
+            blocks = [{"type": "text", "text": message.content}] if message.content else []
+            blocks += [
+                {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments_json)}
+                for call in message.tool_calls
+            ]
+        else:
+            role = "user"
+            blocks = [{"type": "text", "text": message.content}] if message.content else []
+        if not blocks:
+            continue  # the API refuses empty text blocks
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"].extend(blocks)  # consecutive turns of one role become one turn
+        else:
+            wire.append({"role": role, "content": blocks})
+    return wire
+
+
+def _input(arguments_json: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments_json or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,185 @@
+"""What every HTTP model provider shares: the shared keep-alive session, a per-attempt
+timeout, retries (tenacity: exponential backoff with full jitter, honouring Retry-After)
+on provider faults only, one global gate on calls in flight, and errors that name the
+provider and its HTTP status and never carry the key."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import email.utils
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity.asyncio import AsyncRetrying
+
+from ..domain.ports import ModelReply, ModelRequest, ProviderError
+from ..http_session import HttpSession
+
+log = logging.getLogger("agentruntime.providers")
+MAX_ERROR_BODY = 500
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """Shared by every HTTP provider of one server."""
+
+    gate: asyncio.Semaphore  # held around the HTTP exchange only, never across a backoff
+    max_retries: int = 4
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+
+
+class ProviderFault(Exception):
+    """A failure worth retrying: 429, 5xx, a timeout, a lost connection."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class HttpProvider(abc.ABC):
+    """One named provider. Subclasses say what to send and how to read the reply."""
+
+    kind = "reply"  # what a valid reply is called in error messages
+
+    def __init__(
+        self,
+        name: str,
+        session: HttpSession,
+        *,
+        url: str,
+        headers: Mapping[str, str],
+        api_key: str,
+        default_model: str,
+        timeout: float,
+        policy: CallPolicy,
+    ) -> None:
+        self.name = name
+        self._session = session
+        self._url = url
+        self._headers = {"Content-Type": "application/json", **headers}
+        self._api_key = api_key
+        self._default_model = default_model
+        self._timeout_s = timeout
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._policy = policy
+        self._backoff = wait_random_exponential(multiplier=policy.backoff_base, max=policy.backoff_max)
+
+    @abc.abstractmethod
+    def body(self, request: ModelRequest, model: str) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def parse(self, payload: Any) -> ModelReply: ...
+
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        body = self.body(request, request.agent.model or self._default_model)
+        status, raw = await self._post(json.dumps(body).encode())
+        try:
+            return self.parse(json.loads(raw))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ProviderError(
+                self._redact(
+                    f"provider {self.name!r} answered HTTP {status} with a reply that is not a {self.kind} "
+                    f"({type(exc).__name__}: {exc}): {_excerpt(raw)}"
+                )
+            ) from exc
+
+    async def _post(self, data: bytes) -> tuple[int, bytes]:
+        # The first attempt runs bare: tenacity costs ~25 us a call, paid only after a fault.
+        try:
+            return await self._attempt(data)
+        except ProviderFault as fault:
+            first: list[ProviderFault] = [fault]
+
+        async def attempt() -> tuple[int, bytes]:
+            if first:
+                raise first.pop()  # tenacity's attempt 1 is the one already made
+            return await self._attempt(data)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._policy.max_retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception_type(ProviderFault),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            result: tuple[int, bytes] = await retrying(attempt)
+        except ProviderFault as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise ProviderError(f"{exc.message} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})") from exc
+        return result
+
+    async def _attempt(self, data: bytes) -> tuple[int, bytes]:
+        async with self._policy.gate:
+            try:
+                async with self._session.get().post(
+                    self._url, data=data, headers=self._headers, timeout=self._timeout
+                ) as response:
+                    status = response.status
+                    raw = await response.read()
+                    headers = response.headers
+            except TimeoutError as exc:
+                raise ProviderFault(f"provider {self.name!r} did not answer within {self._timeout_s:g}s") from exc
+            except aiohttp.ClientError as exc:
+                raise ProviderFault(self._redact(f"provider {self.name!r} unreachable: {type(exc).__name__}: {exc}")) from exc
+        if 200 <= status < 300:
+            return status, raw
+        message = self._redact(f"provider {self.name!r} answered HTTP {status}: {_excerpt(raw)}")
+        if status == 429 or status >= 500:
+            raise ProviderFault(message, retry_after=retry_after(headers))
+        raise ProviderError(message)  # a 4xx is our request's fault: retrying cannot help
+
+    def _wait(self, state: RetryCallState) -> float:
+        fault = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(fault, ProviderFault) and fault.retry_after is not None:
+            return min(fault.retry_after, self._policy.backoff_max)
+        return float(self._backoff(state))
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        fault = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "model call failed (%s); attempt %d of %d, retrying in %.2fs",
+            fault,
+            state.attempt_number,
+            self._policy.max_retries + 1,
+            state.upcoming_sleep,
+        )
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(float(millis) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _excerpt(raw: bytes) -> str:
+    text = raw[:MAX_ERROR_BODY].decode("utf-8", "replace").strip()
+    return text or "(empty body)"

@@ -1,0 +1,104 @@
+"""A scripted Anthropic messages API on loopback, for tests.
+
+Like the OpenAI-compatible one: each model name has a script, a function from the request
+body to a reply; the server keeps every request body and its headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Turn:
+    text: str = ""
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    input_tokens: int = 10
+    output_tokens: int = 5
+    delay: float = 0.0
+    status: int = 200
+    raw: str | None = None  # sent verbatim instead of a message
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Script = Callable[[dict[str, Any]], Turn]
+
+
+def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every tool_result block the transcript holds so far."""
+    return [
+        block
+        for message in body["messages"]
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "tool_result"
+    ]
+
+
+class ScriptedAnthropicServer:
+    def __init__(self) -> None:
+        self.scripts: dict[str, Script] = {}
+        self.calls: Counter[str] = Counter()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def script(self, model: str, script: Script) -> None:
+        self.scripts[model] = script
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/messages", self._messages)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        model = body["model"]
+        self.calls[model] += 1
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        script = self.scripts.get(model)
+        if script is None:
+            error = {"type": "error", "error": {"type": "not_found_error", "message": f"model: {model}"}}
+            return web.json_response(error, status=404)
+        turn = script(body)
+        if turn.delay:
+            await asyncio.sleep(turn.delay)
+        if turn.raw is not None:
+            return web.Response(status=turn.status, text=turn.raw, content_type="application/json", headers=turn.headers)
+        content: list[dict[str, Any]] = [{"type": "text", "text": turn.text}] if turn.text else []
+        content += [
+            {"type": "tool_use", "id": f"toolu_{index:02d}", "name": name, "input": args}
+            for index, (name, args) in enumerate(turn.calls, start=1)
+        ]
+        return web.json_response(
+            {
+                "id": "msg_test",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": content,
+                "stop_reason": "tool_use" if turn.calls else "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": turn.input_tokens, "output_tokens": turn.output_tokens},
+            },
+            headers=turn.headers,
+        )
