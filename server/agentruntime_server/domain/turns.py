@@ -42,6 +42,7 @@ class TurnLoop:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.services = runtime.services
+        self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
@@ -87,8 +88,8 @@ class TurnLoop:
         turn = handle.turns + 1
         index = len(handle.transcript)
         calls = tuple(
-            ToolCall(id=f"call_{turn}_{index}", name=call.name, arguments_json=call.arguments_json or "{}")
-            for index, call in enumerate(reply.tool_calls, start=1)
+            ToolCall(id=f"call_{turn}_{position}", name=call.name, arguments_json=call.arguments_json or "{}")
+            for position, call in enumerate(reply.tool_calls, start=1)
         )
         message = Message(role="assistant", content=reply.text, tool_calls=calls, turn=turn)
         # The usage roll-up and the transcript change together, with no await between.
@@ -110,7 +111,11 @@ class TurnLoop:
         )
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
+        """What the model may call; an agent's definition never changes, so it is built once."""
         agent = handle.agent
+        cached = self._schemas.get(agent.name)
+        if cached is not None:
+            return cached
         schemas = [
             ToolSchema(spec.name, spec.description, spec.input_schema or {"type": "object", "properties": {}})
             for spec in agent.tools
@@ -118,7 +123,8 @@ class TurnLoop:
         if agent.team:
             schemas.append(prompts.task_tool([self.runtime.agents[name] for name in agent.team]))
         schemas.append(prompts.ASK_TOOL)
-        return tuple(schemas)
+        self._schemas[agent.name] = tuple(schemas)
+        return self._schemas[agent.name]
 
     # ---- tools ---------------------------------------------------------------------------
 
