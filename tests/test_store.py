@@ -65,6 +65,15 @@ async def test_idle_runtimes_leave_memory_and_come_back_whole(
     # A reloaded runtime keeps counting where it left off: the next spawn is explore.2's sibling number.
     spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=first_runtime, parent_id="root", agent="coordinator"))
     assert spawned.handle_id == "root/coordinator.2"
+    # Its event log, too, was persisted whole and goes on numbering where it stopped.
+    events = []
+    async for response in stub.Watch(pb.WatchRequest(runtime_id=first_runtime)):
+        events.append(response.event)
+        if response.event.HasField("spawned") and response.event.handle_id == spawned.handle_id:
+            break
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))
+    [result] = [event.result for event in events if event.HasField("result") and event.handle_id == first_handle]
+    assert result == first_result
     with pytest.raises(grpc.aio.AioRpcError) as exists:
         await create(stub, agent("x"), runtime_id=first_runtime)
     assert exists.value.code() == grpc.StatusCode.ALREADY_EXISTS

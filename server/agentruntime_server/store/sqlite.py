@@ -71,6 +71,7 @@ class SqliteStore:
         self._db.execute("PRAGMA busy_timeout=5000")
         migrate(self._db)
         self._open = False
+        self._events: list[tuple[str, int, bytes]] = []  # written in one statement at commit
 
     # Group commit: the writes made in one event-loop tick share one transaction, committed
     # when the tick ends, or at once by flush(). flush() runs before anything leaves the
@@ -93,11 +94,13 @@ class SqliteStore:
             yield self._db
         except BaseException:
             self._open = False
+            self._events.clear()
             self._db.execute("ROLLBACK")
             raise
 
     def _commit(self) -> None:
         if self._open:
+            self._write_events()
             self._open = False
             self._db.execute("COMMIT")
 
@@ -182,13 +185,19 @@ class SqliteStore:
     # ---- reads ---------------------------------------------------------------------------
 
     async def append_event(self, runtime_id: str, event: Event) -> None:
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO events (runtime_id, seq, event) VALUES (?, ?, ?)", (runtime_id, event.seq, _EVENT.dump_json(event))
-            )
+        with self._transaction():
+            self._events.append((runtime_id, event.seq, _EVENT.dump_json(event)))
+
+    def _write_events(self) -> None:
+        if self._events:
+            self._db.executemany("INSERT INTO events (runtime_id, seq, event) VALUES (?, ?, ?)", self._events)
+            self._events.clear()
 
     async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]:
-        rows = self._db.execute("SELECT event FROM events WHERE runtime_id = ? AND seq > ? ORDER BY seq", (runtime_id, after_seq))
+        self._write_events()
+        rows = self._db.execute(
+            "SELECT event FROM events WHERE runtime_id = ? AND seq > ? ORDER BY seq", (runtime_id, after_seq)
+        )
         return [_EVENT.validate_json(row[0]) for row in rows]
 
     async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
@@ -227,6 +236,7 @@ class SqliteStore:
             "SELECT request_id, answer, leaf_id FROM answers WHERE runtime_id = ?", (runtime_id,)
         ):
             record.answered[request_id] = (_ANSWER.validate_json(answer), leaf_id)
+        self._write_events()
         last = db.execute("SELECT MAX(seq) FROM events WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
         record.last_event_seq = last or 0
         return record
