@@ -86,7 +86,12 @@ def rss_mb(pid: int) -> float:
 
 async def _serve(store: Path, cache: int) -> tuple[asyncio.subprocess.Process, str]:
     address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "AGENTRUNTIME_STORE": f"sqlite:///{store}", "AGENTRUNTIME_RUNTIME_CACHE": str(cache)}
+    env = {
+        **os.environ,
+        "AGENTRUNTIME_STORE": f"sqlite:///{store}",
+        "AGENTRUNTIME_RUNTIME_CACHE": str(cache),
+        "AGENTRUNTIME_METRICS_LISTEN": "off",
+    }
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, "--log-level", "WARNING", env=env
     )

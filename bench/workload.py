@@ -129,6 +129,7 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
             "AGENTRUNTIME_LLM_STYLE": "openai",
             "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
             "AGENTRUNTIME_LOG_LEVEL": "WARNING",
+            "AGENTRUNTIME_METRICS_LISTEN": "off",
         }
         address = f"127.0.0.1:{server_port}"
         server = await asyncio.create_subprocess_exec(

@@ -62,7 +62,7 @@ call() {
 }
 
 # --- start the server and wait for health ------------------------------------
-"$SERVER" serve --listen "$ADDR" --store "sqlite:///$STORE_DIR/smoke.db" >"$LOG" 2>&1 &
+AGENTRUNTIME_METRICS_LISTEN=off "$SERVER" serve --listen "$ADDR" --store "sqlite:///$STORE_DIR/smoke.db" >"$LOG" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do
   if health=$("$GRPCURL" -plaintext -max-time 2 "$ADDR" grpc.health.v1.Health/Check 2>/dev/null); then break; fi

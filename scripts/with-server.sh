@@ -8,7 +8,7 @@ PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); p
 export AGENTRUNTIME_ADDR=127.0.0.1:$PORT
 LOG=$(mktemp -t agentruntime-server.XXXXXX)
 STORE_DIR=$(mktemp -d -t agentruntime-store.XXXXXX)
-AGENTRUNTIME_STORE=${AGENTRUNTIME_STORE:-sqlite:///$STORE_DIR/agentruntime.db} .venv/bin/agentruntime serve --listen "$AGENTRUNTIME_ADDR" >"$LOG" 2>&1 &
+AGENTRUNTIME_METRICS_LISTEN=${AGENTRUNTIME_METRICS_LISTEN:-off} AGENTRUNTIME_STORE=${AGENTRUNTIME_STORE:-sqlite:///$STORE_DIR/agentruntime.db} .venv/bin/agentruntime serve --listen "$AGENTRUNTIME_ADDR" >"$LOG" 2>&1 &
 SERVER_PID=$!
 trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; rm -rf "$LOG" "$STORE_DIR"' EXIT
 "$PY" - "$AGENTRUNTIME_ADDR" <<'PYEOF' || { cat "$LOG" >&2; exit 1; }

@@ -36,6 +36,7 @@ async def server(model: ScriptedModelServer) -> AsyncIterator[RunningServer]:
         llm_base_url=model.base_url,
         llm_api_key="sk-test-secret-never-shown",
         inbox_capacity=3,
+        metrics_listen="off",
         store="memory://",
     )
     running = await start(settings)

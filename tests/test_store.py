@@ -28,6 +28,7 @@ async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[t
         llm_base_url=model.base_url,
         store=f"sqlite:///{tmp_path / 'agentruntime.db'}",
         runtime_cache=2,
+        metrics_listen="off",
     )
     running = await start(settings)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:

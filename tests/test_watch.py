@@ -8,10 +8,10 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-
 from agentruntime_server.domain.errors import ResourceExhausted
 from agentruntime_server.domain.events import EventKind, EventLog
 from agentruntime_server.store.memory import MemoryStore
+
 from tests.support.build import agent, create
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -18,11 +19,17 @@ from .domain.ports import Store
 from .domain.runtime import Services
 from .domain.service import RuntimeService
 from .http_session import HttpSession
+from .observability import Observability
+from .observability import build as build_observability
+from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings
 from .store.memory import MemoryStore
 from .store.sqlite import SqliteStore
 from .tools.http import HttpTools
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("agentruntime")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentRuntime"].full_name
@@ -36,6 +43,12 @@ class RunningServer:
     health: HealthServicer
     service: RuntimeService
     store: Store
+    observability: Observability = field(default_factory=Observability)
+
+    @property
+    def metrics_port(self) -> int:
+        """The port Prometheus /metrics is served on (0: not served)."""
+        return self.observability.metrics_port
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Stop accepting, let running turns reach a journal point within `grace`, close the store."""
@@ -45,6 +58,7 @@ class RunningServer:
         await stopping
         await self.http.close()
         await self.store.close()
+        await self.observability.stop()
 
 
 def open_store(url: str) -> Store:
@@ -53,23 +67,34 @@ def open_store(url: str) -> Store:
     return SqliteStore(url.removeprefix("sqlite:///"))
 
 
-def build_service(settings: Settings, http: HttpSession, store: Store) -> RuntimeService:
+def build_service(
+    settings: Settings, http: HttpSession, store: Store, observability: Observability | None = None
+) -> RuntimeService:
+    observability = observability or Observability()
+    models = build_router(settings, http)
+    for provider in models.providers.values():
+        if isinstance(provider, HttpProvider):
+            provider.monitor = observability.model_monitor
     services = Services(
-        models=build_router(settings, http),
+        models=models,
         http_tools=HttpTools(http),
         store=store,
         inbox_capacity=settings.inbox_capacity,
         watch_buffer=settings.watch_buffer,
+        observers=observability.observers,
     )
     return RuntimeService(services, cache_size=settings.runtime_cache)
 
 
-async def start(settings: Settings) -> RunningServer:
+async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
+    """Serves until stopped. `span_exporter` (tests) receives every span, as an OTLP collector would."""
+    observability = build_observability(settings, span_exporter)
     http = HttpSession(settings.http_pool_size)
     store = open_store(settings.store)
-    service = build_service(settings, http, store)
+    service = build_service(settings, http, store, observability)
+    observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=observability.interceptors() or None)
     pb_grpc.add_AgentRuntimeServicer_to_server(AgentRuntimeServicer(service), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -81,4 +106,6 @@ async def start(settings: Settings) -> RunningServer:
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("agentruntime serving on port %d (default provider: %s, store: %s)", port, settings.default_name, settings.store)
-    return RunningServer(server=server, port=port, http=http, health=health, service=service, store=store)
+    return RunningServer(
+        server=server, port=port, http=http, health=health, service=service, store=store, observability=observability
+    )

@@ -64,6 +64,15 @@ class Settings(BaseSettings):
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
     shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")
     log_level: str = Field("INFO")
+    log_format: Literal["text", "json"] = Field("text", description="text (for people) or json (one object a line)")
+    metrics_listen: str = Field(
+        "127.0.0.1:9464",
+        pattern=r"^(|off|\[?[A-Za-z0-9_.:-]*\]?:[0-9]{1,5})$",
+        description="host:port to serve Prometheus /metrics on; empty or 'off': no metrics",
+    )
+    otel_endpoint: str = Field(
+        "", description="OTLP/gRPC collector for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing"
+    )
 
     @model_validator(mode="after")
     def _check_providers(self) -> Settings:

@@ -41,6 +41,7 @@ class ServerProcess:
             "AGENTRUNTIME_LLM_BASE_URL": self.model_url,
             "AGENTRUNTIME_LLM_API_KEY": "sk-test-secret-never-shown",
             "AGENTRUNTIME_SHUTDOWN_GRACE": "5",
+            "AGENTRUNTIME_METRICS_LISTEN": "off",
         }
         with self.log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -36,19 +36,33 @@ class CallPolicy:
     backoff_max: float = 30.0
 
 
+class CallMonitor(Protocol):
+    """Told about every attempt of a model call and every retry (metrics, traces). Its
+    arguments are a provider name, seconds and a fixed vocabulary: never a key or a prompt.
+    It is called on the event loop and must be quick and must not raise."""
+
+    def on_attempt(self, provider: str, seconds: float, outcome: str) -> None:
+        """One HTTP exchange ended: ok, rate_limited, server_error, timeout, unreachable, rejected, cancelled."""
+
+    def on_retry(self, provider: str, reason: str) -> None:
+        """A failed attempt is about to be retried; `reason` is its outcome."""
+
+
 class ProviderFault(Exception):
     """A failure worth retrying: 429, 5xx, a timeout, a lost connection."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, reason: str = "server_error") -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.reason = reason  # a CallMonitor outcome
 
 
 class HttpProvider(abc.ABC):
     """One named provider. Subclasses say what to send and how to read the reply."""
 
     kind = "reply"  # what a valid reply is called in error messages
+    monitor: CallMonitor | None = None  # set by the app when metrics or tracing are on
 
     def __init__(
         self,
@@ -120,6 +134,8 @@ class HttpProvider(abc.ABC):
 
     async def _attempt(self, data: bytes) -> tuple[int, bytes]:
         async with self._policy.gate:
+            started = time.perf_counter()  # the exchange only: a wait for the gate is not the provider's
+            outcome = "cancelled"
             try:
                 async with self._session.get().post(
                     self._url, data=data, headers=self._headers, timeout=self._timeout
@@ -127,15 +143,23 @@ class HttpProvider(abc.ABC):
                     status = response.status
                     raw = await response.read()
                     headers = response.headers
+                outcome = _outcome(status)
             except TimeoutError as exc:
-                raise ProviderFault(f"provider {self.name!r} did not answer within {self._timeout_s:g}s") from exc
+                outcome = "timeout"
+                raise ProviderFault(f"provider {self.name!r} did not answer within {self._timeout_s:g}s", reason=outcome) from exc
             except aiohttp.ClientError as exc:
-                raise ProviderFault(self._redact(f"provider {self.name!r} unreachable: {type(exc).__name__}: {exc}")) from exc
+                outcome = "unreachable"
+                raise ProviderFault(
+                    self._redact(f"provider {self.name!r} unreachable: {type(exc).__name__}: {exc}"), reason=outcome
+                ) from exc
+            finally:
+                if self.monitor is not None:
+                    self.monitor.on_attempt(self.name, time.perf_counter() - started, outcome)
         if 200 <= status < 300:
             return status, raw
         message = self._redact(f"provider {self.name!r} answered HTTP {status}: {_excerpt(raw)}")
         if status == 429 or status >= 500:
-            raise ProviderFault(message, retry_after=retry_after(headers))
+            raise ProviderFault(message, retry_after=retry_after(headers), reason=outcome)
         raise ProviderError(message)  # a 4xx is our request's fault: retrying cannot help
 
     def _wait(self, state: RetryCallState) -> float:
@@ -146,6 +170,8 @@ class HttpProvider(abc.ABC):
 
     def _log_retry(self, state: RetryCallState) -> None:
         fault = state.outcome.exception() if state.outcome is not None else None
+        if self.monitor is not None:
+            self.monitor.on_retry(self.name, fault.reason if isinstance(fault, ProviderFault) else "fault")
         log.warning(
             "model call failed (%s); attempt %d of %d, retrying in %.2fs",
             fault,
@@ -178,6 +204,14 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - time.time(), 0.0)
+
+
+def _outcome(status: int) -> str:
+    if 200 <= status < 300:
+        return "ok"
+    if status == 429:
+        return "rate_limited"
+    return "server_error" if status >= 500 else "rejected"
 
 
 def _excerpt(raw: bytes) -> str:
