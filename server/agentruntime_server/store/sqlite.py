@@ -195,9 +195,7 @@ class SqliteStore:
 
     async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]:
         self._write_events()
-        rows = self._db.execute(
-            "SELECT event FROM events WHERE runtime_id = ? AND seq > ? ORDER BY seq", (runtime_id, after_seq)
-        )
+        rows = self._db.execute("SELECT event FROM events WHERE runtime_id = ? AND seq > ? ORDER BY seq", (runtime_id, after_seq))
         return [_EVENT.validate_json(row[0]) for row in rows]
 
     async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None:
