@@ -134,7 +134,7 @@ out=$(call Wake '{"runtime_id": "release", "handle_id": "root/lead.1", "prompt":
 out=$(call Wait '{"runtime_id": "release", "handle_id": "root/lead.1", "timeout": "30s"}') || fail "Wait lead" "$out"
 check "Wait: PENDING on the release agent's deploy call" "$out" \
   'r["result"]["status"] == "STATUS_PENDING" and r["result"]["pending"]["path"] == ["root", "lead.1", "release.1"] and r["result"]["pending"]["calls"][0]["name"] == "deploy" and r["result"]["total_tokens"] == "110"'
-ANSWER='{"runtime_id": "release", "answer": {"id": "root/lead.1/release.1/call_1_1", "ok": true, "outputs": [{"call_id": "call_1_1", "output": "deployed v2 at 12:00"}]}}'
+ANSWER='{"runtime_id": "release", "answer": {"id": "root/lead.1/release.1/call_1_1:tool_call", "ok": true, "outputs": [{"call_id": "call_1_1", "output": "deployed v2 at 12:00"}]}}'
 out=$(call Resume "$ANSWER") || fail "Resume returned an error" "$out"
 check "Resume: DONE, no turn bought twice (2 turns, 220 tokens)" "$out" \
   'r["result"]["status"] == "STATUS_DONE" and r["result"]["turns"] == "2" and r["result"]["total_tokens"] == "220"'

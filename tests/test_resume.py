@@ -293,3 +293,27 @@ async def test_transcript_shows_what_will_be_replayed(
     assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
     assert [c.name for c in transcript[-1].tool_calls] == ["approve"]
     assert (transcript[1].turn, transcript[3].turn) == (1, 2)
+
+
+async def test_a_call_that_asks_twice_has_one_request_per_question(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    """A relay tool behind an approval asks for the approval, then for its output."""
+    model.script(
+        "ops", lambda body: Reply(calls=[("deploy", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body))
+    )
+    deploy = relay_tool("deploy")
+    deploy.approval.CopyFrom(pb.ApprovalPolicy(required=True))
+    runtime_id = await create(stub, agent("ops", tools=[deploy]))
+    _, approval = await run(stub, runtime_id, "ops", "ship")
+    assert approval.pending.kind == "approval"
+    yes = pb.Answer(id=approval.pending.id, ok=True)
+    relay = await resume(stub, runtime_id, yes)
+    assert relay.pending.kind == "tool_call"
+    assert relay.pending.id != approval.pending.id
+    assert await resume(stub, runtime_id, yes) == relay  # the retried approval answers nothing else
+    call = relay.pending.calls[0]
+    done = await resume(
+        stub, runtime_id, pb.Answer(id=relay.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="shipped")])
+    )
+    assert (done.status, done.text, done.tool_calls) == (pb.STATUS_DONE, "shipped", 1)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.app import start
 from agentruntime_server.domain.errors import ResourceExhausted
 from agentruntime_server.domain.events import EventKind, EventLog
+from agentruntime_server.settings import Settings
 from agentruntime_server.store.memory import MemoryStore
 
 from tests.support.build import agent, create
@@ -110,3 +113,22 @@ async def _take(events, count: int):  # type: ignore[no-untyped-def]
         count -= 1
         if count == 0:
             return
+
+
+async def test_shutdown_ends_watch_streams_at_once(model: ScriptedModelServer) -> None:
+    running = await start(Settings(listen="127.0.0.1:0", store="memory://", metrics_listen="off"))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = pb_grpc.AgentRuntimeStub(channel)
+        runtime_id = await create(stub, agent("a"))
+        await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="a"))
+        stream = stub.Watch(pb.WatchRequest(runtime_id=runtime_id))
+        first = await stream.read()
+        assert first.event.seq == 1
+        started = time.monotonic()
+        stopping = asyncio.ensure_future(running.stop(grace=10))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await stream.read()
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "after_seq=1" in (ended.value.details() or "")
+        await stopping
+        assert time.monotonic() - started < 5, "shutdown waited for the watcher"

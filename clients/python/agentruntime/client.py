@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -140,3 +141,39 @@ class Client:
     async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
         request = pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id)
         return list((await self._call(self._stub.GetTranscript, request)).messages)
+
+    async def watch(
+        self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 0.25
+    ) -> AsyncIterator[pb.Event]:
+        """The runtime's events after `after_seq`, in order, once each; never ends by itself.
+
+        A dropped stream (UNAVAILABLE, or RESOURCE_EXHAUSTED with reason WATCH_LAGGING when
+        this consumer fell too far behind) is reopened from the last seq seen, so nothing is
+        missed or seen twice. After `max_retries` reconnects in a row with no event between
+        them (waiting `backoff` seconds, doubling, before each), the error is raised."""
+        seen = after_seq
+        failures = 0
+        while True:
+            call = self._stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=seen), metadata=self._metadata)
+            try:
+                async for response in call:
+                    failures = 0
+                    seen = response.event.seq
+                    yield response.event
+            except grpc.aio.AioRpcError as rpc_error:
+                error = AgentRuntimeError.from_rpc_error(rpc_error)
+                info = error.detail(error_details_pb2.ErrorInfo)
+                lagging = error.code is grpc.StatusCode.RESOURCE_EXHAUSTED and getattr(info, "reason", "") == "WATCH_LAGGING"
+                if not (lagging or error.code is grpc.StatusCode.UNAVAILABLE) or failures >= max_retries:
+                    raise error from None
+                if not lagging:
+                    await asyncio.sleep(backoff * 2**failures)
+                failures += 1
+                continue
+            finally:
+                call.cancel()
+            # The server ended the stream (it is shutting down): reopen it like a drop.
+            if failures >= max_retries:
+                raise AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
+            await asyncio.sleep(backoff * 2**failures)
+            failures += 1

@@ -31,6 +31,8 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
     elif isinstance(error, e.FailedPrecondition):
         code = code_pb2.FAILED_PRECONDITION
         details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
+    elif isinstance(error, e.Unavailable):
+        code = code_pb2.UNAVAILABLE
     elif isinstance(error, e.ResourceExhausted):
         code = code_pb2.RESOURCE_EXHAUSTED
         metadata = {"limit": error.limit.wire_name} if error.limit.value else {}

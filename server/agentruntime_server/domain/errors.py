@@ -50,6 +50,10 @@ class ResourceExhausted(DomainError):
         super().__init__(message)
 
 
+class Unavailable(DomainError):
+    """The server cannot serve this now (it is shutting down); the caller should retry."""
+
+
 class Detached(Exception):
     """Raised inside a run when the process is shutting down: the run stops at a journal
     point without settling, and continues from the store at the next start."""

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import ResourceExhausted
+from .errors import ResourceExhausted, Unavailable
 from .model import HandleState, PendingRequest, TaskResult, ToolCall
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class EventLog:
         self.buffer = buffer
         self.observers = observers
         self._watchers: set[asyncio.Queue[Event | None]] = set()
+        self.closing = False
 
     @property
     def watched(self) -> bool:
@@ -97,6 +98,15 @@ class EventLog:
                     queue.get_nowait()
                 queue.put_nowait(None)
 
+    def close(self) -> None:
+        """Shutdown: every watcher is told to reconnect (to this server's replacement)."""
+        self.closing = True
+        for queue in list(self._watchers):
+            self._watchers.discard(queue)
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(None)
+
     async def follow(self, after_seq: int) -> AsyncIterator[Event]:
         """History after `after_seq` from the store, then live events, in order, once each."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue(self.buffer)
@@ -108,6 +118,8 @@ class EventLog:
                 seen = event.seq
             while True:
                 live = await queue.get()
+                if live is None and self.closing:
+                    raise Unavailable(f"the server is shutting down; Watch again with after_seq={seen}")
                 if live is None:
                     raise ResourceExhausted(
                         f"this watcher fell more than {self.buffer} events behind at seq {seen}; "

@@ -47,7 +47,9 @@ class RuntimeService:
         if record is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
         runtime = Runtime.restore(record, self.services)
-        runtime.draining = self.draining
+        if self.draining:
+            runtime.draining = True
+            runtime.events.close()
         self._remember(runtime)
         return runtime
 
@@ -72,6 +74,7 @@ class RuntimeService:
         runtimes = list(self._runtimes.values())
         for runtime in runtimes:
             runtime.draining = True
+            runtime.events.close()
         tasks = [h.run.task for rt in runtimes for h in rt.handles.values() if h.run is not None and h.run.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)

@@ -206,7 +206,9 @@ class TurnLoop:
                 "have taken effect: answer ok with an output to use it, ok without one to run it again, "
                 "or not ok to fail the call"
             )
-        return PendingRequest(id=f"{handle.id}/{first.id}", kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
+        # The kind is part of the id: one call can ask twice (approval, then its relay output).
+        request_id = f"{handle.id}/{first.id}:{kind}"
+        return PendingRequest(id=request_id, kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
         return f"{self.runtime.id}/{handle.id}/{call.id}"

@@ -1,0 +1,240 @@
+"""The `agentruntime` CLI (run, ls, inspect, transcript, resume, watch) as a subprocess against a real server.
+
+Off a terminal `run` prints one line per event and reads the prompt and the answers from
+standard input, so what a person sees in the live tree is checked here line by line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.app import RunningServer, start
+from agentruntime_server.settings import Settings
+
+from tests.support.process import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = ROOT / "examples" / "agents.json"
+RELEASE = ROOT / "examples" / "release.json"
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[RunningServer]:
+    """A server on the embedded scripted model (the `make run` default): the examples run offline."""
+    running = await start(Settings(listen="127.0.0.1:0", store="memory://"))
+    yield running
+    await running.stop(grace=None)
+
+
+@pytest.fixture
+async def stub(scripted: RunningServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{scripted.port}") as channel:
+        yield pb_grpc.AgentRuntimeStub(channel)
+
+
+def _env(server: RunningServer | None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGENTRUNTIME_")}
+    if server is not None:
+        env["AGENTRUNTIME_ADDR"] = f"127.0.0.1:{server.port}"
+    return env
+
+
+async def cli(
+    server: RunningServer | None, *args: str, stdin: str = "", module: str = "agentruntime_server"
+) -> tuple[int, str, str]:
+    """Runs `python -m agentruntime_server ARGS` (the console script) without blocking the server's loop."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=_env(server), cwd=ROOT,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def block(text: str, title: str) -> dict[str, str]:
+    """The `key  value` lines under `--- title`."""
+    lines = text.splitlines()
+    start = lines.index(f"--- {title}") + 1
+    rows: dict[str, str] = {}
+    for line in lines[start:]:
+        if line.startswith("--- "):
+            break
+        key, _, value = line.partition("  ")
+        rows[key] = value.strip()
+    return rows
+
+
+def runtime_of(stdout: str) -> str:
+    first = stdout.splitlines()[0]
+    assert first.startswith("runtime "), stdout
+    return first.split()[1]
+
+
+async def test_run_shows_every_event_and_ends_done_with_the_tree_bill(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+) -> None:
+    prompt = "How does the Python GIL affect CPU-bound threads?"
+    code, out, err = await cli(scripted, "run", str(AGENTS), "--prompt", prompt)
+    assert (code, err) == (0, ""), out + err
+    runtime_id = runtime_of(out)
+    assert runtime_id.startswith("demo-")  # the file's id plus a suffix: the file can run again
+    assert "#1 root/coordinator.1 spawned agent=coordinator parent=root" in out
+    assert "root/coordinator.1/explore.1 spawned agent=explore" in out
+    assert "root/coordinator.1/summarize.1 turn 1 ended" in out
+    result = block(out, "result")
+    assert result["status"] == "DONE"
+    assert result["turns"] == "2"
+    own, total = int(result["own tokens"]), int(result["total tokens"])
+    listed = {view.handle_id: view for view in (await stub.List(pb.ListRequest(runtime_id=runtime_id))).handles}
+    root = listed["root/coordinator.1"]
+    assert (own, total) == (root.own_tokens, root.total_tokens)
+    children = [view.total_tokens for handle_id, view in listed.items() if handle_id != root.handle_id]
+    assert total == own + sum(children) > own
+
+    again, second, _ = await cli(scripted, "run", str(AGENTS), "--prompt", prompt)
+    assert again == 0 and runtime_of(second) != runtime_id
+
+
+async def test_run_asks_for_the_relay_output_on_stdin_and_resumes_to_done(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+) -> None:
+    code, out, err = await cli(scripted, "run", str(RELEASE), "--prompt", "Ship v2.", stdin="deployed v2 at 12:00\n")
+    assert (code, err) == (0, ""), out + err
+    request = block(out, "the run waits for you")
+    assert request["kind"] == "tool_call"
+    assert request["path"] == "root/lead.1/release.1"
+    assert request["call call_1_1"] == 'deploy {"version": "v2"}'
+    assert 'output of deploy call_1_1 ({"version": "v2"}): deployed v2 at 12:00' in out
+    result = block(out, "result")
+    assert (result["status"], result["turns"], result["own tokens"], result["total tokens"]) == ("DONE", "2", "200", "220")
+    assert result["text"] == "Release finished: v2 is live."
+    # The answer was the deploy call's result, and the suspended turn was not bought again.
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_of(out), handle_id="root/lead.1/release.1"))
+    assert [m.content for m in transcript.messages if m.role == "tool"] == ["deployed v2 at 12:00"]
+
+
+async def test_a_run_left_pending_is_finished_by_resume(scripted: RunningServer) -> None:
+    code, out, _ = await cli(scripted, "run", str(RELEASE), "--runtime-id", "rel", "--prompt", "Ship v2.")
+    assert code == 1  # stdin ended before the answer: the run waits, and says how to answer
+    assert runtime_of(out) == "rel"
+    assert block(out, "result")["status"] == "PENDING"
+    assert "agentruntime resume rel --id root/lead.1/release.1/call_1_1:tool_call" in out
+
+    request_id = "root/lead.1/release.1/call_1_1:tool_call"
+    code, out, err = await cli(scripted, "resume", "rel", "--id", request_id, "--output", "call_1_1=deployed")
+    assert (code, err) == (0, ""), out + err
+    result = block("--- result\n" + out, "result")
+    assert (result["status"], result["own tokens"], result["total tokens"]) == ("DONE", "200", "220")
+
+
+async def test_run_asks_for_approval_and_input(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub, tmp_path: Path) -> None:
+    ask = {"name": "ask", "arguments_json": json.dumps({"question": "Which table?"})}
+    drop = {"name": "drop", "arguments_json": json.dumps({"table": "users"})}
+    ops = {
+        "name": "ops",
+        "tools": [{"name": "drop", "relay": {}, "approval": {"required": True, "prompt": "Drop it?"}}],
+        "script": {"replies": [{"tool_calls": [ask]}, {"tool_calls": [drop]}, {"text": "left it alone"}]},
+    }
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"runtime_id": "ops", "agents": [ops]}))
+    code, out, err = await cli(scripted, "run", str(path), "--prompt", "clean up", stdin="users\nn too risky\n")
+    assert (code, err) == (0, ""), out + err
+    assert "your answer: users" in out
+    assert "approve? [y/n, or 'n REASON']: n too risky" in out
+    assert block(out, "result")["text"] == "left it alone"
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_of(out), handle_id="root/ops.1"))
+    tool_messages = [m.content for m in transcript.messages if m.role == "tool"]
+    assert json.loads(tool_messages[0]) == {"answer": "users"}
+    assert "too risky" in tool_messages[1]
+
+
+async def test_ls_inspect_and_transcript(scripted: RunningServer) -> None:
+    code, out, _ = await cli(scripted, "run", str(AGENTS), "--runtime-id", "team", "--prompt", "Compare GIL and no-GIL builds.")
+    assert code == 0
+
+    code, out, err = await cli(scripted, "ls", "team")
+    assert (code, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split() == ["handle", "agent", "state", "turns", "own", "total", "tools", "last", "pending"]
+    table = {row.split()[0]: row.split() for row in rows}
+    assert list(table) == ["root/coordinator.1", "root/coordinator.1/explore.1", "root/coordinator.1/summarize.1"]
+    assert table["root/coordinator.1"][1:4] == ["coordinator", "IDLE", "2"]
+    assert table["root/coordinator.1"][7:] == ["DONE", "-"]
+
+    code, out, _ = await cli(scripted, "inspect", "team", "root/coordinator.1")
+    view = block("--- handle\n" + out, "handle")
+    assert code == 0 and view["state"] == "IDLE" and view["budget"] == "max_turns=10, max_tokens=20000"
+    assert view["total tokens"] == table["root/coordinator.1"][5]
+
+    code, out, _ = await cli(scripted, "transcript", "team", "root/coordinator.1")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "user: Compare GIL and no-GIL builds."
+    assert lines[1] == "assistant (turn 1):"
+    assert lines[2].startswith("  → task call_1_1 ") and '"agent": "explore"' in lines[2]
+    assert lines[-1].startswith("assistant (turn 2): coordinator: explore on")
+
+    code, out, _ = await cli(scripted, "transcript", "team", "root/coordinator.1", "--json")
+    assert code == 0 and json.loads(out)["messages"][0]["role"] == "user"
+
+    # The client alone (no server package) runs the same commands.
+    code, out, _ = await cli(scripted, "ls", "team", module="agentruntime.cli")
+    assert code == 0 and out.splitlines()[0].startswith("handle")
+
+
+async def test_watch_prints_the_history_then_follows_until_interrupted(scripted: RunningServer) -> None:
+    code, _, _ = await cli(scripted, "run", str(AGENTS), "--runtime-id", "watched", "--prompt", "hi")
+    assert code == 0
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentruntime_server", "watch", "watched", "--after", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(scripted), cwd=ROOT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not (lines and " result DONE" in lines[-1] and lines[-1].startswith("#") and "root/coordinator.1 " in lines[-1]):
+        lines.append((await asyncio.wait_for(process.stdout.readline(), timeout=30)).decode().rstrip("\n"))
+    assert lines[0].startswith("#3 root/coordinator.1 turn 1 started")
+    process.send_signal(signal.SIGTERM)  # as Ctrl-C (which a test run in the background may ignore)
+    assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+
+
+async def test_errors_are_one_line_with_the_code_never_a_traceback(scripted: RunningServer, tmp_path: Path) -> None:
+    code, out, err = await cli(scripted, "ls", "nope")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: NOT_FOUND: runtime 'nope' not found")
+
+    code, _, err = await cli(scripted, "resume", "nope-either", "--id", "x")
+    assert code == 2 and err.startswith("error: NOT_FOUND:")
+
+    await cli(scripted, "run", str(RELEASE), "--runtime-id", "rel", "--prompt", "Ship v2.")
+    code, _, err = await cli(scripted, "resume", "rel", "--id", "nope")
+    assert code == 2
+    assert err.splitlines() == [
+        "error: FAILED_PRECONDITION: no live request has id 'nope' in runtime 'rel';"
+        " Wait on the root handle to see its pending request",
+        "  reason: NO_SUCH_REQUEST",
+    ]
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"agents": [{"name": "lead", "team": ["ghost"]}]}))
+    code, _, err = await cli(scripted, "run", str(broken), "--prompt", "go")
+    assert code == 2 and err.startswith("error: INVALID_ARGUMENT:")
+    assert "  agents[0].team[0]: " in err  # the field violation, under the message
+
+    code, _, err = await cli(scripted, "run", str(tmp_path / "missing.json"), "--prompt", "go")
+    assert (code, err) == (2, f"error: cannot read {tmp_path / 'missing.json'}: No such file or directory\n")
+
+    code, _, err = await cli(None, "ls", "rt", "--addr", f"127.0.0.1:{free_port()}")
+    assert code == 2 and err.startswith("error: UNAVAILABLE: ")
+    assert "Traceback" not in err
