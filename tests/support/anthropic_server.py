@@ -13,6 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.loopback import Loopback
+
 
 @dataclass
 class Turn:
@@ -40,14 +42,12 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-class ScriptedAnthropicServer:
+class ScriptedAnthropicServer(Loopback):
     def __init__(self) -> None:
         self.scripts: dict[str, Script] = {}
         self.calls: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
-        self._runner: web.AppRunner | None = None
-        self.port = 0
 
     def script(self, model: str, script: Script) -> None:
         self.scripts[model] = script
@@ -56,18 +56,8 @@ class ScriptedAnthropicServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    async def start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _messages(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.loopback import Loopback
+
 
 @dataclass
 class Reply:
@@ -40,14 +42,12 @@ def last_user(body: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
 
 
-class ScriptedModelServer:
+class ScriptedModelServer(Loopback):
     def __init__(self) -> None:
         self.scripts: dict[str, Script] = {}
         self.calls: Counter[str] = Counter()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
-        self._runner: web.AppRunner | None = None
-        self.port = 0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.in_flight_bodies: list[dict[str, Any]] = []
@@ -59,18 +59,8 @@ class ScriptedModelServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    async def start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._complete)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _complete(self, request: web.Request) -> web.Response:
         body = await request.json()

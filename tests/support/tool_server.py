@@ -8,33 +8,23 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tests.support.loopback import Loopback
+
 
 @dataclass
-class ToolServer:
+class ToolServer(Loopback):
     hits: Counter[str] = field(default_factory=Counter)
     keys: list[str] = field(default_factory=list)
     bodies: list[str] = field(default_factory=list)
     delay: float = 0.0
     delays: dict[str, float] = field(default_factory=dict)  # per tool path
     in_flight_keys: list[str] = field(default_factory=list)
-    port: int = 0
-    _runner: web.AppRunner | None = None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}"
 
-    async def start(self) -> None:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{name}", self._hit)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _hit(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
