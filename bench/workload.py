@@ -184,33 +184,49 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
 
 
 async def floor_run(concurrency: int, latency: float, roots: int, batches: int) -> float:
-    """The same number of model round trips from a bare keep-alive client: no runtime."""
+    """The same model round trips, in the same shape (a coordinator call, 4 workers' chains
+    of 4 calls side by side, a coordinator call), from a bare keep-alive client: no runtime."""
     port = _free_port()
     model = multiprocessing.Process(target=_model_server, args=(port, latency), daemon=True)
     model.start()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = json.dumps({"model": "worker", "messages": [{"role": "user", "content": "go"}]})
+    headers = {"Content-Type": "application/json"}
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        connector = aiohttp.TCPConnector(limit=concurrency * WORKERS)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def call() -> None:
+                async with session.post(url, data=body, headers=headers) as response:
+                    json.loads(await response.read())
+
+            async def chain() -> None:
+                for _ in range(TOOL_CALLS + 1):
+                    await call()
+
+            async def root() -> None:
+                await call()
+                await asyncio.gather(*(chain() for _ in range(WORKERS)))
+                await call()
+
             for _ in range(200):
                 try:
-                    async with session.post(url, data=body) as response:
-                        await response.read()
+                    await call()
                     break
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.05)
 
-            async def loop(count: int) -> None:
-                for _ in range(count):
-                    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
-                        json.loads(await response.read())
-
             rates = []
-            total = roots * TURNS_PER_ROOT
             for _ in range(batches + 1):
+                gate = asyncio.Semaphore(concurrency)
+
+                async def gated() -> None:
+                    async with gate:
+                        await root()
+
                 started = time.perf_counter()
-                await asyncio.gather(*(loop(total // concurrency) for _ in range(concurrency)))
-                rates.append(total // concurrency * concurrency / (time.perf_counter() - started))
+                await asyncio.gather(*(gated() for _ in range(roots)))
+                rates.append(roots * TURNS_PER_ROOT / (time.perf_counter() - started))
             return statistics.median(rates[1:])
     finally:
         model.terminate()
