@@ -216,14 +216,14 @@ async def floor_run(concurrency: int, latency: float, roots: int, batches: int) 
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.05)
 
+            gate = asyncio.Semaphore(concurrency)
+
+            async def gated() -> None:
+                async with gate:
+                    await root()
+
             rates = []
             for _ in range(batches + 1):
-                gate = asyncio.Semaphore(concurrency)
-
-                async def gated() -> None:
-                    async with gate:
-                        await root()
-
                 started = time.perf_counter()
                 await asyncio.gather(*(gated() for _ in range(roots)))
                 rates.append(roots * TURNS_PER_ROOT / (time.perf_counter() - started))
