@@ -46,11 +46,14 @@ WAITER = pb.AgentDef(
 )
 
 
-def _record(turns: int, calls: int) -> HandleRecord:
+def _handle() -> HandleRecord:
     return HandleRecord(
-        "root/worker.1", "", "worker", Budget(), "", 1, HandleState.RUNNING, turns, turns * 50, turns * 50, calls, calls,
-        (), None, None, (), (),
-    )  # fmt: skip
+        "root/worker.1", "", "worker", Budget(), "", 1, HandleState.RUNNING, 0, 0, 0, 0, 0, (), None, None, (), ()
+    )
+
+
+def _figures(turns: int, calls: int) -> tuple[str, int, int, int, int, int]:
+    return ("root/worker.1", turns, turns * 50, turns * 50, calls, calls)
 
 
 async def journal_cost(turns: int, batches: int) -> float:
@@ -59,15 +62,18 @@ async def journal_cost(turns: int, batches: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
         store = SqliteStore(str(Path(folder) / "journal.db"))
         await store.create_runtime("bench", ())
+        await store.save_handles("bench", [_handle()])
         index = 0
         for _ in range(batches):
             started = time.perf_counter()
             for turn in range(turns):
                 call = ToolCall(f"call_{turn}_1", "ping", '{"n": 1}')
                 reply = Message("assistant", "", (call,), turn=turn)
-                await store.record_model_reply("bench", _record(turn, turn), index, reply, [])
+                await store.record_model_reply("bench", "root/worker.1", index, reply, [_figures(turn + 1, turn)])
                 await store.record_call_started("bench", "root/worker.1", call.id)
-                await store.record_tool_result("bench", _record(turn, turn + 1), call.id, ToolResult("pong #1"), [])
+                await store.record_tool_result(
+                    "bench", "root/worker.1", call.id, ToolResult("pong #1"), [_figures(turn + 1, turn + 1)]
+                )
                 await store.append_messages(
                     "bench", "root/worker.1", index + 1, [Message("tool", "pong #1", tool_call_id=call.id)]
                 )

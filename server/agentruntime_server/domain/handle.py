@@ -162,6 +162,13 @@ class Handle:
         """A kept result re-read later: the figures are the handle's now (they never go down)."""
         return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending)
 
+    def lineage_figures(self) -> list[tuple[str, int, int, int, int, int]]:
+        """The counters a journal step changes, for the handle and each ancestor."""
+        return [
+            (node.id, node.turns, node.own_tokens, node.total_tokens, node.tool_calls, node.subtree_tool_calls)
+            for node in self.lineage()
+        ]
+
     def record(self) -> HandleRecord:
         return HandleRecord(
             handle_id=self.id,

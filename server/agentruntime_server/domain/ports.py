@@ -52,6 +52,11 @@ class HttpToolRunner(Protocol):
     async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult: ...
 
 
+# (handle id, turns, own_tokens, total_tokens, tool_calls, subtree_tool_calls): what a
+# journal step changes on the handle that made it and on each of its ancestors.
+Figures = tuple[str, int, int, int, int, int]
+
+
 class Store(Protocol):
     """Where the runtime writes what it acknowledges; the source of truth after a restart.
 
@@ -76,9 +81,9 @@ class Store(Protocol):
     async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None: ...
 
     async def record_model_reply(
-        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, index: int, message: Message, figures: list[Figures]
     ) -> None:
-        """The assistant message at `index`, the handle's row, and each ancestor's new total_tokens."""
+        """The assistant message at `index` with the new figures of the handle and its ancestors."""
         ...
 
     async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
@@ -86,9 +91,9 @@ class Store(Protocol):
         ...
 
     async def record_tool_result(
-        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, figures: list[Figures]
     ) -> None:
-        """The result, the handle's row, and each ancestor's new subtree tool-call count."""
+        """The result with the new figures of the handle and its ancestors."""
         ...
 
     async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None: ...

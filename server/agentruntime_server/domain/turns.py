@@ -98,8 +98,7 @@ class TurnLoop:
         for node in handle.lineage():
             node.total_tokens += reply.tokens
         handle.transcript.append(message)
-        totals = [(node.id, node.total_tokens) for node in handle.lineage()][1:]
-        await self.services.store.record_model_reply(self.runtime.id, handle.record(), index, message, totals)
+        await self.services.store.record_model_reply(self.runtime.id, handle.id, index, message, handle.lineage_figures())
         await self.runtime.events.emit(
             handle.id,
             EventKind.TURN_ENDED,
@@ -228,12 +227,13 @@ class TurnLoop:
         if call_id in handle.tool_results:
             return
         handle.tool_results[call_id] = result
-        handle.in_doubt.discard(call_id)
         handle.tool_calls += 1
         for node in handle.lineage():
             node.subtree_tool_calls += 1
-        counts = [(node.id, node.subtree_tool_calls) for node in handle.lineage()][1:]
-        await self.services.store.record_tool_result(self.runtime.id, handle.record(), call_id, result, counts)
+        await self.services.store.record_tool_result(self.runtime.id, handle.id, call_id, result, handle.lineage_figures())
+        if call_id in handle.in_doubt:
+            handle.in_doubt.discard(call_id)
+            await self.services.store.save_handles(self.runtime.id, [handle.record()])
         call = self.find_call(handle, call_id)
         await self.runtime.events.emit(
             handle.id,

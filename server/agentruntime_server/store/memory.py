@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from ..domain.events import Event
 from ..domain.model import AgentSpec, Answer, HandleRecord, Message, RuntimeRecord, ToolResult
+from ..domain.ports import Figures
 
 
 @dataclass
@@ -51,24 +52,32 @@ class MemoryStore:
         del self._runtimes[runtime_id].transcripts[handle_id][length:]
 
     async def record_model_reply(
-        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, index: int, message: Message, figures: list[Figures]
     ) -> None:
-        await self.append_messages(runtime_id, record.handle_id, index, [message], record)
+        await self.append_messages(runtime_id, handle_id, index, [message])
+        self._update(runtime_id, figures)
+
+    def _update(self, runtime_id: str, figures: list[Figures]) -> None:
         handles = self._runtimes[runtime_id].handles
-        for handle_id, total in totals:
-            handles[handle_id] = replace(handles[handle_id], total_tokens=total)
+        for handle_id, turns, own, total, calls, subtree_calls in figures:
+            handles[handle_id] = replace(
+                handles[handle_id],
+                turns=turns,
+                own_tokens=own,
+                total_tokens=total,
+                tool_calls=calls,
+                subtree_tool_calls=subtree_calls,
+            )
 
     async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
         self._runtimes[runtime_id].started_calls[handle_id].add(call_id)
 
     async def record_tool_result(
-        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, figures: list[Figures]
     ) -> None:
-        runtime = self._runtimes[runtime_id]
-        runtime.tool_results[record.handle_id][call_id] = result
-        runtime.handles[record.handle_id] = record
-        for handle_id, count in subtree_calls:
-            runtime.handles[handle_id] = replace(runtime.handles[handle_id], subtree_tool_calls=count)
+        self._runtimes[runtime_id].tool_results[handle_id][call_id] = result
+        self._runtimes[runtime_id].started_calls[handle_id].discard(call_id)
+        self._update(runtime_id, figures)
 
     async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None:
         self._runtimes[runtime_id].answered[request_id] = (answer, leaf_id)

@@ -34,6 +34,7 @@ from ..domain.model import (
     ToolCall,
     ToolResult,
 )
+from ..domain.ports import Figures
 from .migrations import migrate
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
@@ -56,6 +57,10 @@ _APPEND_MESSAGE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+_UPDATE_FIGURES = (
+    "UPDATE handles SET turns = ?, own_tokens = ?, total_tokens = ?, tool_calls = ?, subtree_tool_calls = ? "
+    "WHERE runtime_id = ? AND handle_id = ?"
+)
 _TRUNCATE = "DELETE FROM messages WHERE runtime_id = ? AND handle_id = ? AND idx >= ?"
 
 
@@ -139,15 +144,11 @@ class SqliteStore:
             db.execute(_TRUNCATE, (runtime_id, handle_id, length))
 
     async def record_model_reply(
-        self, runtime_id: str, record: HandleRecord, index: int, message: Message, totals: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, index: int, message: Message, figures: list[Figures]
     ) -> None:
         with self._transaction() as db:
-            db.execute(_APPEND_MESSAGE, _message_row(runtime_id, record.handle_id, index, message))
-            db.execute(_SAVE_HANDLE, _handle_row(runtime_id, record))
-            db.executemany(
-                "UPDATE handles SET total_tokens = ? WHERE runtime_id = ? AND handle_id = ?",
-                [(total, runtime_id, handle_id) for handle_id, total in totals],
-            )
+            db.execute(_APPEND_MESSAGE, _message_row(runtime_id, handle_id, index, message))
+            db.executemany(_UPDATE_FIGURES, [(*figure[1:], runtime_id, figure[0]) for figure in figures])
 
     async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
         with self._transaction() as db:
@@ -158,22 +159,18 @@ class SqliteStore:
         self._commit()  # the call leaves the process next: it must be known to have started
 
     async def record_tool_result(
-        self, runtime_id: str, record: HandleRecord, call_id: str, result: ToolResult, subtree_calls: list[tuple[str, int]]
+        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, figures: list[Figures]
     ) -> None:
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO tool_results (runtime_id, handle_id, call_id, output, is_error) VALUES (?, ?, ?, ?, ?)",
-                (runtime_id, record.handle_id, call_id, result.output, result.is_error),
+                (runtime_id, handle_id, call_id, result.output, result.is_error),
             )
             db.execute(
                 "DELETE FROM started_calls WHERE runtime_id = ? AND handle_id = ? AND call_id = ?",
-                (runtime_id, record.handle_id, call_id),
+                (runtime_id, handle_id, call_id),
             )
-            db.execute(_SAVE_HANDLE, _handle_row(runtime_id, record))
-            db.executemany(
-                "UPDATE handles SET subtree_tool_calls = ? WHERE runtime_id = ? AND handle_id = ?",
-                [(count, runtime_id, handle_id) for handle_id, count in subtree_calls],
-            )
+            db.executemany(_UPDATE_FIGURES, [(*figure[1:], runtime_id, figure[0]) for figure in figures])
 
     async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None:
         with self._transaction() as db:
