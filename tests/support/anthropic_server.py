@@ -6,14 +6,13 @@ body to a reply; the server keeps every request body and its headers."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.support.loopback import Loopback
+from tests.support.loopback import ScriptedServer
 
 
 @dataclass
@@ -42,30 +41,12 @@ def tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-class ScriptedAnthropicServer(Loopback):
-    def __init__(self) -> None:
-        self.scripts: dict[str, Script] = {}
-        self.calls: Counter[str] = Counter()
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-
-    def script(self, model: str, script: Script) -> None:
-        self.scripts[model] = script
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
+class ScriptedAnthropicServer(ScriptedServer[Turn]):
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self._messages)
 
     async def _messages(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        model = body["model"]
-        self.calls[model] += 1
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        script = self.scripts.get(model)
+        body, model, script = await self.receive(request)
         if script is None:
             error = {"type": "error", "error": {"type": "not_found_error", "message": f"model: {model}"}}
             return web.json_response(error, status=404)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
 from aiohttp import web
+
+R = TypeVar("R")
 
 
 class Loopback:
@@ -25,3 +31,30 @@ class Loopback:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+class ScriptedServer(Loopback, Generic[R]):
+    """A model API fake: each model name has a script (request body -> reply), and every
+    request is kept with its headers and counted per model."""
+
+    def __init__(self) -> None:
+        self.scripts: dict[str, Callable[[dict[str, Any]], R]] = {}
+        self.calls: Counter[str] = Counter()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+
+    def script(self, model: str, script: Callable[[dict[str, Any]], R]) -> None:
+        self.scripts[model] = script
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def receive(self, request: web.Request) -> tuple[dict[str, Any], str, Callable[[dict[str, Any]], R] | None]:
+        """Records the request; returns its body, its model and that model's script (if any)."""
+        body = await request.json()
+        model = body["model"]
+        self.calls[model] += 1
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        return body, model, self.scripts.get(model)

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from tests.support.loopback import Loopback
+from tests.support.loopback import ScriptedServer
 
 
 @dataclass
@@ -42,33 +41,18 @@ def last_user(body: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
 
 
-class ScriptedModelServer(Loopback):
+class ScriptedModelServer(ScriptedServer[Reply]):
     def __init__(self) -> None:
-        self.scripts: dict[str, Script] = {}
-        self.calls: Counter[str] = Counter()
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
+        super().__init__()
         self.in_flight = 0
         self.peak_in_flight = 0
         self.in_flight_bodies: list[dict[str, Any]] = []
-
-    def script(self, model: str, script: Script) -> None:
-        self.scripts[model] = script
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._complete)
 
     async def _complete(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        model = body["model"]
-        self.calls[model] += 1
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        script = self.scripts.get(model)
+        body, model, script = await self.receive(request)
         if script is None:
             return web.json_response({"error": {"message": f"no script for model {model}"}}, status=404)
         reply = script(body)

@@ -127,9 +127,6 @@ class Handle:
             yield node
             node = node.parent
 
-    def ancestor_ids(self) -> tuple[str, ...]:
-        return tuple(node.id for node in self.lineage())[1:]
-
     def subtree_leaf_first(self) -> list[Handle]:
         order: list[Handle] = []
         for child in self.children:
