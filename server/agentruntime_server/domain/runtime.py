@@ -254,8 +254,9 @@ class Runtime:
         leaf.approved.update(outcome.approved)
         leaf.in_doubt.difference_update(outcome.rerun)
         await self.services.store.save_handles(self.id, [leaf.record()])
+        calls = {call.id: call for call, _ in leaf.pending.calls}
         for call_id, result in outcome.results:
-            await self._loop.record(leaf, call_id, result)
+            await self._loop.record(leaf, calls[call_id], result)
         await self.services.store.record_answer(self.id, answer.id, answer, leaf.id)
         run = await self.continue_run(leaf)
         self.answered[answer.id] = (answer, run)

@@ -219,26 +219,25 @@ class TurnLoop:
         result = await self._execute_call(handle, run, call)
         if isinstance(result, PendingRequest):
             return result
-        await self.record(handle, call.id, result)
+        await self.record(handle, call, result)
         return None
 
-    async def record(self, handle: Handle, call_id: str, result: ToolResult) -> None:
+    async def record(self, handle: Handle, call: ToolCall, result: ToolResult) -> None:
         """Journals a call's result (once: a call already recorded keeps its first result)."""
-        if call_id in handle.tool_results:
+        if call.id in handle.tool_results:
             return
-        handle.tool_results[call_id] = result
+        handle.tool_results[call.id] = result
         handle.tool_calls += 1
         for node in handle.lineage():
             node.subtree_tool_calls += 1
-        await self.services.store.record_tool_result(self.runtime.id, handle.id, call_id, result, handle.lineage_figures())
-        if call_id in handle.in_doubt:
-            handle.in_doubt.discard(call_id)
+        await self.services.store.record_tool_result(self.runtime.id, handle.id, call.id, result, handle.lineage_figures())
+        if call.id in handle.in_doubt:
+            handle.in_doubt.discard(call.id)
             await self.services.store.save_handles(self.runtime.id, [handle.record()])
-        call = self.find_call(handle, call_id)
         await self.runtime.events.emit(
             handle.id,
             EventKind.TOOL_CALL_ENDED,
-            call_id=call_id,
+            call_id=call.id,
             call=call,
             is_error=result.is_error,
             output=result.output[:OUTPUT_PREVIEW],
