@@ -715,14 +715,15 @@ func (x *AgentDef) GetProvider() string {
 
 // Every field is optional: unset means unlimited (unset is not 0).
 type Budget struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MaxTurns      *int64                 `protobuf:"varint,1,opt,name=max_turns,json=maxTurns,proto3,oneof" json:"max_turns,omitempty"`
-	MaxTokens     *int64                 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
-	MaxToolCalls  *int64                 `protobuf:"varint,3,opt,name=max_tool_calls,json=maxToolCalls,proto3,oneof" json:"max_tool_calls,omitempty"`
-	MaxWallTime   *durationpb.Duration   `protobuf:"bytes,4,opt,name=max_wall_time,json=maxWallTime,proto3" json:"max_wall_time,omitempty"`
-	MaxChildren   *int64                 `protobuf:"varint,5,opt,name=max_children,json=maxChildren,proto3,oneof" json:"max_children,omitempty"`
-	MaxDepth      *int64                 `protobuf:"varint,6,opt,name=max_depth,json=maxDepth,proto3,oneof" json:"max_depth,omitempty"`
-	MaxConcurrent *int64                 `protobuf:"varint,7,opt,name=max_concurrent,json=maxConcurrent,proto3,oneof" json:"max_concurrent,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	MaxTurns     *int64                 `protobuf:"varint,1,opt,name=max_turns,json=maxTurns,proto3,oneof" json:"max_turns,omitempty"`
+	MaxTokens    *int64                 `protobuf:"varint,2,opt,name=max_tokens,json=maxTokens,proto3,oneof" json:"max_tokens,omitempty"`
+	MaxToolCalls *int64                 `protobuf:"varint,3,opt,name=max_tool_calls,json=maxToolCalls,proto3,oneof" json:"max_tool_calls,omitempty"`
+	// Per run; at most 30 days.
+	MaxWallTime   *durationpb.Duration `protobuf:"bytes,4,opt,name=max_wall_time,json=maxWallTime,proto3" json:"max_wall_time,omitempty"`
+	MaxChildren   *int64               `protobuf:"varint,5,opt,name=max_children,json=maxChildren,proto3,oneof" json:"max_children,omitempty"`
+	MaxDepth      *int64               `protobuf:"varint,6,opt,name=max_depth,json=maxDepth,proto3,oneof" json:"max_depth,omitempty"`
+	MaxConcurrent *int64               `protobuf:"varint,7,opt,name=max_concurrent,json=maxConcurrent,proto3,oneof" json:"max_concurrent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -810,8 +811,11 @@ type ToolDef struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	// JSON Schema of the arguments object.
+	// JSON Schema of the arguments object: `"type": "object"` at the top; references only
+	// inside the schema itself (`#/...`); `pattern`s in RE2 syntax.
 	InputSchema *structpb.Struct `protobuf:"bytes,3,opt,name=input_schema,json=inputSchema,proto3" json:"input_schema,omitempty"`
+	// Required: who runs the tool.
+	//
 	// Types that are valid to be assigned to Executor:
 	//
 	//	*ToolDef_Relay
@@ -968,12 +972,15 @@ func (*RelayTool) Descriptor() ([]byte, []int) {
 }
 
 // The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
-// a 2xx body is the output, anything else an error result.
+// a 2xx body is the output, anything else an error result. Redirects are not followed,
+// and the server's egress policy decides which addresses a tool may reach.
 type HttpTool struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Url           string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
-	Headers       map[string]string      `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Timeout       *durationpb.Duration   `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Url   string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// Sent with every call. Values are secrets: no RPC, event or log line returns them.
+	Headers map[string]string `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Per call; unset: 30 s. At most 10 minutes.
+	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1085,7 +1092,8 @@ type CompletionGate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many final answers may be rejected before the run stops (default 1).
 	MaxAttempts int32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
-	// A regular expression (Python `re` syntax) the final text must match (search).
+	// A regular expression in RE2 syntax (linear time: no backreferences, no lookaround)
+	// that the final text must match somewhere (search); at most 1024 characters.
 	MustMatch string `protobuf:"bytes,2,opt,name=must_match,json=mustMatch,proto3" json:"must_match,omitempty"`
 	// An agent whose answer must start with PASS for the final text to be accepted.
 	JudgeAgent    string `protobuf:"bytes,3,opt,name=judge_agent,json=judgeAgent,proto3" json:"judge_agent,omitempty"`
@@ -1254,9 +1262,9 @@ type ScriptedReply struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Text      string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
 	ToolCalls []*ScriptedToolCall    `protobuf:"bytes,2,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
-	// The usage the reply reports (total tokens).
+	// The usage the reply reports (total tokens): 0 to 100,000,000.
 	Tokens int64 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	// How long the scripted model takes to reply.
+	// How long the scripted model takes to reply: at most 10 minutes.
 	Delay         *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1547,7 +1555,8 @@ func (x *ToolCall) GetIdempotencyKey() string {
 type Answer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Must echo the id of a live Request.
-	Id            string           `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// False declines the Request; a declining Answer carries no `outputs`.
 	Ok            bool             `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
 	Data          *structpb.Struct `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	Reason        string           `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
@@ -1622,10 +1631,11 @@ func (x *Answer) GetOutputs() []*ToolOutput {
 }
 
 type ToolOutput struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	Output        string                 `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
-	IsError       bool                   `protobuf:"varint,3,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// At most the server's text limit (256 KiB by default).
+	Output        string `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
+	IsError       bool   `protobuf:"varint,3,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1984,8 +1994,10 @@ type PostRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
 	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
-	Text      string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
-	Channel   string                 `protobuf:"bytes,4,opt,name=channel,proto3" json:"channel,omitempty"`
+	// At most the server's text limit (256 KiB by default); an inbox holds at most its
+	// message count and byte limits (100 messages, 1 MiB by default).
+	Text    string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	Channel string `protobuf:"bytes,4,opt,name=channel,proto3" json:"channel,omitempty"`
 	// Provenance shown to the model; `host` when empty.
 	Sender        string `protobuf:"bytes,5,opt,name=sender,proto3" json:"sender,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2110,10 +2122,11 @@ func (x *PostResponse) GetInboxSize() int32 {
 }
 
 type WakeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	HandleId      string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
-	Prompt        string                 `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// At most the server's text limit (256 KiB by default).
+	Prompt        string `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2219,7 +2232,7 @@ type WaitRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
 	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
-	// Unset waits until the handle settles (bounded by the call's deadline).
+	// Unset waits until the handle settles (bounded by the call's deadline); at most 24 hours.
 	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2716,8 +2729,13 @@ func (x *InspectResponse) GetHandle() *HandleView {
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// At most this many handles (0: the server's default, 1000; larger values are cut to
+	// 1000). A page is also cut short to stay under the server's reply size limit.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// `next_page_token` of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2759,9 +2777,25 @@ func (x *ListRequest) GetRuntimeId() string {
 	return ""
 }
 
+func (x *ListRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handles       []*HandleView          `protobuf:"bytes,1,rep,name=handles,proto3" json:"handles,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Handles []*HandleView          `protobuf:"bytes,1,rep,name=handles,proto3" json:"handles,omitempty"`
+	// Pass as `page_token` for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2803,10 +2837,22 @@ func (x *ListResponse) GetHandles() []*HandleView {
 	return nil
 }
 
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 type GetTranscriptRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	HandleId      string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// At most this many messages (0: the server's default, 1000; larger values are cut to
+	// 1000). A page is also cut short to stay under the server's reply size limit.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// `next_page_token` of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2855,9 +2901,25 @@ func (x *GetTranscriptRequest) GetHandleId() string {
 	return ""
 }
 
+func (x *GetTranscriptRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetTranscriptRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type GetTranscriptResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Messages      []*Message             `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Messages []*Message             `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Pass as `page_token` for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2897,6 +2959,13 @@ func (x *GetTranscriptResponse) GetMessages() []*Message {
 		return x.Messages
 	}
 	return nil
+}
+
+func (x *GetTranscriptResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type WatchRequest struct {
@@ -3745,18 +3814,26 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"F\n" +
 	"\x0fInspectResponse\x123\n" +
-	"\x06handle\x18\x01 \x01(\v2\x1b.agentruntime.v1.HandleViewR\x06handle\",\n" +
+	"\x06handle\x18\x01 \x01(\v2\x1b.agentruntime.v1.HandleViewR\x06handle\"h\n" +
 	"\vListRequest\x12\x1d\n" +
 	"\n" +
-	"runtime_id\x18\x01 \x01(\tR\truntimeId\"E\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"m\n" +
 	"\fListResponse\x125\n" +
-	"\ahandles\x18\x01 \x03(\v2\x1b.agentruntime.v1.HandleViewR\ahandles\"R\n" +
+	"\ahandles\x18\x01 \x03(\v2\x1b.agentruntime.v1.HandleViewR\ahandles\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8e\x01\n" +
 	"\x14GetTranscriptRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
-	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"M\n" +
+	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
 	"\x15GetTranscriptResponse\x124\n" +
-	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages\"J\n" +
+	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
 	"\fWatchRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +

@@ -58,9 +58,10 @@ type AgentRuntimeClient interface {
 	Close(ctx context.Context, in *CloseRequest, opts ...grpc.CallOption) (*CloseResponse, error)
 	// Returns one handle's view.
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
-	// Returns every handle of a runtime, in spawn order.
+	// Returns a runtime's handles in spawn order, one page at a time.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
-	// Returns a handle's stored transcript: exactly what a resumed turn replays.
+	// Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+	// at a time.
 	GetTranscript(ctx context.Context, in *GetTranscriptRequest, opts ...grpc.CallOption) (*GetTranscriptResponse, error)
 	// Streams a runtime's events in order, from the first one after `after_seq`. Events are
 	// persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
@@ -231,9 +232,10 @@ type AgentRuntimeServer interface {
 	Close(context.Context, *CloseRequest) (*CloseResponse, error)
 	// Returns one handle's view.
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
-	// Returns every handle of a runtime, in spawn order.
+	// Returns a runtime's handles in spawn order, one page at a time.
 	List(context.Context, *ListRequest) (*ListResponse, error)
-	// Returns a handle's stored transcript: exactly what a resumed turn replays.
+	// Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+	// at a time.
 	GetTranscript(context.Context, *GetTranscriptRequest) (*GetTranscriptResponse, error)
 	// Streams a runtime's events in order, from the first one after `after_seq`. Events are
 	// persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A

@@ -365,7 +365,9 @@ class Budget(_message.Message):
     max_depth: _builtins.int
     max_concurrent: _builtins.int
     @_builtins.property
-    def max_wall_time(self) -> _duration_pb2.Duration: ...
+    def max_wall_time(self) -> _duration_pb2.Duration:
+        """Per run; at most 30 days."""
+
     def __init__(
         self,
         *,
@@ -425,7 +427,9 @@ class ToolDef(_message.Message):
     """What to do with a call that was in flight when the server died (the call is in doubt)."""
     @_builtins.property
     def input_schema(self) -> _struct_pb2.Struct:
-        """JSON Schema of the arguments object."""
+        """JSON Schema of the arguments object: `"type": "object"` at the top; references only
+        inside the schema itself (`#/...`); `pattern`s in RE2 syntax.
+        """
 
     @_builtins.property
     def relay(self) -> Global___RelayTool: ...
@@ -474,7 +478,8 @@ Global___RelayTool: _TypeAlias = RelayTool  # noqa: Y015
 @_typing.final
 class HttpTool(_message.Message):
     """The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
-    a 2xx body is the output, anything else an error result.
+    a 2xx body is the output, anything else an error result. Redirects are not followed,
+    and the server's egress policy decides which addresses a tool may reach.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -504,9 +509,13 @@ class HttpTool(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     url: _builtins.str
     @_builtins.property
-    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Sent with every call. Values are secrets: no RPC, event or log line returns them."""
+
     @_builtins.property
-    def timeout(self) -> _duration_pb2.Duration: ...
+    def timeout(self) -> _duration_pb2.Duration:
+        """Per call; unset: 30 s. At most 10 minutes."""
+
     def __init__(
         self,
         *,
@@ -554,7 +563,9 @@ class CompletionGate(_message.Message):
     max_attempts: _builtins.int
     """How many final answers may be rejected before the run stops (default 1)."""
     must_match: _builtins.str
-    """A regular expression (Python `re` syntax) the final text must match (search)."""
+    """A regular expression in RE2 syntax (linear time: no backreferences, no lookaround)
+    that the final text must match somewhere (search); at most 1024 characters.
+    """
     judge_agent: _builtins.str
     """An agent whose answer must start with PASS for the final text to be accepted."""
     def __init__(
@@ -631,12 +642,12 @@ class ScriptedReply(_message.Message):
     DELAY_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     tokens: _builtins.int
-    """The usage the reply reports (total tokens)."""
+    """The usage the reply reports (total tokens): 0 to 100,000,000."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedToolCall]: ...
     @_builtins.property
     def delay(self) -> _duration_pb2.Duration:
-        """How long the scripted model takes to reply."""
+        """How long the scripted model takes to reply: at most 10 minutes."""
 
     def __init__(
         self,
@@ -766,6 +777,7 @@ class Answer(_message.Message):
     id: _builtins.str
     """Must echo the id of a live Request."""
     ok: _builtins.bool
+    """False declines the Request; a declining Answer carries no `outputs`."""
     reason: _builtins.str
     @_builtins.property
     def data(self) -> _struct_pb2.Struct: ...
@@ -797,6 +809,7 @@ class ToolOutput(_message.Message):
     IS_ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     output: _builtins.str
+    """At most the server's text limit (256 KiB by default)."""
     is_error: _builtins.bool
     def __init__(
         self,
@@ -959,6 +972,9 @@ class PostRequest(_message.Message):
     runtime_id: _builtins.str
     handle_id: _builtins.str
     text: _builtins.str
+    """At most the server's text limit (256 KiB by default); an inbox holds at most its
+    message count and byte limits (100 messages, 1 MiB by default).
+    """
     channel: _builtins.str
     sender: _builtins.str
     """Provenance shown to the model; `host` when empty."""
@@ -1011,6 +1027,7 @@ class WakeRequest(_message.Message):
     runtime_id: _builtins.str
     handle_id: _builtins.str
     prompt: _builtins.str
+    """At most the server's text limit (256 KiB by default)."""
     def __init__(
         self,
         *,
@@ -1059,7 +1076,7 @@ class WaitRequest(_message.Message):
     handle_id: _builtins.str
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
-        """Unset waits until the handle settles (bounded by the call's deadline)."""
+        """Unset waits until the handle settles (bounded by the call's deadline); at most 24 hours."""
 
     def __init__(
         self,
@@ -1276,15 +1293,25 @@ class ListRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many handles (0: the server's default, 1000; larger values are cut to
+    1000). A page is also cut short to stay under the server's reply size limit.
+    """
+    page_token: _builtins.str
+    """`next_page_token` of the previous page; empty for the first page."""
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1295,16 +1322,20 @@ class ListResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HANDLES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
     @_builtins.property
     def handles(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandleView]: ...
     def __init__(
         self,
         *,
         handles: _abc.Iterable[Global___HandleView] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handles", b"handles"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handles", b"handles", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1316,17 +1347,27 @@ class GetTranscriptRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     HANDLE_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
+    page_size: _builtins.int
+    """At most this many messages (0: the server's default, 1000; larger values are cut to
+    1000). A page is also cut short to stay under the server's reply size limit.
+    """
+    page_token: _builtins.str
+    """`next_page_token` of the previous page; empty for the first page."""
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         handle_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "page_size", b"page_size", "page_token", b"page_token", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1337,16 +1378,20 @@ class GetTranscriptResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
     def __init__(
         self,
         *,
         messages: _abc.Iterable[Global___Message] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -167,14 +167,15 @@ class AgentRuntimeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def List(self, request, context):
-        """Returns every handle of a runtime, in spawn order.
+        """Returns a runtime's handles in spawn order, one page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetTranscript(self, request, context):
-        """Returns a handle's stored transcript: exactly what a resumed turn replays.
+        """Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+        at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -54,9 +54,11 @@ class AgentRuntimeStub:
     Inspect: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.InspectRequest, _agent_runtime_pb2.InspectResponse]
     """Returns one handle's view."""
     List: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.ListRequest, _agent_runtime_pb2.ListResponse]
-    """Returns every handle of a runtime, in spawn order."""
+    """Returns a runtime's handles in spawn order, one page at a time."""
     GetTranscript: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.GetTranscriptRequest, _agent_runtime_pb2.GetTranscriptResponse]
-    """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+    """Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+    at a time.
+    """
     Watch: _grpc.UnaryStreamMultiCallable[_agent_runtime_pb2.WatchRequest, _agent_runtime_pb2.WatchResponse]
     """Streams a runtime's events in order, from the first one after `after_seq`. Events are
     persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
@@ -90,9 +92,11 @@ class AgentRuntimeAsyncStub(AgentRuntimeStub):
     Inspect: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.InspectRequest, _agent_runtime_pb2.InspectResponse]  # type: ignore[assignment]
     """Returns one handle's view."""
     List: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.ListRequest, _agent_runtime_pb2.ListResponse]  # type: ignore[assignment]
-    """Returns every handle of a runtime, in spawn order."""
+    """Returns a runtime's handles in spawn order, one page at a time."""
     GetTranscript: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.GetTranscriptRequest, _agent_runtime_pb2.GetTranscriptResponse]  # type: ignore[assignment]
-    """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+    """Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+    at a time.
+    """
     Watch: _aio.UnaryStreamMultiCallable[_agent_runtime_pb2.WatchRequest, _agent_runtime_pb2.WatchResponse]  # type: ignore[assignment]
     """Streams a runtime's events in order, from the first one after `after_seq`. Events are
     persisted: reconnect with the last seq seen to miss nothing and see nothing twice. A
@@ -183,7 +187,7 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_runtime_pb2.ListRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_runtime_pb2.ListResponse, _abc.Awaitable[_agent_runtime_pb2.ListResponse]]:
-        """Returns every handle of a runtime, in spawn order."""
+        """Returns a runtime's handles in spawn order, one page at a time."""
 
     @_abc_1.abstractmethod
     def GetTranscript(
@@ -191,7 +195,9 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_runtime_pb2.GetTranscriptRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_runtime_pb2.GetTranscriptResponse, _abc.Awaitable[_agent_runtime_pb2.GetTranscriptResponse]]:
-        """Returns a handle's stored transcript: exactly what a resumed turn replays."""
+        """Returns a handle's stored transcript (exactly what a resumed turn replays), one page
+        at a time.
+        """
 
     @_abc_1.abstractmethod
     def Watch(
