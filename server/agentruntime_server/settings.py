@@ -8,6 +8,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+KIB = 1024
+MIB = 1024 * KIB
+# Link-local (where cloud metadata services live) in both families, and the metadata
+# addresses that are not link-local.
+DEFAULT_EGRESS_DENY = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32")
+
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
 PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 # Used when a provider's base_url or model is left empty.
@@ -55,6 +61,28 @@ class Settings(BaseSettings):
     max_concurrent_model_calls: int = Field(64, ge=1, description="HTTP model calls in flight at once, over all providers")
     http_pool_size: int = Field(256, ge=1, description="keep-alive connections shared by model calls and http tools")
     inbox_capacity: int = Field(100, ge=1, description="messages a handle's inbox holds before Post is refused")
+    # ---- limits and hardening (README: "Limits and hardening") ----
+    max_message_bytes: int = Field(
+        4 * MIB, ge=256 * KIB, le=64 * MIB, description="largest gRPC request the server accepts and reply it sends"
+    )
+    max_text_bytes: int = Field(
+        256 * KIB,
+        ge=1 * KIB,
+        le=1 * MIB,
+        description="largest Post text, Wake prompt, Resume output/data and tool output (an http tool's body)",
+    )
+    max_inbox_bytes: int = Field(1 * MIB, ge=1 * KIB, le=2 * MIB, description="text one inbox holds before Post is refused")
+    max_model_reply_bytes: int = Field(
+        1 * MIB, ge=64 * KIB, le=2 * MIB, description="largest model API reply body; a larger one is a provider fault"
+    )
+    max_handles: int = Field(10_000, ge=1, description="handles one runtime may have; past it Spawn and task are refused")
+    tool_egress_allow: list[str] = Field(
+        default_factory=list, description="networks (CIDR) http tools may reach; empty: any address not denied"
+    )
+    tool_egress_deny: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_EGRESS_DENY),
+        description="networks (CIDR) http tools may never reach, checked on the resolved address of every call",
+    )
     store: str = Field(
         "sqlite:///agentruntime.db",
         pattern=r"^(memory://|sqlite:///.+)$",
