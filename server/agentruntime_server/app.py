@@ -26,6 +26,7 @@ from .providers.registry import build_router
 from .settings import Settings
 from .store.memory import MemoryStore
 from .store.sqlite import SqliteStore
+from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
 
 if TYPE_CHECKING:
@@ -57,6 +58,8 @@ class RunningServer:
         await self.service.drain(grace or 0.0)
         await stopping
         await self.http.close()
+        if isinstance(self.service.services.http_tools, HttpTools):
+            await self.service.services.http_tools.close()
         await self.store.close()
         await self.observability.stop()
 
@@ -77,7 +80,11 @@ def build_service(
             provider.monitor = observability.model_monitor
     services = Services(
         models=models,
-        http_tools=HttpTools(http),
+        http_tools=HttpTools(
+            EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny),
+            pool_size=settings.http_pool_size,
+            max_text_bytes=settings.max_text_bytes,
+        ),
         store=store,
         inbox_capacity=settings.inbox_capacity,
         watch_buffer=settings.watch_buffer,

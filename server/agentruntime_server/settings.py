@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KIB = 1024
@@ -101,6 +101,14 @@ class Settings(BaseSettings):
     otel_endpoint: str = Field(
         "", description="OTLP/gRPC collector for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing"
     )
+
+    @field_validator("tool_egress_allow", "tool_egress_deny")
+    @classmethod
+    def _check_egress_networks(cls, value: list[str]) -> list[str]:
+        from .tools.egress import parse_networks  # raises ValueError naming the bad entry
+
+        parse_networks(value)
+        return value
 
     @model_validator(mode="after")
     def _check_providers(self) -> Settings:

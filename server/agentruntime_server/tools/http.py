@@ -1,33 +1,136 @@
-"""HTTP tools: POST the arguments JSON with an Idempotency-Key; a 2xx body is the output."""
+"""HTTP tools: POST the arguments JSON with an Idempotency-Key; a 2xx body is the output.
+
+The calls go through a keep-alive session of their own (not the model providers'),
+under the egress policy (`tools.egress`): a host name's denied addresses are dropped by
+the session's resolver, an IP-literal host is checked here, and a call that may reach
+no allowed address fails before any connection is attempted. Redirects are not followed
+(a 3xx is an error result), a 2xx body over `max_text_bytes` is an error result (at most
+that many bytes plus one are read), and an error body is cut to MAX_ERROR_BODY (500)
+characters before the model sees it.
+"""
 
 from __future__ import annotations
 
 import aiohttp
+from yarl import URL
 
 from ..domain.model import HttpExecutor, ToolResult
-from ..http_session import HttpSession
+from .egress import EgressDenied, EgressPolicy, PolicyResolver
 
-MAX_ERROR_BODY = 2000
+# Characters of a non-2xx body the model is shown (the rest is dropped unread).
+MAX_ERROR_BODY = 500
+# Characters of a 3xx's Location header named in its error result.
+MAX_LOCATION = 200
+_CHUNK = 64 * 1024
+# How a refused call's result starts; the policy's reason follows.
+REFUSED = "not allowed by the egress policy: "
+
+
+def _is_ip_literal(host: str) -> bool:
+    """aiohttp's own test (helpers.is_ip_address): such a host is connected to without resolving."""
+    return ":" in host or host.replace(".", "").isdigit()
 
 
 class HttpTools:
-    def __init__(self, session: HttpSession) -> None:
-        self._session = session
+    """Created outside the event loop; its session is made lazily inside it (like HttpSession)."""
+
+    def __init__(self, policy: EgressPolicy, *, pool_size: int = 256, max_text_bytes: int = 256 * 1024) -> None:
+        self.policy = policy
+        self._pool_size = pool_size
+        self._max_text_bytes = max_text_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._pool_size,
+                limit_per_host=self._pool_size,
+                keepalive_timeout=30,
+                resolver=PolicyResolver(self.policy),
+            )
+            # trust_env stays off: an environment proxy would connect for us, past the policy.
+            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False, trust_env=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def refusal(self, url: str) -> str | None:
+        """Why a call to `url` may not be made before resolving it (an IP-literal host the
+        policy denies), or None. Host names are judged by the resolver."""
+        try:
+            host = URL(url).raw_host
+        except ValueError:
+            return None  # aiohttp reports the bad URL
+        if host and _is_ip_literal(host):
+            reason = self.policy.check(host)
+            if reason is not None:
+                return f"{REFUSED}{reason}"
+        return None
 
     async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult:
+        refused = self.refusal(executor.url)
+        if refused is not None:
+            return ToolResult(refused, is_error=True)
         headers = {"Content-Type": "application/json", **executor.headers, "Idempotency-Key": idempotency_key}
         try:
-            async with self._session.get().post(
+            async with self.session().post(
                 executor.url,
                 data=arguments_json.encode(),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=executor.timeout),
+                allow_redirects=False,
             ) as response:
-                body = await response.text(errors="replace")
-                if 200 <= response.status < 300:
-                    return ToolResult(body)
-                return ToolResult(f"HTTP {response.status}: {body[:MAX_ERROR_BODY]}", is_error=True)
+                return await self._result(response)
         except TimeoutError:
             return ToolResult(f"timed out after {executor.timeout:g}s", is_error=True)
+        except aiohttp.ClientConnectorDNSError as exc:
+            if isinstance(exc.os_error, EgressDenied):
+                return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
+            return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except aiohttp.ClientError as exc:
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
+
+    async def _result(self, response: aiohttp.ClientResponse) -> ToolResult:
+        status = response.status
+        if 300 <= status < 400:
+            location = response.headers.get("Location", "")
+            named = f" (Location: {location[:MAX_LOCATION]})" if location else ""
+            return ToolResult(f"HTTP {status}: redirects are not followed{named}", is_error=True)
+        if 200 <= status < 300:
+            limit = self._max_text_bytes
+            if (response.content_length or 0) > limit:
+                return ToolResult(_too_large(status, limit), is_error=True)
+            raw = await _read_at_most(response, limit + 1)
+            if len(raw) > limit:
+                return ToolResult(_too_large(status, limit), is_error=True)
+            return ToolResult(_decode(response, raw))
+        # A character is at most 4 bytes in UTF-8: this many bytes hold MAX_ERROR_BODY of them.
+        raw = await _read_at_most(response, 4 * MAX_ERROR_BODY)
+        return ToolResult(f"HTTP {status}: {_decode(response, raw)[:MAX_ERROR_BODY]}", is_error=True)
+
+
+def _too_large(status: int, limit: int) -> str:
+    return f"HTTP {status}: the output exceeds the limit of {limit} bytes (AGENTRUNTIME_MAX_TEXT_BYTES)"
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, size: int) -> bytes:
+    """The body's first `size` bytes (fewer if it is shorter); the rest is never read."""
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = await response.content.read(min(left, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _decode(response: aiohttp.ClientResponse, raw: bytes) -> str:
+    try:
+        return raw.decode(response.charset or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        return raw.decode("utf-8", errors="replace")

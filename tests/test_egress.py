@@ -1,0 +1,229 @@
+"""The http tools' egress policy, redirects and body limits (issue 9, item 6).
+
+Everything here stays on loopback: the "forbidden" addresses the server is aimed at are
+loopback addresses denied by the test's own settings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.app import start
+from agentruntime_server.settings import Settings
+from agentruntime_server.tools.egress import EgressPolicy, parse_networks
+from agentruntime_server.tools.http import MAX_ERROR_BODY
+from aiohttp import web
+
+from tests.support.build import agent, create, http_tool, run
+from tests.support.loopback import Loopback
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.tool_server import ToolServer
+
+LIMIT = 1024  # the servers below run with max_text_bytes at its floor, 1 KiB
+
+
+# ---- the classification ----
+
+
+def test_default_policy_refuses_metadata_and_link_local_and_allows_loopback() -> None:
+    settings = Settings(metrics_listen="off", store="memory://")
+    policy = EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny)
+    assert policy.check("169.254.169.254") == "169.254.169.254 is in the denied network 169.254.0.0/16"
+    assert policy.check("::ffff:169.254.169.254") == "169.254.169.254 is in the denied network 169.254.0.0/16"
+    assert policy.check("[::ffff:a9fe:a9fe]") == "169.254.169.254 is in the denied network 169.254.0.0/16"
+    assert policy.check("fd00:ec2::254") == "fd00:ec2::254 is in the denied network fd00:ec2::254/128"
+    assert policy.check("fe80::1") == "fe80::1 is in the denied network fe80::/10"
+    assert policy.check("fe80::1%eth0") == "fe80::1 is in the denied network fe80::/10"
+    assert policy.check("100.100.100.200") is not None
+    for address in ("127.0.0.1", "::1", "::ffff:127.0.0.1", "203.0.113.7", "2001:db8::1"):
+        assert policy.check(address) is None, address
+    assert policy.check("not-an-address") == "'not-an-address' is not an IP address"
+
+
+def test_an_allow_list_restricts_and_deny_wins() -> None:
+    policy = EgressPolicy(allow=["127.0.0.0/8", "::1"], deny=["127.0.0.2/32"])
+    assert policy.check("127.0.0.1") is None
+    assert policy.check("::1") is None
+    assert policy.check("::ffff:127.0.0.3") is None
+    assert policy.check("10.0.0.1") == "10.0.0.1 is in no allowed network"
+    assert policy.check("::2") == "::2 is in no allowed network"
+    assert policy.check("127.0.0.2") == "127.0.0.2 is in the denied network 127.0.0.2/32"
+    assert policy.check("::ffff:127.0.0.2") == "127.0.0.2 is in the denied network 127.0.0.2/32"
+
+
+@pytest.mark.parametrize("entry", ["10.0.0.1/8", "10.0.0.0/33", "nonsense", "", "fe80::/129"])
+def test_a_bad_network_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError, match="is not a network in CIDR notation"):
+        parse_networks(["10.0.0.0/8", entry])
+    with pytest.raises(ValueError, match="is not a network in CIDR notation"):
+        Settings(metrics_listen="off", store="memory://", tool_egress_deny=[entry])
+    with pytest.raises(ValueError, match="is not a network in CIDR notation"):
+        Settings(metrics_listen="off", store="memory://", tool_egress_allow=[entry])
+
+
+# ---- end to end, through a real server ----
+
+
+@asynccontextmanager
+async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+    settings = Settings(
+        listen="127.0.0.1:0",
+        llm_style="openai",
+        llm_base_url=model.base_url,
+        llm_api_key="sk-test-secret-never-shown",
+        metrics_listen="off",
+        store="memory://",
+        max_text_bytes=LIMIT,
+        **overrides,
+    )
+    running = await start(settings)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            yield pb_grpc.AgentRuntimeStub(channel)
+    finally:
+        await running.stop(grace=None)
+
+
+async def call_tools(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, urls: dict[str, str]) -> dict[str, pb.Message]:
+    """One agent calls each tool once (all in its first turn); returns each tool's result message."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        return Reply(calls=[(name, {"q": name}) for name in urls]) if tool_results(body) == 0 else Reply(text="done")
+
+    model.script("user", script)
+    runtime_id = await create(stub, agent("user", tools=[http_tool(name, url) for name, url in urls.items()]))
+    handle_id, result = await run(stub, runtime_id, "user", "go")
+    assert result.status == pb.STATUS_DONE
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))
+    messages = [m for m in transcript.messages if m.role == "tool"]
+    assert len(messages) == len(urls)
+    return dict(zip(urls, messages, strict=True))
+
+
+class Listener:
+    """A bare TCP listener that counts the connections it accepts (and answers none)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.accepted = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Listener:
+        self._server = await asyncio.start_server(self._accept, self.host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        writer.close()
+
+
+async def test_a_denied_ip_literal_is_never_connected_to(model: ScriptedModelServer) -> None:
+    async with Listener("127.0.0.2") as listener, serving(model, tool_egress_deny=["127.0.0.2/32"]) as stub:
+        results = await call_tools(
+            stub,
+            model,
+            {
+                "plain": f"http://127.0.0.2:{listener.port}/x",
+                "mapped": f"http://[::ffff:127.0.0.2]:{listener.port}/x",
+            },
+        )
+    for message in results.values():
+        assert message.is_error
+        assert message.content == "not allowed by the egress policy: 127.0.0.2 is in the denied network 127.0.0.2/32"
+    assert listener.accepted == 0
+
+
+async def test_a_host_name_resolving_only_to_denied_addresses_is_never_connected_to(model: ScriptedModelServer) -> None:
+    # localhost resolves (from /etc/hosts, no DNS) to 127.0.0.1 and perhaps ::1: deny both.
+    async with Listener("127.0.0.1") as listener, serving(model, tool_egress_deny=["127.0.0.0/8", "::1/128"]) as stub:
+        results = await call_tools(stub, model, {"named": f"http://localhost:{listener.port}/"})
+    message = results["named"]
+    assert message.is_error
+    assert message.content.startswith("not allowed by the egress policy: localhost resolves only to denied addresses (")
+    assert "127.0.0.1 is in the denied network 127.0.0.0/8" in message.content
+    assert listener.accepted == 0
+
+
+async def test_an_allowed_host_name_is_reached_through_the_policy_resolver(model: ScriptedModelServer, tools: ToolServer) -> None:
+    async with serving(model, tool_egress_allow=["127.0.0.0/8", "::1/128"]) as stub:
+        results = await call_tools(stub, model, {"ping": f"http://localhost:{tools.port}/ping"})
+    assert (results["ping"].content, results["ping"].is_error) == ("ping ok #1", False)
+
+
+class Awkward(Loopback):
+    """A tool server that redirects, fails verbosely and answers too much."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_route("*", "/{name}", self._hit)
+
+    async def _hit(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        self.hits[name] += 1
+        if name == "redirect":
+            raise web.HTTPFound(self.url("target") + "?" + "x" * 400)
+        if name == "verbose-error":
+            return web.Response(status=500, text="E" * 5000)
+        if name == "big":
+            return web.Response(text="b" * (LIMIT + 1))
+        if name == "exact":
+            return web.Response(text="e" * LIMIT)
+        if name == "endless":  # chunked, no Content-Length, far more than the limit
+            response = web.StreamResponse()
+            await response.prepare(request)
+            try:
+                for _ in range(1000):
+                    await response.write(b"s" * 1024)
+            except ConnectionError:
+                pass  # the reader hung up after LIMIT + 1 bytes
+            return response
+        return web.Response(text=f"{name} ok")
+
+
+@pytest.fixture
+async def awkward() -> AsyncIterator[Awkward]:
+    server = Awkward()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_redirects_error_bodies_and_output_limits(model: ScriptedModelServer, awkward: Awkward) -> None:
+    names = ["redirect", "verbose-error", "big", "exact", "endless"]
+    async with serving(model) as stub:
+        results = await call_tools(stub, model, {name.replace("-", "_"): awkward.url(name) for name in names})
+
+    redirect = results["redirect"]
+    assert redirect.is_error
+    location = (awkward.url("target") + "?" + "x" * 400)[:200]
+    assert redirect.content == f"HTTP 302: redirects are not followed (Location: {location})"
+    assert awkward.hits["target"] == 0
+
+    verbose = results["verbose_error"]
+    assert verbose.is_error
+    assert verbose.content == "HTTP 500: " + "E" * MAX_ERROR_BODY
+    assert MAX_ERROR_BODY == 500
+
+    too_large = f"HTTP 200: the output exceeds the limit of {LIMIT} bytes (AGENTRUNTIME_MAX_TEXT_BYTES)"
+    assert (results["big"].content, results["big"].is_error) == (too_large, True)
+    assert (results["endless"].content, results["endless"].is_error) == (too_large, True)
+    assert (results["exact"].content, results["exact"].is_error) == ("e" * LIMIT, False)
