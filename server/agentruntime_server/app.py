@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from .api.servicer import AgentRuntimeServicer
+from .api.servicer import AgentRuntimeServicer, add_to_server
+from .domain.limits import Limits
 from .domain.ports import Store
 from .domain.runtime import Services
 from .domain.service import RuntimeService
@@ -36,11 +36,23 @@ log = logging.getLogger("agentruntime")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentRuntime"].full_name
 
 
+class ListingHealthServicer(HealthServicer):  # type: ignore[misc]
+    """The standard health service, with the List method its proto declares (reflection
+    advertises it; the library's servicer leaves it unimplemented and logs a traceback)."""
+
+    async def List(self, request: health_pb2.HealthListRequest, context: object) -> health_pb2.HealthListResponse:
+        response = health_pb2.HealthListResponse()
+        for service, status in sorted(self._server_status.items()):
+            response.statuses[service].status = status
+        return response
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
     port: int
     http: HttpSession
+    tools: HttpTools
     health: HealthServicer
     service: RuntimeService
     store: Store
@@ -58,8 +70,7 @@ class RunningServer:
         await self.service.drain(grace or 0.0)
         await stopping
         await self.http.close()
-        if isinstance(self.service.services.http_tools, HttpTools):
-            await self.service.services.http_tools.close()
+        await self.tools.close()
         await self.store.close()
         await self.observability.stop()
 
@@ -71,22 +82,20 @@ def open_store(url: str) -> Store:
 
 
 def build_service(
-    settings: Settings, http: HttpSession, store: Store, observability: Observability | None = None
+    settings: Settings, http: HttpSession, tools: HttpTools, store: Store, observability: Observability
 ) -> RuntimeService:
-    observability = observability or Observability()
     models = build_router(settings, http)
     for provider in models.providers.values():
         if isinstance(provider, HttpProvider):
             provider.monitor = observability.model_monitor
     services = Services(
         models=models,
-        http_tools=HttpTools(
-            EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny),
-            pool_size=settings.http_pool_size,
-            max_text_bytes=settings.max_text_bytes,
-        ),
+        http_tools=tools,
         store=store,
         inbox_capacity=settings.inbox_capacity,
+        limits=Limits(
+            max_text_bytes=settings.max_text_bytes, max_inbox_bytes=settings.max_inbox_bytes, max_handles=settings.max_handles
+        ),
         watch_buffer=settings.watch_buffer,
         observers=observability.observers,
     )
@@ -96,14 +105,23 @@ def build_service(
 async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
     """Serves until stopped. `span_exporter` (tests) receives every span, as an OTLP collector would."""
     observability = build_observability(settings, span_exporter)
-    http = HttpSession(settings.http_pool_size)
+    http = HttpSession(settings.http_pool_size, settings.max_model_reply_bytes)
+    tools = HttpTools(
+        EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny),
+        pool_size=settings.http_pool_size,
+        max_text_bytes=settings.max_text_bytes,
+    )
     store = open_store(settings.store)
-    service = build_service(settings, http, store, observability)
+    service = build_service(settings, http, tools, store, observability)
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
-    server = grpc.aio.server(interceptors=observability.interceptors() or None)
-    pb_grpc.add_AgentRuntimeServicer_to_server(AgentRuntimeServicer(service), server)
-    health = HealthServicer()
+    limits = [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+    server = grpc.aio.server(interceptors=observability.interceptors() or None, options=limits)
+    add_to_server(AgentRuntimeServicer(service, settings.max_message_bytes), server)
+    health = ListingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -114,5 +132,5 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("agentruntime serving on port %d (default provider: %s, store: %s)", port, settings.default_name, settings.store)
     return RunningServer(
-        server=server, port=port, http=http, health=health, service=service, store=store, observability=observability
+        server=server, port=port, http=http, tools=tools, health=health, service=service, store=store, observability=observability
     )

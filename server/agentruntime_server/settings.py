@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict, description="named providers (JSON)")
     default_provider: str = Field("", description="provider of agents that name none; empty: the LLM_STYLE one")
     max_concurrent_model_calls: int = Field(64, ge=1, description="HTTP model calls in flight at once, over all providers")
-    http_pool_size: int = Field(256, ge=1, description="keep-alive connections shared by model calls and http tools")
+    http_pool_size: int = Field(256, ge=1, description="keep-alive connections for model calls, and as many for http tools")
     inbox_capacity: int = Field(100, ge=1, description="messages a handle's inbox holds before Post is refused")
     # ---- limits and hardening (README: "Limits and hardening") ----
     max_message_bytes: int = Field(

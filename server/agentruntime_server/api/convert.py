@@ -2,24 +2,61 @@
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
+from typing import TypeVar
+
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from google.protobuf import json_format
+from google.protobuf import duration_pb2, json_format
 
 from ..domain import model as m
-from ..domain.errors import FieldViolation, InvalidArgument
+from ..domain.errors import FieldViolation
 from ..domain.events import Event, EventKind
+
+# google.protobuf.Duration's documented range (about 10,000 years).
+MAX_DURATION_SECONDS = 315_576_000_000
+MAX_NANOS = 999_999_999
+
+
+def duration_seconds(message: duration_pb2.Duration, where: str, found: list[FieldViolation]) -> float | None:
+    """Seconds, or None (and a violation in `found`) when the Duration is outside its range."""
+    seconds, nanos = message.seconds, message.nanos
+    if abs(seconds) > MAX_DURATION_SECONDS or abs(nanos) > MAX_NANOS or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        found.append(
+            FieldViolation(
+                where,
+                f"is not a valid Duration: seconds within ±{MAX_DURATION_SECONDS:,}, "
+                f"nanos within ±{MAX_NANOS:,} with the same sign",
+            )
+        )
+        return None
+    return seconds + nanos / 1e9
+
+
+def _enum(number: int, enum: type[E], where: str, found: list[FieldViolation], names: str) -> E | None:
+    try:
+        return enum(number)
+    except ValueError:
+        found.append(FieldViolation(where, f"{number} is not a known value: use {names}"))
+        return None
+
+
+E = TypeVar("E", bound=enum.Enum)
 
 
 def _opt(message: pb.Budget, name: str) -> int | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[arg-type]
 
 
-def budget_from_proto(message: pb.Budget) -> m.Budget:
+def budget_from_proto(message: pb.Budget, where: str, found: list[FieldViolation]) -> m.Budget:
+    wall_time = (
+        duration_seconds(message.max_wall_time, f"{where}.max_wall_time", found) if message.HasField("max_wall_time") else None
+    )
     return m.Budget(
         max_turns=_opt(message, "max_turns"),
         max_tokens=_opt(message, "max_tokens"),
         max_tool_calls=_opt(message, "max_tool_calls"),
-        max_wall_time=message.max_wall_time.ToTimedelta().total_seconds() if message.HasField("max_wall_time") else None,
+        max_wall_time=wall_time,
         max_children=_opt(message, "max_children"),
         max_depth=_opt(message, "max_depth"),
         max_concurrent=_opt(message, "max_concurrent"),
@@ -37,14 +74,18 @@ def budget_to_proto(budget: m.Budget) -> pb.Budget:
     return message
 
 
-def _tool_from_proto(message: pb.ToolDef) -> m.ToolSpec:
-    executor: m.HttpExecutor | m.RelayExecutor
-    if message.WhichOneof("executor") == "http":
+def _tool_from_proto(message: pb.ToolDef, where: str, found: list[FieldViolation]) -> m.ToolSpec:
+    executor: m.HttpExecutor | m.RelayExecutor = m.RelayExecutor()
+    kind = message.WhichOneof("executor")
+    if kind == "http":
         http = message.http
-        timeout = http.timeout.ToTimedelta().total_seconds() if http.HasField("timeout") else 30.0
-        executor = m.HttpExecutor(url=http.url, headers=dict(http.headers), timeout=timeout)
-    else:
-        executor = m.RelayExecutor()
+        timeout = duration_seconds(http.timeout, f"{where}.http.timeout", found) if http.HasField("timeout") else None
+        executor = m.HttpExecutor(url=http.url, headers=dict(http.headers), timeout=30.0 if timeout is None else timeout)
+    elif kind is None:
+        found.append(FieldViolation(f"{where}.executor", "say who runs the tool: set relay (the host) or http"))
+    on_interrupted = _enum(
+        message.on_interrupted, m.OnInterrupted, f"{where}.on_interrupted", found, "ON_INTERRUPTED_RETRY or ON_INTERRUPTED_ASK"
+    )
     return m.ToolSpec(
         name=message.name,
         description=message.description,
@@ -52,48 +93,58 @@ def _tool_from_proto(message: pb.ToolDef) -> m.ToolSpec:
         executor=executor,
         approval_required=message.approval.required,
         approval_prompt=message.approval.prompt,
-        on_interrupted=m.OnInterrupted(message.on_interrupted),
+        on_interrupted=on_interrupted or m.OnInterrupted.DEFAULT,
     )
 
 
-def agents_from_proto(messages: list[pb.AgentDef]) -> tuple[m.AgentSpec, ...]:
-    unspecified = [
-        FieldViolation(f"agents[{i}].guardrails[{j}].action", "set GUARDRAIL_ACTION_DENY or GUARDRAIL_ACTION_REQUIRE_APPROVAL")
-        for i, agent in enumerate(messages)
-        for j, rail in enumerate(agent.guardrails)
-        if rail.action == pb.GUARDRAIL_ACTION_UNSPECIFIED
-    ]
-    if unspecified:
-        raise InvalidArgument(unspecified)
-    return tuple(agent_from_proto(message) for message in messages)
+def agents_from_proto(messages: Sequence[pb.AgentDef]) -> tuple[tuple[m.AgentSpec, ...], list[FieldViolation]]:
+    """The definitions, and what decoding found wrong (reported with the domain's checks)."""
+    found: list[FieldViolation] = []
+    agents = tuple(_agent_from_proto(message, f"agents[{index}]", found) for index, message in enumerate(messages))
+    return agents, found
 
 
-def agent_from_proto(message: pb.AgentDef) -> m.AgentSpec:
+def _guardrail(message: pb.Guardrail, where: str, found: list[FieldViolation]) -> m.Guardrail:
+    action = None
+    if message.action == pb.GUARDRAIL_ACTION_UNSPECIFIED:
+        found.append(FieldViolation(f"{where}.action", "set GUARDRAIL_ACTION_DENY or GUARDRAIL_ACTION_REQUIRE_APPROVAL"))
+    else:
+        action = _enum(
+            message.action,
+            m.GuardrailAction,
+            f"{where}.action",
+            found,
+            "GUARDRAIL_ACTION_DENY or GUARDRAIL_ACTION_REQUIRE_APPROVAL",
+        )
+    return m.Guardrail(tool=message.tool, action=action or m.GuardrailAction.DENY, reason=message.reason)
+
+
+def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -> m.ScriptedReply:
+    delay = duration_seconds(message.delay, f"{where}.delay", found) if message.HasField("delay") else 0.0
+    return m.ScriptedReply(
+        text=message.text,
+        tool_calls=tuple(m.ScriptedToolCall(c.name, c.arguments_json) for c in message.tool_calls),
+        tokens=message.tokens,
+        delay=delay or 0.0,
+    )
+
+
+def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolation]) -> m.AgentSpec:
     return m.AgentSpec(
         name=message.name,
         description=message.description,
         instructions=message.instructions,
         model=message.model,
-        tools=tuple(_tool_from_proto(tool) for tool in message.tools),
+        tools=tuple(_tool_from_proto(tool, f"{where}.tools[{i}]", found) for i, tool in enumerate(message.tools)),
         team=tuple(message.team),
-        budget=budget_from_proto(message.budget),
+        budget=budget_from_proto(message.budget, f"{where}.budget", found),
         completion=m.CompletionGate(
             max_attempts=message.completion.max_attempts,
             must_match=message.completion.must_match,
             judge_agent=message.completion.judge_agent,
         ),
-        guardrails=tuple(
-            m.Guardrail(tool=rail.tool, action=m.GuardrailAction(rail.action), reason=rail.reason) for rail in message.guardrails
-        ),
-        script=tuple(
-            m.ScriptedReply(
-                text=reply.text,
-                tool_calls=tuple(m.ScriptedToolCall(c.name, c.arguments_json) for c in reply.tool_calls),
-                tokens=reply.tokens,
-                delay=reply.delay.ToTimedelta().total_seconds(),
-            )
-            for reply in message.script.replies
-        ),
+        guardrails=tuple(_guardrail(rail, f"{where}.guardrails[{i}]", found) for i, rail in enumerate(message.guardrails)),
+        script=tuple(_reply(reply, f"{where}.script.replies[{i}]", found) for i, reply in enumerate(message.script.replies)),
         provider=message.provider,
     )
 

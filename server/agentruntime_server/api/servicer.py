@@ -1,20 +1,23 @@
-"""The gRPC edge: check required fields, convert, hand off to the domain, convert back."""
+"""The gRPC edge: decode, check required fields, convert, hand off to the domain, convert back."""
 
 from __future__ import annotations
 
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from google.protobuf.message import Message as ProtoMessage
 
 from ..domain.errors import DomainError, FieldViolation, InvalidArgument
+from ..domain.limits import MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService
-from . import convert
+from . import convert, paging
 from .errors import to_grpc_status
 
 log = logging.getLogger(__name__)
@@ -23,6 +26,31 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
+SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What a request that is not a valid message of its type decodes to: the edge refuses it."""
+
+    type_name: str
+
+
+def _decoder(message_type: type[ProtoMessage]) -> Callable[[bytes], ProtoMessage | Undecodable]:
+    def decode(data: bytes) -> ProtoMessage | Undecodable:
+        try:
+            return message_type.FromString(data)
+        except Exception:  # DecodeError, invalid UTF-8, nesting past protobuf's limit: the caller's bytes
+            return Undecodable(message_type.DESCRIPTOR.full_name)
+
+    return decode
+
+
+def _refuse_undecodable(request: object) -> None:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(
+            [FieldViolation("request", f"is not a valid {request.type_name} message (malformed protobuf or invalid UTF-8)")]
+        )
 
 
 def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
@@ -31,6 +59,7 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         try:
+            _refuse_undecodable(request)
             response = await method(self, request, context)
             await self.service.acknowledge()
             return response
@@ -48,13 +77,20 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
 
 def _require(**fields: str) -> None:
     missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
-    if missing:
-        raise InvalidArgument(missing)
+    too_long = [
+        FieldViolation(name, f"is longer than {MAX_ID_CHARS} characters: no such id exists")
+        for name, value in fields.items()
+        if len(value) > MAX_ID_CHARS
+    ]
+    if missing or too_long:
+        raise InvalidArgument(missing + too_long)
 
 
 class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
-    def __init__(self, service: RuntimeService) -> None:
+    def __init__(self, service: RuntimeService, max_message_bytes: int = 4 << 20) -> None:
         self.service = service
+        # A page stays well under the send limit, whatever one message holds (each is bounded).
+        self.page_bytes = max_message_bytes // 2
 
     async def _runtime(self, runtime_id: str) -> Runtime:
         _require(runtime_id=runtime_id)
@@ -66,15 +102,20 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
-        agents = convert.agents_from_proto(list(request.agents))
-        runtime = await self.service.create_runtime(request.runtime_id, agents)
+        agents, found = convert.agents_from_proto(request.agents)
+        runtime = await self.service.create_runtime(request.runtime_id, agents, found)
         return pb.CreateRuntimeResponse(runtime_id=runtime.id)
 
     @_edge
     async def Spawn(self, request: pb.SpawnRequest, context: Context) -> pb.SpawnResponse:
         runtime = await self._runtime(request.runtime_id)
         _require(agent=request.agent)
-        budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else None
+        budget = None
+        if request.HasField("budget"):
+            found: list[FieldViolation] = []
+            budget = convert.budget_from_proto(request.budget, "budget", found)
+            if found:
+                raise InvalidArgument(found)
         handle = await runtime.spawn(request.parent_id or "root", request.agent, budget)
         return pb.SpawnResponse(handle_id=handle.id)
 
@@ -91,12 +132,17 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Wait(self, request: pb.WaitRequest, context: Context) -> pb.WaitResponse:
-        runtime = await self._handle_target(request)
         timeout = None
         if request.HasField("timeout"):
-            timeout = request.timeout.ToTimedelta().total_seconds()
-            if timeout < 0:
-                raise InvalidArgument([FieldViolation("timeout", "must not be negative")])
+            found: list[FieldViolation] = []
+            timeout = convert.duration_seconds(request.timeout, "timeout", found)
+            if timeout is not None and timeout < 0:
+                found.append(FieldViolation("timeout", "must not be negative"))
+            elif timeout is not None and timeout > MAX_WAIT_TIMEOUT:
+                found.append(FieldViolation("timeout", f"must be at most {MAX_WAIT_TIMEOUT / 3600:g} hours; Wait again after it"))
+            if found:
+                raise InvalidArgument(found)
+        runtime = await self._handle_target(request)
         result = await runtime.wait(request.handle_id, timeout)
         return pb.WaitResponse(result=convert.result_to_proto(result))
 
@@ -125,15 +171,41 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     @_edge
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         runtime = await self._runtime(request.runtime_id)
-        return pb.ListResponse(handles=[convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()])
+        views = [convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()]
+        handles, next_token = paging.page(
+            views,
+            page_size=request.page_size,
+            page_token=request.page_token,
+            scope=("List", runtime.id),
+            size_of=lambda view: view.ByteSize(),
+            byte_budget=self.page_bytes,
+        )
+        return pb.ListResponse(handles=handles, next_page_token=next_token)
 
     @_edge
     async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
         runtime = await self._handle_target(request)
-        return pb.GetTranscriptResponse(messages=[convert.message_to_proto(m) for m in runtime.transcript(request.handle_id)])
+        transcript = runtime.transcript(request.handle_id)
+        converted: dict[int, pb.Message] = {}
+
+        def proto(index: int) -> pb.Message:
+            if index not in converted:
+                converted[index] = convert.message_to_proto(transcript[index])
+            return converted[index]
+
+        indexes, next_token = paging.page(
+            range(len(transcript)),
+            page_size=request.page_size,
+            page_token=request.page_token,
+            scope=("GetTranscript", runtime.id, request.handle_id),
+            size_of=lambda index: proto(index).ByteSize(),
+            byte_budget=self.page_bytes,
+        )
+        return pb.GetTranscriptResponse(messages=[proto(index) for index in indexes], next_page_token=next_token)
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
         try:
+            _refuse_undecodable(request)
             runtime = await self._runtime(request.runtime_id)
             if request.after_seq < 0:
                 raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
@@ -142,3 +214,18 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                 yield pb.WatchResponse(event=convert.event_to_proto(event))
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
+
+
+def add_to_server(servicer: AgentRuntimeServicer, server: grpc.aio.Server) -> None:
+    """Registers the service with decoders that never fail: a request that does not decode
+    reaches the edge as Undecodable and gets INVALID_ARGUMENT, not UNKNOWN and a traceback."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in SERVICE.methods:
+        request_type: type[ProtoMessage] = getattr(pb, method.input_type.name)
+        response_type: type[ProtoMessage] = getattr(pb, method.output_type.name)
+        behaviour = getattr(servicer, method.name)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            behaviour, request_deserializer=_decoder(request_type), response_serializer=response_type.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))

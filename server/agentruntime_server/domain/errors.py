@@ -7,6 +7,14 @@ from dataclasses import dataclass
 from .model import Limit
 
 
+def shown(value: str, limit: int = 64) -> str:
+    """A caller's value as an error message quotes it: never more than a short prefix, so
+    an error always fits in a reply's metadata and never echoes a whole hostile input."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
 class DomainError(Exception):
     """Base: a request the runtime refuses, with a message a caller can act on."""
 
@@ -26,8 +34,8 @@ class InvalidArgument(DomainError):
 class NotFound(DomainError):
     def __init__(self, kind: str, name: str, hint: str = "") -> None:
         self.kind = kind
-        self.name = name
-        message = f"{kind} {name!r} not found"
+        self.name = name[:128]
+        message = f"{kind} {shown(name)} not found"
         super().__init__(f"{message}; {hint}" if hint else message)
 
 

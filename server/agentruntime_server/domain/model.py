@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import enum
-import functools
-import re
 from dataclasses import dataclass, field
 from typing import Any
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 class Status(enum.Enum):
@@ -117,10 +110,6 @@ class CompletionGate:
     @property
     def active(self) -> bool:
         return bool(self.must_match or self.judge_agent)
-
-    @property
-    def pattern(self) -> re.Pattern[str] | None:
-        return _compiled(self.must_match) if self.must_match else None
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import budget as budgets
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
 from .events import EventKind, EventLog, Observer
 from .handle import Handle, Run
+from .limits import Limits
 from .model import (
     AgentSpec,
     Answer,
@@ -27,7 +28,7 @@ from .model import (
 from .ports import HttpToolRunner, ModelRouter, ProviderError, Store
 from .prompts import wake_message
 from .suspension import read_answer
-from .validation import check_budget
+from .validation import check_budget, check_text_size
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Services:
     http_tools: HttpToolRunner
     store: Store
     inbox_capacity: int = 100
+    limits: Limits = field(default_factory=Limits)
     watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
     observers: tuple[Observer, ...] = ()  # see events.Observer
 
@@ -138,6 +140,12 @@ class Runtime:
     ) -> Handle:
         if parent is not None:
             budgets.check_spawn(parent)
+        if len(self.handles) >= self.services.limits.max_handles:
+            raise ResourceExhausted(
+                f"runtime {self.id!r} has {len(self.handles)} handles, the server's limit (AGENTRUNTIME_MAX_HANDLES)",
+                reason=Limit.MAX_CHILDREN.wire_name,
+                limit=Limit.MAX_CHILDREN,
+            )
         counters = parent.spawned_per_agent if parent else self._top_level_per_agent
         number = counters.get(agent.name, 0) + 1
         prefix = parent.id if parent else "root"
@@ -161,16 +169,27 @@ class Runtime:
             raise FailedPrecondition(f"handle {handle_id!r} is closed; it takes no more messages")
         if not text:
             raise InvalidArgument([FieldViolation("text", "post a non-empty message")])
+        check_text_size(text, "text", self.services.limits)
         if len(handle.inbox) >= self.services.inbox_capacity:
             raise ResourceExhausted(
                 f"the inbox of {handle_id!r} is full ({self.services.inbox_capacity} messages); Wake it to drain the inbox",
                 reason="INBOX_FULL",
             )
+        held = sum(len(item.text.encode()) for item in handle.inbox)
+        if held + len(text.encode()) > self.services.limits.max_inbox_bytes:
+            raise ResourceExhausted(
+                f"the inbox of {handle_id!r} holds {held} bytes; with this message it would pass its limit of "
+                f"{self.services.limits.max_inbox_bytes} bytes; Wake it to drain the inbox",
+                reason="INBOX_FULL",
+            )
+        check_text_size(channel, "channel", self.services.limits, limit=256)
+        check_text_size(sender, "sender", self.services.limits, limit=256)
         handle.inbox.append(InboxItem(text=text, channel=channel, sender=sender or "host"))
         await self.services.store.save_handles(self.id, [handle.record()])
         return len(handle.inbox)
 
     async def wake(self, handle_id: str, prompt: str) -> bool:
+        check_text_size(prompt, "prompt", self.services.limits)
         handle = self.handle(handle_id)
         self._check_wakeable(handle)
         if not prompt and not handle.inbox:
@@ -248,7 +267,7 @@ class Runtime:
         leaf = self.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
             return await self._replay_resume(answer)
-        outcome = read_answer(leaf.pending, answer)  # refuses a malformed answer before any change
+        outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
         del self.requests[answer.id]
         # Each step is idempotent, so a crash between them is repaired by the host's retry.
         leaf.approved.update(outcome.approved)

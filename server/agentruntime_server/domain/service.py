@@ -7,8 +7,9 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from .errors import AlreadyExists, FailedPrecondition, NotFound
+from .errors import AlreadyExists, FailedPrecondition, FieldViolation, NotFound
 from .model import AgentSpec
 from .runtime import Runtime, Services
 from .validation import check_agents, check_runtime_id
@@ -23,13 +24,16 @@ class RuntimeService:
         self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
         self.draining = False
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> Runtime:
+    async def create_runtime(
+        self, runtime_id: str, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation] = ()
+    ) -> Runtime:
+        """`found`: what the edge found wrong while decoding the definitions."""
         self._refuse_while_draining()
         if runtime_id:
             check_runtime_id(runtime_id)
         else:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
-        check_agents(agents, self.services.models.names)
+        check_agents(agents, self.services.models.names, found)
         if runtime_id in self._runtimes or await self.services.store.runtime_exists(runtime_id):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
         runtime = Runtime(runtime_id, agents, self.services)

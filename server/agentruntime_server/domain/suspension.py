@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import FieldViolation, InvalidArgument
+from .limits import Limits
 from .model import Answer, PendingRequest, ToolResult
 
 
@@ -16,7 +17,12 @@ class AnswerOutcome:
     rerun: list[str] = field(default_factory=list)  # in-doubt call ids to run again
 
 
-def read_answer(request: PendingRequest, answer: Answer) -> AnswerOutcome:
+def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> AnswerOutcome:
+    _check_sizes(answer, bounds)
+    if not answer.ok and answer.outputs:
+        raise InvalidArgument(
+            [FieldViolation("answer.outputs", "a declining answer (ok false) carries no outputs: set ok, or drop the outputs")]
+        )
     call_ids = [call.id for call, _ in request.calls]
     if request.kind == "tool_call":
         return _relay(call_ids, answer)
@@ -37,6 +43,19 @@ def read_answer(request: PendingRequest, answer: Answer) -> AnswerOutcome:
         return AnswerOutcome([(call_id, ToolResult(f"the host did not answer: {answer.reason or 'no reason given'}", True))])
     output = json.dumps(answer.data, sort_keys=True) if answer.data else answer.reason
     return AnswerOutcome(results=[(call_id, ToolResult(output))])
+
+
+def _check_sizes(answer: Answer, bounds: Limits) -> None:
+    violations = []
+    for index, output in enumerate(answer.outputs):
+        if len(output.output.encode()) > bounds.max_text_bytes:
+            violations.append(FieldViolation(f"answer.outputs[{index}].output", f"is longer than {bounds.max_text_bytes} bytes"))
+    if len(answer.reason.encode()) > bounds.max_text_bytes:
+        violations.append(FieldViolation("answer.reason", f"is longer than {bounds.max_text_bytes} bytes"))
+    if answer.data and len(json.dumps(answer.data).encode()) > bounds.max_text_bytes:
+        violations.append(FieldViolation("answer.data", f"is longer than {bounds.max_text_bytes} bytes as JSON"))
+    if violations:
+        raise InvalidArgument(violations)
 
 
 def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:

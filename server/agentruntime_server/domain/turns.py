@@ -14,12 +14,15 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import jsonschema.exceptions
+from jsonschema.protocols import Validator
 
 from . import budget as budgets
-from . import prompts
-from .errors import Detached, ResourceExhausted
+from . import patterns, prompts, schemas
+from .errors import Detached, ResourceExhausted, shown
 from .events import OUTPUT_PREVIEW, EventKind
 from .handle import Handle, Run
+from .limits import MAX_REPLY_TOKENS
 from .model import (
     GuardrailAction,
     HttpExecutor,
@@ -31,8 +34,9 @@ from .model import (
     TaskResult,
     ToolCall,
     ToolResult,
+    ToolSpec,
 )
-from .ports import ModelRequest, ToolSchema
+from .ports import ModelRequest, ProviderError, ToolSchema
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -43,6 +47,7 @@ class TurnLoop:
         self.runtime = runtime
         self.services = runtime.services
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
+        self._validators: dict[tuple[str, str], Validator] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
@@ -85,6 +90,11 @@ class TurnLoop:
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
         await self.runtime.events.emit(handle.id, EventKind.TURN_STARTED, turn=handle.turns + 1)
         reply = await self.services.models.complete(request)
+        if not 0 <= reply.tokens <= MAX_REPLY_TOKENS:
+            raise ProviderError(
+                f"the model reported {shown(str(reply.tokens), 24)} tokens for one reply "
+                f"(a reply counts 0 to {MAX_REPLY_TOKENS:,}); the reply was not used"
+            )
         turn = handle.turns + 1
         index = len(handle.transcript)
         calls = tuple(
@@ -243,6 +253,18 @@ class TurnLoop:
             output=result.output[:OUTPUT_PREVIEW],
         )
 
+    def _schema_problem(self, handle: Handle, spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
+        """Why the arguments fail the tool's schema (compiled once per tool), or None."""
+        key = (handle.agent.name, spec.name)
+        validator = self._validators.get(key)
+        if validator is None:
+            validator = self._validators[key] = schemas.compile_schema(spec.input_schema)
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+        except schemas.VALIDATION_FAULTS as exc:
+            return f"the schema could not be applied ({type(exc).__name__})"
+        return None if error is None else shown(error.message, 300)
+
     @staticmethod
     def find_call(handle: Handle, call_id: str) -> ToolCall | None:
         for message in reversed(handle.transcript):
@@ -258,8 +280,8 @@ class TurnLoop:
             return ToolResult(f"denied by guardrail: {rail.reason or 'this tool is not allowed'}", is_error=True)
         try:
             arguments = json.loads(call.arguments_json)
-        except ValueError as exc:
-            return ToolResult(f"the arguments are not valid JSON: {exc}", is_error=True)
+        except (ValueError, RecursionError) as exc:
+            return ToolResult(f"the arguments are not valid JSON: {shown(str(exc), 200)}", is_error=True)
         if not isinstance(arguments, dict):
             return ToolResult("the arguments must be a JSON object", is_error=True)
         if call.name == "task" and agent.team:
@@ -269,10 +291,9 @@ class TurnLoop:
             known = sorted([tool.name for tool in agent.tools] + ["ask"] + (["task"] if agent.team else []))
             return ToolResult(f"unknown tool {call.name!r}; available tools: {known}", is_error=True)
         if spec.input_schema:
-            try:
-                jsonschema.validate(arguments, spec.input_schema)
-            except jsonschema.ValidationError as exc:
-                return ToolResult(f"the arguments do not match the tool's schema: {exc.message}", is_error=True)
+            problem = self._schema_problem(handle, spec, arguments)
+            if problem is not None:
+                return ToolResult(f"the arguments do not match the tool's schema: {problem}", is_error=True)
         assert isinstance(spec.executor, HttpExecutor)  # relay calls suspend before they get here
         await self.services.store.record_call_started(self.runtime.id, handle.id, call.id)
         return await self.services.http_tools.run(spec.executor, call.arguments_json, self.idempotency_key(handle, call))
@@ -315,9 +336,8 @@ class TurnLoop:
     async def _completion_gate(self, handle: Handle, run: Run, text: str) -> str | None:
         """None when the final answer is accepted, else the reason it was not."""
         gate = handle.agent.completion
-        pattern = gate.pattern
-        if pattern is not None and not pattern.search(text):
-            return f"the answer does not match {gate.must_match!r}"
+        if gate.must_match and not patterns.search(gate.must_match, text):
+            return f"the answer does not match {shown(gate.must_match)}"
         if gate.judge_agent:
             task = next((m.content for m in reversed(handle.transcript[: run.transcript_mark + 1]) if m.role == "user"), "")
             verdict = await self.run_child(

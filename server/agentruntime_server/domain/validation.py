@@ -7,17 +7,23 @@ import re
 from collections.abc import Collection, Sequence
 from urllib.parse import urlsplit
 
-import jsonschema
-import jsonschema.exceptions
-
-from .errors import FieldViolation, InvalidArgument
-from .model import AgentSpec, Budget, HttpExecutor
+from . import limits
+from . import schemas as tool_schemas
+from .errors import FieldViolation, InvalidArgument, shown
+from .limits import Limits
+from .model import AgentSpec, Budget, HttpExecutor, ScriptedReply
+from .patterns import PatternError, compile_pattern
 
 RUNTIME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # Tool names become model function names: the strictest common provider rule.
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 BUILTIN_TOOLS = ("task", "ask")
+# RFC 9110 field names are tokens; values carry no CR, LF or NUL (no header injection).
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
+# Headers the runtime sets itself or that change how the request is framed.
+RESERVED_HEADERS = frozenset({"idempotency-key", "content-length", "transfer-encoding", "host", "connection", "content-type"})
 
 
 def check_runtime_id(runtime_id: str) -> None:
@@ -26,18 +32,23 @@ def check_runtime_id(runtime_id: str) -> None:
             [
                 FieldViolation(
                     "runtime_id",
-                    f"{runtime_id!r} is not a plain slug: use 1-64 letters, digits, '_', '-' or '.', "
+                    f"{shown(runtime_id)} is not a plain slug: use 1-64 letters, digits, '_', '-' or '.', "
                     "starting with a letter or digit (or leave it empty to have one generated)",
                 )
             ]
         )
 
 
-def check_agents(agents: Sequence[AgentSpec], providers: Collection[str] | None = None) -> None:
-    """`providers`: the provider names this server has (None: not checked)."""
-    violations: list[FieldViolation] = []
+def check_agents(
+    agents: Sequence[AgentSpec], providers: Collection[str] | None = None, found: Sequence[FieldViolation] = ()
+) -> None:
+    """`providers`: the provider names this server has (None: not checked). `found`: what the
+    edge already found wrong while decoding (reported together with the rest)."""
+    violations: list[FieldViolation] = list(found)
     if not agents:
         violations.append(FieldViolation("agents", "define at least one agent"))
+    if len(agents) > limits.MAX_AGENTS:
+        raise InvalidArgument([*violations, FieldViolation("agents", f"define at most {limits.MAX_AGENTS} agents")])
     names = [agent.name for agent in agents]
     seen: set[str] = set()
     for index, agent in enumerate(agents):
@@ -46,7 +57,8 @@ def check_agents(agents: Sequence[AgentSpec], providers: Collection[str] | None 
             violations.append(
                 FieldViolation(
                     f"{where}.name",
-                    f"{agent.name!r} is not a valid agent name: use 1-64 letters, digits, '_' or '-', starting with a letter",
+                    f"{shown(agent.name)} is not a valid agent name: use 1-64 letters, digits, '_' or '-', "
+                    "starting with a letter",
                 )
             )
         elif agent.name in seen:
@@ -58,12 +70,45 @@ def check_agents(agents: Sequence[AgentSpec], providers: Collection[str] | None 
             violations.append(
                 FieldViolation(
                     f"{where}.provider",
-                    f"unknown provider {agent.provider!r}; this server has {sorted(providers)} "
+                    f"unknown provider {shown(agent.provider)}; this server has {sorted(providers)} "
                     "(leave it empty for the server's default)",
                 )
             )
+    violations.extend(_team_cycles(agents))
     if violations:
         raise InvalidArgument(violations)
+
+
+def _team_cycles(agents: Sequence[AgentSpec]) -> list[FieldViolation]:
+    """Delegation (team members and judges) must not lead back to an agent: a cycle would
+    spawn handles without end."""
+    edges = {
+        agent.name: [*agent.team, *([agent.completion.judge_agent] if agent.completion.judge_agent else [])] for agent in agents
+    }
+    index = {agent.name: position for position, agent in reversed(list(enumerate(agents)))}
+    violations: list[FieldViolation] = []
+    reported: set[frozenset[str]] = set()
+    for start in edges:
+        stack: list[tuple[str, list[str]]] = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            name, path = stack.pop()
+            for member in edges.get(name, []):
+                if member == start:
+                    cycle = frozenset(path)
+                    if cycle not in reported:
+                        reported.add(cycle)
+                        violations.append(
+                            FieldViolation(
+                                f"agents[{index[start]}].team",
+                                f"delegation leads back to {start!r} ({' -> '.join([*path, start])}); "
+                                "teams and judges must not form a cycle",
+                            )
+                        )
+                elif member in edges and member not in seen:
+                    seen.add(member)
+                    stack.append((member, [*path, member]))
+    return violations
 
 
 def check_budget(budget: Budget, where: str) -> list[FieldViolation]:
@@ -78,32 +123,37 @@ def check_budget(budget: Budget, where: str) -> list[FieldViolation]:
         )
     if budget.max_wall_time is not None and budget.max_wall_time <= 0:
         violations.append(FieldViolation(f"{where}.max_wall_time", "must be a positive duration; leave it unset for no limit"))
+    elif budget.max_wall_time is not None and budget.max_wall_time > limits.MAX_WALL_TIME:
+        violations.append(FieldViolation(f"{where}.max_wall_time", f"must be at most {limits.MAX_WALL_TIME / 86400:g} days"))
     return violations
 
 
 def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[FieldViolation]:
     violations: list[FieldViolation] = []
+    violations.extend(_check_sizes(agent, where))
     tool_names: set[str] = set()
-    for index, tool in enumerate(agent.tools):
+    for index, tool in enumerate(agent.tools[: limits.MAX_TOOLS_PER_AGENT]):
         at = f"{where}.tools[{index}]"
         if tool.name in BUILTIN_TOOLS:
             violations.append(FieldViolation(f"{at}.name", f"{tool.name!r} is a built-in tool; choose another name"))
         elif not TOOL_NAME.match(tool.name):
             violations.append(
-                FieldViolation(f"{at}.name", f"{tool.name!r} is not a valid tool name: 1-64 letters, digits, '_' or '-'")
+                FieldViolation(f"{at}.name", f"{shown(tool.name)} is not a valid tool name: 1-64 letters, digits, '_' or '-'")
             )
         elif tool.name in tool_names:
-            violations.append(FieldViolation(f"{at}.name", f"duplicate tool name {tool.name!r} in agent {agent.name!r}"))
+            violations.append(FieldViolation(f"{at}.name", f"duplicate tool name {tool.name!r} in agent {shown(agent.name)}"))
         tool_names.add(tool.name)
+        if len(tool.description.encode()) > limits.MAX_DESCRIPTION_BYTES:
+            violations.append(FieldViolation(f"{at}.description", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes"))
         violations.extend(_check_schema(tool.input_schema, f"{at}.input_schema"))
         if isinstance(tool.executor, HttpExecutor):
-            violations.extend(_check_url(tool.executor.url, f"{at}.http.url"))
-            if tool.executor.timeout <= 0:
-                violations.append(FieldViolation(f"{at}.http.timeout", "must be a positive duration"))
-    for index, member in enumerate(agent.team):
+            violations.extend(_check_http(tool.executor, f"{at}.http"))
+        if len(tool.approval_prompt.encode()) > limits.MAX_DESCRIPTION_BYTES:
+            violations.append(FieldViolation(f"{at}.approval.prompt", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes"))
+    for index, member in enumerate(agent.team[: limits.MAX_TEAM]):
         if member not in agent_names:
             violations.append(
-                FieldViolation(f"{where}.team[{index}]", f"unknown agent {member!r}; define it in the same runtime")
+                FieldViolation(f"{where}.team[{index}]", f"unknown agent {shown(member)}; define it in the same runtime")
             )
     if len(set(agent.team)) != len(agent.team):
         violations.append(FieldViolation(f"{where}.team", "names an agent more than once"))
@@ -113,35 +163,100 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
         violations.append(FieldViolation(f"{where}.completion.max_attempts", "must be >= 0 (0 means 1)"))
     if gate.must_match:
         try:
-            re.compile(gate.must_match)
-        except re.error as exc:
+            compile_pattern(gate.must_match)
+        except PatternError as exc:
             violations.append(FieldViolation(f"{where}.completion.must_match", f"invalid regular expression: {exc}"))
     if gate.judge_agent and gate.judge_agent not in agent_names:
         violations.append(
             FieldViolation(
-                f"{where}.completion.judge_agent", f"unknown agent {gate.judge_agent!r}; define it in the same runtime"
+                f"{where}.completion.judge_agent", f"unknown agent {shown(gate.judge_agent)}; define it in the same runtime"
             )
         )
     callable_tools = tool_names | ({"task"} if agent.team else set()) | {"ask"}
-    for index, rail in enumerate(agent.guardrails):
+    for index, rail in enumerate(agent.guardrails[: limits.MAX_GUARDRAILS]):
         if rail.tool not in callable_tools:
             violations.append(
-                FieldViolation(f"{where}.guardrails[{index}].tool", f"agent {agent.name!r} has no tool {rail.tool!r}")
+                FieldViolation(f"{where}.guardrails[{index}].tool", f"agent {shown(agent.name)} has no tool {shown(rail.tool)}")
             )
-    for index, reply in enumerate(agent.script):
-        for call_index, call in enumerate(reply.tool_calls):
-            at = f"{where}.script.replies[{index}].tool_calls[{call_index}]"
-            if call.name not in callable_tools:
-                violations.append(FieldViolation(f"{at}.name", f"agent {agent.name!r} has no tool {call.name!r}"))
-            try:
-                arguments = json.loads(call.arguments_json or "{}")
-            except ValueError as exc:
-                violations.append(FieldViolation(f"{at}.arguments_json", f"not valid JSON: {exc}"))
-                continue
-            if not isinstance(arguments, dict):
-                violations.append(FieldViolation(f"{at}.arguments_json", "must be a JSON object"))
-        if reply.tokens < 0:
-            violations.append(FieldViolation(f"{where}.script.replies[{index}].tokens", "must be >= 0"))
+        if len(rail.reason.encode()) > limits.MAX_DESCRIPTION_BYTES:
+            violations.append(
+                FieldViolation(f"{where}.guardrails[{index}].reason", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes")
+            )
+    for index, reply in enumerate(agent.script[: limits.MAX_SCRIPT_REPLIES]):
+        violations.extend(_check_reply(agent, reply, f"{where}.script.replies[{index}]", callable_tools))
+    return violations
+
+
+def _check_sizes(agent: AgentSpec, where: str) -> list[FieldViolation]:
+    """Counts and sizes: what is stored and sent to a model stays bounded."""
+    bounds = [
+        ("tools", len(agent.tools), limits.MAX_TOOLS_PER_AGENT, "tools"),
+        ("team", len(agent.team), limits.MAX_TEAM, "team mates"),
+        ("guardrails", len(agent.guardrails), limits.MAX_GUARDRAILS, "guardrails"),
+        ("script.replies", len(agent.script), limits.MAX_SCRIPT_REPLIES, "replies"),
+        ("description", len(agent.description.encode()), limits.MAX_DESCRIPTION_BYTES, "bytes"),
+        ("instructions", len(agent.instructions.encode()), limits.MAX_INSTRUCTIONS_BYTES, "bytes"),
+        ("model", len(agent.model), limits.MAX_MODEL_CHARS, "characters"),
+    ]
+    violations = [
+        FieldViolation(f"{where}.{field}", f"has {count} {unit}; the limit is {limit}")
+        for field, count, limit, unit in bounds
+        if count > limit
+    ]
+    if any(ord(char) < 32 for char in agent.model):
+        violations.append(FieldViolation(f"{where}.model", "must not contain control characters"))
+    return violations
+
+
+def _check_reply(agent: AgentSpec, reply: ScriptedReply, at: str, callable_tools: set[str]) -> list[FieldViolation]:
+    violations: list[FieldViolation] = []
+    for call_index, call in enumerate(reply.tool_calls):
+        call_at = f"{at}.tool_calls[{call_index}]"
+        if call.name not in callable_tools:
+            violations.append(FieldViolation(f"{call_at}.name", f"agent {shown(agent.name)} has no tool {shown(call.name)}"))
+        if len(call.arguments_json.encode()) > limits.MAX_ARGUMENTS_BYTES:
+            violations.append(FieldViolation(f"{call_at}.arguments_json", f"is longer than {limits.MAX_ARGUMENTS_BYTES} bytes"))
+            continue
+        try:
+            arguments = json.loads(call.arguments_json or "{}")
+        except (ValueError, RecursionError) as exc:
+            violations.append(FieldViolation(f"{call_at}.arguments_json", f"not valid JSON: {shown(str(exc))}"))
+            continue
+        if not isinstance(arguments, dict):
+            violations.append(FieldViolation(f"{call_at}.arguments_json", "must be a JSON object"))
+    if len(reply.text.encode()) > limits.MAX_INSTRUCTIONS_BYTES:
+        violations.append(FieldViolation(f"{at}.text", f"is longer than {limits.MAX_INSTRUCTIONS_BYTES} bytes"))
+    if not 0 <= reply.tokens <= limits.MAX_REPLY_TOKENS:
+        violations.append(FieldViolation(f"{at}.tokens", f"must be between 0 and {limits.MAX_REPLY_TOKENS:,}"))
+    if not 0 <= reply.delay <= limits.MAX_SCRIPT_DELAY:
+        violations.append(FieldViolation(f"{at}.delay", f"must be between 0 and {limits.MAX_SCRIPT_DELAY:g}s"))
+    return violations
+
+
+def _check_http(executor: HttpExecutor, where: str) -> list[FieldViolation]:
+    violations = _check_url(executor.url, f"{where}.url")
+    if not 0 < executor.timeout <= limits.MAX_TOOL_TIMEOUT:
+        violations.append(
+            FieldViolation(f"{where}.timeout", f"must be a positive duration of at most {limits.MAX_TOOL_TIMEOUT:g}s")
+        )
+    if len(executor.headers) > limits.MAX_HEADERS:
+        violations.append(
+            FieldViolation(f"{where}.headers", f"has {len(executor.headers)} headers; the limit is {limits.MAX_HEADERS}")
+        )
+        return violations
+    for name, value in executor.headers.items():
+        # The value is a secret: no violation ever quotes it.
+        at = f"{where}.headers[{shown(name, 40)}]"
+        if not HEADER_NAME.match(name) or len(name) > limits.MAX_HEADER_NAME_CHARS:
+            violations.append(
+                FieldViolation(at, f"is not a header name: 1-{limits.MAX_HEADER_NAME_CHARS} token characters (RFC 9110)")
+            )
+        elif name.lower() in RESERVED_HEADERS:
+            violations.append(FieldViolation(at, "is set by the runtime itself; remove it"))
+        if HEADER_VALUE_FORBIDDEN.search(value):
+            violations.append(FieldViolation(at, "the value must not contain CR, LF or NUL"))
+        if len(value.encode()) > limits.MAX_HEADER_VALUE_BYTES:
+            violations.append(FieldViolation(at, f"the value is longer than {limits.MAX_HEADER_VALUE_BYTES} bytes"))
     return violations
 
 
@@ -149,15 +264,21 @@ def _check_schema(schema: dict[str, object], where: str) -> list[FieldViolation]
     if not schema:
         return []
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        return [FieldViolation(where, f"not a valid JSON Schema: {exc.message}")]
-    if schema.get("type", "object") != "object":
-        return [FieldViolation(where, "tool arguments are a JSON object: the schema's type must be 'object'")]
+        tool_schemas.check(schema)
+    except tool_schemas.SchemaProblem as exc:
+        return [FieldViolation(where, str(exc))]
     return []
 
 
 def _check_url(url: str, where: str) -> list[FieldViolation]:
+    if len(url) > limits.MAX_URL_CHARS or any(ord(char) <= 32 for char in url):
+        return [
+            FieldViolation(
+                where,
+                f"{shown(url)} is not an absolute http(s) URL of at most {limits.MAX_URL_CHARS} characters "
+                "without spaces or control characters",
+            )
+        ]
     try:
         parts = urlsplit(url)
         valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -166,4 +287,21 @@ def _check_url(url: str, where: str) -> list[FieldViolation]:
         valid = False
     if valid:
         return []
-    return [FieldViolation(where, f"{url!r} is not an absolute http(s) URL")]
+    return [FieldViolation(where, f"{shown(url)} is not an absolute http(s) URL")]
+
+
+def check_text_size(text: str, field: str, bounds: Limits, limit: int | None = None) -> None:
+    """Text a caller sends (a Post, a prompt, a tool output) stays under the server's limit."""
+    size = len(text.encode())
+    most = bounds.max_text_bytes if limit is None else limit
+    if size > most:
+        raise InvalidArgument(
+            [
+                FieldViolation(
+                    field,
+                    f"is {size} bytes; the limit is {most} (AGENTRUNTIME_MAX_TEXT_BYTES)"
+                    if limit is None
+                    else f"is {size} bytes; the limit is {most}",
+                )
+            ]
+        )

@@ -110,6 +110,6 @@ def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
 def _input(arguments_json: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments_json or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}

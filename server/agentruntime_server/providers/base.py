@@ -20,7 +20,7 @@ from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.asyncio import AsyncRetrying
 
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
-from ..http_session import HttpSession
+from ..http_session import HttpSession, read_at_most
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500
@@ -98,7 +98,7 @@ class HttpProvider(abc.ABC):
         status, raw = await self._post(json.dumps(body).encode())
         try:
             return self.parse(json.loads(raw))
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise ProviderError(
                 self._redact(
                     f"provider {self.name!r} answered HTTP {status} with a reply that is not a {self.kind} "
@@ -141,7 +141,8 @@ class HttpProvider(abc.ABC):
                     self._url, data=data, headers=self._headers, timeout=self._timeout
                 ) as response:
                     status = response.status
-                    raw = await response.read()
+                    limit = self._session.max_reply_bytes
+                    raw = await read_at_most(response, limit + 1)
                     headers = response.headers
                 outcome = _outcome(status)
             except TimeoutError as exc:
@@ -155,6 +156,8 @@ class HttpProvider(abc.ABC):
             finally:
                 if self.monitor is not None:
                     self.monitor.on_attempt(self.name, time.perf_counter() - started, outcome)
+        if len(raw) > limit:
+            raise ProviderError(f"provider {self.name!r} answered HTTP {status} with a body over {limit} bytes; not read")
         if 200 <= status < 300:
             return status, raw
         message = self._redact(f"provider {self.name!r} answered HTTP {status}: {_excerpt(raw)}")

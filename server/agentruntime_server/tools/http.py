@@ -15,13 +15,13 @@ import aiohttp
 from yarl import URL
 
 from ..domain.model import HttpExecutor, ToolResult
+from ..http_session import read_at_most
 from .egress import EgressDenied, EgressPolicy, PolicyResolver
 
 # Characters of a non-2xx body the model is shown (the rest is dropped unread).
 MAX_ERROR_BODY = 500
 # Characters of a 3xx's Location header named in its error result.
 MAX_LOCATION = 200
-_CHUNK = 64 * 1024
 # How a refused call's result starts; the policy's reason follows.
 REFUSED = "not allowed by the egress policy: "
 
@@ -103,30 +103,17 @@ class HttpTools:
             limit = self._max_text_bytes
             if (response.content_length or 0) > limit:
                 return ToolResult(_too_large(status, limit), is_error=True)
-            raw = await _read_at_most(response, limit + 1)
+            raw = await read_at_most(response, limit + 1)
             if len(raw) > limit:
                 return ToolResult(_too_large(status, limit), is_error=True)
             return ToolResult(_decode(response, raw))
         # A character is at most 4 bytes in UTF-8: this many bytes hold MAX_ERROR_BODY of them.
-        raw = await _read_at_most(response, 4 * MAX_ERROR_BODY)
+        raw = await read_at_most(response, 4 * MAX_ERROR_BODY)
         return ToolResult(f"HTTP {status}: {_decode(response, raw)[:MAX_ERROR_BODY]}", is_error=True)
 
 
 def _too_large(status: int, limit: int) -> str:
     return f"HTTP {status}: the output exceeds the limit of {limit} bytes (AGENTRUNTIME_MAX_TEXT_BYTES)"
-
-
-async def _read_at_most(response: aiohttp.ClientResponse, size: int) -> bytes:
-    """The body's first `size` bytes (fewer if it is shorter); the rest is never read."""
-    chunks: list[bytes] = []
-    left = size
-    while left > 0:
-        chunk = await response.content.read(min(left, _CHUNK))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
 
 
 def _decode(response: aiohttp.ClientResponse, raw: bytes) -> str:

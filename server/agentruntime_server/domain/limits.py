@@ -1,0 +1,48 @@
+"""Every bound the runtime puts on what it is sent: the fixed ones as constants, the ones an
+operator may change as `Limits` (filled from the settings). README: "Limits and hardening"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# Definitions (checked at CreateRuntime).
+MAX_AGENTS = 100
+MAX_TOOLS_PER_AGENT = 128
+MAX_TEAM = 100
+MAX_GUARDRAILS = 128
+MAX_SCRIPT_REPLIES = 1000
+MAX_NAME_CHARS = 64
+MAX_DESCRIPTION_BYTES = 16 * KIB
+MAX_INSTRUCTIONS_BYTES = 256 * KIB
+MAX_MODEL_CHARS = 256
+MAX_SCHEMA_BYTES = 64 * KIB  # a tool's input_schema, as compact JSON
+MAX_SCHEMA_DEPTH = 32
+MAX_PATTERN_CHARS = 1024  # completion.must_match and every schema pattern
+MAX_URL_CHARS = 2048
+MAX_HEADERS = 32
+MAX_HEADER_NAME_CHARS = 128
+MAX_HEADER_VALUE_BYTES = 8 * KIB
+MAX_TOOL_TIMEOUT = 600.0  # seconds
+MAX_WALL_TIME = 30 * 86400.0
+MAX_SCRIPT_DELAY = 600.0
+MAX_WAIT_TIMEOUT = 86400.0
+MAX_ARGUMENTS_BYTES = 256 * KIB  # a scripted tool call's arguments
+
+# Numbers from outside: what one model reply may report. More is a provider fault, and
+# keeps every cumulative figure far below a store's 64-bit integers.
+MAX_REPLY_TOKENS = 100_000_000
+
+# Ids a caller sends to address things (longer ids cannot exist).
+MAX_ID_CHARS = 512
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds an operator sets (see Settings); the defaults are the settings' defaults."""
+
+    max_text_bytes: int = 256 * KIB  # a Post, a Wake prompt, a Resume output, a tool's output
+    max_inbox_bytes: int = 1 * MIB
+    max_handles: int = 10_000  # per runtime

@@ -1,0 +1,191 @@
+"""Tool argument schemas: checked completely at CreateRuntime, compiled once per tool.
+
+A schema is a caller's code. It may only refer inside itself (`#/...`, anchors): the
+validator's registry knows the JSON Schema metaschemas and nothing else and never
+retrieves anything, so no `$ref` reads a file or reaches the network. Patterns run on
+RE2 (linear time). Size and depth are bounded, and a schema that recurses without end
+is refused before it can be called."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+import referencing.exceptions
+from jsonschema.protocols import Validator
+from jsonschema_specifications import REGISTRY as METASCHEMAS
+
+from .limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+from .patterns import PatternError, compile_pattern, search
+
+REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+ANCHOR_KEYWORDS = ("$anchor", "$dynamicAnchor")
+# Keywords whose values are data, not subschemas: never read as schema keywords.
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "description", "title", "$comment"})
+
+# What can go wrong while validating with a caller's schema: reported to the model as the
+# tool's error result, never raised out of the turn.
+VALIDATION_FAULTS = (RecursionError, referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError, PatternError)
+
+
+class SchemaProblem(ValueError):
+    pass
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: object) -> Iterator[jsonschema.ValidationError]:
+    if validator.is_type(instance, "string") and not search(pattern, instance):
+        yield jsonschema.ValidationError(f"{_cut(instance)} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: object
+) -> Iterator[jsonschema.ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    assert isinstance(instance, dict)
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[jsonschema.ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    assert isinstance(instance, dict)
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    extras = [key for key in instance if key not in properties and not any(search(p, key) for p in patterns)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        names = ", ".join(repr(extra) for extra in sorted(extras)[:10])
+        yield jsonschema.ValidationError(f"additional properties are not allowed ({names} unexpected)")
+
+
+@functools.cache
+def _linear(base: type[Validator]) -> type[Validator]:
+    """The dialect's validator with every pattern keyword on RE2."""
+    extended: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+        base,
+        {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties},
+    )
+    return extended
+
+
+def _dialect(schema: dict[str, Any]) -> type[Validator]:
+    known: type[Validator] | None = jsonschema.validators.validator_for(schema, default=None)  # type: ignore[arg-type]
+    if "$schema" in schema and known is None:
+        raise SchemaProblem(f"unknown $schema {_cut(schema['$schema'])}; leave it out for JSON Schema 2020-12")
+    return known or jsonschema.Draft202012Validator
+
+
+def compile_schema(schema: dict[str, Any]) -> Validator:
+    """A validator for a schema that check() accepted. Build it once per tool, reuse it."""
+    return _linear(_dialect(schema))(schema, registry=METASCHEMAS)
+
+
+def check(schema: dict[str, Any]) -> None:
+    """Raises SchemaProblem naming the first thing wrong with a tool's input schema."""
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > MAX_SCHEMA_BYTES:
+        raise SchemaProblem(f"is {size} bytes as JSON; the limit is {MAX_SCHEMA_BYTES}")
+    anchors: set[str] = set()
+    references: list[str] = []
+    uses = {"patternProperties": False, "unevaluatedProperties": False}
+    for node, depth in _walk(schema, 1):
+        if depth > MAX_SCHEMA_DEPTH:
+            raise SchemaProblem(f"nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        for keyword in ("$id", "id"):
+            if isinstance(node.get(keyword), str):
+                raise SchemaProblem(f"{keyword} is not allowed: references resolve only inside the schema itself")
+        for keyword in REFERENCE_KEYWORDS:
+            if isinstance(node.get(keyword), str):
+                references.append(node[keyword])
+        for keyword in ANCHOR_KEYWORDS:
+            if isinstance(node.get(keyword), str):
+                anchors.add(node[keyword])
+        if isinstance(node.get("pattern"), str):
+            _check_pattern(node["pattern"])
+        if isinstance(node.get("patternProperties"), dict):
+            uses["patternProperties"] = True
+            for pattern in node["patternProperties"]:
+                _check_pattern(pattern)
+        if "unevaluatedProperties" in node:
+            uses["unevaluatedProperties"] = True
+    if all(uses.values()):
+        raise SchemaProblem("unevaluatedProperties together with patternProperties is not supported")
+    try:
+        _dialect(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        raise SchemaProblem(f"not a valid JSON Schema: {_cut(exc.message, 200)}") from None
+    if schema.get("type") != "object":
+        raise SchemaProblem("tool arguments are a JSON object: the schema's type must be 'object'")
+    for reference in references:
+        _check_reference(schema, reference, anchors)
+    try:
+        compile_schema(schema).is_valid({})  # a schema that recurses without end fails here, not mid-run
+    except RecursionError:
+        raise SchemaProblem("refers to itself without end (a $ref cycle that never reaches a keyword)") from None
+    except referencing.exceptions.Unresolvable as exc:
+        raise SchemaProblem(f"has a reference that does not resolve inside the schema: {_cut(str(exc), 200)}") from None
+
+
+def _check_pattern(pattern: str) -> None:
+    try:
+        compile_pattern(pattern)
+    except PatternError as exc:
+        raise SchemaProblem(f"pattern {_cut(pattern)} {exc}") from None
+
+
+def _check_reference(schema: dict[str, Any], reference: str, anchors: set[str]) -> None:
+    if not reference.startswith("#"):
+        raise SchemaProblem(f"$ref {_cut(reference)} points outside the schema; only references inside it (#/...) are allowed")
+    fragment = reference[1:]
+    if not fragment or fragment.startswith("/"):
+        node: Any = schema
+        for part in fragment.split("/")[1:]:
+            key = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                node = node[int(key)]
+            else:
+                raise SchemaProblem(f"$ref {_cut(reference)} does not resolve inside the schema")
+    elif fragment not in anchors:
+        raise SchemaProblem(f"$ref {_cut(reference)} names no anchor of the schema")
+
+
+def _walk(node: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]:
+    """Every schema object with its nesting depth (data keywords are not descended)."""
+    if isinstance(node, dict):
+        yield node, depth
+        for key, value in node.items():
+            if key not in DATA_KEYWORDS:
+                yield from _walk_values(value, depth + 1)
+    elif isinstance(node, list):
+        yield from _walk_values(node, depth)
+
+
+def _walk_values(value: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]:
+    if isinstance(value, dict):
+        yield from _walk(value, depth)
+    elif isinstance(value, list):
+        if depth > MAX_SCHEMA_DEPTH:
+            yield {}, depth
+            return
+        for item in value:
+            yield from _walk_values(item, depth + 1)
+
+
+def _cut(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
