@@ -9,6 +9,16 @@ from grpc_status import rpc_status
 from ..domain import errors as e
 
 DOMAIN = "agentruntime.dev"
+# An error never carries more than this of a caller's input: it must fit in a reply's
+# trailing metadata (a default client accepts 8 KiB, the details base64-encoded there)
+# whatever the caller sent.
+MAX_MESSAGE = 600
+MAX_VIOLATIONS = 10
+MAX_DETAIL = 200
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def to_status(error: e.DomainError) -> status_pb2.Status:
@@ -18,14 +28,16 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         details.append(
             error_details_pb2.BadRequest(
                 field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                    for v in error.violations
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=_cut(v.field, MAX_DETAIL), description=_cut(v.description, MAX_DETAIL)
+                    )
+                    for v in error.violations[:MAX_VIOLATIONS]
                 ]
             )
         )
     elif isinstance(error, e.NotFound):
         code = code_pb2.NOT_FOUND
-        details.append(error_details_pb2.ResourceInfo(resource_type=error.kind, resource_name=error.name))
+        details.append(error_details_pb2.ResourceInfo(resource_type=error.kind, resource_name=_cut(error.name, MAX_DETAIL)))
     elif isinstance(error, e.AlreadyExists):
         code = code_pb2.ALREADY_EXISTS
     elif isinstance(error, e.FailedPrecondition):
@@ -44,7 +56,11 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         holder = any_pb2.Any()
         holder.Pack(detail)  # type: ignore[arg-type]
         packed.append(holder)
-    return status_pb2.Status(code=code, message=str(error), details=packed)
+    message = str(error)
+    if isinstance(error, e.InvalidArgument) and len(error.violations) > MAX_VIOLATIONS:
+        message = "; ".join(f"{v.field}: {v.description}" for v in error.violations[:MAX_VIOLATIONS])
+        message += f"; and {len(error.violations) - MAX_VIOLATIONS} more problems"
+    return status_pb2.Status(code=code, message=_cut(message, MAX_MESSAGE), details=packed)
 
 
 def to_grpc_status(error: e.DomainError) -> object:

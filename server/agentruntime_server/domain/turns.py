@@ -98,10 +98,10 @@ class TurnLoop:
         turn = handle.turns + 1
         index = len(handle.transcript)
         calls = tuple(
-            ToolCall(id=f"call_{turn}_{position}", name=call.name, arguments_json=call.arguments_json or "{}")
+            ToolCall(id=f"call_{turn}_{position}", name=_unicode(call.name), arguments_json=_unicode(call.arguments_json) or "{}")
             for position, call in enumerate(reply.tool_calls, start=1)
         )
-        message = Message(role="assistant", content=reply.text, tool_calls=calls, turn=turn)
+        message = Message(role="assistant", content=_unicode(reply.text), tool_calls=calls, turn=turn)
         # The usage roll-up and the transcript change together, with no await between.
         handle.turns = turn
         handle.own_tokens += reply.tokens
@@ -351,6 +351,16 @@ class TurnLoop:
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
         return None
+
+
+def _unicode(text: str) -> str:
+    """Text as UTF-8 can carry it: a provider's JSON may hold lone surrogates ("\\ud800"),
+    which no store and no client could encode."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode()
+    return text
 
 
 def _question(call: ToolCall) -> str:

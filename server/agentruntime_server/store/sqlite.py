@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -69,7 +70,7 @@ class SqliteStore:
 
     def __init__(self, path: str) -> None:
         if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            _create_private(Path(path))
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # a committed write survives a process crash
@@ -245,6 +246,18 @@ class SqliteStore:
     async def close(self) -> None:
         self._commit()
         self._db.close()
+
+
+def _create_private(path: Path) -> None:
+    """The store holds tool header values (secrets) and every transcript: a directory it
+    creates is owner-only (0700), and so is the file (0600). SQLite gives its -wal and -shm
+    files the database file's mode."""
+    directory = path.parent.absolute()
+    for ancestor in [*reversed(directory.parents), directory]:
+        if not ancestor.exists():
+            ancestor.mkdir(mode=0o700, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
 def _handle_row(runtime_id: str, record: HandleRecord) -> tuple[Any, ...]:
