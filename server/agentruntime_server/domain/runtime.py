@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from . import budget as budgets
-from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted
+from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
 from .events import EventKind, EventLog, Observer
 from .handle import Handle, Run
 from .limits import Limits
@@ -288,7 +288,7 @@ class Runtime:
         first_answer = earlier[0] if earlier else before_restart[0] if before_restart else None
         if first_answer is None:
             raise FailedPrecondition(
-                f"no live request has id {answer.id!r} in runtime {self.id!r}; "
+                f"no live request has id {shown(answer.id)} in runtime {self.id!r}; "
                 "Wait on the root handle to see its pending request",
                 reason="NO_SUCH_REQUEST",
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .errors import FieldViolation, InvalidArgument
+from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
 from .model import Answer, PendingRequest, ToolResult
 
@@ -65,11 +65,11 @@ def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:
         if output.call_id not in call_ids:
             violations.append(
                 FieldViolation(
-                    f"answer.outputs[{index}].call_id", f"{output.call_id!r} is not one of the request's calls {call_ids}"
+                    f"answer.outputs[{index}].call_id", f"{shown(output.call_id)} is not one of the request's calls {call_ids}"
                 )
             )
         elif output.call_id in seen:
-            violations.append(FieldViolation(f"answer.outputs[{index}].call_id", f"{output.call_id!r} is answered twice"))
+            violations.append(FieldViolation(f"answer.outputs[{index}].call_id", f"{shown(output.call_id)} is answered twice"))
         seen.add(output.call_id)
     if violations:
         raise InvalidArgument(violations)
