@@ -96,13 +96,16 @@ class SqliteStore:
                 yield self._db
                 self._commit()
                 return
+        # One write that fails leaves no trace and takes no other write of the tick with it:
+        # the tick's transaction holds other runtimes' writes too.
+        self._db.execute("SAVEPOINT write")
         try:
             yield self._db
         except BaseException:
-            self._open = False
-            self._events.clear()
-            self._db.execute("ROLLBACK")
+            self._db.execute("ROLLBACK TO write")
             raise
+        finally:
+            self._db.execute("RELEASE write")
 
     def _commit(self) -> None:
         if self._open:
