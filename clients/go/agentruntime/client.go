@@ -239,26 +239,65 @@ func (c *Client) Inspect(ctx context.Context, runtimeID, handleID string) (*v1.H
 	return resp.GetHandle(), nil
 }
 
-// List returns every handle of the runtime, in spawn order.
+// List returns every handle of the runtime, in spawn order: it follows the pages of
+// List until the last one.
 func (c *Client) List(ctx context.Context, runtimeID string) ([]*v1.HandleView, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.List(ctx, &v1.ListRequest{RuntimeId: runtimeID})
-	if err != nil {
-		return nil, wrap(err)
+	var handles []*v1.HandleView
+	token := ""
+	for {
+		resp, err := c.ListPage(ctx, runtimeID, 0, token)
+		if err != nil {
+			return nil, err
+		}
+		handles = append(handles, resp.GetHandles()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return handles, nil
+		}
 	}
-	return resp.GetHandles(), nil
 }
 
-// Transcript returns the handle's stored transcript.
-func (c *Client) Transcript(ctx context.Context, runtimeID, handleID string) ([]*v1.Message, error) {
+// ListPage returns one page of List: at most pageSize handles (0: the server's
+// default) from pageToken on ("" for the first page). Its NextPageToken is empty on the
+// last page.
+func (c *Client) ListPage(ctx context.Context, runtimeID string, pageSize int32, pageToken string) (*v1.ListResponse, error) {
 	ctx, cancel := c.call(ctx, c.timeout)
 	defer cancel()
-	resp, err := c.stub.GetTranscript(ctx, &v1.GetTranscriptRequest{RuntimeId: runtimeID, HandleId: handleID})
+	resp, err := c.stub.List(ctx, &v1.ListRequest{RuntimeId: runtimeID, PageSize: pageSize, PageToken: pageToken})
 	if err != nil {
 		return nil, wrap(err)
 	}
-	return resp.GetMessages(), nil
+	return resp, nil
+}
+
+// Transcript returns the handle's whole stored transcript: it follows the pages of
+// GetTranscript until the last one.
+func (c *Client) Transcript(ctx context.Context, runtimeID, handleID string) ([]*v1.Message, error) {
+	var messages []*v1.Message
+	token := ""
+	for {
+		resp, err := c.TranscriptPage(ctx, runtimeID, handleID, 0, token)
+		if err != nil {
+			return nil, err
+		}
+		messages = append(messages, resp.GetMessages()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return messages, nil
+		}
+	}
+}
+
+// TranscriptPage returns one page of GetTranscript: at most pageSize messages (0: the
+// server's default) from pageToken on ("" for the first page). Its NextPageToken is
+// empty on the last page.
+func (c *Client) TranscriptPage(ctx context.Context, runtimeID, handleID string, pageSize int32, pageToken string) (*v1.GetTranscriptResponse, error) {
+	ctx, cancel := c.call(ctx, c.timeout)
+	defer cancel()
+	req := &v1.GetTranscriptRequest{RuntimeId: runtimeID, HandleId: handleID, PageSize: pageSize, PageToken: pageToken}
+	resp, err := c.stub.GetTranscript(ctx, req)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp, nil
 }
 
 // Error is a refused call: the gRPC code, the server's message and the google.rpc

@@ -3,6 +3,7 @@ package agentruntime
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +23,39 @@ type fake struct {
 	v1.UnimplementedAgentRuntimeServer
 	auth     []string
 	deadline time.Duration
+	tokens   []string // the page_token of every List and GetTranscript call
+}
+
+// pages of List and GetTranscript: the items of each page token, and the next token.
+var pages = map[string]struct {
+	ids  []string
+	next string
+}{"": {[]string{"a", "b"}, "p2"}, "p2": {[]string{"c", "d"}, "p3"}, "p3": {[]string{"e"}, ""}}
+
+func (f *fake) List(_ context.Context, req *v1.ListRequest) (*v1.ListResponse, error) {
+	f.tokens = append(f.tokens, req.GetPageToken())
+	page, ok := pages[req.GetPageToken()]
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "bad page_token")
+	}
+	resp := &v1.ListResponse{NextPageToken: page.next}
+	for _, id := range page.ids {
+		resp.Handles = append(resp.Handles, &v1.HandleView{HandleId: id})
+	}
+	return resp, nil
+}
+
+func (f *fake) GetTranscript(_ context.Context, req *v1.GetTranscriptRequest) (*v1.GetTranscriptResponse, error) {
+	f.tokens = append(f.tokens, req.GetPageToken())
+	page, ok := pages[req.GetPageToken()]
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "bad page_token")
+	}
+	resp := &v1.GetTranscriptResponse{NextPageToken: page.next}
+	for _, id := range page.ids {
+		resp.Messages = append(resp.Messages, &v1.Message{Content: id})
+	}
+	return resp, nil
 }
 
 func (f *fake) Spawn(ctx context.Context, _ *v1.SpawnRequest) (*v1.SpawnResponse, error) {
@@ -96,5 +130,38 @@ func TestCallerDeadlineWins(t *testing.T) {
 	}
 	if len(f.auth) != 0 {
 		t.Errorf("authorization sent without a token: %v", f.auth)
+	}
+}
+
+func TestListAndTranscriptFollowPages(t *testing.T) {
+	client, f := dialFake(t)
+	handles, err := client.List(context.Background(), "rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, h := range handles {
+		ids = append(ids, h.GetHandleId())
+	}
+	if got := strings.Join(ids, ","); got != "a,b,c,d,e" {
+		t.Errorf("List = %s, want every page's handles a,b,c,d,e", got)
+	}
+	messages, err := client.Transcript(context.Background(), "rt", "root/a.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contents []string
+	for _, m := range messages {
+		contents = append(contents, m.GetContent())
+	}
+	if got := strings.Join(contents, ","); got != "a,b,c,d,e" {
+		t.Errorf("Transcript = %s, want every page's messages a,b,c,d,e", got)
+	}
+	if got := strings.Join(f.tokens, ","); got != ",p2,p3,,p2,p3" {
+		t.Errorf("page tokens sent = %q", got)
+	}
+	page, err := client.ListPage(context.Background(), "rt", 2, "p3")
+	if err != nil || len(page.GetHandles()) != 1 || page.GetNextPageToken() != "" {
+		t.Errorf("ListPage(p3) = %v, %v", page, err)
 	}
 }

@@ -6,6 +6,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,12 +56,31 @@ type resumeArgs struct {
 	Outputs []string `json:"outputs"`
 }
 
+// pageArgs are a list step's arguments and a transcript step's, Handle aside.
+type pageArgs struct {
+	Handle    string `json:"handle"`
+	PageSize  int32  `json:"page_size"`
+	PageToken string `json:"page_token"`
+}
+
+// nextToken is the page_token that means "the next_page_token of the last step of the
+// same verb that succeeded".
+const nextToken = "$next"
+
+// state is what a vector's steps carry over to later steps.
+type state struct {
+	// The Request the next resume answers: the last STATUS_PENDING result seen.
+	lastPending *v1.Request
+	// The next_page_token of the last list / transcript step that succeeded (nil: none yet).
+	nextList, nextTranscript *string
+}
+
 type expectedError struct {
 	Code  string  `json:"code"`
 	Limit *string `json:"limit"`
 }
 
-var verbs = []string{"spawn", "wake", "wait", "resume", "list"}
+var verbs = []string{"spawn", "wake", "wait", "resume", "list", "transcript"}
 
 func main() {
 	addr := envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
@@ -134,11 +154,10 @@ func run(ctx context.Context, client *agentruntime.Client, v *vector) error {
 	if err != nil {
 		return fmt.Errorf("CreateRuntime: %w", err)
 	}
-	// The Request the next resume answers: the last STATUS_PENDING result seen.
-	var lastPending *v1.Request
+	var st state
 	for i, step := range v.Steps {
 		where := fmt.Sprintf("step %d", i+1)
-		outcome, err := do(ctx, client, runtimeID, step, &lastPending)
+		outcome, err := do(ctx, client, runtimeID, step, &st)
 		var callErr *agentruntime.Error
 		if errors.As(err, &callErr) {
 			if err := checkError(step, callErr); err != nil {
@@ -172,7 +191,8 @@ func run(ctx context.Context, client *agentruntime.Client, v *vector) error {
 
 // do runs one step's RPC and returns what its expect is checked against (nil for wake).
 // A refused call comes back as an *agentruntime.Error; any other error is the vector's.
-func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step map[string]json.RawMessage, lastPending **v1.Request) (map[string]any, error) {
+func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step map[string]json.RawMessage, st *state) (map[string]any, error) {
+	lastPending := &st.lastPending
 	verb, args, err := verbOf(step)
 	if err != nil {
 		return nil, err
@@ -233,11 +253,18 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			return nil, err
 		}
 		return resultFields(result, lastPending), nil
-	default: // list
-		handles, err := client.List(ctx, runtimeID)
+	case "list":
+		a, err := parsePageArgs(args, st.nextList)
 		if err != nil {
 			return nil, err
 		}
+		resp, err := client.ListPage(ctx, runtimeID, a.PageSize, a.PageToken)
+		if err != nil {
+			return nil, err
+		}
+		next := resp.GetNextPageToken()
+		st.nextList = &next
+		handles := resp.GetHandles()
 		views := map[string]any{}
 		for _, h := range handles {
 			views[h.GetHandleId()] = map[string]any{
@@ -249,8 +276,43 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 				"pending_kind": h.GetPendingKind(),
 			}
 		}
-		return map[string]any{"count": len(handles), "handles": views}, nil
+		return map[string]any{"count": len(handles), "handles": views, "next_page_token_empty": next == ""}, nil
+	default: // transcript
+		a, err := parsePageArgs(args, st.nextTranscript)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := client.TranscriptPage(ctx, runtimeID, a.Handle, a.PageSize, a.PageToken)
+		if err != nil {
+			return nil, err
+		}
+		next := resp.GetNextPageToken()
+		st.nextTranscript = &next
+		roles := []string{}
+		for _, m := range resp.GetMessages() {
+			roles = append(roles, m.GetRole())
+		}
+		return map[string]any{"count": len(roles), "roles": roles, "next_page_token_empty": next == ""}, nil
 	}
+}
+
+// parsePageArgs reads a list or transcript step's arguments and replaces a page_token of
+// "$next" with next, the token the last step of the same verb returned.
+func parsePageArgs(args json.RawMessage, next *string) (pageArgs, error) {
+	var a pageArgs
+	if !bytes.HasPrefix(bytes.TrimSpace(args), []byte("{")) {
+		return a, fmt.Errorf("the step's arguments must be an object, got %s", args)
+	}
+	if err := json.Unmarshal(args, &a); err != nil {
+		return a, err
+	}
+	if a.PageToken == nextToken {
+		if next == nil {
+			return a, errors.New("page_token $next, but no earlier step of this verb returned a next_page_token")
+		}
+		a.PageToken = *next
+	}
+	return a, nil
 }
 
 // verbOf finds the step's one verb key; the README allows exactly one.

@@ -135,12 +135,41 @@ class Client:
         request = pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id)
         return (await self._call(self._stub.Inspect, request)).handle  # type: ignore[no-any-return]
 
+    async def list_page(self, runtime_id: str, page_size: int = 0, page_token: str = "") -> pb.ListResponse:
+        """One page of List: at most `page_size` handles (0: the server's default) from
+        `page_token` on; its `next_page_token` is empty on the last page."""
+        request = pb.ListRequest(runtime_id=runtime_id, page_size=page_size, page_token=page_token)
+        return await self._call(self._stub.List, request)  # type: ignore[no-any-return]
+
     async def list_handles(self, runtime_id: str) -> list[pb.HandleView]:
-        return list((await self._call(self._stub.List, pb.ListRequest(runtime_id=runtime_id))).handles)
+        """Every handle of the runtime, in spawn order (all pages)."""
+        handles: list[pb.HandleView] = []
+        token = ""
+        while True:
+            response = await self.list_page(runtime_id, page_token=token)
+            handles.extend(response.handles)
+            token = response.next_page_token
+            if not token:
+                return handles
+
+    async def transcript_page(
+        self, runtime_id: str, handle_id: str, page_size: int = 0, page_token: str = ""
+    ) -> pb.GetTranscriptResponse:
+        """One page of GetTranscript: at most `page_size` messages (0: the server's default)
+        from `page_token` on; its `next_page_token` is empty on the last page."""
+        request = pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id, page_size=page_size, page_token=page_token)
+        return await self._call(self._stub.GetTranscript, request)  # type: ignore[no-any-return]
 
     async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
-        request = pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id)
-        return list((await self._call(self._stub.GetTranscript, request)).messages)
+        """The handle's whole stored transcript (all pages)."""
+        messages: list[pb.Message] = []
+        token = ""
+        while True:
+            response = await self.transcript_page(runtime_id, handle_id, page_token=token)
+            messages.extend(response.messages)
+            token = response.next_page_token
+            if not token:
+                return messages
 
     async def watch(
         self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 0.25

@@ -62,13 +62,34 @@ def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None
             raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
 
 
+def _page_args(where: str, args: dict[str, Any], next_token: str | None) -> tuple[int, str]:
+    """A list or transcript step's page_size and page_token; `"$next"` is `next_token`, the
+    next_page_token of the last step of the same verb that succeeded (None: there was none)."""
+    if not isinstance(args, dict):
+        raise Mismatch(f"{where}: the step's arguments must be an object, got {args!r}")
+    size = args.get("page_size", 0)
+    token = args.get("page_token", "")
+    if type(size) is not int:
+        raise Mismatch(f"{where}: page_size must be an integer, got {size!r}")
+    if type(token) is not str:
+        raise Mismatch(f"{where}: page_token must be a string, got {token!r}")
+    if token == "$next":
+        if next_token is None:
+            raise Mismatch(f"{where}: page_token $next, but no earlier step of this verb returned a next_page_token")
+        token = next_token
+    return size, token
+
+
 async def run_vector(client: Client, vector: dict[str, Any]) -> None:
     agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
     runtime_id = await client.create_runtime(agents)
     last_pending: pb.Request | None = None
+    # The next_page_token of the last list / transcript step that succeeded, for "$next".
+    next_list: str | None = None
+    next_transcript: str | None = None
     for index, step in enumerate(vector["steps"]):
         where = f"step {index + 1}"
-        verbs = [verb for verb in ("spawn", "wake", "wait", "resume", "list") if verb in step]
+        verbs = [verb for verb in ("spawn", "wake", "wait", "resume", "list", "transcript") if verb in step]
         if len(verbs) != 1:
             raise Mismatch(f"{where}: a step has exactly one verb, got {verbs}")
         try:
@@ -96,8 +117,24 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
                 outcome = _result_fields(result)
                 last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
             elif "list" in step:
-                handles = await client.list_handles(runtime_id)
-                outcome = {"count": len(handles), "handles": {view.handle_id: _view_fields(view) for view in handles}}
+                size, token = _page_args(where, step["list"], next_list)
+                listed = await client.list_page(runtime_id, size, token)
+                next_list = listed.next_page_token
+                outcome = {
+                    "count": len(listed.handles),
+                    "handles": {view.handle_id: _view_fields(view) for view in listed.handles},
+                    "next_page_token_empty": not listed.next_page_token,
+                }
+            elif "transcript" in step:
+                args = step["transcript"]
+                size, token = _page_args(where, args, next_transcript)
+                page = await client.transcript_page(runtime_id, args["handle"], size, token)
+                next_transcript = page.next_page_token
+                outcome = {
+                    "count": len(page.messages),
+                    "roles": [message.role for message in page.messages],
+                    "next_page_token_empty": not page.next_page_token,
+                }
             else:
                 raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
         except AgentRuntimeError as error:

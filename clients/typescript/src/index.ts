@@ -28,7 +28,9 @@ import {
   type AgentDefSchema,
   type AnswerSchema,
   type BudgetSchema,
+  type GetTranscriptResponse,
   type HandleView,
+  type ListResponse,
   type Message,
   type TaskResult,
 } from "./gen/agentruntime/v1/agent_runtime_pb.js";
@@ -169,16 +171,44 @@ export class AgentRuntimeClient {
     return response.handle ?? create(HandleViewSchema);
   }
 
-  /** Every handle of the runtime, in spawn order. */
+  /** Every handle of the runtime, in spawn order (it follows the pages of List to the last). */
   async list(runtimeId: string): Promise<HandleView[]> {
-    const response = await this.raw.list({ runtimeId }, this.call());
-    return response.handles;
+    const handles: HandleView[] = [];
+    let pageToken = "";
+    do {
+      const response = await this.listPage(runtimeId, 0, pageToken);
+      handles.push(...response.handles);
+      pageToken = response.nextPageToken;
+    } while (pageToken);
+    return handles;
   }
 
-  /** The handle's stored transcript. */
+  /**
+   * One page of List: at most `pageSize` handles (0: the server's default) from `pageToken` on
+   * (empty for the first page); its `nextPageToken` is empty on the last page.
+   */
+  async listPage(runtimeId: string, pageSize = 0, pageToken = ""): Promise<ListResponse> {
+    return this.raw.list({ runtimeId, pageSize, pageToken }, this.call());
+  }
+
+  /** The handle's whole stored transcript (it follows the pages of GetTranscript to the last). */
   async transcript(runtimeId: string, handleId: string): Promise<Message[]> {
-    const response = await this.raw.getTranscript({ runtimeId, handleId }, this.call());
-    return response.messages;
+    const messages: Message[] = [];
+    let pageToken = "";
+    do {
+      const response = await this.transcriptPage(runtimeId, handleId, 0, pageToken);
+      messages.push(...response.messages);
+      pageToken = response.nextPageToken;
+    } while (pageToken);
+    return messages;
+  }
+
+  /**
+   * One page of GetTranscript: at most `pageSize` messages (0: the server's default) from
+   * `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
+   */
+  async transcriptPage(runtimeId: string, handleId: string, pageSize = 0, pageToken = ""): Promise<GetTranscriptResponse> {
+    return this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, this.call());
   }
 }
 

@@ -50,7 +50,10 @@ class Mismatch extends Error {
   override name = "Mismatch";
 }
 
-const VERBS = ["spawn", "wake", "wait", "resume", "list"] as const;
+const VERBS = ["spawn", "wake", "wait", "resume", "list", "transcript"] as const;
+
+/** The page_token that means the next_page_token of the last step of the same verb that succeeded. */
+const NEXT = "$next";
 
 /** The proto name of an enum value (`STATUS_DONE`, not the generated TS name `DONE`). */
 function enumName(schema: DescEnum, value: number): string {
@@ -148,10 +151,32 @@ function str(value: JsonValue | undefined, fallback = ""): string {
   return typeof value === "string" ? value : fallback;
 }
 
+/**
+ * A list or transcript step's page_size and page_token, `"$next"` replaced by `next`: the
+ * next_page_token of the last step of the same verb that succeeded (undefined: none yet).
+ */
+function pageArgs(where: string, a: JsonValue | undefined, next: string | undefined): [number, string] {
+  if (!isObject(a)) throw new Mismatch(`${where}: the step's arguments must be an object, got ${show(a)}`);
+  const size = "page_size" in a ? a.page_size : 0;
+  const token = "page_token" in a ? a.page_token : "";
+  if (typeof size !== "number" || !Number.isInteger(size) || size < -(2 ** 31) || size >= 2 ** 31) {
+    throw new Mismatch(`${where}: page_size must be an int32, got ${show(size)}`);
+  }
+  if (typeof token !== "string") throw new Mismatch(`${where}: page_token must be a string, got ${show(token)}`);
+  if (token !== NEXT) return [size, token];
+  if (next === undefined) {
+    throw new Mismatch(`${where}: page_token $next, but no earlier step of this verb returned a next_page_token`);
+  }
+  return [size, next];
+}
+
 async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
   const runtimeId = await client.createRuntime(agents);
   let lastPending: Request | undefined;
+  // The next_page_token of the last list / transcript step that succeeded, for "$next".
+  let nextList: string | undefined;
+  let nextTranscript: string | undefined;
   for (const [index, step] of vector.steps.entries()) {
     const where = `step ${index + 1}`;
     const verbs = VERBS.filter((verb) => verb in step);
@@ -186,11 +211,23 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
         const result = await client.resume(runtimeId, answer);
         outcome = resultFields(result);
         if (result.status === Status.PENDING) lastPending = result.pending;
-      } else {
-        const handles = await client.list(runtimeId);
+      } else if ("list" in step) {
+        const [pageSize, pageToken] = pageArgs(where, step.list, nextList);
+        const page = await client.listPage(runtimeId, pageSize, pageToken);
+        nextList = page.nextPageToken;
         const byId: Actual = Object.create(null) as Actual;
-        for (const view of handles) byId[view.handleId] = viewFields(view);
-        outcome = { count: handles.length, handles: byId };
+        for (const view of page.handles) byId[view.handleId] = viewFields(view);
+        outcome = { count: page.handles.length, handles: byId, next_page_token_empty: page.nextPageToken === "" };
+      } else {
+        const [pageSize, pageToken] = pageArgs(where, step.transcript, nextTranscript);
+        const a = args(step, "transcript");
+        const page = await client.transcriptPage(runtimeId, str(a.handle), pageSize, pageToken);
+        nextTranscript = page.nextPageToken;
+        outcome = {
+          count: page.messages.length,
+          roles: page.messages.map((message) => message.role),
+          next_page_token_empty: page.nextPageToken === "",
+        };
       }
     } catch (error) {
       if (!(error instanceof ConnectError)) throw error;

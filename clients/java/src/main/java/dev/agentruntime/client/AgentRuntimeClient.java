@@ -7,10 +7,12 @@ import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.GetTranscriptRequest;
+import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.InspectRequest;
 import dev.agentruntime.v1.InterruptRequest;
 import dev.agentruntime.v1.ListRequest;
+import dev.agentruntime.v1.ListResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.ResumeRequest;
@@ -36,6 +38,7 @@ import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.TimeUnit;
@@ -314,17 +317,58 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return call(s -> s.inspect(request)).getHandle();
   }
 
-  /** Every handle of the runtime, in spawn order. */
+  /** Every handle of the runtime, in spawn order: it follows the pages of List to the last. */
   public List<HandleView> list(String runtimeId) {
-    ListRequest request = ListRequest.newBuilder().setRuntimeId(runtimeId).build();
-    return call(s -> s.list(request)).getHandlesList();
+    List<HandleView> handles = new ArrayList<>();
+    String pageToken = "";
+    do {
+      ListResponse page = listPage(runtimeId, 0, pageToken);
+      handles.addAll(page.getHandlesList());
+      pageToken = page.getNextPageToken();
+    } while (!pageToken.isEmpty());
+    return List.copyOf(handles);
   }
 
-  /** The handle's stored transcript: exactly what a resumed turn replays. */
+  /**
+   * One page of List: at most {@code pageSize} handles (0: the server's default) from {@code pageToken}
+   * on (empty for the first page); its {@code next_page_token} is empty on the last page.
+   */
+  public ListResponse listPage(String runtimeId, int pageSize, String pageToken) {
+    ListRequest request = ListRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setPageSize(pageSize)
+        .setPageToken(pageToken == null ? "" : pageToken)
+        .build();
+    return call(s -> s.list(request));
+  }
+
+  /**
+   * The handle's whole stored transcript, exactly what a resumed turn replays: it follows the pages
+   * of GetTranscript to the last.
+   */
   public List<Message> transcript(String runtimeId, String handleId) {
-    GetTranscriptRequest request =
-        GetTranscriptRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
-    return call(s -> s.getTranscript(request)).getMessagesList();
+    List<Message> messages = new ArrayList<>();
+    String pageToken = "";
+    do {
+      GetTranscriptResponse page = transcriptPage(runtimeId, handleId, 0, pageToken);
+      messages.addAll(page.getMessagesList());
+      pageToken = page.getNextPageToken();
+    } while (!pageToken.isEmpty());
+    return List.copyOf(messages);
+  }
+
+  /**
+   * One page of GetTranscript: at most {@code pageSize} messages (0: the server's default) from
+   * {@code pageToken} on (empty for the first page); its {@code next_page_token} is empty on the last page.
+   */
+  public GetTranscriptResponse transcriptPage(String runtimeId, String handleId, int pageSize, String pageToken) {
+    GetTranscriptRequest request = GetTranscriptRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setPageSize(pageSize)
+        .setPageToken(pageToken == null ? "" : pageToken)
+        .build();
+    return call(s -> s.getTranscript(request));
   }
 
   /** Shuts the channel down (closes no handle: see {@link #close(String, String)} for that). */

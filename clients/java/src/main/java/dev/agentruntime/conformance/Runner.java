@@ -13,7 +13,9 @@ import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
+import dev.agentruntime.v1.ListResponse;
 import dev.agentruntime.v1.Request;
 import dev.agentruntime.v1.Status;
 import dev.agentruntime.v1.TaskResult;
@@ -123,6 +125,11 @@ public final class Runner {
     return Paths.get("..", "..", "tests", "vectors");
   }
 
+  /** The page_token that means the next_page_token of the last step of the same verb that succeeded. */
+  private static final String NEXT = "$next";
+
+  private static final List<String> VERBS = List.of("spawn", "wake", "wait", "resume", "list", "transcript");
+
   static void runVector(AgentRuntimeClient client, JsonObject vector)
       throws Mismatch, InvalidProtocolBufferException {
     List<AgentDef> agents = new ArrayList<>();
@@ -133,10 +140,18 @@ public final class Runner {
     }
     String runtimeId = client.createRuntime(agents, "");
     Request lastPending = null;
+    // The next_page_token of the last list / transcript step that succeeded (null: none yet), for "$next".
+    String nextList = null;
+    String nextTranscript = null;
     JsonArray steps = vector.getAsJsonArray("steps");
     for (int index = 0; index < steps.size(); index++) {
       JsonObject step = steps.get(index).getAsJsonObject();
       String where = "step " + (index + 1);
+      JsonArray verbs = new JsonArray();
+      VERBS.stream().filter(step::has).forEach(verbs::add);
+      if (verbs.size() != 1) {
+        throw new Mismatch(where + ": a step has exactly one verb, got " + pyRepr(verbs));
+      }
       JsonObject outcome = null;
       try {
         if (step.has("spawn")) {
@@ -189,14 +204,28 @@ public final class Runner {
             lastPending = result.getPending();
           }
         } else if (step.has("list")) {
-          List<HandleView> views = client.list(runtimeId);
+          JsonObject args = step.getAsJsonObject("list");
+          ListResponse page = client.listPage(runtimeId, pageSize(where, args), pageToken(where, args, nextList));
+          nextList = page.getNextPageToken();
           JsonObject handles = new JsonObject();
-          for (HandleView view : views) {
+          for (HandleView view : page.getHandlesList()) {
             handles.add(view.getHandleId(), viewFields(view));
           }
           outcome = new JsonObject();
-          outcome.addProperty("count", views.size());
+          outcome.addProperty("count", page.getHandlesCount());
           outcome.add("handles", handles);
+          outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
+        } else if (step.has("transcript")) {
+          JsonObject args = step.getAsJsonObject("transcript");
+          GetTranscriptResponse page = client.transcriptPage(runtimeId, args.get("handle").getAsString(),
+              pageSize(where, args), pageToken(where, args, nextTranscript));
+          nextTranscript = page.getNextPageToken();
+          JsonArray roles = new JsonArray();
+          page.getMessagesList().forEach(message -> roles.add(message.getRole()));
+          outcome = new JsonObject();
+          outcome.addProperty("count", page.getMessagesCount());
+          outcome.add("roles", roles);
+          outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
         } else {
           throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
         }
@@ -233,6 +262,44 @@ public final class Runner {
         check(where, outcome, step.getAsJsonObject("expect"));
       }
     }
+  }
+
+  /** A list or transcript step's page_size: an int32, 0 (the server's default) when absent. */
+  private static int pageSize(String where, JsonObject args) throws Mismatch {
+    JsonElement value = args.get("page_size");
+    if (value == null) {
+      return 0;
+    }
+    if (value.isJsonPrimitive() && value.getAsJsonPrimitive().isNumber()) {
+      try {
+        return new BigDecimal(value.getAsString()).intValueExact();
+      } catch (ArithmeticException notAnInt32) {
+        // reported below
+      }
+    }
+    throw new Mismatch(where + ": page_size must be an int32, got " + pyRepr(value));
+  }
+
+  /**
+   * A list or transcript step's page_token, empty when absent; {@code "$next"} is {@code next}, the
+   * next_page_token of the last step of the same verb that succeeded ({@code null}: none yet).
+   */
+  private static String pageToken(String where, JsonObject args, String next) throws Mismatch {
+    JsonElement value = args.get("page_token");
+    if (value == null) {
+      return "";
+    }
+    if (!value.isJsonPrimitive() || !value.getAsJsonPrimitive().isString()) {
+      throw new Mismatch(where + ": page_token must be a string, got " + pyRepr(value));
+    }
+    String token = value.getAsString();
+    if (!token.equals(NEXT)) {
+      return token;
+    }
+    if (next == null) {
+      throw new Mismatch(where + ": page_token $next, but no earlier step of this verb returned a next_page_token");
+    }
+    return next;
   }
 
   private static String stringOr(JsonObject args, String key, String fallback) {
