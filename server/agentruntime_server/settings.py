@@ -113,7 +113,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_providers(self) -> Settings:
         for name in self.providers:
-            if not PROVIDER_NAME.match(name):
+            if not PROVIDER_NAME.fullmatch(name):
                 raise ValueError(f"AGENTRUNTIME_PROVIDERS: {name!r} is not a provider name (letters, digits, '_', '-', '.')")
             if name in ("scripted", self.llm_style):
                 raise ValueError(

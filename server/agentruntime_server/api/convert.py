@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from ..domain import model as m
-from ..domain.errors import FieldViolation
+from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
 
 # google.protobuf.Duration's documented range (about 10,000 years).
@@ -42,6 +42,23 @@ def _enum(number: int, enum: type[E], where: str, found: list[FieldViolation], n
 
 
 E = TypeVar("E", bound=enum.Enum)
+
+
+def struct_to_dict(message: struct_pb2.Struct, where: str, found: list[FieldViolation]) -> dict[str, Any]:
+    """A Struct as JSON data; NaN and infinities (which a Struct can hold and JSON cannot) are refused."""
+    try:
+        return json_format.MessageToDict(message)
+    except ValueError:
+        found.append(FieldViolation(where, "holds NaN or an infinity: every number must be finite"))
+        return {}
+
+
+def _answer_data(message: struct_pb2.Struct) -> dict[str, Any]:
+    found: list[FieldViolation] = []
+    data = struct_to_dict(message, "answer.data", found)
+    if found:
+        raise InvalidArgument(found)
+    return data
 
 
 def _opt(message: pb.Budget, name: str) -> int | None:
@@ -89,7 +106,7 @@ def _tool_from_proto(message: pb.ToolDef, where: str, found: list[FieldViolation
     return m.ToolSpec(
         name=message.name,
         description=message.description,
-        input_schema=json_format.MessageToDict(message.input_schema),
+        input_schema=struct_to_dict(message.input_schema, f"{where}.input_schema", found),
         executor=executor,
         approval_required=message.approval.required,
         approval_prompt=message.approval.prompt,
@@ -216,7 +233,7 @@ def answer_from_proto(message: pb.Answer) -> m.Answer:
     return m.Answer(
         id=message.id,
         ok=message.ok,
-        data=json_format.MessageToDict(message.data),
+        data=_answer_data(message.data),
         reason=message.reason,
         outputs=tuple(m.ToolOutput(o.call_id, o.output, o.is_error) for o in message.outputs),
     )

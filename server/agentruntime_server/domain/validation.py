@@ -27,7 +27,7 @@ RESERVED_HEADERS = frozenset({"idempotency-key", "content-length", "transfer-enc
 
 
 def check_runtime_id(runtime_id: str) -> None:
-    if not RUNTIME_ID.match(runtime_id):
+    if not RUNTIME_ID.fullmatch(runtime_id):
         raise InvalidArgument(
             [
                 FieldViolation(
@@ -53,7 +53,7 @@ def check_agents(
     seen: set[str] = set()
     for index, agent in enumerate(agents):
         where = f"agents[{index}]"
-        if not AGENT_NAME.match(agent.name):
+        if not AGENT_NAME.fullmatch(agent.name):
             violations.append(
                 FieldViolation(
                     f"{where}.name",
@@ -136,7 +136,7 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
         at = f"{where}.tools[{index}]"
         if tool.name in BUILTIN_TOOLS:
             violations.append(FieldViolation(f"{at}.name", f"{tool.name!r} is a built-in tool; choose another name"))
-        elif not TOOL_NAME.match(tool.name):
+        elif not TOOL_NAME.fullmatch(tool.name):
             violations.append(
                 FieldViolation(f"{at}.name", f"{shown(tool.name)} is not a valid tool name: 1-64 letters, digits, '_' or '-'")
             )
@@ -247,7 +247,7 @@ def _check_http(executor: HttpExecutor, where: str) -> list[FieldViolation]:
     for name, value in executor.headers.items():
         # The value is a secret: no violation ever quotes it.
         at = f"{where}.headers[{shown(name, 40)}]"
-        if not HEADER_NAME.match(name) or len(name) > limits.MAX_HEADER_NAME_CHARS:
+        if not HEADER_NAME.fullmatch(name) or len(name) > limits.MAX_HEADER_NAME_CHARS:
             violations.append(
                 FieldViolation(at, f"is not a header name: 1-{limits.MAX_HEADER_NAME_CHARS} token characters (RFC 9110)")
             )
