@@ -2,13 +2,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
-from agentruntime_server.settings import Settings
+from agentruntime_server.app import RunningServer
 
 from tests.support.model_server import ScriptedModelServer
+from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
 
@@ -29,22 +28,21 @@ async def tools() -> AsyncIterator[ToolServer]:
 
 
 @pytest.fixture
-async def server(model: ScriptedModelServer) -> AsyncIterator[RunningServer]:
-    settings = Settings(
-        listen="127.0.0.1:0",
+async def served(model: ScriptedModelServer) -> AsyncIterator[Served]:
+    async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
         llm_api_key="sk-test-secret-never-shown",
         inbox_capacity=3,
-        metrics_listen="off",
-        store="memory://",
-    )
-    running = await start(settings)
-    yield running
-    await running.stop(grace=None)
+    ) as served:
+        yield served
 
 
 @pytest.fixture
-async def stub(server: RunningServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield pb_grpc.AgentRuntimeStub(channel)
+def server(served: Served) -> RunningServer:
+    return served.running
+
+
+@pytest.fixture
+def stub(served: Served) -> pb_grpc.AgentRuntimeStub:
+    return served.stub

@@ -13,14 +13,13 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
-from agentruntime_server.settings import Settings
+from agentruntime_server.app import RunningServer
 
 from tests.support.process import free_port
+from tests.support.servers import Served, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "examples" / "agents.json"
@@ -28,17 +27,20 @@ RELEASE = ROOT / "examples" / "release.json"
 
 
 @pytest.fixture
-async def scripted() -> AsyncIterator[RunningServer]:
+async def scripted_served() -> AsyncIterator[Served]:
     """A server on the embedded scripted model (the `make run` default): the examples run offline."""
-    running = await start(Settings(listen="127.0.0.1:0", store="memory://"))
-    yield running
-    await running.stop(grace=None)
+    async with serve() as served:
+        yield served
 
 
 @pytest.fixture
-async def stub(scripted: RunningServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{scripted.port}") as channel:
-        yield pb_grpc.AgentRuntimeStub(channel)
+def scripted(scripted_served: Served) -> RunningServer:
+    return scripted_served.running
+
+
+@pytest.fixture
+def stub(scripted_served: Served) -> pb_grpc.AgentRuntimeStub:
+    return scripted_served.stub
 
 
 def _env(server: RunningServer | None) -> dict[str, str]:

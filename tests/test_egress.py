@@ -11,11 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import start
 from agentruntime_server.settings import Settings
 from agentruntime_server.tools.egress import EgressPolicy, parse_networks
 from agentruntime_server.tools.http import MAX_ERROR_BODY
@@ -24,6 +22,7 @@ from aiohttp import web
 from tests.support.build import agent, create, http_tool, run
 from tests.support.loopback import Loopback
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 LIMIT = 1024  # the servers below run with max_text_bytes at its floor, 1 KiB
@@ -73,22 +72,14 @@ def test_a_bad_network_is_refused(entry: str) -> None:
 
 @asynccontextmanager
 async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
-    settings = Settings(
-        listen="127.0.0.1:0",
+    async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
         llm_api_key="sk-test-secret-never-shown",
-        metrics_listen="off",
-        store="memory://",
         max_text_bytes=LIMIT,
         **overrides,
-    )
-    running = await start(settings)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield pb_grpc.AgentRuntimeStub(channel)
-    finally:
-        await running.stop(grace=None)
+    ) as served:
+        yield served.stub
 
 
 async def call_tools(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, urls: dict[str, str]) -> dict[str, pb.Message]:

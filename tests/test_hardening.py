@@ -19,8 +19,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
-from agentruntime_server.settings import Settings
+from agentruntime_server.app import RunningServer
 from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.build import agent, create, http_tool, status_details
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.process import ServerProcess
+from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 Code = grpc.StatusCode
@@ -43,21 +43,9 @@ MIB = 1024 * KIB
 @asynccontextmanager
 async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeStub]]:
     """A server with settings of the test's own (memory store unless `store` is given)."""
-    fields: dict[str, Any] = {
-        "listen": "127.0.0.1:0",
-        "llm_style": "openai",
-        "llm_base_url": model.base_url,
-        "llm_api_key": KEY,
-        "metrics_listen": "off",
-        "store": "memory://",
-        **overrides,
-    }
-    running = await start(Settings(**fields))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield running, pb_grpc.AgentRuntimeStub(channel)
-    finally:
-        await running.stop(grace=None)
+    fields: dict[str, Any] = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": KEY, **overrides}
+    async with serve(**fields) as served:
+        yield served.running, served.stub
 
 
 async def refused(call: Awaitable[Any]) -> grpc.aio.AioRpcError:

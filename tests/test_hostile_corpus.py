@@ -32,6 +32,7 @@ import sqlite3
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,13 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
-from agentruntime_server.settings import Settings
 from google.protobuf import duration_pb2, text_format
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.servers import Served, serve
 
 Code = grpc.StatusCode
 ALLOWED = {
@@ -143,23 +144,22 @@ def _describe(record: logging.LogRecord) -> str:
 class ServerThread:
     """The real server on its own event loop, so that test bodies stay synchronous."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, **overrides: Any) -> None:
+        self.overrides = overrides
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="hostile-corpus-server", daemon=True)
-        self.server: RunningServer | None = None
+        self.serving = AsyncExitStack()
 
     def run(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
 
     def start(self) -> int:
         self.thread.start()
-        self.server = self.run(start(self.settings))
-        return self.server.port
+        served: Served = self.run(self.serving.enter_async_context(serve(**self.overrides)))
+        return served.port
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.run(self.server.stop(grace=None))
+        self.run(self.serving.aclose())
         self.run(_cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
@@ -248,7 +248,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
     root.addHandler(records)
     root.setLevel(logging.DEBUG)
     path = tmp_path_factory.mktemp("hostile") / "store.db"
-    server = ServerThread(Settings(listen="127.0.0.1:0", llm_style="scripted", metrics_listen="off", store=f"sqlite:///{path}"))
+    server = ServerThread(llm_style="scripted", store=f"sqlite:///{path}")
     try:
         port = server.start()
         store = StoreReader(path)

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
+from agentruntime_server.app import RunningServer
 from agentruntime_server.observability import tracing_endpoint
 from agentruntime_server.observability.logs import configure_logging, make_handler
 from agentruntime_server.settings import Settings
@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.build import agent, create, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 KEY = "sk-test-secret-never-shown"
@@ -58,26 +59,26 @@ class Observed:
         return (await self.metrics()).get((name, frozenset(labels.items())), 0.0)
 
 
-def settings(model: ScriptedModelServer, **overrides: Any) -> Settings:
-    return Settings(
-        listen="127.0.0.1:0",
-        llm_style="openai",
-        llm_base_url=model.base_url,
-        llm_api_key=KEY,
-        llm_backoff_base=0.01,
-        store="memory://",
-        **{"metrics_listen": "127.0.0.1:0", "log_format": "json", **overrides},
-    )
+def settings(model: ScriptedModelServer, **overrides: Any) -> dict[str, Any]:
+    """Metrics on, on a free port (never the default 9464), unless overridden."""
+    return {
+        "llm_style": "openai",
+        "llm_base_url": model.base_url,
+        "llm_api_key": KEY,
+        "llm_backoff_base": 0.01,
+        "metrics_listen": "127.0.0.1:0",
+        "log_format": "json",
+        **overrides,
+    }
 
 
 @pytest.fixture
 async def observed(model: ScriptedModelServer) -> AsyncIterator[Observed]:
     exporter = InMemorySpanExporter()
-    running = await start(settings(model), span_exporter=exporter)
-    assert running.metrics_port > 0
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield Observed(running, pb_grpc.AgentRuntimeStub(channel), exporter)
-    await running.stop(grace=None)
+    async with serve(span_exporter=exporter, **settings(model)) as served:
+        running = served.running
+        assert running.metrics_port > 0
+        yield Observed(running, served.stub, exporter)
 
 
 @pytest.fixture
@@ -313,15 +314,13 @@ async def test_a_caller_trace_is_continued(observed: Observed) -> None:
 
 
 async def test_off_means_off(model: ScriptedModelServer) -> None:
-    running = await start(settings(model, metrics_listen="off", log_format="text"))
-    try:
+    async with serve(**settings(model, metrics_listen="off", log_format="text")) as served:
+        running = served.running
         assert running.metrics_port == 0
         observability = running.observability
         assert observability.metrics is None and observability.tracing is None
         assert observability.observers == () and observability.interceptors() == []
         assert observability.model_monitor is None
-    finally:
-        await running.stop(grace=None)
 
 
 async def test_a_busy_metrics_port_does_not_stop_the_service(model: ScriptedModelServer) -> None:
@@ -329,14 +328,11 @@ async def test_a_busy_metrics_port_does_not_stop_the_service(model: ScriptedMode
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        running = await start(settings(model, metrics_listen=f"127.0.0.1:{port}"))
-        try:
+        async with serve(**settings(model, metrics_listen=f"127.0.0.1:{port}")) as served:
+            running = served.running
             assert running.metrics_port == 0
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-                created = await pb_grpc.AgentRuntimeStub(channel).CreateRuntime(pb.CreateRuntimeRequest(agents=[agent("a")]))
-                assert created.runtime_id
-        finally:
-            await running.stop(grace=None)
+            created = await served.stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[agent("a")]))
+            assert created.runtime_id
 
 
 def test_tracing_is_on_only_with_an_endpoint() -> None:

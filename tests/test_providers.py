@@ -18,7 +18,6 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import start
 from agentruntime_server.domain.errors import InvalidArgument
 from agentruntime_server.domain.model import AgentSpec, Message
 from agentruntime_server.domain.ports import ModelRequest, ProviderError
@@ -35,6 +34,7 @@ from tests.support.anthropic_server import tool_results as anthropic_results
 from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
+from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 OPENAI_KEY = "sk-test-secret-never-shown"
@@ -53,12 +53,8 @@ async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
 
 @asynccontextmanager
 async def serving(**overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
-    running = await start(Settings(listen="127.0.0.1:0", store="memory://", **overrides))
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield pb_grpc.AgentRuntimeStub(channel)
-    finally:
-        await running.stop(grace=None)
+    async with serve(**overrides) as served:
+        yield served.stub
 
 
 def fast_settings(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer, **overrides: Any) -> dict[str, Any]:

@@ -8,12 +8,11 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import start
-from agentruntime_server.settings import Settings
+
+from tests.support.servers import serve
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
 
@@ -22,10 +21,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
 async def stub(tmp_path: Path) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
     store = tmp_path / "store.db"
     shutil.copyfile(FIXTURE, store)
-    running = await start(Settings(listen="127.0.0.1:0", store=f"sqlite:///{store}", metrics_listen="off"))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield pb_grpc.AgentRuntimeStub(channel)
-    await running.stop(grace=None)
+    async with serve(store=f"sqlite:///{store}") as served:
+        yield served.stub
 
 
 async def test_a_pending_handle_of_the_release_resumes_with_exact_figures(stub: pb_grpc.AgentRuntimeStub) -> None:

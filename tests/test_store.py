@@ -11,29 +11,24 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer, start
-from agentruntime_server.settings import Settings
+from agentruntime_server.app import RunningServer
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 
 @pytest.fixture
 async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeStub]]:
-    settings = Settings(
-        listen="127.0.0.1:0",
+    async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
         store=f"sqlite:///{tmp_path / 'agentruntime.db'}",
         runtime_cache=2,
-        metrics_listen="off",
-    )
-    running = await start(settings)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        yield running, pb_grpc.AgentRuntimeStub(channel)
-    await running.stop(grace=None)
+    ) as served:
+        yield served.running, served.stub
 
 
 async def test_idle_runtimes_leave_memory_and_come_back_whole(

@@ -9,14 +9,13 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import start
 from agentruntime_server.domain.errors import ResourceExhausted
 from agentruntime_server.domain.events import EventKind, EventLog
-from agentruntime_server.settings import Settings
 from agentruntime_server.store.memory import MemoryStore
 
 from tests.support.build import agent, create
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import serve
 
 
 def team_script(body: dict) -> Reply:  # type: ignore[type-arg]
@@ -116,16 +115,15 @@ async def _take(events, count: int):  # type: ignore[no-untyped-def]
 
 
 async def test_shutdown_ends_watch_streams_at_once(model: ScriptedModelServer) -> None:
-    running = await start(Settings(listen="127.0.0.1:0", store="memory://", metrics_listen="off"))
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
-        stub = pb_grpc.AgentRuntimeStub(channel)
+    async with serve() as served:
+        stub = served.stub
         runtime_id = await create(stub, agent("a"))
         await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="a"))
         stream = stub.Watch(pb.WatchRequest(runtime_id=runtime_id))
         first = await stream.read()
         assert first.event.seq == 1
         started = time.monotonic()
-        stopping = asyncio.ensure_future(running.stop(grace=10))
+        stopping = asyncio.ensure_future(served.stop(grace=10))
         with pytest.raises(grpc.aio.AioRpcError) as ended:
             await stream.read()
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
