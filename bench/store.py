@@ -22,14 +22,19 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agentruntime_server.domain.model import (
-    Budget,
-    HandleRecord,
-    HandleState,
-    Message,
-    ToolCall,
-    ToolResult,
+from agentruntime_server.domain.events import EventLog
+from agentruntime_server.domain.journal import (
+    CallFinished,
+    CallStarted,
+    Journal,
+    MessagesAppended,
+    ModelReplied,
+    RunStarted,
+    Spawned,
+    Tree,
+    TurnStarted,
 )
+from agentruntime_server.domain.model import AgentSpec, Budget, Message, ToolCall, ToolResult
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.process import free_port
@@ -46,39 +51,37 @@ WAITER = pb.AgentDef(
 )
 
 
-def _handle() -> HandleRecord:
-    return HandleRecord(
-        "root/worker.1", "", "worker", Budget(), "", 1, HandleState.RUNNING, 0, 0, 0, 0, 0, (), None, None, (), ()
-    )
-
-
-def _figures(turns: int, calls: int) -> tuple[str, int, int, int, int, int]:
-    return ("root/worker.1", turns, turns * 50, turns * 50, calls, calls)
-
-
 async def journal_cost(turns: int, batches: int) -> float:
-    """Median microseconds of the store writes one tool-calling turn makes."""
+    """Median microseconds of the journal steps one tool-calling turn records: applied to the
+    tree, encoded, appended to the store (with their events derived), and committed."""
     samples = []
     with tempfile.TemporaryDirectory() as folder:
         store = SqliteStore(str(Path(folder) / "journal.db"))
-        await store.create_runtime("bench", ())
-        await store.save_handles("bench", [_handle()])
-        index = 0
+        agents = (AgentSpec(name="worker"),)
+        await store.create_runtime("bench", agents)
+        tree = Tree("bench", agents)
+
+        async def nothing(after: int) -> list:  # type: ignore[type-arg]
+            return []
+
+        journal = Journal(tree, store, EventLog("bench", nothing))
+        await journal.record(
+            Spawned("root/worker.1", "", "worker", Budget(), "", 1), RunStarted("root/worker.1", Message("user", "go"))
+        )
+        handle = tree.handles["root/worker.1"]
         for _ in range(batches):
             started = time.perf_counter()
-            for turn in range(turns):
+            for _ in range(turns):
+                turn = handle.usage.turns + 1
                 call = ToolCall(f"call_{turn}_1", "ping", '{"n": 1}')
                 reply = Message("assistant", "", (call,), turn=turn)
-                await store.record_model_reply("bench", "root/worker.1", index, reply, [_figures(turn + 1, turn)])
-                await store.record_call_started("bench", "root/worker.1", call.id)
-                await store.record_tool_result(
-                    "bench", "root/worker.1", call.id, ToolResult("pong #1"), [_figures(turn + 1, turn + 1)]
-                )
-                await store.append_messages(
-                    "bench", "root/worker.1", index + 1, [Message("tool", "pong #1", tool_call_id=call.id)]
-                )
+                await journal.record(TurnStarted(handle.id, turn))
+                await journal.record(ModelReplied(handle.id, reply, 50, handle.usage.after_reply(50)))
+                await journal.record(CallStarted(handle.id, call, effect=True))
+                await store.flush()  # the call leaves the process next
+                await journal.record(CallFinished(handle.id, call, ToolResult("pong #1")))
+                await journal.record(MessagesAppended(handle.id, (Message("tool", "pong #1", tool_call_id=call.id),)))
                 await store.flush()  # a real turn waits on the network in between: its writes commit
-                index += 2
             samples.append((time.perf_counter() - started) / turns * 1e6)
         await store.close()
     return statistics.median(samples)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.journal import Tree, replay
+from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
@@ -74,18 +76,28 @@ async def test_restart_while_pending_then_resume(process: ServerProcess, model: 
     ]
 
 
-def _journal(store: Path) -> tuple[Counter[str], set[str]]:
-    """From the store file after a kill: replies journaled per handle key, and the
-    idempotency keys of calls started but never recorded (in doubt)."""
-    with contextlib.closing(sqlite3.connect(store)) as db:
-        journaled: Counter[str] = Counter()
-        for agent, prompt, replies in db.execute(
-            "SELECT h.agent, (SELECT content FROM messages WHERE runtime_id = h.runtime_id AND handle_id = h.handle_id "
-            "AND idx = 0), (SELECT COUNT(*) FROM messages WHERE runtime_id = h.runtime_id AND handle_id = h.handle_id "
-            "AND role = 'assistant') FROM handles h"
-        ):
-            journaled[f"{agent}|{prompt}"] = replies
-        in_doubt = {f"{rt}/{handle}/{call}" for rt, handle, call in db.execute("SELECT * FROM started_calls")}
+async def _journal(store: Path) -> tuple[Counter[str], set[str]]:
+    """From the store file after a kill (read through the store, as a restart would): replies
+    journaled per handle key, and the idempotency keys of calls started but never recorded
+    (in doubt)."""
+    sqlite = SqliteStore(str(store))
+    journaled: Counter[str] = Counter()
+    in_doubt: set[str] = set()
+    try:
+        with contextlib.closing(sqlite3.connect(store)) as db:
+            runtime_ids = [runtime_id for (runtime_id,) in db.execute("SELECT id FROM runtimes")]
+        for runtime_id in runtime_ids:
+            stored = await sqlite.load(runtime_id)
+            assert stored is not None
+            tree = Tree(runtime_id, stored.agents)
+            replay(tree, stored.entries)
+            for handle in tree.handles.values():
+                journaled[f"{handle.agent.name}|{handle.transcript[0].content}"] = sum(
+                    1 for message in handle.transcript if message.role == "assistant"
+                )
+                in_doubt.update(f"{runtime_id}/{handle.id}/{call_id}" for call_id in handle.started)
+    finally:
+        await sqlite.close()
     return journaled, in_doubt
 
 
@@ -126,7 +138,7 @@ async def test_crash_mid_turn_recovers_every_runtime(
 
     process.send(signal.SIGKILL)
     await process.stop()
-    journaled, in_doubt = _journal(process.store)
+    journaled, in_doubt = await _journal(process.store)
     calls_before = Counter(_key(body) for body in model.requests)
     assert sum(calls_before[key] - journaled[key] for key in calls_before) > 0, "the kill should land mid-call"
 

@@ -12,7 +12,10 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
+from agentruntime_server.domain.journal import CallFinished, MessagesAppended, ModelReplied, RunStarted, Step
+from agentruntime_server.domain.model import Message
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
+from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
@@ -88,12 +91,24 @@ async def test_each_message_is_stored_once(
     runtime_id = await create(stub, agent("looper", tools=[http_tool("ping", tools.url("ping"))]))
     _, result = await run(stub, runtime_id, "looper", "go")
     assert (result.status, result.turns) == (pb.STATUS_DONE, 31)
-    with contextlib.closing(sqlite3.connect(tmp_path / "agentruntime.db")) as db:
-        rows = db.execute("SELECT COUNT(*), SUM(LENGTH(content)) FROM messages WHERE runtime_id = ?", (runtime_id,)).fetchone()
-        journal = db.execute("SELECT COUNT(*) FROM tool_results WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
+    store = SqliteStore(str(tmp_path / "agentruntime.db"))  # a second reader of the file, as a restart is
+    stored = await store.load(runtime_id)
+    await store.close()
+    assert stored is not None
+    rows = [sum(len(_messages(entry.step)) for entry in stored.entries)]
+    journal = sum(1 for entry in stored.entries if isinstance(entry.step, CallFinished))
     # user + 31 assistant + 30 tool messages, each once: linear in the transcript, not quadratic.
     assert rows[0] == 62
     assert journal == 30
+
+
+def _messages(step: Step) -> tuple[Message, ...]:
+    """The transcript messages a journal step carries (each message is in exactly one step)."""
+    if isinstance(step, RunStarted | ModelReplied):
+        return () if step.message is None else (step.message,)
+    if isinstance(step, MessagesAppended):
+        return step.messages
+    return ()
 
 
 def test_migrations_are_versioned_and_refuse_a_newer_schema(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.errors import ResourceExhausted
-from agentruntime_server.domain.events import EventKind, EventLog
+from agentruntime_server.domain.events import Event, EventLog
+from agentruntime_server.domain.journal import Journal, Tree, TurnStarted, events_of
 from agentruntime_server.store.memory import MemoryStore
 
 from tests.support.build import agent, create
@@ -93,12 +94,19 @@ async def test_watch_refuses_bad_input(stub: pb_grpc.AgentRuntimeStub) -> None:
 async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
     store = MemoryStore()
     await store.create_runtime("rt", ())
-    log = EventLog("rt", store, buffer=3)
+
+    async def history(after: int) -> list[Event]:
+        return [
+            event for entry in await store.entries_after_event("rt", after) for event in events_of(entry) if event.seq > after
+        ]
+
+    log = EventLog("rt", history, buffer=3)
+    journal = Journal(Tree("rt", ()), store, log)
     watcher = log.follow(0)
-    await log.emit("root/a.1", EventKind.TURN_STARTED, turn=1)
+    await journal.record(TurnStarted("root/a.1", 1))
     assert (await anext(watcher)).seq == 1
     for turn in range(2, 10):  # the runtime never waits for the watcher
-        await log.emit("root/a.1", EventKind.TURN_STARTED, turn=turn)
+        await journal.record(TurnStarted("root/a.1", turn))
     assert not log.watched
     with pytest.raises(ResourceExhausted, match="after_seq=1"):
         await anext(watcher)

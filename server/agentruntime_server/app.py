@@ -15,8 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .domain.limits import Limits
-from .domain.ports import Store
-from .domain.runtime import Services
+from .domain.ports import Services, Store
 from .domain.service import RuntimeService
 from .http_session import HttpSession
 from .observability import Observability

@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2, json_format, struct_pb2
 from ..domain import model as m
 from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
+from ..domain.usage import Usage
 
 # google.protobuf.Duration's documented range (about 10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -184,6 +185,18 @@ def request_to_proto(request: m.PendingRequest) -> pb.Request:
     return message
 
 
+def with_usage(message: Counted, usage: Usage) -> Counted:
+    """The counters every reply carries (TaskResult, HandleView), named as in the proto."""
+    message.turns = usage.turns
+    message.own_tokens = usage.own_tokens
+    message.total_tokens = usage.total_tokens
+    message.tool_calls = usage.tool_calls
+    return message
+
+
+Counted = TypeVar("Counted", pb.TaskResult, pb.HandleView)
+
+
 def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
     message = pb.TaskResult(
         handle_id=result.handle_id,
@@ -191,31 +204,25 @@ def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
         is_error=result.is_error,
         status=result.status.value,  # type: ignore[arg-type]
         limit=result.limit.value,  # type: ignore[arg-type]
-        turns=result.turns,
-        total_tokens=result.total_tokens,
-        own_tokens=result.own_tokens,
-        tool_calls=result.tool_calls,
     )
+    with_usage(message, result.usage)
     if result.pending is not None:
         message.pending.CopyFrom(request_to_proto(result.pending))
     return message
 
 
 def handle_to_proto(snapshot: m.HandleSnapshot) -> pb.HandleView:
-    return pb.HandleView(
+    view = pb.HandleView(
         handle_id=snapshot.handle_id,
         parent_id=snapshot.parent_id,
         agent=snapshot.agent,
         state=snapshot.state.value,  # type: ignore[arg-type]
-        turns=snapshot.turns,
-        total_tokens=snapshot.total_tokens,
-        own_tokens=snapshot.own_tokens,
         pending_kind=snapshot.pending_kind,
         inbox_size=snapshot.inbox_size,
-        tool_calls=snapshot.tool_calls,
         budget=budget_to_proto(snapshot.budget),
         last_status=snapshot.last_status.value,  # type: ignore[arg-type]
     )
+    return with_usage(view, snapshot.usage)
 
 
 def message_to_proto(message: m.Message) -> pb.Message:

@@ -26,9 +26,9 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
         return None if limit is None else max(limit - used, 0)
 
     return Budget(
-        max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.turns)),
-        max_tokens=_smallest(own.max_tokens, left(cap.max_tokens, parent.total_tokens)),
-        max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.subtree_tool_calls)),
+        max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.usage.turns)),
+        max_tokens=_smallest(own.max_tokens, left(cap.max_tokens, parent.usage.total_tokens)),
+        max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.usage.subtree_tool_calls)),
         max_wall_time=own.max_wall_time,  # per run; a child's run deadline is carved from its parent's
         max_children=own.max_children,
         max_depth=_smallest(own.max_depth, None if cap.max_depth is None else max(cap.max_depth - 1, 0)),
@@ -38,10 +38,10 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
 
 def turn_stop(handle: Handle) -> Limit | None:
     """The limit that forbids another model turn now, if any."""
-    if handle.budget.max_turns is not None and handle.turns >= handle.budget.max_turns:
+    if handle.budget.max_turns is not None and handle.usage.turns >= handle.budget.max_turns:
         return Limit.MAX_TURNS
     for node in handle.lineage():
-        if node.budget.max_tokens is not None and node.total_tokens >= node.budget.max_tokens:
+        if node.budget.max_tokens is not None and node.usage.total_tokens >= node.budget.max_tokens:
             return Limit.MAX_TOKENS
     return None
 
@@ -50,7 +50,7 @@ def tool_calls_left(handle: Handle) -> int | None:
     """How many more tool calls the handle's subtree and every ancestor's allow; None = no cap."""
     return _smallest(
         *(
-            None if node.budget.max_tool_calls is None else max(node.budget.max_tool_calls - node.subtree_tool_calls, 0)
+            None if node.budget.max_tool_calls is None else max(node.budget.max_tool_calls - node.usage.subtree_tool_calls, 0)
             for node in handle.lineage()
         )
     )

@@ -1,4 +1,5 @@
 """A runtime's event log: every change, numbered per runtime, persisted before anyone sees it.
+Events are derived from journal steps (journal.py); the store keeps the steps.
 
 Watchers read the history from the store, then follow live events through a bounded
 queue; a watcher whose queue fills is dropped and told so, and resumes from the store
@@ -8,16 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .errors import ResourceExhausted, Unavailable
 from .model import HandleState, PendingRequest, TaskResult, ToolCall
-
-if TYPE_CHECKING:
-    from .ports import Store
 
 
 class EventKind(enum.Enum):
@@ -53,8 +49,6 @@ class Event:
     result: TaskResult | None = None
 
 
-OUTPUT_PREVIEW = 1000
-
 # Called synchronously with every event once it is persisted (metrics, logs, traces).
 # An observer must be quick and must not raise.
 Observer = Callable[[str, Event], None]
@@ -64,14 +58,13 @@ class EventLog:
     def __init__(
         self,
         runtime_id: str,
-        store: Store,
-        last_seq: int = 0,
+        history: Callable[[int], Awaitable[list[Event]]],
         buffer: int = 1000,
         observers: tuple[Observer, ...] = (),
     ) -> None:
         self.runtime_id = runtime_id
-        self.store = store
-        self.last_seq = last_seq
+        self.history = history  # the persisted events after a seq
+        self.last_seq = 0
         self.buffer = buffer
         self.observers = observers
         self._watchers: set[asyncio.Queue[Event | None]] = set()
@@ -81,22 +74,23 @@ class EventLog:
     def watched(self) -> bool:
         return bool(self._watchers)
 
-    async def emit(self, handle_id: str, kind: EventKind, **fields: object) -> None:
-        self.last_seq += 1
-        event = Event(seq=self.last_seq, time=time.time(), handle_id=handle_id, kind=kind, **fields)  # type: ignore[arg-type]
-        await self.store.append_event(self.runtime_id, event)
-        for observe in self.observers:
-            observe(self.runtime_id, event)
+    def publish(self, events: list[Event]) -> None:
+        """Events of steps the journal has just appended to the store."""
+        for event in events:
+            for observe in self.observers:
+                observe(self.runtime_id, event)
         for queue in list(self._watchers):
-            try:
-                queue.put_nowait(event)
-            except asyncio.QueueFull:
-                # Too far behind: drop what it has not read (so it cannot skip any) and tell
-                # it to reconnect; it reads the rest from the store.
-                self._watchers.discard(queue)
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(None)
+            for event in events:
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    # Too far behind: drop what it has not read (so it cannot skip any) and
+                    # tell it to reconnect; it reads the rest from the store.
+                    self._watchers.discard(queue)
+                    while not queue.empty():
+                        queue.get_nowait()
+                    queue.put_nowait(None)
+                    break
 
     def close(self) -> None:
         """Shutdown: every watcher is told to reconnect (to this server's replacement)."""
@@ -113,7 +107,7 @@ class EventLog:
         self._watchers.add(queue)  # subscribe first, so nothing falls between history and live
         try:
             seen = after_seq
-            for event in await self.store.events_after(self.runtime_id, after_seq):
+            for event in await self.history(after_seq):
                 yield event
                 seen = event.seq
             while True:

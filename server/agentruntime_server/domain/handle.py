@@ -1,4 +1,8 @@
-"""One live agent in a tree: its state, figures, transcript and current run."""
+"""One agent in a tree: its state, usage, transcript and current run.
+
+The state changes only through the transition methods below, and only the journal
+(journal.py) calls them: every change is a journal step, applied here and appended to
+the store together."""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ from dataclasses import dataclass, field
 from .model import (
     AgentSpec,
     Budget,
-    HandleRecord,
     HandleSnapshot,
     HandleState,
     InboxItem,
@@ -21,6 +24,7 @@ from .model import (
     TaskResult,
     ToolResult,
 )
+from .usage import Usage
 
 
 class FifoGate:
@@ -75,7 +79,6 @@ class Run:
 class Handle:
     def __init__(
         self,
-        runtime_id: str,
         handle_id: str,
         parent: Handle | None,
         agent: AgentSpec,
@@ -83,33 +86,30 @@ class Handle:
         child_key: str = "",
         seq: int = 0,
     ) -> None:
-        self.runtime_id = runtime_id
         self.id = handle_id
         self.parent = parent
         self.agent = agent
         self.budget = budget
         self.child_key = child_key  # the parent's call id (or judge key) that spawned it
         self.seq = seq  # spawn order within the runtime
-        self.depth: int = parent.depth + 1 if parent else 1
         self.state = HandleState.IDLE
-        self.turns = 0
-        self.own_tokens = 0
-        self.total_tokens = 0
-        self.tool_calls = 0
-        self.subtree_tool_calls = 0
+        self.usage = Usage()
         self.children: list[Handle] = []
         self.spawned_per_agent: dict[str, int] = {}
         self.children_by_key: dict[str, Handle] = {}
         self.inbox: deque[InboxItem] = deque()
         self.transcript: list[Message] = []
         self.tool_results: dict[str, ToolResult] = {}
+        # Calls with an effect outside the process that started and have no result yet:
+        # after a crash they are in doubt.
+        self.started: set[str] = set()
         self.last_result: TaskResult | None = None
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
         self.approved: set[str] = set()
         # Calls that were in flight when the process died and whose tool says ASK.
         self.in_doubt: set[str] = set()
-        self.run: Run | None = None
+        self.run: Run | None = None  # in memory only: the run in flight
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
 
     @property
@@ -134,6 +134,58 @@ class Handle:
         order.append(self)
         return order
 
+    # ---- transitions (called by the journal only) -----------------------------------------
+
+    def adopt(self, child: Handle, number: int) -> None:
+        self.children.append(child)
+        self.spawned_per_agent[child.agent.name] = max(self.spawned_per_agent.get(child.agent.name, 0), number)
+        if child.child_key:
+            self.children_by_key[child.child_key] = child
+
+    def begin_run(self, message: Message | None, drained: int) -> None:
+        """A new run takes `drained` inbox items and starts on `message`; a continued run
+        (after a Resume or a restart) has no message of its own."""
+        for _ in range(drained):
+            self.inbox.popleft()
+        if message is not None:
+            self.transcript.append(message)
+        self.state = HandleState.RUNNING
+        self.pending = None
+
+    def add_reply(self, message: Message, tokens: int) -> None:
+        self.transcript.append(message)
+        self.usage = self.usage.after_reply(tokens)
+        node = self.parent
+        while node is not None:
+            node.usage = node.usage.after_descendant_reply(tokens)
+            node = node.parent
+
+    def add_result(self, call_id: str, result: ToolResult) -> None:
+        self.tool_results[call_id] = result
+        self.started.discard(call_id)
+        self.in_doubt.discard(call_id)
+        self.usage = self.usage.after_call()
+        node = self.parent
+        while node is not None:
+            node.usage = node.usage.after_descendant_call()
+            node = node.parent
+
+    def settle(self, result: TaskResult, state: HandleState, rollback_to: int, restored: tuple[InboxItem, ...]) -> None:
+        """The run is over. A rolled-back run's messages leave the transcript and its drained
+        inbox comes back; what it spent stays counted."""
+        if rollback_to >= 0:
+            self.inbox.extendleft(reversed(restored))
+            del self.transcript[rollback_to:]
+        self.last_result = result
+        self.state = state
+        self.pending = result.pending if result.status is Status.PENDING else None
+
+    def close(self) -> None:
+        self.state = HandleState.CLOSED
+        self.pending = None
+
+    # ---- reads ---------------------------------------------------------------------------
+
     def result(
         self,
         status: Status,
@@ -143,71 +195,12 @@ class Handle:
         pending: PendingRequest | None = None,
     ) -> TaskResult:
         return TaskResult(
-            handle_id=self.id,
-            text=text,
-            is_error=is_error,
-            status=status,
-            limit=limit,
-            pending=pending,
-            turns=self.turns,
-            total_tokens=self.total_tokens,
-            own_tokens=self.own_tokens,
-            tool_calls=self.tool_calls,
+            handle_id=self.id, text=text, is_error=is_error, status=status, limit=limit, pending=pending, usage=self.usage
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
         """A kept result re-read later: the figures are the handle's now (they never go down)."""
         return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending)
-
-    def lineage_figures(self) -> list[tuple[str, int, int, int, int, int]]:
-        """The counters a journal step changes, for the handle and each ancestor."""
-        return [
-            (node.id, node.turns, node.own_tokens, node.total_tokens, node.tool_calls, node.subtree_tool_calls)
-            for node in self.lineage()
-        ]
-
-    def record(self) -> HandleRecord:
-        return HandleRecord(
-            handle_id=self.id,
-            parent_id=self.parent.id if self.parent else "",
-            agent=self.agent.name,
-            budget=self.budget,
-            child_key=self.child_key,
-            seq=self.seq,
-            state=self.state,
-            turns=self.turns,
-            own_tokens=self.own_tokens,
-            total_tokens=self.total_tokens,
-            tool_calls=self.tool_calls,
-            subtree_tool_calls=self.subtree_tool_calls,
-            inbox=tuple(self.inbox),
-            last_result=self.last_result,
-            pending=self.pending,
-            approved=tuple(sorted(self.approved)),
-            in_doubt=tuple(sorted(self.in_doubt)),
-        )
-
-    @classmethod
-    def restore(cls, runtime_id: str, record: HandleRecord, parent: Handle | None, agent: AgentSpec) -> Handle:
-        handle = cls(runtime_id, record.handle_id, parent, agent, record.budget, record.child_key, record.seq)
-        handle.state = record.state
-        handle.turns = record.turns
-        handle.own_tokens = record.own_tokens
-        handle.total_tokens = record.total_tokens
-        handle.tool_calls = record.tool_calls
-        handle.subtree_tool_calls = record.subtree_tool_calls
-        handle.inbox.extend(record.inbox)
-        handle.last_result = record.last_result
-        handle.pending = record.pending
-        handle.approved = set(record.approved)
-        handle.in_doubt = set(record.in_doubt)
-        if parent is not None:
-            parent.children.append(handle)
-            number = int(record.handle_id.rsplit(".", 1)[1])
-            parent.spawned_per_agent[agent.name] = max(parent.spawned_per_agent.get(agent.name, 0), number)
-            if record.child_key:
-                parent.children_by_key[record.child_key] = handle
-        return handle
 
     def snapshot(self) -> HandleSnapshot:
         return HandleSnapshot(
@@ -215,10 +208,7 @@ class Handle:
             parent_id=self.parent_id,
             agent=self.agent.name,
             state=self.state,
-            turns=self.turns,
-            total_tokens=self.total_tokens,
-            own_tokens=self.own_tokens,
-            tool_calls=self.tool_calls,
+            usage=self.usage,
             pending_kind=self.pending.kind if self.pending else "",
             inbox_size=len(self.inbox),
             budget=self.budget,

@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from .usage import Usage
+
 
 class Status(enum.Enum):
     UNSPECIFIED = 0
@@ -202,10 +204,7 @@ class TaskResult:
     status: Status = Status.UNSPECIFIED
     limit: Limit = Limit.NONE
     pending: PendingRequest | None = None
-    turns: int = 0
-    total_tokens: int = 0
-    own_tokens: int = 0
-    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)  # the handle's figures when the result was read
 
 
 @dataclass(frozen=True)
@@ -221,10 +220,7 @@ class HandleSnapshot:
     parent_id: str
     agent: str
     state: HandleState
-    turns: int
-    total_tokens: int
-    own_tokens: int
-    tool_calls: int
+    usage: Usage
     pending_kind: str
     inbox_size: int
     budget: Budget
@@ -245,40 +241,3 @@ class Answer:
     data: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     outputs: tuple[ToolOutput, ...] = ()
-
-
-@dataclass(frozen=True)
-class HandleRecord:
-    """Everything the store keeps about a handle besides its transcript and journal."""
-
-    handle_id: str
-    parent_id: str  # "" for a top-level handle
-    agent: str
-    budget: Budget
-    child_key: str  # the parent's task call id (or judge key) that spawned it; "" for host spawns
-    seq: int  # spawn order in the runtime
-    state: HandleState
-    turns: int
-    own_tokens: int
-    total_tokens: int
-    tool_calls: int
-    subtree_tool_calls: int
-    inbox: tuple[InboxItem, ...]
-    last_result: TaskResult | None
-    pending: PendingRequest | None
-    approved: tuple[str, ...]
-    in_doubt: tuple[str, ...]
-
-
-@dataclass
-class RuntimeRecord:
-    """A runtime as loaded back from the store."""
-
-    runtime_id: str
-    agents: tuple[AgentSpec, ...]
-    handles: list[HandleRecord]  # in spawn order
-    transcripts: dict[str, list[Message]]
-    tool_results: dict[str, dict[str, ToolResult]]
-    started_calls: dict[str, set[str]]  # calls begun but never recorded: in doubt after a crash
-    answered: dict[str, tuple[Answer, str]]  # request id -> (answer, the leaf handle it answered)
-    last_event_seq: int = 0

@@ -3,11 +3,14 @@ in providers/, tools/ and store/; the domain never imports them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .events import Event
-from .model import AgentSpec, Answer, HandleRecord, HttpExecutor, Message, RuntimeRecord, ToolCall, ToolResult
+from .events import Observer
+from .journal import Entry
+from .limits import Limits
+from .model import AgentSpec, HttpExecutor, Message, ToolCall, ToolResult
 
 
 class ProviderError(Exception):
@@ -52,17 +55,34 @@ class HttpToolRunner(Protocol):
     async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult: ...
 
 
-# (handle id, turns, own_tokens, total_tokens, tool_calls, subtree_tool_calls): what a
-# journal step changes on the handle that made it and on each of its ancestors.
-Figures = tuple[str, int, int, int, int, int]
+@dataclass(frozen=True)
+class Services:
+    """What a runtime needs from outside the domain."""
+
+    models: ModelRouter
+    http_tools: HttpToolRunner
+    store: Store
+    inbox_capacity: int = 100
+    limits: Limits = field(default_factory=Limits)
+    watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
+    observers: tuple[Observer, ...] = ()  # see events.Observer
+
+
+@dataclass
+class StoredRuntime:
+    agents: tuple[AgentSpec, ...]
+    entries: list[Entry]  # the whole journal, in order
 
 
 class Store(Protocol):
-    """Where the runtime writes what it acknowledges; the source of truth after a restart.
+    """Where the journal goes: the source of truth after a restart.
 
-    Every method is one atomic write (or read). Model replies and tool results are
-    recorded before the runtime acts on them, together with the usage roll-up they imply.
-    """
+    The contract is small on purpose (a second backend implements it, and one
+    conformance suite, tests/test_store_contract.py, holds every backend to it): a runtime
+    is its definitions plus its journal, appended in order and read back whole. Appends
+    may be grouped into one transaction; `flush` makes everything appended so far durable,
+    and runs before an effect leaves the process (an RPC's reply, a watched event, a
+    side-effecting tool call)."""
 
     durable: bool  # False: nothing survives the process, so nothing is evicted from memory
 
@@ -70,44 +90,19 @@ class Store(Protocol):
 
     async def runtime_exists(self, runtime_id: str) -> bool: ...
 
-    async def save_handles(self, runtime_id: str, records: list[HandleRecord]) -> None: ...
-
-    async def append_messages(
-        self, runtime_id: str, handle_id: str, start: int, messages: list[Message], record: HandleRecord | None = None
-    ) -> None:
-        """Transcript entries start..start+len-1, with the handle's row when it changed too."""
+    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
+        """The entries, after every entry appended before (atomically, in order).
+        `running`: whether the runtime now has running handles (None: unchanged)."""
         ...
 
-    async def truncate_transcript(self, runtime_id: str, handle_id: str, length: int) -> None: ...
+    async def load(self, runtime_id: str) -> StoredRuntime | None: ...
 
-    async def record_model_reply(
-        self, runtime_id: str, handle_id: str, index: int, message: Message, figures: list[Figures]
-    ) -> None:
-        """The assistant message at `index` with the new figures of the handle and its ancestors."""
+    async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
+        """Every entry that made an event numbered above `after_event`, in order."""
         ...
-
-    async def record_call_started(self, runtime_id: str, handle_id: str, call_id: str) -> None:
-        """A side-effecting call is about to run: after a crash without its result, it is in doubt."""
-        ...
-
-    async def record_tool_result(
-        self, runtime_id: str, handle_id: str, call_id: str, result: ToolResult, figures: list[Figures]
-    ) -> None:
-        """The result with the new figures of the handle and its ancestors."""
-        ...
-
-    async def record_answer(self, runtime_id: str, request_id: str, answer: Answer, leaf_id: str) -> None: ...
-
-    async def append_event(self, runtime_id: str, event: Event) -> None: ...
-
-    async def events_after(self, runtime_id: str, after_seq: int) -> list[Event]: ...
-
-    async def load_runtime(self, runtime_id: str) -> RuntimeRecord | None: ...
 
     async def runtimes_with_running_handles(self) -> list[str]: ...
 
-    async def flush(self) -> None:
-        """Makes every write so far durable now (before an acknowledgement leaves the process)."""
-        ...
+    async def flush(self) -> None: ...
 
     async def close(self) -> None: ...

@@ -1,17 +1,31 @@
-"""One tree of handles and the verbs a host drives it with."""
+"""One tree of handles and the verbs a host drives it with. Every change is a journal step
+(journal.py); runs in flight are the only state kept in memory alone."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
 
 from . import budget as budgets
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
-from .events import EventKind, EventLog, Observer
+from .events import Event, EventLog
 from .handle import Handle, Run
-from .limits import Limits
+from .journal import (
+    Answered,
+    CallFinished,
+    Closed,
+    InDoubt,
+    Journal,
+    MessagesAppended,
+    Posted,
+    RunStarted,
+    Settled,
+    Spawned,
+    Step,
+    Tree,
+    events_of,
+)
 from .model import (
     AgentSpec,
     Answer,
@@ -21,77 +35,55 @@ from .model import (
     InboxItem,
     Limit,
     Message,
-    RuntimeRecord,
     Status,
     TaskResult,
 )
-from .ports import HttpToolRunner, ModelRouter, ProviderError, Store
+from .ports import ProviderError, Services, StoredRuntime
 from .prompts import wake_message
 from .suspension import read_answer
+from .turns import TurnLoop
 from .validation import check_budget, check_text_size
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Services:
-    """What a runtime needs from outside the domain."""
-
-    models: ModelRouter
-    http_tools: HttpToolRunner
-    store: Store
-    inbox_capacity: int = 100
-    limits: Limits = field(default_factory=Limits)
-    watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
-    observers: tuple[Observer, ...] = ()  # see events.Observer
-
-
 class Runtime:
     def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], services: Services) -> None:
-        from .turns import TurnLoop  # the loop needs the runtime to spawn children
-
         self.id = runtime_id
-        self.agents = {agent.name: agent for agent in agents}
         self.services = services
-        self.handles: dict[str, Handle] = {}
-        self._top_level_per_agent: dict[str, int] = {}
-        self._spawned = 0
-        # Live Requests by id -> the handle that made them; answered ones -> (answer, run).
-        self.requests: dict[str, Handle] = {}
-        self.answered: dict[str, tuple[Answer, Run]] = {}
-        # Answered before this process started: request id -> (answer, leaf handle id).
-        self.answered_earlier: dict[str, tuple[Answer, str]] = {}
+        self.tree = Tree(runtime_id, agents)
+        self.events = EventLog(runtime_id, self._history, buffer=services.watch_buffer, observers=services.observers)
+        self.journal = Journal(self.tree, services.store, self.events)
+        # Resumes answered by this process: request id -> the run the answer continued.
+        self.resumed: dict[str, Run] = {}
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
-        self.events = EventLog(runtime_id, services.store, buffer=services.watch_buffer, observers=services.observers)
 
     @classmethod
-    def restore(cls, record: RuntimeRecord, services: Services) -> Runtime:
-        """Rebuilds a runtime from the store, exactly as it was acknowledged."""
-        runtime = cls(record.runtime_id, record.agents, services)
-        for row in record.handles:
-            parent = runtime.handles[row.parent_id] if row.parent_id else None
-            agent = runtime.agents[row.agent]
-            handle = Handle.restore(runtime.id, row, parent, agent)
-            handle.transcript = record.transcripts.get(handle.id, [])
-            handle.tool_results = record.tool_results.get(handle.id, {})
-            runtime.handles[handle.id] = handle
-            runtime._spawned = max(runtime._spawned, row.seq)
-            if parent is None:
-                number = int(handle.id.rsplit(".", 1)[1])
-                runtime._top_level_per_agent[agent.name] = max(runtime._top_level_per_agent.get(agent.name, 0), number)
-            if handle.state is HandleState.SUSPENDED and handle.pending is not None and handle.pending.path == handle.path:
-                runtime.requests[handle.pending.id] = handle
-        runtime.answered_earlier = dict(record.answered)
-        runtime.events.last_seq = record.last_event_seq
+    def restore(cls, runtime_id: str, stored: StoredRuntime, services: Services) -> Runtime:
+        """Rebuilds a runtime from its journal, exactly as it was acknowledged."""
+        runtime = cls(runtime_id, stored.agents, services)
+        runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries)
         return runtime
+
+    async def _history(self, after_seq: int) -> list[Event]:
+        entries = await self.services.store.entries_after_event(self.id, after_seq)
+        return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
+
+    @property
+    def handles(self) -> dict[str, Handle]:
+        return self.tree.handles
+
+    @property
+    def agents(self) -> dict[str, AgentSpec]:
+        return self.tree.agents
 
     @property
     def busy(self) -> bool:
         """True while a run is in flight or someone watches (the runtime must stay in memory)."""
         return self.events.watched or any(handle.run is not None for handle in self.handles.values())
 
-    async def recover(self, started_calls: dict[str, set[str]]) -> int:
+    async def recover(self) -> int:
         """Continues every handle that was RUNNING when the process died, from its journal.
 
         A call started but never recorded is in doubt: its tool's on_interrupted policy
@@ -100,11 +92,14 @@ class Runtime:
         phase reattaches to the child's run instead of reading a stale result."""
         running = [h for h in self.handles.values() if h.state is HandleState.RUNNING]
         for handle in sorted(running, key=lambda h: h.seq, reverse=True):
-            for call_id in sorted(started_calls.get(handle.id, set()) - set(handle.tool_results)):
+            asking = []
+            for call_id in sorted(handle.started - set(handle.tool_results)):
                 call = self._loop.find_call(handle, call_id)
                 spec = handle.agent.tool(call.name) if call else None
                 if spec is not None and spec.asks_when_in_doubt:
-                    handle.in_doubt.add(call_id)
+                    asking.append(call_id)
+            if asking:
+                await self.journal.record(InDoubt(handle.id, tuple(asking)))
             await self.continue_run(handle)
         return len(running)
 
@@ -146,22 +141,13 @@ class Runtime:
                 reason=Limit.MAX_CHILDREN.wire_name,
                 limit=Limit.MAX_CHILDREN,
             )
-        counters = parent.spawned_per_agent if parent else self._top_level_per_agent
+        counters = parent.spawned_per_agent if parent else self.tree.top_level_per_agent
         number = counters.get(agent.name, 0) + 1
-        prefix = parent.id if parent else "root"
-        handle_id = f"{prefix}/{agent.name}.{number}"
+        handle_id = f"{parent.id if parent else 'root'}/{agent.name}.{number}"
         own = agent.budget.overridden_by(budget_override) if budget_override else agent.budget
-        self._spawned += 1
-        handle = Handle(self.id, handle_id, parent, agent, budgets.carve(own, parent), key or "", self._spawned)
-        counters[agent.name] = number
-        self.handles[handle_id] = handle
-        if parent is not None:
-            parent.children.append(handle)
-            if key is not None:
-                parent.children_by_key[key] = handle
-        await self.services.store.save_handles(self.id, [handle.record()])
-        await self.events.emit(handle.id, EventKind.SPAWNED, parent_id=handle.parent_id, agent=agent.name)
-        return handle
+        budget = budgets.carve(own, parent)
+        await self.journal.record(Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number))
+        return self.handles[handle_id]
 
     async def post(self, handle_id: str, text: str, channel: str, sender: str) -> int:
         handle = self.handle(handle_id)
@@ -184,8 +170,7 @@ class Runtime:
             )
         check_text_size(channel, "channel", self.services.limits, limit=256)
         check_text_size(sender, "sender", self.services.limits, limit=256)
-        handle.inbox.append(InboxItem(text=text, channel=channel, sender=sender or "host"))
-        await self.services.store.save_handles(self.id, [handle.record()])
+        await self.journal.record(Posted(handle.id, InboxItem(text=text, channel=channel, sender=sender or "host")))
         return len(handle.inbox)
 
     async def wake(self, handle_id: str, prompt: str) -> bool:
@@ -240,67 +225,52 @@ class Runtime:
             if node.state is HandleState.SUSPENDED:
                 await self._cancel_suspension(node, Status.CLOSED, continue_parent=node is handle)
             await self.stop_run(node, (Status.CLOSED, Limit.NONE))
-            node.state = HandleState.CLOSED
-            node.pending = None
-            await self.services.store.save_handles(self.id, [node.record()])
-            await self.events.emit(node.id, EventKind.STATE_CHANGED, state=HandleState.CLOSED)
+            await self.journal.record(Closed(node.id))
             closed.append(node.id)
         return closed
 
     async def _cancel_suspension(self, handle: Handle, status: Status, continue_parent: bool) -> None:
         """Interrupt/Close of a SUSPENDED handle: its Request is withdrawn, Wait tells why."""
-        request = handle.pending
-        if request is not None:
-            self.requests.pop(request.id, None)
-        kind = request.kind if request else "?"
-        await self._answer_dangling_calls(handle, f"not run: the pending {kind} request was cancelled ({status.name})")
-        handle.last_result = handle.result(status, text=f"the pending {kind} request was cancelled")
-        handle.pending = None
-        handle.state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
-        await self.services.store.save_handles(self.id, [handle.record()])
-        await self.events.emit(handle.id, EventKind.RESULT, result=handle.last_result)
-        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=handle.state)
+        kind = handle.pending.kind if handle.pending else "?"
+        result = handle.result(status, text=f"the pending {kind} request was cancelled")
+        state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
+        reason = f"not run: the pending {kind} request was cancelled ({status.name})"
+        await self.journal.record(*self._dangling_answers(handle, handle.transcript, reason), Settled(handle.id, result, state))
         if continue_parent:
             await self._continue_waiting_parent(handle)
 
     async def resume(self, answer: Answer) -> TaskResult:
-        leaf = self.requests.get(answer.id)
+        leaf = self.tree.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
             return await self._replay_resume(answer)
         outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
-        del self.requests[answer.id]
-        # Each step is idempotent, so a crash between them is repaired by the host's retry.
-        leaf.approved.update(outcome.approved)
-        leaf.in_doubt.difference_update(outcome.rerun)
-        await self.services.store.save_handles(self.id, [leaf.record()])
         calls = {call.id: call for call, _ in leaf.pending.calls}
-        for call_id, result in outcome.results:
-            await self._loop.record(leaf, calls[call_id], result)
-        await self.services.store.record_answer(self.id, answer.id, answer, leaf.id)
+        await self.journal.record(
+            Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun)),
+            *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
+        )
         run = await self.continue_run(leaf)
-        self.answered[answer.id] = (answer, run)
+        self.resumed[answer.id] = run
         return await self._follow(run)
 
     async def _replay_resume(self, answer: Answer) -> TaskResult:
         """A retried Resume: the same answer gets the same result and runs nothing again."""
-        earlier = self.answered.get(answer.id)
-        before_restart = self.answered_earlier.get(answer.id)
-        first_answer = earlier[0] if earlier else before_restart[0] if before_restart else None
-        if first_answer is None:
+        earlier = self.tree.answered.get(answer.id)
+        if earlier is None:
             raise FailedPrecondition(
                 f"no live request has id {shown(answer.id)} in runtime {self.id!r}; "
                 "Wait on the root handle to see its pending request",
                 reason="NO_SUCH_REQUEST",
             )
-        if first_answer != answer:
+        if earlier[0] != answer:
             raise FailedPrecondition(
-                f"request {answer.id!r} was already answered with a different answer; it cannot be answered twice",
+                f"request {shown(answer.id)} was already answered with a different answer; it cannot be answered twice",
                 reason="ALREADY_ANSWERED",
             )
-        if earlier is not None:
-            return await self._follow(earlier[1])
-        assert before_restart is not None
-        topmost = self.handle(before_restart[1])
+        run = self.resumed.get(answer.id)
+        if run is not None:
+            return await self._follow(run)
+        topmost = self.handle(earlier[1])
         while topmost.parent is not None and topmost.child_key:
             topmost = topmost.parent  # the chain a Resume continues climbs through task calls
         return await self.wait(topmost.id, None)
@@ -317,7 +287,7 @@ class Runtime:
         return result
 
     def transcript(self, handle_id: str) -> list[Message]:
-        return list(self.handle(handle_id).transcript)
+        return self.handle(handle_id).transcript
 
     def inspect(self, handle_id: str) -> HandleSnapshot:
         return self.handle(handle_id).snapshot()
@@ -343,22 +313,16 @@ class Runtime:
             )
 
     async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
-        """A new run on the prompt and the drained inbox, persisted before it is acknowledged."""
+        """A new run on the prompt and the drained inbox, journaled before it is acknowledged."""
         run = self._begin(handle, list(handle.inbox), parent_run)
-        handle.inbox.clear()
-        start = len(handle.transcript)
-        message = wake_message(prompt, run.drained)
-        handle.transcript.append(message)
-        await self.services.store.append_messages(self.id, handle.id, start, [message], handle.record())
-        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=HandleState.RUNNING)
+        await self.journal.record(RunStarted(handle.id, wake_message(prompt, run.drained), len(run.drained)))
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
     async def continue_run(self, handle: Handle) -> Run:
         """Re-enters a handle's turn from its transcript and journal (after a Resume or a restart)."""
         run = self._begin(handle, [], None)
-        await self.services.store.save_handles(self.id, [handle.record()])
-        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=HandleState.RUNNING)
+        await self.journal.record(RunStarted(handle.id, None))
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
@@ -369,8 +333,6 @@ class Runtime:
             deadline = parent_run.deadline if deadline is None else min(deadline, parent_run.deadline)
         # An interrupted run rolls back to here: for a new run, to just before its prompt.
         run = Run(drained=drained, transcript_mark=len(handle.transcript), deadline=deadline)
-        handle.state = HandleState.RUNNING
-        handle.pending = None
         handle.run = run
         return run
 
@@ -447,49 +409,35 @@ class Runtime:
             await self.stop_run(child, stop)
 
     async def _settle(self, handle: Handle, run: Run, result: TaskResult) -> None:
-        rolled_back = result.status is Status.INTERRUPTED
-        if rolled_back:
+        handle.run = None
+        if result.status is Status.CLOSED or handle.state is HandleState.CLOSED:
+            state = HandleState.CLOSED
+        else:
+            state = HandleState.SUSPENDED if result.status is Status.PENDING else HandleState.IDLE
+        settled = Settled(handle.id, result, state)
+        transcript = handle.transcript
+        if result.status is Status.INTERRUPTED:
             # The run is rolled back: its drained messages go back to the inbox, its
             # transcript entries are dropped; what it spent stays counted.
-            handle.inbox.extendleft(reversed(run.drained))
-            del handle.transcript[run.transcript_mark :]
-        # The state changes before any await: a concurrent Resume or parent reads it.
-        handle.last_result = result
-        handle.run = None
-        if result.status is Status.CLOSED:
-            handle.state = HandleState.CLOSED
-        elif handle.state is not HandleState.CLOSED:
-            handle.state = HandleState.SUSPENDED if result.status is Status.PENDING else HandleState.IDLE
-        handle.pending = result.pending if result.status is Status.PENDING else None
-        if handle.pending is not None and handle.pending.path == handle.path:
-            self.requests[handle.pending.id] = handle
-        if rolled_back:
-            await self.services.store.truncate_transcript(self.id, handle.id, run.transcript_mark)
+            settled = Settled(handle.id, result, state, run.transcript_mark, tuple(run.drained))
+            transcript = transcript[: run.transcript_mark]
+        steps: list[Step] = [settled]
         if result.status is not Status.PENDING:
-            await self._answer_dangling_calls(handle, f"not run: the run stopped ({result.status.name})")
-        await self.services.store.save_handles(self.id, [handle.record()])
-        if result.pending is not None:
-            await self.events.emit(handle.id, EventKind.PENDING, pending=result.pending)
-        await self.events.emit(handle.id, EventKind.RESULT, result=result)
-        await self.events.emit(handle.id, EventKind.STATE_CHANGED, state=handle.state)
+            steps.extend(self._dangling_answers(handle, transcript, f"not run: the run stopped ({result.status.name})"))
+        await self.journal.record(*steps)
         run.next = await self._continue_waiting_parent(handle)
 
-    async def _answer_dangling_calls(self, handle: Handle, reason: str) -> None:
+    @staticmethod
+    def _dangling_answers(handle: Handle, transcript: list[Message], reason: str) -> list[Step]:
         """Keeps the transcript well formed: every tool call made gets a tool message."""
-        if not handle.transcript or not handle.transcript[-1].tool_calls:
-            return
+        if not transcript or not transcript[-1].tool_calls:
+            return []
         answers = []
-        for call in handle.transcript[-1].tool_calls:
+        for call in transcript[-1].tool_calls:
             result = handle.tool_results.get(call.id)
             content, is_error = (result.output, result.is_error) if result else (reason, True)
             answers.append(Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error))
-        await self.append_messages(handle, answers)
-
-    async def append_messages(self, handle: Handle, messages: list[Message]) -> None:
-        """Appends in one write: a tool phase's results never land half in the transcript."""
-        start = len(handle.transcript)
-        handle.transcript.extend(messages)
-        await self.services.store.append_messages(self.id, handle.id, start, messages)
+        return [MessagesAppended(handle.id, tuple(answers))]
 
     @staticmethod
     def _last_text(handle: Handle, fallback: str) -> str:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from .errors import AlreadyExists, FailedPrecondition, FieldViolation, NotFound
 from .model import AgentSpec
-from .runtime import Runtime, Services
+from .ports import Services
+from .runtime import Runtime
 from .validation import check_agents, check_runtime_id
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,10 @@ class RuntimeService:
             self._runtimes.move_to_end(runtime_id)
             return found
         # The store's reads do not yield to the event loop, so two callers never load twice.
-        record = await self.services.store.load_runtime(runtime_id)
-        if record is None:
+        stored = await self.services.store.load(runtime_id)
+        if stored is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
-        runtime = Runtime.restore(record, self.services)
+        runtime = Runtime.restore(runtime_id, stored, self.services)
         if self.draining:
             runtime.draining = True
             runtime.events.close()
@@ -61,12 +62,12 @@ class RuntimeService:
         """At start: every handle that was RUNNING when the process died goes on from its journal."""
         continued = 0
         for runtime_id in await self.services.store.runtimes_with_running_handles():
-            record = await self.services.store.load_runtime(runtime_id)
-            if record is None:
+            stored = await self.services.store.load(runtime_id)
+            if stored is None:
                 continue
-            runtime = Runtime.restore(record, self.services)
+            runtime = Runtime.restore(runtime_id, stored, self.services)
             self._remember(runtime)
-            continued += await runtime.recover(record.started_calls)
+            continued += await runtime.recover()
         if continued:
             log.info("recovered %d running handles from the store", continued)
         return continued

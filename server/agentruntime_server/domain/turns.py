@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jsonschema
 import jsonschema.exceptions
@@ -20,10 +20,12 @@ from jsonschema.protocols import Validator
 from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, ResourceExhausted, shown
-from .events import OUTPUT_PREVIEW, EventKind
 from .handle import Handle, Run
+from .journal import CallFinished, CallStarted, Journal, MessagesAppended, ModelReplied, Tree, TurnStarted
 from .limits import MAX_REPLY_TOKENS
 from .model import (
+    AgentSpec,
+    Budget,
     GuardrailAction,
     HttpExecutor,
     Limit,
@@ -36,22 +38,37 @@ from .model import (
     ToolResult,
     ToolSpec,
 )
-from .ports import ModelRequest, ProviderError, ToolSchema
+from .ports import ModelRequest, ProviderError, Services, ToolSchema
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
+
+class RunHost(Protocol):
+    """What the turn loop needs from its runtime, and nothing more."""
+
+    id: str
+    tree: Tree
+    journal: Journal
+    services: Services
+    draining: bool
+
+    async def spawn_child(
+        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None
+    ) -> Handle: ...
+
+    async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run: ...
+
+    def settled_result(self, handle: Handle) -> TaskResult: ...
 
 
 class TurnLoop:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-        self.services = runtime.services
+    def __init__(self, host: RunHost) -> None:
+        self.host = host
+        self.services = host.services
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
         self._validators: dict[tuple[str, str], Validator] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
-            if self.runtime.draining:
+            if self.host.draining:
                 raise Detached
             last = handle.transcript[-1]
             if last.role == "assistant" and last.tool_calls:
@@ -68,7 +85,7 @@ class TurnLoop:
                 run.gate_attempts += 1
                 if run.gate_attempts >= max(handle.agent.completion.max_attempts, 1):
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
-                await self.runtime.append_messages(handle, [prompts.gate_feedback(rejection)])
+                await self.host.journal.record(MessagesAppended(handle.id, (prompts.gate_feedback(rejection),)))
             else:
                 limit = budgets.turn_stop(handle)
                 if limit is not None:
@@ -79,7 +96,7 @@ class TurnLoop:
         """A child's Request may have been answered while this phase waited for its siblings."""
         if request.path == handle.path:
             return True
-        child = self.runtime.handles.get("/".join(request.path))
+        child = self.host.tree.handles.get("/".join(request.path))
         return child is not None and child.pending == request
 
     # ---- model ---------------------------------------------------------------------------
@@ -88,36 +105,21 @@ class TurnLoop:
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
-        await self.runtime.events.emit(handle.id, EventKind.TURN_STARTED, turn=handle.turns + 1)
+        await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         reply = await self.services.models.complete(request)
         if not 0 <= reply.tokens <= MAX_REPLY_TOKENS:
             raise ProviderError(
                 f"the model reported {shown(str(reply.tokens), 24)} tokens for one reply "
                 f"(a reply counts 0 to {MAX_REPLY_TOKENS:,}); the reply was not used"
             )
-        turn = handle.turns + 1
-        index = len(handle.transcript)
+        turn = handle.usage.turns + 1
         calls = tuple(
             ToolCall(id=f"call_{turn}_{position}", name=_unicode(call.name), arguments_json=_unicode(call.arguments_json) or "{}")
             for position, call in enumerate(reply.tool_calls, start=1)
         )
         message = Message(role="assistant", content=_unicode(reply.text), tool_calls=calls, turn=turn)
-        # The usage roll-up and the transcript change together, with no await between.
-        handle.turns = turn
-        handle.own_tokens += reply.tokens
-        for node in handle.lineage():
-            node.total_tokens += reply.tokens
-        handle.transcript.append(message)
-        await self.services.store.record_model_reply(self.runtime.id, handle.id, index, message, handle.lineage_figures())
-        await self.runtime.events.emit(
-            handle.id,
-            EventKind.TURN_ENDED,
-            turn=turn,
-            tokens=reply.tokens,
-            own_tokens=handle.own_tokens,
-            total_tokens=handle.total_tokens,
-            tool_calls=len(calls),
-        )
+        # The reply is journaled before it is acted on: a re-entered turn never buys it again.
+        await self.host.journal.record(ModelReplied(handle.id, message, reply.tokens, handle.usage.after_reply(reply.tokens)))
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         """What the model may call; an agent's definition never changes, so it is built once."""
@@ -130,7 +132,7 @@ class TurnLoop:
             for spec in agent.tools
         ]
         if agent.team:
-            schemas.append(prompts.task_tool([self.runtime.agents[name] for name in agent.team]))
+            schemas.append(prompts.task_tool([self.host.tree.agents[name] for name in agent.team]))
         schemas.append(prompts.ASK_TOOL)
         self._schemas[agent.name] = tuple(schemas)
         return self._schemas[agent.name]
@@ -161,12 +163,14 @@ class TurnLoop:
             return waiting[0]
         refusal = ToolResult(f"not run: the tool call budget is used up ({Limit.MAX_TOOL_CALLS.wire_name})", is_error=True)
         results = [handle.tool_results.get(call.id) or refusal for call in message.tool_calls]
-        await self.runtime.append_messages(
-            handle,
-            [
-                Message(role="tool", content=result.output, tool_call_id=call.id, is_error=result.is_error)
-                for call, result in zip(message.tool_calls, results, strict=True)
-            ],
+        await self.host.journal.record(
+            MessagesAppended(
+                handle.id,
+                tuple(
+                    Message(role="tool", content=result.output, tool_call_id=call.id, is_error=result.is_error)
+                    for call, result in zip(message.tool_calls, results, strict=True)
+                ),
+            )
         )
         return Limit.MAX_TOOL_CALLS if refused else None
 
@@ -220,13 +224,26 @@ class TurnLoop:
         return PendingRequest(id=request_id, kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
-        return f"{self.runtime.id}/{handle.id}/{call.id}"
+        return f"{self.host.id}/{handle.id}/{call.id}"
 
     async def _call(self, handle: Handle, run: Run, call: ToolCall) -> PendingRequest | None:
-        """Runs one call and journals its result; a suspended child's Request is returned instead."""
-        if call.id not in handle.children_by_key:  # a reattached task call started long ago
-            await self.runtime.events.emit(handle.id, EventKind.TOOL_CALL_STARTED, call=call)
-        result = await self._execute_call(handle, run, call)
+        """Runs one call and journals its start and result; a suspended child's Request is
+        returned instead of a result."""
+        prepared = self._prepare(handle, call)
+        reattached = call.id in handle.children_by_key  # a task call started long ago
+        effect = isinstance(prepared, HttpExecutor)
+        if not reattached:
+            await self.host.journal.record(CallStarted(handle.id, call, effect=effect))
+        result: ToolResult | PendingRequest
+        if isinstance(prepared, ToolResult):
+            result = prepared
+        elif effect:
+            assert isinstance(prepared, HttpExecutor)
+            await self.services.store.flush()  # the call leaves the process next: it must be known to have started
+            result = await self.services.http_tools.run(prepared, call.arguments_json, self.idempotency_key(handle, call))
+        else:
+            assert isinstance(prepared, dict)
+            result = await self._delegate(handle, run, call, prepared)
         if isinstance(result, PendingRequest):
             return result
         await self.record(handle, call, result)
@@ -234,24 +251,8 @@ class TurnLoop:
 
     async def record(self, handle: Handle, call: ToolCall, result: ToolResult) -> None:
         """Journals a call's result (once: a call already recorded keeps its first result)."""
-        if call.id in handle.tool_results:
-            return
-        handle.tool_results[call.id] = result
-        handle.tool_calls += 1
-        for node in handle.lineage():
-            node.subtree_tool_calls += 1
-        await self.services.store.record_tool_result(self.runtime.id, handle.id, call.id, result, handle.lineage_figures())
-        if call.id in handle.in_doubt:
-            handle.in_doubt.discard(call.id)
-            await self.services.store.save_handles(self.runtime.id, [handle.record()])
-        await self.runtime.events.emit(
-            handle.id,
-            EventKind.TOOL_CALL_ENDED,
-            call_id=call.id,
-            call=call,
-            is_error=result.is_error,
-            output=result.output[:OUTPUT_PREVIEW],
-        )
+        if call.id not in handle.tool_results:
+            await self.host.journal.record(CallFinished(handle.id, call, result))
 
     def _schema_problem(self, handle: Handle, spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
         """Why the arguments fail the tool's schema (compiled once per tool), or None."""
@@ -273,7 +274,9 @@ class TurnLoop:
                     return call
         return None
 
-    async def _execute_call(self, handle: Handle, run: Run, call: ToolCall) -> ToolResult | PendingRequest:
+    def _prepare(self, handle: Handle, call: ToolCall) -> ToolResult | HttpExecutor | dict[str, Any]:
+        """What running the call takes: an error result now, the http tool to call, or the
+        task arguments to delegate with."""
         agent = handle.agent
         rail = agent.guardrail(call.name)
         if rail is not None and rail.action is GuardrailAction.DENY:
@@ -285,7 +288,7 @@ class TurnLoop:
         if not isinstance(arguments, dict):
             return ToolResult("the arguments must be a JSON object", is_error=True)
         if call.name == "task" and agent.team:
-            return await self._delegate(handle, run, call, arguments)
+            return arguments
         spec = agent.tool(call.name)
         if spec is None:
             known = sorted([tool.name for tool in agent.tools] + ["ask"] + (["task"] if agent.team else []))
@@ -295,8 +298,7 @@ class TurnLoop:
             if problem is not None:
                 return ToolResult(f"the arguments do not match the tool's schema: {problem}", is_error=True)
         assert isinstance(spec.executor, HttpExecutor)  # relay calls suspend before they get here
-        await self.services.store.record_call_started(self.runtime.id, handle.id, call.id)
-        return await self.services.http_tools.run(spec.executor, call.arguments_json, self.idempotency_key(handle, call))
+        return spec.executor
 
     # ---- delegation ------------------------------------------------------------------------
 
@@ -318,10 +320,10 @@ class TurnLoop:
         child = handle.children_by_key.get(key)
         if child is None:
             try:
-                child = await self.runtime.spawn_child(handle, self.runtime.agents[agent_name], None, key=key)
+                child = await self.host.spawn_child(handle, self.host.tree.agents[agent_name], None, key=key)
             except ResourceExhausted as exc:
                 return ToolResult(f"not spawned: {exc} ({exc.limit.wire_name})", is_error=True)
-            await self.runtime.start_run(child, prompt, parent_run=run)
+            await self.host.start_run(child, prompt, parent_run=run)
         if child not in run.children:
             run.children.append(child)
         if child.run is not None and child.run.task is not None:
@@ -329,7 +331,7 @@ class TurnLoop:
             if result.status is Status.UNSPECIFIED:
                 raise Detached  # the child stopped for shutdown: so does this run, unrecorded
             return result
-        return self.runtime.settled_result(child)
+        return self.host.settled_result(child)
 
     # ---- completion gate ---------------------------------------------------------------------
 
@@ -343,7 +345,7 @@ class TurnLoop:
             verdict = await self.run_child(
                 handle,
                 run,
-                key=f"judge_turn_{handle.turns}",
+                key=f"judge_turn_{handle.usage.turns}",
                 agent_name=gate.judge_agent,
                 prompt=prompts.judge_prompt(task, text),
             )

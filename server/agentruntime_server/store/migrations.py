@@ -1,12 +1,40 @@
 """The SQLite schema as an ordered list of migrations; `PRAGMA user_version` is the version.
 
-Append a new entry to change the schema; never edit one that has shipped."""
+Append a new entry to change the schema; never edit one that has shipped. An entry is SQL,
+or a function for a migration that must read and rewrite rows."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 
-MIGRATIONS: list[str] = [
+from . import legacy, payloads
+
+
+def _to_journal(db: sqlite3.Connection) -> None:
+    """3: the journal. Every runtime's rows become journal steps (store/legacy.py); the
+    tables they came from are dropped."""
+    db.execute(
+        "CREATE TABLE journal (runtime_id TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL, "
+        "first_event INTEGER NOT NULL, last_event INTEGER NOT NULL, step BLOB NOT NULL, "
+        "PRIMARY KEY (runtime_id, seq)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX journal_by_event ON journal (runtime_id, last_event)")
+    db.execute("ALTER TABLE runtimes ADD COLUMN running INTEGER NOT NULL DEFAULT 0")
+    now = time.time()
+    for (runtime_id,) in db.execute("SELECT id FROM runtimes ORDER BY id").fetchall():
+        entries = legacy.runtime_entries(db, runtime_id, now)
+        db.executemany(
+            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)",
+            [(runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries],
+        )
+    db.execute("UPDATE runtimes SET running = 1 WHERE id IN (SELECT DISTINCT runtime_id FROM handles WHERE state = 2)")
+    for table in ("handles", "messages", "tool_results", "started_calls", "answers", "events"):
+        db.execute(f"DROP TABLE {table}")
+
+
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 1: runtimes, handles, transcripts, the tool journal, in-flight calls, answers.
     """
     CREATE TABLE runtimes (
@@ -79,6 +107,7 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (runtime_id, seq)
     ) WITHOUT ROWID;
     """,
+    _to_journal,
 ]
 
 
@@ -96,8 +125,11 @@ def migrate(db: sqlite3.Connection) -> int:
     for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
         db.execute("BEGIN IMMEDIATE")
         try:
-            for statement in filter(str.strip, script.split(";")):
-                db.execute(statement)
+            if callable(script):
+                script(db)
+            else:
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
             db.execute(f"PRAGMA user_version = {number}")
         except BaseException:
             db.execute("ROLLBACK")

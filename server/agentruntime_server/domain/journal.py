@@ -1,0 +1,440 @@
+"""The journal: every change to a runtime is one step, a value that is applied to the
+in-memory tree and appended to the store together (`Journal.record`). Restoring a runtime
+from the store is `replay`: the same steps applied again, in order, to an empty tree.
+
+Steps are facts, never commands: applying one cannot fail and does no I/O. The store
+keeps them versioned (store/payloads.py), so a store written by an older release replays
+in a newer one. Each step also names the events a watcher sees (`events_of`): events are
+derived from steps, never written on their own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .events import Event, EventKind, EventLog
+from .handle import Handle
+from .model import (
+    AgentSpec,
+    Answer,
+    Budget,
+    HandleState,
+    InboxItem,
+    Message,
+    PendingRequest,
+    TaskResult,
+    ToolCall,
+    ToolResult,
+)
+from .usage import Usage
+
+if TYPE_CHECKING:
+    from .ports import Store
+
+OUTPUT_PREVIEW = 1000  # characters of a tool result a ToolCallEnded event carries
+
+
+class Tree:
+    """The state the journal builds: every handle, and the indexes over them."""
+
+    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
+        self.runtime_id = runtime_id
+        self.agents = {agent.name: agent for agent in agents}
+        self.handles: dict[str, Handle] = {}
+        self.top_level_per_agent: dict[str, int] = {}
+        # Live Requests by id -> the handle that made them.
+        self.requests: dict[str, Handle] = {}
+        # Answered Requests by id -> (the answer, the id of the handle it answered).
+        self.answered: dict[str, tuple[Answer, str]] = {}
+        self.running = 0  # handles in HANDLE_STATE_RUNNING
+
+    def changed_state(self, before: HandleState, after: HandleState) -> None:
+        """Keeps the count of running handles (the store's index of runtimes to recover)."""
+        self.running += (after is HandleState.RUNNING) - (before is HandleState.RUNNING)
+
+
+# ---- steps ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spawned:
+    handle_id: str
+    parent_id: str  # "" for a top-level handle
+    agent: str
+    budget: Budget
+    child_key: str  # the parent's call id (or judge key) that spawned it; "" for a host's Spawn
+    number: int  # the per-parent, per-agent counter in the id: `worker.3`
+
+    def apply(self, tree: Tree) -> None:
+        parent = tree.handles[self.parent_id] if self.parent_id else None
+        handle = Handle(self.handle_id, parent, tree.agents[self.agent], self.budget, self.child_key, len(tree.handles) + 1)
+        tree.handles[handle.id] = handle
+        if parent is None:
+            tree.top_level_per_agent[self.agent] = max(tree.top_level_per_agent.get(self.agent, 0), self.number)
+        else:
+            parent.adopt(handle, self.number)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return [(self.handle_id, EventKind.SPAWNED, {"parent_id": self.parent_id or "root", "agent": self.agent})]
+
+
+@dataclass(frozen=True)
+class Posted:
+    handle_id: str
+    item: InboxItem
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].inbox.append(self.item)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """A Wake or a task call (with the message it starts on and the inbox items it drained),
+    or a continued run (after a Resume or a restart: no message, nothing drained)."""
+
+    handle_id: str
+    message: Message | None
+    drained: int = 0
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        before = handle.state
+        handle.begin_run(self.message, self.drained)
+        tree.changed_state(before, handle.state)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.RUNNING})]
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    handle_id: str
+    turn: int
+
+    def apply(self, tree: Tree) -> None:
+        pass  # a model call is under way: nothing changes until its reply is recorded
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return [(self.handle_id, EventKind.TURN_STARTED, {"turn": self.turn})]
+
+
+@dataclass(frozen=True)
+class ModelReplied:
+    """A model reply, recorded before it is acted on: replay never buys it again."""
+
+    handle_id: str
+    message: Message
+    tokens: int
+    usage: Usage  # the handle's usage after it (what the TurnEnded event reports)
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].add_reply(self.message, self.tokens)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        fields: dict[str, object] = {
+            "turn": self.message.turn,
+            "tokens": self.tokens,
+            "own_tokens": self.usage.own_tokens,
+            "total_tokens": self.usage.total_tokens,
+            "tool_calls": len(self.message.tool_calls),
+        }
+        return [(self.handle_id, EventKind.TURN_ENDED, fields)]
+
+
+@dataclass(frozen=True)
+class CallStarted:
+    """A tool call begins. `effect`: it acts outside the process (an http tool), so after a
+    crash without its result it is in doubt. `announce`: watchers are told (a reattached
+    task call started long ago is not announced again)."""
+
+    handle_id: str
+    call: ToolCall
+    effect: bool = False
+    announce: bool = True
+
+    def apply(self, tree: Tree) -> None:
+        if self.effect:
+            tree.handles[self.handle_id].started.add(self.call.id)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return [(self.handle_id, EventKind.TOOL_CALL_STARTED, {"call": self.call})] if self.announce else []
+
+
+@dataclass(frozen=True)
+class CallFinished:
+    """A tool call's result, recorded before it is acted on: replay never runs it again."""
+
+    handle_id: str
+    call: ToolCall
+    result: ToolResult
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].add_result(self.call.id, self.result)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        fields: dict[str, object] = {
+            "call_id": self.call.id,
+            "call": self.call,
+            "is_error": self.result.is_error,
+            "output": self.result.output[:OUTPUT_PREVIEW],
+        }
+        return [(self.handle_id, EventKind.TOOL_CALL_ENDED, fields)]
+
+
+@dataclass(frozen=True)
+class MessagesAppended:
+    """Messages the runtime adds to a transcript: a tool phase's results (in one step, so
+    they never land half), a completion gate's feedback, answers to dangling calls."""
+
+    handle_id: str
+    messages: tuple[Message, ...]
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].transcript.extend(self.messages)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A run is over (or suspended): its result and the handle's state after it.
+    `rollback_to` >= 0: an interrupted run's transcript is cut back there and the inbox
+    items it drained (`restored`) come back."""
+
+    handle_id: str
+    result: TaskResult
+    state: HandleState
+    rollback_to: int = -1
+    restored: tuple[InboxItem, ...] = ()
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        if handle.pending is not None:
+            tree.requests.pop(handle.pending.id, None)  # a withdrawn Request is no longer live
+        before = handle.state
+        handle.settle(self.result, self.state, self.rollback_to, self.restored)
+        tree.changed_state(before, handle.state)
+        pending = handle.pending
+        if pending is not None and pending.path == handle.path:
+            tree.requests[pending.id] = handle
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        events: list[tuple[str, EventKind, dict[str, object]]] = []
+        if self.result.pending is not None:
+            events.append((self.handle_id, EventKind.PENDING, {"pending": self.result.pending}))
+        events.append((self.handle_id, EventKind.RESULT, {"result": self.result}))
+        events.append((self.handle_id, EventKind.STATE_CHANGED, {"state": self.state}))
+        return events
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The host answered a live Request: approved calls may run once, in-doubt calls to run
+    again leave the in-doubt set (the results the answer gives follow as CallFinished)."""
+
+    request_id: str
+    answer: Answer
+    handle_id: str  # the handle whose own Request it was
+    approved: tuple[str, ...] = ()
+    rerun: tuple[str, ...] = ()
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        tree.requests.pop(self.request_id, None)
+        tree.answered[self.request_id] = (self.answer, self.handle_id)
+        handle.approved.update(self.approved)
+        handle.in_doubt.difference_update(self.rerun)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
+class InDoubt:
+    """Recovery found calls that were in flight when the process died, whose tool says ASK."""
+
+    handle_id: str
+    call_ids: tuple[str, ...]
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].in_doubt.update(self.call_ids)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
+class Closed:
+    handle_id: str
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        before = handle.state
+        handle.close()
+        tree.changed_state(before, handle.state)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.CLOSED})]
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A handle as a store of release 0.1.0 kept it (before the journal): its whole state at
+    once. Only a store migration writes it."""
+
+    handle_id: str
+    usage: Usage
+    state: HandleState
+    inbox: tuple[InboxItem, ...]
+    transcript: tuple[Message, ...]
+    tool_results: dict[str, ToolResult]
+    started: tuple[str, ...]
+    last_result: TaskResult | None
+    pending: PendingRequest | None
+    approved: tuple[str, ...]
+    in_doubt: tuple[str, ...]
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        handle.usage = self.usage
+        tree.changed_state(handle.state, self.state)
+        handle.state = self.state
+        handle.inbox.extend(self.inbox)
+        handle.transcript.extend(self.transcript)
+        handle.tool_results.update(self.tool_results)
+        handle.started.update(self.started)
+        handle.last_result = self.last_result
+        handle.pending = self.pending
+        handle.approved.update(self.approved)
+        handle.in_doubt.update(self.in_doubt)
+        if self.state is HandleState.SUSPENDED and self.pending is not None and self.pending.path == handle.path:
+            tree.requests[self.pending.id] = handle
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
+class EventsImported:
+    """Events a store of release 0.1.0 kept (before events were derived from steps)."""
+
+    kept: tuple[Event, ...]
+
+    def apply(self, tree: Tree) -> None:
+        pass
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []  # its events are kept whole, with their own numbers and times
+
+
+Step = (
+    Spawned
+    | Posted
+    | RunStarted
+    | TurnStarted
+    | ModelReplied
+    | CallStarted
+    | CallFinished
+    | MessagesAppended
+    | Settled
+    | Answered
+    | InDoubt
+    | Closed
+    | Imported
+    | EventsImported
+)
+STEPS: tuple[type[Step], ...] = (
+    Spawned,
+    Posted,
+    RunStarted,
+    TurnStarted,
+    ModelReplied,
+    CallStarted,
+    CallFinished,
+    MessagesAppended,
+    Settled,
+    Answered,
+    InDoubt,
+    Closed,
+    Imported,
+    EventsImported,
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One journaled step: its place in the runtime's journal, when it was recorded, and the
+    numbers of the events it made (first_event .. first_event + event_count - 1)."""
+
+    seq: int
+    at: float
+    first_event: int
+    event_count: int
+    step: Step
+
+    @property
+    def last_event(self) -> int:
+        return self.first_event + self.event_count - 1
+
+
+def events_of(entry: Entry) -> list[Event]:
+    """The events a watcher sees for one journaled step."""
+    step = entry.step
+    if isinstance(step, EventsImported):
+        return list(step.kept)
+    return [
+        Event(seq=entry.first_event + index, time=entry.at, handle_id=handle_id, kind=kind, **fields)  # type: ignore[arg-type]
+        for index, (handle_id, kind, fields) in enumerate(step.events())
+    ]
+
+
+def replay(tree: Tree, entries: Sequence[Entry]) -> None:
+    """Rebuilds a tree from its journal: the steps applied again, in order."""
+    for entry in entries:
+        entry.step.apply(tree)
+
+
+@dataclass
+class Journal:
+    """Records steps: applied to the tree, appended to the store, then told to watchers."""
+
+    tree: Tree
+    store: Store
+    events: EventLog
+    last_seq: int = 0
+    _was_running: bool = field(default=False, init=False)
+
+    @classmethod
+    def restore(cls, tree: Tree, store: Store, events: EventLog, entries: Sequence[Entry]) -> Journal:
+        replay(tree, entries)
+        journal = cls(tree, store, events, entries[-1].seq if entries else 0)
+        events.last_seq = max((entry.last_event for entry in entries), default=0)
+        journal._was_running = tree.running > 0
+        return journal
+
+    async def record(self, *steps: Step) -> None:
+        now = time.time()
+        entries: list[Entry] = []
+        made: list[Event] = []
+        event_seq = self.events.last_seq
+        for step in steps:
+            step.apply(self.tree)
+            first = event_seq + 1
+            for handle_id, kind, fields in step.events():
+                event_seq += 1
+                made.append(Event(seq=event_seq, time=now, handle_id=handle_id, kind=kind, **fields))  # type: ignore[arg-type]
+            self.last_seq += 1
+            entries.append(Entry(self.last_seq, now, first, event_seq - first + 1, step))
+        self.events.last_seq = event_seq
+        running = self.tree.running > 0
+        changed = running if running != self._was_running else None
+        self._was_running = running
+        await self.store.append(self.tree.runtime_id, entries, changed)
+        if made:
+            self.events.publish(made)
