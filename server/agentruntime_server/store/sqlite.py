@@ -9,11 +9,10 @@ happens inside one, so it is atomic with respect to the runtime's in-memory stat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import TypeAdapter
@@ -39,69 +38,79 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")  # a committed write survives a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
         migrate(self._db)
-        self._open = False
+        self._rows: list[tuple[str, int, float, int, int, bytes]] = []  # appended, not yet written
+        self._running: dict[str, bool] = {}
+        self._commit_due = False
+        self._committed: asyncio.Future[None] | None = None
 
-    # Group commit: the writes made in one event-loop tick share one transaction, committed
-    # when the tick ends, or at once by flush(). flush() runs before anything leaves the
-    # process that a lost write would make wrong: an RPC's acknowledgement, a side-effecting
-    # tool call. A crash can only lose writes whose effects have not left the process yet,
-    # which replay and the in-doubt rules already treat as in flight.
+    # Group commit: the entries appended in one event-loop tick, by every runtime, are
+    # written in one statement and one transaction when the tick ends. flush() waits for
+    # that commit; it runs before anything leaves the process that a lost write would make
+    # wrong (an RPC's acknowledgement, a watched event, a side-effecting tool call), so
+    # calls made in the same tick share one commit. A crash can only lose entries whose
+    # effects have not left the process, which replay and the in-doubt rules already treat
+    # as in flight.
 
-    @contextlib.contextmanager
-    def _transaction(self, statements: int = 1) -> Iterator[sqlite3.Connection]:
-        if not self._open:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._open = True
-            try:
-                asyncio.get_running_loop().call_soon(self._commit)
-            except RuntimeError:  # no event loop (a tool or a test): commit when the write ends
-                yield self._db
-                self._commit()
-                return
-        if statements == 1:  # one statement is atomic by itself
-            yield self._db
+    def _schedule_commit(self) -> None:
+        if self._commit_due:
             return
-        # A write of several statements that fails leaves no trace and takes no other write
-        # of the tick with it: the tick's transaction holds other runtimes' writes too.
-        self._db.execute("SAVEPOINT write")
+        self._commit_due = True
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK TO write")
-            raise
-        finally:
-            self._db.execute("RELEASE write")
+            asyncio.get_running_loop().call_soon(self._commit)
+        except RuntimeError:  # no event loop (a tool or a test): commit now
+            self._commit()
 
     def _commit(self) -> None:
-        if self._open:
-            self._open = False
-            self._db.execute("COMMIT")
+        self._commit_due = False
+        committed, self._committed = self._committed, None
+        try:
+            if self._rows or self._running:
+                rows, running = self._rows, self._running
+                self._rows, self._running = [], {}
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany(_APPEND, rows)
+                    self._db.executemany("UPDATE runtimes SET running = ? WHERE id = ?", [(v, k) for k, v in running.items()])
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+        except BaseException as exc:
+            if committed is not None and not committed.done():
+                committed.set_exception(exc)
+            raise
+        if committed is not None and not committed.done():
+            committed.set_result(None)
 
     async def flush(self) -> None:
-        self._commit()
+        if not (self._rows or self._running):
+            return
+        if self._committed is None:
+            self._committed = asyncio.get_running_loop().create_future()
+        self._schedule_commit()
+        await asyncio.shield(self._committed)
 
     # ---- writes --------------------------------------------------------------------------
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO runtimes (id, agents, created_at) VALUES (?, ?, ?)",
-                (runtime_id, _AGENTS.dump_json(agents), time.time()),
-            )
+        self._db.execute(  # autocommit: a runtime is created once, and acknowledged at once
+            "INSERT INTO runtimes (id, agents, created_at) VALUES (?, ?, ?)",
+            (runtime_id, _AGENTS.dump_json(agents), time.time()),
+        )
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
 
     async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
-        rows = [(runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries]
-        with self._transaction(len(rows) + (running is not None)) as db:
-            db.executemany(_APPEND, rows)
-            if running is not None:
-                db.execute("UPDATE runtimes SET running = ? WHERE id = ?", (running, runtime_id))
+        self._rows.extend((runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries)
+        if running is not None:
+            self._running[runtime_id] = running
+        self._schedule_commit()
 
     # ---- reads ---------------------------------------------------------------------------
 
     async def load(self, runtime_id: str) -> StoredRuntime | None:
+        self._commit()  # reads see every entry appended so far
         row = self._db.execute("SELECT agents FROM runtimes WHERE id = ?", (runtime_id,)).fetchone()
         if row is None:
             return None
@@ -111,6 +120,7 @@ class SqliteStore:
         return StoredRuntime(_AGENTS.validate_json(row[0]), [_entry(*values) for values in rows])
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
+        self._commit()
         rows = self._db.execute(
             "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND last_event > ? ORDER BY seq",
             (runtime_id, after_event),
@@ -118,6 +128,7 @@ class SqliteStore:
         return [_entry(*values) for values in rows]
 
     async def runtimes_with_running_handles(self) -> list[str]:
+        self._commit()
         return [runtime_id for (runtime_id,) in self._db.execute("SELECT id FROM runtimes WHERE running = 1 ORDER BY id")]
 
     async def close(self) -> None:
