@@ -156,7 +156,10 @@ class TurnLoop:
                 held.append(self._own_request(handle, kind, [call]))
             else:
                 now.append(call)
-        child_requests = await asyncio.gather(*(self._call(handle, run, call) for call in now))
+        if len(now) == 1:  # the common case needs no task of its own
+            child_requests = [await self._call(handle, run, now[0])]
+        else:
+            child_requests = await asyncio.gather(*(self._call(handle, run, call) for call in now))
         own = ([self._own_request(handle, "tool_call", relay)] if relay else []) + held
         waiting = own + [request for request in child_requests if request is not None]
         if waiting:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import msgspec
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 from tenacity.asyncio import AsyncRetrying
 
@@ -95,7 +96,7 @@ class HttpProvider(abc.ABC):
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         body = self.body(request, request.agent.model or self._default_model)
-        status, raw = await self._post(json.dumps(body).encode())
+        status, raw = await self._post(_encode(body))
         try:
             return self.parse(json.loads(raw))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
@@ -207,6 +208,12 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - time.time(), 0.0)
+
+
+# msgspec encodes a request body (the whole transcript, every turn) several times faster
+# than json.dumps; replies are read with json, which tolerates what providers send
+# (a lone surrogate escape, NaN) so that the runtime can judge it.
+_encode = msgspec.json.Encoder().encode
 
 
 def _outcome(status: int) -> str:
