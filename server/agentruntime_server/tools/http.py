@@ -39,6 +39,7 @@ class HttpTools:
         self._pool_size = pool_size
         self._max_text_bytes = max_text_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._refusals: dict[str, str | None] = {}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -59,7 +60,15 @@ class HttpTools:
 
     def refusal(self, url: str) -> str | None:
         """Why a call to `url` may not be made before resolving it (an IP-literal host the
-        policy denies), or None. Host names are judged by the resolver."""
+        policy denies), or None. Host names are judged by the resolver. The answer for a URL
+        never changes (no DNS is involved), so it is worked out once per URL."""
+        if url not in self._refusals:
+            if len(self._refusals) >= 4096:
+                self._refusals.clear()
+            self._refusals[url] = self._judge(url)
+        return self._refusals[url]
+
+    def _judge(self, url: str) -> str | None:
         try:
             host = URL(url).raw_host
         except ValueError:
