@@ -242,7 +242,7 @@ class Runtime:
     async def resume(self, answer: Answer) -> TaskResult:
         leaf = self.tree.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
-            return await self._replay_resume(answer)
+            return await self._retried_resume(answer)
         outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
         calls = {call.id: call for call, _ in leaf.pending.calls}
         await self.journal.record(
@@ -253,7 +253,7 @@ class Runtime:
         self.resumed[answer.id] = run
         return await self._follow(run)
 
-    async def _replay_resume(self, answer: Answer) -> TaskResult:
+    async def _retried_resume(self, answer: Answer) -> TaskResult:
         """A retried Resume: the same answer gets the same result and runs nothing again."""
         earlier = self.tree.answered.get(answer.id)
         if earlier is None:
