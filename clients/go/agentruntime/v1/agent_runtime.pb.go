@@ -41,7 +41,7 @@ const (
 	Status_STATUS_CLOSED Status = 5
 	// Wait's timeout passed first; the handle keeps running.
 	Status_STATUS_TIMEOUT Status = 6
-	// The run failed (a model provider error, for example); `text` says why.
+	// The run failed; `TaskResult.failure` names why, `text` says it in words.
 	Status_STATUS_ERROR Status = 7
 )
 
@@ -108,6 +108,9 @@ const (
 	Limit_LIMIT_MAX_CHILDREN   Limit = 5
 	Limit_LIMIT_MAX_DEPTH      Limit = 6
 	Limit_LIMIT_COMPLETION     Limit = 7
+	// The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
+	// off, and a tool call in the cut-off reply is never run.
+	Limit_LIMIT_MAX_OUTPUT_TOKENS Limit = 8
 )
 
 // Enum value maps for Limit.
@@ -121,16 +124,18 @@ var (
 		5: "LIMIT_MAX_CHILDREN",
 		6: "LIMIT_MAX_DEPTH",
 		7: "LIMIT_COMPLETION",
+		8: "LIMIT_MAX_OUTPUT_TOKENS",
 	}
 	Limit_value = map[string]int32{
-		"LIMIT_UNSPECIFIED":    0,
-		"LIMIT_MAX_TURNS":      1,
-		"LIMIT_MAX_TOKENS":     2,
-		"LIMIT_MAX_TOOL_CALLS": 3,
-		"LIMIT_MAX_WALL_TIME":  4,
-		"LIMIT_MAX_CHILDREN":   5,
-		"LIMIT_MAX_DEPTH":      6,
-		"LIMIT_COMPLETION":     7,
+		"LIMIT_UNSPECIFIED":       0,
+		"LIMIT_MAX_TURNS":         1,
+		"LIMIT_MAX_TOKENS":        2,
+		"LIMIT_MAX_TOOL_CALLS":    3,
+		"LIMIT_MAX_WALL_TIME":     4,
+		"LIMIT_MAX_CHILDREN":      5,
+		"LIMIT_MAX_DEPTH":         6,
+		"LIMIT_COMPLETION":        7,
+		"LIMIT_MAX_OUTPUT_TOKENS": 8,
 	}
 )
 
@@ -159,6 +164,82 @@ func (x Limit) Number() protoreflect.EnumNumber {
 // Deprecated: Use Limit.Descriptor instead.
 func (Limit) EnumDescriptor() ([]byte, []int) {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{1}
+}
+
+// FailureReason names why a run failed (STATUS_ERROR), so a host can branch on it.
+type FailureReason int32
+
+const (
+	FailureReason_FAILURE_REASON_UNSPECIFIED FailureReason = 0
+	// The model declined to answer; `TaskResult.text` holds its refusal.
+	FailureReason_FAILURE_REASON_MODEL_REFUSED FailureReason = 1
+	// The prompt (the transcript) is longer than the model's context window.
+	FailureReason_FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED FailureReason = 2
+	// The provider refused the server's credentials (401, 403).
+	FailureReason_FAILURE_REASON_PROVIDER_AUTH FailureReason = 3
+	// The provider kept answering 429 past every retry.
+	FailureReason_FAILURE_REASON_PROVIDER_RATE_LIMITED FailureReason = 4
+	// The provider failed, was overloaded, unreachable or too slow past every retry.
+	FailureReason_FAILURE_REASON_PROVIDER_UNAVAILABLE FailureReason = 5
+	// The provider refused the request as malformed (another 4xx).
+	FailureReason_FAILURE_REASON_PROVIDER_BAD_REQUEST FailureReason = 6
+	// The provider's reply could not be used (not its API's shape, absurd usage, too large).
+	FailureReason_FAILURE_REASON_PROVIDER_BAD_REPLY FailureReason = 7
+	// The runtime itself failed (a bug: see the server log).
+	FailureReason_FAILURE_REASON_RUNTIME FailureReason = 8
+)
+
+// Enum value maps for FailureReason.
+var (
+	FailureReason_name = map[int32]string{
+		0: "FAILURE_REASON_UNSPECIFIED",
+		1: "FAILURE_REASON_MODEL_REFUSED",
+		2: "FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED",
+		3: "FAILURE_REASON_PROVIDER_AUTH",
+		4: "FAILURE_REASON_PROVIDER_RATE_LIMITED",
+		5: "FAILURE_REASON_PROVIDER_UNAVAILABLE",
+		6: "FAILURE_REASON_PROVIDER_BAD_REQUEST",
+		7: "FAILURE_REASON_PROVIDER_BAD_REPLY",
+		8: "FAILURE_REASON_RUNTIME",
+	}
+	FailureReason_value = map[string]int32{
+		"FAILURE_REASON_UNSPECIFIED":             0,
+		"FAILURE_REASON_MODEL_REFUSED":           1,
+		"FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED": 2,
+		"FAILURE_REASON_PROVIDER_AUTH":           3,
+		"FAILURE_REASON_PROVIDER_RATE_LIMITED":   4,
+		"FAILURE_REASON_PROVIDER_UNAVAILABLE":    5,
+		"FAILURE_REASON_PROVIDER_BAD_REQUEST":    6,
+		"FAILURE_REASON_PROVIDER_BAD_REPLY":      7,
+		"FAILURE_REASON_RUNTIME":                 8,
+	}
+)
+
+func (x FailureReason) Enum() *FailureReason {
+	p := new(FailureReason)
+	*p = x
+	return p
+}
+
+func (x FailureReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FailureReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[2].Descriptor()
+}
+
+func (FailureReason) Type() protoreflect.EnumType {
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[2]
+}
+
+func (x FailureReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FailureReason.Descriptor instead.
+func (FailureReason) EnumDescriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
 }
 
 type HandleState int32
@@ -200,11 +281,11 @@ func (x HandleState) String() string {
 }
 
 func (HandleState) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[2].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[3].Descriptor()
 }
 
 func (HandleState) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[2]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[3]
 }
 
 func (x HandleState) Number() protoreflect.EnumNumber {
@@ -213,7 +294,7 @@ func (x HandleState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HandleState.Descriptor instead.
 func (HandleState) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 type GuardrailAction int32
@@ -251,11 +332,11 @@ func (x GuardrailAction) String() string {
 }
 
 func (GuardrailAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[3].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[4].Descriptor()
 }
 
 func (GuardrailAction) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[3]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[4]
 }
 
 func (x GuardrailAction) Number() protoreflect.EnumNumber {
@@ -264,7 +345,7 @@ func (x GuardrailAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GuardrailAction.Descriptor instead.
 func (GuardrailAction) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 type OnInterrupted int32
@@ -304,11 +385,11 @@ func (x OnInterrupted) String() string {
 }
 
 func (OnInterrupted) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[4].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[5].Descriptor()
 }
 
 func (OnInterrupted) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[4]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[5]
 }
 
 func (x OnInterrupted) Number() protoreflect.EnumNumber {
@@ -317,7 +398,144 @@ func (x OnInterrupted) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OnInterrupted.Descriptor instead.
 func (OnInterrupted) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+}
+
+type ScriptedStop int32
+
+const (
+	// A complete reply.
+	ScriptedStop_SCRIPTED_STOP_UNSPECIFIED ScriptedStop = 0
+	// The reply hit its output cap (LIMIT_MAX_OUTPUT_TOKENS).
+	ScriptedStop_SCRIPTED_STOP_MAX_OUTPUT_TOKENS ScriptedStop = 1
+	// The model refused; `text` is the refusal (FAILURE_REASON_MODEL_REFUSED).
+	ScriptedStop_SCRIPTED_STOP_REFUSAL ScriptedStop = 2
+	// The provider failed this call (FAILURE_REASON_PROVIDER_UNAVAILABLE, HTTP 503).
+	ScriptedStop_SCRIPTED_STOP_PROVIDER_UNAVAILABLE ScriptedStop = 3
+)
+
+// Enum value maps for ScriptedStop.
+var (
+	ScriptedStop_name = map[int32]string{
+		0: "SCRIPTED_STOP_UNSPECIFIED",
+		1: "SCRIPTED_STOP_MAX_OUTPUT_TOKENS",
+		2: "SCRIPTED_STOP_REFUSAL",
+		3: "SCRIPTED_STOP_PROVIDER_UNAVAILABLE",
+	}
+	ScriptedStop_value = map[string]int32{
+		"SCRIPTED_STOP_UNSPECIFIED":          0,
+		"SCRIPTED_STOP_MAX_OUTPUT_TOKENS":    1,
+		"SCRIPTED_STOP_REFUSAL":              2,
+		"SCRIPTED_STOP_PROVIDER_UNAVAILABLE": 3,
+	}
+)
+
+func (x ScriptedStop) Enum() *ScriptedStop {
+	p := new(ScriptedStop)
+	*p = x
+	return p
+}
+
+func (x ScriptedStop) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScriptedStop) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[6].Descriptor()
+}
+
+func (ScriptedStop) Type() protoreflect.EnumType {
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[6]
+}
+
+func (x ScriptedStop) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScriptedStop.Descriptor instead.
+func (ScriptedStop) EnumDescriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+}
+
+// Failure says why a run settled STATUS_ERROR.
+type Failure struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Reason FailureReason          `protobuf:"varint,1,opt,name=reason,proto3,enum=agentruntime.v1.FailureReason" json:"reason,omitempty"`
+	// The provider's name in the server's settings, when a provider failed.
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The provider's HTTP status, when it answered with one.
+	HttpStatus int32 `protobuf:"varint,3,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
+	// True when the same call may succeed later unchanged (rate limits, outages).
+	Retryable bool `protobuf:"varint,4,opt,name=retryable,proto3" json:"retryable,omitempty"`
+	// A short description (the provider's error type or message, cut short).
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Failure) Reset() {
+	*x = Failure{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Failure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Failure) ProtoMessage() {}
+
+func (x *Failure) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Failure.ProtoReflect.Descriptor instead.
+func (*Failure) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Failure) GetReason() FailureReason {
+	if x != nil {
+		return x.Reason
+	}
+	return FailureReason_FAILURE_REASON_UNSPECIFIED
+}
+
+func (x *Failure) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *Failure) GetHttpStatus() int32 {
+	if x != nil {
+		return x.HttpStatus
+	}
+	return 0
+}
+
+func (x *Failure) GetRetryable() bool {
+	if x != nil {
+		return x.Retryable
+	}
+	return false
+}
+
+func (x *Failure) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
 }
 
 // TaskResult crosses every handle boundary and every RPC that settles.
@@ -339,14 +557,16 @@ type TaskResult struct {
 	// This handle's own cumulative spend.
 	OwnTokens int64 `protobuf:"varint,9,opt,name=own_tokens,json=ownTokens,proto3" json:"own_tokens,omitempty"`
 	// This handle's own cumulative tool calls (`task` calls included).
-	ToolCalls     int64 `protobuf:"varint,10,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	ToolCalls int64 `protobuf:"varint,10,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// Why the run failed; set iff status is STATUS_ERROR.
+	Failure       *Failure `protobuf:"bytes,11,opt,name=failure,proto3" json:"failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[0]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +578,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[0]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +591,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{0}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *TaskResult) GetHandleId() string {
@@ -444,6 +664,13 @@ func (x *TaskResult) GetToolCalls() int64 {
 	return 0
 }
 
+func (x *TaskResult) GetFailure() *Failure {
+	if x != nil {
+		return x.Failure
+	}
+	return nil
+}
+
 type HandleView struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HandleId string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
@@ -468,7 +695,7 @@ type HandleView struct {
 
 func (x *HandleView) Reset() {
 	*x = HandleView{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[1]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +707,7 @@ func (x *HandleView) String() string {
 func (*HandleView) ProtoMessage() {}
 
 func (x *HandleView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[1]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +720,7 @@ func (x *HandleView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleView.ProtoReflect.Descriptor instead.
 func (*HandleView) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{1}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HandleView) GetHandleId() string {
@@ -601,14 +828,18 @@ type AgentDef struct {
 	Script *Script `protobuf:"bytes,10,opt,name=script,proto3" json:"script,omitempty"`
 	// A provider named in the server's settings (e.g. `openai`, `anthropic`, `local`);
 	// empty means the server's default provider.
-	Provider      string `protobuf:"bytes,11,opt,name=provider,proto3" json:"provider,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Provider string `protobuf:"bytes,11,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The output cap sent with every model call (`max_completion_tokens` for openai,
+	// `max_tokens` for anthropic); unset: the provider's setting. A reply that reaches it
+	// stops the run with LIMIT_MAX_OUTPUT_TOKENS.
+	MaxOutputTokens *int64 `protobuf:"varint,12,opt,name=max_output_tokens,json=maxOutputTokens,proto3,oneof" json:"max_output_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AgentDef) Reset() {
 	*x = AgentDef{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +851,7 @@ func (x *AgentDef) String() string {
 func (*AgentDef) ProtoMessage() {}
 
 func (x *AgentDef) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +864,7 @@ func (x *AgentDef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentDef.ProtoReflect.Descriptor instead.
 func (*AgentDef) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AgentDef) GetName() string {
@@ -713,6 +944,13 @@ func (x *AgentDef) GetProvider() string {
 	return ""
 }
 
+func (x *AgentDef) GetMaxOutputTokens() int64 {
+	if x != nil && x.MaxOutputTokens != nil {
+		return *x.MaxOutputTokens
+	}
+	return 0
+}
+
 // Every field is optional: unset means unlimited (unset is not 0).
 type Budget struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -730,7 +968,7 @@ type Budget struct {
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +980,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +993,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Budget) GetMaxTurns() int64 {
@@ -830,7 +1068,7 @@ type ToolDef struct {
 
 func (x *ToolDef) Reset() {
 	*x = ToolDef{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +1080,7 @@ func (x *ToolDef) String() string {
 func (*ToolDef) ProtoMessage() {}
 
 func (x *ToolDef) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +1093,7 @@ func (x *ToolDef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolDef.ProtoReflect.Descriptor instead.
 func (*ToolDef) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ToolDef) GetName() string {
@@ -943,7 +1181,7 @@ type RelayTool struct {
 
 func (x *RelayTool) Reset() {
 	*x = RelayTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1193,7 @@ func (x *RelayTool) String() string {
 func (*RelayTool) ProtoMessage() {}
 
 func (x *RelayTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1206,7 @@ func (x *RelayTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTool.ProtoReflect.Descriptor instead.
 func (*RelayTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 // The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
@@ -987,7 +1225,7 @@ type HttpTool struct {
 
 func (x *HttpTool) Reset() {
 	*x = HttpTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1237,7 @@ func (x *HttpTool) String() string {
 func (*HttpTool) ProtoMessage() {}
 
 func (x *HttpTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1250,7 @@ func (x *HttpTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpTool.ProtoReflect.Descriptor instead.
 func (*HttpTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HttpTool) GetUrl() string {
@@ -1046,7 +1284,7 @@ type ApprovalPolicy struct {
 
 func (x *ApprovalPolicy) Reset() {
 	*x = ApprovalPolicy{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1296,7 @@ func (x *ApprovalPolicy) String() string {
 func (*ApprovalPolicy) ProtoMessage() {}
 
 func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1309,7 @@ func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalPolicy.ProtoReflect.Descriptor instead.
 func (*ApprovalPolicy) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ApprovalPolicy) GetRequired() bool {
@@ -1103,7 +1341,7 @@ type CompletionGate struct {
 
 func (x *CompletionGate) Reset() {
 	*x = CompletionGate{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1353,7 @@ func (x *CompletionGate) String() string {
 func (*CompletionGate) ProtoMessage() {}
 
 func (x *CompletionGate) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1366,7 @@ func (x *CompletionGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionGate.ProtoReflect.Descriptor instead.
 func (*CompletionGate) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompletionGate) GetMaxAttempts() int32 {
@@ -1163,7 +1401,7 @@ type Guardrail struct {
 
 func (x *Guardrail) Reset() {
 	*x = Guardrail{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1413,7 @@ func (x *Guardrail) String() string {
 func (*Guardrail) ProtoMessage() {}
 
 func (x *Guardrail) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1426,7 @@ func (x *Guardrail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Guardrail.ProtoReflect.Descriptor instead.
 func (*Guardrail) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Guardrail) GetTool() string {
@@ -1223,7 +1461,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1473,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1486,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Script) GetReplies() []*ScriptedReply {
@@ -1265,14 +1503,16 @@ type ScriptedReply struct {
 	// The usage the reply reports (total tokens): 0 to 100,000,000.
 	Tokens int64 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	// How long the scripted model takes to reply: at most 10 minutes.
-	Delay         *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3" json:"delay,omitempty"`
+	Delay *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3" json:"delay,omitempty"`
+	// How the reply ends: a scripted model can be cut off or refuse like a real one.
+	Stop          ScriptedStop `protobuf:"varint,5,opt,name=stop,proto3,enum=agentruntime.v1.ScriptedStop" json:"stop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScriptedReply) Reset() {
 	*x = ScriptedReply{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1524,7 @@ func (x *ScriptedReply) String() string {
 func (*ScriptedReply) ProtoMessage() {}
 
 func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1537,7 @@ func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedReply.ProtoReflect.Descriptor instead.
 func (*ScriptedReply) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ScriptedReply) GetText() string {
@@ -1328,6 +1568,13 @@ func (x *ScriptedReply) GetDelay() *durationpb.Duration {
 	return nil
 }
 
+func (x *ScriptedReply) GetStop() ScriptedStop {
+	if x != nil {
+		return x.Stop
+	}
+	return ScriptedStop_SCRIPTED_STOP_UNSPECIFIED
+}
+
 type ScriptedToolCall struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1338,7 +1585,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1597,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1610,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -1399,7 +1646,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1658,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1671,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Request) GetId() string {
@@ -1496,7 +1743,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1755,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1768,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ToolCall) GetId() string {
@@ -1567,7 +1814,7 @@ type Answer struct {
 
 func (x *Answer) Reset() {
 	*x = Answer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +1826,7 @@ func (x *Answer) String() string {
 func (*Answer) ProtoMessage() {}
 
 func (x *Answer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +1839,7 @@ func (x *Answer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Answer.ProtoReflect.Descriptor instead.
 func (*Answer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Answer) GetId() string {
@@ -1642,7 +1889,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1901,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1914,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ToolOutput) GetCallId() string {
@@ -1702,14 +1949,19 @@ type Message struct {
 	ToolCallId string `protobuf:"bytes,4,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	IsError    bool   `protobuf:"varint,5,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
 	// The model turn (1-based) that produced an assistant message.
-	Turn          int64 `protobuf:"varint,6,opt,name=turn,proto3" json:"turn,omitempty"`
+	Turn int64 `protobuf:"varint,6,opt,name=turn,proto3" json:"turn,omitempty"`
+	// On assistant messages: the model refused (the content is its refusal).
+	Refusal bool `protobuf:"varint,7,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	// On assistant messages: the model's reasoning blocks, sent back verbatim on the next
+	// call (Anthropic extended thinking; `signature` as the API gave it).
+	Thinking      []*Thinking `protobuf:"bytes,8,rep,name=thinking,proto3" json:"thinking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1721,7 +1973,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1734,7 +1986,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Message) GetRole() string {
@@ -1779,6 +2031,81 @@ func (x *Message) GetTurn() int64 {
 	return 0
 }
 
+func (x *Message) GetRefusal() bool {
+	if x != nil {
+		return x.Refusal
+	}
+	return false
+}
+
+func (x *Message) GetThinking() []*Thinking {
+	if x != nil {
+		return x.Thinking
+	}
+	return nil
+}
+
+type Thinking struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Text      string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	Signature string                 `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
+	// Set for a redacted block: the encrypted reasoning, opaque.
+	RedactedData  string `protobuf:"bytes,3,opt,name=redacted_data,json=redactedData,proto3" json:"redacted_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Thinking) Reset() {
+	*x = Thinking{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Thinking) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Thinking) ProtoMessage() {}
+
+func (x *Thinking) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
+func (*Thinking) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Thinking) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *Thinking) GetSignature() string {
+	if x != nil {
+		return x.Signature
+	}
+	return ""
+}
+
+func (x *Thinking) GetRedactedData() string {
+	if x != nil {
+		return x.RedactedData
+	}
+	return ""
+}
+
 type CreateRuntimeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional: a slug (letters, digits, `_`, `-`, `.`; at most 64). Generated when empty.
@@ -1790,7 +2117,7 @@ type CreateRuntimeRequest struct {
 
 func (x *CreateRuntimeRequest) Reset() {
 	*x = CreateRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2129,7 @@ func (x *CreateRuntimeRequest) String() string {
 func (*CreateRuntimeRequest) ProtoMessage() {}
 
 func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2142,7 @@ func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateRuntimeRequest) GetRuntimeId() string {
@@ -1841,7 +2168,7 @@ type CreateRuntimeResponse struct {
 
 func (x *CreateRuntimeResponse) Reset() {
 	*x = CreateRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2180,7 @@ func (x *CreateRuntimeResponse) String() string {
 func (*CreateRuntimeResponse) ProtoMessage() {}
 
 func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2193,7 @@ func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateRuntimeResponse) GetRuntimeId() string {
@@ -1890,7 +2217,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2229,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2242,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SpawnRequest) GetRuntimeId() string {
@@ -1955,7 +2282,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2294,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2307,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SpawnResponse) GetHandleId() string {
@@ -2006,7 +2333,7 @@ type PostRequest struct {
 
 func (x *PostRequest) Reset() {
 	*x = PostRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2345,7 @@ func (x *PostRequest) String() string {
 func (*PostRequest) ProtoMessage() {}
 
 func (x *PostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2358,7 @@ func (x *PostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostRequest.ProtoReflect.Descriptor instead.
 func (*PostRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PostRequest) GetRuntimeId() string {
@@ -2079,7 +2406,7 @@ type PostResponse struct {
 
 func (x *PostResponse) Reset() {
 	*x = PostResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2418,7 @@ func (x *PostResponse) String() string {
 func (*PostResponse) ProtoMessage() {}
 
 func (x *PostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2431,7 @@ func (x *PostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostResponse.ProtoReflect.Descriptor instead.
 func (*PostResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PostResponse) GetOk() bool {
@@ -2133,7 +2460,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2472,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2485,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WakeRequest) GetRuntimeId() string {
@@ -2193,7 +2520,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2532,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2545,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WakeResponse) GetQueued() bool {
@@ -2240,7 +2567,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2579,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2592,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WaitRequest) GetRuntimeId() string {
@@ -2298,7 +2625,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2637,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2650,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WaitResponse) GetResult() *TaskResult {
@@ -2343,7 +2670,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2355,7 +2682,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2368,7 +2695,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ResumeRequest) GetRuntimeId() string {
@@ -2394,7 +2721,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2733,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2746,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResumeResponse) GetResult() *TaskResult {
@@ -2439,7 +2766,7 @@ type InterruptRequest struct {
 
 func (x *InterruptRequest) Reset() {
 	*x = InterruptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2451,7 +2778,7 @@ func (x *InterruptRequest) String() string {
 func (*InterruptRequest) ProtoMessage() {}
 
 func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2464,7 +2791,7 @@ func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptRequest.ProtoReflect.Descriptor instead.
 func (*InterruptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *InterruptRequest) GetRuntimeId() string {
@@ -2491,7 +2818,7 @@ type InterruptResponse struct {
 
 func (x *InterruptResponse) Reset() {
 	*x = InterruptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2830,7 @@ func (x *InterruptResponse) String() string {
 func (*InterruptResponse) ProtoMessage() {}
 
 func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2843,7 @@ func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptResponse.ProtoReflect.Descriptor instead.
 func (*InterruptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *InterruptResponse) GetInterrupted() bool {
@@ -2538,7 +2865,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2877,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2890,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CloseRequest) GetRuntimeId() string {
@@ -2597,7 +2924,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2936,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2949,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CloseResponse) GetClosedHandleIds() []string {
@@ -2642,7 +2969,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2981,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,7 +2994,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *InspectRequest) GetRuntimeId() string {
@@ -2693,7 +3020,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +3032,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +3045,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *InspectResponse) GetHandle() *HandleView {
@@ -2742,7 +3069,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +3081,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +3094,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListRequest) GetRuntimeId() string {
@@ -2802,7 +3129,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +3141,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +3154,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListResponse) GetHandles() []*HandleView {
@@ -2859,7 +3186,7 @@ type GetTranscriptRequest struct {
 
 func (x *GetTranscriptRequest) Reset() {
 	*x = GetTranscriptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2871,7 +3198,7 @@ func (x *GetTranscriptRequest) String() string {
 func (*GetTranscriptRequest) ProtoMessage() {}
 
 func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2884,7 +3211,7 @@ func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptRequest.ProtoReflect.Descriptor instead.
 func (*GetTranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetTranscriptRequest) GetRuntimeId() string {
@@ -2926,7 +3253,7 @@ type GetTranscriptResponse struct {
 
 func (x *GetTranscriptResponse) Reset() {
 	*x = GetTranscriptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3265,7 @@ func (x *GetTranscriptResponse) String() string {
 func (*GetTranscriptResponse) ProtoMessage() {}
 
 func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3278,7 @@ func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptResponse.ProtoReflect.Descriptor instead.
 func (*GetTranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetTranscriptResponse) GetMessages() []*Message {
@@ -2979,7 +3306,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2991,7 +3318,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3004,7 +3331,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchRequest) GetRuntimeId() string {
@@ -3030,7 +3357,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3042,7 +3369,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3055,7 +3382,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -3088,7 +3415,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3100,7 +3427,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3113,7 +3440,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -3280,7 +3607,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3292,7 +3619,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3305,7 +3632,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -3331,7 +3658,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +3670,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +3683,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -3375,7 +3702,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3714,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3727,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -3414,17 +3741,20 @@ type TurnEnded struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Turn  int64                  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
 	// This reply's usage, then the handle's figures after it.
-	Tokens        int64 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	OwnTokens     int64 `protobuf:"varint,3,opt,name=own_tokens,json=ownTokens,proto3" json:"own_tokens,omitempty"`
-	TotalTokens   int64 `protobuf:"varint,4,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
-	ToolCalls     int32 `protobuf:"varint,5,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tokens      int64 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	OwnTokens   int64 `protobuf:"varint,3,opt,name=own_tokens,json=ownTokens,proto3" json:"own_tokens,omitempty"`
+	TotalTokens int64 `protobuf:"varint,4,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	ToolCalls   int32 `protobuf:"varint,5,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// True when the provider reported no usage and `tokens` is the server's estimate
+	// (about four characters a token of the request and the reply).
+	UsageEstimated bool `protobuf:"varint,6,opt,name=usage_estimated,json=usageEstimated,proto3" json:"usage_estimated,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3436,7 +3766,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3449,7 +3779,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -3487,6 +3817,13 @@ func (x *TurnEnded) GetToolCalls() int32 {
 	return 0
 }
 
+func (x *TurnEnded) GetUsageEstimated() bool {
+	if x != nil {
+		return x.UsageEstimated
+	}
+	return false
+}
+
 type ToolCallStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Call          *ToolCall              `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
@@ -3496,7 +3833,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3508,7 +3845,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3521,7 +3858,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -3544,7 +3881,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3893,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3906,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -3604,7 +3941,14 @@ var File_agentruntime_v1_agent_runtime_proto protoreflect.FileDescriptor
 
 const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\n" +
-	"#agentruntime/v1/agent_runtime.proto\x12\x0fagentruntime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe2\x02\n" +
+	"#agentruntime/v1/agent_runtime.proto\x12\x0fagentruntime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb4\x01\n" +
+	"\aFailure\x126\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x1e.agentruntime.v1.FailureReasonR\x06reason\x12\x1a\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
+	"\vhttp_status\x18\x03 \x01(\x05R\n" +
+	"httpStatus\x12\x1c\n" +
+	"\tretryable\x18\x04 \x01(\bR\tretryable\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x96\x03\n" +
 	"\n" +
 	"TaskResult\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
@@ -3619,7 +3963,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"own_tokens\x18\t \x01(\x03R\townTokens\x12\x1d\n" +
 	"\n" +
 	"tool_calls\x18\n" +
-	" \x01(\x03R\ttoolCalls\"\xb4\x03\n" +
+	" \x01(\x03R\ttoolCalls\x122\n" +
+	"\afailure\x18\v \x01(\v2\x18.agentruntime.v1.FailureR\afailure\"\xb4\x03\n" +
 	"\n" +
 	"HandleView\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x1b\n" +
@@ -3638,7 +3983,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\ttoolCalls\x12/\n" +
 	"\x06budget\x18\v \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x128\n" +
 	"\vlast_status\x18\f \x01(\x0e2\x17.agentruntime.v1.StatusR\n" +
-	"lastStatus\"\xb9\x03\n" +
+	"lastStatus\"\x80\x04\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -3655,7 +4000,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"guardrails\x12/\n" +
 	"\x06script\x18\n" +
 	" \x01(\v2\x17.agentruntime.v1.ScriptR\x06script\x12\x1a\n" +
-	"\bprovider\x18\v \x01(\tR\bprovider\"\x90\x03\n" +
+	"\bprovider\x18\v \x01(\tR\bprovider\x12/\n" +
+	"\x11max_output_tokens\x18\f \x01(\x03H\x00R\x0fmaxOutputTokens\x88\x01\x01B\x14\n" +
+	"\x12_max_output_tokens\"\x90\x03\n" +
 	"\x06Budget\x12 \n" +
 	"\tmax_turns\x18\x01 \x01(\x03H\x00R\bmaxTurns\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -3705,13 +4052,14 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x06action\x18\x02 \x01(\x0e2 .agentruntime.v1.GuardrailActionR\x06action\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"B\n" +
 	"\x06Script\x128\n" +
-	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\xae\x01\n" +
+	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\xe1\x01\n" +
 	"\rScriptedReply\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12@\n" +
 	"\n" +
 	"tool_calls\x18\x02 \x03(\v2!.agentruntime.v1.ScriptedToolCallR\ttoolCalls\x12\x16\n" +
 	"\x06tokens\x18\x03 \x01(\x03R\x06tokens\x12/\n" +
-	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05delay\"M\n" +
+	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x121\n" +
+	"\x04stop\x18\x05 \x01(\x0e2\x1d.agentruntime.v1.ScriptedStopR\x04stop\"M\n" +
 	"\x10ScriptedToolCall\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0earguments_json\x18\x02 \x01(\tR\rargumentsJson\"\x84\x02\n" +
@@ -3740,7 +4088,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"ToolOutput\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x19\n" +
-	"\bis_error\x18\x03 \x01(\bR\aisError\"\xc2\x01\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\"\x93\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x128\n" +
@@ -3749,7 +4097,13 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\ftool_call_id\x18\x04 \x01(\tR\n" +
 	"toolCallId\x12\x19\n" +
 	"\bis_error\x18\x05 \x01(\bR\aisError\x12\x12\n" +
-	"\x04turn\x18\x06 \x01(\x03R\x04turn\"h\n" +
+	"\x04turn\x18\x06 \x01(\x03R\x04turn\x12\x18\n" +
+	"\arefusal\x18\a \x01(\bR\arefusal\x125\n" +
+	"\bthinking\x18\b \x03(\v2\x19.agentruntime.v1.ThinkingR\bthinking\"a\n" +
+	"\bThinking\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\tR\tsignature\x12#\n" +
+	"\rredacted_data\x18\x03 \x01(\tR\fredactedData\"h\n" +
 	"\x14CreateRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x121\n" +
@@ -3861,7 +4215,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\fStateChanged\x122\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1c.agentruntime.v1.HandleStateR\x05state\"!\n" +
 	"\vTurnStarted\x12\x12\n" +
-	"\x04turn\x18\x01 \x01(\x03R\x04turn\"\x98\x01\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\"\xc1\x01\n" +
 	"\tTurnEnded\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
@@ -3869,7 +4223,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"own_tokens\x18\x03 \x01(\x03R\townTokens\x12!\n" +
 	"\ftotal_tokens\x18\x04 \x01(\x03R\vtotalTokens\x12\x1d\n" +
 	"\n" +
-	"tool_calls\x18\x05 \x01(\x05R\ttoolCalls\"@\n" +
+	"tool_calls\x18\x05 \x01(\x05R\ttoolCalls\x12'\n" +
+	"\x0fusage_estimated\x18\x06 \x01(\bR\x0eusageEstimated\"@\n" +
 	"\x0fToolCallStarted\x12-\n" +
 	"\x04call\x18\x01 \x01(\v2\x19.agentruntime.v1.ToolCallR\x04call\"o\n" +
 	"\rToolCallEnded\x12\x17\n" +
@@ -3885,7 +4240,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x12STATUS_INTERRUPTED\x10\x04\x12\x11\n" +
 	"\rSTATUS_CLOSED\x10\x05\x12\x12\n" +
 	"\x0eSTATUS_TIMEOUT\x10\x06\x12\x10\n" +
-	"\fSTATUS_ERROR\x10\a*\xbf\x01\n" +
+	"\fSTATUS_ERROR\x10\a*\xdc\x01\n" +
 	"\x05Limit\x12\x15\n" +
 	"\x11LIMIT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLIMIT_MAX_TURNS\x10\x01\x12\x14\n" +
@@ -3894,7 +4249,18 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x13LIMIT_MAX_WALL_TIME\x10\x04\x12\x16\n" +
 	"\x12LIMIT_MAX_CHILDREN\x10\x05\x12\x13\n" +
 	"\x0fLIMIT_MAX_DEPTH\x10\x06\x12\x14\n" +
-	"\x10LIMIT_COMPLETION\x10\a*\x91\x01\n" +
+	"\x10LIMIT_COMPLETION\x10\a\x12\x1b\n" +
+	"\x17LIMIT_MAX_OUTPUT_TOKENS\x10\b*\xde\x02\n" +
+	"\rFailureReason\x12\x1e\n" +
+	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cFAILURE_REASON_MODEL_REFUSED\x10\x01\x12*\n" +
+	"&FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED\x10\x02\x12 \n" +
+	"\x1cFAILURE_REASON_PROVIDER_AUTH\x10\x03\x12(\n" +
+	"$FAILURE_REASON_PROVIDER_RATE_LIMITED\x10\x04\x12'\n" +
+	"#FAILURE_REASON_PROVIDER_UNAVAILABLE\x10\x05\x12'\n" +
+	"#FAILURE_REASON_PROVIDER_BAD_REQUEST\x10\x06\x12%\n" +
+	"!FAILURE_REASON_PROVIDER_BAD_REPLY\x10\a\x12\x1a\n" +
+	"\x16FAILURE_REASON_RUNTIME\x10\b*\x91\x01\n" +
 	"\vHandleState\x12\x1c\n" +
 	"\x18HANDLE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11HANDLE_STATE_IDLE\x10\x01\x12\x18\n" +
@@ -3908,7 +4274,12 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\rOnInterrupted\x12\x1e\n" +
 	"\x1aON_INTERRUPTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ON_INTERRUPTED_RETRY\x10\x01\x12\x16\n" +
-	"\x12ON_INTERRUPTED_ASK\x10\x022\xa9\a\n" +
+	"\x12ON_INTERRUPTED_ASK\x10\x02*\x95\x01\n" +
+	"\fScriptedStop\x12\x1d\n" +
+	"\x19SCRIPTED_STOP_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fSCRIPTED_STOP_MAX_OUTPUT_TOKENS\x10\x01\x12\x19\n" +
+	"\x15SCRIPTED_STOP_REFUSAL\x10\x02\x12&\n" +
+	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xa9\a\n" +
 	"\fAgentRuntime\x12^\n" +
 	"\rCreateRuntime\x12%.agentruntime.v1.CreateRuntimeRequest\x1a&.agentruntime.v1.CreateRuntimeResponse\x12F\n" +
 	"\x05Spawn\x12\x1d.agentruntime.v1.SpawnRequest\x1a\x1e.agentruntime.v1.SpawnResponse\x12C\n" +
@@ -3936,148 +4307,156 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescData
 }
 
-var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
-	(HandleState)(0),              // 2: agentruntime.v1.HandleState
-	(GuardrailAction)(0),          // 3: agentruntime.v1.GuardrailAction
-	(OnInterrupted)(0),            // 4: agentruntime.v1.OnInterrupted
-	(*TaskResult)(nil),            // 5: agentruntime.v1.TaskResult
-	(*HandleView)(nil),            // 6: agentruntime.v1.HandleView
-	(*AgentDef)(nil),              // 7: agentruntime.v1.AgentDef
-	(*Budget)(nil),                // 8: agentruntime.v1.Budget
-	(*ToolDef)(nil),               // 9: agentruntime.v1.ToolDef
-	(*RelayTool)(nil),             // 10: agentruntime.v1.RelayTool
-	(*HttpTool)(nil),              // 11: agentruntime.v1.HttpTool
-	(*ApprovalPolicy)(nil),        // 12: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 13: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 14: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 15: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 16: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 17: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 18: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 19: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 20: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 21: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 22: agentruntime.v1.Message
-	(*CreateRuntimeRequest)(nil),  // 23: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 24: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 25: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 26: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 27: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 28: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 29: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 30: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 31: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 32: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 33: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 34: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 35: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 36: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 37: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 38: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 39: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 40: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 41: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 42: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 43: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 44: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 45: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 46: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 47: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 48: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 49: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 50: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 51: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 52: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 53: agentruntime.v1.ToolCallEnded
-	nil,                           // 54: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 56: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 57: google.protobuf.Timestamp
+	(FailureReason)(0),            // 2: agentruntime.v1.FailureReason
+	(HandleState)(0),              // 3: agentruntime.v1.HandleState
+	(GuardrailAction)(0),          // 4: agentruntime.v1.GuardrailAction
+	(OnInterrupted)(0),            // 5: agentruntime.v1.OnInterrupted
+	(ScriptedStop)(0),             // 6: agentruntime.v1.ScriptedStop
+	(*Failure)(nil),               // 7: agentruntime.v1.Failure
+	(*TaskResult)(nil),            // 8: agentruntime.v1.TaskResult
+	(*HandleView)(nil),            // 9: agentruntime.v1.HandleView
+	(*AgentDef)(nil),              // 10: agentruntime.v1.AgentDef
+	(*Budget)(nil),                // 11: agentruntime.v1.Budget
+	(*ToolDef)(nil),               // 12: agentruntime.v1.ToolDef
+	(*RelayTool)(nil),             // 13: agentruntime.v1.RelayTool
+	(*HttpTool)(nil),              // 14: agentruntime.v1.HttpTool
+	(*ApprovalPolicy)(nil),        // 15: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 16: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 17: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 18: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 19: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 20: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 21: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 22: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 23: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 24: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 25: agentruntime.v1.Message
+	(*Thinking)(nil),              // 26: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 27: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 28: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 29: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 30: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 31: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 32: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 33: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 34: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 35: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 36: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 37: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 38: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 39: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 40: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 41: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 42: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 43: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 44: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 45: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 46: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 47: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 48: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 49: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 50: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 51: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 52: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 53: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 54: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 55: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 56: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 57: agentruntime.v1.ToolCallEnded
+	nil,                           // 58: agentruntime.v1.HttpTool.HeadersEntry
+	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 60: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 61: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
-	0,  // 0: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
-	1,  // 1: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	18, // 2: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
-	2,  // 3: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
-	8,  // 4: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
-	0,  // 5: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
-	9,  // 6: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
-	8,  // 7: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	13, // 8: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	14, // 9: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	15, // 10: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	55, // 11: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	56, // 12: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	10, // 13: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	11, // 14: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	12, // 15: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	4,  // 16: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	54, // 17: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	55, // 18: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	3,  // 19: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	16, // 20: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	17, // 21: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	55, // 22: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	56, // 23: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	57, // 24: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 25: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	56, // 26: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	21, // 27: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	19, // 28: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	7,  // 29: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	8,  // 30: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	55, // 31: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	5,  // 32: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	20, // 33: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	5,  // 34: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	6,  // 35: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	6,  // 36: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	22, // 37: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	47, // 38: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	57, // 39: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	48, // 40: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	49, // 41: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	50, // 42: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	51, // 43: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	52, // 44: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	53, // 45: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	18, // 46: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	5,  // 47: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	2,  // 48: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	19, // 49: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	23, // 50: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	25, // 51: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	27, // 52: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	29, // 53: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	31, // 54: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	33, // 55: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	35, // 56: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	37, // 57: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	39, // 58: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	41, // 59: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	43, // 60: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	45, // 61: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	24, // 62: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	26, // 63: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	28, // 64: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	30, // 65: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	32, // 66: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	34, // 67: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	36, // 68: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	38, // 69: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	40, // 70: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	42, // 71: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	44, // 72: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	46, // 73: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	62, // [62:74] is the sub-list for method output_type
-	50, // [50:62] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
+	0,  // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
+	1,  // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
+	21, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	7,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
+	3,  // 5: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
+	11, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
+	0,  // 7: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
+	12, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
+	11, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
+	16, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	17, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	18, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	59, // 13: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	60, // 14: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	13, // 15: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	14, // 16: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	15, // 17: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	5,  // 18: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	58, // 19: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	59, // 20: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	4,  // 21: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	19, // 22: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	20, // 23: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	59, // 24: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	6,  // 25: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	60, // 26: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	61, // 27: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 28: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	60, // 29: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	24, // 30: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	22, // 31: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	26, // 32: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	10, // 33: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	11, // 34: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	59, // 35: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	8,  // 36: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	23, // 37: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	8,  // 38: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	9,  // 39: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	9,  // 40: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	25, // 41: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	51, // 42: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	61, // 43: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	52, // 44: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	53, // 45: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	54, // 46: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	55, // 47: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	56, // 48: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	57, // 49: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	21, // 50: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	8,  // 51: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,  // 52: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	22, // 53: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	27, // 54: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	29, // 55: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	31, // 56: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	33, // 57: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	35, // 58: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	37, // 59: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	39, // 60: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	41, // 61: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	43, // 62: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	45, // 63: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	47, // 64: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	49, // 65: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	28, // 66: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	30, // 67: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	32, // 68: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	34, // 69: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	36, // 70: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	38, // 71: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	40, // 72: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	42, // 73: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	44, // 74: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	46, // 75: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	48, // 76: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	50, // 77: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	66, // [66:78] is the sub-list for method output_type
+	54, // [54:66] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -4086,11 +4465,12 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		return
 	}
 	file_agentruntime_v1_agent_runtime_proto_msgTypes[3].OneofWrappers = []any{}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[4].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[4].OneofWrappers = []any{}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[5].OneofWrappers = []any{
 		(*ToolDef_Relay)(nil),
 		(*ToolDef_Http)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[42].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[44].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -4105,8 +4485,8 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   50,
+			NumEnums:      7,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,7 +42,7 @@ class _StatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Status.ValueTy
     STATUS_TIMEOUT: _Status.ValueType  # 6
     """Wait's timeout passed first; the handle keeps running."""
     STATUS_ERROR: _Status.ValueType  # 7
-    """The run failed (a model provider error, for example); `text` says why."""
+    """The run failed; `TaskResult.failure` names why, `text` says it in words."""
 
 class Status(_Status, metaclass=_StatusEnumTypeWrapper):
     """Status says how a run settled (or that it has not)."""
@@ -61,7 +61,7 @@ STATUS_CLOSED: Status.ValueType  # 5
 STATUS_TIMEOUT: Status.ValueType  # 6
 """Wait's timeout passed first; the handle keeps running."""
 STATUS_ERROR: Status.ValueType  # 7
-"""The run failed (a model provider error, for example); `text` says why."""
+"""The run failed; `TaskResult.failure` names why, `text` says it in words."""
 Global___Status: _TypeAlias = Status  # noqa: Y015
 
 class _Limit:
@@ -78,6 +78,10 @@ class _LimitEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Limit.ValueType
     LIMIT_MAX_CHILDREN: _Limit.ValueType  # 5
     LIMIT_MAX_DEPTH: _Limit.ValueType  # 6
     LIMIT_COMPLETION: _Limit.ValueType  # 7
+    LIMIT_MAX_OUTPUT_TOKENS: _Limit.ValueType  # 8
+    """The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
+    off, and a tool call in the cut-off reply is never run.
+    """
 
 class Limit(_Limit, metaclass=_LimitEnumTypeWrapper):
     """Limit names the budget that stopped a run. Set iff status is STATUS_INCOMPLETE."""
@@ -90,7 +94,57 @@ LIMIT_MAX_WALL_TIME: Limit.ValueType  # 4
 LIMIT_MAX_CHILDREN: Limit.ValueType  # 5
 LIMIT_MAX_DEPTH: Limit.ValueType  # 6
 LIMIT_COMPLETION: Limit.ValueType  # 7
+LIMIT_MAX_OUTPUT_TOKENS: Limit.ValueType  # 8
+"""The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
+off, and a tool call in the cut-off reply is never run.
+"""
 Global___Limit: _TypeAlias = Limit  # noqa: Y015
+
+class _FailureReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailureReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_REASON_UNSPECIFIED: _FailureReason.ValueType  # 0
+    FAILURE_REASON_MODEL_REFUSED: _FailureReason.ValueType  # 1
+    """The model declined to answer; `TaskResult.text` holds its refusal."""
+    FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED: _FailureReason.ValueType  # 2
+    """The prompt (the transcript) is longer than the model's context window."""
+    FAILURE_REASON_PROVIDER_AUTH: _FailureReason.ValueType  # 3
+    """The provider refused the server's credentials (401, 403)."""
+    FAILURE_REASON_PROVIDER_RATE_LIMITED: _FailureReason.ValueType  # 4
+    """The provider kept answering 429 past every retry."""
+    FAILURE_REASON_PROVIDER_UNAVAILABLE: _FailureReason.ValueType  # 5
+    """The provider failed, was overloaded, unreachable or too slow past every retry."""
+    FAILURE_REASON_PROVIDER_BAD_REQUEST: _FailureReason.ValueType  # 6
+    """The provider refused the request as malformed (another 4xx)."""
+    FAILURE_REASON_PROVIDER_BAD_REPLY: _FailureReason.ValueType  # 7
+    """The provider's reply could not be used (not its API's shape, absurd usage, too large)."""
+    FAILURE_REASON_RUNTIME: _FailureReason.ValueType  # 8
+    """The runtime itself failed (a bug: see the server log)."""
+
+class FailureReason(_FailureReason, metaclass=_FailureReasonEnumTypeWrapper):
+    """FailureReason names why a run failed (STATUS_ERROR), so a host can branch on it."""
+
+FAILURE_REASON_UNSPECIFIED: FailureReason.ValueType  # 0
+FAILURE_REASON_MODEL_REFUSED: FailureReason.ValueType  # 1
+"""The model declined to answer; `TaskResult.text` holds its refusal."""
+FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED: FailureReason.ValueType  # 2
+"""The prompt (the transcript) is longer than the model's context window."""
+FAILURE_REASON_PROVIDER_AUTH: FailureReason.ValueType  # 3
+"""The provider refused the server's credentials (401, 403)."""
+FAILURE_REASON_PROVIDER_RATE_LIMITED: FailureReason.ValueType  # 4
+"""The provider kept answering 429 past every retry."""
+FAILURE_REASON_PROVIDER_UNAVAILABLE: FailureReason.ValueType  # 5
+"""The provider failed, was overloaded, unreachable or too slow past every retry."""
+FAILURE_REASON_PROVIDER_BAD_REQUEST: FailureReason.ValueType  # 6
+"""The provider refused the request as malformed (another 4xx)."""
+FAILURE_REASON_PROVIDER_BAD_REPLY: FailureReason.ValueType  # 7
+"""The provider's reply could not be used (not its API's shape, absurd usage, too large)."""
+FAILURE_REASON_RUNTIME: FailureReason.ValueType  # 8
+"""The runtime itself failed (a bug: see the server log)."""
+Global___FailureReason: _TypeAlias = FailureReason  # noqa: Y015
 
 class _HandleState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -161,6 +215,70 @@ use it, ok without an output to run the call again, or not ok to fail the call.
 """
 Global___OnInterrupted: _TypeAlias = OnInterrupted  # noqa: Y015
 
+class _ScriptedStop:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ScriptedStopEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ScriptedStop.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SCRIPTED_STOP_UNSPECIFIED: _ScriptedStop.ValueType  # 0
+    """A complete reply."""
+    SCRIPTED_STOP_MAX_OUTPUT_TOKENS: _ScriptedStop.ValueType  # 1
+    """The reply hit its output cap (LIMIT_MAX_OUTPUT_TOKENS)."""
+    SCRIPTED_STOP_REFUSAL: _ScriptedStop.ValueType  # 2
+    """The model refused; `text` is the refusal (FAILURE_REASON_MODEL_REFUSED)."""
+    SCRIPTED_STOP_PROVIDER_UNAVAILABLE: _ScriptedStop.ValueType  # 3
+    """The provider failed this call (FAILURE_REASON_PROVIDER_UNAVAILABLE, HTTP 503)."""
+
+class ScriptedStop(_ScriptedStop, metaclass=_ScriptedStopEnumTypeWrapper): ...
+
+SCRIPTED_STOP_UNSPECIFIED: ScriptedStop.ValueType  # 0
+"""A complete reply."""
+SCRIPTED_STOP_MAX_OUTPUT_TOKENS: ScriptedStop.ValueType  # 1
+"""The reply hit its output cap (LIMIT_MAX_OUTPUT_TOKENS)."""
+SCRIPTED_STOP_REFUSAL: ScriptedStop.ValueType  # 2
+"""The model refused; `text` is the refusal (FAILURE_REASON_MODEL_REFUSED)."""
+SCRIPTED_STOP_PROVIDER_UNAVAILABLE: ScriptedStop.ValueType  # 3
+"""The provider failed this call (FAILURE_REASON_PROVIDER_UNAVAILABLE, HTTP 503)."""
+Global___ScriptedStop: _TypeAlias = ScriptedStop  # noqa: Y015
+
+@_typing.final
+class Failure(_message.Message):
+    """Failure says why a run settled STATUS_ERROR."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    HTTP_STATUS_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    reason: Global___FailureReason.ValueType
+    provider: _builtins.str
+    """The provider's name in the server's settings, when a provider failed."""
+    http_status: _builtins.int
+    """The provider's HTTP status, when it answered with one."""
+    retryable: _builtins.bool
+    """True when the same call may succeed later unchanged (rate limits, outages)."""
+    detail: _builtins.str
+    """A short description (the provider's error type or message, cut short)."""
+    def __init__(
+        self,
+        *,
+        reason: Global___FailureReason.ValueType = ...,
+        provider: _builtins.str = ...,
+        http_status: _builtins.int = ...,
+        retryable: _builtins.bool = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "http_status", b"http_status", "provider", b"provider", "reason", b"reason", "retryable", b"retryable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Failure: _TypeAlias = Failure  # noqa: Y015
+
 @_typing.final
 class TaskResult(_message.Message):
     """TaskResult crosses every handle boundary and every RPC that settles.
@@ -180,6 +298,7 @@ class TaskResult(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     OWN_TOKENS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     text: _builtins.str
     is_error: _builtins.bool
@@ -197,6 +316,10 @@ class TaskResult(_message.Message):
     def pending(self) -> Global___Request:
         """The Request to answer; set iff status is STATUS_PENDING."""
 
+    @_builtins.property
+    def failure(self) -> Global___Failure:
+        """Why the run failed; set iff status is STATUS_ERROR."""
+
     def __init__(
         self,
         *,
@@ -210,10 +333,11 @@ class TaskResult(_message.Message):
         total_tokens: _builtins.int = ...,
         own_tokens: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
+        failure: Global___Failure | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["pending", b"pending"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "pending", b"pending"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "own_tokens", b"own_tokens", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "own_tokens", b"own_tokens", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -292,6 +416,7 @@ class AgentDef(_message.Message):
     GUARDRAILS_FIELD_NUMBER: _builtins.int
     SCRIPT_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -303,6 +428,11 @@ class AgentDef(_message.Message):
     provider: _builtins.str
     """A provider named in the server's settings (e.g. `openai`, `anthropic`, `local`);
     empty means the server's default provider.
+    """
+    max_output_tokens: _builtins.int
+    """The output cap sent with every model call (`max_completion_tokens` for openai,
+    `max_tokens` for anthropic); unset: the provider's setting. A reply that reaches it
+    stops the run with LIMIT_MAX_OUTPUT_TOKENS.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDef]: ...
@@ -336,12 +466,15 @@ class AgentDef(_message.Message):
         guardrails: _abc.Iterable[Global___Guardrail] | None = ...,
         script: Global___Script | None = ...,
         provider: _builtins.str = ...,
+        max_output_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "completion", b"completion", "script", b"script"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "completion", b"completion", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "instructions", b"instructions", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
 
 Global___AgentDef: _TypeAlias = AgentDef  # noqa: Y015
 
@@ -640,9 +773,12 @@ class ScriptedReply(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
     DELAY_FIELD_NUMBER: _builtins.int
+    STOP_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     tokens: _builtins.int
     """The usage the reply reports (total tokens): 0 to 100,000,000."""
+    stop: Global___ScriptedStop.ValueType
+    """How the reply ends: a scripted model can be cut off or refuse like a real one."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedToolCall]: ...
     @_builtins.property
@@ -656,10 +792,11 @@ class ScriptedReply(_message.Message):
         tool_calls: _abc.Iterable[Global___ScriptedToolCall] | None = ...,
         tokens: _builtins.int = ...,
         delay: _duration_pb2.Duration | None = ...,
+        stop: Global___ScriptedStop.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stop", b"stop", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -836,6 +973,8 @@ class Message(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     IS_ERROR_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
+    THINKING_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """`system`, `user`, `assistant` or `tool`."""
     content: _builtins.str
@@ -844,9 +983,17 @@ class Message(_message.Message):
     is_error: _builtins.bool
     turn: _builtins.int
     """The model turn (1-based) that produced an assistant message."""
+    refusal: _builtins.bool
+    """On assistant messages: the model refused (the content is its refusal)."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """On assistant messages: the tool calls it made."""
+
+    @_builtins.property
+    def thinking(self) -> _containers.RepeatedCompositeFieldContainer[Global___Thinking]:
+        """On assistant messages: the model's reasoning blocks, sent back verbatim on the next
+        call (Anthropic extended thinking; `signature` as the API gave it).
+        """
 
     def __init__(
         self,
@@ -857,14 +1004,42 @@ class Message(_message.Message):
         tool_call_id: _builtins.str = ...,
         is_error: _builtins.bool = ...,
         turn: _builtins.int = ...,
+        refusal: _builtins.bool = ...,
+        thinking: _abc.Iterable[Global___Thinking] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "refusal", b"refusal", "role", b"role", "thinking", b"thinking", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Message: _TypeAlias = Message  # noqa: Y015
+
+@_typing.final
+class Thinking(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    REDACTED_DATA_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    signature: _builtins.str
+    redacted_data: _builtins.str
+    """Set for a redacted block: the encrypted reasoning, opaque."""
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        signature: _builtins.str = ...,
+        redacted_data: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["redacted_data", b"redacted_data", "signature", b"signature", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Thinking: _TypeAlias = Thinking  # noqa: Y015
 
 @_typing.final
 class CreateRuntimeRequest(_message.Message):
@@ -1575,12 +1750,17 @@ class TurnEnded(_message.Message):
     OWN_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    USAGE_ESTIMATED_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     tokens: _builtins.int
     """This reply's usage, then the handle's figures after it."""
     own_tokens: _builtins.int
     total_tokens: _builtins.int
     tool_calls: _builtins.int
+    usage_estimated: _builtins.bool
+    """True when the provider reported no usage and `tokens` is the server's estimate
+    (about four characters a token of the request and the reply).
+    """
     def __init__(
         self,
         *,
@@ -1589,10 +1769,11 @@ class TurnEnded(_message.Message):
         own_tokens: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
+        usage_estimated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["own_tokens", b"own_tokens", "tokens", b"tokens", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["own_tokens", b"own_tokens", "tokens", b"tokens", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turn", b"turn", "usage_estimated", b"usage_estimated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

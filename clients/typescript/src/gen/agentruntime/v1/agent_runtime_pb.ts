@@ -12,7 +12,54 @@ import type { JsonObject, Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file agentruntime/v1/agent_runtime.proto.
  */
 export const file_agentruntime_v1_agent_runtime: GenFile = /*@__PURE__*/
-  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIocCCgpUYXNrUmVzdWx0EhEKCWhhbmRsZV9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEicKBnN0YXR1cxgEIAEoDjIXLmFnZW50cnVudGltZS52MS5TdGF0dXMSJQoFbGltaXQYBSABKA4yFi5hZ2VudHJ1bnRpbWUudjEuTGltaXQSKQoHcGVuZGluZxgGIAEoCzIYLmFnZW50cnVudGltZS52MS5SZXF1ZXN0Eg0KBXR1cm5zGAcgASgDEhQKDHRvdGFsX3Rva2VucxgIIAEoAxISCgpvd25fdG9rZW5zGAkgASgDEhIKCnRvb2xfY2FsbHMYCiABKAMivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzItICCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQSEAoIcHJvdmlkZXIYCyABKAkiugIKBkJ1ZGdldBIWCgltYXhfdHVybnMYASABKANIAIgBARIXCgptYXhfdG9rZW5zGAIgASgDSAGIAQESGwoObWF4X3Rvb2xfY2FsbHMYAyABKANIAogBARIwCg1tYXhfd2FsbF90aW1lGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9jaGlsZHJlbhgFIAEoA0gDiAEBEhYKCW1heF9kZXB0aBgGIAEoA0gEiAEBEhsKDm1heF9jb25jdXJyZW50GAcgASgDSAWIAQFCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSKOAQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIo0BCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDIlUKFENyZWF0ZVJ1bnRpbWVSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSKQoGYWdlbnRzGAIgAygLMhkuYWdlbnRydW50aW1lLnYxLkFnZW50RGVmIisKFUNyZWF0ZVJ1bnRpbWVSZXNwb25zZRISCgpydW50aW1lX2lkGAEgASgJIm0KDFNwYXduUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRInCgZidWRnZXQYBCABKAsyFy5hZ2VudHJ1bnRpbWUudjEuQnVkZ2V0IiIKDVNwYXduUmVzcG9uc2USEQoJaGFuZGxlX2lkGAEgASgJImMKC1Bvc3RSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEgwKBHRleHQYAyABKAkSDwoHY2hhbm5lbBgEIAEoCRIOCgZzZW5kZXIYBSABKAkiLgoMUG9zdFJlc3BvbnNlEgoKAm9rGAEgASgIEhIKCmluYm94X3NpemUYAiABKAUiRAoLV2FrZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDgoGcHJvbXB0GAMgASgJIh4KDFdha2VSZXNwb25zZRIOCgZxdWV1ZWQYASABKAgiYAoLV2FpdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI7CgxXYWl0UmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiTAoNUmVzdW1lUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEicKBmFuc3dlchgCIAEoCzIXLmFnZW50cnVudGltZS52MS5BbnN3ZXIiPQoOUmVzdW1lUmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiOQoQSW50ZXJydXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSIoChFJbnRlcnJ1cHRSZXNwb25zZRITCgtpbnRlcnJ1cHRlZBgBIAEoCCJECgxDbG9zZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDQoFZm9yY2UYAyABKAgiKgoNQ2xvc2VSZXNwb25zZRIZChFjbG9zZWRfaGFuZGxlX2lkcxgBIAMoCSI3Cg5JbnNwZWN0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSI+Cg9JbnNwZWN0UmVzcG9uc2USKwoGaGFuZGxlGAEgASgLMhsuYWdlbnRydW50aW1lLnYxLkhhbmRsZVZpZXciSAoLTGlzdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJVCgxMaXN0UmVzcG9uc2USLAoHaGFuZGxlcxgBIAMoCzIbLmFnZW50cnVudGltZS52MS5IYW5kbGVWaWV3EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJkChRHZXRUcmFuc2NyaXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJcChVHZXRUcmFuc2NyaXB0UmVzcG9uc2USKgoIbWVzc2FnZXMYASADKAsyGC5hZ2VudHJ1bnRpbWUudjEuTWVzc2FnZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiNQoMV2F0Y2hSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgDIjYKDVdhdGNoUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi5hZ2VudHJ1bnRpbWUudjEuRXZlbnQihQQKBUV2ZW50EgsKA3NlcRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgloYW5kbGVfaWQYAyABKAkSMQoHc3Bhd25lZBgKIAEoCzIeLmFnZW50cnVudGltZS52MS5IYW5kbGVTcGF3bmVkSAASNgoNc3RhdGVfY2hhbmdlZBgLIAEoCzIdLmFnZW50cnVudGltZS52MS5TdGF0ZUNoYW5nZWRIABI0Cgx0dXJuX3N0YXJ0ZWQYDCABKAsyHC5hZ2VudHJ1bnRpbWUudjEuVHVyblN0YXJ0ZWRIABIwCgp0dXJuX2VuZGVkGA0gASgLMhouYWdlbnRydW50aW1lLnYxLlR1cm5FbmRlZEgAEj0KEXRvb2xfY2FsbF9zdGFydGVkGA4gASgLMiAuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsU3RhcnRlZEgAEjkKD3Rvb2xfY2FsbF9lbmRlZBgPIAEoCzIeLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbEVuZGVkSAASKwoHcGVuZGluZxgQIAEoCzIYLmFnZW50cnVudGltZS52MS5SZXF1ZXN0SAASLQoGcmVzdWx0GBEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHRIAEIJCgdwYXlsb2FkIjEKDUhhbmRsZVNwYXduZWQSEQoJcGFyZW50X2lkGAEgASgJEg0KBWFnZW50GAIgASgJIjsKDFN0YXRlQ2hhbmdlZBIrCgVzdGF0ZRgBIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZSIbCgtUdXJuU3RhcnRlZBIMCgR0dXJuGAEgASgDImcKCVR1cm5FbmRlZBIMCgR0dXJuGAEgASgDEg4KBnRva2VucxgCIAEoAxISCgpvd25fdG9rZW5zGAMgASgDEhQKDHRvdGFsX3Rva2VucxgEIAEoAxISCgp0b29sX2NhbGxzGAUgASgFIjoKD1Rvb2xDYWxsU3RhcnRlZBInCgRjYWxsGAEgASgLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlAKDVRvb2xDYWxsRW5kZWQSDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEg4KBm91dHB1dBgEIAEoCSqtAQoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEg8KC1NUQVRVU19ET05FEAESEgoOU1RBVFVTX1BFTkRJTkcQAhIVChFTVEFUVVNfSU5DT01QTEVURRADEhYKElNUQVRVU19JTlRFUlJVUFRFRBAEEhEKDVNUQVRVU19DTE9TRUQQBRISCg5TVEFUVVNfVElNRU9VVBAGEhAKDFNUQVRVU19FUlJPUhAHKr8BCgVMaW1pdBIVChFMSU1JVF9VTlNQRUNJRklFRBAAEhMKD0xJTUlUX01BWF9UVVJOUxABEhQKEExJTUlUX01BWF9UT0tFTlMQAhIYChRMSU1JVF9NQVhfVE9PTF9DQUxMUxADEhcKE0xJTUlUX01BWF9XQUxMX1RJTUUQBBIWChJMSU1JVF9NQVhfQ0hJTERSRU4QBRITCg9MSU1JVF9NQVhfREVQVEgQBhIUChBMSU1JVF9DT01QTEVUSU9OEAcqkQEKC0hhbmRsZVN0YXRlEhwKGEhBTkRMRV9TVEFURV9VTlNQRUNJRklFRBAAEhUKEUhBTkRMRV9TVEFURV9JRExFEAESGAoUSEFORExFX1NUQVRFX1JVTk5JTkcQAhIaChZIQU5ETEVfU1RBVEVfU1VTUEVOREVEEAMSFwoTSEFORExFX1NUQVRFX0NMT1NFRBAEKnUKD0d1YXJkcmFpbEFjdGlvbhIgChxHVUFSRFJBSUxfQUNUSU9OX1VOU1BFQ0lGSUVEEAASGQoVR1VBUkRSQUlMX0FDVElPTl9ERU5ZEAESJQohR1VBUkRSQUlMX0FDVElPTl9SRVFVSVJFX0FQUFJPVkFMEAIqYQoNT25JbnRlcnJ1cHRlZBIeChpPTl9JTlRFUlJVUFRFRF9VTlNQRUNJRklFRBAAEhgKFE9OX0lOVEVSUlVQVEVEX1JFVFJZEAESFgoST05fSU5URVJSVVBURURfQVNLEAIyqQcKDEFnZW50UnVudGltZRJeCg1DcmVhdGVSdW50aW1lEiUuYWdlbnRydW50aW1lLnYxLkNyZWF0ZVJ1bnRpbWVSZXF1ZXN0GiYuYWdlbnRydW50aW1lLnYxLkNyZWF0ZVJ1bnRpbWVSZXNwb25zZRJGCgVTcGF3bhIdLmFnZW50cnVudGltZS52MS5TcGF3blJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuU3Bhd25SZXNwb25zZRJDCgRQb3N0EhwuYWdlbnRydW50aW1lLnYxLlBvc3RSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLlBvc3RSZXNwb25zZRJDCgRXYWtlEhwuYWdlbnRydW50aW1lLnYxLldha2VSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLldha2VSZXNwb25zZRJDCgRXYWl0EhwuYWdlbnRydW50aW1lLnYxLldhaXRSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLldhaXRSZXNwb25zZRJJCgZSZXN1bWUSHi5hZ2VudHJ1bnRpbWUudjEuUmVzdW1lUmVxdWVzdBofLmFnZW50cnVudGltZS52MS5SZXN1bWVSZXNwb25zZRJSCglJbnRlcnJ1cHQSIS5hZ2VudHJ1bnRpbWUudjEuSW50ZXJydXB0UmVxdWVzdBoiLmFnZW50cnVudGltZS52MS5JbnRlcnJ1cHRSZXNwb25zZRJGCgVDbG9zZRIdLmFnZW50cnVudGltZS52MS5DbG9zZVJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuQ2xvc2VSZXNwb25zZRJMCgdJbnNwZWN0Eh8uYWdlbnRydW50aW1lLnYxLkluc3BlY3RSZXF1ZXN0GiAuYWdlbnRydW50aW1lLnYxLkluc3BlY3RSZXNwb25zZRJDCgRMaXN0EhwuYWdlbnRydW50aW1lLnYxLkxpc3RSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLkxpc3RSZXNwb25zZRJeCg1HZXRUcmFuc2NyaXB0EiUuYWdlbnRydW50aW1lLnYxLkdldFRyYW5zY3JpcHRSZXF1ZXN0GiYuYWdlbnRydW50aW1lLnYxLkdldFRyYW5zY3JpcHRSZXNwb25zZRJICgVXYXRjaBIdLmFnZW50cnVudGltZS52MS5XYXRjaFJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuV2F0Y2hSZXNwb25zZTABQnoKE2Rldi5hZ2VudHJ1bnRpbWUudjFCEUFnZW50UnVudGltZVByb3RvUAFaTmdpdGh1Yi5jb20vYWdlbnRydW50aW1lL2FnZW50cnVudGltZS9jbGllbnRzL2dvL2FnZW50cnVudGltZS92MTthZ2VudHJ1bnRpbWV2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIoMBCgdGYWlsdXJlEi4KBnJlYXNvbhgBIAEoDjIeLmFnZW50cnVudGltZS52MS5GYWlsdXJlUmVhc29uEhAKCHByb3ZpZGVyGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgFEhEKCXJldHJ5YWJsZRgEIAEoCBIOCgZkZXRhaWwYBSABKAkisgIKClRhc2tSZXN1bHQSEQoJaGFuZGxlX2lkGAEgASgJEgwKBHRleHQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgSJwoGc3RhdHVzGAQgASgOMhcuYWdlbnRydW50aW1lLnYxLlN0YXR1cxIlCgVsaW1pdBgFIAEoDjIWLmFnZW50cnVudGltZS52MS5MaW1pdBIpCgdwZW5kaW5nGAYgASgLMhguYWdlbnRydW50aW1lLnYxLlJlcXVlc3QSDQoFdHVybnMYByABKAMSFAoMdG90YWxfdG9rZW5zGAggASgDEhIKCm93bl90b2tlbnMYCSABKAMSEgoKdG9vbF9jYWxscxgKIAEoAxIpCgdmYWlsdXJlGAsgASgLMhguYWdlbnRydW50aW1lLnYxLkZhaWx1cmUivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzIogDCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQSEAoIcHJvdmlkZXIYCyABKAkSHgoRbWF4X291dHB1dF90b2tlbnMYDCABKANIAIgBAUIUChJfbWF4X291dHB1dF90b2tlbnMiugIKBkJ1ZGdldBIWCgltYXhfdHVybnMYASABKANIAIgBARIXCgptYXhfdG9rZW5zGAIgASgDSAGIAQESGwoObWF4X3Rvb2xfY2FsbHMYAyABKANIAogBARIwCg1tYXhfd2FsbF90aW1lGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9jaGlsZHJlbhgFIAEoA0gDiAEBEhYKCW1heF9kZXB0aBgGIAEoA0gEiAEBEhsKDm1heF9jb25jdXJyZW50GAcgASgDSAWIAQFCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSK7AQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKwoEc3RvcBgFIAEoDjIdLmFnZW50cnVudGltZS52MS5TY3JpcHRlZFN0b3AiOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIssBCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDEg8KB3JlZnVzYWwYByABKAgSKwoIdGhpbmtpbmcYCCADKAsyGS5hZ2VudHJ1bnRpbWUudjEuVGhpbmtpbmciQgoIVGhpbmtpbmcSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkSFQoNcmVkYWN0ZWRfZGF0YRgDIAEoCSJVChRDcmVhdGVSdW50aW1lUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEikKBmFnZW50cxgCIAMoCzIZLmFnZW50cnVudGltZS52MS5BZ2VudERlZiIrChVDcmVhdGVSdW50aW1lUmVzcG9uc2USEgoKcnVudGltZV9pZBgBIAEoCSJtCgxTcGF3blJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCglwYXJlbnRfaWQYAiABKAkSDQoFYWdlbnQYAyABKAkSJwoGYnVkZ2V0GAQgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldCIiCg1TcGF3blJlc3BvbnNlEhEKCWhhbmRsZV9pZBgBIAEoCSJjCgtQb3N0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRIMCgR0ZXh0GAMgASgJEg8KB2NoYW5uZWwYBCABKAkSDgoGc2VuZGVyGAUgASgJIi4KDFBvc3RSZXNwb25zZRIKCgJvaxgBIAEoCBISCgppbmJveF9zaXplGAIgASgFIkQKC1dha2VSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEg4KBnByb21wdBgDIAEoCSIeCgxXYWtlUmVzcG9uc2USDgoGcXVldWVkGAEgASgIImAKC1dhaXRSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iOwoMV2FpdFJlc3BvbnNlEisKBnJlc3VsdBgBIAEoCzIbLmFnZW50cnVudGltZS52MS5UYXNrUmVzdWx0IkwKDVJlc3VtZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRInCgZhbnN3ZXIYAiABKAsyFy5hZ2VudHJ1bnRpbWUudjEuQW5zd2VyIj0KDlJlc3VtZVJlc3BvbnNlEisKBnJlc3VsdBgBIAEoCzIbLmFnZW50cnVudGltZS52MS5UYXNrUmVzdWx0IjkKEEludGVycnVwdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkiKAoRSW50ZXJydXB0UmVzcG9uc2USEwoLaW50ZXJydXB0ZWQYASABKAgiRAoMQ2xvc2VSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEg0KBWZvcmNlGAMgASgIIioKDUNsb3NlUmVzcG9uc2USGQoRY2xvc2VkX2hhbmRsZV9pZHMYASADKAkiNwoOSW5zcGVjdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkiPgoPSW5zcGVjdFJlc3BvbnNlEisKBmhhbmRsZRgBIAEoCzIbLmFnZW50cnVudGltZS52MS5IYW5kbGVWaWV3IkgKC0xpc3RSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiVQoMTGlzdFJlc3BvbnNlEiwKB2hhbmRsZXMYASADKAsyGy5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlVmlldxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiZAoUR2V0VHJhbnNjcmlwdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkiXAoVR2V0VHJhbnNjcmlwdFJlc3BvbnNlEioKCG1lc3NhZ2VzGAEgAygLMhguYWdlbnRydW50aW1lLnYxLk1lc3NhZ2USFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjUKDFdhdGNoUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoAyI2Cg1XYXRjaFJlc3BvbnNlEiUKBWV2ZW50GAEgASgLMhYuYWdlbnRydW50aW1lLnYxLkV2ZW50IoUECgVFdmVudBILCgNzZXEYASABKAMSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJaGFuZGxlX2lkGAMgASgJEjEKB3NwYXduZWQYCiABKAsyHi5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlU3Bhd25lZEgAEjYKDXN0YXRlX2NoYW5nZWQYCyABKAsyHS5hZ2VudHJ1bnRpbWUudjEuU3RhdGVDaGFuZ2VkSAASNAoMdHVybl9zdGFydGVkGAwgASgLMhwuYWdlbnRydW50aW1lLnYxLlR1cm5TdGFydGVkSAASMAoKdHVybl9lbmRlZBgNIAEoCzIaLmFnZW50cnVudGltZS52MS5UdXJuRW5kZWRIABI9ChF0b29sX2NhbGxfc3RhcnRlZBgOIAEoCzIgLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbFN0YXJ0ZWRIABI5Cg90b29sX2NhbGxfZW5kZWQYDyABKAsyHi5hZ2VudHJ1bnRpbWUudjEuVG9vbENhbGxFbmRlZEgAEisKB3BlbmRpbmcYECABKAsyGC5hZ2VudHJ1bnRpbWUudjEuUmVxdWVzdEgAEi0KBnJlc3VsdBgRIAEoCzIbLmFnZW50cnVudGltZS52MS5UYXNrUmVzdWx0SABCCQoHcGF5bG9hZCIxCg1IYW5kbGVTcGF3bmVkEhEKCXBhcmVudF9pZBgBIAEoCRINCgVhZ2VudBgCIAEoCSI7CgxTdGF0ZUNoYW5nZWQSKwoFc3RhdGUYASABKA4yHC5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlU3RhdGUiGwoLVHVyblN0YXJ0ZWQSDAoEdHVybhgBIAEoAyKAAQoJVHVybkVuZGVkEgwKBHR1cm4YASABKAMSDgoGdG9rZW5zGAIgASgDEhIKCm93bl90b2tlbnMYAyABKAMSFAoMdG90YWxfdG9rZW5zGAQgASgDEhIKCnRvb2xfY2FsbHMYBSABKAUSFwoPdXNhZ2VfZXN0aW1hdGVkGAYgASgIIjoKD1Rvb2xDYWxsU3RhcnRlZBInCgRjYWxsGAEgASgLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlAKDVRvb2xDYWxsRW5kZWQSDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhAKCGlzX2Vycm9yGAMgASgIEg4KBm91dHB1dBgEIAEoCSqtAQoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEg8KC1NUQVRVU19ET05FEAESEgoOU1RBVFVTX1BFTkRJTkcQAhIVChFTVEFUVVNfSU5DT01QTEVURRADEhYKElNUQVRVU19JTlRFUlJVUFRFRBAEEhEKDVNUQVRVU19DTE9TRUQQBRISCg5TVEFUVVNfVElNRU9VVBAGEhAKDFNUQVRVU19FUlJPUhAHKtwBCgVMaW1pdBIVChFMSU1JVF9VTlNQRUNJRklFRBAAEhMKD0xJTUlUX01BWF9UVVJOUxABEhQKEExJTUlUX01BWF9UT0tFTlMQAhIYChRMSU1JVF9NQVhfVE9PTF9DQUxMUxADEhcKE0xJTUlUX01BWF9XQUxMX1RJTUUQBBIWChJMSU1JVF9NQVhfQ0hJTERSRU4QBRITCg9MSU1JVF9NQVhfREVQVEgQBhIUChBMSU1JVF9DT01QTEVUSU9OEAcSGwoXTElNSVRfTUFYX09VVFBVVF9UT0tFTlMQCCreAgoNRmFpbHVyZVJlYXNvbhIeChpGQUlMVVJFX1JFQVNPTl9VTlNQRUNJRklFRBAAEiAKHEZBSUxVUkVfUkVBU09OX01PREVMX1JFRlVTRUQQARIqCiZGQUlMVVJFX1JFQVNPTl9DT05URVhUX0xFTkdUSF9FWENFRURFRBACEiAKHEZBSUxVUkVfUkVBU09OX1BST1ZJREVSX0FVVEgQAxIoCiRGQUlMVVJFX1JFQVNPTl9QUk9WSURFUl9SQVRFX0xJTUlURUQQBBInCiNGQUlMVVJFX1JFQVNPTl9QUk9WSURFUl9VTkFWQUlMQUJMRRAFEicKI0ZBSUxVUkVfUkVBU09OX1BST1ZJREVSX0JBRF9SRVFVRVNUEAYSJQohRkFJTFVSRV9SRUFTT05fUFJPVklERVJfQkFEX1JFUExZEAcSGgoWRkFJTFVSRV9SRUFTT05fUlVOVElNRRAIKpEBCgtIYW5kbGVTdGF0ZRIcChhIQU5ETEVfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFIQU5ETEVfU1RBVEVfSURMRRABEhgKFEhBTkRMRV9TVEFURV9SVU5OSU5HEAISGgoWSEFORExFX1NUQVRFX1NVU1BFTkRFRBADEhcKE0hBTkRMRV9TVEFURV9DTE9TRUQQBCp1Cg9HdWFyZHJhaWxBY3Rpb24SIAocR1VBUkRSQUlMX0FDVElPTl9VTlNQRUNJRklFRBAAEhkKFUdVQVJEUkFJTF9BQ1RJT05fREVOWRABEiUKIUdVQVJEUkFJTF9BQ1RJT05fUkVRVUlSRV9BUFBST1ZBTBACKmEKDU9uSW50ZXJydXB0ZWQSHgoaT05fSU5URVJSVVBURURfVU5TUEVDSUZJRUQQABIYChRPTl9JTlRFUlJVUFRFRF9SRVRSWRABEhYKEk9OX0lOVEVSUlVQVEVEX0FTSxACKpUBCgxTY3JpcHRlZFN0b3ASHQoZU0NSSVBURURfU1RPUF9VTlNQRUNJRklFRBAAEiMKH1NDUklQVEVEX1NUT1BfTUFYX09VVFBVVF9UT0tFTlMQARIZChVTQ1JJUFRFRF9TVE9QX1JFRlVTQUwQAhImCiJTQ1JJUFRFRF9TVE9QX1BST1ZJREVSX1VOQVZBSUxBQkxFEAMyqQcKDEFnZW50UnVudGltZRJeCg1DcmVhdGVSdW50aW1lEiUuYWdlbnRydW50aW1lLnYxLkNyZWF0ZVJ1bnRpbWVSZXF1ZXN0GiYuYWdlbnRydW50aW1lLnYxLkNyZWF0ZVJ1bnRpbWVSZXNwb25zZRJGCgVTcGF3bhIdLmFnZW50cnVudGltZS52MS5TcGF3blJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuU3Bhd25SZXNwb25zZRJDCgRQb3N0EhwuYWdlbnRydW50aW1lLnYxLlBvc3RSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLlBvc3RSZXNwb25zZRJDCgRXYWtlEhwuYWdlbnRydW50aW1lLnYxLldha2VSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLldha2VSZXNwb25zZRJDCgRXYWl0EhwuYWdlbnRydW50aW1lLnYxLldhaXRSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLldhaXRSZXNwb25zZRJJCgZSZXN1bWUSHi5hZ2VudHJ1bnRpbWUudjEuUmVzdW1lUmVxdWVzdBofLmFnZW50cnVudGltZS52MS5SZXN1bWVSZXNwb25zZRJSCglJbnRlcnJ1cHQSIS5hZ2VudHJ1bnRpbWUudjEuSW50ZXJydXB0UmVxdWVzdBoiLmFnZW50cnVudGltZS52MS5JbnRlcnJ1cHRSZXNwb25zZRJGCgVDbG9zZRIdLmFnZW50cnVudGltZS52MS5DbG9zZVJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuQ2xvc2VSZXNwb25zZRJMCgdJbnNwZWN0Eh8uYWdlbnRydW50aW1lLnYxLkluc3BlY3RSZXF1ZXN0GiAuYWdlbnRydW50aW1lLnYxLkluc3BlY3RSZXNwb25zZRJDCgRMaXN0EhwuYWdlbnRydW50aW1lLnYxLkxpc3RSZXF1ZXN0Gh0uYWdlbnRydW50aW1lLnYxLkxpc3RSZXNwb25zZRJeCg1HZXRUcmFuc2NyaXB0EiUuYWdlbnRydW50aW1lLnYxLkdldFRyYW5zY3JpcHRSZXF1ZXN0GiYuYWdlbnRydW50aW1lLnYxLkdldFRyYW5zY3JpcHRSZXNwb25zZRJICgVXYXRjaBIdLmFnZW50cnVudGltZS52MS5XYXRjaFJlcXVlc3QaHi5hZ2VudHJ1bnRpbWUudjEuV2F0Y2hSZXNwb25zZTABQnoKE2Rldi5hZ2VudHJ1bnRpbWUudjFCEUFnZW50UnVudGltZVByb3RvUAFaTmdpdGh1Yi5jb20vYWdlbnRydW50aW1lL2FnZW50cnVudGltZS9jbGllbnRzL2dvL2FnZW50cnVudGltZS92MTthZ2VudHJ1bnRpbWV2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+
+/**
+ * Failure says why a run settled STATUS_ERROR.
+ *
+ * @generated from message agentruntime.v1.Failure
+ */
+export type Failure = Message$1<"agentruntime.v1.Failure"> & {
+  /**
+   * @generated from field: agentruntime.v1.FailureReason reason = 1;
+   */
+  reason: FailureReason;
+
+  /**
+   * The provider's name in the server's settings, when a provider failed.
+   *
+   * @generated from field: string provider = 2;
+   */
+  provider: string;
+
+  /**
+   * The provider's HTTP status, when it answered with one.
+   *
+   * @generated from field: int32 http_status = 3;
+   */
+  httpStatus: number;
+
+  /**
+   * True when the same call may succeed later unchanged (rate limits, outages).
+   *
+   * @generated from field: bool retryable = 4;
+   */
+  retryable: boolean;
+
+  /**
+   * A short description (the provider's error type or message, cut short).
+   *
+   * @generated from field: string detail = 5;
+   */
+  detail: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.Failure.
+ * Use `create(FailureSchema)` to create a new message.
+ */
+export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 0);
 
 /**
  * TaskResult crosses every handle boundary and every RPC that settles.
@@ -81,6 +128,13 @@ export type TaskResult = Message$1<"agentruntime.v1.TaskResult"> & {
    * @generated from field: int64 tool_calls = 10;
    */
   toolCalls: bigint;
+
+  /**
+   * Why the run failed; set iff status is STATUS_ERROR.
+   *
+   * @generated from field: agentruntime.v1.Failure failure = 11;
+   */
+  failure?: Failure | undefined;
 };
 
 /**
@@ -88,7 +142,7 @@ export type TaskResult = Message$1<"agentruntime.v1.TaskResult"> & {
  * Use `create(TaskResultSchema)` to create a new message.
  */
 export const TaskResultSchema: GenMessage<TaskResult> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 0);
+  messageDesc(file_agentruntime_v1_agent_runtime, 1);
 
 /**
  * @generated from message agentruntime.v1.HandleView
@@ -168,7 +222,7 @@ export type HandleView = Message$1<"agentruntime.v1.HandleView"> & {
  * Use `create(HandleViewSchema)` to create a new message.
  */
 export const HandleViewSchema: GenMessage<HandleView> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 1);
+  messageDesc(file_agentruntime_v1_agent_runtime, 2);
 
 /**
  * @generated from message agentruntime.v1.AgentDef
@@ -244,6 +298,15 @@ export type AgentDef = Message$1<"agentruntime.v1.AgentDef"> & {
    * @generated from field: string provider = 11;
    */
   provider: string;
+
+  /**
+   * The output cap sent with every model call (`max_completion_tokens` for openai,
+   * `max_tokens` for anthropic); unset: the provider's setting. A reply that reaches it
+   * stops the run with LIMIT_MAX_OUTPUT_TOKENS.
+   *
+   * @generated from field: optional int64 max_output_tokens = 12;
+   */
+  maxOutputTokens?: bigint | undefined;
 };
 
 /**
@@ -251,7 +314,7 @@ export type AgentDef = Message$1<"agentruntime.v1.AgentDef"> & {
  * Use `create(AgentDefSchema)` to create a new message.
  */
 export const AgentDefSchema: GenMessage<AgentDef> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 2);
+  messageDesc(file_agentruntime_v1_agent_runtime, 3);
 
 /**
  * Every field is optional: unset means unlimited (unset is not 0).
@@ -302,7 +365,7 @@ export type Budget = Message$1<"agentruntime.v1.Budget"> & {
  * Use `create(BudgetSchema)` to create a new message.
  */
 export const BudgetSchema: GenMessage<Budget> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 3);
+  messageDesc(file_agentruntime_v1_agent_runtime, 4);
 
 /**
  * @generated from message agentruntime.v1.ToolDef
@@ -363,7 +426,7 @@ export type ToolDef = Message$1<"agentruntime.v1.ToolDef"> & {
  * Use `create(ToolDefSchema)` to create a new message.
  */
 export const ToolDefSchema: GenMessage<ToolDef> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 4);
+  messageDesc(file_agentruntime_v1_agent_runtime, 5);
 
 /**
  * The host runs the tool: the handle suspends with a Request of kind `tool_call`.
@@ -378,7 +441,7 @@ export type RelayTool = Message$1<"agentruntime.v1.RelayTool"> & {
  * Use `create(RelayToolSchema)` to create a new message.
  */
 export const RelayToolSchema: GenMessage<RelayTool> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 5);
+  messageDesc(file_agentruntime_v1_agent_runtime, 6);
 
 /**
  * The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
@@ -413,7 +476,7 @@ export type HttpTool = Message$1<"agentruntime.v1.HttpTool"> & {
  * Use `create(HttpToolSchema)` to create a new message.
  */
 export const HttpToolSchema: GenMessage<HttpTool> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 6);
+  messageDesc(file_agentruntime_v1_agent_runtime, 7);
 
 /**
  * @generated from message agentruntime.v1.ApprovalPolicy
@@ -435,7 +498,7 @@ export type ApprovalPolicy = Message$1<"agentruntime.v1.ApprovalPolicy"> & {
  * Use `create(ApprovalPolicySchema)` to create a new message.
  */
 export const ApprovalPolicySchema: GenMessage<ApprovalPolicy> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 7);
+  messageDesc(file_agentruntime_v1_agent_runtime, 8);
 
 /**
  * @generated from message agentruntime.v1.CompletionGate
@@ -469,7 +532,7 @@ export type CompletionGate = Message$1<"agentruntime.v1.CompletionGate"> & {
  * Use `create(CompletionGateSchema)` to create a new message.
  */
 export const CompletionGateSchema: GenMessage<CompletionGate> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 8);
+  messageDesc(file_agentruntime_v1_agent_runtime, 9);
 
 /**
  * @generated from message agentruntime.v1.Guardrail
@@ -496,7 +559,7 @@ export type Guardrail = Message$1<"agentruntime.v1.Guardrail"> & {
  * Use `create(GuardrailSchema)` to create a new message.
  */
 export const GuardrailSchema: GenMessage<Guardrail> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 9);
+  messageDesc(file_agentruntime_v1_agent_runtime, 10);
 
 /**
  * @generated from message agentruntime.v1.Script
@@ -516,7 +579,7 @@ export type Script = Message$1<"agentruntime.v1.Script"> & {
  * Use `create(ScriptSchema)` to create a new message.
  */
 export const ScriptSchema: GenMessage<Script> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 10);
+  messageDesc(file_agentruntime_v1_agent_runtime, 11);
 
 /**
  * @generated from message agentruntime.v1.ScriptedReply
@@ -545,6 +608,13 @@ export type ScriptedReply = Message$1<"agentruntime.v1.ScriptedReply"> & {
    * @generated from field: google.protobuf.Duration delay = 4;
    */
   delay?: Duration | undefined;
+
+  /**
+   * How the reply ends: a scripted model can be cut off or refuse like a real one.
+   *
+   * @generated from field: agentruntime.v1.ScriptedStop stop = 5;
+   */
+  stop: ScriptedStop;
 };
 
 /**
@@ -552,7 +622,7 @@ export type ScriptedReply = Message$1<"agentruntime.v1.ScriptedReply"> & {
  * Use `create(ScriptedReplySchema)` to create a new message.
  */
 export const ScriptedReplySchema: GenMessage<ScriptedReply> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 11);
+  messageDesc(file_agentruntime_v1_agent_runtime, 12);
 
 /**
  * @generated from message agentruntime.v1.ScriptedToolCall
@@ -574,7 +644,7 @@ export type ScriptedToolCall = Message$1<"agentruntime.v1.ScriptedToolCall"> & {
  * Use `create(ScriptedToolCallSchema)` to create a new message.
  */
 export const ScriptedToolCallSchema: GenMessage<ScriptedToolCall> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 12);
+  messageDesc(file_agentruntime_v1_agent_runtime, 13);
 
 /**
  * Request is what a suspended handle needs from the host.
@@ -632,7 +702,7 @@ export type Request = Message$1<"agentruntime.v1.Request"> & {
  * Use `create(RequestSchema)` to create a new message.
  */
 export const RequestSchema: GenMessage<Request> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 13);
+  messageDesc(file_agentruntime_v1_agent_runtime, 14);
 
 /**
  * @generated from message agentruntime.v1.ToolCall
@@ -666,7 +736,7 @@ export type ToolCall = Message$1<"agentruntime.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 14);
+  messageDesc(file_agentruntime_v1_agent_runtime, 15);
 
 /**
  * @generated from message agentruntime.v1.Answer
@@ -707,7 +777,7 @@ export type Answer = Message$1<"agentruntime.v1.Answer"> & {
  * Use `create(AnswerSchema)` to create a new message.
  */
 export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 15);
+  messageDesc(file_agentruntime_v1_agent_runtime, 16);
 
 /**
  * @generated from message agentruntime.v1.ToolOutput
@@ -736,7 +806,7 @@ export type ToolOutput = Message$1<"agentruntime.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 16);
+  messageDesc(file_agentruntime_v1_agent_runtime, 17);
 
 /**
  * @generated from message agentruntime.v1.Message
@@ -779,6 +849,21 @@ export type Message = Message$1<"agentruntime.v1.Message"> & {
    * @generated from field: int64 turn = 6;
    */
   turn: bigint;
+
+  /**
+   * On assistant messages: the model refused (the content is its refusal).
+   *
+   * @generated from field: bool refusal = 7;
+   */
+  refusal: boolean;
+
+  /**
+   * On assistant messages: the model's reasoning blocks, sent back verbatim on the next
+   * call (Anthropic extended thinking; `signature` as the API gave it).
+   *
+   * @generated from field: repeated agentruntime.v1.Thinking thinking = 8;
+   */
+  thinking: Thinking[];
 };
 
 /**
@@ -786,7 +871,36 @@ export type Message = Message$1<"agentruntime.v1.Message"> & {
  * Use `create(MessageSchema)` to create a new message.
  */
 export const MessageSchema: GenMessage<Message> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 17);
+  messageDesc(file_agentruntime_v1_agent_runtime, 18);
+
+/**
+ * @generated from message agentruntime.v1.Thinking
+ */
+export type Thinking = Message$1<"agentruntime.v1.Thinking"> & {
+  /**
+   * @generated from field: string text = 1;
+   */
+  text: string;
+
+  /**
+   * @generated from field: string signature = 2;
+   */
+  signature: string;
+
+  /**
+   * Set for a redacted block: the encrypted reasoning, opaque.
+   *
+   * @generated from field: string redacted_data = 3;
+   */
+  redactedData: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.Thinking.
+ * Use `create(ThinkingSchema)` to create a new message.
+ */
+export const ThinkingSchema: GenMessage<Thinking> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 19);
 
 /**
  * @generated from message agentruntime.v1.CreateRuntimeRequest
@@ -810,7 +924,7 @@ export type CreateRuntimeRequest = Message$1<"agentruntime.v1.CreateRuntimeReque
  * Use `create(CreateRuntimeRequestSchema)` to create a new message.
  */
 export const CreateRuntimeRequestSchema: GenMessage<CreateRuntimeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 18);
+  messageDesc(file_agentruntime_v1_agent_runtime, 20);
 
 /**
  * @generated from message agentruntime.v1.CreateRuntimeResponse
@@ -827,7 +941,7 @@ export type CreateRuntimeResponse = Message$1<"agentruntime.v1.CreateRuntimeResp
  * Use `create(CreateRuntimeResponseSchema)` to create a new message.
  */
 export const CreateRuntimeResponseSchema: GenMessage<CreateRuntimeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 19);
+  messageDesc(file_agentruntime_v1_agent_runtime, 21);
 
 /**
  * @generated from message agentruntime.v1.SpawnRequest
@@ -863,7 +977,7 @@ export type SpawnRequest = Message$1<"agentruntime.v1.SpawnRequest"> & {
  * Use `create(SpawnRequestSchema)` to create a new message.
  */
 export const SpawnRequestSchema: GenMessage<SpawnRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 20);
+  messageDesc(file_agentruntime_v1_agent_runtime, 22);
 
 /**
  * @generated from message agentruntime.v1.SpawnResponse
@@ -880,7 +994,7 @@ export type SpawnResponse = Message$1<"agentruntime.v1.SpawnResponse"> & {
  * Use `create(SpawnResponseSchema)` to create a new message.
  */
 export const SpawnResponseSchema: GenMessage<SpawnResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 21);
+  messageDesc(file_agentruntime_v1_agent_runtime, 23);
 
 /**
  * @generated from message agentruntime.v1.PostRequest
@@ -922,7 +1036,7 @@ export type PostRequest = Message$1<"agentruntime.v1.PostRequest"> & {
  * Use `create(PostRequestSchema)` to create a new message.
  */
 export const PostRequestSchema: GenMessage<PostRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 22);
+  messageDesc(file_agentruntime_v1_agent_runtime, 24);
 
 /**
  * @generated from message agentruntime.v1.PostResponse
@@ -944,7 +1058,7 @@ export type PostResponse = Message$1<"agentruntime.v1.PostResponse"> & {
  * Use `create(PostResponseSchema)` to create a new message.
  */
 export const PostResponseSchema: GenMessage<PostResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 23);
+  messageDesc(file_agentruntime_v1_agent_runtime, 25);
 
 /**
  * @generated from message agentruntime.v1.WakeRequest
@@ -973,7 +1087,7 @@ export type WakeRequest = Message$1<"agentruntime.v1.WakeRequest"> & {
  * Use `create(WakeRequestSchema)` to create a new message.
  */
 export const WakeRequestSchema: GenMessage<WakeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 24);
+  messageDesc(file_agentruntime_v1_agent_runtime, 26);
 
 /**
  * @generated from message agentruntime.v1.WakeResponse
@@ -993,7 +1107,7 @@ export type WakeResponse = Message$1<"agentruntime.v1.WakeResponse"> & {
  * Use `create(WakeResponseSchema)` to create a new message.
  */
 export const WakeResponseSchema: GenMessage<WakeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 25);
+  messageDesc(file_agentruntime_v1_agent_runtime, 27);
 
 /**
  * @generated from message agentruntime.v1.WaitRequest
@@ -1022,7 +1136,7 @@ export type WaitRequest = Message$1<"agentruntime.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 26);
+  messageDesc(file_agentruntime_v1_agent_runtime, 28);
 
 /**
  * @generated from message agentruntime.v1.WaitResponse
@@ -1039,7 +1153,7 @@ export type WaitResponse = Message$1<"agentruntime.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 27);
+  messageDesc(file_agentruntime_v1_agent_runtime, 29);
 
 /**
  * @generated from message agentruntime.v1.ResumeRequest
@@ -1061,7 +1175,7 @@ export type ResumeRequest = Message$1<"agentruntime.v1.ResumeRequest"> & {
  * Use `create(ResumeRequestSchema)` to create a new message.
  */
 export const ResumeRequestSchema: GenMessage<ResumeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 28);
+  messageDesc(file_agentruntime_v1_agent_runtime, 30);
 
 /**
  * @generated from message agentruntime.v1.ResumeResponse
@@ -1078,7 +1192,7 @@ export type ResumeResponse = Message$1<"agentruntime.v1.ResumeResponse"> & {
  * Use `create(ResumeResponseSchema)` to create a new message.
  */
 export const ResumeResponseSchema: GenMessage<ResumeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 29);
+  messageDesc(file_agentruntime_v1_agent_runtime, 31);
 
 /**
  * @generated from message agentruntime.v1.InterruptRequest
@@ -1100,7 +1214,7 @@ export type InterruptRequest = Message$1<"agentruntime.v1.InterruptRequest"> & {
  * Use `create(InterruptRequestSchema)` to create a new message.
  */
 export const InterruptRequestSchema: GenMessage<InterruptRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 30);
+  messageDesc(file_agentruntime_v1_agent_runtime, 32);
 
 /**
  * @generated from message agentruntime.v1.InterruptResponse
@@ -1119,7 +1233,7 @@ export type InterruptResponse = Message$1<"agentruntime.v1.InterruptResponse"> &
  * Use `create(InterruptResponseSchema)` to create a new message.
  */
 export const InterruptResponseSchema: GenMessage<InterruptResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 31);
+  messageDesc(file_agentruntime_v1_agent_runtime, 33);
 
 /**
  * @generated from message agentruntime.v1.CloseRequest
@@ -1148,7 +1262,7 @@ export type CloseRequest = Message$1<"agentruntime.v1.CloseRequest"> & {
  * Use `create(CloseRequestSchema)` to create a new message.
  */
 export const CloseRequestSchema: GenMessage<CloseRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 32);
+  messageDesc(file_agentruntime_v1_agent_runtime, 34);
 
 /**
  * @generated from message agentruntime.v1.CloseResponse
@@ -1167,7 +1281,7 @@ export type CloseResponse = Message$1<"agentruntime.v1.CloseResponse"> & {
  * Use `create(CloseResponseSchema)` to create a new message.
  */
 export const CloseResponseSchema: GenMessage<CloseResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 33);
+  messageDesc(file_agentruntime_v1_agent_runtime, 35);
 
 /**
  * @generated from message agentruntime.v1.InspectRequest
@@ -1189,7 +1303,7 @@ export type InspectRequest = Message$1<"agentruntime.v1.InspectRequest"> & {
  * Use `create(InspectRequestSchema)` to create a new message.
  */
 export const InspectRequestSchema: GenMessage<InspectRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 34);
+  messageDesc(file_agentruntime_v1_agent_runtime, 36);
 
 /**
  * @generated from message agentruntime.v1.InspectResponse
@@ -1206,7 +1320,7 @@ export type InspectResponse = Message$1<"agentruntime.v1.InspectResponse"> & {
  * Use `create(InspectResponseSchema)` to create a new message.
  */
 export const InspectResponseSchema: GenMessage<InspectResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 35);
+  messageDesc(file_agentruntime_v1_agent_runtime, 37);
 
 /**
  * @generated from message agentruntime.v1.ListRequest
@@ -1238,7 +1352,7 @@ export type ListRequest = Message$1<"agentruntime.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 36);
+  messageDesc(file_agentruntime_v1_agent_runtime, 38);
 
 /**
  * @generated from message agentruntime.v1.ListResponse
@@ -1262,7 +1376,7 @@ export type ListResponse = Message$1<"agentruntime.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 37);
+  messageDesc(file_agentruntime_v1_agent_runtime, 39);
 
 /**
  * @generated from message agentruntime.v1.GetTranscriptRequest
@@ -1299,7 +1413,7 @@ export type GetTranscriptRequest = Message$1<"agentruntime.v1.GetTranscriptReque
  * Use `create(GetTranscriptRequestSchema)` to create a new message.
  */
 export const GetTranscriptRequestSchema: GenMessage<GetTranscriptRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 38);
+  messageDesc(file_agentruntime_v1_agent_runtime, 40);
 
 /**
  * @generated from message agentruntime.v1.GetTranscriptResponse
@@ -1323,7 +1437,7 @@ export type GetTranscriptResponse = Message$1<"agentruntime.v1.GetTranscriptResp
  * Use `create(GetTranscriptResponseSchema)` to create a new message.
  */
 export const GetTranscriptResponseSchema: GenMessage<GetTranscriptResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 39);
+  messageDesc(file_agentruntime_v1_agent_runtime, 41);
 
 /**
  * @generated from message agentruntime.v1.WatchRequest
@@ -1347,7 +1461,7 @@ export type WatchRequest = Message$1<"agentruntime.v1.WatchRequest"> & {
  * Use `create(WatchRequestSchema)` to create a new message.
  */
 export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 40);
+  messageDesc(file_agentruntime_v1_agent_runtime, 42);
 
 /**
  * @generated from message agentruntime.v1.WatchResponse
@@ -1364,7 +1478,7 @@ export type WatchResponse = Message$1<"agentruntime.v1.WatchResponse"> & {
  * Use `create(WatchResponseSchema)` to create a new message.
  */
 export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 41);
+  messageDesc(file_agentruntime_v1_agent_runtime, 43);
 
 /**
  * Event is one change in a runtime, numbered per runtime from 1 without gaps.
@@ -1450,7 +1564,7 @@ export type Event = Message$1<"agentruntime.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 42);
+  messageDesc(file_agentruntime_v1_agent_runtime, 44);
 
 /**
  * @generated from message agentruntime.v1.HandleSpawned
@@ -1472,7 +1586,7 @@ export type HandleSpawned = Message$1<"agentruntime.v1.HandleSpawned"> & {
  * Use `create(HandleSpawnedSchema)` to create a new message.
  */
 export const HandleSpawnedSchema: GenMessage<HandleSpawned> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 43);
+  messageDesc(file_agentruntime_v1_agent_runtime, 45);
 
 /**
  * @generated from message agentruntime.v1.StateChanged
@@ -1489,7 +1603,7 @@ export type StateChanged = Message$1<"agentruntime.v1.StateChanged"> & {
  * Use `create(StateChangedSchema)` to create a new message.
  */
 export const StateChangedSchema: GenMessage<StateChanged> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 44);
+  messageDesc(file_agentruntime_v1_agent_runtime, 46);
 
 /**
  * @generated from message agentruntime.v1.TurnStarted
@@ -1506,7 +1620,7 @@ export type TurnStarted = Message$1<"agentruntime.v1.TurnStarted"> & {
  * Use `create(TurnStartedSchema)` to create a new message.
  */
 export const TurnStartedSchema: GenMessage<TurnStarted> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 45);
+  messageDesc(file_agentruntime_v1_agent_runtime, 47);
 
 /**
  * @generated from message agentruntime.v1.TurnEnded
@@ -1538,6 +1652,14 @@ export type TurnEnded = Message$1<"agentruntime.v1.TurnEnded"> & {
    * @generated from field: int32 tool_calls = 5;
    */
   toolCalls: number;
+
+  /**
+   * True when the provider reported no usage and `tokens` is the server's estimate
+   * (about four characters a token of the request and the reply).
+   *
+   * @generated from field: bool usage_estimated = 6;
+   */
+  usageEstimated: boolean;
 };
 
 /**
@@ -1545,7 +1667,7 @@ export type TurnEnded = Message$1<"agentruntime.v1.TurnEnded"> & {
  * Use `create(TurnEndedSchema)` to create a new message.
  */
 export const TurnEndedSchema: GenMessage<TurnEnded> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 46);
+  messageDesc(file_agentruntime_v1_agent_runtime, 48);
 
 /**
  * @generated from message agentruntime.v1.ToolCallStarted
@@ -1562,7 +1684,7 @@ export type ToolCallStarted = Message$1<"agentruntime.v1.ToolCallStarted"> & {
  * Use `create(ToolCallStartedSchema)` to create a new message.
  */
 export const ToolCallStartedSchema: GenMessage<ToolCallStarted> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 47);
+  messageDesc(file_agentruntime_v1_agent_runtime, 49);
 
 /**
  * @generated from message agentruntime.v1.ToolCallEnded
@@ -1596,7 +1718,7 @@ export type ToolCallEnded = Message$1<"agentruntime.v1.ToolCallEnded"> & {
  * Use `create(ToolCallEndedSchema)` to create a new message.
  */
 export const ToolCallEndedSchema: GenMessage<ToolCallEnded> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 48);
+  messageDesc(file_agentruntime_v1_agent_runtime, 50);
 
 /**
  * Status says how a run settled (or that it has not).
@@ -1652,7 +1774,7 @@ export enum Status {
   TIMEOUT = 6,
 
   /**
-   * The run failed (a model provider error, for example); `text` says why.
+   * The run failed; `TaskResult.failure` names why, `text` says it in words.
    *
    * @generated from enum value: STATUS_ERROR = 7;
    */
@@ -1710,6 +1832,14 @@ export enum Limit {
    * @generated from enum value: LIMIT_COMPLETION = 7;
    */
   COMPLETION = 7,
+
+  /**
+   * The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
+   * off, and a tool call in the cut-off reply is never run.
+   *
+   * @generated from enum value: LIMIT_MAX_OUTPUT_TOKENS = 8;
+   */
+  MAX_OUTPUT_TOKENS = 8,
 }
 
 /**
@@ -1717,6 +1847,80 @@ export enum Limit {
  */
 export const LimitSchema: GenEnum<Limit> = /*@__PURE__*/
   enumDesc(file_agentruntime_v1_agent_runtime, 1);
+
+/**
+ * FailureReason names why a run failed (STATUS_ERROR), so a host can branch on it.
+ *
+ * @generated from enum agentruntime.v1.FailureReason
+ */
+export enum FailureReason {
+  /**
+   * @generated from enum value: FAILURE_REASON_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model declined to answer; `TaskResult.text` holds its refusal.
+   *
+   * @generated from enum value: FAILURE_REASON_MODEL_REFUSED = 1;
+   */
+  MODEL_REFUSED = 1,
+
+  /**
+   * The prompt (the transcript) is longer than the model's context window.
+   *
+   * @generated from enum value: FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED = 2;
+   */
+  CONTEXT_LENGTH_EXCEEDED = 2,
+
+  /**
+   * The provider refused the server's credentials (401, 403).
+   *
+   * @generated from enum value: FAILURE_REASON_PROVIDER_AUTH = 3;
+   */
+  PROVIDER_AUTH = 3,
+
+  /**
+   * The provider kept answering 429 past every retry.
+   *
+   * @generated from enum value: FAILURE_REASON_PROVIDER_RATE_LIMITED = 4;
+   */
+  PROVIDER_RATE_LIMITED = 4,
+
+  /**
+   * The provider failed, was overloaded, unreachable or too slow past every retry.
+   *
+   * @generated from enum value: FAILURE_REASON_PROVIDER_UNAVAILABLE = 5;
+   */
+  PROVIDER_UNAVAILABLE = 5,
+
+  /**
+   * The provider refused the request as malformed (another 4xx).
+   *
+   * @generated from enum value: FAILURE_REASON_PROVIDER_BAD_REQUEST = 6;
+   */
+  PROVIDER_BAD_REQUEST = 6,
+
+  /**
+   * The provider's reply could not be used (not its API's shape, absurd usage, too large).
+   *
+   * @generated from enum value: FAILURE_REASON_PROVIDER_BAD_REPLY = 7;
+   */
+  PROVIDER_BAD_REPLY = 7,
+
+  /**
+   * The runtime itself failed (a bug: see the server log).
+   *
+   * @generated from enum value: FAILURE_REASON_RUNTIME = 8;
+   */
+  RUNTIME = 8,
+}
+
+/**
+ * Describes the enum agentruntime.v1.FailureReason.
+ */
+export const FailureReasonSchema: GenEnum<FailureReason> = /*@__PURE__*/
+  enumDesc(file_agentruntime_v1_agent_runtime, 2);
 
 /**
  * @generated from enum agentruntime.v1.HandleState
@@ -1752,7 +1956,7 @@ export enum HandleState {
  * Describes the enum agentruntime.v1.HandleState.
  */
 export const HandleStateSchema: GenEnum<HandleState> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 2);
+  enumDesc(file_agentruntime_v1_agent_runtime, 3);
 
 /**
  * @generated from enum agentruntime.v1.GuardrailAction
@@ -1782,7 +1986,7 @@ export enum GuardrailAction {
  * Describes the enum agentruntime.v1.GuardrailAction.
  */
 export const GuardrailActionSchema: GenEnum<GuardrailAction> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 3);
+  enumDesc(file_agentruntime_v1_agent_runtime, 4);
 
 /**
  * @generated from enum agentruntime.v1.OnInterrupted
@@ -1815,7 +2019,46 @@ export enum OnInterrupted {
  * Describes the enum agentruntime.v1.OnInterrupted.
  */
 export const OnInterruptedSchema: GenEnum<OnInterrupted> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 4);
+  enumDesc(file_agentruntime_v1_agent_runtime, 5);
+
+/**
+ * @generated from enum agentruntime.v1.ScriptedStop
+ */
+export enum ScriptedStop {
+  /**
+   * A complete reply.
+   *
+   * @generated from enum value: SCRIPTED_STOP_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The reply hit its output cap (LIMIT_MAX_OUTPUT_TOKENS).
+   *
+   * @generated from enum value: SCRIPTED_STOP_MAX_OUTPUT_TOKENS = 1;
+   */
+  MAX_OUTPUT_TOKENS = 1,
+
+  /**
+   * The model refused; `text` is the refusal (FAILURE_REASON_MODEL_REFUSED).
+   *
+   * @generated from enum value: SCRIPTED_STOP_REFUSAL = 2;
+   */
+  REFUSAL = 2,
+
+  /**
+   * The provider failed this call (FAILURE_REASON_PROVIDER_UNAVAILABLE, HTTP 503).
+   *
+   * @generated from enum value: SCRIPTED_STOP_PROVIDER_UNAVAILABLE = 3;
+   */
+  PROVIDER_UNAVAILABLE = 3,
+}
+
+/**
+ * Describes the enum agentruntime.v1.ScriptedStop.
+ */
+export const ScriptedStopSchema: GenEnum<ScriptedStop> = /*@__PURE__*/
+  enumDesc(file_agentruntime_v1_agent_runtime, 6);
 
 /**
  * AgentRuntime hosts trees of agents. A runtime is one tree; a handle is one live
