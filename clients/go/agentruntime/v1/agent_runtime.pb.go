@@ -1952,6 +1952,8 @@ type Message struct {
 	Turn int64 `protobuf:"varint,6,opt,name=turn,proto3" json:"turn,omitempty"`
 	// On assistant messages: the model refused (the content is its refusal).
 	Refusal bool `protobuf:"varint,7,opt,name=refusal,proto3" json:"refusal,omitempty"`
+	// On assistant messages: the reply hit its output cap; its tool calls were never run.
+	Truncated bool `protobuf:"varint,9,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	// On assistant messages: the model's reasoning blocks, sent back verbatim on the next
 	// call (Anthropic extended thinking; `signature` as the API gave it).
 	Thinking      []*Thinking `protobuf:"bytes,8,rep,name=thinking,proto3" json:"thinking,omitempty"`
@@ -2034,6 +2036,13 @@ func (x *Message) GetTurn() int64 {
 func (x *Message) GetRefusal() bool {
 	if x != nil {
 		return x.Refusal
+	}
+	return false
+}
+
+func (x *Message) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
 	}
 	return false
 }
@@ -4088,7 +4097,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"ToolOutput\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x19\n" +
-	"\bis_error\x18\x03 \x01(\bR\aisError\"\x93\x02\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\"\xb1\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x128\n" +
@@ -4098,7 +4107,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"toolCallId\x12\x19\n" +
 	"\bis_error\x18\x05 \x01(\bR\aisError\x12\x12\n" +
 	"\x04turn\x18\x06 \x01(\x03R\x04turn\x12\x18\n" +
-	"\arefusal\x18\a \x01(\bR\arefusal\x125\n" +
+	"\arefusal\x18\a \x01(\bR\arefusal\x12\x1c\n" +
+	"\ttruncated\x18\t \x01(\bR\ttruncated\x125\n" +
 	"\bthinking\x18\b \x03(\v2\x19.agentruntime.v1.ThinkingR\bthinking\"a\n" +
 	"\bThinking\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n" +

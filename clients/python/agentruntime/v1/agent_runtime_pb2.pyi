@@ -974,6 +974,7 @@ class Message(_message.Message):
     IS_ERROR_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
     REFUSAL_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     THINKING_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """`system`, `user`, `assistant` or `tool`."""
@@ -985,6 +986,8 @@ class Message(_message.Message):
     """The model turn (1-based) that produced an assistant message."""
     refusal: _builtins.bool
     """On assistant messages: the model refused (the content is its refusal)."""
+    truncated: _builtins.bool
+    """On assistant messages: the reply hit its output cap; its tool calls were never run."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """On assistant messages: the tool calls it made."""
@@ -1005,11 +1008,12 @@ class Message(_message.Message):
         is_error: _builtins.bool = ...,
         turn: _builtins.int = ...,
         refusal: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
         thinking: _abc.Iterable[Global___Thinking] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "refusal", b"refusal", "role", b"role", "thinking", b"thinking", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "refusal", b"refusal", "role", b"role", "thinking", b"thinking", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "truncated", b"truncated", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
