@@ -122,6 +122,7 @@ smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the R
 	scripts/smoke.sh
 
 bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory
+	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py

@@ -1,0 +1,720 @@
+"""The store conformance suite (issue 10): the contract of domain/ports.py `Store`, held to
+every backend the same way, without gRPC.
+
+Each test takes a `backend` (a way to open a store on one place: `backend.open()`), made by
+one of FACTORIES; a new backend is one line there. The journal the tests store is real: a
+`Journal` over a `Tree`, recording the steps the runtime records (see `story`), so that
+what is appended is exactly what a server appends, events and all."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sqlite3
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentruntime_server.domain.events import Event, EventLog
+from agentruntime_server.domain.journal import (
+    STEPS,
+    Answered,
+    CallFinished,
+    CallStarted,
+    Closed,
+    Entry,
+    EventsImported,
+    Imported,
+    InDoubt,
+    Journal,
+    MessagesAppended,
+    ModelReplied,
+    Posted,
+    RunStarted,
+    Settled,
+    Spawned,
+    Step,
+    Tree,
+    TurnStarted,
+    events_of,
+    replay,
+)
+from agentruntime_server.domain.model import (
+    AgentSpec,
+    Answer,
+    Budget,
+    CompletionGate,
+    Guardrail,
+    GuardrailAction,
+    HandleState,
+    HttpExecutor,
+    InboxItem,
+    Limit,
+    Message,
+    OnInterrupted,
+    PendingRequest,
+    RelayExecutor,
+    ScriptedReply,
+    ScriptedToolCall,
+    Status,
+    TaskResult,
+    ToolCall,
+    ToolOutput,
+    ToolResult,
+    ToolSpec,
+)
+from agentruntime_server.domain.ports import Store
+from agentruntime_server.store.memory import MemoryStore
+from agentruntime_server.store.sqlite import SqliteStore
+
+FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
+
+# name -> (a test's tmp_path -> a function opening a store on the same place each call).
+# One line per backend; PostgreSQL will be e.g.
+#   "postgres": lambda tmp: lambda: PostgresStore(os.environ["AGENTRUNTIME_TEST_POSTGRES"], schema=tmp.name),
+FACTORIES: dict[str, Callable[[Path], Callable[[], Store]]] = {
+    "memory": lambda tmp: MemoryStore,
+    "sqlite": lambda tmp: lambda: SqliteStore(str(tmp / "s.db")),
+}
+
+
+@dataclass
+class Backend:
+    name: str
+    opener: Callable[[], Store]
+    opened: list[Store] = field(default_factory=list)
+
+    def open(self) -> Store:
+        """A store on this backend's place (the same data each time, for a durable one)."""
+        store = self.opener()
+        self.opened.append(store)
+        return store
+
+
+@pytest.fixture(params=list(FACTORIES))
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = Backend(request.param, FACTORIES[request.param](tmp_path))
+    yield made
+    for store in made.opened:
+        await store.close()
+
+
+@pytest.fixture
+def store(backend: Backend) -> Store:
+    return backend.open()
+
+
+def durable_only(store: Store) -> None:
+    if not store.durable:
+        pytest.skip(f"{type(store).__name__} is not durable (durable = False): nothing survives it to check")
+
+
+# ---- a real journal -----------------------------------------------------------------------
+
+COORDINATOR = "root/coordinator.1"
+WORKER = "root/coordinator.1/worker.1"
+SPARE = "root/worker.1"
+
+AGENTS = (
+    AgentSpec(
+        name="coordinator",
+        description="the coordinator agent",
+        instructions="Delegate, then charge.",
+        model="gpt-test",
+        tools=(
+            ToolSpec(
+                name="charge",
+                description="charges a card",
+                input_schema={"type": "object", "properties": {"cents": {"type": "integer"}}, "required": ["cents"]},
+                executor=HttpExecutor("https://pay.example/charge", {"authorization": "Bearer s3cret"}, 5.0),
+                approval_required=True,
+                approval_prompt="Charge?",
+                on_interrupted=OnInterrupted.ASK,
+            ),
+        ),
+        team=("worker",),
+        budget=Budget(max_turns=5, max_tokens=1000, max_tool_calls=10, max_wall_time=60.5, max_children=3, max_depth=2),
+        completion=CompletionGate(max_attempts=2, must_match="done"),
+        guardrails=(Guardrail("charge", GuardrailAction.REQUIRE_APPROVAL, "money moves"),),
+        script=(ScriptedReply("hello", (ScriptedToolCall("task", '{"agent": "worker"}'),), 7, 0.25),),
+        provider="scripted",
+    ),
+    AgentSpec(
+        name="worker",
+        description="the worker agent",
+        tools=(
+            ToolSpec("fetch", "the host's fetch", {}, RelayExecutor()),
+            ToolSpec("ping", "pings", {"type": "object"}, HttpExecutor("http://127.0.0.1:9/ping")),
+        ),
+    ),
+)
+
+
+def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
+    """One runtime's life, as the groups of steps the runtime records together: a
+    coordinator delegates to a worker that suspends on a relay call, the host answers, both
+    finish; the coordinator's next effect is in flight at a crash (in doubt), its run is
+    interrupted and rolled back; handles close. Every step kind a runtime records is here.
+    A generator, so that each group is built from the tree as the steps before it left it."""
+
+    def usage(handle_id: str, tokens: int) -> Any:
+        return tree.handles[handle_id].usage.after_reply(tokens)
+
+    def result(handle_id: str, status: Status, text: str = "", **more: Any) -> TaskResult:
+        return TaskResult(handle_id, text, status=status, usage=tree.handles[handle_id].usage, **more)
+
+    budget = Budget(max_turns=5, max_tokens=1000, max_tool_calls=10, max_wall_time=60.5, max_children=3, max_depth=2)
+    first_note, second_note = InboxItem("first note", "ops", "alice"), InboxItem("second note", "ops", "bob")
+    yield (Spawned(COORDINATOR, "", "coordinator", budget, "", 1),)
+    yield Posted(COORDINATOR, first_note), Posted(COORDINATOR, second_note)
+    yield (RunStarted(COORDINATOR, Message("user", "go\n\n[ops from alice] first note"), drained=1),)
+    yield (TurnStarted(COORDINATOR, 1),)
+    task = ToolCall("call_1_1", "task", '{"agent": "worker", "prompt": "fetch it"}')
+    reply = Message("assistant", "delegating", (task,), turn=1)
+    yield (ModelReplied(COORDINATOR, reply, 100, usage(COORDINATOR, 100)),)
+    yield (CallStarted(COORDINATOR, task),)
+    yield (Spawned(WORKER, COORDINATOR, "worker", Budget(max_turns=4, max_tokens=900), "call_1_1", 1),)
+    yield (RunStarted(WORKER, Message("user", "fetch it")),)
+    yield (TurnStarted(WORKER, 1),)
+    fetch, ping = ToolCall("call_1_1", "fetch", "{}"), ToolCall("call_1_2", "ping", '{"n": 1}')
+    yield (ModelReplied(WORKER, Message("assistant", "fetching", (fetch, ping), turn=1), 10, usage(WORKER, 10)),)
+    yield (CallStarted(WORKER, ping, effect=True),)
+    yield (CallFinished(WORKER, ping, ToolResult("pong")),)
+    yield (CallStarted(WORKER, fetch),)
+    key = f"rt/{WORKER}/call_1_1"
+    request = PendingRequest(
+        id=f"{WORKER}/call_1_1:tool_call",
+        kind="tool_call",
+        prompt="Run fetch and Resume with one output per call",
+        data={"calls": [{"id": "call_1_1", "name": "fetch", "arguments_json": "{}", "idempotency_key": key}]},
+        path=tuple(WORKER.split("/")),
+        calls=((fetch, key),),
+    )
+    yield (
+        Settled(WORKER, result(WORKER, Status.PENDING, pending=request), HandleState.SUSPENDED),
+        Settled(COORDINATOR, result(COORDINATOR, Status.PENDING, pending=request), HandleState.SUSPENDED),
+    )
+    answer = Answer(
+        request.id, ok=True, data={"by": "host", "n": 2, "nested": [1, 2.5, None]}, outputs=(ToolOutput("call_1_1", "42"),)
+    )
+    yield Answered(request.id, answer, WORKER, approved=("call_1_1",)), CallFinished(WORKER, fetch, ToolResult("42"))
+    yield (RunStarted(WORKER, None),)
+    yield (
+        MessagesAppended(
+            WORKER, (Message("tool", "42", tool_call_id="call_1_1"), Message("tool", "pong", tool_call_id="call_1_2"))
+        ),
+    )
+    yield (TurnStarted(WORKER, 2),)
+    yield (ModelReplied(WORKER, Message("assistant", "fetched", turn=2), 10, usage(WORKER, 10)),)
+    yield (Settled(WORKER, result(WORKER, Status.DONE, "fetched"), HandleState.IDLE),)
+    yield (RunStarted(COORDINATOR, None),)
+    yield (CallStarted(COORDINATOR, task, announce=False),)  # reattached to its settled child
+    yield (
+        CallFinished(COORDINATOR, task, ToolResult("fetched")),
+        MessagesAppended(COORDINATOR, (Message("tool", "fetched", tool_call_id="call_1_1"),)),
+    )
+    yield (TurnStarted(COORDINATOR, 2),)
+    charge = ToolCall("call_2_1", "charge", '{"cents": 5}')
+    yield (ModelReplied(COORDINATOR, Message("assistant", "charging", (charge,), turn=2), 100, usage(COORDINATOR, 100)),)
+    yield (CallStarted(COORDINATOR, charge, effect=True),)
+    # The process dies here; recovery finds the charge in doubt, and the run is interrupted.
+    yield (InDoubt(COORDINATOR, ("call_2_1",)),)
+    yield (
+        Settled(
+            COORDINATOR,
+            result(COORDINATOR, Status.INTERRUPTED, "interrupted", is_error=True, limit=Limit.NONE),
+            HandleState.IDLE,
+            rollback_to=1,
+            restored=(first_note,),
+        ),
+        MessagesAppended(COORDINATOR, (Message("tool", "not run: the run stopped", tool_call_id="call_2_1", is_error=True),)),
+    )
+    yield (Spawned(SPARE, "", "worker", Budget(), "", 1),)
+    yield Closed(SPARE), Closed(WORKER)
+
+
+RECORDED_KINDS = set(STEPS) - {Imported, EventsImported}  # those two only come from a migration
+
+
+class Tee:
+    """The store under test, keeping a copy of every entry the journal appends to it: what
+    load and entries_after_event must give back."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.appended: dict[str, list[Entry]] = defaultdict(list)
+
+    @property
+    def durable(self) -> bool:
+        return self.store.durable
+
+    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
+        await self.store.append(runtime_id, entries, running)
+        self.appended[runtime_id].extend(entries)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+async def _no_history(after: int) -> list[Event]:
+    return []
+
+
+def figures(tree: Tree) -> dict[str, Any]:
+    """Everything the journal builds in a tree, as plain comparable values."""
+    handles = {
+        handle.id: {
+            "parent": handle.parent_id,
+            "agent": handle.agent,
+            "budget": handle.budget,
+            "child_key": handle.child_key,
+            "seq": handle.seq,
+            "state": handle.state,
+            "usage": handle.usage,
+            "children": [child.id for child in handle.children],
+            "spawned_per_agent": dict(handle.spawned_per_agent),
+            "children_by_key": {key: child.id for key, child in handle.children_by_key.items()},
+            "inbox": list(handle.inbox),
+            "transcript": list(handle.transcript),
+            "tool_results": dict(handle.tool_results),
+            "started": set(handle.started),
+            "last_result": handle.last_result,
+            "pending": handle.pending,
+            "approved": set(handle.approved),
+            "in_doubt": set(handle.in_doubt),
+        }
+        for handle in tree.handles.values()
+    }
+    return {
+        "handles": handles,
+        "order": list(tree.handles),
+        "top_level_per_agent": dict(tree.top_level_per_agent),
+        "requests": {request_id: handle.id for request_id, handle in tree.requests.items()},
+        "answered": dict(tree.answered),
+        "running": tree.running,
+    }
+
+
+def rebuilt(runtime_id: str, agents: tuple[AgentSpec, ...], entries: Sequence[Entry]) -> Tree:
+    tree = Tree(runtime_id, agents)
+    replay(tree, entries)
+    return tree
+
+
+class Lived:
+    """A runtime driven live through a real Journal over a Tree, one group of its story at a
+    time (so that tests can interleave runtimes), keeping the tree's figures after each group
+    by the journal's last seq then."""
+
+    def __init__(self, store: Store | Tee, runtime_id: str, agents: tuple[AgentSpec, ...] = AGENTS) -> None:
+        self.tree = Tree(runtime_id, agents)
+        self.journal = Journal(self.tree, store, EventLog(runtime_id, _no_history))  # type: ignore[arg-type]
+        self.groups = story(self.tree)
+        self.figures: dict[int, dict[str, Any]] = {}
+
+    async def step(self) -> bool:
+        group = next(self.groups, None)
+        if group is None:
+            return False
+        await self.journal.record(*group)
+        self.figures[self.journal.last_seq] = figures(self.tree)
+        return True
+
+    async def run(self) -> Lived:
+        while await self.step():
+            pass
+        return self
+
+
+async def created(store: Store | Tee, runtime_id: str) -> Lived:
+    await store.create_runtime(runtime_id, AGENTS)
+    return Lived(store, runtime_id)
+
+
+def entry(seq: int, step: Step, first_event: int = 1, event_count: int = 0, at: float = 1_700_000_000.125) -> Entry:
+    return Entry(seq, at, first_event, event_count, step)
+
+
+# ---- runtimes ----------------------------------------------------------------------------
+
+
+async def test_an_unknown_runtime_does_not_exist_and_loads_as_none(store: Store) -> None:
+    assert await store.runtime_exists("nobody") is False
+    assert await store.load("nobody") is None
+
+
+async def test_a_created_runtime_exists_and_its_agents_round_trip(store: Store) -> None:
+    await store.create_runtime("rt-1", AGENTS)
+    assert await store.runtime_exists("rt-1") is True
+    assert await store.runtime_exists("rt-2") is False
+    loaded = await store.load("rt-1")
+    assert loaded is not None
+    assert loaded.agents == AGENTS
+    assert [type(tool.executor) for agent in loaded.agents for tool in agent.tools] == [HttpExecutor, RelayExecutor, HttpExecutor]
+    assert loaded.entries == []
+
+
+# ---- the journal -------------------------------------------------------------------------
+
+
+async def test_every_entry_loads_back_in_order_field_by_field(store: Store) -> None:
+    tee = Tee(store)
+    lived = await (await created(tee, "rt-1")).run()
+    appended = tee.appended["rt-1"]
+    assert {type(e.step) for e in appended} == RECORDED_KINDS, "the story must record every step kind a runtime records"
+    loaded = await store.load("rt-1")  # the same store, before any flush: it reads its own writes
+    assert loaded is not None
+    assert [e.seq for e in loaded.entries] == list(range(1, len(appended) + 1)) == [e.seq for e in appended]
+    for got, sent in zip(loaded.entries, appended, strict=True):
+        assert type(got.step) is type(sent.step)
+        assert (got.seq, got.at, got.first_event, got.event_count, got.last_event) == (
+            sent.seq,
+            sent.at,
+            sent.first_event,
+            sent.event_count,
+            sent.last_event,
+        )
+        assert got.step == sent.step, f"entry {sent.seq} ({type(sent.step).__name__})"
+        assert got == sent
+    assert lived.journal.last_seq == len(appended)
+
+
+async def test_replaying_the_loaded_journal_rebuilds_the_live_tree_at_every_point(store: Store) -> None:
+    lived = await (await created(store, "rt-1")).run()
+    loaded = await store.load("rt-1")
+    assert loaded is not None
+    assert figures(rebuilt("rt-1", loaded.agents, loaded.entries)) == figures(lived.tree)
+    # Not only at the end: after every group the journal recorded, the prefix replays to it.
+    tree = Tree("rt-1", loaded.agents)
+    done = 0
+    for last_seq, expected in lived.figures.items():
+        replay(tree, loaded.entries[done:last_seq])
+        done = last_seq
+        assert figures(tree) == expected, f"after seq {last_seq}"
+    # And the figures the story was written to produce.
+    coordinator, worker = tree.handles[COORDINATOR], tree.handles[WORKER]
+    assert (coordinator.usage.own_tokens, coordinator.usage.total_tokens, coordinator.usage.turns) == (200, 220, 2)
+    assert (worker.usage.own_tokens, worker.usage.tool_calls, worker.state) == (20, 2, HandleState.CLOSED)
+    assert coordinator.state is HandleState.IDLE and coordinator.in_doubt == {"call_2_1"}
+    assert [item.text for item in coordinator.inbox] == ["first note", "second note"]
+    assert list(tree.answered) == [f"{WORKER}/call_1_1:tool_call"] and tree.requests == {}
+
+
+async def test_a_suspended_tree_replays_with_its_live_request(store: Store) -> None:
+    lived = await created(store, "rt-1")
+    while not lived.tree.requests:
+        assert await lived.step()
+    loaded = await store.load("rt-1")
+    assert loaded is not None
+    tree = rebuilt("rt-1", loaded.agents, loaded.entries)
+    assert figures(tree) == figures(lived.tree)
+    assert {request_id: handle.id for request_id, handle in tree.requests.items()} == {f"{WORKER}/call_1_1:tool_call": WORKER}
+    assert [tree.handles[h].state for h in (COORDINATOR, WORKER)] == [HandleState.SUSPENDED, HandleState.SUSPENDED]
+
+
+async def test_interleaved_runtimes_keep_their_own_order_and_never_mix(store: Store) -> None:
+    tee = Tee(store)
+    runtimes = [await created(tee, f"rt-{n}") for n in range(3)]
+    # Round robin, one group each, sometimes within one event-loop tick, sometimes across.
+    going = list(runtimes)
+    turn = 0
+    while going:
+        for lived in list(going):
+            if not await lived.step():
+                going.remove(lived)
+        turn += 1
+        if turn % 3 == 0:
+            await asyncio.sleep(0)
+    for lived in runtimes:
+        runtime_id = lived.tree.runtime_id
+        loaded = await store.load(runtime_id)
+        assert loaded is not None
+        assert loaded.entries == tee.appended[runtime_id]
+        assert [e.seq for e in loaded.entries] == list(range(1, len(loaded.entries) + 1))
+        assert figures(rebuilt(runtime_id, loaded.agents, loaded.entries)) == figures(lived.tree)
+    # The same story three times: equal steps, in three runtimes, each whole.
+    steps = [[e.step for e in tee.appended[lived.tree.runtime_id]] for lived in runtimes]
+    assert steps[0] == steps[1] == steps[2]
+
+
+async def test_entries_after_event_are_those_with_a_later_event_in_order(store: Store) -> None:
+    tee = Tee(store)
+    await (await created(tee, "rt-1")).run()
+    await (await created(tee, "rt-2")).run()  # another runtime's events never show
+    appended = tee.appended["rt-1"]
+    last = max(e.last_event for e in appended)
+    assert last > 20
+    for after in [0, 1, 2, 5, last // 2, last - 1, last, last + 1, last + 100]:
+        got = await store.entries_after_event("rt-1", after)
+        assert got == [e for e in appended if e.last_event > after], f"after {after}"
+    assert await store.entries_after_event("rt-1", last) == []
+    events = [event for e in await store.entries_after_event("rt-1", 0) for event in events_of(e)]
+    assert [event.seq for event in events] == list(range(1, last + 1))
+    assert all(event.handle_id in (COORDINATOR, WORKER, SPARE) for event in events)
+
+
+async def test_an_entry_without_events_sits_between_its_neighbours(store: Store) -> None:
+    await store.create_runtime("rt-1", AGENTS)
+    spawned = Spawned(SPARE, "", "worker", Budget(), "", 1)
+    entries = [
+        entry(1, spawned, first_event=1, event_count=1),  # last event 1
+        entry(2, Posted(SPARE, InboxItem("a", "c", "s")), first_event=2, event_count=0),  # none: last_event 1
+        entry(3, Closed(SPARE), first_event=2, event_count=1),  # last event 2
+    ]
+    await store.append("rt-1", entries)
+    assert await store.entries_after_event("rt-1", 0) == entries
+    assert await store.entries_after_event("rt-1", 1) == entries[2:]
+    assert await store.entries_after_event("rt-1", 2) == []
+
+
+async def test_running_runtimes_follow_the_running_flag_of_append(store: Store) -> None:
+    for runtime_id in ("rt-a", "rt-b", "rt-c"):
+        await store.create_runtime(runtime_id, AGENTS)
+    spawned = Spawned(SPARE, "", "worker", Budget(), "", 1)
+    assert await store.runtimes_with_running_handles() == []
+    await store.append("rt-b", [entry(1, spawned)], True)
+    assert await store.runtimes_with_running_handles() == ["rt-b"]
+    await store.append("rt-a", [entry(1, spawned)], True)
+    await store.append("rt-c", [entry(1, spawned)])  # None: unchanged (not running)
+    assert await store.runtimes_with_running_handles() == ["rt-a", "rt-b"]
+    await store.append("rt-b", [entry(2, Closed(SPARE))], None)  # None: unchanged (running)
+    assert await store.runtimes_with_running_handles() == ["rt-a", "rt-b"]
+    await store.append("rt-b", [entry(3, Posted(SPARE, InboxItem("a", "c", "s")))], False)
+    assert await store.runtimes_with_running_handles() == ["rt-a"]
+    await store.append("rt-a", [entry(2, Closed(SPARE))], False)
+    assert await store.runtimes_with_running_handles() == []
+
+
+async def test_the_journal_marks_a_runtime_running_while_a_handle_runs(store: Store) -> None:
+    lived = await created(store, "rt-1")
+    seen = []
+    while await lived.step():
+        seen.append((lived.tree.running > 0, await store.runtimes_with_running_handles() == ["rt-1"]))
+    assert all(tree == stored for tree, stored in seen), seen
+    assert (True, True) in seen and seen[-1] == (False, False)
+
+
+# ---- durability --------------------------------------------------------------------------
+
+
+async def test_flushed_entries_are_read_by_a_second_store_on_the_same_place(backend: Backend) -> None:
+    first = backend.open()
+    durable_only(first)
+    tee = Tee(first)
+    lived = await created(tee, "rt-1")
+    while not lived.tree.requests:  # suspended: RUNNING no more, a live Request
+        assert await lived.step()
+    other = await created(tee, "rt-2")
+    while not other.tree.running:  # rt-2 is left running
+        assert await other.step()
+    await first.flush()
+    second = backend.open()  # the first stays open (SQLite: a second connection, WAL)
+    for runtime_id in ("rt-1", "rt-2"):
+        loaded = await second.load(runtime_id)
+        assert loaded is not None and loaded.agents == AGENTS
+        assert loaded.entries == tee.appended[runtime_id]
+        assert await second.entries_after_event(runtime_id, 3) == await first.entries_after_event(runtime_id, 3)
+    assert await second.runtimes_with_running_handles() == ["rt-2"]
+    loaded = await second.load("rt-1")
+    assert loaded is not None
+    assert figures(rebuilt("rt-1", loaded.agents, loaded.entries)) == figures(lived.tree)
+
+
+async def test_a_closed_store_reopens_with_everything_and_carries_on(backend: Backend) -> None:
+    first = backend.open()
+    durable_only(first)
+    tee = Tee(first)
+    lived = await created(tee, "rt-1")
+    for _ in range(10):
+        assert await lived.step()
+    await first.close()  # close commits whatever the tick still holds
+    second = backend.open()
+    stored = await second.load("rt-1")
+    assert stored is not None and stored.entries == tee.appended["rt-1"]
+    # The journal goes on where it stopped, in the reopened store, as a restarted server does.
+    tree = Tree("rt-1", stored.agents)
+    journal = Journal.restore(tree, Tee(second), EventLog("rt-1", _no_history), stored.entries)  # type: ignore[arg-type]
+    assert figures(tree) == figures(lived.tree)
+    lived.tree, lived.journal = tree, journal
+    lived.groups = story(tree)
+    for _ in range(10):
+        next(lived.groups)  # the story's groups already recorded (its generator reads the new tree)
+    while await lived.step():
+        pass
+    await second.close()
+    third = backend.open()
+    final = await third.load("rt-1")
+    assert final is not None
+    assert [e.seq for e in final.entries] == list(range(1, len(final.entries) + 1))
+    assert final.entries[: len(stored.entries)] == stored.entries
+    events = [event for e in final.entries for event in events_of(e)]
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))  # numbering went on where it stopped
+    assert figures(rebuilt("rt-1", final.agents, final.entries)) == figures(tree)
+    assert {type(e.step) for e in final.entries} == RECORDED_KINDS
+
+
+# ---- failures ----------------------------------------------------------------------------
+
+
+class Unencodable:
+    """A value no payload encoding knows (a bug's data in a Request)."""
+
+
+def failing_appends(seq: int) -> dict[str, list[Entry]]:
+    """Appends of a runtime whose journal stops at `seq - 1` that must fail whole: a step
+    that cannot be encoded (after one that can), or a seq already stored."""
+    bad = PendingRequest("req", "input", data={"object": Unencodable()})
+    spawned = Spawned(SPARE, "", "worker", Budget(), "", 1)
+    return {
+        "unencodable": [entry(seq, spawned), entry(seq + 1, Settled(SPARE, TaskResult(SPARE, pending=bad), HandleState.IDLE))],
+        "seq taken": [entry(seq, spawned), entry(1, spawned)],
+    }
+
+
+# Where a backend is known to break this contract: (backend, failure) -> why. Strict: a fix
+# makes the test pass, and the entry must go.
+KNOWN_FAILING_APPENDS = {
+    ("memory", "unencodable"): "contract gap: MemoryStore.append keeps step objects, never encodes them, so it accepts "
+    "a step no durable store can write",
+    ("memory", "seq taken"): "contract gap: MemoryStore.append never checks seq, so it accepts a seq already stored",
+    ("sqlite", "unencodable"): "bug: SqliteStore.append extends its tick buffer from a generator, so the entries "
+    "before the one that fails to encode stay queued and are committed (half an append)",
+    ("sqlite", "seq taken"): "bug: SqliteStore writes a tick's rows of every runtime in one transaction; one row "
+    "that fails rolls back the whole tick, and the other runtimes' appends, which returned, are lost",
+}
+
+
+@pytest.mark.parametrize("failure", ["unencodable", "seq taken"])
+async def test_a_failing_append_leaves_no_trace_and_spares_the_tick(
+    backend: Backend, failure: str, request: pytest.FixtureRequest
+) -> None:
+    known = KNOWN_FAILING_APPENDS.get((backend.name, failure))
+    if known:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=known))
+    store = backend.open()
+    tee = Tee(store)
+    a, b = await created(tee, "rt-a"), await created(tee, "rt-b")
+    for _ in range(5):
+        assert await a.step() and await b.step()
+    await store.flush()
+    assert await store.runtimes_with_running_handles() == ["rt-a", "rt-b"]
+    before_b = list(tee.appended["rt-b"])
+    # One event-loop tick: another runtime's append, the failing one, another runtime's
+    # append. The failure shows at the append or, for a store that groups a tick's appends,
+    # at the flush that follows.
+    failed: list[BaseException] = []
+    assert await a.step()
+    try:
+        await store.append("rt-b", failing_appends(len(before_b) + 1)[failure], False)
+    except Exception as exc:
+        failed.append(exc)
+    assert await a.step()
+    try:
+        await store.flush()
+    except Exception as exc:
+        failed.append(exc)
+    assert failed, f"an append of {failure!r} entries failed nowhere"
+    places = [store]
+    if store.durable:
+        places.append(backend.open())  # what was committed, read afresh
+    for place in places:
+        loaded_b = await place.load("rt-b")
+        assert loaded_b is not None and loaded_b.entries == before_b, "the failed append left a trace"
+        loaded_a = await place.load("rt-a")
+        assert loaded_a is not None and loaded_a.entries == tee.appended["rt-a"], "the tick's other appends were lost"
+        assert await place.runtimes_with_running_handles() == ["rt-a", "rt-b"]  # rt-b's flag did not move
+    # The runtime whose append failed goes on: the seqs it tried are still free.
+    while await b.step():
+        pass
+    await store.flush()
+    loaded = await store.load("rt-b")
+    assert loaded is not None and loaded.entries == tee.appended["rt-b"]
+
+
+async def test_a_flush_that_returns_covers_every_append_that_returned(backend: Backend, request: pytest.FixtureRequest) -> None:
+    """Acknowledged means persisted: once append has returned and a later flush returns,
+    the entries are there, whatever another runtime's append did in between."""
+    if backend.name == "sqlite":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="bug: when the tick's group commit fails in its call_soon callback (here: another runtime's "
+                "row), SqliteStore drops the tick's rows and only asyncio logs the error; a later flush finds nothing "
+                "buffered and returns, so appends that returned are acknowledged but lost",
+            )
+        )
+    store = backend.open()
+    tee = Tee(store)
+    a, b = await created(tee, "rt-a"), await created(tee, "rt-b")
+    for _ in range(3):
+        assert await a.step() and await b.step()
+    await store.flush()
+    assert await a.step()  # returned: appended
+    with contextlib.suppress(Exception):
+        await store.append("rt-b", failing_appends(len(tee.appended["rt-b"]) + 1)["seq taken"])
+    await asyncio.sleep(0)  # the tick ends (a store that groups a tick's appends writes them now)
+    await store.flush()  # returns: everything rt-a appended is durable
+    place = backend.open() if store.durable else store
+    loaded = await place.load("rt-a")
+    assert loaded is not None and loaded.entries == tee.appended["rt-a"]
+
+
+# ---- a store of release 0.1.0 (SQLite only: the release had no other durable store) ----
+
+
+async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> None:
+    path = tmp_path / "release.db"
+    shutil.copyfile(FIXTURE, path)
+    store = SqliteStore(str(path))
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 3  # migrated to the journal
+        assert await store.runtime_exists("legacy-pending") and await store.runtime_exists("legacy-done")
+        expected = {
+            "legacy-pending": {
+                COORDINATOR: (100, 110, HandleState.SUSPENDED),
+                WORKER: (10, 10, HandleState.SUSPENDED),
+            },
+            "legacy-done": {COORDINATOR: (200, 220, HandleState.IDLE), WORKER: (20, 20, HandleState.IDLE)},
+        }
+        trees = {}
+        for runtime_id, handles in expected.items():
+            loaded = await store.load(runtime_id)
+            assert loaded is not None
+            assert [a.name for a in loaded.agents] == ["coordinator", "worker"]
+            kinds = {type(e.step) for e in loaded.entries}
+            assert {Spawned, Imported, EventsImported} <= kinds
+            tree = trees[runtime_id] = rebuilt(runtime_id, loaded.agents, loaded.entries)
+            got = {h.id: (h.usage.own_tokens, h.usage.total_tokens, h.state) for h in tree.handles.values()}
+            assert got == handles, runtime_id
+            assert tree.running == 0
+        pending = trees["legacy-pending"]
+        request_id = f"{WORKER}/call_1_1:tool_call"
+        assert {r: h.id for r, h in pending.requests.items()} == {request_id: WORKER}
+        worker = pending.handles[WORKER]
+        assert worker.pending is not None and worker.pending.path == tuple(WORKER.split("/"))
+        assert [call.name for call, _ in worker.pending.calls] == ["fetch"]
+        done = trees["legacy-done"]
+        assert done.requests == {} and list(done.answered) == [request_id]
+        assert [m.role for m in done.handles[WORKER].transcript] == ["user", "assistant", "tool", "assistant"]
+        events = [event for e in await store.entries_after_event("legacy-done", 0) for event in events_of(e)]
+        assert len(events) == 27 and [event.seq for event in events] == list(range(1, 28))
+        assert events[0].handle_id == COORDINATOR and events[0].agent == "coordinator"
+        later = await store.entries_after_event("legacy-done", 27)
+        assert later == []
+        assert await store.runtimes_with_running_handles() == []
+    finally:
+        await store.close()
+    # The migrated store goes on like any other: a reopened store reads the same.
+    again = SqliteStore(str(path))
+    try:
+        loaded = await again.load("legacy-done")
+        assert loaded is not None
+        assert figures(rebuilt("legacy-done", loaded.agents, loaded.entries)) == figures(trees["legacy-done"])
+    finally:
+        await again.close()
