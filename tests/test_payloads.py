@@ -45,6 +45,8 @@ from agentruntime_server.domain.journal import (
 from agentruntime_server.domain.model import (
     Answer,
     Budget,
+    Failure,
+    FailureReason,
     HandleState,
     InboxItem,
     Limit,
@@ -52,6 +54,7 @@ from agentruntime_server.domain.model import (
     PendingRequest,
     Status,
     TaskResult,
+    Thinking,
     ToolCall,
     ToolOutput,
     ToolResult,
@@ -70,8 +73,17 @@ BUDGET = Budget(
     max_turns=8, max_tokens=4000, max_tool_calls=20, max_wall_time=90.5, max_children=3, max_depth=2, max_concurrent=2
 )
 ITEM = InboxItem(text="the build is red", channel="ci", sender="jenkins")
+THINKING = (Thinking("the first page first", "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxG"), Thinking(redacted_data="EmwKAhgBEgy3va3pzix"))
 MESSAGE = Message(
-    role="assistant", content="fetching both", tool_calls=(CALL, OTHER_CALL), tool_call_id="call_2_1", is_error=True, turn=3
+    role="assistant",
+    content="fetching both",
+    tool_calls=(CALL, OTHER_CALL),
+    tool_call_id="call_2_1",
+    is_error=True,
+    turn=3,
+    refusal=True,
+    truncated=True,
+    thinking=THINKING,
 )
 TOOL_MESSAGE = Message(role="tool", content="404 not found", tool_call_id="call_3_1", is_error=True, turn=3)
 PENDING = PendingRequest(
@@ -94,6 +106,7 @@ RESULT = TaskResult(
     limit=Limit.MAX_TOKENS,
     pending=PENDING,
     usage=USAGE,
+    failure=Failure(FailureReason.PROVIDER_UNAVAILABLE, "openai", 503, True, "server_error: overloaded"),
 )
 ANSWER = Answer(
     id=PENDING.id,
@@ -115,6 +128,7 @@ EVENT = Event(
     own_tokens=120,
     total_tokens=450,
     tool_calls=4,
+    usage_estimated=True,
     call=CALL,
     call_id="call_3_1",
     output="404 not found",
@@ -127,12 +141,16 @@ EVENT = Event(
 SAMPLES: tuple[Step, ...] = (
     Spawned(HANDLE, "root/coordinator.1", "worker", BUDGET, "call_1_1", 2),
     Posted(HANDLE, ITEM),
-    RunStarted(HANDLE, Message("user", "go\n\n[ci from jenkins] the build is red", (CALL,), "call_0", True, 1), drained=2),
+    RunStarted(
+        HANDLE,
+        Message("user", "go\n\n[ci from jenkins] the build is red", (CALL,), "call_0", True, 1, True, True, THINKING),
+        drained=2,
+    ),
     TurnStarted(HANDLE, 3),
-    ModelReplied(HANDLE, MESSAGE, 40, USAGE),
+    ModelReplied(HANDLE, MESSAGE, 40, USAGE, estimated=True),
     CallStarted(HANDLE, CALL, effect=True, announce=False),
     CallFinished(HANDLE, CALL, ToolResult("404 not found", is_error=True)),
-    MessagesAppended(HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3))),
+    MessagesAppended(HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3, True, True, THINKING))),
     Settled(HANDLE, RESULT, HandleState.SUSPENDED, rollback_to=4, restored=(ITEM,)),
     Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",)),
     InDoubt(HANDLE, ("call_2_9", "call_3_1")),

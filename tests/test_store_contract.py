@@ -577,15 +577,7 @@ def failing_appends(seq: int) -> dict[str, list[Entry]]:
 
 # Where a backend is known to break this contract: (backend, failure) -> why. Strict: a fix
 # makes the test pass, and the entry must go.
-KNOWN_FAILING_APPENDS = {
-    ("memory", "unencodable"): "contract gap: MemoryStore.append keeps step objects, never encodes them, so it accepts "
-    "a step no durable store can write",
-    ("memory", "seq taken"): "contract gap: MemoryStore.append never checks seq, so it accepts a seq already stored",
-    ("sqlite", "unencodable"): "bug: SqliteStore.append extends its tick buffer from a generator, so the entries "
-    "before the one that fails to encode stay queued and are committed (half an append)",
-    ("sqlite", "seq taken"): "bug: SqliteStore writes a tick's rows of every runtime in one transaction; one row "
-    "that fails rolls back the whole tick, and the other runtimes' appends, which returned, are lost",
-}
+KNOWN_FAILING_APPENDS: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("failure", ["unencodable", "seq taken"])
@@ -638,16 +630,6 @@ async def test_a_failing_append_leaves_no_trace_and_spares_the_tick(
 async def test_a_flush_that_returns_covers_every_append_that_returned(backend: Backend, request: pytest.FixtureRequest) -> None:
     """Acknowledged means persisted: once append has returned and a later flush returns,
     the entries are there, whatever another runtime's append did in between."""
-    if backend.name == "sqlite":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="bug: when the tick's group commit fails in its call_soon callback (here: another runtime's "
-                "row), SqliteStore drops the tick's rows and only asyncio logs the error; a later flush finds nothing "
-                "buffered and returns, so appends that returned are acknowledged but lost",
-            )
-        )
     store = backend.open()
     tee = Tee(store)
     a, b = await created(tee, "rt-a"), await created(tee, "rt-b")

@@ -139,11 +139,14 @@ def _guardrail(message: pb.Guardrail, where: str, found: list[FieldViolation]) -
 
 def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -> m.ScriptedReply:
     delay = duration_seconds(message.delay, f"{where}.delay", found) if message.HasField("delay") else 0.0
+    names = "SCRIPTED_STOP_MAX_OUTPUT_TOKENS, SCRIPTED_STOP_REFUSAL or SCRIPTED_STOP_PROVIDER_UNAVAILABLE"
+    stop = _enum(message.stop, m.ReplyStop, f"{where}.stop", found, names)
     return m.ScriptedReply(
         text=message.text,
         tool_calls=tuple(m.ScriptedToolCall(c.name, c.arguments_json) for c in message.tool_calls),
         tokens=message.tokens,
         delay=delay or 0.0,
+        stop=stop or m.ReplyStop.COMPLETE,
     )
 
 
@@ -164,6 +167,7 @@ def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolati
         guardrails=tuple(_guardrail(rail, f"{where}.guardrails[{i}]", found) for i, rail in enumerate(message.guardrails)),
         script=tuple(_reply(reply, f"{where}.script.replies[{i}]", found) for i, reply in enumerate(message.script.replies)),
         provider=message.provider,
+        max_output_tokens=message.max_output_tokens if message.HasField("max_output_tokens") else None,
     )
 
 
@@ -206,6 +210,17 @@ def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
         limit=result.limit.value,  # type: ignore[arg-type]
     )
     with_usage(message, result.usage)
+    if result.failure is not None:
+        failure = result.failure
+        message.failure.CopyFrom(
+            pb.Failure(
+                reason=failure.reason.value,  # type: ignore[arg-type]
+                provider=failure.provider,
+                http_status=failure.http_status,
+                retryable=failure.retryable,
+                detail=failure.detail,
+            )
+        )
     if result.pending is not None:
         message.pending.CopyFrom(request_to_proto(result.pending))
     return message
@@ -233,6 +248,9 @@ def message_to_proto(message: m.Message) -> pb.Message:
         tool_call_id=message.tool_call_id,
         is_error=message.is_error,
         turn=message.turn,
+        refusal=message.refusal,
+        truncated=message.truncated,
+        thinking=[pb.Thinking(text=t.text, signature=t.signature, redacted_data=t.redacted_data) for t in message.thinking],
     )
 
 
@@ -264,6 +282,7 @@ def event_to_proto(event: Event) -> pb.Event:
                 own_tokens=event.own_tokens,
                 total_tokens=event.total_tokens,
                 tool_calls=event.tool_calls,
+                usage_estimated=event.usage_estimated,
             )
         )
     elif kind is EventKind.TOOL_CALL_STARTED and event.call is not None:

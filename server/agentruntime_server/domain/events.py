@@ -41,6 +41,7 @@ class Event:
     own_tokens: int = 0
     total_tokens: int = 0
     tool_calls: int = 0
+    usage_estimated: bool = False
     call: ToolCall | None = None
     call_id: str = ""
     output: str = ""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .model import (
     AgentSpec,
     Budget,
+    Failure,
     HandleSnapshot,
     HandleState,
     InboxItem,
@@ -193,14 +194,23 @@ class Handle:
         limit: Limit = Limit.NONE,
         is_error: bool = False,
         pending: PendingRequest | None = None,
+        failure: Failure | None = None,
     ) -> TaskResult:
         return TaskResult(
-            handle_id=self.id, text=text, is_error=is_error, status=status, limit=limit, pending=pending, usage=self.usage
+            handle_id=self.id,
+            text=text,
+            is_error=is_error,
+            status=status,
+            limit=limit,
+            pending=pending,
+            usage=self.usage,
+            failure=failure,
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
         """A kept result re-read later: the figures are the handle's now (they never go down)."""
-        return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending)
+        failure = result.failure if (status or result.status) is Status.ERROR else None
+        return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending, failure)
 
     def snapshot(self) -> HandleSnapshot:
         return HandleSnapshot(

@@ -131,6 +131,7 @@ class ModelReplied:
     message: Message
     tokens: int
     usage: Usage  # the handle's usage after it (what the TurnEnded event reports)
+    estimated: bool = False  # the provider reported no usage: `tokens` is the runtime's estimate
 
     def apply(self, tree: Tree) -> None:
         tree.handles[self.handle_id].add_reply(self.message, self.tokens)
@@ -142,6 +143,7 @@ class ModelReplied:
             "own_tokens": self.usage.own_tokens,
             "total_tokens": self.usage.total_tokens,
             "tool_calls": len(self.message.tool_calls),
+            "usage_estimated": self.estimated,
         }
         return [(self.handle_id, EventKind.TURN_ENDED, fields)]
 

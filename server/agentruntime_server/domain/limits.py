@@ -30,6 +30,7 @@ MAX_WALL_TIME = 30 * 86400.0
 MAX_SCRIPT_DELAY = 600.0
 MAX_WAIT_TIMEOUT = 86400.0
 MAX_ARGUMENTS_BYTES = 256 * KIB  # a scripted tool call's arguments
+MAX_OUTPUT_TOKENS = 10_000_000  # AgentDef.max_output_tokens
 
 # Numbers from outside: what one model reply may report. More is a provider fault, and
 # keeps every cumulative figure far below a store's 64-bit integers.

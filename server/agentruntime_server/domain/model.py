@@ -29,10 +29,43 @@ class Limit(enum.Enum):
     MAX_CHILDREN = 5
     MAX_DEPTH = 6
     COMPLETION = 7
+    MAX_OUTPUT_TOKENS = 8
 
     @property
     def wire_name(self) -> str:
         return f"LIMIT_{self.name}"
+
+
+class FailureReason(enum.Enum):
+    UNSPECIFIED = 0
+    MODEL_REFUSED = 1
+    CONTEXT_LENGTH_EXCEEDED = 2
+    PROVIDER_AUTH = 3
+    PROVIDER_RATE_LIMITED = 4
+    PROVIDER_UNAVAILABLE = 5
+    PROVIDER_BAD_REQUEST = 6
+    PROVIDER_BAD_REPLY = 7
+    RUNTIME = 8
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run failed, in words a host can branch on (set iff the status is ERROR)."""
+
+    reason: FailureReason
+    provider: str = ""
+    http_status: int = 0
+    retryable: bool = False
+    detail: str = ""
+
+
+class ReplyStop(enum.Enum):
+    """How a model reply ended (a scripted reply can say so too)."""
+
+    COMPLETE = 0
+    MAX_OUTPUT_TOKENS = 1  # cut off at its output cap
+    REFUSAL = 2  # the model declined; the text is its refusal
+    PROVIDER_UNAVAILABLE = 3  # scripted only: the call fails as an unavailable provider's would
 
 
 class HandleState(enum.Enum):
@@ -133,6 +166,7 @@ class ScriptedReply:
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     tokens: int = 0
     delay: float = 0.0
+    stop: ReplyStop = ReplyStop.COMPLETE
 
 
 @dataclass(frozen=True)
@@ -148,6 +182,7 @@ class AgentSpec:
     guardrails: tuple[Guardrail, ...] = ()
     script: tuple[ScriptedReply, ...] = ()
     provider: str = ""  # a provider named in the server's settings; "" = the default
+    max_output_tokens: int | None = None  # the output cap sent with each call; None: the provider's
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:
@@ -170,6 +205,15 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """A model's reasoning block, kept to be sent back verbatim (Anthropic extended thinking)."""
+
+    text: str = ""
+    signature: str = ""
+    redacted_data: str = ""  # a redacted block: the encrypted reasoning, opaque
+
+
+@dataclass(frozen=True)
 class Message:
     role: str  # system | user | assistant | tool
     content: str
@@ -177,6 +221,9 @@ class Message:
     tool_call_id: str = ""
     is_error: bool = False
     turn: int = 0
+    refusal: bool = False  # an assistant message: the model refused; content is the refusal
+    truncated: bool = False  # an assistant message cut off at its output cap: its calls never run
+    thinking: tuple[Thinking, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +252,7 @@ class TaskResult:
     limit: Limit = Limit.NONE
     pending: PendingRequest | None = None
     usage: Usage = field(default_factory=Usage)  # the handle's figures when the result was read
+    failure: Failure | None = None  # set iff the status is ERROR
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,16 @@ from typing import Any, Protocol
 from .events import Observer
 from .journal import Entry
 from .limits import Limits
-from .model import AgentSpec, HttpExecutor, Message, ToolCall, ToolResult
+from .model import AgentSpec, Failure, HttpExecutor, Message, ReplyStop, Thinking, ToolCall, ToolResult
 
 
 class ProviderError(Exception):
-    """A model call failed; the run settles ERROR with this message (never a secret)."""
+    """A model call failed; the run settles ERROR with this message (never a secret) and
+    this failure."""
+
+    def __init__(self, message: str, failure: Failure) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,9 @@ class ModelRequest:
 class ModelReply:
     text: str
     tool_calls: tuple[ToolCall, ...]  # ids are the provider's; the domain assigns its own
-    tokens: int
+    tokens: int | None  # None: the provider reported no usage (the runtime estimates it)
+    stop: ReplyStop = ReplyStop.COMPLETE
+    thinking: tuple[Thinking, ...] = ()
 
 
 class ModelProvider(Protocol):
@@ -44,6 +51,10 @@ class ModelProvider(Protocol):
 
 class ModelRouter(ModelProvider, Protocol):
     """The provider the runtime calls: it routes each agent to a named provider."""
+
+    def provider_name(self, agent: AgentSpec) -> str:
+        """The name of the provider that answers this agent (in failures)."""
+        ...
 
     @property
     def names(self) -> frozenset[str]:

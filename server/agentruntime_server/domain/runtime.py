@@ -30,6 +30,8 @@ from .model import (
     AgentSpec,
     Answer,
     Budget,
+    Failure,
+    FailureReason,
     HandleSnapshot,
     HandleState,
     InboxItem,
@@ -392,12 +394,17 @@ class Runtime:
             result = handle.result(status, text=self._last_text(handle, status.name.lower()), limit=limit)
         except ProviderError as exc:
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
-            result = handle.result(Status.ERROR, text=f"model call failed: {exc}", is_error=True)
+            result = handle.result(Status.ERROR, text=f"model call failed: {exc}", is_error=True, failure=exc.failure)
         except Exception:
             # A bug of ours must not leave the handle RUNNING forever: settle it loudly.
             log.exception("run of %s/%s failed", self.id, handle.id)
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
-            result = handle.result(Status.ERROR, text="internal error in the runtime; see the server log", is_error=True)
+            result = handle.result(
+                Status.ERROR,
+                text="internal error in the runtime; see the server log",
+                is_error=True,
+                failure=Failure(FailureReason.RUNTIME, detail="see the server log"),
+            )
         finally:
             if holds_slot and gate is not None:
                 gate.release()

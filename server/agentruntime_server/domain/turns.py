@@ -26,19 +26,22 @@ from .limits import MAX_REPLY_TOKENS
 from .model import (
     AgentSpec,
     Budget,
+    Failure,
+    FailureReason,
     GuardrailAction,
     HttpExecutor,
     Limit,
     Message,
     PendingRequest,
     RelayExecutor,
+    ReplyStop,
     Status,
     TaskResult,
     ToolCall,
     ToolResult,
     ToolSpec,
 )
-from .ports import ModelRequest, ProviderError, Services, ToolSchema
+from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema
 
 
 class RunHost(Protocol):
@@ -71,6 +74,12 @@ class TurnLoop:
             if self.host.draining:
                 raise Detached
             last = handle.transcript[-1]
+            if last.role == "assistant" and last.refusal:
+                failure = Failure(FailureReason.MODEL_REFUSED, provider=self.services.models.provider_name(handle.agent))
+                return handle.result(Status.ERROR, text=last.content, is_error=True, failure=failure)
+            if last.role == "assistant" and last.truncated:
+                cap = Limit.MAX_OUTPUT_TOKENS
+                return handle.result(Status.INCOMPLETE, text=last.content or f"stopped at {cap.wire_name}", limit=cap)
             if last.role == "assistant" and last.tool_calls:
                 outcome = await self._tool_phase(handle, run, last)
                 if isinstance(outcome, PendingRequest):
@@ -107,19 +116,33 @@ class TurnLoop:
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         reply = await self.services.models.complete(request)
-        if not 0 <= reply.tokens <= MAX_REPLY_TOKENS:
+        tokens = reply.tokens
+        if tokens is None:
+            tokens = estimate_tokens(request, reply)
+        elif not 0 <= tokens <= MAX_REPLY_TOKENS:
+            provider = self.services.models.provider_name(handle.agent)
             raise ProviderError(
-                f"the model reported {shown(str(reply.tokens), 24)} tokens for one reply "
-                f"(a reply counts 0 to {MAX_REPLY_TOKENS:,}); the reply was not used"
+                f"the model reported {shown(str(tokens), 24)} tokens for one reply "
+                f"(a reply counts 0 to {MAX_REPLY_TOKENS:,}); the reply was not used",
+                Failure(FailureReason.PROVIDER_BAD_REPLY, provider=provider, detail="absurd usage"),
             )
         turn = handle.usage.turns + 1
         calls = tuple(
             ToolCall(id=f"call_{turn}_{position}", name=_unicode(call.name), arguments_json=_unicode(call.arguments_json) or "{}")
             for position, call in enumerate(reply.tool_calls, start=1)
         )
-        message = Message(role="assistant", content=_unicode(reply.text), tool_calls=calls, turn=turn)
+        message = Message(
+            role="assistant",
+            content=_unicode(reply.text),
+            tool_calls=calls,
+            turn=turn,
+            refusal=reply.stop is ReplyStop.REFUSAL,
+            truncated=reply.stop is ReplyStop.MAX_OUTPUT_TOKENS,
+            thinking=reply.thinking,
+        )
         # The reply is journaled before it is acted on: a re-entered turn never buys it again.
-        await self.host.journal.record(ModelReplied(handle.id, message, reply.tokens, handle.usage.after_reply(reply.tokens)))
+        estimated = reply.tokens is None
+        await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         """What the model may call; an agent's definition never changes, so it is built once."""
@@ -356,6 +379,15 @@ class TurnLoop:
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
         return None
+
+
+def estimate_tokens(request: ModelRequest, reply: ModelReply) -> int:
+    """A reply's usage when the provider reports none: about four characters a token of
+    everything sent (messages and tool schemas) and received, so that budgets still bite."""
+    sent = sum(len(message.content) + sum(len(c.arguments_json) for c in message.tool_calls) for message in request.messages)
+    sent += sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    received = len(reply.text) + sum(len(call.name) + len(call.arguments_json) for call in reply.tool_calls)
+    return (sent + received) // 4 + 1
 
 
 def _unicode(text: str) -> str:

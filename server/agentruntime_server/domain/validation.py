@@ -158,6 +158,10 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
     if len(set(agent.team)) != len(agent.team):
         violations.append(FieldViolation(f"{where}.team", "names an agent more than once"))
     violations.extend(check_budget(agent.budget, f"{where}.budget"))
+    if agent.max_output_tokens is not None and not 1 <= agent.max_output_tokens <= limits.MAX_OUTPUT_TOKENS:
+        violations.append(
+            FieldViolation(f"{where}.max_output_tokens", f"must be between 1 and {limits.MAX_OUTPUT_TOKENS:,} (or unset)")
+        )
     gate = agent.completion
     if gate.max_attempts < 0:
         violations.append(FieldViolation(f"{where}.completion.max_attempts", "must be >= 0 (0 means 1)"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import Message, ToolCall
-from ..domain.ports import ModelReply, ModelRequest
+from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
+from ..domain.ports import ModelReply, ModelRequest, ProviderError
 from ..http_session import HttpSession
 from .base import CallPolicy, HttpProvider
 
@@ -48,7 +48,7 @@ class AnthropicProvider(HttpProvider):
         system = "\n\n".join(message.content for message in request.messages if message.role == "system" and message.content)
         body: dict[str, Any] = {
             "model": model,
-            "max_tokens": self._max_output_tokens,
+            "max_tokens": request.agent.max_output_tokens or self._max_output_tokens,
             "messages": wire_messages(request.messages),
         }
         if system:
@@ -62,17 +62,27 @@ class AnthropicProvider(HttpProvider):
             raise ValueError(f"an error object: {payload.get('error')}")
         texts: list[str] = []
         calls: list[ToolCall] = []
+        thinking: list[Thinking] = []
         for block in payload["content"]:
             if block["type"] == "text":
                 texts.append(block["text"])
             elif block["type"] == "tool_use":
                 calls.append(ToolCall(id=str(block["id"]), name=block["name"], arguments_json=json.dumps(block["input"])))
-        usage = payload.get("usage") or {}
-        tokens = sum(
-            int(usage.get(key) or 0)
-            for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        )
-        return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens)
+            elif block["type"] == "thinking":
+                thinking.append(Thinking(text=block["thinking"], signature=block.get("signature") or ""))
+            elif block["type"] == "redacted_thinking":
+                thinking.append(Thinking(redacted_data=block["data"]))
+        stop_reason = payload.get("stop_reason")
+        if stop_reason == "model_context_window_exceeded":
+            raise ProviderError(
+                f"provider {self.name!r} stopped the reply: the context window is full",
+                self._failure(FailureReason.CONTEXT_LENGTH_EXCEEDED, 200, "model_context_window_exceeded"),
+            )
+        usage = payload.get("usage")
+        keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        tokens = sum(int(usage.get(key) or 0) for key in keys) if usage else None
+        stop = {"max_tokens": ReplyStop.MAX_OUTPUT_TOKENS, "refusal": ReplyStop.REFUSAL}.get(stop_reason, ReplyStop.COMPLETE)
+        return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens, stop=stop, thinking=tuple(thinking))
 
 
 def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
@@ -90,7 +100,9 @@ def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
             blocks = [result]
         elif message.role == "assistant":
             role = "assistant"
-            blocks = [{"type": "text", "text": message.content}] if message.content else []
+            blocks = [_thinking_block(thinking) for thinking in message.thinking]
+            text = message.content or (EMPTY_REFUSAL if message.refusal else "" if message.tool_calls else EMPTY_REPLY)
+            blocks += [{"type": "text", "text": text}] if text else []
             blocks += [
                 {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments_json)}
                 for call in message.tool_calls
@@ -105,6 +117,19 @@ def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
         else:
             wire.append({"role": role, "content": blocks})
     return wire
+
+
+# An assistant turn is never dropped from a request (request and transcript agree), but the
+# API refuses empty text blocks: an empty reply is sent as this marker.
+EMPTY_REPLY = "(no reply)"
+EMPTY_REFUSAL = "(the model declined to answer)"
+
+
+def _thinking_block(thinking: Thinking) -> dict[str, Any]:
+    """Sent back verbatim, signature included: the API checks it once thinking is on."""
+    if thinking.redacted_data:
+        return {"type": "redacted_thinking", "data": thinking.redacted_data}
+    return {"type": "thinking", "thinking": thinking.text, "signature": thinking.signature}
 
 
 def _input(arguments_json: str) -> dict[str, Any]:

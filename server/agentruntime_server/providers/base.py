@@ -20,6 +20,7 @@ import msgspec
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 from tenacity.asyncio import AsyncRetrying
 
+from ..domain.model import Failure, FailureReason
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
 from ..http_session import HttpSession, read_at_most
 
@@ -52,9 +53,10 @@ class CallMonitor(Protocol):
 class ProviderFault(Exception):
     """A failure worth retrying: 429, 5xx, a timeout, a lost connection."""
 
-    def __init__(self, message: str, retry_after: float | None = None, reason: str = "server_error") -> None:
+    def __init__(self, message: str, failure: Failure, retry_after: float | None = None, reason: str = "server_error") -> None:
         super().__init__(message)
         self.message = message
+        self.failure = failure
         self.retry_after = retry_after
         self.reason = reason  # a CallMonitor outcome
 
@@ -104,8 +106,39 @@ class HttpProvider(abc.ABC):
                 self._redact(
                     f"provider {self.name!r} answered HTTP {status} with a reply that is not a {self.kind} "
                     f"({type(exc).__name__}: {exc}): {_excerpt(raw)}"
-                )
+                ),
+                self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"not a {self.kind}"),
             ) from exc
+
+    def _failure(self, reason: FailureReason, status: int = 0, detail: str = "") -> Failure:
+        retryable = reason in (FailureReason.PROVIDER_RATE_LIMITED, FailureReason.PROVIDER_UNAVAILABLE)
+        return Failure(reason, provider=self.name, http_status=status, retryable=retryable, detail=self._redact(detail)[:200])
+
+    def classify(self, status: int, raw: bytes) -> Failure:
+        """An error answer in the failure vocabulary, from the status and the documented
+        error object both APIs send: OpenAI `{"error": {"type", "code", "message"}}`,
+        Anthropic `{"type": "error", "error": {"type", "message"}}`."""
+        try:
+            error = json.loads(raw).get("error") or {}
+        except (ValueError, AttributeError, RecursionError):
+            error = {}
+        if not isinstance(error, dict):
+            error = {}
+        kind, code = str(error.get("type") or ""), str(error.get("code") or "")
+        message = str(error.get("message") or "")
+        detail = ": ".join(part for part in (code or kind, message) if part) or f"HTTP {status}"
+        lowered = message.lower()
+        if "context_length_exceeded" in (kind, code) or "prompt is too long" in lowered or "context length" in lowered:
+            return self._failure(FailureReason.CONTEXT_LENGTH_EXCEEDED, status, detail)
+        if status in (401, 403) or kind in ("authentication_error", "permission_error") or code == "invalid_api_key":
+            return self._failure(FailureReason.PROVIDER_AUTH, status, detail)
+        if code == "insufficient_quota":  # a 429 that waiting cannot cure
+            return Failure(FailureReason.PROVIDER_RATE_LIMITED, self.name, status, False, self._redact(detail)[:200])
+        if status == 429 or kind == "rate_limit_error":
+            return self._failure(FailureReason.PROVIDER_RATE_LIMITED, status, detail)
+        if status >= 500 or kind in ("api_error", "overloaded_error", "server_error"):
+            return self._failure(FailureReason.PROVIDER_UNAVAILABLE, status, detail)
+        return self._failure(FailureReason.PROVIDER_BAD_REQUEST, status, detail)
 
     async def _post(self, data: bytes) -> tuple[int, bytes]:
         # The first attempt runs bare: tenacity costs ~25 us a call, paid only after a fault.
@@ -130,7 +163,9 @@ class HttpProvider(abc.ABC):
             result: tuple[int, bytes] = await retrying(attempt)
         except ProviderFault as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
-            raise ProviderError(f"{exc.message} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})") from exc
+            raise ProviderError(
+                f"{exc.message} (gave up after {attempts} attempt{'s' if attempts != 1 else ''})", exc.failure
+            ) from exc
         return result
 
     async def _attempt(self, data: bytes) -> tuple[int, bytes]:
@@ -148,23 +183,33 @@ class HttpProvider(abc.ABC):
                 outcome = _outcome(status)
             except TimeoutError as exc:
                 outcome = "timeout"
-                raise ProviderFault(f"provider {self.name!r} did not answer within {self._timeout_s:g}s", reason=outcome) from exc
+                raise ProviderFault(
+                    f"provider {self.name!r} did not answer within {self._timeout_s:g}s",
+                    self._failure(FailureReason.PROVIDER_UNAVAILABLE, 0, "timed out"),
+                    reason=outcome,
+                ) from exc
             except aiohttp.ClientError as exc:
                 outcome = "unreachable"
                 raise ProviderFault(
-                    self._redact(f"provider {self.name!r} unreachable: {type(exc).__name__}: {exc}"), reason=outcome
+                    self._redact(f"provider {self.name!r} unreachable: {type(exc).__name__}: {exc}"),
+                    self._failure(FailureReason.PROVIDER_UNAVAILABLE, 0, f"unreachable: {type(exc).__name__}"),
+                    reason=outcome,
                 ) from exc
             finally:
                 if self.monitor is not None:
                     self.monitor.on_attempt(self.name, time.perf_counter() - started, outcome)
         if len(raw) > limit:
-            raise ProviderError(f"provider {self.name!r} answered HTTP {status} with a body over {limit} bytes; not read")
+            raise ProviderError(
+                f"provider {self.name!r} answered HTTP {status} with a body over {limit} bytes; not read",
+                self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"a body over {limit} bytes"),
+            )
         if 200 <= status < 300:
             return status, raw
         message = self._redact(f"provider {self.name!r} answered HTTP {status}: {_excerpt(raw)}")
-        if status == 429 or status >= 500:
-            raise ProviderFault(message, retry_after=retry_after(headers), reason=outcome)
-        raise ProviderError(message)  # a 4xx is our request's fault: retrying cannot help
+        failure = self.classify(status, raw)
+        if failure.retryable:
+            raise ProviderFault(message, failure, retry_after=retry_after(headers), reason=outcome)
+        raise ProviderError(message, failure)  # our request's fault (or a quota): retrying cannot help
 
     def _wait(self, state: RetryCallState) -> float:
         fault = state.outcome.exception() if state.outcome is not None else None

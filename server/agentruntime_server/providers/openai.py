@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import Message, ToolCall
+from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest
 from ..http_session import HttpSession
 from .base import CallPolicy, HttpProvider
@@ -38,6 +38,8 @@ class OpenAIProvider(HttpProvider):
 
     def body(self, request: ModelRequest, model: str) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": [_wire_message(message) for message in request.messages]}
+        if request.agent.max_output_tokens is not None:
+            body["max_completion_tokens"] = request.agent.max_output_tokens
         if request.tools:
             body["tools"] = [
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
@@ -46,7 +48,8 @@ class OpenAIProvider(HttpProvider):
         return body
 
     def parse(self, payload: Any) -> ModelReply:
-        choice = payload["choices"][0]["message"]
+        first = payload["choices"][0]
+        choice = first["message"]
         calls = tuple(
             ToolCall(
                 id=str(call.get("id", "")),
@@ -55,11 +58,25 @@ class OpenAIProvider(HttpProvider):
             )
             for call in choice.get("tool_calls") or ()
         )
-        usage = payload.get("usage") or {}
-        tokens = usage.get("total_tokens")
-        if tokens is None:
-            tokens = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-        return ModelReply(text=choice.get("content") or "", tool_calls=calls, tokens=int(tokens))
+        refusal = choice.get("refusal")
+        finish = first.get("finish_reason")
+        if refusal:
+            return ModelReply(text=str(refusal), tool_calls=(), tokens=_tokens(payload.get("usage")), stop=ReplyStop.REFUSAL)
+        stop = {"length": ReplyStop.MAX_OUTPUT_TOKENS, "content_filter": ReplyStop.REFUSAL}.get(finish, ReplyStop.COMPLETE)
+        return ModelReply(text=choice.get("content") or "", tool_calls=calls, tokens=_tokens(payload.get("usage")), stop=stop)
+
+
+def _tokens(usage: Any) -> int | None:
+    """total_tokens, or prompt + completion; None when the server reported no usage."""
+    if not usage:
+        return None
+    total = usage.get("total_tokens")
+    if total is not None:
+        return int(total)
+    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    if all(part is None for part in parts):
+        return None
+    return sum(int(part or 0) for part in parts)
 
 
 def _arguments(value: Any) -> str:
@@ -70,6 +87,8 @@ def _arguments(value: Any) -> str:
 
 
 def _wire_message(message: Message) -> dict[str, Any]:
+    if message.role == "assistant" and message.refusal:
+        return {"role": "assistant", "content": None, "refusal": message.content}
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     if message.role == "assistant" and message.tool_calls:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..domain.model import AgentSpec, Failure, FailureReason
 from ..domain.ports import ModelProvider, ModelReply, ModelRequest, ProviderError
 from .scripted import ScriptedProvider
 
@@ -22,12 +23,18 @@ class ProviderRouter:
         """The provider names an AgentDef may give."""
         return frozenset(self.providers)
 
+    def provider_name(self, agent: AgentSpec) -> str:
+        return "scripted" if agent.script else agent.provider or self.default
+
     async def complete(self, request: ModelRequest) -> ModelReply:
         if request.agent.script:
             return await self.scripted.complete(request)
-        name = request.agent.provider or self.default
+        name = self.provider_name(request.agent)
         provider = self.providers.get(name)
         if provider is None:
             # Only a runtime stored by a server configured differently gets here: CreateRuntime refuses it.
-            raise ProviderError(f"provider {name!r} is not configured on this server; it has {sorted(self.providers)}")
+            raise ProviderError(
+                f"provider {name!r} is not configured on this server; it has {sorted(self.providers)}",
+                Failure(FailureReason.PROVIDER_BAD_REQUEST, provider=name, detail="not configured on this server"),
+            )
         return await provider.complete(request)

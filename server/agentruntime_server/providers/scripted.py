@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..domain.model import Message, ToolCall
-from ..domain.ports import ModelReply, ModelRequest
+from ..domain.model import Failure, FailureReason, Message, ReplyStop, ToolCall
+from ..domain.ports import ModelReply, ModelRequest, ProviderError
 
 
 class ScriptedProvider:
@@ -23,11 +23,14 @@ class ScriptedProvider:
         reply = script[min(answered, len(script) - 1)]
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.stop is ReplyStop.PROVIDER_UNAVAILABLE:
+            failure = Failure(FailureReason.PROVIDER_UNAVAILABLE, "scripted", 503, True, "the script says the provider fails")
+            raise ProviderError("provider 'scripted' answered HTTP 503 (scripted failure)", failure)
         calls = tuple(
             ToolCall(id=f"scripted_{index}", name=call.name, arguments_json=call.arguments_json or "{}")
             for index, call in enumerate(reply.tool_calls, start=1)
         )
-        return ModelReply(text=reply.text, tool_calls=calls, tokens=reply.tokens)
+        return ModelReply(text=reply.text, tool_calls=calls, tokens=reply.tokens, stop=reply.stop)
 
 
 def _generic(request: ModelRequest) -> ModelReply:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import StoredRuntime
+from . import payloads
+from .payloads import check_sequence
 
 
 @dataclass
@@ -33,6 +35,9 @@ class MemoryStore:
 
     async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
         runtime = self._runtimes[runtime_id]
+        check_sequence(runtime_id, len(runtime.entries) + 1, entries)
+        for entry in entries:
+            payloads.encode(entry.step)  # held to what a durable store can keep
         for entry in entries:
             runtime.entries.append(entry)
             runtime.last_events.append(max(entry.last_event, runtime.last_events[-1] if runtime.last_events else 0))

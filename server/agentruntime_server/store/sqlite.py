@@ -22,6 +22,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import StoredRuntime
 from . import payloads
 from .migrations import migrate
+from .payloads import check_sequence
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
@@ -42,6 +43,9 @@ class SqliteStore:
         self._running: dict[str, bool] = {}
         self._commit_due = False
         self._committed: asyncio.Future[None] | None = None
+        # A commit that failed (a full disk): nothing is acknowledged after it, ever.
+        self._broken: BaseException | None = None
+        self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
 
     # Group commit: the entries appended in one event-loop tick, by every runtime, are
     # written in one statement and one transaction when the tick ends. flush() waits for
@@ -63,6 +67,10 @@ class SqliteStore:
     def _commit(self) -> None:
         self._commit_due = False
         committed, self._committed = self._committed, None
+        if self._broken is not None:
+            if committed is not None and not committed.done():
+                committed.set_exception(self._broken)
+            raise self._broken
         try:
             if self._rows or self._running:
                 rows, running = self._rows, self._running
@@ -76,13 +84,16 @@ class SqliteStore:
                     raise
                 self._db.execute("COMMIT")
         except BaseException as exc:
+            self._broken = RuntimeError(f"the store could not commit ({type(exc).__name__}: {exc}); restart the server")
             if committed is not None and not committed.done():
-                committed.set_exception(exc)
+                committed.set_exception(self._broken)
             raise
         if committed is not None and not committed.done():
             committed.set_result(None)
 
     async def flush(self) -> None:
+        if self._broken is not None:
+            raise self._broken
         if not (self._rows or self._running):
             return
         if self._committed is None:
@@ -102,7 +113,17 @@ class SqliteStore:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
 
     async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
-        self._rows.extend((runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries)
+        if runtime_id not in self._next_seq:
+            if not await self.runtime_exists(runtime_id):
+                raise KeyError(f"no runtime {runtime_id!r} to append to")
+            last = self._db.execute("SELECT MAX(seq) FROM journal WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
+            self._next_seq[runtime_id] = (last or 0) + 1
+        next_seq = check_sequence(runtime_id, self._next_seq[runtime_id], entries)
+        rows = [(runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries]
+        self._next_seq[runtime_id] = next_seq
+        # All or nothing, and checked here: a group commit writes every runtime's rows at once,
+        # so nothing that reaches it may fail.
+        self._rows.extend(rows)
         if running is not None:
             self._running[runtime_id] = running
         self._schedule_commit()
@@ -132,8 +153,10 @@ class SqliteStore:
         return [runtime_id for (runtime_id,) in self._db.execute("SELECT id FROM runtimes WHERE running = 1 ORDER BY id")]
 
     async def close(self) -> None:
-        self._commit()
-        self._db.close()
+        try:
+            self._commit()
+        finally:
+            self._db.close()
 
 
 def _entry(seq: int, at: float, first_event: int, last_event: int, step: bytes) -> Entry:
