@@ -250,6 +250,9 @@ const (
 	HandleState_HANDLE_STATE_RUNNING     HandleState = 2
 	HandleState_HANDLE_STATE_SUSPENDED   HandleState = 3
 	HandleState_HANDLE_STATE_CLOSED      HandleState = 4
+	// Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
+	// model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
+	HandleState_HANDLE_STATE_QUEUED HandleState = 5
 )
 
 // Enum value maps for HandleState.
@@ -260,6 +263,7 @@ var (
 		2: "HANDLE_STATE_RUNNING",
 		3: "HANDLE_STATE_SUSPENDED",
 		4: "HANDLE_STATE_CLOSED",
+		5: "HANDLE_STATE_QUEUED",
 	}
 	HandleState_value = map[string]int32{
 		"HANDLE_STATE_UNSPECIFIED": 0,
@@ -267,6 +271,7 @@ var (
 		"HANDLE_STATE_RUNNING":     2,
 		"HANDLE_STATE_SUSPENDED":   3,
 		"HANDLE_STATE_CLOSED":      4,
+		"HANDLE_STATE_QUEUED":      5,
 	}
 )
 
@@ -295,6 +300,118 @@ func (x HandleState) Number() protoreflect.EnumNumber {
 // Deprecated: Use HandleState.Descriptor instead.
 func (HandleState) EnumDescriptor() ([]byte, []int) {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
+}
+
+// Trust says who a posted message comes from, and so how the model sees it.
+type Trust int32
+
+const (
+	// TRUST_HOST.
+	Trust_TRUST_UNSPECIFIED Trust = 0
+	// The host itself: its messages are instructions.
+	Trust_TRUST_HOST Trust = 1
+	// Another agent of the runtime.
+	Trust_TRUST_AGENT Trust = 2
+	// An outside sender (a webhook, another system): shown to the model as quoted data that
+	// carries no instructions.
+	Trust_TRUST_EXTERNAL Trust = 3
+)
+
+// Enum value maps for Trust.
+var (
+	Trust_name = map[int32]string{
+		0: "TRUST_UNSPECIFIED",
+		1: "TRUST_HOST",
+		2: "TRUST_AGENT",
+		3: "TRUST_EXTERNAL",
+	}
+	Trust_value = map[string]int32{
+		"TRUST_UNSPECIFIED": 0,
+		"TRUST_HOST":        1,
+		"TRUST_AGENT":       2,
+		"TRUST_EXTERNAL":    3,
+	}
+)
+
+func (x Trust) Enum() *Trust {
+	p := new(Trust)
+	*p = x
+	return p
+}
+
+func (x Trust) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Trust) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[4].Descriptor()
+}
+
+func (Trust) Type() protoreflect.EnumType {
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[4]
+}
+
+func (x Trust) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Trust.Descriptor instead.
+func (Trust) EnumDescriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+}
+
+// What a run does when it reaches a budget limit.
+type OnExhausted int32
+
+const (
+	// ON_EXHAUSTED_STOP.
+	OnExhausted_ON_EXHAUSTED_UNSPECIFIED OnExhausted = 0
+	// Stop: STATUS_INCOMPLETE with the limit.
+	OnExhausted_ON_EXHAUSTED_STOP OnExhausted = 1
+	// Suspend with a Request of kind `budget`; Resume with ok and
+	// `data: {"extend": {<Budget fields>}}` raises the budget and continues.
+	OnExhausted_ON_EXHAUSTED_ASK OnExhausted = 2
+)
+
+// Enum value maps for OnExhausted.
+var (
+	OnExhausted_name = map[int32]string{
+		0: "ON_EXHAUSTED_UNSPECIFIED",
+		1: "ON_EXHAUSTED_STOP",
+		2: "ON_EXHAUSTED_ASK",
+	}
+	OnExhausted_value = map[string]int32{
+		"ON_EXHAUSTED_UNSPECIFIED": 0,
+		"ON_EXHAUSTED_STOP":        1,
+		"ON_EXHAUSTED_ASK":         2,
+	}
+)
+
+func (x OnExhausted) Enum() *OnExhausted {
+	p := new(OnExhausted)
+	*p = x
+	return p
+}
+
+func (x OnExhausted) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnExhausted) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[5].Descriptor()
+}
+
+func (OnExhausted) Type() protoreflect.EnumType {
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[5]
+}
+
+func (x OnExhausted) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnExhausted.Descriptor instead.
+func (OnExhausted) EnumDescriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 type GuardrailAction int32
@@ -332,11 +449,11 @@ func (x GuardrailAction) String() string {
 }
 
 func (GuardrailAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[4].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[6].Descriptor()
 }
 
 func (GuardrailAction) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[4]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[6]
 }
 
 func (x GuardrailAction) Number() protoreflect.EnumNumber {
@@ -345,7 +462,7 @@ func (x GuardrailAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GuardrailAction.Descriptor instead.
 func (GuardrailAction) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 type OnInterrupted int32
@@ -385,11 +502,11 @@ func (x OnInterrupted) String() string {
 }
 
 func (OnInterrupted) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[5].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[7].Descriptor()
 }
 
 func (OnInterrupted) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[5]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[7]
 }
 
 func (x OnInterrupted) Number() protoreflect.EnumNumber {
@@ -398,7 +515,7 @@ func (x OnInterrupted) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OnInterrupted.Descriptor instead.
 func (OnInterrupted) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 type ScriptedStop int32
@@ -441,11 +558,11 @@ func (x ScriptedStop) String() string {
 }
 
 func (ScriptedStop) Descriptor() protoreflect.EnumDescriptor {
-	return file_agentruntime_v1_agent_runtime_proto_enumTypes[6].Descriptor()
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[8].Descriptor()
 }
 
 func (ScriptedStop) Type() protoreflect.EnumType {
-	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[6]
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[8]
 }
 
 func (x ScriptedStop) Number() protoreflect.EnumNumber {
@@ -454,7 +571,7 @@ func (x ScriptedStop) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ScriptedStop.Descriptor instead.
 func (ScriptedStop) EnumDescriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 // Failure says why a run settled STATUS_ERROR.
@@ -833,8 +950,12 @@ type AgentDef struct {
 	// `max_tokens` for anthropic); unset: the provider's setting. A reply that reaches it
 	// stops the run with LIMIT_MAX_OUTPUT_TOKENS.
 	MaxOutputTokens *int64 `protobuf:"varint,12,opt,name=max_output_tokens,json=maxOutputTokens,proto3,oneof" json:"max_output_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Wake the handle on a period while it is idle (a durable, coalesced tick).
+	Heartbeat *Heartbeat `protobuf:"bytes,13,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// Replace old turns in the model's view by a summary when the context grows too large.
+	Compaction    *Compaction `protobuf:"bytes,14,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentDef) Reset() {
@@ -951,6 +1072,192 @@ func (x *AgentDef) GetMaxOutputTokens() int64 {
 	return 0
 }
 
+func (x *AgentDef) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return nil
+}
+
+func (x *AgentDef) GetCompaction() *Compaction {
+	if x != nil {
+		return x.Compaction
+	}
+	return nil
+}
+
+type Heartbeat struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The period: at least 1 second.
+	Every *durationpb.Duration `protobuf:"bytes,1,opt,name=every,proto3" json:"every,omitempty"`
+	// The tick's text (it is posted to the inbox, coalesced, with TRUST_HOST).
+	Prompt        string `protobuf:"bytes,2,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Heartbeat) Reset() {
+	*x = Heartbeat{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Heartbeat) ProtoMessage() {}
+
+func (x *Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
+func (*Heartbeat) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Heartbeat) GetEvery() *durationpb.Duration {
+	if x != nil {
+		return x.Every
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+type Compaction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When a request's estimated size (about four characters a token) would pass this,
+	// older turns are summarized.
+	MaxContextTokens int64 `protobuf:"varint,1,opt,name=max_context_tokens,json=maxContextTokens,proto3" json:"max_context_tokens,omitempty"`
+	// The most recent turns always kept verbatim (default 2).
+	KeepLastTurns int32 `protobuf:"varint,2,opt,name=keep_last_turns,json=keepLastTurns,proto3" json:"keep_last_turns,omitempty"`
+	// The agent (of this runtime) that writes the summary; its tokens bill to the handle.
+	SummarizerAgent string `protobuf:"bytes,3,opt,name=summarizer_agent,json=summarizerAgent,proto3" json:"summarizer_agent,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Compaction) Reset() {
+	*x = Compaction{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Compaction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Compaction) ProtoMessage() {}
+
+func (x *Compaction) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Compaction.ProtoReflect.Descriptor instead.
+func (*Compaction) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Compaction) GetMaxContextTokens() int64 {
+	if x != nil {
+		return x.MaxContextTokens
+	}
+	return 0
+}
+
+func (x *Compaction) GetKeepLastTurns() int32 {
+	if x != nil {
+		return x.KeepLastTurns
+	}
+	return 0
+}
+
+func (x *Compaction) GetSummarizerAgent() string {
+	if x != nil {
+		return x.SummarizerAgent
+	}
+	return ""
+}
+
+type RuntimeOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Messages one inbox holds; 0: the server's setting (and never more than it).
+	InboxCapacity int32 `protobuf:"varint,1,opt,name=inbox_capacity,json=inboxCapacity,proto3" json:"inbox_capacity,omitempty"`
+	// Model calls this runtime makes at once; 0: no limit of its own.
+	MaxConcurrentModelCalls int32 `protobuf:"varint,2,opt,name=max_concurrent_model_calls,json=maxConcurrentModelCalls,proto3" json:"max_concurrent_model_calls,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *RuntimeOptions) Reset() {
+	*x = RuntimeOptions{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeOptions) ProtoMessage() {}
+
+func (x *RuntimeOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeOptions.ProtoReflect.Descriptor instead.
+func (*RuntimeOptions) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RuntimeOptions) GetInboxCapacity() int32 {
+	if x != nil {
+		return x.InboxCapacity
+	}
+	return 0
+}
+
+func (x *RuntimeOptions) GetMaxConcurrentModelCalls() int32 {
+	if x != nil {
+		return x.MaxConcurrentModelCalls
+	}
+	return 0
+}
+
 // Every field is optional: unset means unlimited (unset is not 0).
 type Budget struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -962,13 +1269,15 @@ type Budget struct {
 	MaxChildren   *int64               `protobuf:"varint,5,opt,name=max_children,json=maxChildren,proto3,oneof" json:"max_children,omitempty"`
 	MaxDepth      *int64               `protobuf:"varint,6,opt,name=max_depth,json=maxDepth,proto3,oneof" json:"max_depth,omitempty"`
 	MaxConcurrent *int64               `protobuf:"varint,7,opt,name=max_concurrent,json=maxConcurrent,proto3,oneof" json:"max_concurrent,omitempty"`
+	// What reaching a limit does (turns, tokens, tool calls): stop, or ask the host.
+	OnExhausted   OnExhausted `protobuf:"varint,8,opt,name=on_exhausted,json=onExhausted,proto3,enum=agentruntime.v1.OnExhausted" json:"on_exhausted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1289,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1302,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Budget) GetMaxTurns() int64 {
@@ -1045,6 +1354,13 @@ func (x *Budget) GetMaxConcurrent() int64 {
 	return 0
 }
 
+func (x *Budget) GetOnExhausted() OnExhausted {
+	if x != nil {
+		return x.OnExhausted
+	}
+	return OnExhausted_ON_EXHAUSTED_UNSPECIFIED
+}
+
 type ToolDef struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1068,7 +1384,7 @@ type ToolDef struct {
 
 func (x *ToolDef) Reset() {
 	*x = ToolDef{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1396,7 @@ func (x *ToolDef) String() string {
 func (*ToolDef) ProtoMessage() {}
 
 func (x *ToolDef) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1409,7 @@ func (x *ToolDef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolDef.ProtoReflect.Descriptor instead.
 func (*ToolDef) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ToolDef) GetName() string {
@@ -1181,7 +1497,7 @@ type RelayTool struct {
 
 func (x *RelayTool) Reset() {
 	*x = RelayTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1509,7 @@ func (x *RelayTool) String() string {
 func (*RelayTool) ProtoMessage() {}
 
 func (x *RelayTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1522,7 @@ func (x *RelayTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTool.ProtoReflect.Descriptor instead.
 func (*RelayTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 // The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
@@ -1225,7 +1541,7 @@ type HttpTool struct {
 
 func (x *HttpTool) Reset() {
 	*x = HttpTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1553,7 @@ func (x *HttpTool) String() string {
 func (*HttpTool) ProtoMessage() {}
 
 func (x *HttpTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1566,7 @@ func (x *HttpTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpTool.ProtoReflect.Descriptor instead.
 func (*HttpTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HttpTool) GetUrl() string {
@@ -1284,7 +1600,7 @@ type ApprovalPolicy struct {
 
 func (x *ApprovalPolicy) Reset() {
 	*x = ApprovalPolicy{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1612,7 @@ func (x *ApprovalPolicy) String() string {
 func (*ApprovalPolicy) ProtoMessage() {}
 
 func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1625,7 @@ func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalPolicy.ProtoReflect.Descriptor instead.
 func (*ApprovalPolicy) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ApprovalPolicy) GetRequired() bool {
@@ -1341,7 +1657,7 @@ type CompletionGate struct {
 
 func (x *CompletionGate) Reset() {
 	*x = CompletionGate{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1669,7 @@ func (x *CompletionGate) String() string {
 func (*CompletionGate) ProtoMessage() {}
 
 func (x *CompletionGate) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1682,7 @@ func (x *CompletionGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionGate.ProtoReflect.Descriptor instead.
 func (*CompletionGate) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompletionGate) GetMaxAttempts() int32 {
@@ -1401,7 +1717,7 @@ type Guardrail struct {
 
 func (x *Guardrail) Reset() {
 	*x = Guardrail{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1729,7 @@ func (x *Guardrail) String() string {
 func (*Guardrail) ProtoMessage() {}
 
 func (x *Guardrail) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1742,7 @@ func (x *Guardrail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Guardrail.ProtoReflect.Descriptor instead.
 func (*Guardrail) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Guardrail) GetTool() string {
@@ -1461,7 +1777,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1789,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1802,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Script) GetReplies() []*ScriptedReply {
@@ -1512,7 +1828,7 @@ type ScriptedReply struct {
 
 func (x *ScriptedReply) Reset() {
 	*x = ScriptedReply{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1840,7 @@ func (x *ScriptedReply) String() string {
 func (*ScriptedReply) ProtoMessage() {}
 
 func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1853,7 @@ func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedReply.ProtoReflect.Descriptor instead.
 func (*ScriptedReply) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ScriptedReply) GetText() string {
@@ -1585,7 +1901,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1913,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1926,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -1646,7 +1962,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1974,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1987,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Request) GetId() string {
@@ -1743,7 +2059,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +2071,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +2084,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ToolCall) GetId() string {
@@ -1814,7 +2130,7 @@ type Answer struct {
 
 func (x *Answer) Reset() {
 	*x = Answer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +2142,7 @@ func (x *Answer) String() string {
 func (*Answer) ProtoMessage() {}
 
 func (x *Answer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +2155,7 @@ func (x *Answer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Answer.ProtoReflect.Descriptor instead.
 func (*Answer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Answer) GetId() string {
@@ -1889,7 +2205,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2217,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2230,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ToolOutput) GetCallId() string {
@@ -1956,14 +2272,20 @@ type Message struct {
 	Truncated bool `protobuf:"varint,9,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	// On assistant messages: the model's reasoning blocks, sent back verbatim on the next
 	// call (Anthropic extended thinking; `signature` as the API gave it).
-	Thinking      []*Thinking `protobuf:"bytes,8,rep,name=thinking,proto3" json:"thinking,omitempty"`
+	Thinking []*Thinking `protobuf:"bytes,8,rep,name=thinking,proto3" json:"thinking,omitempty"`
+	// On user messages: the least trusted source the message holds (a Wake's prompt is the
+	// host's; drained inbox items carry their Post's trust).
+	Trust Trust `protobuf:"varint,10,opt,name=trust,proto3,enum=agentruntime.v1.Trust" json:"trust,omitempty"`
+	// A summary that stands in for the older turns in the model's view (compaction); the
+	// messages it summarizes stay in the transcript.
+	Summary       bool `protobuf:"varint,11,opt,name=summary,proto3" json:"summary,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2297,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2310,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Message) GetRole() string {
@@ -2054,6 +2376,20 @@ func (x *Message) GetThinking() []*Thinking {
 	return nil
 }
 
+func (x *Message) GetTrust() Trust {
+	if x != nil {
+		return x.Trust
+	}
+	return Trust_TRUST_UNSPECIFIED
+}
+
+func (x *Message) GetSummary() bool {
+	if x != nil {
+		return x.Summary
+	}
+	return false
+}
+
 type Thinking struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Text      string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
@@ -2066,7 +2402,7 @@ type Thinking struct {
 
 func (x *Thinking) Reset() {
 	*x = Thinking{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2078,7 +2414,7 @@ func (x *Thinking) String() string {
 func (*Thinking) ProtoMessage() {}
 
 func (x *Thinking) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2091,7 +2427,7 @@ func (x *Thinking) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
 func (*Thinking) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Thinking) GetText() string {
@@ -2118,15 +2454,16 @@ func (x *Thinking) GetRedactedData() string {
 type CreateRuntimeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional: a slug (letters, digits, `_`, `-`, `.`; at most 64). Generated when empty.
-	RuntimeId     string      `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	Agents        []*AgentDef `protobuf:"bytes,2,rep,name=agents,proto3" json:"agents,omitempty"`
+	RuntimeId     string          `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	Agents        []*AgentDef     `protobuf:"bytes,2,rep,name=agents,proto3" json:"agents,omitempty"`
+	Options       *RuntimeOptions `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRuntimeRequest) Reset() {
 	*x = CreateRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2475,7 @@ func (x *CreateRuntimeRequest) String() string {
 func (*CreateRuntimeRequest) ProtoMessage() {}
 
 func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2488,7 @@ func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateRuntimeRequest) GetRuntimeId() string {
@@ -2168,6 +2505,13 @@ func (x *CreateRuntimeRequest) GetAgents() []*AgentDef {
 	return nil
 }
 
+func (x *CreateRuntimeRequest) GetOptions() *RuntimeOptions {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
 type CreateRuntimeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
@@ -2177,7 +2521,7 @@ type CreateRuntimeResponse struct {
 
 func (x *CreateRuntimeResponse) Reset() {
 	*x = CreateRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2533,7 @@ func (x *CreateRuntimeResponse) String() string {
 func (*CreateRuntimeResponse) ProtoMessage() {}
 
 func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2546,7 @@ func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateRuntimeResponse) GetRuntimeId() string {
@@ -2226,7 +2570,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2582,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2595,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SpawnRequest) GetRuntimeId() string {
@@ -2291,7 +2635,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2647,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2660,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SpawnResponse) GetHandleId() string {
@@ -2335,14 +2679,20 @@ type PostRequest struct {
 	Text    string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
 	Channel string `protobuf:"bytes,4,opt,name=channel,proto3" json:"channel,omitempty"`
 	// Provenance shown to the model; `host` when empty.
-	Sender        string `protobuf:"bytes,5,opt,name=sender,proto3" json:"sender,omitempty"`
+	Sender string `protobuf:"bytes,5,opt,name=sender,proto3" json:"sender,omitempty"`
+	// Who sends it: TRUST_EXTERNAL messages reach the model as quoted data, never as
+	// instructions. Unset: TRUST_HOST.
+	Trust Trust `protobuf:"varint,6,opt,name=trust,proto3,enum=agentruntime.v1.Trust" json:"trust,omitempty"`
+	// Messages with the same key waiting in the inbox merge into one, with a count: the
+	// latest text is kept (periodic ticks, repeated notifications).
+	CoalesceKey   string `protobuf:"bytes,7,opt,name=coalesce_key,json=coalesceKey,proto3" json:"coalesce_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PostRequest) Reset() {
 	*x = PostRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2704,7 @@ func (x *PostRequest) String() string {
 func (*PostRequest) ProtoMessage() {}
 
 func (x *PostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2717,7 @@ func (x *PostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostRequest.ProtoReflect.Descriptor instead.
 func (*PostRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PostRequest) GetRuntimeId() string {
@@ -2405,6 +2755,20 @@ func (x *PostRequest) GetSender() string {
 	return ""
 }
 
+func (x *PostRequest) GetTrust() Trust {
+	if x != nil {
+		return x.Trust
+	}
+	return Trust_TRUST_UNSPECIFIED
+}
+
+func (x *PostRequest) GetCoalesceKey() string {
+	if x != nil {
+		return x.CoalesceKey
+	}
+	return ""
+}
+
 type PostResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ok            bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
@@ -2415,7 +2779,7 @@ type PostResponse struct {
 
 func (x *PostResponse) Reset() {
 	*x = PostResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2791,7 @@ func (x *PostResponse) String() string {
 func (*PostResponse) ProtoMessage() {}
 
 func (x *PostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2804,7 @@ func (x *PostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostResponse.ProtoReflect.Descriptor instead.
 func (*PostResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PostResponse) GetOk() bool {
@@ -2469,7 +2833,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2845,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2858,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WakeRequest) GetRuntimeId() string {
@@ -2529,7 +2893,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2905,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2918,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WakeResponse) GetQueued() bool {
@@ -2576,7 +2940,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2952,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2965,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WaitRequest) GetRuntimeId() string {
@@ -2634,7 +2998,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2646,7 +3010,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2659,7 +3023,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WaitResponse) GetResult() *TaskResult {
@@ -2679,7 +3043,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +3055,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +3068,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeRequest) GetRuntimeId() string {
@@ -2730,7 +3094,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2742,7 +3106,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2755,7 +3119,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeResponse) GetResult() *TaskResult {
@@ -2775,7 +3139,7 @@ type InterruptRequest struct {
 
 func (x *InterruptRequest) Reset() {
 	*x = InterruptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +3151,7 @@ func (x *InterruptRequest) String() string {
 func (*InterruptRequest) ProtoMessage() {}
 
 func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +3164,7 @@ func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptRequest.ProtoReflect.Descriptor instead.
 func (*InterruptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *InterruptRequest) GetRuntimeId() string {
@@ -2827,7 +3191,7 @@ type InterruptResponse struct {
 
 func (x *InterruptResponse) Reset() {
 	*x = InterruptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2839,7 +3203,7 @@ func (x *InterruptResponse) String() string {
 func (*InterruptResponse) ProtoMessage() {}
 
 func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2852,7 +3216,7 @@ func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptResponse.ProtoReflect.Descriptor instead.
 func (*InterruptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *InterruptResponse) GetInterrupted() bool {
@@ -2865,16 +3229,21 @@ func (x *InterruptResponse) GetInterrupted() bool {
 type CloseRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// A handle id, or `root` to close the whole runtime (every top-level handle's subtree,
+	// leaf first, as one operation).
+	HandleId string `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
 	// Interrupt running handles in the subtree instead of refusing.
-	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// Running handles get this long to settle on their own, then are interrupted (at most
+	// 10 minutes). Unset: as `force` says.
+	Grace         *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +3255,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3268,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CloseRequest) GetRuntimeId() string {
@@ -2923,6 +3292,13 @@ func (x *CloseRequest) GetForce() bool {
 	return false
 }
 
+func (x *CloseRequest) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
 type CloseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Every handle closed by this call, leaf first.
@@ -2933,7 +3309,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3321,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3334,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CloseResponse) GetClosedHandleIds() []string {
@@ -2978,7 +3354,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3366,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3379,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *InspectRequest) GetRuntimeId() string {
@@ -3029,7 +3405,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3417,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3430,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InspectResponse) GetHandle() *HandleView {
@@ -3078,7 +3454,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3466,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3479,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListRequest) GetRuntimeId() string {
@@ -3138,7 +3514,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3150,7 +3526,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3163,7 +3539,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListResponse) GetHandles() []*HandleView {
@@ -3195,7 +3571,7 @@ type GetTranscriptRequest struct {
 
 func (x *GetTranscriptRequest) Reset() {
 	*x = GetTranscriptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +3583,7 @@ func (x *GetTranscriptRequest) String() string {
 func (*GetTranscriptRequest) ProtoMessage() {}
 
 func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +3596,7 @@ func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptRequest.ProtoReflect.Descriptor instead.
 func (*GetTranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetTranscriptRequest) GetRuntimeId() string {
@@ -3262,7 +3638,7 @@ type GetTranscriptResponse struct {
 
 func (x *GetTranscriptResponse) Reset() {
 	*x = GetTranscriptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3274,7 +3650,7 @@ func (x *GetTranscriptResponse) String() string {
 func (*GetTranscriptResponse) ProtoMessage() {}
 
 func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3287,7 +3663,7 @@ func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptResponse.ProtoReflect.Descriptor instead.
 func (*GetTranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetTranscriptResponse) GetMessages() []*Message {
@@ -3315,7 +3691,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3703,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3716,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WatchRequest) GetRuntimeId() string {
@@ -3366,7 +3742,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3378,7 +3754,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3391,7 +3767,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -3424,7 +3800,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3436,7 +3812,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3449,7 +3825,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -3616,7 +3992,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3628,7 +4004,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3641,7 +4017,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -3667,7 +4043,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3679,7 +4055,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3692,7 +4068,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -3711,7 +4087,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3723,7 +4099,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3736,7 +4112,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -3763,7 +4139,7 @@ type TurnEnded struct {
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3775,7 +4151,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3788,7 +4164,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -3842,7 +4218,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3854,7 +4230,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3867,7 +4243,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -3890,7 +4266,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3902,7 +4278,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3915,7 +4291,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -3992,7 +4368,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\ttoolCalls\x12/\n" +
 	"\x06budget\x18\v \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x128\n" +
 	"\vlast_status\x18\f \x01(\x0e2\x17.agentruntime.v1.StatusR\n" +
-	"lastStatus\"\x80\x04\n" +
+	"lastStatus\"\xf7\x04\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -4010,8 +4386,23 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x06script\x18\n" +
 	" \x01(\v2\x17.agentruntime.v1.ScriptR\x06script\x12\x1a\n" +
 	"\bprovider\x18\v \x01(\tR\bprovider\x12/\n" +
-	"\x11max_output_tokens\x18\f \x01(\x03H\x00R\x0fmaxOutputTokens\x88\x01\x01B\x14\n" +
-	"\x12_max_output_tokens\"\x90\x03\n" +
+	"\x11max_output_tokens\x18\f \x01(\x03H\x00R\x0fmaxOutputTokens\x88\x01\x01\x128\n" +
+	"\theartbeat\x18\r \x01(\v2\x1a.agentruntime.v1.HeartbeatR\theartbeat\x12;\n" +
+	"\n" +
+	"compaction\x18\x0e \x01(\v2\x1b.agentruntime.v1.CompactionR\n" +
+	"compactionB\x14\n" +
+	"\x12_max_output_tokens\"T\n" +
+	"\tHeartbeat\x12/\n" +
+	"\x05every\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05every\x12\x16\n" +
+	"\x06prompt\x18\x02 \x01(\tR\x06prompt\"\x8d\x01\n" +
+	"\n" +
+	"Compaction\x12,\n" +
+	"\x12max_context_tokens\x18\x01 \x01(\x03R\x10maxContextTokens\x12&\n" +
+	"\x0fkeep_last_turns\x18\x02 \x01(\x05R\rkeepLastTurns\x12)\n" +
+	"\x10summarizer_agent\x18\x03 \x01(\tR\x0fsummarizerAgent\"t\n" +
+	"\x0eRuntimeOptions\x12%\n" +
+	"\x0einbox_capacity\x18\x01 \x01(\x05R\rinboxCapacity\x12;\n" +
+	"\x1amax_concurrent_model_calls\x18\x02 \x01(\x05R\x17maxConcurrentModelCalls\"\xd1\x03\n" +
 	"\x06Budget\x12 \n" +
 	"\tmax_turns\x18\x01 \x01(\x03H\x00R\bmaxTurns\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -4020,7 +4411,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\rmax_wall_time\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vmaxWallTime\x12&\n" +
 	"\fmax_children\x18\x05 \x01(\x03H\x03R\vmaxChildren\x88\x01\x01\x12 \n" +
 	"\tmax_depth\x18\x06 \x01(\x03H\x04R\bmaxDepth\x88\x01\x01\x12*\n" +
-	"\x0emax_concurrent\x18\a \x01(\x03H\x05R\rmaxConcurrent\x88\x01\x01B\f\n" +
+	"\x0emax_concurrent\x18\a \x01(\x03H\x05R\rmaxConcurrent\x88\x01\x01\x12?\n" +
+	"\fon_exhausted\x18\b \x01(\x0e2\x1c.agentruntime.v1.OnExhaustedR\vonExhaustedB\f\n" +
 	"\n" +
 	"_max_turnsB\r\n" +
 	"\v_max_tokensB\x11\n" +
@@ -4097,7 +4489,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"ToolOutput\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x19\n" +
-	"\bis_error\x18\x03 \x01(\bR\aisError\"\xb1\x02\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\"\xf9\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x128\n" +
@@ -4109,15 +4501,19 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x04turn\x18\x06 \x01(\x03R\x04turn\x12\x18\n" +
 	"\arefusal\x18\a \x01(\bR\arefusal\x12\x1c\n" +
 	"\ttruncated\x18\t \x01(\bR\ttruncated\x125\n" +
-	"\bthinking\x18\b \x03(\v2\x19.agentruntime.v1.ThinkingR\bthinking\"a\n" +
+	"\bthinking\x18\b \x03(\v2\x19.agentruntime.v1.ThinkingR\bthinking\x12,\n" +
+	"\x05trust\x18\n" +
+	" \x01(\x0e2\x16.agentruntime.v1.TrustR\x05trust\x12\x18\n" +
+	"\asummary\x18\v \x01(\bR\asummary\"a\n" +
 	"\bThinking\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\tR\tsignature\x12#\n" +
-	"\rredacted_data\x18\x03 \x01(\tR\fredactedData\"h\n" +
+	"\rredacted_data\x18\x03 \x01(\tR\fredactedData\"\xa3\x01\n" +
 	"\x14CreateRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x121\n" +
-	"\x06agents\x18\x02 \x03(\v2\x19.agentruntime.v1.AgentDefR\x06agents\"6\n" +
+	"\x06agents\x18\x02 \x03(\v2\x19.agentruntime.v1.AgentDefR\x06agents\x129\n" +
+	"\aoptions\x18\x03 \x01(\v2\x1f.agentruntime.v1.RuntimeOptionsR\aoptions\"6\n" +
 	"\x15CreateRuntimeResponse\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\"\x91\x01\n" +
@@ -4128,14 +4524,16 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x05agent\x18\x03 \x01(\tR\x05agent\x12/\n" +
 	"\x06budget\x18\x04 \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\",\n" +
 	"\rSpawnResponse\x12\x1b\n" +
-	"\thandle_id\x18\x01 \x01(\tR\bhandleId\"\x8f\x01\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\"\xe0\x01\n" +
 	"\vPostRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x12\x18\n" +
 	"\achannel\x18\x04 \x01(\tR\achannel\x12\x16\n" +
-	"\x06sender\x18\x05 \x01(\tR\x06sender\"=\n" +
+	"\x06sender\x18\x05 \x01(\tR\x06sender\x12,\n" +
+	"\x05trust\x18\x06 \x01(\x0e2\x16.agentruntime.v1.TrustR\x05trust\x12!\n" +
+	"\fcoalesce_key\x18\a \x01(\tR\vcoalesceKey\"=\n" +
 	"\fPostResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x1d\n" +
 	"\n" +
@@ -4165,12 +4563,13 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"5\n" +
 	"\x11InterruptResponse\x12 \n" +
-	"\vinterrupted\x18\x01 \x01(\bR\vinterrupted\"`\n" +
+	"\vinterrupted\x18\x01 \x01(\bR\vinterrupted\"\x91\x01\n" +
 	"\fCloseRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\";\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12/\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\";\n" +
 	"\rCloseResponse\x12*\n" +
 	"\x11closed_handle_ids\x18\x01 \x03(\tR\x0fclosedHandleIds\"L\n" +
 	"\x0eInspectRequest\x12\x1d\n" +
@@ -4270,13 +4669,24 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"#FAILURE_REASON_PROVIDER_UNAVAILABLE\x10\x05\x12'\n" +
 	"#FAILURE_REASON_PROVIDER_BAD_REQUEST\x10\x06\x12%\n" +
 	"!FAILURE_REASON_PROVIDER_BAD_REPLY\x10\a\x12\x1a\n" +
-	"\x16FAILURE_REASON_RUNTIME\x10\b*\x91\x01\n" +
+	"\x16FAILURE_REASON_RUNTIME\x10\b*\xaa\x01\n" +
 	"\vHandleState\x12\x1c\n" +
 	"\x18HANDLE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11HANDLE_STATE_IDLE\x10\x01\x12\x18\n" +
 	"\x14HANDLE_STATE_RUNNING\x10\x02\x12\x1a\n" +
 	"\x16HANDLE_STATE_SUSPENDED\x10\x03\x12\x17\n" +
-	"\x13HANDLE_STATE_CLOSED\x10\x04*u\n" +
+	"\x13HANDLE_STATE_CLOSED\x10\x04\x12\x17\n" +
+	"\x13HANDLE_STATE_QUEUED\x10\x05*S\n" +
+	"\x05Trust\x12\x15\n" +
+	"\x11TRUST_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"TRUST_HOST\x10\x01\x12\x0f\n" +
+	"\vTRUST_AGENT\x10\x02\x12\x12\n" +
+	"\x0eTRUST_EXTERNAL\x10\x03*X\n" +
+	"\vOnExhausted\x12\x1c\n" +
+	"\x18ON_EXHAUSTED_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ON_EXHAUSTED_STOP\x10\x01\x12\x14\n" +
+	"\x10ON_EXHAUSTED_ASK\x10\x02*u\n" +
 	"\x0fGuardrailAction\x12 \n" +
 	"\x1cGUARDRAIL_ACTION_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15GUARDRAIL_ACTION_DENY\x10\x01\x12%\n" +
@@ -4317,156 +4727,169 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescData
 }
 
-var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
 	(FailureReason)(0),            // 2: agentruntime.v1.FailureReason
 	(HandleState)(0),              // 3: agentruntime.v1.HandleState
-	(GuardrailAction)(0),          // 4: agentruntime.v1.GuardrailAction
-	(OnInterrupted)(0),            // 5: agentruntime.v1.OnInterrupted
-	(ScriptedStop)(0),             // 6: agentruntime.v1.ScriptedStop
-	(*Failure)(nil),               // 7: agentruntime.v1.Failure
-	(*TaskResult)(nil),            // 8: agentruntime.v1.TaskResult
-	(*HandleView)(nil),            // 9: agentruntime.v1.HandleView
-	(*AgentDef)(nil),              // 10: agentruntime.v1.AgentDef
-	(*Budget)(nil),                // 11: agentruntime.v1.Budget
-	(*ToolDef)(nil),               // 12: agentruntime.v1.ToolDef
-	(*RelayTool)(nil),             // 13: agentruntime.v1.RelayTool
-	(*HttpTool)(nil),              // 14: agentruntime.v1.HttpTool
-	(*ApprovalPolicy)(nil),        // 15: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 16: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 17: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 18: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 19: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 20: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 21: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 22: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 23: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 24: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 25: agentruntime.v1.Message
-	(*Thinking)(nil),              // 26: agentruntime.v1.Thinking
-	(*CreateRuntimeRequest)(nil),  // 27: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 28: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 29: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 30: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 31: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 32: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 33: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 34: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 35: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 36: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 37: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 38: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 39: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 40: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 41: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 42: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 43: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 44: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 45: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 46: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 47: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 48: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 49: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 50: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 51: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 52: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 53: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 54: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 55: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 56: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 57: agentruntime.v1.ToolCallEnded
-	nil,                           // 58: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 59: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 60: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 61: google.protobuf.Timestamp
+	(Trust)(0),                    // 4: agentruntime.v1.Trust
+	(OnExhausted)(0),              // 5: agentruntime.v1.OnExhausted
+	(GuardrailAction)(0),          // 6: agentruntime.v1.GuardrailAction
+	(OnInterrupted)(0),            // 7: agentruntime.v1.OnInterrupted
+	(ScriptedStop)(0),             // 8: agentruntime.v1.ScriptedStop
+	(*Failure)(nil),               // 9: agentruntime.v1.Failure
+	(*TaskResult)(nil),            // 10: agentruntime.v1.TaskResult
+	(*HandleView)(nil),            // 11: agentruntime.v1.HandleView
+	(*AgentDef)(nil),              // 12: agentruntime.v1.AgentDef
+	(*Heartbeat)(nil),             // 13: agentruntime.v1.Heartbeat
+	(*Compaction)(nil),            // 14: agentruntime.v1.Compaction
+	(*RuntimeOptions)(nil),        // 15: agentruntime.v1.RuntimeOptions
+	(*Budget)(nil),                // 16: agentruntime.v1.Budget
+	(*ToolDef)(nil),               // 17: agentruntime.v1.ToolDef
+	(*RelayTool)(nil),             // 18: agentruntime.v1.RelayTool
+	(*HttpTool)(nil),              // 19: agentruntime.v1.HttpTool
+	(*ApprovalPolicy)(nil),        // 20: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 21: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 22: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 23: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 24: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 25: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 26: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 27: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 28: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 29: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 30: agentruntime.v1.Message
+	(*Thinking)(nil),              // 31: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 32: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 33: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 34: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 35: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 36: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 37: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 38: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 39: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 40: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 41: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 42: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 43: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 44: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 45: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 46: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 47: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 48: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 49: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 50: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 51: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 52: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 53: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 54: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 55: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 56: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 57: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 58: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 59: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 60: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 61: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 62: agentruntime.v1.ToolCallEnded
+	nil,                           // 63: agentruntime.v1.HttpTool.HeadersEntry
+	(*durationpb.Duration)(nil),   // 64: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 65: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 66: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
 	0,  // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
 	1,  // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	21, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
-	7,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
+	26, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	9,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
 	3,  // 5: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
-	11, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
+	16, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
 	0,  // 7: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
-	12, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
-	11, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	16, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	17, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	18, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	59, // 13: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	60, // 14: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	13, // 15: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	14, // 16: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	15, // 17: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	5,  // 18: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	58, // 19: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	59, // 20: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	4,  // 21: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	19, // 22: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	20, // 23: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	59, // 24: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	6,  // 25: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	60, // 26: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	61, // 27: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 28: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	60, // 29: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	24, // 30: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	22, // 31: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	26, // 32: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	10, // 33: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	11, // 34: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	59, // 35: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	8,  // 36: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	23, // 37: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	8,  // 38: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	9,  // 39: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	9,  // 40: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	25, // 41: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	51, // 42: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	61, // 43: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	52, // 44: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	53, // 45: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	54, // 46: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	55, // 47: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	56, // 48: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	57, // 49: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	21, // 50: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	8,  // 51: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,  // 52: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	22, // 53: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	27, // 54: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	29, // 55: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	31, // 56: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	33, // 57: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	35, // 58: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	37, // 59: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	39, // 60: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	41, // 61: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	43, // 62: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	45, // 63: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	47, // 64: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	49, // 65: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	28, // 66: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	30, // 67: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	32, // 68: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	34, // 69: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	36, // 70: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	38, // 71: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	40, // 72: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	42, // 73: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	44, // 74: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	46, // 75: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	48, // 76: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	50, // 77: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	66, // [66:78] is the sub-list for method output_type
-	54, // [54:66] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	17, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
+	16, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
+	21, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	22, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	23, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	13, // 13: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
+	14, // 14: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
+	64, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	64, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	5,  // 17: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
+	65, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	18, // 19: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	19, // 20: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	20, // 21: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,  // 22: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	63, // 23: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	64, // 24: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	6,  // 25: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	24, // 26: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	25, // 27: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	64, // 28: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,  // 29: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	65, // 30: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	66, // 31: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	27, // 32: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	65, // 33: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	29, // 34: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	27, // 35: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	31, // 36: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,  // 37: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	12, // 38: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	15, // 39: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	16, // 40: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,  // 41: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	64, // 42: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10, // 43: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	28, // 44: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10, // 45: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	64, // 46: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	11, // 47: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	11, // 48: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	30, // 49: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	56, // 50: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	66, // 51: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	57, // 52: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	58, // 53: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	59, // 54: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	60, // 55: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	61, // 56: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	62, // 57: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	26, // 58: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10, // 59: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,  // 60: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	27, // 61: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	32, // 62: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	34, // 63: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	36, // 64: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	38, // 65: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	40, // 66: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	42, // 67: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	44, // 68: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	46, // 69: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	48, // 70: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	50, // 71: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	52, // 72: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	54, // 73: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	33, // 74: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	35, // 75: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	37, // 76: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	39, // 77: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	41, // 78: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	43, // 79: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	45, // 80: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	47, // 81: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	49, // 82: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	51, // 83: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	53, // 84: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	55, // 85: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	74, // [74:86] is the sub-list for method output_type
+	62, // [62:74] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -4475,12 +4898,12 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		return
 	}
 	file_agentruntime_v1_agent_runtime_proto_msgTypes[3].OneofWrappers = []any{}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[4].OneofWrappers = []any{}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[5].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[7].OneofWrappers = []any{}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[8].OneofWrappers = []any{
 		(*ToolDef_Relay)(nil),
 		(*ToolDef_Http)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[44].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[47].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -4495,8 +4918,8 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   52,
+			NumEnums:      9,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -157,6 +157,10 @@ class _HandleStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HandleSta
     HANDLE_STATE_RUNNING: _HandleState.ValueType  # 2
     HANDLE_STATE_SUSPENDED: _HandleState.ValueType  # 3
     HANDLE_STATE_CLOSED: _HandleState.ValueType  # 4
+    HANDLE_STATE_QUEUED: _HandleState.ValueType  # 5
+    """Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
+    model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
+    """
 
 class HandleState(_HandleState, metaclass=_HandleStateEnumTypeWrapper): ...
 
@@ -165,7 +169,71 @@ HANDLE_STATE_IDLE: HandleState.ValueType  # 1
 HANDLE_STATE_RUNNING: HandleState.ValueType  # 2
 HANDLE_STATE_SUSPENDED: HandleState.ValueType  # 3
 HANDLE_STATE_CLOSED: HandleState.ValueType  # 4
+HANDLE_STATE_QUEUED: HandleState.ValueType  # 5
+"""Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
+model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
+"""
 Global___HandleState: _TypeAlias = HandleState  # noqa: Y015
+
+class _Trust:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TrustEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Trust.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRUST_UNSPECIFIED: _Trust.ValueType  # 0
+    """TRUST_HOST."""
+    TRUST_HOST: _Trust.ValueType  # 1
+    """The host itself: its messages are instructions."""
+    TRUST_AGENT: _Trust.ValueType  # 2
+    """Another agent of the runtime."""
+    TRUST_EXTERNAL: _Trust.ValueType  # 3
+    """An outside sender (a webhook, another system): shown to the model as quoted data that
+    carries no instructions.
+    """
+
+class Trust(_Trust, metaclass=_TrustEnumTypeWrapper):
+    """Trust says who a posted message comes from, and so how the model sees it."""
+
+TRUST_UNSPECIFIED: Trust.ValueType  # 0
+"""TRUST_HOST."""
+TRUST_HOST: Trust.ValueType  # 1
+"""The host itself: its messages are instructions."""
+TRUST_AGENT: Trust.ValueType  # 2
+"""Another agent of the runtime."""
+TRUST_EXTERNAL: Trust.ValueType  # 3
+"""An outside sender (a webhook, another system): shown to the model as quoted data that
+carries no instructions.
+"""
+Global___Trust: _TypeAlias = Trust  # noqa: Y015
+
+class _OnExhausted:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnExhaustedEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnExhausted.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_EXHAUSTED_UNSPECIFIED: _OnExhausted.ValueType  # 0
+    """ON_EXHAUSTED_STOP."""
+    ON_EXHAUSTED_STOP: _OnExhausted.ValueType  # 1
+    """Stop: STATUS_INCOMPLETE with the limit."""
+    ON_EXHAUSTED_ASK: _OnExhausted.ValueType  # 2
+    """Suspend with a Request of kind `budget`; Resume with ok and
+    `data: {"extend": {<Budget fields>}}` raises the budget and continues.
+    """
+
+class OnExhausted(_OnExhausted, metaclass=_OnExhaustedEnumTypeWrapper):
+    """What a run does when it reaches a budget limit."""
+
+ON_EXHAUSTED_UNSPECIFIED: OnExhausted.ValueType  # 0
+"""ON_EXHAUSTED_STOP."""
+ON_EXHAUSTED_STOP: OnExhausted.ValueType  # 1
+"""Stop: STATUS_INCOMPLETE with the limit."""
+ON_EXHAUSTED_ASK: OnExhausted.ValueType  # 2
+"""Suspend with a Request of kind `budget`; Resume with ok and
+`data: {"extend": {<Budget fields>}}` raises the budget and continues.
+"""
+Global___OnExhausted: _TypeAlias = OnExhausted  # noqa: Y015
 
 class _GuardrailAction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -417,6 +485,8 @@ class AgentDef(_message.Message):
     SCRIPT_FIELD_NUMBER: _builtins.int
     PROVIDER_FIELD_NUMBER: _builtins.int
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -452,6 +522,14 @@ class AgentDef(_message.Message):
         whatever provider the server is configured with: hosts test workflows offline.
         """
 
+    @_builtins.property
+    def heartbeat(self) -> Global___Heartbeat:
+        """Wake the handle on a period while it is idle (a durable, coalesced tick)."""
+
+    @_builtins.property
+    def compaction(self) -> Global___Compaction:
+        """Replace old turns in the model's view by a summary when the context grows too large."""
+
     def __init__(
         self,
         *,
@@ -467,16 +545,98 @@ class AgentDef(_message.Message):
         script: Global___Script | None = ...,
         provider: _builtins.str = ...,
         max_output_tokens: _builtins.int | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+        compaction: Global___Compaction | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "completion", b"completion", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "heartbeat", b"heartbeat", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_output_tokens) -> _WhichOneofReturnType__max_output_tokens | None: ...
 
 Global___AgentDef: _TypeAlias = AgentDef  # noqa: Y015
+
+@_typing.final
+class Heartbeat(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVERY_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    prompt: _builtins.str
+    """The tick's text (it is posted to the inbox, coalesced, with TRUST_HOST)."""
+    @_builtins.property
+    def every(self) -> _duration_pb2.Duration:
+        """The period: at least 1 second."""
+
+    def __init__(
+        self,
+        *,
+        every: _duration_pb2.Duration | None = ...,
+        prompt: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["every", b"every"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["every", b"every", "prompt", b"prompt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class Compaction(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _builtins.int
+    KEEP_LAST_TURNS_FIELD_NUMBER: _builtins.int
+    SUMMARIZER_AGENT_FIELD_NUMBER: _builtins.int
+    max_context_tokens: _builtins.int
+    """When a request's estimated size (about four characters a token) would pass this,
+    older turns are summarized.
+    """
+    keep_last_turns: _builtins.int
+    """The most recent turns always kept verbatim (default 2)."""
+    summarizer_agent: _builtins.str
+    """The agent (of this runtime) that writes the summary; its tokens bill to the handle."""
+    def __init__(
+        self,
+        *,
+        max_context_tokens: _builtins.int = ...,
+        keep_last_turns: _builtins.int = ...,
+        summarizer_agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep_last_turns", b"keep_last_turns", "max_context_tokens", b"max_context_tokens", "summarizer_agent", b"summarizer_agent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Compaction: _TypeAlias = Compaction  # noqa: Y015
+
+@_typing.final
+class RuntimeOptions(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INBOX_CAPACITY_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_MODEL_CALLS_FIELD_NUMBER: _builtins.int
+    inbox_capacity: _builtins.int
+    """Messages one inbox holds; 0: the server's setting (and never more than it)."""
+    max_concurrent_model_calls: _builtins.int
+    """Model calls this runtime makes at once; 0: no limit of its own."""
+    def __init__(
+        self,
+        *,
+        inbox_capacity: _builtins.int = ...,
+        max_concurrent_model_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["inbox_capacity", b"inbox_capacity", "max_concurrent_model_calls", b"max_concurrent_model_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeOptions: _TypeAlias = RuntimeOptions  # noqa: Y015
 
 @_typing.final
 class Budget(_message.Message):
@@ -491,12 +651,15 @@ class Budget(_message.Message):
     MAX_CHILDREN_FIELD_NUMBER: _builtins.int
     MAX_DEPTH_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_FIELD_NUMBER: _builtins.int
+    ON_EXHAUSTED_FIELD_NUMBER: _builtins.int
     max_turns: _builtins.int
     max_tokens: _builtins.int
     max_tool_calls: _builtins.int
     max_children: _builtins.int
     max_depth: _builtins.int
     max_concurrent: _builtins.int
+    on_exhausted: Global___OnExhausted.ValueType
+    """What reaching a limit does (turns, tokens, tool calls): stop, or ask the host."""
     @_builtins.property
     def max_wall_time(self) -> _duration_pb2.Duration:
         """Per run; at most 30 days."""
@@ -511,10 +674,11 @@ class Budget(_message.Message):
         max_children: _builtins.int | None = ...,
         max_depth: _builtins.int | None = ...,
         max_concurrent: _builtins.int | None = ...,
+        on_exhausted: Global___OnExhausted.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time", "on_exhausted", b"on_exhausted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_children: _TypeAlias = _typing.Literal["max_children"]  # noqa: Y015
     _WhichOneofArgType__max_children: _TypeAlias = _typing.Literal["_max_children", b"_max_children"]  # noqa: Y015
@@ -976,6 +1140,8 @@ class Message(_message.Message):
     REFUSAL_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     THINKING_FIELD_NUMBER: _builtins.int
+    TRUST_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """`system`, `user`, `assistant` or `tool`."""
     content: _builtins.str
@@ -988,6 +1154,14 @@ class Message(_message.Message):
     """On assistant messages: the model refused (the content is its refusal)."""
     truncated: _builtins.bool
     """On assistant messages: the reply hit its output cap; its tool calls were never run."""
+    trust: Global___Trust.ValueType
+    """On user messages: the least trusted source the message holds (a Wake's prompt is the
+    host's; drained inbox items carry their Post's trust).
+    """
+    summary: _builtins.bool
+    """A summary that stands in for the older turns in the model's view (compaction); the
+    messages it summarizes stay in the transcript.
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """On assistant messages: the tool calls it made."""
@@ -1010,10 +1184,12 @@ class Message(_message.Message):
         refusal: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
         thinking: _abc.Iterable[Global___Thinking] | None = ...,
+        trust: Global___Trust.ValueType = ...,
+        summary: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "refusal", b"refusal", "role", b"role", "thinking", b"thinking", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "truncated", b"truncated", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "is_error", b"is_error", "refusal", b"refusal", "role", b"role", "summary", b"summary", "thinking", b"thinking", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "truncated", b"truncated", "trust", b"trust", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1051,19 +1227,23 @@ class CreateRuntimeRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     """Optional: a slug (letters, digits, `_`, `-`, `.`; at most 64). Generated when empty."""
     @_builtins.property
     def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentDef]: ...
+    @_builtins.property
+    def options(self) -> Global___RuntimeOptions: ...
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         agents: _abc.Iterable[Global___AgentDef] | None = ...,
+        options: Global___RuntimeOptions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "options", b"options", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1148,6 +1328,8 @@ class PostRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CHANNEL_FIELD_NUMBER: _builtins.int
     SENDER_FIELD_NUMBER: _builtins.int
+    TRUST_FIELD_NUMBER: _builtins.int
+    COALESCE_KEY_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
     text: _builtins.str
@@ -1157,6 +1339,14 @@ class PostRequest(_message.Message):
     channel: _builtins.str
     sender: _builtins.str
     """Provenance shown to the model; `host` when empty."""
+    trust: Global___Trust.ValueType
+    """Who sends it: TRUST_EXTERNAL messages reach the model as quoted data, never as
+    instructions. Unset: TRUST_HOST.
+    """
+    coalesce_key: _builtins.str
+    """Messages with the same key waiting in the inbox merge into one, with a count: the
+    latest text is kept (periodic ticks, repeated notifications).
+    """
     def __init__(
         self,
         *,
@@ -1165,10 +1355,12 @@ class PostRequest(_message.Message):
         text: _builtins.str = ...,
         channel: _builtins.str = ...,
         sender: _builtins.str = ...,
+        trust: Global___Trust.ValueType = ...,
+        coalesce_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "handle_id", b"handle_id", "runtime_id", b"runtime_id", "sender", b"sender", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "coalesce_key", b"coalesce_key", "handle_id", b"handle_id", "runtime_id", b"runtime_id", "sender", b"sender", "text", b"text", "trust", b"trust"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1384,20 +1576,31 @@ class CloseRequest(_message.Message):
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     HANDLE_ID_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    GRACE_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
+    """A handle id, or `root` to close the whole runtime (every top-level handle's subtree,
+    leaf first, as one operation).
+    """
     force: _builtins.bool
     """Interrupt running handles in the subtree instead of refusing."""
+    @_builtins.property
+    def grace(self) -> _duration_pb2.Duration:
+        """Running handles get this long to settle on their own, then are interrupted (at most
+        10 minutes). Unset: as `force` says.
+        """
+
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         handle_id: _builtins.str = ...,
         force: _builtins.bool = ...,
+        grace: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["grace", b"grace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "handle_id", b"handle_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "grace", b"grace", "handle_id", b"handle_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

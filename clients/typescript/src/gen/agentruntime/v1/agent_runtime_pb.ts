@@ -12,7 +12,7 @@ import type { JsonObject, Message as Message$1 } from "@bufbuild/protobuf";
  * Describes the file agentruntime/v1/agent_runtime.proto.
  */
 export const file_agentruntime_v1_agent_runtime: GenFile = /*@__PURE__*/
-  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIoMBCgdGYWlsdXJlEi4KBnJlYXNvbhgBIAEoDjIeLmFnZW50cnVudGltZS52MS5GYWlsdXJlUmVhc29uEhAKCHByb3ZpZGVyGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgFEhEKCXJldHJ5YWJsZRgEIAEoCBIOCgZkZXRhaWwYBSABKAkisgIKClRhc2tSZXN1bHQSEQoJaGFuZGxlX2lkGAEgASgJEgwKBHRleHQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgSJwoGc3RhdHVzGAQgASgOMhcuYWdlbnRydW50aW1lLnYxLlN0YXR1cxIlCgVsaW1pdBgFIAEoDjIWLmFnZW50cnVudGltZS52MS5MaW1pdBIpCgdwZW5kaW5nGAYgASgLMhguYWdlbnRydW50aW1lLnYxLlJlcXVlc3QSDQoFdHVybnMYByABKAMSFAoMdG90YWxfdG9rZW5zGAggASgDEhIKCm93bl90b2tlbnMYCSABKAMSEgoKdG9vbF9jYWxscxgKIAEoAxIpCgdmYWlsdXJlGAsgASgLMhguYWdlbnRydW50aW1lLnYxLkZhaWx1cmUivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzIogDCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQSEAoIcHJvdmlkZXIYCyABKAkSHgoRbWF4X291dHB1dF90b2tlbnMYDCABKANIAIgBAUIUChJfbWF4X291dHB1dF90b2tlbnMiugIKBkJ1ZGdldBIWCgltYXhfdHVybnMYASABKANIAIgBARIXCgptYXhfdG9rZW5zGAIgASgDSAGIAQESGwoObWF4X3Rvb2xfY2FsbHMYAyABKANIAogBARIwCg1tYXhfd2FsbF90aW1lGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhkKDG1heF9jaGlsZHJlbhgFIAEoA0gDiAEBEhYKCW1heF9kZXB0aBgGIAEoA0gEiAEBEhsKDm1heF9jb25jdXJyZW50GAcgASgDSAWIAQFCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSK7AQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKwoEc3RvcBgFIAEoDjIdLmFnZW50cnVudGltZS52MS5TY3JpcHRlZFN0b3AiOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIt4BCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDEg8KB3JlZnVzYWwYByABKAgSEQoJdHJ1bmNhdGVkGAkgASgIEisKCHRoaW5raW5nGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRoaW5raW5nIkIKCFRoaW5raW5nEgwKBHRleHQYASABKAkSEQoJc2lnbmF0dXJlGAIgASgJEhUKDXJlZGFjdGVkX2RhdGEYAyABKAkiVQoUQ3JlYXRlUnVudGltZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIpCgZhZ2VudHMYAiADKAsyGS5hZ2VudHJ1bnRpbWUudjEuQWdlbnREZWYiKwoVQ3JlYXRlUnVudGltZVJlc3BvbnNlEhIKCnJ1bnRpbWVfaWQYASABKAkibQoMU3Bhd25SZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJcGFyZW50X2lkGAIgASgJEg0KBWFnZW50GAMgASgJEicKBmJ1ZGdldBgEIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQiIgoNU3Bhd25SZXNwb25zZRIRCgloYW5kbGVfaWQYASABKAkiYwoLUG9zdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEg4KBnNlbmRlchgFIAEoCSIuCgxQb3N0UmVzcG9uc2USCgoCb2sYASABKAgSEgoKaW5ib3hfc2l6ZRgCIAEoBSJECgtXYWtlUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRIOCgZwcm9tcHQYAyABKAkiHgoMV2FrZVJlc3BvbnNlEg4KBnF1ZXVlZBgBIAEoCCJgCgtXYWl0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRIqCgd0aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjsKDFdhaXRSZXNwb25zZRIrCgZyZXN1bHQYASABKAsyGy5hZ2VudHJ1bnRpbWUudjEuVGFza1Jlc3VsdCJMCg1SZXN1bWVSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSJwoGYW5zd2VyGAIgASgLMhcuYWdlbnRydW50aW1lLnYxLkFuc3dlciI9Cg5SZXN1bWVSZXNwb25zZRIrCgZyZXN1bHQYASABKAsyGy5hZ2VudHJ1bnRpbWUudjEuVGFza1Jlc3VsdCI5ChBJbnRlcnJ1cHRSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJIigKEUludGVycnVwdFJlc3BvbnNlEhMKC2ludGVycnVwdGVkGAEgASgIIkQKDENsb3NlUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRINCgVmb3JjZRgDIAEoCCIqCg1DbG9zZVJlc3BvbnNlEhkKEWNsb3NlZF9oYW5kbGVfaWRzGAEgAygJIjcKDkluc3BlY3RSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJIj4KD0luc3BlY3RSZXNwb25zZRIrCgZoYW5kbGUYASABKAsyGy5hZ2VudHJ1bnRpbWUudjEuSGFuZGxlVmlldyJICgtMaXN0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoBRISCgpwYWdlX3Rva2VuGAMgASgJIlUKDExpc3RSZXNwb25zZRIsCgdoYW5kbGVzGAEgAygLMhsuYWdlbnRydW50aW1lLnYxLkhhbmRsZVZpZXcSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJImQKFEdldFRyYW5zY3JpcHRSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJaGFuZGxlX2lkGAIgASgJEhEKCXBhZ2Vfc2l6ZRgDIAEoBRISCgpwYWdlX3Rva2VuGAQgASgJIlwKFUdldFRyYW5zY3JpcHRSZXNwb25zZRIqCghtZXNzYWdlcxgBIAMoCzIYLmFnZW50cnVudGltZS52MS5NZXNzYWdlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI1CgxXYXRjaFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAMiNgoNV2F0Y2hSZXNwb25zZRIlCgVldmVudBgBIAEoCzIWLmFnZW50cnVudGltZS52MS5FdmVudCKFBAoFRXZlbnQSCwoDc2VxGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCWhhbmRsZV9pZBgDIAEoCRIxCgdzcGF3bmVkGAogASgLMh4uYWdlbnRydW50aW1lLnYxLkhhbmRsZVNwYXduZWRIABI2Cg1zdGF0ZV9jaGFuZ2VkGAsgASgLMh0uYWdlbnRydW50aW1lLnYxLlN0YXRlQ2hhbmdlZEgAEjQKDHR1cm5fc3RhcnRlZBgMIAEoCzIcLmFnZW50cnVudGltZS52MS5UdXJuU3RhcnRlZEgAEjAKCnR1cm5fZW5kZWQYDSABKAsyGi5hZ2VudHJ1bnRpbWUudjEuVHVybkVuZGVkSAASPQoRdG9vbF9jYWxsX3N0YXJ0ZWQYDiABKAsyIC5hZ2VudHJ1bnRpbWUudjEuVG9vbENhbGxTdGFydGVkSAASOQoPdG9vbF9jYWxsX2VuZGVkGA8gASgLMh4uYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsRW5kZWRIABIrCgdwZW5kaW5nGBAgASgLMhguYWdlbnRydW50aW1lLnYxLlJlcXVlc3RIABItCgZyZXN1bHQYESABKAsyGy5hZ2VudHJ1bnRpbWUudjEuVGFza1Jlc3VsdEgAQgkKB3BheWxvYWQiMQoNSGFuZGxlU3Bhd25lZBIRCglwYXJlbnRfaWQYASABKAkSDQoFYWdlbnQYAiABKAkiOwoMU3RhdGVDaGFuZ2VkEisKBXN0YXRlGAEgASgOMhwuYWdlbnRydW50aW1lLnYxLkhhbmRsZVN0YXRlIhsKC1R1cm5TdGFydGVkEgwKBHR1cm4YASABKAMigAEKCVR1cm5FbmRlZBIMCgR0dXJuGAEgASgDEg4KBnRva2VucxgCIAEoAxISCgpvd25fdG9rZW5zGAMgASgDEhQKDHRvdGFsX3Rva2VucxgEIAEoAxISCgp0b29sX2NhbGxzGAUgASgFEhcKD3VzYWdlX2VzdGltYXRlZBgGIAEoCCI6Cg9Ub29sQ2FsbFN0YXJ0ZWQSJwoEY2FsbBgBIAEoCzIZLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbCJQCg1Ub29sQ2FsbEVuZGVkEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIQCghpc19lcnJvchgDIAEoCBIOCgZvdXRwdXQYBCABKAkqrQEKBlN0YXR1cxIWChJTVEFUVVNfVU5TUEVDSUZJRUQQABIPCgtTVEFUVVNfRE9ORRABEhIKDlNUQVRVU19QRU5ESU5HEAISFQoRU1RBVFVTX0lOQ09NUExFVEUQAxIWChJTVEFUVVNfSU5URVJSVVBURUQQBBIRCg1TVEFUVVNfQ0xPU0VEEAUSEgoOU1RBVFVTX1RJTUVPVVQQBhIQCgxTVEFUVVNfRVJST1IQByrcAQoFTGltaXQSFQoRTElNSVRfVU5TUEVDSUZJRUQQABITCg9MSU1JVF9NQVhfVFVSTlMQARIUChBMSU1JVF9NQVhfVE9LRU5TEAISGAoUTElNSVRfTUFYX1RPT0xfQ0FMTFMQAxIXChNMSU1JVF9NQVhfV0FMTF9USU1FEAQSFgoSTElNSVRfTUFYX0NISUxEUkVOEAUSEwoPTElNSVRfTUFYX0RFUFRIEAYSFAoQTElNSVRfQ09NUExFVElPThAHEhsKF0xJTUlUX01BWF9PVVRQVVRfVE9LRU5TEAgq3gIKDUZhaWx1cmVSZWFzb24SHgoaRkFJTFVSRV9SRUFTT05fVU5TUEVDSUZJRUQQABIgChxGQUlMVVJFX1JFQVNPTl9NT0RFTF9SRUZVU0VEEAESKgomRkFJTFVSRV9SRUFTT05fQ09OVEVYVF9MRU5HVEhfRVhDRUVERUQQAhIgChxGQUlMVVJFX1JFQVNPTl9QUk9WSURFUl9BVVRIEAMSKAokRkFJTFVSRV9SRUFTT05fUFJPVklERVJfUkFURV9MSU1JVEVEEAQSJwojRkFJTFVSRV9SRUFTT05fUFJPVklERVJfVU5BVkFJTEFCTEUQBRInCiNGQUlMVVJFX1JFQVNPTl9QUk9WSURFUl9CQURfUkVRVUVTVBAGEiUKIUZBSUxVUkVfUkVBU09OX1BST1ZJREVSX0JBRF9SRVBMWRAHEhoKFkZBSUxVUkVfUkVBU09OX1JVTlRJTUUQCCqRAQoLSGFuZGxlU3RhdGUSHAoYSEFORExFX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRSEFORExFX1NUQVRFX0lETEUQARIYChRIQU5ETEVfU1RBVEVfUlVOTklORxACEhoKFkhBTkRMRV9TVEFURV9TVVNQRU5ERUQQAxIXChNIQU5ETEVfU1RBVEVfQ0xPU0VEEAQqdQoPR3VhcmRyYWlsQWN0aW9uEiAKHEdVQVJEUkFJTF9BQ1RJT05fVU5TUEVDSUZJRUQQABIZChVHVUFSRFJBSUxfQUNUSU9OX0RFTlkQARIlCiFHVUFSRFJBSUxfQUNUSU9OX1JFUVVJUkVfQVBQUk9WQUwQAiphCg1PbkludGVycnVwdGVkEh4KGk9OX0lOVEVSUlVQVEVEX1VOU1BFQ0lGSUVEEAASGAoUT05fSU5URVJSVVBURURfUkVUUlkQARIWChJPTl9JTlRFUlJVUFRFRF9BU0sQAiqVAQoMU2NyaXB0ZWRTdG9wEh0KGVNDUklQVEVEX1NUT1BfVU5TUEVDSUZJRUQQABIjCh9TQ1JJUFRFRF9TVE9QX01BWF9PVVRQVVRfVE9LRU5TEAESGQoVU0NSSVBURURfU1RPUF9SRUZVU0FMEAISJgoiU0NSSVBURURfU1RPUF9QUk9WSURFUl9VTkFWQUlMQUJMRRADMqkHCgxBZ2VudFJ1bnRpbWUSXgoNQ3JlYXRlUnVudGltZRIlLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVxdWVzdBomLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVzcG9uc2USRgoFU3Bhd24SHS5hZ2VudHJ1bnRpbWUudjEuU3Bhd25SZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLlNwYXduUmVzcG9uc2USQwoEUG9zdBIcLmFnZW50cnVudGltZS52MS5Qb3N0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5Qb3N0UmVzcG9uc2USQwoEV2FrZRIcLmFnZW50cnVudGltZS52MS5XYWtlUmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWtlUmVzcG9uc2USQwoEV2FpdBIcLmFnZW50cnVudGltZS52MS5XYWl0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWl0UmVzcG9uc2USSQoGUmVzdW1lEh4uYWdlbnRydW50aW1lLnYxLlJlc3VtZVJlcXVlc3QaHy5hZ2VudHJ1bnRpbWUudjEuUmVzdW1lUmVzcG9uc2USUgoJSW50ZXJydXB0EiEuYWdlbnRydW50aW1lLnYxLkludGVycnVwdFJlcXVlc3QaIi5hZ2VudHJ1bnRpbWUudjEuSW50ZXJydXB0UmVzcG9uc2USRgoFQ2xvc2USHS5hZ2VudHJ1bnRpbWUudjEuQ2xvc2VSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLkNsb3NlUmVzcG9uc2USTAoHSW5zcGVjdBIfLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVxdWVzdBogLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVzcG9uc2USQwoETGlzdBIcLmFnZW50cnVudGltZS52MS5MaXN0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5MaXN0UmVzcG9uc2USXgoNR2V0VHJhbnNjcmlwdBIlLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVxdWVzdBomLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USSAoFV2F0Y2gSHS5hZ2VudHJ1bnRpbWUudjEuV2F0Y2hSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLldhdGNoUmVzcG9uc2UwAUJ6ChNkZXYuYWdlbnRydW50aW1lLnYxQhFBZ2VudFJ1bnRpbWVQcm90b1ABWk5naXRodWIuY29tL2FnZW50cnVudGltZS9hZ2VudHJ1bnRpbWUvY2xpZW50cy9nby9hZ2VudHJ1bnRpbWUvdjE7YWdlbnRydW50aW1ldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiNhZ2VudHJ1bnRpbWUvdjEvYWdlbnRfcnVudGltZS5wcm90bxIPYWdlbnRydW50aW1lLnYxIoMBCgdGYWlsdXJlEi4KBnJlYXNvbhgBIAEoDjIeLmFnZW50cnVudGltZS52MS5GYWlsdXJlUmVhc29uEhAKCHByb3ZpZGVyGAIgASgJEhMKC2h0dHBfc3RhdHVzGAMgASgFEhEKCXJldHJ5YWJsZRgEIAEoCBIOCgZkZXRhaWwYBSABKAkisgIKClRhc2tSZXN1bHQSEQoJaGFuZGxlX2lkGAEgASgJEgwKBHRleHQYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgSJwoGc3RhdHVzGAQgASgOMhcuYWdlbnRydW50aW1lLnYxLlN0YXR1cxIlCgVsaW1pdBgFIAEoDjIWLmFnZW50cnVudGltZS52MS5MaW1pdBIpCgdwZW5kaW5nGAYgASgLMhguYWdlbnRydW50aW1lLnYxLlJlcXVlc3QSDQoFdHVybnMYByABKAMSFAoMdG90YWxfdG9rZW5zGAggASgDEhIKCm93bl90b2tlbnMYCSABKAMSEgoKdG9vbF9jYWxscxgKIAEoAxIpCgdmYWlsdXJlGAsgASgLMhguYWdlbnRydW50aW1lLnYxLkZhaWx1cmUivAIKCkhhbmRsZVZpZXcSEQoJaGFuZGxlX2lkGAEgASgJEhEKCXBhcmVudF9pZBgCIAEoCRINCgVhZ2VudBgDIAEoCRIrCgVzdGF0ZRgEIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZRINCgV0dXJucxgFIAEoAxIUCgx0b3RhbF90b2tlbnMYBiABKAMSEgoKb3duX3Rva2VucxgHIAEoAxIUCgxwZW5kaW5nX2tpbmQYCCABKAkSEgoKaW5ib3hfc2l6ZRgJIAEoBRISCgp0b29sX2NhbGxzGAogASgDEicKBmJ1ZGdldBgLIAEoCzIXLmFnZW50cnVudGltZS52MS5CdWRnZXQSLAoLbGFzdF9zdGF0dXMYDCABKA4yFy5hZ2VudHJ1bnRpbWUudjEuU3RhdHVzIugDCghBZ2VudERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhQKDGluc3RydWN0aW9ucxgDIAEoCRINCgVtb2RlbBgEIAEoCRInCgV0b29scxgFIAMoCzIYLmFnZW50cnVudGltZS52MS5Ub29sRGVmEgwKBHRlYW0YBiADKAkSJwoGYnVkZ2V0GAcgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldBIzCgpjb21wbGV0aW9uGAggASgLMh8uYWdlbnRydW50aW1lLnYxLkNvbXBsZXRpb25HYXRlEi4KCmd1YXJkcmFpbHMYCSADKAsyGi5hZ2VudHJ1bnRpbWUudjEuR3VhcmRyYWlsEicKBnNjcmlwdBgKIAEoCzIXLmFnZW50cnVudGltZS52MS5TY3JpcHQSEAoIcHJvdmlkZXIYCyABKAkSHgoRbWF4X291dHB1dF90b2tlbnMYDCABKANIAIgBARItCgloZWFydGJlYXQYDSABKAsyGi5hZ2VudHJ1bnRpbWUudjEuSGVhcnRiZWF0Ei8KCmNvbXBhY3Rpb24YDiABKAsyGy5hZ2VudHJ1bnRpbWUudjEuQ29tcGFjdGlvbkIUChJfbWF4X291dHB1dF90b2tlbnMiRQoJSGVhcnRiZWF0EigKBWV2ZXJ5GAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBnByb21wdBgCIAEoCSJbCgpDb21wYWN0aW9uEhoKEm1heF9jb250ZXh0X3Rva2VucxgBIAEoAxIXCg9rZWVwX2xhc3RfdHVybnMYAiABKAUSGAoQc3VtbWFyaXplcl9hZ2VudBgDIAEoCSJMCg5SdW50aW1lT3B0aW9ucxIWCg5pbmJveF9jYXBhY2l0eRgBIAEoBRIiChptYXhfY29uY3VycmVudF9tb2RlbF9jYWxscxgCIAEoBSLuAgoGQnVkZ2V0EhYKCW1heF90dXJucxgBIAEoA0gAiAEBEhcKCm1heF90b2tlbnMYAiABKANIAYgBARIbCg5tYXhfdG9vbF9jYWxscxgDIAEoA0gCiAEBEjAKDW1heF93YWxsX3RpbWUYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SGQoMbWF4X2NoaWxkcmVuGAUgASgDSAOIAQESFgoJbWF4X2RlcHRoGAYgASgDSASIAQESGwoObWF4X2NvbmN1cnJlbnQYByABKANIBYgBARIyCgxvbl9leGhhdXN0ZWQYCCABKA4yHC5hZ2VudHJ1bnRpbWUudjEuT25FeGhhdXN0ZWRCDAoKX21heF90dXJuc0INCgtfbWF4X3Rva2Vuc0IRCg9fbWF4X3Rvb2xfY2FsbHNCDwoNX21heF9jaGlsZHJlbkIMCgpfbWF4X2RlcHRoQhEKD19tYXhfY29uY3VycmVudCKqAgoHVG9vbERlZhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSKwoFcmVsYXkYBCABKAsyGi5hZ2VudHJ1bnRpbWUudjEuUmVsYXlUb29sSAASKQoEaHR0cBgFIAEoCzIZLmFnZW50cnVudGltZS52MS5IdHRwVG9vbEgAEjEKCGFwcHJvdmFsGAYgASgLMh8uYWdlbnRydW50aW1lLnYxLkFwcHJvdmFsUG9saWN5EjYKDm9uX2ludGVycnVwdGVkGAcgASgOMh4uYWdlbnRydW50aW1lLnYxLk9uSW50ZXJydXB0ZWRCCgoIZXhlY3V0b3IiCwoJUmVsYXlUb29sIqwBCghIdHRwVG9vbBILCgN1cmwYASABKAkSNwoHaGVhZGVycxgCIAMoCzImLmFnZW50cnVudGltZS52MS5IdHRwVG9vbC5IZWFkZXJzRW50cnkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhouCgxIZWFkZXJzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIyCg5BcHByb3ZhbFBvbGljeRIQCghyZXF1aXJlZBgBIAEoCBIOCgZwcm9tcHQYAiABKAkiTwoOQ29tcGxldGlvbkdhdGUSFAoMbWF4X2F0dGVtcHRzGAEgASgFEhIKCm11c3RfbWF0Y2gYAiABKAkSEwoLanVkZ2VfYWdlbnQYAyABKAkiWwoJR3VhcmRyYWlsEgwKBHRvb2wYASABKAkSMAoGYWN0aW9uGAIgASgOMiAuYWdlbnRydW50aW1lLnYxLkd1YXJkcmFpbEFjdGlvbhIOCgZyZWFzb24YAyABKAkiOQoGU2NyaXB0Ei8KB3JlcGxpZXMYASADKAsyHi5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRSZXBseSK7AQoNU2NyaXB0ZWRSZXBseRIMCgR0ZXh0GAEgASgJEjUKCnRvb2xfY2FsbHMYAiADKAsyIS5hZ2VudHJ1bnRpbWUudjEuU2NyaXB0ZWRUb29sQ2FsbBIOCgZ0b2tlbnMYAyABKAMSKAoFZGVsYXkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKwoEc3RvcBgFIAEoDjIdLmFnZW50cnVudGltZS52MS5TY3JpcHRlZFN0b3AiOAoQU2NyaXB0ZWRUb29sQ2FsbBIMCgRuYW1lGAEgASgJEhYKDmFyZ3VtZW50c19qc29uGAIgASgJIs8BCgdSZXF1ZXN0EgoKAmlkGAEgASgJEgwKBGtpbmQYAiABKAkSDgoGcHJvbXB0GAMgASgJEgsKA3VybBgEIAEoCRIlCgRkYXRhGAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIuCgpleHBpcmVzX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRwYXRoGAcgAygJEigKBWNhbGxzGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsIlUKCFRvb2xDYWxsEgoKAmlkGAEgASgJEgwKBG5hbWUYAiABKAkSFgoOYXJndW1lbnRzX2pzb24YAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIoUBCgZBbnN3ZXISCgoCaWQYASABKAkSCgoCb2sYAiABKAgSJQoEZGF0YRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSDgoGcmVhc29uGAQgASgJEiwKB291dHB1dHMYBSADKAsyGy5hZ2VudHJ1bnRpbWUudjEuVG9vbE91dHB1dCI/CgpUb29sT3V0cHV0Eg8KB2NhbGxfaWQYASABKAkSDgoGb3V0cHV0GAIgASgJEhAKCGlzX2Vycm9yGAMgASgIIpYCCgdNZXNzYWdlEgwKBHJvbGUYASABKAkSDwoHY29udGVudBgCIAEoCRItCgp0b29sX2NhbGxzGAMgAygLMhkuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsEhQKDHRvb2xfY2FsbF9pZBgEIAEoCRIQCghpc19lcnJvchgFIAEoCBIMCgR0dXJuGAYgASgDEg8KB3JlZnVzYWwYByABKAgSEQoJdHJ1bmNhdGVkGAkgASgIEisKCHRoaW5raW5nGAggAygLMhkuYWdlbnRydW50aW1lLnYxLlRoaW5raW5nEiUKBXRydXN0GAogASgOMhYuYWdlbnRydW50aW1lLnYxLlRydXN0Eg8KB3N1bW1hcnkYCyABKAgiQgoIVGhpbmtpbmcSDAoEdGV4dBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkSFQoNcmVkYWN0ZWRfZGF0YRgDIAEoCSKHAQoUQ3JlYXRlUnVudGltZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIpCgZhZ2VudHMYAiADKAsyGS5hZ2VudHJ1bnRpbWUudjEuQWdlbnREZWYSMAoHb3B0aW9ucxgDIAEoCzIfLmFnZW50cnVudGltZS52MS5SdW50aW1lT3B0aW9ucyIrChVDcmVhdGVSdW50aW1lUmVzcG9uc2USEgoKcnVudGltZV9pZBgBIAEoCSJtCgxTcGF3blJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCglwYXJlbnRfaWQYAiABKAkSDQoFYWdlbnQYAyABKAkSJwoGYnVkZ2V0GAQgASgLMhcuYWdlbnRydW50aW1lLnYxLkJ1ZGdldCIiCg1TcGF3blJlc3BvbnNlEhEKCWhhbmRsZV9pZBgBIAEoCSKgAQoLUG9zdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDAoEdGV4dBgDIAEoCRIPCgdjaGFubmVsGAQgASgJEg4KBnNlbmRlchgFIAEoCRIlCgV0cnVzdBgGIAEoDjIWLmFnZW50cnVudGltZS52MS5UcnVzdBIUCgxjb2FsZXNjZV9rZXkYByABKAkiLgoMUG9zdFJlc3BvbnNlEgoKAm9rGAEgASgIEhIKCmluYm94X3NpemUYAiABKAUiRAoLV2FrZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDgoGcHJvbXB0GAMgASgJIh4KDFdha2VSZXNwb25zZRIOCgZxdWV1ZWQYASABKAgiYAoLV2FpdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiI7CgxXYWl0UmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiTAoNUmVzdW1lUmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEicKBmFuc3dlchgCIAEoCzIXLmFnZW50cnVudGltZS52MS5BbnN3ZXIiPQoOUmVzdW1lUmVzcG9uc2USKwoGcmVzdWx0GAEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHQiOQoQSW50ZXJydXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSIoChFJbnRlcnJ1cHRSZXNwb25zZRITCgtpbnRlcnJ1cHRlZBgBIAEoCCJuCgxDbG9zZVJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCgloYW5kbGVfaWQYAiABKAkSDQoFZm9yY2UYAyABKAgSKAoFZ3JhY2UYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iKgoNQ2xvc2VSZXNwb25zZRIZChFjbG9zZWRfaGFuZGxlX2lkcxgBIAMoCSI3Cg5JbnNwZWN0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCSI+Cg9JbnNwZWN0UmVzcG9uc2USKwoGaGFuZGxlGAEgASgLMhsuYWdlbnRydW50aW1lLnYxLkhhbmRsZVZpZXciSAoLTGlzdFJlcXVlc3QSEgoKcnVudGltZV9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKAUSEgoKcGFnZV90b2tlbhgDIAEoCSJVCgxMaXN0UmVzcG9uc2USLAoHaGFuZGxlcxgBIAMoCzIbLmFnZW50cnVudGltZS52MS5IYW5kbGVWaWV3EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJkChRHZXRUcmFuc2NyaXB0UmVxdWVzdBISCgpydW50aW1lX2lkGAEgASgJEhEKCWhhbmRsZV9pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJcChVHZXRUcmFuc2NyaXB0UmVzcG9uc2USKgoIbWVzc2FnZXMYASADKAsyGC5hZ2VudHJ1bnRpbWUudjEuTWVzc2FnZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiNQoMV2F0Y2hSZXF1ZXN0EhIKCnJ1bnRpbWVfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgDIjYKDVdhdGNoUmVzcG9uc2USJQoFZXZlbnQYASABKAsyFi5hZ2VudHJ1bnRpbWUudjEuRXZlbnQihQQKBUV2ZW50EgsKA3NlcRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgloYW5kbGVfaWQYAyABKAkSMQoHc3Bhd25lZBgKIAEoCzIeLmFnZW50cnVudGltZS52MS5IYW5kbGVTcGF3bmVkSAASNgoNc3RhdGVfY2hhbmdlZBgLIAEoCzIdLmFnZW50cnVudGltZS52MS5TdGF0ZUNoYW5nZWRIABI0Cgx0dXJuX3N0YXJ0ZWQYDCABKAsyHC5hZ2VudHJ1bnRpbWUudjEuVHVyblN0YXJ0ZWRIABIwCgp0dXJuX2VuZGVkGA0gASgLMhouYWdlbnRydW50aW1lLnYxLlR1cm5FbmRlZEgAEj0KEXRvb2xfY2FsbF9zdGFydGVkGA4gASgLMiAuYWdlbnRydW50aW1lLnYxLlRvb2xDYWxsU3RhcnRlZEgAEjkKD3Rvb2xfY2FsbF9lbmRlZBgPIAEoCzIeLmFnZW50cnVudGltZS52MS5Ub29sQ2FsbEVuZGVkSAASKwoHcGVuZGluZxgQIAEoCzIYLmFnZW50cnVudGltZS52MS5SZXF1ZXN0SAASLQoGcmVzdWx0GBEgASgLMhsuYWdlbnRydW50aW1lLnYxLlRhc2tSZXN1bHRIAEIJCgdwYXlsb2FkIjEKDUhhbmRsZVNwYXduZWQSEQoJcGFyZW50X2lkGAEgASgJEg0KBWFnZW50GAIgASgJIjsKDFN0YXRlQ2hhbmdlZBIrCgVzdGF0ZRgBIAEoDjIcLmFnZW50cnVudGltZS52MS5IYW5kbGVTdGF0ZSIbCgtUdXJuU3RhcnRlZBIMCgR0dXJuGAEgASgDIoABCglUdXJuRW5kZWQSDAoEdHVybhgBIAEoAxIOCgZ0b2tlbnMYAiABKAMSEgoKb3duX3Rva2VucxgDIAEoAxIUCgx0b3RhbF90b2tlbnMYBCABKAMSEgoKdG9vbF9jYWxscxgFIAEoBRIXCg91c2FnZV9lc3RpbWF0ZWQYBiABKAgiOgoPVG9vbENhbGxTdGFydGVkEicKBGNhbGwYASABKAsyGS5hZ2VudHJ1bnRpbWUudjEuVG9vbENhbGwiUAoNVG9vbENhbGxFbmRlZBIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEAoIaXNfZXJyb3IYAyABKAgSDgoGb3V0cHV0GAQgASgJKq0BCgZTdGF0dXMSFgoSU1RBVFVTX1VOU1BFQ0lGSUVEEAASDwoLU1RBVFVTX0RPTkUQARISCg5TVEFUVVNfUEVORElORxACEhUKEVNUQVRVU19JTkNPTVBMRVRFEAMSFgoSU1RBVFVTX0lOVEVSUlVQVEVEEAQSEQoNU1RBVFVTX0NMT1NFRBAFEhIKDlNUQVRVU19USU1FT1VUEAYSEAoMU1RBVFVTX0VSUk9SEAcq3AEKBUxpbWl0EhUKEUxJTUlUX1VOU1BFQ0lGSUVEEAASEwoPTElNSVRfTUFYX1RVUk5TEAESFAoQTElNSVRfTUFYX1RPS0VOUxACEhgKFExJTUlUX01BWF9UT09MX0NBTExTEAMSFwoTTElNSVRfTUFYX1dBTExfVElNRRAEEhYKEkxJTUlUX01BWF9DSElMRFJFThAFEhMKD0xJTUlUX01BWF9ERVBUSBAGEhQKEExJTUlUX0NPTVBMRVRJT04QBxIbChdMSU1JVF9NQVhfT1VUUFVUX1RPS0VOUxAIKt4CCg1GYWlsdXJlUmVhc29uEh4KGkZBSUxVUkVfUkVBU09OX1VOU1BFQ0lGSUVEEAASIAocRkFJTFVSRV9SRUFTT05fTU9ERUxfUkVGVVNFRBABEioKJkZBSUxVUkVfUkVBU09OX0NPTlRFWFRfTEVOR1RIX0VYQ0VFREVEEAISIAocRkFJTFVSRV9SRUFTT05fUFJPVklERVJfQVVUSBADEigKJEZBSUxVUkVfUkVBU09OX1BST1ZJREVSX1JBVEVfTElNSVRFRBAEEicKI0ZBSUxVUkVfUkVBU09OX1BST1ZJREVSX1VOQVZBSUxBQkxFEAUSJwojRkFJTFVSRV9SRUFTT05fUFJPVklERVJfQkFEX1JFUVVFU1QQBhIlCiFGQUlMVVJFX1JFQVNPTl9QUk9WSURFUl9CQURfUkVQTFkQBxIaChZGQUlMVVJFX1JFQVNPTl9SVU5USU1FEAgqqgEKC0hhbmRsZVN0YXRlEhwKGEhBTkRMRV9TVEFURV9VTlNQRUNJRklFRBAAEhUKEUhBTkRMRV9TVEFURV9JRExFEAESGAoUSEFORExFX1NUQVRFX1JVTk5JTkcQAhIaChZIQU5ETEVfU1RBVEVfU1VTUEVOREVEEAMSFwoTSEFORExFX1NUQVRFX0NMT1NFRBAEEhcKE0hBTkRMRV9TVEFURV9RVUVVRUQQBSpTCgVUcnVzdBIVChFUUlVTVF9VTlNQRUNJRklFRBAAEg4KClRSVVNUX0hPU1QQARIPCgtUUlVTVF9BR0VOVBACEhIKDlRSVVNUX0VYVEVSTkFMEAMqWAoLT25FeGhhdXN0ZWQSHAoYT05fRVhIQVVTVEVEX1VOU1BFQ0lGSUVEEAASFQoRT05fRVhIQVVTVEVEX1NUT1AQARIUChBPTl9FWEhBVVNURURfQVNLEAIqdQoPR3VhcmRyYWlsQWN0aW9uEiAKHEdVQVJEUkFJTF9BQ1RJT05fVU5TUEVDSUZJRUQQABIZChVHVUFSRFJBSUxfQUNUSU9OX0RFTlkQARIlCiFHVUFSRFJBSUxfQUNUSU9OX1JFUVVJUkVfQVBQUk9WQUwQAiphCg1PbkludGVycnVwdGVkEh4KGk9OX0lOVEVSUlVQVEVEX1VOU1BFQ0lGSUVEEAASGAoUT05fSU5URVJSVVBURURfUkVUUlkQARIWChJPTl9JTlRFUlJVUFRFRF9BU0sQAiqVAQoMU2NyaXB0ZWRTdG9wEh0KGVNDUklQVEVEX1NUT1BfVU5TUEVDSUZJRUQQABIjCh9TQ1JJUFRFRF9TVE9QX01BWF9PVVRQVVRfVE9LRU5TEAESGQoVU0NSSVBURURfU1RPUF9SRUZVU0FMEAISJgoiU0NSSVBURURfU1RPUF9QUk9WSURFUl9VTkFWQUlMQUJMRRADMqkHCgxBZ2VudFJ1bnRpbWUSXgoNQ3JlYXRlUnVudGltZRIlLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVxdWVzdBomLmFnZW50cnVudGltZS52MS5DcmVhdGVSdW50aW1lUmVzcG9uc2USRgoFU3Bhd24SHS5hZ2VudHJ1bnRpbWUudjEuU3Bhd25SZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLlNwYXduUmVzcG9uc2USQwoEUG9zdBIcLmFnZW50cnVudGltZS52MS5Qb3N0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5Qb3N0UmVzcG9uc2USQwoEV2FrZRIcLmFnZW50cnVudGltZS52MS5XYWtlUmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWtlUmVzcG9uc2USQwoEV2FpdBIcLmFnZW50cnVudGltZS52MS5XYWl0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5XYWl0UmVzcG9uc2USSQoGUmVzdW1lEh4uYWdlbnRydW50aW1lLnYxLlJlc3VtZVJlcXVlc3QaHy5hZ2VudHJ1bnRpbWUudjEuUmVzdW1lUmVzcG9uc2USUgoJSW50ZXJydXB0EiEuYWdlbnRydW50aW1lLnYxLkludGVycnVwdFJlcXVlc3QaIi5hZ2VudHJ1bnRpbWUudjEuSW50ZXJydXB0UmVzcG9uc2USRgoFQ2xvc2USHS5hZ2VudHJ1bnRpbWUudjEuQ2xvc2VSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLkNsb3NlUmVzcG9uc2USTAoHSW5zcGVjdBIfLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVxdWVzdBogLmFnZW50cnVudGltZS52MS5JbnNwZWN0UmVzcG9uc2USQwoETGlzdBIcLmFnZW50cnVudGltZS52MS5MaXN0UmVxdWVzdBodLmFnZW50cnVudGltZS52MS5MaXN0UmVzcG9uc2USXgoNR2V0VHJhbnNjcmlwdBIlLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVxdWVzdBomLmFnZW50cnVudGltZS52MS5HZXRUcmFuc2NyaXB0UmVzcG9uc2USSAoFV2F0Y2gSHS5hZ2VudHJ1bnRpbWUudjEuV2F0Y2hSZXF1ZXN0Gh4uYWdlbnRydW50aW1lLnYxLldhdGNoUmVzcG9uc2UwAUJ6ChNkZXYuYWdlbnRydW50aW1lLnYxQhFBZ2VudFJ1bnRpbWVQcm90b1ABWk5naXRodWIuY29tL2FnZW50cnVudGltZS9hZ2VudHJ1bnRpbWUvY2xpZW50cy9nby9hZ2VudHJ1bnRpbWUvdjE7YWdlbnRydW50aW1ldjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Failure says why a run settled STATUS_ERROR.
@@ -307,6 +307,20 @@ export type AgentDef = Message$1<"agentruntime.v1.AgentDef"> & {
    * @generated from field: optional int64 max_output_tokens = 12;
    */
   maxOutputTokens?: bigint | undefined;
+
+  /**
+   * Wake the handle on a period while it is idle (a durable, coalesced tick).
+   *
+   * @generated from field: agentruntime.v1.Heartbeat heartbeat = 13;
+   */
+  heartbeat?: Heartbeat | undefined;
+
+  /**
+   * Replace old turns in the model's view by a summary when the context grows too large.
+   *
+   * @generated from field: agentruntime.v1.Compaction compaction = 14;
+   */
+  compaction?: Compaction | undefined;
 };
 
 /**
@@ -315,6 +329,92 @@ export type AgentDef = Message$1<"agentruntime.v1.AgentDef"> & {
  */
 export const AgentDefSchema: GenMessage<AgentDef> = /*@__PURE__*/
   messageDesc(file_agentruntime_v1_agent_runtime, 3);
+
+/**
+ * @generated from message agentruntime.v1.Heartbeat
+ */
+export type Heartbeat = Message$1<"agentruntime.v1.Heartbeat"> & {
+  /**
+   * The period: at least 1 second.
+   *
+   * @generated from field: google.protobuf.Duration every = 1;
+   */
+  every?: Duration | undefined;
+
+  /**
+   * The tick's text (it is posted to the inbox, coalesced, with TRUST_HOST).
+   *
+   * @generated from field: string prompt = 2;
+   */
+  prompt: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.Heartbeat.
+ * Use `create(HeartbeatSchema)` to create a new message.
+ */
+export const HeartbeatSchema: GenMessage<Heartbeat> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 4);
+
+/**
+ * @generated from message agentruntime.v1.Compaction
+ */
+export type Compaction = Message$1<"agentruntime.v1.Compaction"> & {
+  /**
+   * When a request's estimated size (about four characters a token) would pass this,
+   * older turns are summarized.
+   *
+   * @generated from field: int64 max_context_tokens = 1;
+   */
+  maxContextTokens: bigint;
+
+  /**
+   * The most recent turns always kept verbatim (default 2).
+   *
+   * @generated from field: int32 keep_last_turns = 2;
+   */
+  keepLastTurns: number;
+
+  /**
+   * The agent (of this runtime) that writes the summary; its tokens bill to the handle.
+   *
+   * @generated from field: string summarizer_agent = 3;
+   */
+  summarizerAgent: string;
+};
+
+/**
+ * Describes the message agentruntime.v1.Compaction.
+ * Use `create(CompactionSchema)` to create a new message.
+ */
+export const CompactionSchema: GenMessage<Compaction> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 5);
+
+/**
+ * @generated from message agentruntime.v1.RuntimeOptions
+ */
+export type RuntimeOptions = Message$1<"agentruntime.v1.RuntimeOptions"> & {
+  /**
+   * Messages one inbox holds; 0: the server's setting (and never more than it).
+   *
+   * @generated from field: int32 inbox_capacity = 1;
+   */
+  inboxCapacity: number;
+
+  /**
+   * Model calls this runtime makes at once; 0: no limit of its own.
+   *
+   * @generated from field: int32 max_concurrent_model_calls = 2;
+   */
+  maxConcurrentModelCalls: number;
+};
+
+/**
+ * Describes the message agentruntime.v1.RuntimeOptions.
+ * Use `create(RuntimeOptionsSchema)` to create a new message.
+ */
+export const RuntimeOptionsSchema: GenMessage<RuntimeOptions> = /*@__PURE__*/
+  messageDesc(file_agentruntime_v1_agent_runtime, 6);
 
 /**
  * Every field is optional: unset means unlimited (unset is not 0).
@@ -358,6 +458,13 @@ export type Budget = Message$1<"agentruntime.v1.Budget"> & {
    * @generated from field: optional int64 max_concurrent = 7;
    */
   maxConcurrent?: bigint | undefined;
+
+  /**
+   * What reaching a limit does (turns, tokens, tool calls): stop, or ask the host.
+   *
+   * @generated from field: agentruntime.v1.OnExhausted on_exhausted = 8;
+   */
+  onExhausted: OnExhausted;
 };
 
 /**
@@ -365,7 +472,7 @@ export type Budget = Message$1<"agentruntime.v1.Budget"> & {
  * Use `create(BudgetSchema)` to create a new message.
  */
 export const BudgetSchema: GenMessage<Budget> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 4);
+  messageDesc(file_agentruntime_v1_agent_runtime, 7);
 
 /**
  * @generated from message agentruntime.v1.ToolDef
@@ -426,7 +533,7 @@ export type ToolDef = Message$1<"agentruntime.v1.ToolDef"> & {
  * Use `create(ToolDefSchema)` to create a new message.
  */
 export const ToolDefSchema: GenMessage<ToolDef> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 5);
+  messageDesc(file_agentruntime_v1_agent_runtime, 8);
 
 /**
  * The host runs the tool: the handle suspends with a Request of kind `tool_call`.
@@ -441,7 +548,7 @@ export type RelayTool = Message$1<"agentruntime.v1.RelayTool"> & {
  * Use `create(RelayToolSchema)` to create a new message.
  */
 export const RelayToolSchema: GenMessage<RelayTool> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 6);
+  messageDesc(file_agentruntime_v1_agent_runtime, 9);
 
 /**
  * The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
@@ -476,7 +583,7 @@ export type HttpTool = Message$1<"agentruntime.v1.HttpTool"> & {
  * Use `create(HttpToolSchema)` to create a new message.
  */
 export const HttpToolSchema: GenMessage<HttpTool> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 7);
+  messageDesc(file_agentruntime_v1_agent_runtime, 10);
 
 /**
  * @generated from message agentruntime.v1.ApprovalPolicy
@@ -498,7 +605,7 @@ export type ApprovalPolicy = Message$1<"agentruntime.v1.ApprovalPolicy"> & {
  * Use `create(ApprovalPolicySchema)` to create a new message.
  */
 export const ApprovalPolicySchema: GenMessage<ApprovalPolicy> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 8);
+  messageDesc(file_agentruntime_v1_agent_runtime, 11);
 
 /**
  * @generated from message agentruntime.v1.CompletionGate
@@ -532,7 +639,7 @@ export type CompletionGate = Message$1<"agentruntime.v1.CompletionGate"> & {
  * Use `create(CompletionGateSchema)` to create a new message.
  */
 export const CompletionGateSchema: GenMessage<CompletionGate> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 9);
+  messageDesc(file_agentruntime_v1_agent_runtime, 12);
 
 /**
  * @generated from message agentruntime.v1.Guardrail
@@ -559,7 +666,7 @@ export type Guardrail = Message$1<"agentruntime.v1.Guardrail"> & {
  * Use `create(GuardrailSchema)` to create a new message.
  */
 export const GuardrailSchema: GenMessage<Guardrail> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 10);
+  messageDesc(file_agentruntime_v1_agent_runtime, 13);
 
 /**
  * @generated from message agentruntime.v1.Script
@@ -579,7 +686,7 @@ export type Script = Message$1<"agentruntime.v1.Script"> & {
  * Use `create(ScriptSchema)` to create a new message.
  */
 export const ScriptSchema: GenMessage<Script> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 11);
+  messageDesc(file_agentruntime_v1_agent_runtime, 14);
 
 /**
  * @generated from message agentruntime.v1.ScriptedReply
@@ -622,7 +729,7 @@ export type ScriptedReply = Message$1<"agentruntime.v1.ScriptedReply"> & {
  * Use `create(ScriptedReplySchema)` to create a new message.
  */
 export const ScriptedReplySchema: GenMessage<ScriptedReply> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 12);
+  messageDesc(file_agentruntime_v1_agent_runtime, 15);
 
 /**
  * @generated from message agentruntime.v1.ScriptedToolCall
@@ -644,7 +751,7 @@ export type ScriptedToolCall = Message$1<"agentruntime.v1.ScriptedToolCall"> & {
  * Use `create(ScriptedToolCallSchema)` to create a new message.
  */
 export const ScriptedToolCallSchema: GenMessage<ScriptedToolCall> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 13);
+  messageDesc(file_agentruntime_v1_agent_runtime, 16);
 
 /**
  * Request is what a suspended handle needs from the host.
@@ -702,7 +809,7 @@ export type Request = Message$1<"agentruntime.v1.Request"> & {
  * Use `create(RequestSchema)` to create a new message.
  */
 export const RequestSchema: GenMessage<Request> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 14);
+  messageDesc(file_agentruntime_v1_agent_runtime, 17);
 
 /**
  * @generated from message agentruntime.v1.ToolCall
@@ -736,7 +843,7 @@ export type ToolCall = Message$1<"agentruntime.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 15);
+  messageDesc(file_agentruntime_v1_agent_runtime, 18);
 
 /**
  * @generated from message agentruntime.v1.Answer
@@ -777,7 +884,7 @@ export type Answer = Message$1<"agentruntime.v1.Answer"> & {
  * Use `create(AnswerSchema)` to create a new message.
  */
 export const AnswerSchema: GenMessage<Answer> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 16);
+  messageDesc(file_agentruntime_v1_agent_runtime, 19);
 
 /**
  * @generated from message agentruntime.v1.ToolOutput
@@ -806,7 +913,7 @@ export type ToolOutput = Message$1<"agentruntime.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 17);
+  messageDesc(file_agentruntime_v1_agent_runtime, 20);
 
 /**
  * @generated from message agentruntime.v1.Message
@@ -871,6 +978,22 @@ export type Message = Message$1<"agentruntime.v1.Message"> & {
    * @generated from field: repeated agentruntime.v1.Thinking thinking = 8;
    */
   thinking: Thinking[];
+
+  /**
+   * On user messages: the least trusted source the message holds (a Wake's prompt is the
+   * host's; drained inbox items carry their Post's trust).
+   *
+   * @generated from field: agentruntime.v1.Trust trust = 10;
+   */
+  trust: Trust;
+
+  /**
+   * A summary that stands in for the older turns in the model's view (compaction); the
+   * messages it summarizes stay in the transcript.
+   *
+   * @generated from field: bool summary = 11;
+   */
+  summary: boolean;
 };
 
 /**
@@ -878,7 +1001,7 @@ export type Message = Message$1<"agentruntime.v1.Message"> & {
  * Use `create(MessageSchema)` to create a new message.
  */
 export const MessageSchema: GenMessage<Message> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 18);
+  messageDesc(file_agentruntime_v1_agent_runtime, 21);
 
 /**
  * @generated from message agentruntime.v1.Thinking
@@ -907,7 +1030,7 @@ export type Thinking = Message$1<"agentruntime.v1.Thinking"> & {
  * Use `create(ThinkingSchema)` to create a new message.
  */
 export const ThinkingSchema: GenMessage<Thinking> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 19);
+  messageDesc(file_agentruntime_v1_agent_runtime, 22);
 
 /**
  * @generated from message agentruntime.v1.CreateRuntimeRequest
@@ -924,6 +1047,11 @@ export type CreateRuntimeRequest = Message$1<"agentruntime.v1.CreateRuntimeReque
    * @generated from field: repeated agentruntime.v1.AgentDef agents = 2;
    */
   agents: AgentDef[];
+
+  /**
+   * @generated from field: agentruntime.v1.RuntimeOptions options = 3;
+   */
+  options?: RuntimeOptions | undefined;
 };
 
 /**
@@ -931,7 +1059,7 @@ export type CreateRuntimeRequest = Message$1<"agentruntime.v1.CreateRuntimeReque
  * Use `create(CreateRuntimeRequestSchema)` to create a new message.
  */
 export const CreateRuntimeRequestSchema: GenMessage<CreateRuntimeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 20);
+  messageDesc(file_agentruntime_v1_agent_runtime, 23);
 
 /**
  * @generated from message agentruntime.v1.CreateRuntimeResponse
@@ -948,7 +1076,7 @@ export type CreateRuntimeResponse = Message$1<"agentruntime.v1.CreateRuntimeResp
  * Use `create(CreateRuntimeResponseSchema)` to create a new message.
  */
 export const CreateRuntimeResponseSchema: GenMessage<CreateRuntimeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 21);
+  messageDesc(file_agentruntime_v1_agent_runtime, 24);
 
 /**
  * @generated from message agentruntime.v1.SpawnRequest
@@ -984,7 +1112,7 @@ export type SpawnRequest = Message$1<"agentruntime.v1.SpawnRequest"> & {
  * Use `create(SpawnRequestSchema)` to create a new message.
  */
 export const SpawnRequestSchema: GenMessage<SpawnRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 22);
+  messageDesc(file_agentruntime_v1_agent_runtime, 25);
 
 /**
  * @generated from message agentruntime.v1.SpawnResponse
@@ -1001,7 +1129,7 @@ export type SpawnResponse = Message$1<"agentruntime.v1.SpawnResponse"> & {
  * Use `create(SpawnResponseSchema)` to create a new message.
  */
 export const SpawnResponseSchema: GenMessage<SpawnResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 23);
+  messageDesc(file_agentruntime_v1_agent_runtime, 26);
 
 /**
  * @generated from message agentruntime.v1.PostRequest
@@ -1036,6 +1164,22 @@ export type PostRequest = Message$1<"agentruntime.v1.PostRequest"> & {
    * @generated from field: string sender = 5;
    */
   sender: string;
+
+  /**
+   * Who sends it: TRUST_EXTERNAL messages reach the model as quoted data, never as
+   * instructions. Unset: TRUST_HOST.
+   *
+   * @generated from field: agentruntime.v1.Trust trust = 6;
+   */
+  trust: Trust;
+
+  /**
+   * Messages with the same key waiting in the inbox merge into one, with a count: the
+   * latest text is kept (periodic ticks, repeated notifications).
+   *
+   * @generated from field: string coalesce_key = 7;
+   */
+  coalesceKey: string;
 };
 
 /**
@@ -1043,7 +1187,7 @@ export type PostRequest = Message$1<"agentruntime.v1.PostRequest"> & {
  * Use `create(PostRequestSchema)` to create a new message.
  */
 export const PostRequestSchema: GenMessage<PostRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 24);
+  messageDesc(file_agentruntime_v1_agent_runtime, 27);
 
 /**
  * @generated from message agentruntime.v1.PostResponse
@@ -1065,7 +1209,7 @@ export type PostResponse = Message$1<"agentruntime.v1.PostResponse"> & {
  * Use `create(PostResponseSchema)` to create a new message.
  */
 export const PostResponseSchema: GenMessage<PostResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 25);
+  messageDesc(file_agentruntime_v1_agent_runtime, 28);
 
 /**
  * @generated from message agentruntime.v1.WakeRequest
@@ -1094,7 +1238,7 @@ export type WakeRequest = Message$1<"agentruntime.v1.WakeRequest"> & {
  * Use `create(WakeRequestSchema)` to create a new message.
  */
 export const WakeRequestSchema: GenMessage<WakeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 26);
+  messageDesc(file_agentruntime_v1_agent_runtime, 29);
 
 /**
  * @generated from message agentruntime.v1.WakeResponse
@@ -1114,7 +1258,7 @@ export type WakeResponse = Message$1<"agentruntime.v1.WakeResponse"> & {
  * Use `create(WakeResponseSchema)` to create a new message.
  */
 export const WakeResponseSchema: GenMessage<WakeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 27);
+  messageDesc(file_agentruntime_v1_agent_runtime, 30);
 
 /**
  * @generated from message agentruntime.v1.WaitRequest
@@ -1143,7 +1287,7 @@ export type WaitRequest = Message$1<"agentruntime.v1.WaitRequest"> & {
  * Use `create(WaitRequestSchema)` to create a new message.
  */
 export const WaitRequestSchema: GenMessage<WaitRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 28);
+  messageDesc(file_agentruntime_v1_agent_runtime, 31);
 
 /**
  * @generated from message agentruntime.v1.WaitResponse
@@ -1160,7 +1304,7 @@ export type WaitResponse = Message$1<"agentruntime.v1.WaitResponse"> & {
  * Use `create(WaitResponseSchema)` to create a new message.
  */
 export const WaitResponseSchema: GenMessage<WaitResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 29);
+  messageDesc(file_agentruntime_v1_agent_runtime, 32);
 
 /**
  * @generated from message agentruntime.v1.ResumeRequest
@@ -1182,7 +1326,7 @@ export type ResumeRequest = Message$1<"agentruntime.v1.ResumeRequest"> & {
  * Use `create(ResumeRequestSchema)` to create a new message.
  */
 export const ResumeRequestSchema: GenMessage<ResumeRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 30);
+  messageDesc(file_agentruntime_v1_agent_runtime, 33);
 
 /**
  * @generated from message agentruntime.v1.ResumeResponse
@@ -1199,7 +1343,7 @@ export type ResumeResponse = Message$1<"agentruntime.v1.ResumeResponse"> & {
  * Use `create(ResumeResponseSchema)` to create a new message.
  */
 export const ResumeResponseSchema: GenMessage<ResumeResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 31);
+  messageDesc(file_agentruntime_v1_agent_runtime, 34);
 
 /**
  * @generated from message agentruntime.v1.InterruptRequest
@@ -1221,7 +1365,7 @@ export type InterruptRequest = Message$1<"agentruntime.v1.InterruptRequest"> & {
  * Use `create(InterruptRequestSchema)` to create a new message.
  */
 export const InterruptRequestSchema: GenMessage<InterruptRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 32);
+  messageDesc(file_agentruntime_v1_agent_runtime, 35);
 
 /**
  * @generated from message agentruntime.v1.InterruptResponse
@@ -1240,7 +1384,7 @@ export type InterruptResponse = Message$1<"agentruntime.v1.InterruptResponse"> &
  * Use `create(InterruptResponseSchema)` to create a new message.
  */
 export const InterruptResponseSchema: GenMessage<InterruptResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 33);
+  messageDesc(file_agentruntime_v1_agent_runtime, 36);
 
 /**
  * @generated from message agentruntime.v1.CloseRequest
@@ -1252,6 +1396,9 @@ export type CloseRequest = Message$1<"agentruntime.v1.CloseRequest"> & {
   runtimeId: string;
 
   /**
+   * A handle id, or `root` to close the whole runtime (every top-level handle's subtree,
+   * leaf first, as one operation).
+   *
    * @generated from field: string handle_id = 2;
    */
   handleId: string;
@@ -1262,6 +1409,14 @@ export type CloseRequest = Message$1<"agentruntime.v1.CloseRequest"> & {
    * @generated from field: bool force = 3;
    */
   force: boolean;
+
+  /**
+   * Running handles get this long to settle on their own, then are interrupted (at most
+   * 10 minutes). Unset: as `force` says.
+   *
+   * @generated from field: google.protobuf.Duration grace = 4;
+   */
+  grace?: Duration | undefined;
 };
 
 /**
@@ -1269,7 +1424,7 @@ export type CloseRequest = Message$1<"agentruntime.v1.CloseRequest"> & {
  * Use `create(CloseRequestSchema)` to create a new message.
  */
 export const CloseRequestSchema: GenMessage<CloseRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 34);
+  messageDesc(file_agentruntime_v1_agent_runtime, 37);
 
 /**
  * @generated from message agentruntime.v1.CloseResponse
@@ -1288,7 +1443,7 @@ export type CloseResponse = Message$1<"agentruntime.v1.CloseResponse"> & {
  * Use `create(CloseResponseSchema)` to create a new message.
  */
 export const CloseResponseSchema: GenMessage<CloseResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 35);
+  messageDesc(file_agentruntime_v1_agent_runtime, 38);
 
 /**
  * @generated from message agentruntime.v1.InspectRequest
@@ -1310,7 +1465,7 @@ export type InspectRequest = Message$1<"agentruntime.v1.InspectRequest"> & {
  * Use `create(InspectRequestSchema)` to create a new message.
  */
 export const InspectRequestSchema: GenMessage<InspectRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 36);
+  messageDesc(file_agentruntime_v1_agent_runtime, 39);
 
 /**
  * @generated from message agentruntime.v1.InspectResponse
@@ -1327,7 +1482,7 @@ export type InspectResponse = Message$1<"agentruntime.v1.InspectResponse"> & {
  * Use `create(InspectResponseSchema)` to create a new message.
  */
 export const InspectResponseSchema: GenMessage<InspectResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 37);
+  messageDesc(file_agentruntime_v1_agent_runtime, 40);
 
 /**
  * @generated from message agentruntime.v1.ListRequest
@@ -1359,7 +1514,7 @@ export type ListRequest = Message$1<"agentruntime.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 38);
+  messageDesc(file_agentruntime_v1_agent_runtime, 41);
 
 /**
  * @generated from message agentruntime.v1.ListResponse
@@ -1383,7 +1538,7 @@ export type ListResponse = Message$1<"agentruntime.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 39);
+  messageDesc(file_agentruntime_v1_agent_runtime, 42);
 
 /**
  * @generated from message agentruntime.v1.GetTranscriptRequest
@@ -1420,7 +1575,7 @@ export type GetTranscriptRequest = Message$1<"agentruntime.v1.GetTranscriptReque
  * Use `create(GetTranscriptRequestSchema)` to create a new message.
  */
 export const GetTranscriptRequestSchema: GenMessage<GetTranscriptRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 40);
+  messageDesc(file_agentruntime_v1_agent_runtime, 43);
 
 /**
  * @generated from message agentruntime.v1.GetTranscriptResponse
@@ -1444,7 +1599,7 @@ export type GetTranscriptResponse = Message$1<"agentruntime.v1.GetTranscriptResp
  * Use `create(GetTranscriptResponseSchema)` to create a new message.
  */
 export const GetTranscriptResponseSchema: GenMessage<GetTranscriptResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 41);
+  messageDesc(file_agentruntime_v1_agent_runtime, 44);
 
 /**
  * @generated from message agentruntime.v1.WatchRequest
@@ -1468,7 +1623,7 @@ export type WatchRequest = Message$1<"agentruntime.v1.WatchRequest"> & {
  * Use `create(WatchRequestSchema)` to create a new message.
  */
 export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 42);
+  messageDesc(file_agentruntime_v1_agent_runtime, 45);
 
 /**
  * @generated from message agentruntime.v1.WatchResponse
@@ -1485,7 +1640,7 @@ export type WatchResponse = Message$1<"agentruntime.v1.WatchResponse"> & {
  * Use `create(WatchResponseSchema)` to create a new message.
  */
 export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 43);
+  messageDesc(file_agentruntime_v1_agent_runtime, 46);
 
 /**
  * Event is one change in a runtime, numbered per runtime from 1 without gaps.
@@ -1571,7 +1726,7 @@ export type Event = Message$1<"agentruntime.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 44);
+  messageDesc(file_agentruntime_v1_agent_runtime, 47);
 
 /**
  * @generated from message agentruntime.v1.HandleSpawned
@@ -1593,7 +1748,7 @@ export type HandleSpawned = Message$1<"agentruntime.v1.HandleSpawned"> & {
  * Use `create(HandleSpawnedSchema)` to create a new message.
  */
 export const HandleSpawnedSchema: GenMessage<HandleSpawned> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 45);
+  messageDesc(file_agentruntime_v1_agent_runtime, 48);
 
 /**
  * @generated from message agentruntime.v1.StateChanged
@@ -1610,7 +1765,7 @@ export type StateChanged = Message$1<"agentruntime.v1.StateChanged"> & {
  * Use `create(StateChangedSchema)` to create a new message.
  */
 export const StateChangedSchema: GenMessage<StateChanged> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 46);
+  messageDesc(file_agentruntime_v1_agent_runtime, 49);
 
 /**
  * @generated from message agentruntime.v1.TurnStarted
@@ -1627,7 +1782,7 @@ export type TurnStarted = Message$1<"agentruntime.v1.TurnStarted"> & {
  * Use `create(TurnStartedSchema)` to create a new message.
  */
 export const TurnStartedSchema: GenMessage<TurnStarted> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 47);
+  messageDesc(file_agentruntime_v1_agent_runtime, 50);
 
 /**
  * @generated from message agentruntime.v1.TurnEnded
@@ -1674,7 +1829,7 @@ export type TurnEnded = Message$1<"agentruntime.v1.TurnEnded"> & {
  * Use `create(TurnEndedSchema)` to create a new message.
  */
 export const TurnEndedSchema: GenMessage<TurnEnded> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 48);
+  messageDesc(file_agentruntime_v1_agent_runtime, 51);
 
 /**
  * @generated from message agentruntime.v1.ToolCallStarted
@@ -1691,7 +1846,7 @@ export type ToolCallStarted = Message$1<"agentruntime.v1.ToolCallStarted"> & {
  * Use `create(ToolCallStartedSchema)` to create a new message.
  */
 export const ToolCallStartedSchema: GenMessage<ToolCallStarted> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 49);
+  messageDesc(file_agentruntime_v1_agent_runtime, 52);
 
 /**
  * @generated from message agentruntime.v1.ToolCallEnded
@@ -1725,7 +1880,7 @@ export type ToolCallEnded = Message$1<"agentruntime.v1.ToolCallEnded"> & {
  * Use `create(ToolCallEndedSchema)` to create a new message.
  */
 export const ToolCallEndedSchema: GenMessage<ToolCallEnded> = /*@__PURE__*/
-  messageDesc(file_agentruntime_v1_agent_runtime, 50);
+  messageDesc(file_agentruntime_v1_agent_runtime, 53);
 
 /**
  * Status says how a run settled (or that it has not).
@@ -1957,6 +2112,14 @@ export enum HandleState {
    * @generated from enum value: HANDLE_STATE_CLOSED = 4;
    */
   CLOSED = 4,
+
+  /**
+   * Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
+   * model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
+   *
+   * @generated from enum value: HANDLE_STATE_QUEUED = 5;
+   */
+  QUEUED = 5,
 }
 
 /**
@@ -1964,6 +2127,83 @@ export enum HandleState {
  */
 export const HandleStateSchema: GenEnum<HandleState> = /*@__PURE__*/
   enumDesc(file_agentruntime_v1_agent_runtime, 3);
+
+/**
+ * Trust says who a posted message comes from, and so how the model sees it.
+ *
+ * @generated from enum agentruntime.v1.Trust
+ */
+export enum Trust {
+  /**
+   * TRUST_HOST.
+   *
+   * @generated from enum value: TRUST_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The host itself: its messages are instructions.
+   *
+   * @generated from enum value: TRUST_HOST = 1;
+   */
+  HOST = 1,
+
+  /**
+   * Another agent of the runtime.
+   *
+   * @generated from enum value: TRUST_AGENT = 2;
+   */
+  AGENT = 2,
+
+  /**
+   * An outside sender (a webhook, another system): shown to the model as quoted data that
+   * carries no instructions.
+   *
+   * @generated from enum value: TRUST_EXTERNAL = 3;
+   */
+  EXTERNAL = 3,
+}
+
+/**
+ * Describes the enum agentruntime.v1.Trust.
+ */
+export const TrustSchema: GenEnum<Trust> = /*@__PURE__*/
+  enumDesc(file_agentruntime_v1_agent_runtime, 4);
+
+/**
+ * What a run does when it reaches a budget limit.
+ *
+ * @generated from enum agentruntime.v1.OnExhausted
+ */
+export enum OnExhausted {
+  /**
+   * ON_EXHAUSTED_STOP.
+   *
+   * @generated from enum value: ON_EXHAUSTED_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Stop: STATUS_INCOMPLETE with the limit.
+   *
+   * @generated from enum value: ON_EXHAUSTED_STOP = 1;
+   */
+  STOP = 1,
+
+  /**
+   * Suspend with a Request of kind `budget`; Resume with ok and
+   * `data: {"extend": {<Budget fields>}}` raises the budget and continues.
+   *
+   * @generated from enum value: ON_EXHAUSTED_ASK = 2;
+   */
+  ASK = 2,
+}
+
+/**
+ * Describes the enum agentruntime.v1.OnExhausted.
+ */
+export const OnExhaustedSchema: GenEnum<OnExhausted> = /*@__PURE__*/
+  enumDesc(file_agentruntime_v1_agent_runtime, 5);
 
 /**
  * @generated from enum agentruntime.v1.GuardrailAction
@@ -1993,7 +2233,7 @@ export enum GuardrailAction {
  * Describes the enum agentruntime.v1.GuardrailAction.
  */
 export const GuardrailActionSchema: GenEnum<GuardrailAction> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 4);
+  enumDesc(file_agentruntime_v1_agent_runtime, 6);
 
 /**
  * @generated from enum agentruntime.v1.OnInterrupted
@@ -2026,7 +2266,7 @@ export enum OnInterrupted {
  * Describes the enum agentruntime.v1.OnInterrupted.
  */
 export const OnInterruptedSchema: GenEnum<OnInterrupted> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 5);
+  enumDesc(file_agentruntime_v1_agent_runtime, 7);
 
 /**
  * @generated from enum agentruntime.v1.ScriptedStop
@@ -2065,7 +2305,7 @@ export enum ScriptedStop {
  * Describes the enum agentruntime.v1.ScriptedStop.
  */
 export const ScriptedStopSchema: GenEnum<ScriptedStop> = /*@__PURE__*/
-  enumDesc(file_agentruntime_v1_agent_runtime, 6);
+  enumDesc(file_agentruntime_v1_agent_runtime, 8);
 
 /**
  * AgentRuntime hosts trees of agents. A runtime is one tree; a handle is one live
