@@ -359,6 +359,22 @@ func resultFields(r *v1.TaskResult, lastPending **v1.Request) map[string]any {
 			"path":       append([]string{}, p.GetPath()...),
 			"call_names": callNames,
 		},
+		"failure": failureFields(r.GetFailure()),
+	}
+}
+
+// failureFields is the TaskResult's Failure as the vectors name it; nil (JSON null) when
+// the result has none.
+func failureFields(f *v1.Failure) any {
+	if f == nil {
+		return nil
+	}
+	return map[string]any{
+		"reason":      f.GetReason().String(),
+		"provider":    f.GetProvider(),
+		"http_status": f.GetHttpStatus(),
+		"retryable":   f.GetRetryable(),
+		"detail":      f.GetDetail(),
 	}
 }
 
@@ -407,7 +423,17 @@ func check(where string, got, want map[string]any) error {
 	for _, key := range slices.Sorted(maps.Keys(want)) {
 		path, w := where+"."+key, want[key]
 		g, ok := got[key]
+		field, isContains := strings.CutSuffix(key, "_contains")
 		switch wm, isObject := w.(map[string]any); {
+		case isContains && !ok:
+			// `<field>_contains`: the actual <field> is a string holding this substring.
+			ws, wantString := w.(string)
+			gs, gotString := got[field].(string)
+			if !wantString {
+				bad = append(bad, fmt.Sprintf("%s: expected a string to look for, got %s", path, show(w)))
+			} else if !gotString || !strings.Contains(gs, ws) {
+				bad = append(bad, fmt.Sprintf("%s: expected a %s containing %s, got %s", path, field, show(w), show(got[field])))
+			}
 		case !ok:
 			bad = append(bad, path+": missing from the result")
 		case isObject:

@@ -37,6 +37,17 @@ def _result_fields(result: pb.TaskResult) -> dict[str, Any]:
             "path": list(result.pending.path),
             "call_names": [call.name for call in result.pending.calls],
         },
+        "failure": _failure_fields(result.failure) if result.HasField("failure") else None,
+    }
+
+
+def _failure_fields(failure: pb.Failure) -> dict[str, Any]:
+    return {
+        "reason": pb.FailureReason.Name(failure.reason),
+        "provider": failure.provider,
+        "http_status": failure.http_status,
+        "retryable": failure.retryable,
+        "detail": failure.detail,
     }
 
 
@@ -53,10 +64,21 @@ def _view_fields(view: pb.HandleView) -> dict[str, Any]:
 
 def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None:
     for key, want in expected.items():
+        if key.endswith("_contains") and key not in actual:
+            # `<field>_contains`: the actual <field> is a string holding this substring.
+            field = key.removesuffix("_contains")
+            got = actual.get(field)
+            if type(want) is not str:
+                raise Mismatch(f"{where}.{key}: expected a string to look for, got {want!r}")
+            if type(got) is not str or want not in got:
+                raise Mismatch(f"{where}.{key}: expected a {field} containing {want!r}, got {got!r}")
+            continue
         if key not in actual:
             raise Mismatch(f"{where}.{key}: expected {want!r}, got nothing (no such entry)")
         got = actual[key]
         if isinstance(want, dict):
+            if not isinstance(got, dict):
+                raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
             _check(f"{where}.{key}", got, want)
         elif type(got) is not type(want) or got != want:
             raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")

@@ -19,6 +19,7 @@ import {
   AnswerSchema,
   BudgetSchema,
   ErrorInfoSchema,
+  FailureReasonSchema,
   HandleStateSchema,
   LimitSchema,
   Status,
@@ -28,6 +29,7 @@ import {
   describeError,
   grpcCodeName,
   type AgentRuntimeClient,
+  type Failure,
   type HandleView,
   type Request,
   type TaskResult,
@@ -41,7 +43,7 @@ const VECTORS = process.env.AGENTRUNTIME_VECTORS
 
 /** What a step produced, as plain values keyed like the vectors' `expect` (int64 stay bigint). */
 type Actual = { [key: string]: Value };
-type Value = string | number | bigint | boolean | Value[] | Actual;
+type Value = string | number | bigint | boolean | null | Value[] | Actual;
 
 type Step = { [key: string]: JsonValue };
 type Vector = { name?: string; agents: JsonValue[]; steps: Step[] };
@@ -77,6 +79,17 @@ function resultFields(result: TaskResult): Actual {
       path: [...(pending?.path ?? [])],
       call_names: (pending?.calls ?? []).map((call) => call.name),
     },
+    failure: result.failure ? failureFields(result.failure) : null,
+  };
+}
+
+function failureFields(failure: Failure): Actual {
+  return {
+    reason: enumName(FailureReasonSchema, failure.reason),
+    provider: failure.provider,
+    http_status: failure.httpStatus,
+    retryable: failure.retryable,
+    detail: failure.detail,
   };
 }
 
@@ -127,6 +140,18 @@ function show(value: Value | JsonValue | undefined): string {
 
 function check(where: string, actual: Actual, expected: { [key: string]: JsonValue }): void {
   for (const [key, want] of Object.entries(expected)) {
+    if (key.endsWith("_contains") && !Object.hasOwn(actual, key)) {
+      // `<field>_contains`: the actual <field> is a string holding this substring.
+      const field = key.slice(0, -"_contains".length);
+      const got = Object.hasOwn(actual, field) ? actual[field] : undefined;
+      if (typeof want !== "string") {
+        throw new Mismatch(`${where}.${key}: expected a string to look for, got ${show(want)}`);
+      }
+      if (typeof got !== "string" || !got.includes(want)) {
+        throw new Mismatch(`${where}.${key}: expected a ${field} containing ${show(want)}, got ${show(got)}`);
+      }
+      continue;
+    }
     if (!Object.hasOwn(actual, key)) {
       throw new Mismatch(`${where}.${key}: expected ${show(want)}, got nothing (no such entry)`);
     }

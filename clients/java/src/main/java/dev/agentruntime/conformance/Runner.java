@@ -2,6 +2,7 @@ package dev.agentruntime.conformance;
 
 import com.google.gson.JsonArray;
 import com.google.gson.JsonElement;
+import com.google.gson.JsonNull;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import com.google.gson.JsonPrimitive;
@@ -13,6 +14,7 @@ import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.ListResponse;
@@ -327,6 +329,17 @@ public final class Runner {
     result.getPending().getCallsList().forEach(call -> callNames.add(call.getName()));
     pending.add("call_names", callNames);
     fields.add("pending", pending);
+    fields.add("failure", result.hasFailure() ? failureFields(result.getFailure()) : JsonNull.INSTANCE);
+    return fields;
+  }
+
+  private static JsonObject failureFields(Failure failure) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("reason", failure.getReason().name());
+    fields.addProperty("provider", failure.getProvider());
+    fields.addProperty("http_status", failure.getHttpStatus());
+    fields.addProperty("retryable", failure.getRetryable());
+    fields.addProperty("detail", failure.getDetail());
     return fields;
   }
 
@@ -347,6 +360,20 @@ public final class Runner {
       String key = entry.getKey();
       JsonElement want = entry.getValue();
       JsonElement got = actual.get(key);
+      if (got == null && key.endsWith("_contains")) {
+        // `<field>_contains`: the actual <field> is a string holding this substring.
+        String field = key.substring(0, key.length() - "_contains".length());
+        JsonElement value = actual.get(field);
+        if (!want.isJsonPrimitive() || !want.getAsJsonPrimitive().isString()) {
+          throw new Mismatch(where + "." + key + ": expected a string to look for, got " + pyRepr(want));
+        }
+        if (value == null || !value.isJsonPrimitive() || !value.getAsJsonPrimitive().isString()
+            || !value.getAsString().contains(want.getAsString())) {
+          throw new Mismatch(where + "." + key + ": expected a " + field + " containing " + pyRepr(want)
+              + ", got " + pyRepr(value));
+        }
+        continue;
+      }
       if (got == null) {
         throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got nothing (no such "
             + (want.isJsonObject() ? "entry" : "field") + ")");
