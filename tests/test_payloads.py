@@ -30,12 +30,14 @@ from agentruntime_server.domain.journal import (
     CallFinished,
     CallStarted,
     Closed,
+    Configured,
     EventsImported,
     Imported,
     InDoubt,
     MessagesAppended,
     ModelReplied,
     Posted,
+    Queued,
     RunStarted,
     Settled,
     Spawned,
@@ -52,12 +54,14 @@ from agentruntime_server.domain.model import (
     Limit,
     Message,
     PendingRequest,
+    RuntimeOptions,
     Status,
     TaskResult,
     Thinking,
     ToolCall,
     ToolOutput,
     ToolResult,
+    Trust,
 )
 from agentruntime_server.domain.usage import Usage
 from agentruntime_server.store import payloads
@@ -72,7 +76,7 @@ USAGE = Usage(turns=3, own_tokens=120, total_tokens=450, tool_calls=4, subtree_t
 BUDGET = Budget(
     max_turns=8, max_tokens=4000, max_tool_calls=20, max_wall_time=90.5, max_children=3, max_depth=2, max_concurrent=2
 )
-ITEM = InboxItem(text="the build is red", channel="ci", sender="jenkins")
+ITEM = InboxItem(text="the build is red", channel="ci", sender="jenkins", trust=Trust.EXTERNAL, coalesce_key="ci-status", count=3)
 THINKING = (Thinking("the first page first", "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxG"), Thinking(redacted_data="EmwKAhgBEgy3va3pzix"))
 MESSAGE = Message(
     role="assistant",
@@ -81,6 +85,8 @@ MESSAGE = Message(
     tool_call_id="call_2_1",
     is_error=True,
     turn=3,
+    trust=Trust.AGENT,
+    summary=True,
     refusal=True,
     truncated=True,
     thinking=THINKING,
@@ -139,18 +145,34 @@ EVENT = Event(
 
 # One of each kind, in the order of journal.STEPS (the order of the golden file's lines).
 SAMPLES: tuple[Step, ...] = (
+    Configured(RuntimeOptions(inbox_capacity=5, max_concurrent_model_calls=3)),
     Spawned(HANDLE, "root/coordinator.1", "worker", BUDGET, "call_1_1", 2),
     Posted(HANDLE, ITEM),
+    Queued(HANDLE, True),
     RunStarted(
         HANDLE,
-        Message("user", "go\n\n[ci from jenkins] the build is red", (CALL,), "call_0", True, 1, True, True, THINKING),
+        Message(
+            "user",
+            "go\n\n[from jenkins] the build is red",
+            (CALL,),
+            "call_0",
+            True,
+            1,
+            Trust.EXTERNAL,
+            True,
+            True,
+            True,
+            THINKING,
+        ),
         drained=2,
     ),
     TurnStarted(HANDLE, 3),
     ModelReplied(HANDLE, MESSAGE, 40, USAGE, estimated=True),
     CallStarted(HANDLE, CALL, effect=True, announce=False),
     CallFinished(HANDLE, CALL, ToolResult("404 not found", is_error=True)),
-    MessagesAppended(HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3, True, True, THINKING))),
+    MessagesAppended(
+        HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3, Trust.AGENT, True, True, True, THINKING))
+    ),
     Settled(HANDLE, RESULT, HandleState.SUSPENDED, rollback_to=4, restored=(ITEM,)),
     Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",)),
     InDoubt(HANDLE, ("call_2_9", "call_3_1")),

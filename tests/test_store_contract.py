@@ -26,6 +26,7 @@ from agentruntime_server.domain.journal import (
     CallFinished,
     CallStarted,
     Closed,
+    Configured,
     Entry,
     EventsImported,
     Imported,
@@ -34,6 +35,7 @@ from agentruntime_server.domain.journal import (
     MessagesAppended,
     ModelReplied,
     Posted,
+    Queued,
     RunStarted,
     Settled,
     Spawned,
@@ -58,6 +60,7 @@ from agentruntime_server.domain.model import (
     OnInterrupted,
     PendingRequest,
     RelayExecutor,
+    RuntimeOptions,
     ScriptedReply,
     ScriptedToolCall,
     Status,
@@ -169,9 +172,12 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
 
     budget = Budget(max_turns=5, max_tokens=1000, max_tool_calls=10, max_wall_time=60.5, max_children=3, max_depth=2)
     first_note, second_note = InboxItem("first note", "ops", "alice"), InboxItem("second note", "ops", "bob")
+    yield (Configured(RuntimeOptions(inbox_capacity=10, max_concurrent_model_calls=2)),)
     yield (Spawned(COORDINATOR, "", "coordinator", budget, "", 1),)
     yield Posted(COORDINATOR, first_note), Posted(COORDINATOR, second_note)
     yield (RunStarted(COORDINATOR, Message("user", "go\n\n[ops from alice] first note"), drained=1),)
+    yield (Queued(COORDINATOR, True),)
+    yield (Queued(COORDINATOR, False),)
     yield (TurnStarted(COORDINATOR, 1),)
     task = ToolCall("call_1_1", "task", '{"agent": "worker", "prompt": "fetch it"}')
     reply = Message("assistant", "delegating", (task,), turn=1)

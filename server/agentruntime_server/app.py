@@ -93,7 +93,10 @@ def build_service(
         store=store,
         inbox_capacity=settings.inbox_capacity,
         limits=Limits(
-            max_text_bytes=settings.max_text_bytes, max_inbox_bytes=settings.max_inbox_bytes, max_handles=settings.max_handles
+            max_text_bytes=settings.max_text_bytes,
+            max_inbox_bytes=settings.max_inbox_bytes,
+            max_handles=settings.max_handles,
+            max_concurrent_model_calls=settings.max_concurrent_model_calls,
         ),
         watch_buffer=settings.watch_buffer,
         observers=observability.observers,

@@ -62,6 +62,16 @@ def _answer_data(message: struct_pb2.Struct) -> dict[str, Any]:
     return data
 
 
+def trust_from_proto(number: int, where: str, found: list[FieldViolation]) -> m.Trust:
+    if number == pb.TRUST_UNSPECIFIED:
+        return m.Trust.HOST
+    return _enum(number, m.Trust, where, found, "TRUST_HOST, TRUST_AGENT or TRUST_EXTERNAL") or m.Trust.HOST
+
+
+def options_from_proto(message: pb.RuntimeOptions) -> m.RuntimeOptions:
+    return m.RuntimeOptions(inbox_capacity=message.inbox_capacity, max_concurrent_model_calls=message.max_concurrent_model_calls)
+
+
 def _opt(message: pb.Budget, name: str) -> int | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[arg-type]
 
@@ -250,6 +260,8 @@ def message_to_proto(message: m.Message) -> pb.Message:
         turn=message.turn,
         refusal=message.refusal,
         truncated=message.truncated,
+        trust=message.trust.value if message.role == "user" else pb.TRUST_UNSPECIFIED,  # type: ignore[arg-type]
+        summary=message.summary,
         thinking=[pb.Thinking(text=t.text, signature=t.signature, redacted_data=t.redacted_data) for t in message.thinking],
     )
 

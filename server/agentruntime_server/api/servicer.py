@@ -14,7 +14,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
 from ..domain.errors import DomainError, FieldViolation, InvalidArgument
-from ..domain.limits import MAX_ID_CHARS, MAX_WAIT_TIMEOUT
+from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService
 from . import convert, paging
@@ -103,7 +103,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     @_edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
         agents, found = convert.agents_from_proto(request.agents)
-        runtime = await self.service.create_runtime(request.runtime_id, agents, found)
+        options = convert.options_from_proto(request.options)
+        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options)
         return pb.CreateRuntimeResponse(runtime_id=runtime.id)
 
     @_edge
@@ -121,8 +122,12 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Post(self, request: pb.PostRequest, context: Context) -> pb.PostResponse:
+        found: list[FieldViolation] = []
+        trust = convert.trust_from_proto(request.trust, "trust", found)
+        if found:
+            raise InvalidArgument(found)
         runtime = await self._handle_target(request)
-        size = await runtime.post(request.handle_id, request.text, request.channel, request.sender)
+        size = await runtime.post(request.handle_id, request.text, request.channel, request.sender, trust, request.coalesce_key)
         return pb.PostResponse(ok=True, inbox_size=size)
 
     @_edge
@@ -160,8 +165,16 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
+        grace = None
+        if request.HasField("grace"):
+            found: list[FieldViolation] = []
+            grace = convert.duration_seconds(request.grace, "grace", found)
+            if grace is not None and not 0 <= grace <= MAX_CLOSE_GRACE:
+                found.append(FieldViolation("grace", f"must be between 0 and {MAX_CLOSE_GRACE:g}s"))
+            if found:
+                raise InvalidArgument(found)
         runtime = await self._handle_target(request)
-        return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force))
+        return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force, grace))
 
     @_edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:

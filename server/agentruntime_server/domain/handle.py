@@ -7,6 +7,7 @@ the store together."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ class FifoGate:
         self.capacity = capacity
         self.held = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def would_wait(self) -> bool:
+        return self.held >= self.capacity or bool(self._waiters)
 
     async def acquire(self) -> None:
         if self.held < self.capacity and not self._waiters:
@@ -142,6 +147,16 @@ class Handle:
         self.spawned_per_agent[child.agent.name] = max(self.spawned_per_agent.get(child.agent.name, 0), number)
         if child.child_key:
             self.children_by_key[child.child_key] = child
+
+    def post(self, item: InboxItem) -> None:
+        """Into the inbox; an item with the coalesce key of one still waiting replaces it,
+        keeping its place and counting both."""
+        if item.coalesce_key:
+            for index, waiting in enumerate(self.inbox):
+                if waiting.coalesce_key == item.coalesce_key:
+                    self.inbox[index] = dataclasses.replace(item, count=waiting.count + item.count)
+                    return
+        self.inbox.append(item)
 
     def begin_run(self, message: Message | None, drained: int) -> None:
         """A new run takes `drained` inbox items and starts on `message`; a continued run

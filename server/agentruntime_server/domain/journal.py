@@ -24,6 +24,7 @@ from .model import (
     InboxItem,
     Message,
     PendingRequest,
+    RuntimeOptions,
     TaskResult,
     ToolCall,
     ToolResult,
@@ -48,14 +49,28 @@ class Tree:
         self.requests: dict[str, Handle] = {}
         # Answered Requests by id -> (the answer, the id of the handle it answered).
         self.answered: dict[str, tuple[Answer, str]] = {}
-        self.running = 0  # handles in HANDLE_STATE_RUNNING
+        self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
+        self.options = RuntimeOptions()
 
     def changed_state(self, before: HandleState, after: HandleState) -> None:
         """Keeps the count of running handles (the store's index of runtimes to recover)."""
-        self.running += (after is HandleState.RUNNING) - (before is HandleState.RUNNING)
+        self.running += after.in_flight - before.in_flight
 
 
 # ---- steps ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Configured:
+    """The runtime's own options, journaled first when it is created."""
+
+    options: RuntimeOptions
+
+    def apply(self, tree: Tree) -> None:
+        tree.options = self.options
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -86,10 +101,28 @@ class Posted:
     item: InboxItem
 
     def apply(self, tree: Tree) -> None:
-        tree.handles[self.handle_id].inbox.append(self.item)
+        tree.handles[self.handle_id].post(self.item)
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return []
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A woken handle waits for a slot (`queued`), or has got it and runs."""
+
+    handle_id: str
+    queued: bool
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        before = handle.state
+        handle.state = HandleState.QUEUED if self.queued else HandleState.RUNNING
+        tree.changed_state(before, handle.state)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        state = HandleState.QUEUED if self.queued else HandleState.RUNNING
+        return [(self.handle_id, EventKind.STATE_CHANGED, {"state": state})]
 
 
 @dataclass(frozen=True)
@@ -336,8 +369,10 @@ class EventsImported:
 
 
 Step = (
-    Spawned
+    Configured
+    | Spawned
     | Posted
+    | Queued
     | RunStarted
     | TurnStarted
     | ModelReplied
@@ -352,8 +387,10 @@ Step = (
     | EventsImported
 )
 STEPS: tuple[type[Step], ...] = (
+    Configured,
     Spawned,
     Posted,
+    Queued,
     RunStarted,
     TurnStarted,
     ModelReplied,

@@ -29,6 +29,7 @@ MAX_TOOL_TIMEOUT = 600.0  # seconds
 MAX_WALL_TIME = 30 * 86400.0
 MAX_SCRIPT_DELAY = 600.0
 MAX_WAIT_TIMEOUT = 86400.0
+MAX_CLOSE_GRACE = 600.0
 MAX_ARGUMENTS_BYTES = 256 * KIB  # a scripted tool call's arguments
 MAX_OUTPUT_TOKENS = 10_000_000  # AgentDef.max_output_tokens
 
@@ -47,3 +48,4 @@ class Limits:
     max_text_bytes: int = 256 * KIB  # a Post, a Wake prompt, a Resume output, a tool's output
     max_inbox_bytes: int = 1 * MIB
     max_handles: int = 10_000  # per runtime
+    max_concurrent_model_calls: int = 64  # the server's, over all runtimes

@@ -73,6 +73,20 @@ class HandleState(enum.Enum):
     RUNNING = 2
     SUSPENDED = 3
     CLOSED = 4
+    QUEUED = 5  # woken, waiting for a slot (max_concurrent, the runtime's model-call limit)
+
+    @property
+    def in_flight(self) -> bool:
+        """A run is under way (or about to be): after a crash it continues from the journal."""
+        return self in (HandleState.RUNNING, HandleState.QUEUED)
+
+
+class Trust(enum.Enum):
+    """Who a posted message comes from: how the model is shown it."""
+
+    HOST = 1
+    AGENT = 2
+    EXTERNAL = 3  # quoted to the model as data, never as instructions
 
 
 class OnInterrupted(enum.Enum):
@@ -107,6 +121,14 @@ class Budget:
             for name in self.__dataclass_fields__
         }
         return Budget(**merged)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Per-runtime settings, within the server's (0: the server's own)."""
+
+    inbox_capacity: int = 0
+    max_concurrent_model_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +243,8 @@ class Message:
     tool_call_id: str = ""
     is_error: bool = False
     turn: int = 0
+    trust: Trust = Trust.HOST  # a user message: the least trusted source it holds
+    summary: bool = False  # a compaction summary standing in for older turns (model's view only)
     refusal: bool = False  # an assistant message: the model refused; content is the refusal
     truncated: bool = False  # an assistant message cut off at its output cap: its calls never run
     thinking: tuple[Thinking, ...] = ()
@@ -260,6 +284,9 @@ class InboxItem:
     text: str
     channel: str
     sender: str
+    trust: Trust = Trust.HOST
+    coalesce_key: str = ""
+    count: int = 1  # how many posts with its coalesce key it stands for (the latest text kept)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import logging
 from . import budget as budgets
 from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
 from .events import Event, EventLog
-from .handle import Handle, Run
+from .handle import FifoGate, Handle, Run
 from .journal import (
     Answered,
     CallFinished,
@@ -19,6 +19,7 @@ from .journal import (
     Journal,
     MessagesAppended,
     Posted,
+    Queued,
     RunStarted,
     Settled,
     Spawned,
@@ -39,6 +40,7 @@ from .model import (
     Message,
     Status,
     TaskResult,
+    Trust,
 )
 from .ports import ProviderError, Services, StoredRuntime
 from .prompts import wake_message
@@ -58,6 +60,7 @@ class Runtime:
         self.journal = Journal(self.tree, services.store, self.events)
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
+        self._model_gate: FifoGate | None = None
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
 
@@ -85,6 +88,28 @@ class Runtime:
         """True while a run is in flight or someone watches (the runtime must stay in memory)."""
         return self.events.watched or any(handle.run is not None for handle in self.handles.values())
 
+    @property
+    def inbox_capacity(self) -> int:
+        own = self.tree.options.inbox_capacity
+        return min(own, self.services.inbox_capacity) if own else self.services.inbox_capacity
+
+    @property
+    def model_gate(self) -> FifoGate | None:
+        """The runtime's own bound on model calls at once, if its options set one."""
+        limit = self.tree.options.max_concurrent_model_calls
+        if limit and self._model_gate is None:
+            self._model_gate = FifoGate(limit)
+        return self._model_gate
+
+    async def queue_for(self, handle: Handle, gate: FifoGate) -> None:
+        """Takes a slot of the gate; a handle that has to wait shows QUEUED meanwhile."""
+        if not gate.would_wait:
+            await gate.acquire()
+            return
+        await self.journal.record(Queued(handle.id, True))
+        await gate.acquire()
+        await self.journal.record(Queued(handle.id, False))
+
     async def recover(self) -> int:
         """Continues every handle that was RUNNING when the process died, from its journal.
 
@@ -92,7 +117,7 @@ class Runtime:
         decides (RETRY: it runs again with the same idempotency key; ASK: the host decides).
         Children are continued before their parents, so a parent re-entering its tool
         phase reattaches to the child's run instead of reading a stale result."""
-        running = [h for h in self.handles.values() if h.state is HandleState.RUNNING]
+        running = [h for h in self.handles.values() if h.state.in_flight]
         for handle in sorted(running, key=lambda h: h.seq, reverse=True):
             asking = []
             for call_id in sorted(handle.started - set(handle.tool_results)):
@@ -151,19 +176,23 @@ class Runtime:
         await self.journal.record(Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number))
         return self.handles[handle_id]
 
-    async def post(self, handle_id: str, text: str, channel: str, sender: str) -> int:
+    async def post(
+        self, handle_id: str, text: str, channel: str, sender: str, trust: Trust = Trust.HOST, coalesce_key: str = ""
+    ) -> int:
         handle = self.handle(handle_id)
         if handle.state is HandleState.CLOSED:
             raise FailedPrecondition(f"handle {handle_id!r} is closed; it takes no more messages")
         if not text:
             raise InvalidArgument([FieldViolation("text", "post a non-empty message")])
         check_text_size(text, "text", self.services.limits)
-        if len(handle.inbox) >= self.services.inbox_capacity:
+        check_text_size(coalesce_key, "coalesce_key", self.services.limits, limit=256)
+        merges = bool(coalesce_key) and any(item.coalesce_key == coalesce_key for item in handle.inbox)
+        if len(handle.inbox) >= self.inbox_capacity and not merges:
             raise ResourceExhausted(
-                f"the inbox of {handle_id!r} is full ({self.services.inbox_capacity} messages); Wake it to drain the inbox",
+                f"the inbox of {handle_id!r} is full ({self.inbox_capacity} messages); Wake it to drain the inbox",
                 reason="INBOX_FULL",
             )
-        held = sum(len(item.text.encode()) for item in handle.inbox)
+        held = sum(len(item.text.encode()) for item in handle.inbox if not (merges and item.coalesce_key == coalesce_key))
         if held + len(text.encode()) > self.services.limits.max_inbox_bytes:
             raise ResourceExhausted(
                 f"the inbox of {handle_id!r} holds {held} bytes; with this message it would pass its limit of "
@@ -172,7 +201,8 @@ class Runtime:
             )
         check_text_size(channel, "channel", self.services.limits, limit=256)
         check_text_size(sender, "sender", self.services.limits, limit=256)
-        await self.journal.record(Posted(handle.id, InboxItem(text=text, channel=channel, sender=sender or "host")))
+        item = InboxItem(text=text, channel=channel, sender=sender or "host", trust=trust, coalesce_key=coalesce_key)
+        await self.journal.record(Posted(handle.id, item))
         return len(handle.inbox)
 
     async def wake(self, handle_id: str, prompt: str) -> bool:
@@ -212,20 +242,32 @@ class Runtime:
             return True
         return await self.stop_run(handle, (Status.INTERRUPTED, Limit.NONE))
 
-    async def close(self, handle_id: str, force: bool) -> list[str]:
-        handle = self.handle(handle_id)
-        subtree = handle.subtree_leaf_first()
-        busy = [node.id for node in subtree if node.run is not None]
-        if busy and not force:
+    async def close(self, handle_id: str, force: bool, grace: float | None = None) -> list[str]:
+        """Closes a handle's subtree leaf first; `root` closes every top-level handle's. With a
+        grace, running handles get that long to settle on their own before they are interrupted."""
+        if handle_id == "root":
+            tops = [handle for handle in self.handles.values() if handle.parent is None]
+            subtree = [node for top in tops for node in top.subtree_leaf_first()]
+            handle: Handle | None = None
+        else:
+            handle = self.handle(handle_id)
+            subtree = handle.subtree_leaf_first()
+        busy = [node for node in subtree if node.run is not None]
+        if busy and not force and grace is None:
             raise FailedPrecondition(
-                f"handles {busy} are running; Interrupt them first or Close with force", reason="HANDLE_RUNNING"
+                f"handles {[node.id for node in busy]} are running; Interrupt them first, or Close with force or a grace",
+                reason="HANDLE_RUNNING",
             )
+        if busy and grace:
+            tasks = [node.run.task for node in busy if node.run is not None and node.run.task is not None]
+            if tasks:
+                await asyncio.wait(tasks, timeout=grace)
         closed: list[str] = []
         for node in subtree:
             if node.state is HandleState.CLOSED:
                 continue
             if node.state is HandleState.SUSPENDED:
-                await self._cancel_suspension(node, Status.CLOSED, continue_parent=node is handle)
+                await self._cancel_suspension(node, Status.CLOSED, continue_parent=handle is not None and node is handle)
             await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             await self.journal.record(Closed(node.id))
             closed.append(node.id)
@@ -372,7 +414,7 @@ class Runtime:
         try:
             async with asyncio.timeout_at(run.deadline):
                 if gate is not None:
-                    await gate.acquire()
+                    await self.queue_for(handle, gate)
                     holds_slot = True
                 result = await self._loop.drive(handle, run)
         except TimeoutError:

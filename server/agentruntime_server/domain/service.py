@@ -10,10 +10,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from .errors import AlreadyExists, FailedPrecondition, FieldViolation, NotFound
-from .model import AgentSpec
+from .journal import Configured
+from .model import AgentSpec, RuntimeOptions
 from .ports import Services
 from .runtime import Runtime
-from .validation import check_agents, check_runtime_id
+from .validation import check_agents, check_options, check_runtime_id
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,11 @@ class RuntimeService:
         self.draining = False
 
     async def create_runtime(
-        self, runtime_id: str, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation] = ()
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        found: Sequence[FieldViolation] = (),
+        options: RuntimeOptions | None = None,
     ) -> Runtime:
         """`found`: what the edge found wrong while decoding the definitions."""
         self._refuse_while_draining()
@@ -34,11 +39,14 @@ class RuntimeService:
             check_runtime_id(runtime_id)
         else:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
-        check_agents(agents, self.services.models.names, found)
+        options = options or RuntimeOptions()
+        check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
         if runtime_id in self._runtimes or await self.services.store.runtime_exists(runtime_id):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
         runtime = Runtime(runtime_id, agents, self.services)
         await self.services.store.create_runtime(runtime_id, agents)
+        if options != RuntimeOptions():
+            await runtime.journal.record(Configured(options))
         self._remember(runtime)
         return runtime
 

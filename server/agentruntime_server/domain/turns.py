@@ -20,7 +20,7 @@ from jsonschema.protocols import Validator
 from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, ResourceExhausted, shown
-from .handle import Handle, Run
+from .handle import FifoGate, Handle, Run
 from .journal import CallFinished, CallStarted, Journal, MessagesAppended, ModelReplied, Tree, TurnStarted
 from .limits import MAX_REPLY_TOKENS
 from .model import (
@@ -60,6 +60,11 @@ class RunHost(Protocol):
     async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run: ...
 
     def settled_result(self, handle: Handle) -> TaskResult: ...
+
+    @property
+    def model_gate(self) -> FifoGate | None: ...
+
+    async def queue_for(self, handle: Handle, gate: FifoGate) -> None: ...
 
 
 class TurnLoop:
@@ -115,7 +120,15 @@ class TurnLoop:
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
-        reply = await self.services.models.complete(request)
+        gate = self.host.model_gate
+        if gate is None:
+            reply = await self.services.models.complete(request)
+        else:
+            await self.host.queue_for(handle, gate)
+            try:
+                reply = await self.services.models.complete(request)
+            finally:
+                gate.release()
         tokens = reply.tokens
         if tokens is None:
             tokens = estimate_tokens(request, reply)

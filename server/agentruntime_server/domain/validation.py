@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from . import limits
 from . import schemas as tool_schemas
 from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
-from .model import AgentSpec, Budget, HttpExecutor, ScriptedReply
+from .model import AgentSpec, Budget, HttpExecutor, RuntimeOptions, ScriptedReply
 from .patterns import PatternError, compile_pattern
+
+if TYPE_CHECKING:
+    from .ports import Services
 
 RUNTIME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -292,6 +296,21 @@ def _check_url(url: str, where: str) -> list[FieldViolation]:
     if valid:
         return []
     return [FieldViolation(where, f"{shown(url)} is not an absolute http(s) URL")]
+
+
+def check_options(options: RuntimeOptions, services: Services) -> list[FieldViolation]:
+    """A runtime's own settings stay within the server's."""
+    violations = []
+    if not 0 <= options.inbox_capacity <= services.inbox_capacity:
+        violations.append(
+            FieldViolation("options.inbox_capacity", f"must be between 0 (the server's) and {services.inbox_capacity}")
+        )
+    most = services.limits.max_concurrent_model_calls
+    if not 0 <= options.max_concurrent_model_calls <= most:
+        violations.append(
+            FieldViolation("options.max_concurrent_model_calls", f"must be between 0 (no limit of its own) and {most}")
+        )
+    return violations
 
 
 def check_text_size(text: str, field: str, bounds: Limits, limit: int | None = None) -> None:

@@ -19,7 +19,7 @@ import msgspec
 
 from ..domain.journal import STEPS, Entry, Step
 
-PAYLOAD_VERSION = 2
+PAYLOAD_VERSION = 3
 
 
 def _unchanged(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -31,6 +31,9 @@ UPGRADES: dict[int, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]]
     # 2 added fields with defaults (a message's refusal, truncated and thinking; a result's
     # failure; a reply's estimated usage): a version 1 step reads as it is.
     1: _unchanged,
+    # 3 added steps (Configured, Queued) and fields with defaults (an inbox item's trust,
+    # coalesce key and count; a message's trust and summary flag).
+    2: _unchanged,
 }
 
 
