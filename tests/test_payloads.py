@@ -27,6 +27,7 @@ from agentruntime_server.domain.events import Event, EventKind
 from agentruntime_server.domain.journal import (
     STEPS,
     Answered,
+    BudgetSet,
     CallFinished,
     CallStarted,
     Closed,
@@ -53,6 +54,7 @@ from agentruntime_server.domain.model import (
     InboxItem,
     Limit,
     Message,
+    OnExhausted,
     PendingRequest,
     RuntimeOptions,
     Status,
@@ -74,7 +76,14 @@ CALL = ToolCall("call_3_1", "fetch", '{"url": "https://example.com/a", "n": 2}')
 OTHER_CALL = ToolCall("call_3_2", "task", '{"agent": "explore", "prompt": "look"}')
 USAGE = Usage(turns=3, own_tokens=120, total_tokens=450, tool_calls=4, subtree_tool_calls=9)
 BUDGET = Budget(
-    max_turns=8, max_tokens=4000, max_tool_calls=20, max_wall_time=90.5, max_children=3, max_depth=2, max_concurrent=2
+    max_turns=8,
+    max_tokens=4000,
+    max_tool_calls=20,
+    max_wall_time=90.5,
+    max_children=3,
+    max_depth=2,
+    max_concurrent=2,
+    on_exhausted=OnExhausted.ASK,
 )
 ITEM = InboxItem(text="the build is red", channel="ci", sender="jenkins", trust=Trust.EXTERNAL, coalesce_key="ci-status", count=3)
 THINKING = (Thinking("the first page first", "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxG"), Thinking(redacted_data="EmwKAhgBEgy3va3pzix"))
@@ -175,6 +184,7 @@ SAMPLES: tuple[Step, ...] = (
     ),
     Settled(HANDLE, RESULT, HandleState.SUSPENDED, rollback_to=4, restored=(ITEM,)),
     Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",)),
+    BudgetSet(HANDLE, BUDGET),
     InDoubt(HANDLE, ("call_2_9", "call_3_1")),
     Closed(HANDLE),
     Imported(

@@ -23,6 +23,7 @@ from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import (
     STEPS,
     Answered,
+    BudgetSet,
     CallFinished,
     CallStarted,
     Closed,
@@ -57,6 +58,7 @@ from agentruntime_server.domain.model import (
     InboxItem,
     Limit,
     Message,
+    OnExhausted,
     OnInterrupted,
     PendingRequest,
     RelayExecutor,
@@ -207,7 +209,11 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     answer = Answer(
         request.id, ok=True, data={"by": "host", "n": 2, "nested": [1, 2.5, None]}, outputs=(ToolOutput("call_1_1", "42"),)
     )
-    yield Answered(request.id, answer, WORKER, approved=("call_1_1",)), CallFinished(WORKER, fetch, ToolResult("42"))
+    yield (
+        Answered(request.id, answer, WORKER, approved=("call_1_1",)),
+        BudgetSet(WORKER, Budget(max_turns=6, max_tokens=900, on_exhausted=OnExhausted.ASK)),
+        CallFinished(WORKER, fetch, ToolResult("42")),
+    )
     yield (RunStarted(WORKER, None),)
     yield (
         MessagesAppended(

@@ -72,6 +72,9 @@ def options_from_proto(message: pb.RuntimeOptions) -> m.RuntimeOptions:
     return m.RuntimeOptions(inbox_capacity=message.inbox_capacity, max_concurrent_model_calls=message.max_concurrent_model_calls)
 
 
+ON_EXHAUSTED_NAMES = "ON_EXHAUSTED_STOP or ON_EXHAUSTED_ASK"
+
+
 def _opt(message: pb.Budget, name: str) -> int | None:
     return getattr(message, name) if message.HasField(name) else None  # type: ignore[arg-type]
 
@@ -88,6 +91,11 @@ def budget_from_proto(message: pb.Budget, where: str, found: list[FieldViolation
         max_children=_opt(message, "max_children"),
         max_depth=_opt(message, "max_depth"),
         max_concurrent=_opt(message, "max_concurrent"),
+        on_exhausted=_enum(
+            message.on_exhausted, m.OnExhausted, f"{where}.on_exhausted", found, "ON_EXHAUSTED_STOP or ON_EXHAUSTED_ASK"
+        )
+        if message.on_exhausted
+        else None,
     )
 
 
@@ -99,6 +107,8 @@ def budget_to_proto(budget: m.Budget) -> pb.Budget:
             setattr(message, name, value)
     if budget.max_wall_time is not None:
         message.max_wall_time.FromNanoseconds(int(budget.max_wall_time * 1e9))
+    if budget.on_exhausted is not None:
+        message.on_exhausted = budget.on_exhausted.value  # type: ignore[assignment]
     return message
 
 

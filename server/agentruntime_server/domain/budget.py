@@ -7,6 +7,8 @@ direct children."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from .errors import ResourceExhausted
 from .handle import Handle
 from .model import Budget, Limit
@@ -33,17 +35,36 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
         max_children=own.max_children,
         max_depth=_smallest(own.max_depth, None if cap.max_depth is None else max(cap.max_depth - 1, 0)),
         max_concurrent=own.max_concurrent,
+        on_exhausted=own.on_exhausted,
     )
 
 
 def turn_stop(handle: Handle) -> Limit | None:
     """The limit that forbids another model turn now, if any."""
+    found = exhausted(handle)
+    return found[0] if found else None
+
+
+def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
+    """The limit that forbids another model turn now, and whose budget sets it."""
     if handle.budget.max_turns is not None and handle.usage.turns >= handle.budget.max_turns:
-        return Limit.MAX_TURNS
+        return Limit.MAX_TURNS, handle
     for node in handle.lineage():
         if node.budget.max_tokens is not None and node.usage.total_tokens >= node.budget.max_tokens:
-            return Limit.MAX_TOKENS
+            return Limit.MAX_TOKENS, node
     return None
+
+
+def binding_tool_calls(handle: Handle) -> Handle | None:
+    """The handle of the lineage whose tool-call budget has the fewest calls left."""
+    capped = [node for node in handle.lineage() if node.budget.max_tool_calls is not None]
+    return min(capped, key=lambda node: (node.budget.max_tool_calls or 0) - node.usage.subtree_tool_calls, default=None)
+
+
+def extended(handle: Handle, fields: dict[str, int]) -> Budget:
+    """The handle's budget with a host's extension, carved again by its ancestors'."""
+    own = dataclasses.replace(handle.budget, **fields)  # type: ignore[arg-type]
+    return carve(own, handle.parent)
 
 
 def tool_calls_left(handle: Handle) -> int | None:

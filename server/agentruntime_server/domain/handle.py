@@ -196,6 +196,13 @@ class Handle:
         self.state = state
         self.pending = result.pending if result.status is Status.PENDING else None
 
+    def set_budget(self, budget: Budget) -> None:
+        self.budget = budget
+        if budget.max_concurrent and self.gate is not None:
+            self.gate.capacity = budget.max_concurrent
+        elif budget.max_concurrent:
+            self.gate = FifoGate(budget.max_concurrent)
+
     def close(self) -> None:
         self.state = HandleState.CLOSED
         self.pending = None

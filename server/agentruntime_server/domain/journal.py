@@ -291,6 +291,20 @@ class Answered:
 
 
 @dataclass(frozen=True)
+class BudgetSet:
+    """The host extended a handle's budget (Resume of a `budget` Request)."""
+
+    handle_id: str
+    budget: Budget
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].set_budget(self.budget)
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
 class InDoubt:
     """Recovery found calls that were in flight when the process died, whose tool says ASK."""
 
@@ -381,6 +395,7 @@ Step = (
     | MessagesAppended
     | Settled
     | Answered
+    | BudgetSet
     | InDoubt
     | Closed
     | Imported
@@ -399,6 +414,7 @@ STEPS: tuple[type[Step], ...] = (
     MessagesAppended,
     Settled,
     Answered,
+    BudgetSet,
     InDoubt,
     Closed,
     Imported,

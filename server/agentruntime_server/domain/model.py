@@ -102,9 +102,14 @@ class GuardrailAction(enum.Enum):
     REQUIRE_APPROVAL = 2
 
 
+class OnExhausted(enum.Enum):
+    STOP = 1  # INCOMPLETE with the limit
+    ASK = 2  # suspend with a `budget` Request; the host may extend the budget
+
+
 @dataclass(frozen=True)
 class Budget:
-    """Every field None means unlimited. Wall time is in seconds."""
+    """Every field None means unlimited. Wall time is in seconds. `on_exhausted` None: STOP."""
 
     max_turns: int | None = None
     max_tokens: int | None = None
@@ -113,6 +118,11 @@ class Budget:
     max_children: int | None = None
     max_depth: int | None = None
     max_concurrent: int | None = None
+    on_exhausted: OnExhausted | None = None
+
+    @property
+    def asks(self) -> bool:
+        return self.on_exhausted is OnExhausted.ASK
 
     def overridden_by(self, other: Budget) -> Budget:
         """Field by field: the other's set fields win."""

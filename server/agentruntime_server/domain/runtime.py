@@ -13,6 +13,7 @@ from .events import Event, EventLog
 from .handle import FifoGate, Handle, Run
 from .journal import (
     Answered,
+    BudgetSet,
     CallFinished,
     Closed,
     InDoubt,
@@ -288,12 +289,32 @@ class Runtime:
         if leaf is None or leaf.pending is None:
             return await self._retried_resume(answer)
         outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
+        if outcome.declined:
+            return await self._stop_at_budget(leaf, answer)
         calls = {call.id: call for call, _ in leaf.pending.calls}
+        extension = [BudgetSet(leaf.id, budgets.extended(leaf, outcome.extend))] if outcome.extend else []
         await self.journal.record(
             Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun)),
+            *extension,
             *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
         )
         run = await self.continue_run(leaf)
+        self.resumed[answer.id] = run
+        return await self._follow(run)
+
+    async def _stop_at_budget(self, leaf: Handle, answer: Answer) -> TaskResult:
+        """The host declined to extend a budget: the run stops there, as a STOP budget would."""
+        assert leaf.pending is not None
+        limit = next((limit for limit in Limit if limit.wire_name == leaf.pending.data.get("limit")), Limit.MAX_TURNS)
+        result = leaf.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
+        await self.journal.record(
+            Answered(answer.id, answer, leaf.id),
+            Settled(leaf.id, result, HandleState.IDLE),
+            *self._dangling_answers(leaf, leaf.transcript, f"not run: the run stopped at {limit.wire_name}"),
+        )
+        run = await self._continue_waiting_parent(leaf)
+        if run is None:
+            return self.settled_result(leaf)
         self.resumed[answer.id] = run
         return await self._follow(run)
 

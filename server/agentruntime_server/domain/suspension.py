@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
@@ -15,6 +16,12 @@ class AnswerOutcome:
     results: list[tuple[str, ToolResult]]  # call id -> the result to journal
     approved: list[str] = field(default_factory=list)  # call ids that may run now, once
     rerun: list[str] = field(default_factory=list)  # in-doubt call ids to run again
+    extend: dict[str, Any] | None = None  # a `budget` Request: the budget fields raised
+    declined: bool = False  # a `budget` Request: the host said stop
+
+
+# The Budget fields a `budget` Answer may extend, and the least each may be.
+EXTENDABLE = {"max_turns": 0, "max_tokens": 0, "max_tool_calls": 0, "max_children": 0, "max_depth": 0, "max_concurrent": 1}
 
 
 def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> AnswerOutcome:
@@ -24,6 +31,8 @@ def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> Answ
             [FieldViolation("answer.outputs", "a declining answer (ok false) carries no outputs: set ok, or drop the outputs")]
         )
     call_ids = [call.id for call, _ in request.calls]
+    if request.kind == "budget":
+        return _budget(answer)
     if request.kind == "tool_call":
         return _relay(call_ids, answer)
     if request.kind == "in_doubt":
@@ -56,6 +65,33 @@ def _check_sizes(answer: Answer, bounds: Limits) -> None:
         violations.append(FieldViolation("answer.data", f"is longer than {bounds.max_text_bytes} bytes as JSON"))
     if violations:
         raise InvalidArgument(violations)
+
+
+def _budget(answer: Answer) -> AnswerOutcome:
+    if answer.outputs:
+        raise InvalidArgument([FieldViolation("answer.outputs", "a 'budget' request takes ok and data.extend, not tool outputs")])
+    if not answer.ok:
+        return AnswerOutcome(results=[], declined=True)
+    extend = answer.data.get("extend")
+    if not isinstance(extend, dict) or not extend:
+        raise InvalidArgument(
+            [FieldViolation("answer.data.extend", 'give the budget fields to raise, e.g. {"extend": {"max_turns": 20}}')]
+        )
+    fields: dict[str, Any] = {}
+    violations = []
+    for name, value in extend.items():
+        least = EXTENDABLE.get(name)
+        if least is None:
+            violations.append(
+                FieldViolation(f"answer.data.extend.{shown(name, 40)}", f"not a budget field: {sorted(EXTENDABLE)}")
+            )
+        elif not isinstance(value, int | float) or isinstance(value, bool) or value != int(value) or not least <= value < 2**62:
+            violations.append(FieldViolation(f"answer.data.extend.{name}", f"must be a whole number >= {least}"))
+        else:
+            fields[name] = int(value)
+    if violations:
+        raise InvalidArgument(violations)
+    return AnswerOutcome(results=[], extend=fields)
 
 
 def _relay(call_ids: list[str], answer: Answer) -> AnswerOutcome:

@@ -101,8 +101,12 @@ class TurnLoop:
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
                 await self.host.journal.record(MessagesAppended(handle.id, (prompts.gate_feedback(rejection),)))
             else:
-                limit = budgets.turn_stop(handle)
-                if limit is not None:
+                found = budgets.exhausted(handle)
+                if found is not None:
+                    limit, owner = found
+                    if owner is handle and handle.budget.asks:
+                        request = budget_request(handle, limit)
+                        return handle.result(Status.PENDING, text=request.prompt, pending=request)
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
                 await self._model_turn(handle)
 
@@ -200,6 +204,8 @@ class TurnLoop:
         waiting = own + [request for request in child_requests if request is not None]
         if waiting:
             return waiting[0]
+        if refused and budgets.binding_tool_calls(handle) is handle and handle.budget.asks:
+            return budget_request(handle, Limit.MAX_TOOL_CALLS)  # the refused calls run once it is extended
         refusal = ToolResult(f"not run: the tool call budget is used up ({Limit.MAX_TOOL_CALLS.wire_name})", is_error=True)
         results = [handle.tool_results.get(call.id) or refusal for call in message.tool_calls]
         await self.host.journal.record(
@@ -392,6 +398,38 @@ class TurnLoop:
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
         return None
+
+
+def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
+    """A budget that asks (ON_EXHAUSTED_ASK): the host may extend it. The id names the limit,
+    the figure and the cap, so a re-entered turn asks with the same id, and a new ask after
+    an extension gets a new one."""
+    usage, budget = handle.usage, handle.budget
+    figure, cap = {
+        Limit.MAX_TURNS: (usage.turns, budget.max_turns),
+        Limit.MAX_TOKENS: (usage.total_tokens, budget.max_tokens),
+        Limit.MAX_TOOL_CALLS: (usage.subtree_tool_calls, budget.max_tool_calls),
+    }[limit]
+    field = {Limit.MAX_TURNS: "max_turns", Limit.MAX_TOKENS: "max_tokens", Limit.MAX_TOOL_CALLS: "max_tool_calls"}[limit]
+    data = {
+        "limit": limit.wire_name,
+        "field": field,
+        "used": figure,
+        "budget": cap,
+        "usage": {
+            "turns": usage.turns,
+            "own_tokens": usage.own_tokens,
+            "total_tokens": usage.total_tokens,
+            "tool_calls": usage.tool_calls,
+        },
+    }
+    prompt = (
+        f"{handle.id} reached {limit.wire_name} ({figure} of {cap}): Resume with ok and "
+        f'data {{"extend": {{"{field}": <a higher value>}}}} to raise it and go on, or not ok to stop'
+    )
+    return PendingRequest(
+        id=f"{handle.id}/budget:{limit.wire_name}@{figure}/{cap}", kind="budget", prompt=prompt, data=data, path=handle.path
+    )
 
 
 def estimate_tokens(request: ModelRequest, reply: ModelReply) -> int:
