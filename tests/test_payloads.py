@@ -30,6 +30,7 @@ from agentruntime_server.domain.journal import (
     BudgetSet,
     CallFinished,
     CallStarted,
+    CallSuspended,
     Closed,
     Configured,
     EventsImported,
@@ -112,6 +113,8 @@ PENDING = PendingRequest(
     },
     path=("root", "coordinator.1", "worker.2"),
     calls=((CALL, f"rt-1/{HANDLE}/call_3_1"), (OTHER_CALL, f"rt-1/{HANDLE}/call_3_2")),
+    expires_at=1_800_000_000.5,
+    from_tool=True,
 )
 RESULT = TaskResult(
     handle_id=HANDLE,
@@ -178,12 +181,13 @@ SAMPLES: tuple[Step, ...] = (
     TurnStarted(HANDLE, 3),
     ModelReplied(HANDLE, MESSAGE, 40, USAGE, estimated=True),
     CallStarted(HANDLE, CALL, effect=True, announce=False),
+    CallSuspended(HANDLE, "call_3_1"),
     CallFinished(HANDLE, CALL, ToolResult("404 not found", is_error=True)),
     MessagesAppended(
         HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3, Trust.AGENT, True, True, True, THINKING))
     ),
     Settled(HANDLE, RESULT, HandleState.SUSPENDED, rollback_to=4, restored=(ITEM,)),
-    Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",)),
+    Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",), for_tool=("call_3_1",)),
     BudgetSet(HANDLE, BUDGET),
     InDoubt(HANDLE, ("call_2_9", "call_3_1")),
     Closed(HANDLE),

@@ -26,6 +26,7 @@ from agentruntime_server.domain.journal import (
     BudgetSet,
     CallFinished,
     CallStarted,
+    CallSuspended,
     Closed,
     Configured,
     Entry,
@@ -190,6 +191,8 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     yield (TurnStarted(WORKER, 1),)
     fetch, ping = ToolCall("call_1_1", "fetch", "{}"), ToolCall("call_1_2", "ping", '{"n": 1}')
     yield (ModelReplied(WORKER, Message("assistant", "fetching", (fetch, ping), turn=1), 10, usage(WORKER, 10)),)
+    yield (CallStarted(WORKER, ping, effect=True),)
+    yield (CallSuspended(WORKER, ping.id),)
     yield (CallStarted(WORKER, ping, effect=True),)
     yield (CallFinished(WORKER, ping, ToolResult("pong")),)
     yield (CallStarted(WORKER, fetch),)

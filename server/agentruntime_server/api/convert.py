@@ -206,6 +206,8 @@ def request_to_proto(request: m.PendingRequest) -> pb.Request:
     )
     if request.data:
         message.data.update(request.data)
+    if request.expires_at is not None:
+        message.expires_at.FromNanoseconds(int(request.expires_at * 1e9))
     return message
 
 

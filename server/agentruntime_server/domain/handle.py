@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .model import (
     AgentSpec,
+    Answer,
     Budget,
     Failure,
     HandleSnapshot,
@@ -113,6 +114,9 @@ class Handle:
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
         self.approved: set[str] = set()
+        # A suspending tool's calls: how often each asked, and the host's latest answer.
+        self.tool_rounds: dict[str, int] = {}
+        self.tool_answers: dict[str, Answer] = {}
         # Calls that were in flight when the process died and whose tool says ASK.
         self.in_doubt: set[str] = set()
         self.run: Run | None = None  # in memory only: the run in flight

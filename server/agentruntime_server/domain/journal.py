@@ -201,6 +201,23 @@ class CallStarted:
 
 
 @dataclass(frozen=True)
+class CallSuspended:
+    """A running tool answered with a Request (HTTP 202): the call is not in doubt, it waits
+    for the host's answer and will be made again with it."""
+
+    handle_id: str
+    call_id: str
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        handle.started.discard(self.call_id)
+        handle.tool_rounds[self.call_id] = handle.tool_rounds.get(self.call_id, 0) + 1
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
 class CallFinished:
     """A tool call's result, recorded before it is acted on: replay never runs it again."""
 
@@ -278,6 +295,7 @@ class Answered:
     handle_id: str  # the handle whose own Request it was
     approved: tuple[str, ...] = ()
     rerun: tuple[str, ...] = ()
+    for_tool: tuple[str, ...] = ()  # calls whose tool asked: it is called again with this answer
 
     def apply(self, tree: Tree) -> None:
         handle = tree.handles[self.handle_id]
@@ -285,6 +303,8 @@ class Answered:
         tree.answered[self.request_id] = (self.answer, self.handle_id)
         handle.approved.update(self.approved)
         handle.in_doubt.difference_update(self.rerun)
+        for call_id in self.for_tool:
+            handle.tool_answers[call_id] = self.answer
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return []
@@ -391,6 +411,7 @@ Step = (
     | TurnStarted
     | ModelReplied
     | CallStarted
+    | CallSuspended
     | CallFinished
     | MessagesAppended
     | Settled
@@ -410,6 +431,7 @@ STEPS: tuple[type[Step], ...] = (
     TurnStarted,
     ModelReplied,
     CallStarted,
+    CallSuspended,
     CallFinished,
     MessagesAppended,
     Settled,

@@ -275,6 +275,19 @@ class PendingRequest:
     data: dict[str, Any] = field(default_factory=dict)
     path: tuple[str, ...] = ()
     calls: tuple[tuple[ToolCall, str], ...] = ()  # (call, idempotency key)
+    expires_at: float | None = None  # seconds since the epoch: the Request lapses then
+    from_tool: bool = False  # a running tool asked it (HTTP 202): the answer goes back to the tool
+
+
+@dataclass(frozen=True)
+class ToolSuspension:
+    """A tool that needs something only the host can give answered HTTP 202 with this."""
+
+    kind: str
+    prompt: str = ""
+    url: str = ""
+    expires_at: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

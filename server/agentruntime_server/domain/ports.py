@@ -10,7 +10,18 @@ from typing import Any, Protocol
 from .events import Observer
 from .journal import Entry
 from .limits import Limits
-from .model import AgentSpec, Failure, HttpExecutor, Message, ReplyStop, Thinking, ToolCall, ToolResult
+from .model import (
+    AgentSpec,
+    Answer,
+    Failure,
+    HttpExecutor,
+    Message,
+    ReplyStop,
+    Thinking,
+    ToolCall,
+    ToolResult,
+    ToolSuspension,
+)
 
 
 class ProviderError(Exception):
@@ -63,7 +74,12 @@ class ModelRouter(ModelProvider, Protocol):
 
 
 class HttpToolRunner(Protocol):
-    async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult: ...
+    async def run(
+        self, executor: HttpExecutor, arguments_json: str, idempotency_key: str, answer: Answer | None = None
+    ) -> ToolResult | ToolSuspension:
+        """The call's result, or the Request it suspends on (HTTP 202). `answer`: the host's
+        answer to the Request the previous attempt of this call suspended on."""
+        ...
 
 
 @dataclass(frozen=True)

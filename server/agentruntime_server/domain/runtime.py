@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from . import budget as budgets
-from .errors import Detached, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
+from .errors import Detached, DomainError, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
 from .events import Event, EventLog
 from .handle import FifoGate, Handle, Run
 from .journal import (
@@ -39,6 +40,7 @@ from .model import (
     InboxItem,
     Limit,
     Message,
+    PendingRequest,
     Status,
     TaskResult,
     Trust,
@@ -294,7 +296,7 @@ class Runtime:
         calls = {call.id: call for call, _ in leaf.pending.calls}
         extension = [BudgetSet(leaf.id, budgets.extended(leaf, outcome.extend))] if outcome.extend else []
         await self.journal.record(
-            Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun)),
+            Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
             *extension,
             *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
         )
@@ -495,7 +497,28 @@ class Runtime:
         if result.status is not Status.PENDING:
             steps.extend(self._dangling_answers(handle, transcript, f"not run: the run stopped ({result.status.name})"))
         await self.journal.record(*steps)
+        if result.pending is not None and result.pending.path == handle.path:
+            self.arm_lapse(result.pending)
         run.next = await self._continue_waiting_parent(handle)
+
+    def arm_timers(self) -> None:
+        """After a restore: every live Request that expires lapses on time."""
+        for request in [handle.pending for handle in self.tree.requests.values()]:
+            if request is not None:
+                self.arm_lapse(request)
+
+    def arm_lapse(self, request: PendingRequest) -> None:
+        if request.expires_at is None:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(request.expires_at - time.time(), 0.0)
+        loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
+
+    async def _lapse(self, request_id: str) -> None:
+        """An expired Request that nobody answered: its call becomes an error result."""
+        if request_id in self.tree.requests and not self.draining:
+            with contextlib.suppress(DomainError):
+                await self.resume(Answer(id=request_id, ok=False, reason="the request expired"))
 
     @staticmethod
     def _dangling_answers(handle: Handle, transcript: list[Message], reason: str) -> list[Step]:

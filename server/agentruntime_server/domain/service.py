@@ -60,6 +60,7 @@ class RuntimeService:
         if stored is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
         runtime = Runtime.restore(runtime_id, stored, self.services)
+        runtime.arm_timers()
         if self.draining:
             runtime.draining = True
             runtime.events.close()
@@ -74,6 +75,7 @@ class RuntimeService:
             if stored is None:
                 continue
             runtime = Runtime.restore(runtime_id, stored, self.services)
+            runtime.arm_timers()
             self._remember(runtime)
             continued += await runtime.recover()
         if continued:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,10 @@ class AnswerOutcome:
     rerun: list[str] = field(default_factory=list)  # in-doubt call ids to run again
     extend: dict[str, Any] | None = None  # a `budget` Request: the budget fields raised
     declined: bool = False  # a `budget` Request: the host said stop
+    for_tool: list[str] = field(default_factory=list)  # calls to make again, with the answer
+
+
+MAX_TOOL_ANSWER_BYTES = 4096  # the answer a suspending tool gets back travels in a header
 
 
 # The Budget fields a `budget` Answer may extend, and the least each may be.
@@ -31,6 +37,8 @@ def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> Answ
             [FieldViolation("answer.outputs", "a declining answer (ok false) carries no outputs: set ok, or drop the outputs")]
         )
     call_ids = [call.id for call, _ in request.calls]
+    if request.from_tool:
+        return _tool_answer(request, call_ids[0], answer)
     if request.kind == "budget":
         return _budget(answer)
     if request.kind == "tool_call":
@@ -65,6 +73,28 @@ def _check_sizes(answer: Answer, bounds: Limits) -> None:
         violations.append(FieldViolation("answer.data", f"is longer than {bounds.max_text_bytes} bytes as JSON"))
     if violations:
         raise InvalidArgument(violations)
+
+
+def tool_answer_header(answer: Answer) -> str:
+    """How a suspending tool gets the host's answer: compact ASCII JSON in a header."""
+    return json.dumps({"id": answer.id, "ok": answer.ok, "data": answer.data, "reason": answer.reason}, separators=(",", ":"))
+
+
+def _tool_answer(request: PendingRequest, call_id: str, answer: Answer) -> AnswerOutcome:
+    if answer.outputs:
+        raise InvalidArgument(
+            [FieldViolation("answer.outputs", f"a {request.kind!r} request of a tool takes ok, data and reason, not outputs")]
+        )
+    if request.expires_at is not None and time.time() >= request.expires_at:
+        when = datetime.datetime.fromtimestamp(request.expires_at, datetime.UTC).isoformat(timespec="seconds")
+        return AnswerOutcome([(call_id, ToolResult(f"the pending {request.kind} request expired at {when}", True))])
+    if not answer.ok:
+        return AnswerOutcome([(call_id, ToolResult(f"declined by the host: {answer.reason or 'no reason given'}", True))])
+    if len(tool_answer_header(answer)) > MAX_TOOL_ANSWER_BYTES:
+        raise InvalidArgument(
+            [FieldViolation("answer.data", f"a tool's answer travels in a header: at most {MAX_TOOL_ANSWER_BYTES} bytes as JSON")]
+        )
+    return AnswerOutcome(results=[], for_tool=[call_id])
 
 
 def _budget(answer: Answer) -> AnswerOutcome:

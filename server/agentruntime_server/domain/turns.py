@@ -21,7 +21,7 @@ from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, ResourceExhausted, shown
 from .handle import FifoGate, Handle, Run
-from .journal import CallFinished, CallStarted, Journal, MessagesAppended, ModelReplied, Tree, TurnStarted
+from .journal import CallFinished, CallStarted, CallSuspended, Journal, MessagesAppended, ModelReplied, Tree, TurnStarted
 from .limits import MAX_REPLY_TOKENS
 from .model import (
     AgentSpec,
@@ -40,6 +40,7 @@ from .model import (
     ToolCall,
     ToolResult,
     ToolSpec,
+    ToolSuspension,
 )
 from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema
 
@@ -268,6 +269,21 @@ class TurnLoop:
         request_id = f"{handle.id}/{first.id}:{kind}"
         return PendingRequest(id=request_id, kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
+    def _tool_request(self, handle: Handle, call: ToolCall, asked: ToolSuspension) -> PendingRequest:
+        """The Request a running tool asked for (HTTP 202); answered, the tool is called again."""
+        rounds = handle.tool_rounds.get(call.id, 1)
+        return PendingRequest(
+            id=f"{handle.id}/{call.id}:{asked.kind}.{rounds}",
+            kind=asked.kind,
+            prompt=asked.prompt or f"{call.name} needs the host ({asked.kind})",
+            url=asked.url,
+            data=dict(asked.data),
+            path=handle.path,
+            calls=((call, self.idempotency_key(handle, call)),),
+            expires_at=asked.expires_at,
+            from_tool=True,
+        )
+
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
         return f"{self.host.id}/{handle.id}/{call.id}"
 
@@ -285,7 +301,12 @@ class TurnLoop:
         elif effect:
             assert isinstance(prepared, HttpExecutor)
             await self.services.store.flush()  # the call leaves the process next: it must be known to have started
-            result = await self.services.http_tools.run(prepared, call.arguments_json, self.idempotency_key(handle, call))
+            key = self.idempotency_key(handle, call)
+            outcome = await self.services.http_tools.run(prepared, call.arguments_json, key, handle.tool_answers.get(call.id))
+            if isinstance(outcome, ToolSuspension):
+                await self.host.journal.record(CallSuspended(handle.id, call.id))
+                return self._tool_request(handle, call, outcome)
+            result = outcome
         else:
             assert isinstance(prepared, dict)
             result = await self._delegate(handle, run, call, prepared)

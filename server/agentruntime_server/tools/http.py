@@ -14,9 +14,13 @@ from __future__ import annotations
 import aiohttp
 from yarl import URL
 
-from ..domain.model import HttpExecutor, ToolResult
+from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
+from ..domain.suspension import tool_answer_header
 from ..http_session import read_at_most
 from .egress import EgressDenied, EgressPolicy, PolicyResolver
+from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
+
+ANSWER_HEADER = "Agentruntime-Answer"  # the host's answer, when a suspended call is made again
 
 # Characters of a non-2xx body the model is shown (the rest is dropped unread).
 MAX_ERROR_BODY = 500
@@ -79,11 +83,15 @@ class HttpTools:
                 return f"{REFUSED}{reason}"
         return None
 
-    async def run(self, executor: HttpExecutor, arguments_json: str, idempotency_key: str) -> ToolResult:
+    async def run(
+        self, executor: HttpExecutor, arguments_json: str, idempotency_key: str, answer: Answer | None = None
+    ) -> ToolResult | ToolSuspension:
         refused = self.refusal(executor.url)
         if refused is not None:
             return ToolResult(refused, is_error=True)
         headers = {"Content-Type": "application/json", **executor.headers, "Idempotency-Key": idempotency_key}
+        if answer is not None:
+            headers[ANSWER_HEADER] = tool_answer_header(answer)
         try:
             async with self.session().post(
                 executor.url,
@@ -102,8 +110,14 @@ class HttpTools:
         except aiohttp.ClientError as exc:
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
 
-    async def _result(self, response: aiohttp.ClientResponse) -> ToolResult:
+    async def _result(self, response: aiohttp.ClientResponse) -> ToolResult | ToolSuspension:
         status = response.status
+        if status == 202:  # the tool needs the host first (tools/pending.py)
+            raw = await read_at_most(response, MAX_DATA_BYTES * 2)
+            try:
+                return suspension(raw)
+            except NotAPendingRequest as exc:
+                return ToolResult(f"HTTP 202 without a valid pending Request: {exc}", is_error=True)
         if 300 <= status < 400:
             location = response.headers.get("Location", "")
             named = f" (Location: {location[:MAX_LOCATION]})" if location else ""
