@@ -32,6 +32,7 @@ from agentruntime_server.domain.journal import (
     CallStarted,
     CallSuspended,
     Closed,
+    Compacted,
     Configured,
     EventsImported,
     Imported,
@@ -44,6 +45,7 @@ from agentruntime_server.domain.journal import (
     Settled,
     Spawned,
     Step,
+    Ticked,
     TurnStarted,
 )
 from agentruntime_server.domain.model import (
@@ -160,6 +162,7 @@ SAMPLES: tuple[Step, ...] = (
     Configured(RuntimeOptions(inbox_capacity=5, max_concurrent_model_calls=3)),
     Spawned(HANDLE, "root/coordinator.1", "worker", BUDGET, "call_1_1", 2),
     Posted(HANDLE, ITEM),
+    Ticked(HANDLE, 1_700_000_456.5, 4),
     Queued(HANDLE, True),
     RunStarted(
         HANDLE,
@@ -186,6 +189,7 @@ SAMPLES: tuple[Step, ...] = (
     MessagesAppended(
         HANDLE, (TOOL_MESSAGE, Message("tool", "explored", (), "call_3_2", True, 3, Trust.AGENT, True, True, True, THINKING))
     ),
+    Compacted(HANDLE, 6, MESSAGE),
     Settled(HANDLE, RESULT, HandleState.SUSPENDED, rollback_to=4, restored=(ITEM,)),
     Answered(PENDING.id, ANSWER, HANDLE, approved=("call_3_1",), rerun=("call_2_9",), for_tool=("call_3_1",)),
     BudgetSet(HANDLE, BUDGET),

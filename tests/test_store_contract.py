@@ -28,6 +28,7 @@ from agentruntime_server.domain.journal import (
     CallStarted,
     CallSuspended,
     Closed,
+    Compacted,
     Configured,
     Entry,
     EventsImported,
@@ -42,6 +43,7 @@ from agentruntime_server.domain.journal import (
     Settled,
     Spawned,
     Step,
+    Ticked,
     Tree,
     TurnStarted,
     events_of,
@@ -187,6 +189,7 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     yield (ModelReplied(COORDINATOR, reply, 100, usage(COORDINATOR, 100)),)
     yield (CallStarted(COORDINATOR, task),)
     yield (Spawned(WORKER, COORDINATOR, "worker", Budget(max_turns=4, max_tokens=900), "call_1_1", 1),)
+    yield (Ticked(WORKER, 1_700_000_100.5, 2),)
     yield (RunStarted(WORKER, Message("user", "fetch it")),)
     yield (TurnStarted(WORKER, 1),)
     fetch, ping = ToolCall("call_1_1", "fetch", "{}"), ToolCall("call_1_2", "ping", '{"n": 1}')
@@ -218,6 +221,7 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
         CallFinished(WORKER, fetch, ToolResult("42")),
     )
     yield (RunStarted(WORKER, None),)
+    yield (Compacted(WORKER, 1, Message("user", "Summary of the conversation so far:\nfetching", summary=True)),)
     yield (
         MessagesAppended(
             WORKER, (Message("tool", "42", tool_call_id="call_1_1"), Message("tool", "pong", tool_call_id="call_1_2"))

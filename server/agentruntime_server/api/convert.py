@@ -188,7 +188,23 @@ def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolati
         script=tuple(_reply(reply, f"{where}.script.replies[{i}]", found) for i, reply in enumerate(message.script.replies)),
         provider=message.provider,
         max_output_tokens=message.max_output_tokens if message.HasField("max_output_tokens") else None,
+        heartbeat=_heartbeat(message, where, found),
+        compaction=m.Compaction(
+            max_context_tokens=message.compaction.max_context_tokens,
+            keep_last_turns=message.compaction.keep_last_turns,
+            summarizer_agent=message.compaction.summarizer_agent,
+        )
+        if message.HasField("compaction")
+        else None,
     )
+
+
+def _heartbeat(message: pb.AgentDef, where: str, found: list[FieldViolation]) -> m.Heartbeat | None:
+    if not message.HasField("heartbeat"):
+        return None
+    beat = message.heartbeat
+    every = duration_seconds(beat.every, f"{where}.heartbeat.every", found) if beat.HasField("every") else 0.0
+    return m.Heartbeat(every=every or 0.0, prompt=beat.prompt or "heartbeat")
 
 
 def _tool_call_to_proto(call: m.ToolCall, idempotency_key: str = "") -> pb.ToolCall:

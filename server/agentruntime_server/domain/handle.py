@@ -119,6 +119,9 @@ class Handle:
         self.tool_answers: dict[str, Answer] = {}
         # Calls that were in flight when the process died and whose tool says ASK.
         self.in_doubt: set[str] = set()
+        self.last_tick: float | None = None  # when its heartbeat last ticked
+        # Compactions: (the transcript index the model's view resumes at, the summary before it).
+        self.compactions: list[tuple[int, Message]] = []
         self.run: Run | None = None  # in memory only: the run in flight
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
 
@@ -143,6 +146,28 @@ class Handle:
             order.extend(child.subtree_leaf_first())
         order.append(self)
         return order
+
+    def model_view(self) -> tuple[Message, ...]:
+        """What the model is sent: the transcript, or since a compaction its summary and the
+        turns after it."""
+        if not self.compactions:
+            return tuple(self.transcript)
+        upto, summary = self.compactions[-1]
+        return (summary, *self.transcript[upto:])
+
+    def transcript_with_summaries(self) -> list[Message]:
+        """Every message, with each compaction's summary where it took effect (GetTranscript)."""
+        if not self.compactions:
+            return self.transcript
+        merged: list[Message] = []
+        summaries = sorted(self.compactions, key=lambda compaction: compaction[0])
+        position = 0
+        for upto, summary in summaries:
+            merged.extend(self.transcript[position:upto])
+            merged.append(summary)
+            position = upto
+        merged.extend(self.transcript[position:])
+        return merged
 
     # ---- transitions (called by the journal only) -----------------------------------------
 

@@ -50,11 +50,18 @@ class Tree:
         # Answered Requests by id -> (the answer, the id of the handle it answered).
         self.answered: dict[str, tuple[Answer, str]] = {}
         self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
+        self.beating = 0  # open handles with a heartbeat
         self.options = RuntimeOptions()
 
     def changed_state(self, before: HandleState, after: HandleState) -> None:
         """Keeps the count of running handles (the store's index of runtimes to recover)."""
         self.running += after.in_flight - before.in_flight
+
+    @property
+    def active(self) -> bool:
+        """The runtime needs a process: a run is in flight or a heartbeat is due (the store's
+        `running` flag, by which a starting server finds the runtimes to load)."""
+        return self.running > 0 or self.beating > 0
 
 
 # ---- steps ------------------------------------------------------------------------------
@@ -86,6 +93,7 @@ class Spawned:
         parent = tree.handles[self.parent_id] if self.parent_id else None
         handle = Handle(self.handle_id, parent, tree.agents[self.agent], self.budget, self.child_key, len(tree.handles) + 1)
         tree.handles[handle.id] = handle
+        tree.beating += handle.agent.heartbeat is not None
         if parent is None:
             tree.top_level_per_agent[self.agent] = max(tree.top_level_per_agent.get(self.agent, 0), self.number)
         else:
@@ -105,6 +113,29 @@ class Posted:
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return []
+
+
+@dataclass(frozen=True)
+class Ticked:
+    """A heartbeat came due: a coalesced tick in the inbox, counting the periods it stands
+    for (after downtime: one tick for every period missed)."""
+
+    handle_id: str
+    at: float
+    count: int = 1
+
+    def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        beat = handle.agent.heartbeat
+        prompt = beat.prompt if beat is not None else "heartbeat"
+        handle.post(InboxItem(prompt, "", "heartbeat", coalesce_key=HEARTBEAT_KEY, count=self.count))
+        handle.last_tick = self.at
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+HEARTBEAT_KEY = "heartbeat"
 
 
 @dataclass(frozen=True)
@@ -254,6 +285,22 @@ class MessagesAppended:
 
 
 @dataclass(frozen=True)
+class Compacted:
+    """The model's view of a handle now starts with this summary, then the transcript from
+    `upto`: the turns before it were summarized (they stay in the transcript)."""
+
+    handle_id: str
+    upto: int
+    summary: Message
+
+    def apply(self, tree: Tree) -> None:
+        tree.handles[self.handle_id].compactions.append((self.upto, self.summary))
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
+@dataclass(frozen=True)
 class Settled:
     """A run is over (or suspended): its result and the handle's state after it.
     `rollback_to` >= 0: an interrupted run's transcript is cut back there and the inbox
@@ -347,6 +394,8 @@ class Closed:
         before = handle.state
         handle.close()
         tree.changed_state(before, handle.state)
+        if before is not HandleState.CLOSED:
+            tree.beating -= handle.agent.heartbeat is not None
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.CLOSED})]
@@ -406,6 +455,7 @@ Step = (
     Configured
     | Spawned
     | Posted
+    | Ticked
     | Queued
     | RunStarted
     | TurnStarted
@@ -414,6 +464,7 @@ Step = (
     | CallSuspended
     | CallFinished
     | MessagesAppended
+    | Compacted
     | Settled
     | Answered
     | BudgetSet
@@ -426,6 +477,7 @@ STEPS: tuple[type[Step], ...] = (
     Configured,
     Spawned,
     Posted,
+    Ticked,
     Queued,
     RunStarted,
     TurnStarted,
@@ -434,6 +486,7 @@ STEPS: tuple[type[Step], ...] = (
     CallSuspended,
     CallFinished,
     MessagesAppended,
+    Compacted,
     Settled,
     Answered,
     BudgetSet,
@@ -492,7 +545,7 @@ class Journal:
         replay(tree, entries)
         journal = cls(tree, store, events, entries[-1].seq if entries else 0)
         events.last_seq = max((entry.last_event for entry in entries), default=0)
-        journal._was_running = tree.running > 0
+        journal._was_running = tree.active
         return journal
 
     async def record(self, *steps: Step) -> None:
@@ -509,7 +562,7 @@ class Journal:
             self.last_seq += 1
             entries.append(Entry(self.last_seq, now, first, event_seq - first + 1, step))
         self.events.last_seq = event_seq
-        running = self.tree.running > 0
+        running = self.tree.active
         changed = running if running != self._was_running else None
         self._was_running = running
         await self.store.append(self.tree.runtime_id, entries, changed)

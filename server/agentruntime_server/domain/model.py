@@ -202,6 +202,23 @@ class ScriptedReply:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """Wake an idle handle on a period with a coalesced tick."""
+
+    every: float  # seconds
+    prompt: str = "heartbeat"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Replace older turns in the model's view by a summary when a request grows too large."""
+
+    max_context_tokens: int
+    keep_last_turns: int = 2
+    summarizer_agent: str = ""
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     name: str
     description: str = ""
@@ -215,6 +232,8 @@ class AgentSpec:
     script: tuple[ScriptedReply, ...] = ()
     provider: str = ""  # a provider named in the server's settings; "" = the default
     max_output_tokens: int | None = None  # the output cap sent with each call; None: the provider's
+    heartbeat: Heartbeat | None = None
+    compaction: Compaction | None = None
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:

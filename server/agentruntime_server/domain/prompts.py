@@ -68,6 +68,22 @@ def task_output(result: TaskResult) -> str:
     return f"{headline}] {result.text}"
 
 
+def compaction_prompt(earlier_summary: str, messages: list[Message]) -> str:
+    """What the summarizer agent is asked, for the turns that leave the model's view."""
+    lines = [
+        f"{m.role}: {m.content}" + "".join(f"\n  [calls {c.name} {c.arguments_json}]" for c in m.tool_calls) for m in messages
+    ]
+    earlier = f"Summary of what came before:\n{earlier_summary}\n\n" if earlier_summary else ""
+    return (
+        "Summarize this conversation for the agent that will continue it. Keep every fact, decision, "
+        f"result and open question it needs; drop the rest.\n\n{earlier}Conversation:\n" + "\n".join(lines)
+    )
+
+
+def summary_message(text: str) -> Message:
+    return Message(role="user", content=f"Summary of the conversation so far:\n{text}", summary=True)
+
+
 def gate_feedback(reason: str) -> Message:
     return Message(role="user", content=f"Your answer was not accepted: {reason}. Revise it and answer again.")
 

@@ -26,6 +26,7 @@ from .journal import (
     Settled,
     Spawned,
     Step,
+    Ticked,
     Tree,
     events_of,
 )
@@ -64,6 +65,7 @@ class Runtime:
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
         self._model_gate: FifoGate | None = None
+        self._heartbeats: dict[str, asyncio.TimerHandle] = {}
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
 
@@ -88,8 +90,9 @@ class Runtime:
 
     @property
     def busy(self) -> bool:
-        """True while a run is in flight or someone watches (the runtime must stay in memory)."""
-        return self.events.watched or any(handle.run is not None for handle in self.handles.values())
+        """True while a run is in flight, a heartbeat is armed or someone watches (the runtime
+        must stay in memory)."""
+        return self.events.watched or bool(self._heartbeats) or any(h.run is not None for h in self.handles.values())
 
     @property
     def inbox_capacity(self) -> int:
@@ -177,7 +180,9 @@ class Runtime:
         own = agent.budget.overridden_by(budget_override) if budget_override else agent.budget
         budget = budgets.carve(own, parent)
         await self.journal.record(Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number))
-        return self.handles[handle_id]
+        handle = self.handles[handle_id]
+        self.arm_heartbeat(handle)
+        return handle
 
     async def post(
         self, handle_id: str, text: str, channel: str, sender: str, trust: Trust = Trust.HOST, coalesce_key: str = ""
@@ -273,6 +278,9 @@ class Runtime:
                 await self._cancel_suspension(node, Status.CLOSED, continue_parent=handle is not None and node is handle)
             await self.stop_run(node, (Status.CLOSED, Limit.NONE))
             await self.journal.record(Closed(node.id))
+            timer = self._heartbeats.pop(node.id, None)
+            if timer is not None:
+                timer.cancel()
             closed.append(node.id)
         return closed
 
@@ -354,7 +362,7 @@ class Runtime:
         return result
 
     def transcript(self, handle_id: str) -> list[Message]:
-        return self.handle(handle_id).transcript
+        return self.handle(handle_id).transcript_with_summaries()
 
     def inspect(self, handle_id: str) -> HandleSnapshot:
         return self.handle(handle_id).snapshot()
@@ -502,10 +510,36 @@ class Runtime:
         run.next = await self._continue_waiting_parent(handle)
 
     def arm_timers(self) -> None:
-        """After a restore: every live Request that expires lapses on time."""
+        """After a restore: every live Request that expires lapses on time, every heartbeat beats."""
         for request in [handle.pending for handle in self.tree.requests.values()]:
             if request is not None:
                 self.arm_lapse(request)
+        for handle in self.handles.values():
+            self.arm_heartbeat(handle)
+
+    def arm_heartbeat(self, handle: Handle) -> None:
+        """Schedules the handle's next tick. After downtime the periods missed come due at
+        once, as one tick that counts them (no burst)."""
+        beat = handle.agent.heartbeat
+        if beat is None or handle.state is HandleState.CLOSED or self.draining:
+            return
+        now = time.time()
+        due = (handle.last_tick or now) + beat.every
+        loop = asyncio.get_running_loop()
+        self._heartbeats[handle.id] = loop.call_later(max(due - now, 0.0), lambda: loop.create_task(self._beat(handle)))
+
+    async def _beat(self, handle: Handle) -> None:
+        self._heartbeats.pop(handle.id, None)
+        beat = handle.agent.heartbeat
+        if beat is None or handle.state is HandleState.CLOSED or self.draining:
+            return
+        now = time.time()
+        missed = max(int((now - handle.last_tick) // beat.every), 1) if handle.last_tick else 1
+        await self.journal.record(Ticked(handle.id, now, missed))
+        self.arm_heartbeat(handle)
+        if handle.state is HandleState.IDLE and handle.run is None:
+            await self.start_run(handle, "")
+            await self.services.store.flush()
 
     def arm_lapse(self, request: PendingRequest) -> None:
         if request.expires_at is None:

@@ -21,7 +21,17 @@ from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, ResourceExhausted, shown
 from .handle import FifoGate, Handle, Run
-from .journal import CallFinished, CallStarted, CallSuspended, Journal, MessagesAppended, ModelReplied, Tree, TurnStarted
+from .journal import (
+    CallFinished,
+    CallStarted,
+    CallSuspended,
+    Compacted,
+    Journal,
+    MessagesAppended,
+    ModelReplied,
+    Tree,
+    TurnStarted,
+)
 from .limits import MAX_REPLY_TOKENS
 from .model import (
     AgentSpec,
@@ -109,7 +119,7 @@ class TurnLoop:
                         request = budget_request(handle, limit)
                         return handle.result(Status.PENDING, text=request.prompt, pending=request)
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
-                await self._model_turn(handle)
+                await self._model_turn(handle, run)
 
     def _still_live(self, handle: Handle, request: PendingRequest) -> bool:
         """A child's Request may have been answered while this phase waited for its siblings."""
@@ -120,10 +130,14 @@ class TurnLoop:
 
     # ---- model ---------------------------------------------------------------------------
 
-    async def _model_turn(self, handle: Handle) -> None:
+    async def _model_turn(self, handle: Handle, run: Run) -> None:
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
-        request = ModelRequest(agent=agent, messages=system + tuple(handle.transcript), tools=self._tool_schemas(handle))
+        tools = self._tool_schemas(handle)
+        request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
+        if agent.compaction is not None and _size(request) > agent.compaction.max_context_tokens:
+            if await self._compact(handle, run):
+                request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         gate = self.host.model_gate
         if gate is None:
@@ -161,6 +175,29 @@ class TurnLoop:
         # The reply is journaled before it is acted on: a re-entered turn never buys it again.
         estimated = reply.tokens is None
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
+
+    async def _compact(self, handle: Handle, run: Run) -> bool:
+        """Older turns give way to a summary in the model's view (the transcript keeps them):
+        the summarizer agent, run as a child, writes it; its tokens bill to this handle's
+        tree. False when there is nothing old enough to summarize, or no summary came."""
+        compaction = handle.agent.compaction
+        assert compaction is not None
+        start = handle.compactions[-1][0] if handle.compactions else 0
+        turns = [i for i in range(start, len(handle.transcript)) if handle.transcript[i].role == "assistant"]
+        keep = compaction.keep_last_turns or 2
+        if len(turns) <= keep:
+            return False
+        cut = turns[-keep]
+        earlier = handle.compactions[-1][1].content if handle.compactions else ""
+        prompt = prompts.compaction_prompt(earlier, handle.transcript[start:cut])
+        number = len(handle.compactions) + 1
+        result = await self.run_child(
+            handle, run, key=f"compaction_{number}", agent_name=compaction.summarizer_agent, prompt=prompt
+        )
+        if isinstance(result, ToolResult) or result.status is not Status.DONE or not result.text.strip():
+            return False
+        await self.host.journal.record(Compacted(handle.id, cut, prompts.summary_message(result.text)))
+        return True
 
     def _tool_schemas(self, handle: Handle) -> tuple[ToolSchema, ...]:
         """What the model may call; an agent's definition never changes, so it is built once."""
@@ -419,6 +456,13 @@ class TurnLoop:
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
         return None
+
+
+def _size(request: ModelRequest) -> int:
+    """A request's size in tokens, as compaction counts it: about four characters a token."""
+    chars = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
+    chars += sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    return chars // 4 + 1
 
 
 def budget_request(handle: Handle, limit: Limit) -> PendingRequest:

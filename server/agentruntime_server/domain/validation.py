@@ -87,7 +87,11 @@ def _team_cycles(agents: Sequence[AgentSpec]) -> list[FieldViolation]:
     """Delegation (team members and judges) must not lead back to an agent: a cycle would
     spawn handles without end."""
     edges = {
-        agent.name: [*agent.team, *([agent.completion.judge_agent] if agent.completion.judge_agent else [])] for agent in agents
+        agent.name: [
+            *agent.team,
+            *filter(None, [agent.completion.judge_agent, agent.compaction.summarizer_agent if agent.compaction else ""]),
+        ]
+        for agent in agents
     }
     index = {agent.name: position for position, agent in reversed(list(enumerate(agents)))}
     violations: list[FieldViolation] = []
@@ -162,6 +166,29 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
     if len(set(agent.team)) != len(agent.team):
         violations.append(FieldViolation(f"{where}.team", "names an agent more than once"))
     violations.extend(check_budget(agent.budget, f"{where}.budget"))
+    if agent.heartbeat is not None:
+        if not limits.MIN_HEARTBEAT <= agent.heartbeat.every <= limits.MAX_HEARTBEAT:
+            violations.append(
+                FieldViolation(
+                    f"{where}.heartbeat.every",
+                    f"must be between {limits.MIN_HEARTBEAT:g}s and {limits.MAX_HEARTBEAT / 86400:g} days",
+                )
+            )
+        if len(agent.heartbeat.prompt.encode()) > limits.MAX_DESCRIPTION_BYTES:
+            violations.append(FieldViolation(f"{where}.heartbeat.prompt", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes"))
+    if agent.compaction is not None:
+        compaction = agent.compaction
+        if compaction.max_context_tokens < 1:
+            violations.append(FieldViolation(f"{where}.compaction.max_context_tokens", "must be >= 1"))
+        if compaction.keep_last_turns < 0:
+            violations.append(FieldViolation(f"{where}.compaction.keep_last_turns", "must be >= 0 (0 means 2)"))
+        if compaction.summarizer_agent not in agent_names:
+            violations.append(
+                FieldViolation(
+                    f"{where}.compaction.summarizer_agent",
+                    f"unknown agent {shown(compaction.summarizer_agent)}; define it in the same runtime",
+                )
+            )
     if agent.max_output_tokens is not None and not 1 <= agent.max_output_tokens <= limits.MAX_OUTPUT_TOKENS:
         violations.append(
             FieldViolation(f"{where}.max_output_tokens", f"must be between 1 and {limits.MAX_OUTPUT_TOKENS:,} (or unset)")
