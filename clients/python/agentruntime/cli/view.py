@@ -15,7 +15,7 @@ from rich.text import Text
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
-STATE_STYLES = {"RUNNING": "bold yellow", "SUSPENDED": "bold magenta", "IDLE": "green", "CLOSED": "dim"}
+STATE_STYLES = {"RUNNING": "bold yellow", "QUEUED": "yellow", "SUSPENDED": "bold magenta", "IDLE": "green", "CLOSED": "dim"}
 
 
 def state_name(state: int) -> str:
@@ -24,6 +24,10 @@ def state_name(state: int) -> str:
 
 def status_name(status: int) -> str:
     return pb.Status.Name(status).removeprefix("STATUS_")  # type: ignore[arg-type]
+
+
+def failure_name(reason: int) -> str:
+    return pb.FailureReason.Name(reason).removeprefix("FAILURE_REASON_")  # type: ignore[arg-type]
 
 
 def limit_name(limit: int) -> str:
@@ -241,6 +245,8 @@ def event_line(event: pb.Event) -> str:
     if kind == "result":
         result = event.result
         limit = f" ({limit_name(result.limit)})" if result.limit else ""
+        if result.HasField("failure"):
+            limit = f" ({failure_name(result.failure.reason)})"
         return (
             f"{head} result {status_name(result.status)}{limit}: turns {result.turns},"
             f" own tokens {result.own_tokens}, total tokens {result.total_tokens}: {short(result.text, 60)}"
@@ -252,6 +258,11 @@ def result_lines(result: pb.TaskResult) -> list[tuple[str, str]]:
     rows = [("handle", result.handle_id), ("status", status_name(result.status))]
     if result.limit:
         rows.append(("limit", limit_name(result.limit)))
+    if result.HasField("failure"):
+        failure = result.failure
+        retry = ", retryable" if failure.retryable else ""
+        status = f", HTTP {failure.http_status}" if failure.http_status else ""
+        rows.append(("failure", f"{failure_name(failure.reason)} ({failure.provider or 'runtime'}{status}{retry})"))
     rows += [
         ("turns", str(result.turns)),
         ("own tokens", str(result.own_tokens)),
