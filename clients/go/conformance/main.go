@@ -19,7 +19,11 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/agentruntime/agentruntime/clients/go/agentruntime"
 	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
@@ -27,6 +31,12 @@ import (
 
 // callTimeout is the README's deadline for every call, Wait included.
 const callTimeout = 60 * time.Second
+
+// An inspect step with "poll" re-reads every pollEvery, for at most pollFor.
+const (
+	pollEvery = 50 * time.Millisecond
+	pollFor   = 10 * time.Second
+)
 
 type vector struct {
 	Name   string                       `json:"name"`
@@ -50,10 +60,33 @@ type waitArgs struct {
 }
 
 type resumeArgs struct {
-	OK      bool     `json:"ok"`
-	ID      string   `json:"id"`
-	Reason  string   `json:"reason"`
-	Outputs []string `json:"outputs"`
+	OK      bool            `json:"ok"`
+	ID      string          `json:"id"`
+	Reason  string          `json:"reason"`
+	Outputs []string        `json:"outputs"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// postArgs: handle and text are required (nil: absent).
+type postArgs struct {
+	Handle      *string `json:"handle"`
+	Text        *string `json:"text"`
+	Sender      string  `json:"sender"`
+	Channel     string  `json:"channel"`
+	Trust       *string `json:"trust"`
+	CoalesceKey string  `json:"coalesce_key"`
+}
+
+// closeArgs: handle is required; GraceMs nil sends no grace.
+type closeArgs struct {
+	Handle  *string `json:"handle"`
+	Force   bool    `json:"force"`
+	GraceMs *int64  `json:"grace_ms"`
+}
+
+type inspectArgs struct {
+	Handle *string `json:"handle"`
+	Poll   bool    `json:"poll"`
 }
 
 // pageArgs are a list step's arguments and a transcript step's, Handle aside.
@@ -80,7 +113,7 @@ type expectedError struct {
 	Limit *string `json:"limit"`
 }
 
-var verbs = []string{"spawn", "wake", "wait", "resume", "list", "transcript"}
+var verbs = []string{"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect"}
 
 func main() {
 	addr := envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
@@ -238,6 +271,15 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			return nil, err
 		}
 		answer := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
+		if len(a.Data) > 0 {
+			if !bytes.HasPrefix(bytes.TrimSpace(a.Data), []byte("{")) {
+				return nil, fmt.Errorf("data must be an object, got %s", a.Data)
+			}
+			answer.Data = &structpb.Struct{}
+			if err := protojson.Unmarshal(a.Data, answer.Data); err != nil {
+				return nil, fmt.Errorf("data: %w", err)
+			}
+		}
 		if answer.Id == "" {
 			answer.Id = (*lastPending).GetId()
 		}
@@ -267,16 +309,72 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		handles := resp.GetHandles()
 		views := map[string]any{}
 		for _, h := range handles {
-			views[h.GetHandleId()] = map[string]any{
-				"state":        h.GetState().String(),
-				"turns":        h.GetTurns(),
-				"own_tokens":   h.GetOwnTokens(),
-				"total_tokens": h.GetTotalTokens(),
-				"tool_calls":   h.GetToolCalls(),
-				"pending_kind": h.GetPendingKind(),
-			}
+			views[h.GetHandleId()] = viewFields(h)
 		}
 		return map[string]any{"count": len(handles), "handles": views, "next_page_token_empty": next == ""}, nil
+	case "post":
+		var a postArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil || a.Text == nil {
+			return nil, errors.New("post needs handle and text")
+		}
+		trust := v1.Trust_TRUST_UNSPECIFIED
+		if a.Trust != nil {
+			number, ok := v1.Trust_value[*a.Trust]
+			if !ok {
+				return nil, fmt.Errorf("trust %q is not a value of Trust", *a.Trust)
+			}
+			trust = v1.Trust(number)
+		}
+		req := &v1.PostRequest{
+			RuntimeId: runtimeID, HandleId: *a.Handle, Text: *a.Text, Sender: a.Sender, Channel: a.Channel,
+			Trust: trust, CoalesceKey: a.CoalesceKey,
+		}
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		resp, err := client.Stub().Post(ctx, req)
+		if err != nil {
+			return nil, asError(err)
+		}
+		return map[string]any{"inbox_size": resp.GetInboxSize()}, nil
+	case "close":
+		var a closeArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil {
+			return nil, errors.New("close needs handle")
+		}
+		req := &v1.CloseRequest{RuntimeId: runtimeID, HandleId: *a.Handle, Force: a.Force}
+		if a.GraceMs != nil {
+			req.Grace = durationpb.New(time.Duration(*a.GraceMs) * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		resp, err := client.Stub().Close(ctx, req)
+		if err != nil {
+			return nil, asError(err)
+		}
+		closed := append([]string{}, resp.GetClosedHandleIds()...)
+		return map[string]any{"closed": closed, "count": len(closed)}, nil
+	case "inspect":
+		var a inspectArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil {
+			return nil, errors.New("inspect needs handle")
+		}
+		if !a.Poll {
+			view, err := client.Inspect(ctx, runtimeID, *a.Handle)
+			if err != nil {
+				return nil, err
+			}
+			return viewFields(view), nil
+		}
+		return poll(ctx, client, runtimeID, *a.Handle, step)
 	default: // transcript
 		a, err := parsePageArgs(args, st.nextTranscript)
 		if err != nil {
@@ -289,11 +387,80 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		next := resp.GetNextPageToken()
 		st.nextTranscript = &next
 		roles := []string{}
+		messages := []any{}
 		for _, m := range resp.GetMessages() {
 			roles = append(roles, m.GetRole())
+			messages = append(messages, map[string]any{"role": m.GetRole(), "trust": m.GetTrust().String(), "content": m.GetContent()})
 		}
-		return map[string]any{"count": len(roles), "roles": roles, "next_page_token_empty": next == ""}, nil
+		return map[string]any{"count": len(roles), "roles": roles, "messages": messages, "next_page_token_empty": next == ""}, nil
 	}
+}
+
+// viewFields is a HandleView as the vectors name it (list and inspect).
+func viewFields(h *v1.HandleView) map[string]any {
+	return map[string]any{
+		"state":        h.GetState().String(),
+		"turns":        h.GetTurns(),
+		"own_tokens":   h.GetOwnTokens(),
+		"total_tokens": h.GetTotalTokens(),
+		"tool_calls":   h.GetToolCalls(),
+		"pending_kind": h.GetPendingKind(),
+		"inbox_size":   h.GetInboxSize(),
+	}
+}
+
+// poll re-reads Inspect until the step's expect holds; a refused Inspect (NOT_FOUND
+// before the handle is spawned) does not hold yet. After pollFor it fails with the last
+// reason.
+func poll(ctx context.Context, client *agentruntime.Client, runtimeID, handle string, step map[string]json.RawMessage) (map[string]any, error) {
+	raw, ok := step["expect"]
+	var want map[string]any
+	if ok {
+		if err := json.Unmarshal(raw, &want); err != nil {
+			return nil, fmt.Errorf("bad expect: %w", err)
+		}
+	}
+	if _, hasError := step["expect_error"]; want == nil || hasError {
+		return nil, errors.New("a polling inspect needs an expect object and no expect_error")
+	}
+	deadline := time.Now().Add(pollFor)
+	for {
+		view, err := client.Inspect(ctx, runtimeID, handle)
+		if err == nil {
+			outcome := viewFields(view)
+			if err = check("expect", normalize(outcome), want); err == nil {
+				return outcome, nil
+			}
+		} else if _, refused := agentruntime.AsError(err); !refused {
+			return nil, err
+		}
+		if time.Now().After(deadline) {
+			// %v, not %w: a refusal at the end is the vector's failure, not a step's expected error.
+			return nil, fmt.Errorf("still not as expected after polling for %v: %v", pollFor, err)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// strictArgs decodes a step's arguments, which must be an object.
+func strictArgs(args json.RawMessage, into any) error {
+	if !bytes.HasPrefix(bytes.TrimSpace(args), []byte("{")) {
+		return fmt.Errorf("the step's arguments must be an object, got %s", args)
+	}
+	return json.Unmarshal(args, into)
+}
+
+// asError turns a refusal of a call made on the generated stub into the *agentruntime.Error
+// the thin client's methods return.
+func asError(err error) error {
+	st := status.Convert(err)
+	e := &agentruntime.Error{Code: st.Code(), Message: st.Message()}
+	for _, d := range st.Details() {
+		if m, ok := d.(proto.Message); ok {
+			e.Details = append(e.Details, m)
+		}
+	}
+	return e
 }
 
 // parsePageArgs reads a list or transcript step's arguments and replaces a page_token of
@@ -442,6 +609,23 @@ func check(where string, got, want map[string]any) error {
 			} else if err := check(path, gm, wm); err != nil {
 				bad = append(bad, err.Error())
 			}
+		case listOfObjects(g, w):
+			// A list of objects (a transcript's `messages`): entry i checks object i, only its keys.
+			gl, wl := g.([]any), w.([]any)
+			if len(wl) > len(gl) {
+				bad = append(bad, fmt.Sprintf("%s: expected at least %d entries, got %d", path, len(wl), len(gl)))
+				break
+			}
+			for i, item := range wl {
+				at := fmt.Sprintf("%s[%d]", path, i)
+				wi, wok := item.(map[string]any)
+				gi, gok := gl[i].(map[string]any)
+				if !wok || !gok {
+					bad = append(bad, fmt.Sprintf("%s: expected %s, got %s", at, show(item), show(gl[i])))
+				} else if err := check(at, gi, wi); err != nil {
+					bad = append(bad, err.Error())
+				}
+			}
 		case !reflect.DeepEqual(g, w):
 			bad = append(bad, fmt.Sprintf("%s: expected %s, got %s", path, show(w), show(g)))
 		}
@@ -450,6 +634,21 @@ func check(where string, got, want map[string]any) error {
 		return nil
 	}
 	return errors.New(strings.Join(bad, "; "))
+}
+
+// listOfObjects says both are lists and either holds an object.
+func listOfObjects(got, want any) bool {
+	gl, gok := got.([]any)
+	wl, wok := want.([]any)
+	if !gok || !wok {
+		return false
+	}
+	for _, item := range append(slices.Clone(gl), wl...) {
+		if _, ok := item.(map[string]any); ok {
+			return true
+		}
+	}
+	return false
 }
 
 func show(v any) string {

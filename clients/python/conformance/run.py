@@ -6,15 +6,26 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from google.protobuf import json_format
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from google.protobuf import duration_pb2, json_format, struct_pb2
 from google.rpc import error_details_pb2
 
 DEFAULT_VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
+
+# The README's deadline for every call, Wait included.
+CALL_TIMEOUT = 60.0
+# An inspect step with "poll": re-read every POLL_EVERY seconds, for at most POLL_FOR.
+POLL_EVERY = 0.05
+POLL_FOR = 10.0
+
+VERBS = ("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect")
 
 
 class Mismatch(Exception):
@@ -59,7 +70,12 @@ def _view_fields(view: pb.HandleView) -> dict[str, Any]:
         "total_tokens": view.total_tokens,
         "tool_calls": view.tool_calls,
         "pending_kind": view.pending_kind,
+        "inbox_size": view.inbox_size,
     }
+
+
+def _message_fields(message: pb.Message) -> dict[str, Any]:
+    return {"role": message.role, "trust": pb.Trust.Name(message.trust), "content": message.content}
 
 
 def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -80,6 +96,14 @@ def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None
             if not isinstance(got, dict):
                 raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
             _check(f"{where}.{key}", got, want)
+        elif isinstance(want, list) and isinstance(got, list) and any(isinstance(item, dict) for item in [*got, *want]):
+            # A list of objects (a transcript's `messages`): entry i checks object i, only its keys.
+            if len(want) > len(got):
+                raise Mismatch(f"{where}.{key}: expected at least {len(want)} entries, got {len(got)}")
+            for index, item in enumerate(want):
+                if not isinstance(item, dict) or not isinstance(got[index], dict):
+                    raise Mismatch(f"{where}.{key}[{index}]: expected {item!r}, got {got[index]!r}")
+                _check(f"{where}.{key}[{index}]", got[index], item)
         elif type(got) is not type(want) or got != want:
             raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
 
@@ -102,7 +126,71 @@ def _page_args(where: str, args: dict[str, Any], next_token: str | None) -> tupl
     return size, token
 
 
-async def run_vector(client: Client, vector: dict[str, Any]) -> None:
+def _args(where: str, step: dict[str, Any], verb: str) -> dict[str, Any]:
+    args = step[verb]
+    if not isinstance(args, dict):
+        raise Mismatch(f"{where}: the step's arguments must be an object, got {args!r}")
+    return args
+
+
+def _arg(where: str, args: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    """An argument of the JSON type `kind` (bool is not an int); `default` when absent, and
+    required when there is no default."""
+    if key not in args:
+        if default is None:
+            raise Mismatch(f"{where}: missing argument {key!r}")
+        return default
+    value = args[key]
+    if type(value) is not kind:
+        raise Mismatch(f"{where}: {key} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _trust(where: str, name: str) -> pb.Trust.ValueType:
+    try:
+        return pb.Trust.Value(name)
+    except ValueError:
+        raise Mismatch(f"{where}: trust {name!r} is not a value of Trust") from None
+
+
+class Raw:
+    """The generated stub, for the fields the thin client does not take (Post's trust and
+    coalesce_key, Close's grace); refusals come back as AgentRuntimeError, as the client's do."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = pb_grpc.AgentRuntimeStub(self.channel)
+
+    async def call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as error:
+            raise AgentRuntimeError.from_rpc_error(error) from None
+
+
+async def _inspect(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> dict[str, Any]:
+    """One Inspect; with "poll", re-reads until the step's expect holds (a refused Inspect, such
+    as NOT_FOUND before the handle is spawned, does not hold yet), at most POLL_FOR seconds."""
+    args = _args(where, step, "inspect")
+    handle = _arg(where, args, "handle", str)
+    if not _arg(where, args, "poll", bool, False):
+        return _view_fields(await client.inspect(runtime_id, handle))
+    expected = step.get("expect")
+    if not isinstance(expected, dict) or "expect_error" in step:
+        raise Mismatch(f"{where}: a polling inspect needs an expect object and no expect_error")
+    deadline = time.monotonic() + POLL_FOR
+    while True:
+        try:
+            outcome = _view_fields(await client.inspect(runtime_id, handle))
+            _check(where, outcome, expected)
+            return outcome
+        except (Mismatch, AgentRuntimeError) as problem:
+            if time.monotonic() >= deadline:
+                raise Mismatch(f"{where}: still not as expected after polling for {POLL_FOR:g} s: {problem}") from None
+        await asyncio.sleep(POLL_EVERY)
+
+
+async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
     agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
     runtime_id = await client.create_runtime(agents)
     last_pending: pb.Request | None = None
@@ -111,7 +199,7 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
     next_transcript: str | None = None
     for index, step in enumerate(vector["steps"]):
         where = f"step {index + 1}"
-        verbs = [verb for verb in ("spawn", "wake", "wait", "resume", "list", "transcript") if verb in step]
+        verbs = [verb for verb in VERBS if verb in step]
         if len(verbs) != 1:
             raise Mismatch(f"{where}: a step has exactly one verb, got {verbs}")
         try:
@@ -135,6 +223,10 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
                     reason=args.get("reason", ""),
                     outputs=[pb.ToolOutput(call_id=calls[i].id, output=text) for i, text in enumerate(args.get("outputs", []))],
                 )
+                if "data" in args:
+                    if not isinstance(args["data"], dict):
+                        raise Mismatch(f"{where}: data must be an object, got {args['data']!r}")
+                    answer.data.CopyFrom(json_format.ParseDict(args["data"], struct_pb2.Struct()))
                 result = await client.resume(runtime_id, answer)
                 outcome = _result_fields(result)
                 last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
@@ -155,8 +247,36 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
                 outcome = {
                     "count": len(page.messages),
                     "roles": [message.role for message in page.messages],
+                    "messages": [_message_fields(message) for message in page.messages],
                     "next_page_token_empty": not page.next_page_token,
                 }
+            elif "post" in step:
+                args = _args(where, step, "post")
+                post = pb.PostRequest(
+                    runtime_id=runtime_id,
+                    handle_id=_arg(where, args, "handle", str),
+                    text=_arg(where, args, "text", str),
+                    sender=_arg(where, args, "sender", str, ""),
+                    channel=_arg(where, args, "channel", str, ""),
+                    trust=_trust(where, _arg(where, args, "trust", str, "TRUST_UNSPECIFIED")),
+                    coalesce_key=_arg(where, args, "coalesce_key", str, ""),
+                )
+                outcome = {"inbox_size": (await raw.call(raw.stub.Post, post)).inbox_size}
+            elif "close" in step:
+                args = _args(where, step, "close")
+                close = pb.CloseRequest(runtime_id=runtime_id, handle_id=_arg(where, args, "handle", str))
+                close.force = _arg(where, args, "force", bool, False)
+                if "grace_ms" in args:
+                    grace_ms = args["grace_ms"]
+                    if type(grace_ms) is not int:
+                        raise Mismatch(f"{where}: grace_ms must be an integer, got {grace_ms!r}")
+                    grace = duration_pb2.Duration()
+                    grace.FromMilliseconds(grace_ms)
+                    close.grace.CopyFrom(grace)
+                closed = list((await raw.call(raw.stub.Close, close)).closed_handle_ids)
+                outcome = {"closed": closed, "count": len(closed)}
+            elif "inspect" in step:
+                outcome = await _inspect(client, runtime_id, where, step)
             else:
                 raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
         except AgentRuntimeError as error:
@@ -179,17 +299,19 @@ async def run_vector(client: Client, vector: dict[str, Any]) -> None:
 
 async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
     passed = failed = 0
-    async with Client(address) as client:
+    raw = Raw(address)
+    async with Client(address, timeout=CALL_TIMEOUT) as client:
         for name, text in vectors:
             try:
                 vector = json.loads(text)
-                await run_vector(client, vector)
-            except (Mismatch, AgentRuntimeError, KeyError, IndexError, TypeError, ValueError) as problem:
+                await run_vector(client, raw, vector)
+            except (Mismatch, AgentRuntimeError, json_format.ParseError, KeyError, IndexError, TypeError, ValueError) as problem:
                 failed += 1
                 print(f"FAIL {name}: {type(problem).__name__}: {problem}")
             else:
                 passed += 1
                 print(f"ok   {name}")
+    await raw.channel.close()
     print(f"conformance: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -11,7 +11,8 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { create, fromJson, type DescEnum, type JsonValue } from "@bufbuild/protobuf";
+import { create, fromJson, type DescEnum, type JsonObject, type JsonValue } from "@bufbuild/protobuf";
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { ConnectError } from "@connectrpc/connect";
 
 import {
@@ -25,12 +26,14 @@ import {
   Status,
   StatusSchema,
   ToolOutputSchema,
+  TrustSchema,
   createClient,
   describeError,
   grpcCodeName,
   type AgentRuntimeClient,
   type Failure,
   type HandleView,
+  type Message,
   type Request,
   type TaskResult,
 } from "../index.js";
@@ -52,7 +55,13 @@ class Mismatch extends Error {
   override name = "Mismatch";
 }
 
-const VERBS = ["spawn", "wake", "wait", "resume", "list", "transcript"] as const;
+const VERBS = ["spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect"] as const;
+
+/** The README's deadline for every call, Wait included. */
+const CALL_TIMEOUT_MS = 60_000;
+/** An inspect step with "poll" re-reads every POLL_EVERY_MS, for at most POLL_FOR_MS. */
+const POLL_EVERY_MS = 50;
+const POLL_FOR_MS = 10_000;
 
 /** The page_token that means the next_page_token of the last step of the same verb that succeeded. */
 const NEXT = "$next";
@@ -101,7 +110,12 @@ function viewFields(view: HandleView): Actual {
     total_tokens: view.totalTokens,
     tool_calls: view.toolCalls,
     pending_kind: view.pendingKind,
+    inbox_size: view.inboxSize,
   };
+}
+
+function messageFields(message: Message): Actual {
+  return { role: message.role, trust: enumName(TrustSchema, message.trust), content: message.content };
 }
 
 function isObject(value: unknown): value is { [key: string]: JsonValue } {
@@ -161,6 +175,18 @@ function check(where: string, actual: Actual, expected: { [key: string]: JsonVal
         throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
       }
       check(`${where}.${key}`, got as Actual, want);
+    } else if (Array.isArray(want) && Array.isArray(got) && [...got, ...want].some((item) => isObject(item))) {
+      // A list of objects (a transcript's `messages`): entry i checks object i, only its keys.
+      if (want.length > got.length) {
+        throw new Mismatch(`${where}.${key}: expected at least ${want.length} entries, got ${got.length}`);
+      }
+      for (const [i, item] of want.entries()) {
+        const entry = got[i] as Value;
+        if (!isObject(item) || !isObject(entry)) {
+          throw new Mismatch(`${where}.${key}[${i}]: expected ${show(item)}, got ${show(entry)}`);
+        }
+        check(`${where}.${key}[${i}]`, entry as Actual, item);
+      }
     } else if (!equal(got, want)) {
       throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
     }
@@ -195,6 +221,69 @@ function pageArgs(where: string, a: JsonValue | undefined, next: string | undefi
   return [size, next];
 }
 
+/** A step's arguments, which must be an object. */
+function objectArgs(where: string, step: Step, verb: string): { [key: string]: JsonValue } {
+  const value = step[verb];
+  if (!isObject(value)) throw new Mismatch(`${where}: the step's arguments must be an object, got ${show(value)}`);
+  return value;
+}
+
+/** A string argument: required when there is no fallback. */
+function strArg(where: string, a: { [key: string]: JsonValue }, key: string, fallback?: string): string {
+  if (!(key in a)) {
+    if (fallback === undefined) throw new Mismatch(`${where}: missing argument ${show(key)}`);
+    return fallback;
+  }
+  const value = a[key];
+  if (typeof value !== "string") throw new Mismatch(`${where}: ${key} must be a str, got ${show(value)}`);
+  return value;
+}
+
+function boolArg(where: string, a: { [key: string]: JsonValue }, key: string): boolean {
+  if (!(key in a)) return false;
+  const value = a[key];
+  if (typeof value !== "boolean") throw new Mismatch(`${where}: ${key} must be a bool, got ${show(value)}`);
+  return value;
+}
+
+function trustArg(where: string, a: { [key: string]: JsonValue }): number {
+  const name = strArg(where, a, "trust", "TRUST_UNSPECIFIED");
+  const value = TrustSchema.values.find((candidate) => candidate.name === name);
+  if (!value) throw new Mismatch(`${where}: trust ${show(name)} is not a value of Trust`);
+  return value.number;
+}
+
+const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
+
+/**
+ * One Inspect; with "poll", re-reads until the step's expect holds (a refused Inspect, such as
+ * NOT_FOUND before the handle is spawned, does not hold yet), at most POLL_FOR_MS.
+ */
+async function inspect(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+  const a = objectArgs(where, step, "inspect");
+  const handle = strArg(where, a, "handle");
+  if (!boolArg(where, a, "poll")) return viewFields(await client.inspect(runtimeId, handle));
+  const expected = step.expect;
+  if (!isObject(expected) || "expect_error" in step) {
+    throw new Mismatch(`${where}: a polling inspect needs an expect object and no expect_error`);
+  }
+  const deadline = Date.now() + POLL_FOR_MS;
+  for (;;) {
+    try {
+      const outcome = viewFields(await client.inspect(runtimeId, handle));
+      check(where, outcome, expected);
+      return outcome;
+    } catch (error) {
+      if (!(error instanceof Mismatch || error instanceof ConnectError)) throw error;
+      if (Date.now() >= deadline) {
+        const why = error instanceof Mismatch ? error.message : describeError(error);
+        throw new Mismatch(`${where}: still not as expected after polling for ${POLL_FOR_MS / 1000} s: ${why}`);
+      }
+    }
+    await sleep(POLL_EVERY_MS);
+  }
+}
+
 async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
   const runtimeId = await client.createRuntime(agents);
@@ -223,10 +312,12 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
         const a = args(step, "resume");
         const calls = lastPending?.calls ?? [];
         const outputs = Array.isArray(a.outputs) ? a.outputs : [];
+        if ("data" in a && !isObject(a.data)) throw new Mismatch(`${where}: data must be an object, got ${show(a.data)}`);
         const answer = create(AnswerSchema, {
           id: str(a.id) || (lastPending?.id ?? ""),
           ok: a.ok === true,
           reason: str(a.reason),
+          ...(isObject(a.data) ? { data: a.data as JsonObject } : {}),
           outputs: outputs.map((text, i) => {
             const call = calls[i];
             if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
@@ -243,7 +334,7 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
         const byId: Actual = Object.create(null) as Actual;
         for (const view of page.handles) byId[view.handleId] = viewFields(view);
         outcome = { count: page.handles.length, handles: byId, next_page_token_empty: page.nextPageToken === "" };
-      } else {
+      } else if ("transcript" in step) {
         const [pageSize, pageToken] = pageArgs(where, step.transcript, nextTranscript);
         const a = args(step, "transcript");
         const page = await client.transcriptPage(runtimeId, str(a.handle), pageSize, pageToken);
@@ -251,8 +342,38 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
         outcome = {
           count: page.messages.length,
           roles: page.messages.map((message) => message.role),
+          messages: page.messages.map(messageFields),
           next_page_token_empty: page.nextPageToken === "",
         };
+      } else if ("post" in step) {
+        // The generated client: the thin one's post takes no trust or coalesce_key.
+        const a = objectArgs(where, step, "post");
+        const request = {
+          runtimeId,
+          handleId: strArg(where, a, "handle"),
+          text: strArg(where, a, "text"),
+          sender: strArg(where, a, "sender", ""),
+          channel: strArg(where, a, "channel", ""),
+          trust: trustArg(where, a),
+          coalesceKey: strArg(where, a, "coalesce_key", ""),
+        };
+        const response = await client.raw.post(request, { timeoutMs: CALL_TIMEOUT_MS });
+        outcome = { inbox_size: response.inboxSize };
+      } else if ("close" in step) {
+        // The generated client: the thin one's close takes no grace.
+        const a = objectArgs(where, step, "close");
+        const request = { runtimeId, handleId: strArg(where, a, "handle"), force: boolArg(where, a, "force") };
+        let grace;
+        if ("grace_ms" in a) {
+          if (typeof a.grace_ms !== "number" || !Number.isSafeInteger(a.grace_ms)) {
+            throw new Mismatch(`${where}: grace_ms must be an integer, got ${show(a.grace_ms)}`);
+          }
+          grace = durationFromMs(a.grace_ms);
+        }
+        const response = await client.raw.close({ ...request, grace }, { timeoutMs: CALL_TIMEOUT_MS });
+        outcome = { closed: [...response.closedHandleIds], count: response.closedHandleIds.length };
+      } else {
+        outcome = await inspect(client, runtimeId, where, step);
       }
     } catch (error) {
       if (!(error instanceof ConnectError)) throw error;

@@ -6,23 +6,36 @@ import com.google.gson.JsonNull;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import com.google.gson.JsonPrimitive;
+import com.google.protobuf.Descriptors.EnumValueDescriptor;
 import com.google.protobuf.InvalidProtocolBufferException;
+import com.google.protobuf.Struct;
+import com.google.protobuf.util.Durations;
 import com.google.protobuf.util.JsonFormat;
 import com.google.rpc.ErrorInfo;
 import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.v1.AgentDef;
+import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.CloseRequest;
+import dev.agentruntime.v1.CloseResponse;
 import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.ListResponse;
+import dev.agentruntime.v1.Message;
+import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.Request;
 import dev.agentruntime.v1.Status;
 import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
+import dev.agentruntime.v1.Trust;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.StatusRuntimeException;
 import java.io.IOException;
 import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
@@ -33,6 +46,8 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 
@@ -80,7 +95,11 @@ public final class Runner {
 
     int passed = 0;
     int failed = 0;
-    try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder(address).build()) {
+    // The generated stub, for the fields the thin client does not take (Post's trust and
+    // coalesce_key, Close's grace).
+    ManagedChannel rawChannel = Grpc.newChannelBuilder(address, InsecureChannelCredentials.create()).build();
+    AgentRuntimeGrpc.AgentRuntimeBlockingStub raw = AgentRuntimeGrpc.newBlockingStub(rawChannel);
+    try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder(address).defaultTimeout(CALL_TIMEOUT).build()) {
       for (Path file : files) {
         String name = file.getFileName().toString();
         try {
@@ -88,7 +107,7 @@ public final class Runner {
           if (vector.has("name")) {
             name = vector.get("name").getAsString();
           }
-          runVector(client, vector);
+          runVector(client, raw, vector);
           passed++;
           System.out.println("ok   " + name);
         } catch (Mismatch mismatch) {
@@ -105,6 +124,7 @@ public final class Runner {
         }
       }
     }
+    rawChannel.shutdownNow();
     System.out.println("conformance: " + passed + " passed, " + failed + " failed");
     System.out.flush();
     System.exit(failed > 0 ? 1 : 0);
@@ -130,9 +150,17 @@ public final class Runner {
   /** The page_token that means the next_page_token of the last step of the same verb that succeeded. */
   private static final String NEXT = "$next";
 
-  private static final List<String> VERBS = List.of("spawn", "wake", "wait", "resume", "list", "transcript");
+  private static final List<String> VERBS =
+      List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect");
 
-  static void runVector(AgentRuntimeClient client, JsonObject vector)
+  /** The README's deadline for every call, Wait included. */
+  private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
+
+  /** An inspect step with "poll" re-reads every POLL_EVERY_MS, for at most POLL_FOR_MS. */
+  private static final long POLL_EVERY_MS = 50;
+  private static final long POLL_FOR_MS = 10_000;
+
+  static void runVector(AgentRuntimeClient client, AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, JsonObject vector)
       throws Mismatch, InvalidProtocolBufferException {
     List<AgentDef> agents = new ArrayList<>();
     for (JsonElement agent : vector.getAsJsonArray("agents")) {
@@ -188,6 +216,14 @@ public final class Runner {
               .setId(id)
               .setOk(args.has("ok") && args.get("ok").getAsBoolean())
               .setReason(stringOr(args, "reason", ""));
+          if (args.has("data")) {
+            if (!args.get("data").isJsonObject()) {
+              throw new Mismatch(where + ": data must be an object, got " + pyRepr(args.get("data")));
+            }
+            Struct.Builder data = Struct.newBuilder();
+            JsonFormat.parser().merge(args.get("data").toString(), data);
+            answer.setData(data);
+          }
           if (args.has("outputs")) {
             JsonArray outputs = args.getAsJsonArray("outputs");
             if (outputs.size() > calls.size()) {
@@ -223,11 +259,52 @@ public final class Runner {
               pageSize(where, args), pageToken(where, args, nextTranscript));
           nextTranscript = page.getNextPageToken();
           JsonArray roles = new JsonArray();
-          page.getMessagesList().forEach(message -> roles.add(message.getRole()));
+          JsonArray messages = new JsonArray();
+          for (Message message : page.getMessagesList()) {
+            roles.add(message.getRole());
+            messages.add(messageFields(message));
+          }
           outcome = new JsonObject();
           outcome.addProperty("count", page.getMessagesCount());
           outcome.add("roles", roles);
+          outcome.add("messages", messages);
           outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
+        } else if (step.has("post")) {
+          JsonObject args = objectArgs(where, step, "post");
+          String trustName = stringArg(where, args, "trust", "TRUST_UNSPECIFIED");
+          EnumValueDescriptor trust = Trust.getDescriptor().findValueByName(trustName);
+          if (trust == null) {
+            throw new Mismatch(where + ": trust " + pyRepr(new JsonPrimitive(trustName)) + " is not a value of Trust");
+          }
+          PostRequest request = PostRequest.newBuilder()
+              .setRuntimeId(runtimeId)
+              .setHandleId(stringArg(where, args, "handle", null))
+              .setText(stringArg(where, args, "text", null))
+              .setSender(stringArg(where, args, "sender", ""))
+              .setChannel(stringArg(where, args, "channel", ""))
+              .setTrust(Trust.valueOf(trust))
+              .setCoalesceKey(stringArg(where, args, "coalesce_key", ""))
+              .build();
+          outcome = new JsonObject();
+          outcome.addProperty("inbox_size", rawCall(raw, stub -> stub.post(request)).getInboxSize());
+        } else if (step.has("close")) {
+          JsonObject args = objectArgs(where, step, "close");
+          CloseRequest.Builder request = CloseRequest.newBuilder()
+              .setRuntimeId(runtimeId)
+              .setHandleId(stringArg(where, args, "handle", null))
+              .setForce(boolArg(where, args, "force"));
+          if (args.has("grace_ms")) {
+            request.setGrace(Durations.fromMillis(graceMs(where, args.get("grace_ms"))));
+          }
+          CloseRequest built = request.build();
+          CloseResponse response = rawCall(raw, stub -> stub.close(built));
+          JsonArray closed = new JsonArray();
+          response.getClosedHandleIdsList().forEach(closed::add);
+          outcome = new JsonObject();
+          outcome.add("closed", closed);
+          outcome.addProperty("count", response.getClosedHandleIdsCount());
+        } else if (step.has("inspect")) {
+          outcome = inspect(client, runtimeId, where, step);
         } else {
           throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
         }
@@ -264,6 +341,106 @@ public final class Runner {
         check(where, outcome, step.getAsJsonObject("expect"));
       }
     }
+  }
+
+  /** A call on the generated stub, with the README's deadline; a refusal is an AgentRuntimeException. */
+  private static <T> T rawCall(
+      AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
+    try {
+      return rpc.apply(raw.withDeadlineAfter(CALL_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS));
+    } catch (StatusRuntimeException e) {
+      throw AgentRuntimeException.fromThrowable(e);
+    }
+  }
+
+  /**
+   * One Inspect; with "poll", re-reads until the step's expect holds (a refused Inspect, such as
+   * NOT_FOUND before the handle is spawned, does not hold yet), at most POLL_FOR_MS.
+   */
+  private static JsonObject inspect(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch {
+    JsonObject args = objectArgs(where, step, "inspect");
+    String handle = stringArg(where, args, "handle", null);
+    if (!boolArg(where, args, "poll")) {
+      return viewFields(client.inspect(runtimeId, handle));
+    }
+    JsonElement expected = step.get("expect");
+    if (expected == null || !expected.isJsonObject() || step.has("expect_error")) {
+      throw new Mismatch(where + ": a polling inspect needs an expect object and no expect_error");
+    }
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(POLL_FOR_MS);
+    while (true) {
+      String problem;
+      try {
+        JsonObject outcome = viewFields(client.inspect(runtimeId, handle));
+        check(where, outcome, expected.getAsJsonObject());
+        return outcome;
+      } catch (Mismatch mismatch) {
+        problem = mismatch.getMessage();
+      } catch (AgentRuntimeException refused) {
+        problem = refused.getMessage();
+      }
+      if (System.nanoTime() >= deadline) {
+        throw new Mismatch(where + ": still not as expected after polling for " + (POLL_FOR_MS / 1000) + " s: " + problem);
+      }
+      try {
+        Thread.sleep(POLL_EVERY_MS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new Mismatch(where + ": interrupted while polling");
+      }
+    }
+  }
+
+  /** A step's arguments, which must be an object. */
+  private static JsonObject objectArgs(String where, JsonObject step, String verb) throws Mismatch {
+    JsonElement value = step.get(verb);
+    if (!value.isJsonObject()) {
+      throw new Mismatch(where + ": the step's arguments must be an object, got " + pyRepr(value));
+    }
+    return value.getAsJsonObject();
+  }
+
+  /** A string argument; {@code fallback} when absent, and required when there is none. */
+  private static String stringArg(String where, JsonObject args, String key, String fallback) throws Mismatch {
+    JsonElement value = args.get(key);
+    if (value == null) {
+      if (fallback == null) {
+        throw new Mismatch(where + ": missing argument " + pyRepr(new JsonPrimitive(key)));
+      }
+      return fallback;
+    }
+    if (!value.isJsonPrimitive() || !value.getAsJsonPrimitive().isString()) {
+      throw new Mismatch(where + ": " + key + " must be a str, got " + pyRepr(value));
+    }
+    return value.getAsString();
+  }
+
+  /** A boolean argument, false when absent. */
+  private static boolean boolArg(String where, JsonObject args, String key) throws Mismatch {
+    JsonElement value = args.get(key);
+    if (value == null) {
+      return false;
+    }
+    if (!value.isJsonPrimitive() || !value.getAsJsonPrimitive().isBoolean()) {
+      throw new Mismatch(where + ": " + key + " must be a bool, got " + pyRepr(value));
+    }
+    return value.getAsBoolean();
+  }
+
+  /** A close step's grace_ms: a whole number of milliseconds. */
+  private static long graceMs(String where, JsonElement value) throws Mismatch {
+    if (value.isJsonPrimitive() && value.getAsJsonPrimitive().isNumber()) {
+      String text = value.getAsString();
+      if (!text.contains(".") && !text.contains("e") && !text.contains("E")) {
+        try {
+          return new BigDecimal(text).longValueExact();
+        } catch (ArithmeticException notALong) {
+          // reported below
+        }
+      }
+    }
+    throw new Mismatch(where + ": grace_ms must be an integer, got " + pyRepr(value));
   }
 
   /** A list or transcript step's page_size: an int32, 0 (the server's default) when absent. */
@@ -351,7 +528,34 @@ public final class Runner {
     fields.addProperty("total_tokens", view.getTotalTokens());
     fields.addProperty("tool_calls", view.getToolCalls());
     fields.addProperty("pending_kind", view.getPendingKind());
+    fields.addProperty("inbox_size", view.getInboxSize());
     return fields;
+  }
+
+  private static JsonObject messageFields(Message message) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("role", message.getRole());
+    fields.addProperty("trust", message.getTrust().name());
+    fields.addProperty("content", message.getContent());
+    return fields;
+  }
+
+  /** Both are lists and either holds an object (a transcript's {@code messages}). */
+  private static boolean listOfObjects(JsonElement got, JsonElement want) {
+    if (!got.isJsonArray() || !want.isJsonArray()) {
+      return false;
+    }
+    for (JsonElement item : got.getAsJsonArray()) {
+      if (item.isJsonObject()) {
+        return true;
+      }
+    }
+    for (JsonElement item : want.getAsJsonArray()) {
+      if (item.isJsonObject()) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /** Checks only the expected keys, each for equality; nested objects recursively. */
@@ -383,6 +587,21 @@ public final class Runner {
           throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got " + pyRepr(got));
         }
         check(where + "." + key, got.getAsJsonObject(), want.getAsJsonObject());
+      } else if (listOfObjects(got, want)) {
+        // A list of objects: entry i checks object i, only its keys.
+        JsonArray gotList = got.getAsJsonArray();
+        JsonArray wantList = want.getAsJsonArray();
+        if (wantList.size() > gotList.size()) {
+          throw new Mismatch(where + "." + key + ": expected at least " + wantList.size() + " entries, got "
+              + gotList.size());
+        }
+        for (int i = 0; i < wantList.size(); i++) {
+          String at = where + "." + key + "[" + i + "]";
+          if (!wantList.get(i).isJsonObject() || !gotList.get(i).isJsonObject()) {
+            throw new Mismatch(at + ": expected " + pyRepr(wantList.get(i)) + ", got " + pyRepr(gotList.get(i)));
+          }
+          check(at, gotList.get(i).getAsJsonObject(), wantList.get(i).getAsJsonObject());
+        }
       } else if (!jsonEquals(got, want)) {
         throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got " + pyRepr(got));
       }
