@@ -465,11 +465,6 @@ async def test_a_turn_budget_that_asks_is_extended_declined_or_refused(
     assert (await _view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_IDLE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="suspension._budget names an unknown extend field with shown(name) (repr-quoted): the violation's "
-    "field is answer.data.extend.'max_bananas', not a field path like answer.data.extend.max_turns",
-)
 async def test_an_unknown_extend_field_is_named_by_its_path(stub: Stub, model: ScriptedModelServer, tools: ToolServer) -> None:
     model.script("prober", probe_script)
     runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
@@ -632,13 +627,6 @@ async def test_close_root_refuses_a_running_tree_and_with_a_grace_lets_the_run_f
     assert (after.status, after.text, after.own_tokens) == (pb.STATUS_CLOSED, "finished", 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runtime.wait answers settled_result(handle), read when the run's task ends; Close(root, grace) "
-    "waits on the same task and closes the handle before a Wait that reached the server after the Close "
-    "resumes: that Wait answers STATUS_CLOSED, not the run's own STATUS_DONE (a Wait sent before the Close "
-    "answers DONE: the answer depends on which RPC arrived first)",
-)
 async def test_a_wait_sent_during_the_grace_returns_the_run_s_own_done(stub: Stub, model: ScriptedModelServer) -> None:
     runtime_id, _, busy = await _two_top_level_handles(stub, model, delay=1.0)
 

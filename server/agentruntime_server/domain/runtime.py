@@ -227,9 +227,12 @@ class Runtime:
         run = handle.run
         if run is not None and run.task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(run.task), timeout)
+                result = await asyncio.wait_for(asyncio.shield(run.task), timeout)
             except TimeoutError:
                 return handle.result(Status.TIMEOUT, text=f"{handle_id!r} is still running")
+            if result.status is not Status.UNSPECIFIED:
+                # The run this Wait waited for settled: its result, even if a Close came right after.
+                return handle.with_current_figures(result)
         return self.settled_result(handle)
 
     def settled_result(self, handle: Handle) -> TaskResult:

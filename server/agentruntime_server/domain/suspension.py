@@ -112,9 +112,7 @@ def _budget(answer: Answer) -> AnswerOutcome:
     for name, value in extend.items():
         least = EXTENDABLE.get(name)
         if least is None:
-            violations.append(
-                FieldViolation(f"answer.data.extend.{shown(name, 40)}", f"not a budget field: {sorted(EXTENDABLE)}")
-            )
+            violations.append(FieldViolation(f"answer.data.extend.{name[:40]}", f"not a budget field: {sorted(EXTENDABLE)}"))
         elif not isinstance(value, int | float) or isinstance(value, bool) or value != int(value) or not least <= value < 2**62:
             violations.append(FieldViolation(f"answer.data.extend.{name}", f"must be a whole number >= {least}"))
         else:
