@@ -55,6 +55,9 @@ class Event:
 Observer = Callable[[str, Event], None]
 
 
+_NO_WATCHERS: set[asyncio.Queue[Event | None]] = set()  # never added to: see follow()
+
+
 class EventLog:
     def __init__(
         self,
@@ -68,7 +71,7 @@ class EventLog:
         self.last_seq = 0
         self.buffer = buffer
         self.observers = observers
-        self._watchers: set[asyncio.Queue[Event | None]] = set()
+        self._watchers: set[asyncio.Queue[Event | None]] = _NO_WATCHERS  # made at the first watcher
         self.closing = False
 
     @property
@@ -105,6 +108,8 @@ class EventLog:
     async def follow(self, after_seq: int) -> AsyncIterator[Event]:
         """History after `after_seq` from the store, then live events, in order, once each."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue(self.buffer)
+        if self._watchers is _NO_WATCHERS:
+            self._watchers = set()
         self._watchers.add(queue)  # subscribe first, so nothing falls between history and live
         try:
             seen = after_seq

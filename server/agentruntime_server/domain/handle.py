@@ -29,6 +29,8 @@ from .model import (
 )
 from .usage import Usage
 
+NONE: frozenset[str] = frozenset()
+
 
 class FifoGate:
     """At most `capacity` holders; waiters enter strictly in arrival order."""
@@ -84,6 +86,35 @@ class Run:
 
 
 class Handle:
+    # Slots: a runtime with thousands of suspended handles keeps every one in memory.
+    __slots__ = (
+        "agent",
+        "approved",
+        "budget",
+        "child_key",
+        "children",
+        "children_by_key",
+        "compactions",
+        "gate",
+        "id",
+        "in_doubt",
+        "inbox",
+        "last_result",
+        "last_tick",
+        "parent",
+        "pending",
+        "run",
+        "seq",
+        "spawned_per_agent",
+        "started",
+        "state",
+        "tool_answers",
+        "tool_results",
+        "tool_rounds",
+        "transcript",
+        "usage",
+    )
+
     def __init__(
         self,
         handle_id: str,
@@ -104,21 +135,23 @@ class Handle:
         self.children: list[Handle] = []
         self.spawned_per_agent: dict[str, int] = {}
         self.children_by_key: dict[str, Handle] = {}
-        self.inbox: deque[InboxItem] = deque()
+        self.inbox: list[InboxItem] = []  # a list, not a deque: a deque costs ten times its memory empty
         self.transcript: list[Message] = []
         self.tool_results: dict[str, ToolResult] = {}
         # Calls with an effect outside the process that started and have no result yet:
         # after a crash they are in doubt.
-        self.started: set[str] = set()
+        # Frozen and replaced on change (rarely): an empty set costs 216 bytes, and a runtime
+        # with thousands of handles keeps three of them per handle.
+        self.started: frozenset[str] = NONE
         self.last_result: TaskResult | None = None
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
-        self.approved: set[str] = set()
+        self.approved: frozenset[str] = NONE
         # A suspending tool's calls: how often each asked, and the host's latest answer.
         self.tool_rounds: dict[str, int] = {}
         self.tool_answers: dict[str, Answer] = {}
         # Calls that were in flight when the process died and whose tool says ASK.
-        self.in_doubt: set[str] = set()
+        self.in_doubt: frozenset[str] = NONE
         self.last_tick: float | None = None  # when its heartbeat last ticked
         # Compactions: (the transcript index the model's view resumes at, the summary before it).
         self.compactions: list[tuple[int, Message]] = []
@@ -190,8 +223,7 @@ class Handle:
     def begin_run(self, message: Message | None, drained: int) -> None:
         """A new run takes `drained` inbox items and starts on `message`; a continued run
         (after a Resume or a restart) has no message of its own."""
-        for _ in range(drained):
-            self.inbox.popleft()
+        del self.inbox[:drained]
         if message is not None:
             self.transcript.append(message)
         self.state = HandleState.RUNNING
@@ -207,8 +239,10 @@ class Handle:
 
     def add_result(self, call_id: str, result: ToolResult) -> None:
         self.tool_results[call_id] = result
-        self.started.discard(call_id)
-        self.in_doubt.discard(call_id)
+        if call_id in self.started:
+            self.started = self.started - {call_id}
+        if call_id in self.in_doubt:
+            self.in_doubt = self.in_doubt - {call_id}
         self.usage = self.usage.after_call()
         node = self.parent
         while node is not None:
@@ -219,7 +253,7 @@ class Handle:
         """The run is over. A rolled-back run's messages leave the transcript and its drained
         inbox comes back; what it spent stays counted."""
         if rollback_to >= 0:
-            self.inbox.extendleft(reversed(restored))
+            self.inbox[0:0] = restored
             del self.transcript[rollback_to:]
         self.last_result = result
         self.state = state

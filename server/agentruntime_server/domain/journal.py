@@ -225,7 +225,8 @@ class CallStarted:
 
     def apply(self, tree: Tree) -> None:
         if self.effect:
-            tree.handles[self.handle_id].started.add(self.call.id)
+            handle = tree.handles[self.handle_id]
+            handle.started = handle.started | {self.call.id}
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.TOOL_CALL_STARTED, {"call": self.call})] if self.announce else []
@@ -241,7 +242,7 @@ class CallSuspended:
 
     def apply(self, tree: Tree) -> None:
         handle = tree.handles[self.handle_id]
-        handle.started.discard(self.call_id)
+        handle.started = handle.started - {self.call_id}
         handle.tool_rounds[self.call_id] = handle.tool_rounds.get(self.call_id, 0) + 1
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
@@ -348,8 +349,8 @@ class Answered:
         handle = tree.handles[self.handle_id]
         tree.requests.pop(self.request_id, None)
         tree.answered[self.request_id] = (self.answer, self.handle_id)
-        handle.approved.update(self.approved)
-        handle.in_doubt.difference_update(self.rerun)
+        handle.approved = handle.approved.union(self.approved)
+        handle.in_doubt = handle.in_doubt.difference(self.rerun)
         for call_id in self.for_tool:
             handle.tool_answers[call_id] = self.answer
 
@@ -379,7 +380,8 @@ class InDoubt:
     call_ids: tuple[str, ...]
 
     def apply(self, tree: Tree) -> None:
-        tree.handles[self.handle_id].in_doubt.update(self.call_ids)
+        handle = tree.handles[self.handle_id]
+        handle.in_doubt = handle.in_doubt.union(self.call_ids)
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return []
@@ -426,11 +428,11 @@ class Imported:
         handle.inbox.extend(self.inbox)
         handle.transcript.extend(self.transcript)
         handle.tool_results.update(self.tool_results)
-        handle.started.update(self.started)
+        handle.started = handle.started.union(self.started)
         handle.last_result = self.last_result
         handle.pending = self.pending
-        handle.approved.update(self.approved)
-        handle.in_doubt.update(self.in_doubt)
+        handle.approved = handle.approved.union(self.approved)
+        handle.in_doubt = handle.in_doubt.union(self.in_doubt)
         if self.state is HandleState.SUSPENDED and self.pending is not None and self.pending.path == handle.path:
             tree.requests[self.pending.id] = handle
 
