@@ -1332,6 +1332,8 @@ def _relay_tool(extra: bytes) -> bytes:
 
 # Where a string field holding invalid UTF-8 goes, per method: (label, bytes around it).
 def _utf8_sites(method: str) -> list[tuple[str, Callable[[Corpus, bytes], bytes]]]:
+    if method == "ListRuntimes":  # its only string is the page token (field 2)
+        return [("page_token", lambda corpus, bad: ld(2, bad))]
     sites: list[tuple[str, Callable[[Corpus, bytes], bytes]]] = [("runtime_id", lambda corpus, bad: ld(1, bad))]
     handle_methods = {"Post", "Wake", "Wait", "Interrupt", "Close", "Inspect", "GetTranscript"}
     if method in handle_methods:

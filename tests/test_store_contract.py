@@ -77,6 +77,7 @@ from agentruntime_server.domain.model import (
 )
 from agentruntime_server.domain.ports import Store
 from agentruntime_server.store.memory import MemoryStore
+from agentruntime_server.store.migrations import MIGRATIONS
 from agentruntime_server.store.sqlite import SqliteStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
@@ -271,8 +272,14 @@ class Tee:
     def durable(self) -> bool:
         return self.store.durable
 
-    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
-        await self.store.append(runtime_id, entries, running)
+    async def append(
+        self,
+        runtime_id: str,
+        entries: Sequence[Entry],
+        running: bool | None = None,
+        counts: tuple[int, int, int] | None = None,
+    ) -> None:
+        await self.store.append(runtime_id, entries, running, counts)
         self.appended[runtime_id].extend(entries)
 
     def __getattr__(self, name: str) -> Any:
@@ -674,7 +681,7 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
     store = SqliteStore(str(path))
     try:
         with contextlib.closing(sqlite3.connect(path)) as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 3  # migrated to the journal
+            assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)  # migrated to the journal (and on)
         assert await store.runtime_exists("legacy-pending") and await store.runtime_exists("legacy-done")
         expected = {
             "legacy-pending": {

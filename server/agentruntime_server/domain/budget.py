@@ -39,12 +39,6 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
     )
 
 
-def turn_stop(handle: Handle) -> Limit | None:
-    """The limit that forbids another model turn now, if any."""
-    found = exhausted(handle)
-    return found[0] if found else None
-
-
 def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
     """The limit that forbids another model turn now, and whose budget sets it."""
     if handle.budget.max_turns is not None and handle.usage.turns >= handle.budget.max_turns:
@@ -62,9 +56,26 @@ def binding_tool_calls(handle: Handle) -> Handle | None:
 
 
 def extended(handle: Handle, fields: dict[str, int]) -> Budget:
-    """The handle's budget with a host's extension, carved again by its ancestors'."""
+    """The handle's budget with a host's extension, within what its parent allows: the
+    parent's budget less what the rest of the parent's subtree has spent (the handle's own
+    spend is inside the parent's figures, and counts against the handle's part only)."""
     own = dataclasses.replace(handle.budget, **fields)  # type: ignore[arg-type]
-    return carve(own, handle.parent)
+    parent = handle.parent
+    if parent is None:
+        return own
+    cap, used = parent.budget, parent.usage
+
+    def room(limit: int | None, parent_used: int, own_used: int) -> int | None:
+        return None if limit is None else max(limit - parent_used + own_used, 0)
+
+    return dataclasses.replace(
+        own,
+        max_turns=_smallest(own.max_turns, room(cap.max_turns, used.turns, 0)),
+        max_tokens=_smallest(own.max_tokens, room(cap.max_tokens, used.total_tokens, handle.usage.total_tokens)),
+        max_tool_calls=_smallest(
+            own.max_tool_calls, room(cap.max_tool_calls, used.subtree_tool_calls, handle.usage.subtree_tool_calls)
+        ),
+    )
 
 
 def tool_calls_left(handle: Handle) -> int | None:

@@ -58,6 +58,14 @@ class ResourceExhausted(DomainError):
         super().__init__(message)
 
 
+class Unauthenticated(DomainError):
+    """No credentials, or credentials that are wrong, revoked or expired."""
+
+
+class PermissionDenied(DomainError):
+    """Credentials that do not allow this call."""
+
+
 class Unavailable(DomainError):
     """The server cannot serve this now (it is shutting down); the caller should retry."""
 

@@ -255,6 +255,7 @@ class Handle:
         if rollback_to >= 0:
             self.inbox[0:0] = restored
             del self.transcript[rollback_to:]
+            self.compactions = [compaction for compaction in self.compactions if compaction[0] <= rollback_to]
         self.last_result = result
         self.state = state
         self.pending = result.pending if result.status is Status.PENDING else None

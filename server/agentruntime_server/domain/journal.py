@@ -51,11 +51,21 @@ class Tree:
         self.answered: dict[str, tuple[Answer, str]] = {}
         self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
         self.beating = 0  # open handles with a heartbeat
+        self.suspended = 0
         self.options = RuntimeOptions()
 
-    def changed_state(self, before: HandleState, after: HandleState) -> None:
-        """Keeps the count of running handles (the store's index of runtimes to recover)."""
+    def changed_state(self, before: HandleState, after: HandleState, beats: bool = False) -> None:
+        """Keeps the counts the store indexes: handles in flight (runtimes to recover),
+        suspended ones, and open handles with a heartbeat (`beats`: this one has one)."""
         self.running += after.in_flight - before.in_flight
+        self.suspended += (after is HandleState.SUSPENDED) - (before is HandleState.SUSPENDED)
+        if beats:
+            self.beating -= (after is HandleState.CLOSED) - (before is HandleState.CLOSED)
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(handles, running, suspended): what ListRuntimes shows of a runtime."""
+        return len(self.handles), self.running, self.suspended
 
     @property
     def active(self) -> bool:
@@ -319,7 +329,7 @@ class Settled:
             tree.requests.pop(handle.pending.id, None)  # a withdrawn Request is no longer live
         before = handle.state
         handle.settle(self.result, self.state, self.rollback_to, self.restored)
-        tree.changed_state(before, handle.state)
+        tree.changed_state(before, handle.state, handle.agent.heartbeat is not None)
         pending = handle.pending
         if pending is not None and pending.path == handle.path:
             tree.requests[pending.id] = handle
@@ -395,9 +405,7 @@ class Closed:
         handle = tree.handles[self.handle_id]
         before = handle.state
         handle.close()
-        tree.changed_state(before, handle.state)
-        if before is not HandleState.CLOSED:
-            tree.beating -= handle.agent.heartbeat is not None
+        tree.changed_state(before, handle.state, handle.agent.heartbeat is not None)
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.CLOSED})]
@@ -423,7 +431,7 @@ class Imported:
     def apply(self, tree: Tree) -> None:
         handle = tree.handles[self.handle_id]
         handle.usage = self.usage
-        tree.changed_state(handle.state, self.state)
+        tree.changed_state(handle.state, self.state, handle.agent.heartbeat is not None)
         handle.state = self.state
         handle.inbox.extend(self.inbox)
         handle.transcript.extend(self.transcript)
@@ -541,6 +549,7 @@ class Journal:
     events: EventLog
     last_seq: int = 0
     _was_running: bool = field(default=False, init=False)
+    _counts: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
 
     @classmethod
     def restore(cls, tree: Tree, store: Store, events: EventLog, entries: Sequence[Entry]) -> Journal:
@@ -548,6 +557,7 @@ class Journal:
         journal = cls(tree, store, events, entries[-1].seq if entries else 0)
         events.last_seq = max((entry.last_event for entry in entries), default=0)
         journal._was_running = tree.active
+        journal._counts = tree.counts
         return journal
 
     async def record(self, *steps: Step) -> None:
@@ -567,6 +577,9 @@ class Journal:
         running = self.tree.active
         changed = running if running != self._was_running else None
         self._was_running = running
-        await self.store.append(self.tree.runtime_id, entries, changed)
+        counts = self.tree.counts
+        new_counts = counts if counts != self._counts else None
+        self._counts = counts
+        await self.store.append(self.tree.runtime_id, entries, changed, new_counts)
         if made:
             self.events.publish(made)

@@ -95,6 +95,16 @@ class Services:
     observers: tuple[Observer, ...] = ()  # see events.Observer
 
 
+@dataclass(frozen=True)
+class RuntimeRow:
+    runtime_id: str  # the store's key
+    tenant: str
+    created_at: float
+    handles: int
+    running: int
+    suspended: int
+
+
 @dataclass
 class StoredRuntime:
     agents: tuple[AgentSpec, ...]
@@ -113,13 +123,34 @@ class Store(Protocol):
 
     durable: bool  # False: nothing survives the process, so nothing is evicted from memory
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None: ...
+    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+        """`runtime_id` is the store's key, unique over every tenant."""
+        ...
 
     async def runtime_exists(self, runtime_id: str) -> bool: ...
 
-    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
+    async def append(
+        self,
+        runtime_id: str,
+        entries: Sequence[Entry],
+        running: bool | None = None,
+        counts: tuple[int, int, int] | None = None,
+    ) -> None:
         """The entries, after every entry appended before (atomically, in order).
-        `running`: whether the runtime now has running handles (None: unchanged)."""
+        `running`: whether the runtime now needs a process (None: unchanged); `counts`: its
+        (handles, running, suspended) now, for listings (None: unchanged)."""
+        ...
+
+    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+        """A tenant's runtimes, newest first, after the (created_at, runtime_id) cursor."""
+        ...
+
+    async def delete_runtime(self, runtime_id: str) -> None:
+        """Every stored row of the runtime."""
+        ...
+
+    async def idle_runtimes(self, before: float) -> list[str]:
+        """Runtimes not written since `before` (for retention), of every tenant."""
         ...
 
     async def load(self, runtime_id: str) -> StoredRuntime | None: ...

@@ -9,7 +9,17 @@ import logging
 import time
 
 from . import budget as budgets
-from .errors import Detached, DomainError, FailedPrecondition, FieldViolation, InvalidArgument, NotFound, ResourceExhausted, shown
+from .errors import (
+    Detached,
+    DomainError,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    shown,
+)
 from .events import Event, EventLog
 from .handle import FifoGate, Handle, Run
 from .journal import (
@@ -56,28 +66,30 @@ log = logging.getLogger(__name__)
 
 
 class Runtime:
-    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], services: Services) -> None:
-        self.id = runtime_id
+    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], services: Services, key: str = "") -> None:
+        self.id = runtime_id  # as its tenant knows it
+        self.key = key or runtime_id  # as the store knows it: unique over every tenant (service.runtime_key)
         self.services = services
-        self.tree = Tree(runtime_id, agents)
-        self.events = EventLog(runtime_id, self._history, buffer=services.watch_buffer, observers=services.observers)
+        self.tree = Tree(self.key, agents)
+        self.events = EventLog(self.key, self._history, buffer=services.watch_buffer, observers=services.observers)
         self.journal = Journal(self.tree, services.store, self.events)
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
         self._model_gate: FifoGate | None = None
         self._heartbeats: dict[str, asyncio.TimerHandle] = {}
+        self._lapses: dict[str, asyncio.TimerHandle] = {}  # request id -> its expiry
         self._loop = TurnLoop(self)
         self.draining = False  # set at shutdown: runs stop at their next journal point
 
     @classmethod
-    def restore(cls, runtime_id: str, stored: StoredRuntime, services: Services) -> Runtime:
+    def restore(cls, runtime_id: str, stored: StoredRuntime, services: Services, key: str = "") -> Runtime:
         """Rebuilds a runtime from its journal, exactly as it was acknowledged."""
-        runtime = cls(runtime_id, stored.agents, services)
+        runtime = cls(runtime_id, stored.agents, services, key)
         runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries)
         return runtime
 
     async def _history(self, after_seq: int) -> list[Event]:
-        entries = await self.services.store.entries_after_event(self.id, after_seq)
+        entries = await self.services.store.entries_after_event(self.key, after_seq)
         return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
 
     @property
@@ -230,9 +242,10 @@ class Runtime:
                 result = await asyncio.wait_for(asyncio.shield(run.task), timeout)
             except TimeoutError:
                 return handle.result(Status.TIMEOUT, text=f"{handle_id!r} is still running")
-            if result.status is not Status.UNSPECIFIED:
-                # The run this Wait waited for settled: its result, even if a Close came right after.
-                return handle.with_current_figures(result)
+            if result.status is Status.UNSPECIFIED:
+                raise Unavailable(f"the server is shutting down; Wait again on {handle_id!r} at its replacement")
+            # The run this Wait waited for settled: its result, even if a Close came right after.
+            return handle.with_current_figures(result)
         return self.settled_result(handle)
 
     def settled_result(self, handle: Handle) -> TaskResult:
@@ -313,7 +326,11 @@ class Runtime:
         )
         run = await self.continue_run(leaf)
         self.resumed[answer.id] = run
-        return await self._follow(run)
+        try:
+            return await self._follow(run)
+        finally:
+            # A retry after the chain settled reads the settled result (_retried_resume).
+            self.resumed.pop(answer.id, None)
 
     async def _stop_at_budget(self, leaf: Handle, answer: Answer) -> TaskResult:
         """The host declined to extend a budget: the run stops there, as a STOP budget would."""
@@ -362,6 +379,8 @@ class Runtime:
             run = run.next
             assert run.task is not None
             result = await asyncio.shield(run.task)
+        if result.status is Status.UNSPECIFIED:
+            raise Unavailable("the server is shutting down; Resume again (the same answer) at its replacement")
         return result
 
     def transcript(self, handle_id: str) -> list[Message]:
@@ -421,6 +440,11 @@ class Runtime:
             return None
         return await self.continue_run(parent)
 
+    def stop_timers(self) -> None:
+        """No timer acts again and no run starts (a deleted runtime)."""
+        self.release_timers()
+        self.draining = True
+
     async def detach_runs(self) -> None:
         """Process shutdown: cancel every run without settling it (it resumes at the next start)."""
         runs = [handle.run for handle in self.handles.values() if handle.run is not None]
@@ -473,7 +497,7 @@ class Runtime:
             result = handle.result(Status.ERROR, text=f"model call failed: {exc}", is_error=True, failure=exc.failure)
         except Exception:
             # A bug of ours must not leave the handle RUNNING forever: settle it loudly.
-            log.exception("run of %s/%s failed", self.id, handle.id)
+            log.exception("run of %s/%s failed", self.key, handle.id)
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
             result = handle.result(
                 Status.ERROR,
@@ -489,7 +513,10 @@ class Runtime:
 
     async def _stop_descendants(self, run: Run, stop: tuple[Status, Limit]) -> None:
         for child in run.children:
-            await self.stop_run(child, stop)
+            # The run is settling already: a second cancellation (Close racing Interrupt) must
+            # not stop it from settling, or the handle would stay RUNNING for good.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.stop_run(child, stop)
 
     async def _settle(self, handle: Handle, run: Run, result: TaskResult) -> None:
         handle.run = None
@@ -542,30 +569,45 @@ class Runtime:
         self.arm_heartbeat(handle)
         if handle.state is HandleState.IDLE and handle.run is None:
             await self.start_run(handle, "")
-            await self.services.store.flush()
 
     def arm_lapse(self, request: PendingRequest) -> None:
-        if request.expires_at is None:
+        if request.expires_at is None or self.draining:
             return
         loop = asyncio.get_running_loop()
         delay = max(request.expires_at - time.time(), 0.0)
-        loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
+        self._lapses[request.id] = loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
+
+    def release_timers(self) -> None:
+        """The runtime leaves memory (evicted, deleted, shut down): no timer of this copy may
+        act again; a reload arms its own (arm_timers)."""
+        for timer in [*self._heartbeats.values(), *self._lapses.values()]:
+            timer.cancel()
+        self._heartbeats.clear()
+        self._lapses.clear()
 
     async def _lapse(self, request_id: str) -> None:
         """An expired Request that nobody answered: its call becomes an error result."""
+        self._lapses.pop(request_id, None)
         if request_id in self.tree.requests and not self.draining:
             with contextlib.suppress(DomainError):
                 await self.resume(Answer(id=request_id, ok=False, reason="the request expired"))
 
     @staticmethod
     def _dangling_answers(handle: Handle, transcript: list[Message], reason: str) -> list[Step]:
-        """Keeps the transcript well formed: every tool call made gets a tool message."""
+        """Keeps the transcript well formed: every tool call made gets a tool message. A call
+        cut off while its request was out may have taken effect: the model is told so, lest
+        it make the call again under a new key."""
         if not transcript or not transcript[-1].tool_calls:
             return []
         answers = []
         for call in transcript[-1].tool_calls:
             result = handle.tool_results.get(call.id)
-            content, is_error = (result.output, result.is_error) if result else (reason, True)
+            if result is not None:
+                content, is_error = result.output, result.is_error
+            elif call.id in handle.started:
+                content, is_error = "interrupted while running: it may or may not have taken effect", True
+            else:
+                content, is_error = reason, True
             answers.append(Message(role="tool", content=content, tool_call_id=call.id, is_error=is_error))
         return [MessagesAppended(handle.id, tuple(answers))]
 

@@ -4,19 +4,34 @@ run in flight may be dropped from memory and is loaded back when it is next addr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .errors import AlreadyExists, FailedPrecondition, FieldViolation, NotFound
+from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolation, NotFound
 from .journal import Configured
 from .model import AgentSpec, RuntimeOptions
-from .ports import Services
+from .ports import RuntimeRow, Services
 from .runtime import Runtime
 from .validation import check_agents, check_options, check_runtime_id
 
 log = logging.getLogger(__name__)
+
+DEFAULT_TENANT = "default"
+
+
+def runtime_key(tenant: str, runtime_id: str) -> str:
+    """The store's name of a tenant's runtime. Runtime ids are unique per tenant; `:` is in no
+    slug, so keys never collide. The default tenant's keys are its ids (stores of 0.1.0)."""
+    return runtime_id if tenant == DEFAULT_TENANT else f"{tenant}:{runtime_id}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    tenant, _, runtime_id = key.rpartition(":")
+    return tenant or DEFAULT_TENANT, runtime_id
 
 
 class RuntimeService:
@@ -32,6 +47,7 @@ class RuntimeService:
         agents: tuple[AgentSpec, ...],
         found: Sequence[FieldViolation] = (),
         options: RuntimeOptions | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Runtime:
         """`found`: what the edge found wrong while decoding the definitions."""
         self._refuse_while_draining()
@@ -41,25 +57,28 @@ class RuntimeService:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
         options = options or RuntimeOptions()
         check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
-        if runtime_id in self._runtimes or await self.services.store.runtime_exists(runtime_id):
+        key = runtime_key(tenant, runtime_id)
+        if key in self._runtimes or await self.services.store.runtime_exists(key):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
-        runtime = Runtime(runtime_id, agents, self.services)
-        await self.services.store.create_runtime(runtime_id, agents)
+        runtime = Runtime(runtime_id, agents, self.services, key)
+        await self.services.store.create_runtime(key, agents, tenant)
         if options != RuntimeOptions():
             await runtime.journal.record(Configured(options))
         self._remember(runtime)
         return runtime
 
-    async def runtime(self, runtime_id: str) -> Runtime:
-        found = self._runtimes.get(runtime_id)
+    async def runtime(self, runtime_id: str, tenant: str = DEFAULT_TENANT) -> Runtime:
+        """A tenant's runtime. Another tenant's answers exactly as one that does not exist."""
+        key = runtime_key(tenant, runtime_id)
+        found = self._runtimes.get(key)
         if found is not None:
-            self._runtimes.move_to_end(runtime_id)
+            self._runtimes.move_to_end(key)
             return found
         # The store's reads do not yield to the event loop, so two callers never load twice.
-        stored = await self.services.store.load(runtime_id)
+        stored = await self.services.store.load(key)
         if stored is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
-        runtime = Runtime.restore(runtime_id, stored, self.services)
+        runtime = Runtime.restore(runtime_id, stored, self.services, key)
         runtime.arm_timers()
         if self.draining:
             runtime.draining = True
@@ -70,11 +89,11 @@ class RuntimeService:
     async def recover(self) -> int:
         """At start: every handle that was RUNNING when the process died goes on from its journal."""
         continued = 0
-        for runtime_id in await self.services.store.runtimes_with_running_handles():
-            stored = await self.services.store.load(runtime_id)
+        for key in await self.services.store.runtimes_with_running_handles():
+            stored = await self.services.store.load(key)
             if stored is None:
                 continue
-            runtime = Runtime.restore(runtime_id, stored, self.services)
+            runtime = Runtime.restore(split_key(key)[1], stored, self.services, key)
             runtime.arm_timers()
             self._remember(runtime)
             continued += await runtime.recover()
@@ -104,16 +123,47 @@ class RuntimeService:
         if self.draining:
             raise FailedPrecondition("the server is shutting down; retry against its replacement", reason="SHUTTING_DOWN")
 
+    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+        return await self.services.store.list_runtimes(tenant, after, limit)
+
+    async def delete_runtime(self, runtime_id: str, force: bool, tenant: str = DEFAULT_TENANT) -> None:
+        """Closes the runtime (force: its running handles are interrupted) and deletes all of it."""
+        runtime = await self.runtime(runtime_id, tenant)
+        await runtime.close("root", force)
+        await self._forget(runtime)
+
+    async def _forget(self, runtime: Runtime) -> None:
+        runtime.stop_timers()
+        runtime.events.close()
+        self._runtimes.pop(runtime.key, None)
+        await self.services.store.delete_runtime(runtime.key)
+
+    async def delete_idle(self, retention: float) -> int:
+        """Retention: every runtime no step was written to for `retention` seconds goes."""
+        deleted = 0
+        for key in await self.services.store.idle_runtimes(time.time() - retention):
+            runtime = self._runtimes.get(key)
+            if runtime is not None and runtime.busy:
+                continue
+            tenant, runtime_id = split_key(key)
+            with contextlib.suppress(DomainError):
+                await self.delete_runtime(runtime_id, force=False, tenant=tenant)
+                deleted += 1
+        if deleted:
+            log.info("retention deleted %d idle runtimes", deleted)
+        return deleted
+
     def _remember(self, runtime: Runtime) -> None:
-        self._runtimes[runtime.id] = runtime
-        self._runtimes.move_to_end(runtime.id)
+        self._runtimes[runtime.key] = runtime
+        self._runtimes.move_to_end(runtime.key)
         if not self.services.store.durable:
             return
         while len(self._runtimes) > self.cache_size:
             idle = next((rt for rt in self._runtimes.values() if not rt.busy and rt is not runtime), None)
             if idle is None:
                 return  # everything in memory is working: keep it all
-            del self._runtimes[idle.id]
+            idle.release_timers()
+            del self._runtimes[idle.key]
 
     @property
     def cached(self) -> int:

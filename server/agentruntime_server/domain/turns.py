@@ -47,6 +47,7 @@ from .model import (
     ReplyStop,
     Status,
     TaskResult,
+    Thinking,
     ToolCall,
     ToolResult,
     ToolSpec,
@@ -58,7 +59,7 @@ from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema
 class RunHost(Protocol):
     """What the turn loop needs from its runtime, and nothing more."""
 
-    id: str
+    key: str
     tree: Tree
     journal: Journal
     services: Services
@@ -170,7 +171,7 @@ class TurnLoop:
             turn=turn,
             refusal=reply.stop is ReplyStop.REFUSAL,
             truncated=reply.stop is ReplyStop.MAX_OUTPUT_TOKENS,
-            thinking=reply.thinking,
+            thinking=tuple(Thinking(_unicode(t.text), _unicode(t.signature), _unicode(t.redacted_data)) for t in reply.thinking),
         )
         # The reply is journaled before it is acted on: a re-entered turn never buys it again.
         estimated = reply.tokens is None
@@ -190,10 +191,9 @@ class TurnLoop:
         cut = turns[-keep]
         earlier = handle.compactions[-1][1].content if handle.compactions else ""
         prompt = prompts.compaction_prompt(earlier, handle.transcript[start:cut])
-        number = len(handle.compactions) + 1
-        result = await self.run_child(
-            handle, run, key=f"compaction_{number}", agent_name=compaction.summarizer_agent, prompt=prompt
-        )
+        # Keyed by the turn: a re-entered turn reattaches to its summarizer, a later one gets its own.
+        key = f"compaction_turn_{handle.usage.turns + 1}"
+        result = await self.run_child(handle, run, key=key, agent_name=compaction.summarizer_agent, prompt=prompt)
         if isinstance(result, ToolResult) or result.status is not Status.DONE or not result.text.strip():
             return False
         await self.host.journal.record(Compacted(handle.id, cut, prompts.summary_message(result.text)))
@@ -237,7 +237,13 @@ class TurnLoop:
         if len(now) == 1:  # the common case needs no task of its own
             child_requests = [await self._call(handle, run, now[0])]
         else:
-            child_requests = await asyncio.gather(*(self._call(handle, run, call) for call in now))
+            tasks = [asyncio.ensure_future(self._call(handle, run, call)) for call in now]
+            try:
+                child_requests = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:  # one call failed (or the run stops): none outlives the run
+                    task.cancel()
+                raise
         own = ([self._own_request(handle, "tool_call", relay)] if relay else []) + held
         waiting = own + [request for request in child_requests if request is not None]
         if waiting:
@@ -322,7 +328,7 @@ class TurnLoop:
         )
 
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
-        return f"{self.host.id}/{handle.id}/{call.id}"
+        return f"{self.host.key}/{handle.id}/{call.id}"
 
     async def _call(self, handle: Handle, run: Run, call: ToolCall) -> PendingRequest | None:
         """Runs one call and journals its start and result; a suspended child's Request is
@@ -460,9 +466,12 @@ class TurnLoop:
 
 def _size(request: ModelRequest) -> int:
     """A request's size in tokens, as compaction counts it: about four characters a token."""
+    return _sent_chars(request) // 4 + 1
+
+
+def _sent_chars(request: ModelRequest) -> int:
     chars = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
-    chars += sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
-    return chars // 4 + 1
+    return chars + sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
 
 
 def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
@@ -500,8 +509,7 @@ def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
 def estimate_tokens(request: ModelRequest, reply: ModelReply) -> int:
     """A reply's usage when the provider reports none: about four characters a token of
     everything sent (messages and tool schemas) and received, so that budgets still bite."""
-    sent = sum(len(message.content) + sum(len(c.arguments_json) for c in message.tool_calls) for message in request.messages)
-    sent += sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    sent = _sent_chars(request)
     received = len(reply.text) + sum(len(call.name) + len(call.arguments_json) for call in reply.tool_calls)
     return (sent + received) // 4 + 1
 

@@ -112,7 +112,11 @@ class HttpProvider(abc.ABC):
 
     def _failure(self, reason: FailureReason, status: int = 0, detail: str = "") -> Failure:
         retryable = reason in (FailureReason.PROVIDER_RATE_LIMITED, FailureReason.PROVIDER_UNAVAILABLE)
-        return Failure(reason, provider=self.name, http_status=status, retryable=retryable, detail=self._redact(detail)[:200])
+        return Failure(reason, provider=self.name, http_status=status, retryable=retryable, detail=self._detail(detail))
+
+    def _detail(self, text: str) -> str:
+        """A provider's words, as a Failure carries them: short, key-free, valid UTF-8."""
+        return self._redact(text)[:200].encode("utf-8", "replace").decode()
 
     def classify(self, status: int, raw: bytes) -> Failure:
         """An error answer in the failure vocabulary, from the status and the documented
@@ -133,7 +137,7 @@ class HttpProvider(abc.ABC):
         if status in (401, 403) or kind in ("authentication_error", "permission_error") or code == "invalid_api_key":
             return self._failure(FailureReason.PROVIDER_AUTH, status, detail)
         if code == "insufficient_quota":  # a 429 that waiting cannot cure
-            return Failure(FailureReason.PROVIDER_RATE_LIMITED, self.name, status, False, self._redact(detail)[:200])
+            return Failure(FailureReason.PROVIDER_RATE_LIMITED, self.name, status, False, self._detail(detail))
         if status == 429 or kind == "rate_limit_error":
             return self._failure(FailureReason.PROVIDER_RATE_LIMITED, status, detail)
         if status >= 500 or kind in ("api_error", "overloaded_error", "server_error"):

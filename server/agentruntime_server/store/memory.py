@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
-from ..domain.ports import StoredRuntime
+from ..domain.ports import RuntimeRow, StoredRuntime
 from . import payloads
 from .payloads import check_sequence
 
@@ -16,6 +17,10 @@ from .payloads import check_sequence
 @dataclass
 class _Runtime:
     agents: tuple[AgentSpec, ...]
+    tenant: str
+    created_at: float
+    counts: tuple[int, int, int] = (0, 0, 0)
+    updated_at: float = 0.0
     entries: list[Entry] = field(default_factory=list)
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
     running: bool = False
@@ -27,13 +32,22 @@ class MemoryStore:
     def __init__(self) -> None:
         self._runtimes: dict[str, _Runtime] = {}
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
-        self._runtimes[runtime_id] = _Runtime(agents)
+    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+        if runtime_id in self._runtimes:
+            raise KeyError(f"runtime {runtime_id!r} exists")
+        now = time.time()
+        self._runtimes[runtime_id] = _Runtime(agents, tenant, now, updated_at=now)
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return runtime_id in self._runtimes
 
-    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
+    async def append(
+        self,
+        runtime_id: str,
+        entries: Sequence[Entry],
+        running: bool | None = None,
+        counts: tuple[int, int, int] | None = None,
+    ) -> None:
         runtime = self._runtimes[runtime_id]
         check_sequence(runtime_id, len(runtime.entries) + 1, entries)
         for entry in entries:
@@ -43,6 +57,9 @@ class MemoryStore:
             runtime.last_events.append(max(entry.last_event, runtime.last_events[-1] if runtime.last_events else 0))
         if running is not None:
             runtime.running = running
+        if counts is not None:
+            runtime.counts = counts
+        runtime.updated_at = time.time()
 
     async def load(self, runtime_id: str) -> StoredRuntime | None:
         runtime = self._runtimes.get(runtime_id)
@@ -52,6 +69,19 @@ class MemoryStore:
         runtime = self._runtimes[runtime_id]
         start = bisect.bisect_right(runtime.last_events, after_event)
         return [entry for entry in runtime.entries[start:] if entry.last_event > after_event]
+
+    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+        ordered = sorted(
+            ((runtime.created_at, key) for key, runtime in self._runtimes.items() if runtime.tenant == tenant), reverse=True
+        )
+        rows = [position for position in ordered if after is None or position < after][:limit]
+        return [RuntimeRow(key, tenant, created, *self._runtimes[key].counts) for created, key in rows]
+
+    async def delete_runtime(self, runtime_id: str) -> None:
+        self._runtimes.pop(runtime_id, None)
+
+    async def idle_runtimes(self, before: float) -> list[str]:
+        return [key for key, runtime in self._runtimes.items() if runtime.updated_at < before and not runtime.running]
 
     async def runtimes_with_running_handles(self) -> list[str]:
         return sorted(runtime_id for runtime_id, runtime in self._runtimes.items() if runtime.running)

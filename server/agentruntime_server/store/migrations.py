@@ -108,6 +108,17 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ) WITHOUT ROWID;
     """,
     _to_journal,
+    # 4: tenants, and what ListRuntimes and retention read without loading a journal.
+    """
+    ALTER TABLE runtimes ADD COLUMN tenant TEXT NOT NULL DEFAULT 'default';
+    ALTER TABLE runtimes ADD COLUMN handles INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runtimes ADD COLUMN running_handles INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runtimes ADD COLUMN suspended_handles INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE runtimes ADD COLUMN updated_at REAL NOT NULL DEFAULT 0;
+    UPDATE runtimes SET updated_at = created_at;
+    CREATE INDEX runtimes_by_tenant ON runtimes (tenant, created_at, id);
+    CREATE INDEX runtimes_by_update ON runtimes (updated_at)
+    """,
 ]
 
 

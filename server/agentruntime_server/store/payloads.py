@@ -63,7 +63,23 @@ def check_sequence(runtime_id: str, expected: int, entries: Sequence[Entry]) -> 
 
 
 def encode(step: Step) -> bytes:
-    return b'{"v":%d,"k":"%s","d":%s}' % (PAYLOAD_VERSION, _KINDS[type(step)].encode(), _encoder.encode(step))
+    try:
+        data = _encoder.encode(step)
+    except UnicodeEncodeError:
+        # Text from outside (a provider's error, a tool's 202 body) may hold lone surrogates,
+        # which UTF-8 cannot carry: they are stored as U+FFFD rather than wedge the journal.
+        data = _encoder.encode(_valid_unicode(msgspec.to_builtins(step)))
+    return b'{"v":%d,"k":"%s","d":%s}' % (PAYLOAD_VERSION, _KINDS[type(step)].encode(), data)
+
+
+def _valid_unicode(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode()
+    if isinstance(value, list):
+        return [_valid_unicode(item) for item in value]
+    if isinstance(value, dict):
+        return {_valid_unicode(key): _valid_unicode(item) for key, item in value.items()}
+    return value
 
 
 def decode(payload: bytes) -> Step:

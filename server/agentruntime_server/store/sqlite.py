@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
-from ..domain.ports import StoredRuntime
+from ..domain.ports import RuntimeRow, StoredRuntime
 from . import payloads
 from .migrations import migrate
 from .payloads import check_sequence
@@ -41,6 +41,8 @@ class SqliteStore:
         migrate(self._db)
         self._rows: list[tuple[str, int, float, int, int, bytes]] = []  # appended, not yet written
         self._running: dict[str, bool] = {}
+        self._counts: dict[str, tuple[int, int, int]] = {}
+        self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
         self._commit_due = False
         self._committed: asyncio.Future[None] | None = None
         # A commit that failed (a full disk): nothing is acknowledged after it, ever.
@@ -73,12 +75,18 @@ class SqliteStore:
             raise self._broken
         try:
             if self._rows or self._running:
-                rows, running = self._rows, self._running
-                self._rows, self._running = [], {}
+                rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
+                self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
+                now = time.time()
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     self._db.executemany(_APPEND, rows)
                     self._db.executemany("UPDATE runtimes SET running = ? WHERE id = ?", [(v, k) for k, v in running.items()])
+                    self._db.executemany(
+                        "UPDATE runtimes SET handles = ?, running_handles = ?, suspended_handles = ? WHERE id = ?",
+                        [(*value, key) for key, value in counts.items()],
+                    )
+                    self._db.executemany("UPDATE runtimes SET updated_at = ? WHERE id = ?", [(now, key) for key in touched])
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
@@ -103,16 +111,23 @@ class SqliteStore:
 
     # ---- writes --------------------------------------------------------------------------
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
+    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+        now = time.time()
         self._db.execute(  # autocommit: a runtime is created once, and acknowledged at once
-            "INSERT INTO runtimes (id, agents, created_at) VALUES (?, ?, ?)",
-            (runtime_id, _AGENTS.dump_json(agents), time.time()),
+            "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
+            (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
         )
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
 
-    async def append(self, runtime_id: str, entries: Sequence[Entry], running: bool | None = None) -> None:
+    async def append(
+        self,
+        runtime_id: str,
+        entries: Sequence[Entry],
+        running: bool | None = None,
+        counts: tuple[int, int, int] | None = None,
+    ) -> None:
         if runtime_id not in self._next_seq:
             if not await self.runtime_exists(runtime_id):
                 raise KeyError(f"no runtime {runtime_id!r} to append to")
@@ -126,6 +141,9 @@ class SqliteStore:
         self._rows.extend(rows)
         if running is not None:
             self._running[runtime_id] = running
+        if counts is not None:
+            self._counts[runtime_id] = counts
+        self._touched.add(runtime_id)
         self._schedule_commit()
 
     # ---- reads ---------------------------------------------------------------------------
@@ -147,6 +165,33 @@ class SqliteStore:
             (runtime_id, after_event),
         )
         return [_entry(*values) for values in rows]
+
+    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+        self._commit()
+        query = (
+            "SELECT id, tenant, created_at, handles, running_handles, suspended_handles FROM runtimes WHERE tenant = ?"
+            + (" AND (created_at < ? OR (created_at = ? AND id < ?))" if after else "")
+            + " ORDER BY created_at DESC, id DESC LIMIT ?"
+        )
+        parameters = (tenant, after[0], after[0], after[1], limit) if after else (tenant, limit)
+        return [RuntimeRow(*row) for row in self._db.execute(query, parameters)]
+
+    async def delete_runtime(self, runtime_id: str) -> None:
+        self._commit()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
+            self._db.execute("DELETE FROM runtimes WHERE id = ?", (runtime_id,))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        self._next_seq.pop(runtime_id, None)
+
+    async def idle_runtimes(self, before: float) -> list[str]:
+        self._commit()
+        rows = self._db.execute("SELECT id FROM runtimes WHERE updated_at < ? AND running = 0 ORDER BY updated_at", (before,))
+        return [runtime_id for (runtime_id,) in rows]
 
     async def runtimes_with_running_handles(self) -> list[str]:
         self._commit()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,7 @@ KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_PROMPT = 4096
 MAX_URL = 2048
 MAX_DATA_BYTES = 64 * 1024
+LATEST = 253_402_300_800.0  # 10000-01-01: the end of google.protobuf.Timestamp's range
 
 
 class NotAPendingRequest(ValueError):
@@ -35,6 +37,10 @@ def suspension(raw: bytes) -> ToolSuspension:
         raise NotAPendingRequest("the body is not JSON") from None
     if not isinstance(body, dict):
         raise NotAPendingRequest("the body is not a JSON object")
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+    except (UnicodeEncodeError, ValueError, RecursionError):
+        raise NotAPendingRequest("the body holds text that is not valid Unicode") from None
     kind = body.get("kind")
     if not isinstance(kind, str) or not KIND.fullmatch(kind):
         raise NotAPendingRequest("'kind' must be a slug of 1-32 lower-case letters, digits and '_'")
@@ -43,7 +49,11 @@ def suspension(raw: bytes) -> ToolSuspension:
     if url and urlsplit(url).scheme not in ("http", "https"):
         raise NotAPendingRequest("'url' must be an http(s) URL")
     data = body.get("data") or {}
-    if not isinstance(data, dict) or len(json.dumps(data)) > MAX_DATA_BYTES:
+    try:
+        size = len(json.dumps(data, allow_nan=False)) if isinstance(data, dict) else -1
+    except ValueError:  # NaN or an infinity: no Struct can carry it
+        size = -1
+    if not 0 <= size <= MAX_DATA_BYTES:
         raise NotAPendingRequest(f"'data' must be a JSON object of at most {MAX_DATA_BYTES} bytes")
     return ToolSuspension(kind=kind, prompt=prompt, url=url, expires_at=_expiry(body.get("expires_at")), data=data)
 
@@ -60,12 +70,14 @@ def _expiry(value: Any) -> float | None:
     if value is None or value == "":
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        if math.isfinite(value) and 0 < value < LATEST:
+            return float(value)
+        raise NotAPendingRequest("'expires_at' must be a time between 1970 and 9999")
     if isinstance(value, str):
         try:
             when = datetime.datetime.fromisoformat(value)
         except ValueError:
             when = None
-        if when is not None and when.tzinfo is not None:
+        if when is not None and when.tzinfo is not None and 0 < when.timestamp() < LATEST:
             return when.timestamp()
     raise NotAPendingRequest("'expires_at' must be an RFC 3339 time with a zone, or seconds since the epoch")
