@@ -13,7 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from .api.auth import build_authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
+from .api.tls import refuse_insecure, transport
 from .domain.limits import Limits
 from .domain.ports import Services, Store
 from .domain.service import RuntimeService
@@ -105,7 +107,12 @@ def build_service(
 
 
 async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
-    """Serves until stopped. `span_exporter` (tests) receives every span, as an OTLP collector would."""
+    """Serves until stopped. `span_exporter` (tests) receives every span, as an OTLP collector would.
+    A configuration that cannot serve (a bad TLS or auth file, an insecure exposure) raises
+    StartupError before anything is opened."""
+    secure = transport(settings)  # reads the TLS files
+    refuse_insecure(settings, secure)
+    authenticator = build_authenticator(settings)  # reads the tokens file or the JWKS file
     observability = build_observability(settings, span_exporter)
     http = HttpSession(settings.http_pool_size, settings.max_model_reply_bytes)
     tools = HttpTools(
@@ -128,11 +135,21 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(settings.listen)
+    if secure.credentials is None:
+        port = server.add_insecure_port(settings.listen)
+    else:
+        port = server.add_secure_port(settings.listen, secure.credentials)
     await server.start()
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("agentruntime serving on port %d (default provider: %s, store: %s)", port, settings.default_name, settings.store)
+    log.info(
+        "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s)",
+        port,
+        settings.default_name,
+        settings.store,
+        secure.mode,
+        authenticator.mode,
+    )
     return RunningServer(
         server=server, port=port, http=http, tools=tools, health=health, service=service, store=store, observability=observability
     )

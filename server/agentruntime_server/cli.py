@@ -10,10 +10,11 @@ from typing import Any
 
 from agentruntime.cli import COMMANDS
 from agentruntime.cli import main as client_main
+from pydantic import ValidationError
 
 from .app import start
 from .observability.logs import configure_logging
-from .settings import Settings
+from .settings import Settings, StartupError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,13 +30,40 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--llm-model", help="env AGENTRUNTIME_LLM_MODEL")
     serve.add_argument("--store", help="sqlite:///path.db or memory:// (env AGENTRUNTIME_STORE)")
     serve.add_argument("--log-level", help="env AGENTRUNTIME_LOG_LEVEL")
+    serve.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (env AGENTRUNTIME_TLS_CERT)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert (env AGENTRUNTIME_TLS_KEY)")
+    serve.add_argument(
+        "--tls-client-ca", help="PEM CA: require client certificates it signed, mTLS (env AGENTRUNTIME_TLS_CLIENT_CA)"
+    )
+    serve.add_argument("--auth", choices=["none", "tokens", "jwt"], help="env AGENTRUNTIME_AUTH")
+    serve.add_argument("--auth-tokens-file", help="JSON list of hashed bearer tokens (env AGENTRUNTIME_AUTH_TOKENS_FILE)")
+    serve.add_argument("--auth-jwks", help="JWKS URL or file for --auth jwt (env AGENTRUNTIME_AUTH_JWKS)")
+    serve.add_argument("--auth-issuer", help="env AGENTRUNTIME_AUTH_ISSUER")
+    serve.add_argument("--auth-audience", help="env AGENTRUNTIME_AUTH_AUDIENCE")
+    serve.add_argument("--auth-tenant-claim", help="env AGENTRUNTIME_AUTH_TENANT_CLAIM (default: tenant)")
+    serve.add_argument(
+        "--allow-insecure",
+        action="store_const",
+        const=True,
+        help="serve a non-loopback address in plaintext with --auth none (env AGENTRUNTIME_ALLOW_INSECURE)",
+    )
     for name, summary in COMMANDS.items():
         commands.add_parser(name, help=summary, add_help=False)  # handled above, listed in --help
     args = parser.parse_args(argv)
     overrides: dict[str, Any] = {key: value for key, value in vars(args).items() if key != "command" and value is not None}
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        for problem in error.errors():
+            where = f"AGENTRUNTIME_{str(problem['loc'][0]).upper()}: " if problem["loc"] else ""
+            print(f"error: {where}{problem['msg']}", file=sys.stderr)
+        sys.exit(2)
     configure_logging(settings)
-    asyncio.run(_serve(settings))
+    try:
+        asyncio.run(_serve(settings))
+    except StartupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 async def _serve(settings: Settings) -> None:

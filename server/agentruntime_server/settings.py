@@ -21,6 +21,12 @@ STYLE_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://
 STYLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5", "scripted": ""}
 
 
+class StartupError(Exception):
+    """The server cannot start as configured (a bad TLS or auth file, an insecure exposure):
+    `agentruntime serve` prints the message on one line and exits 2, without a traceback.
+    The message names the setting and the file, never a file's content."""
+
+
 class ProviderSettings(BaseModel):
     """One named model provider (an entry of AGENTRUNTIME_PROVIDERS)."""
 
@@ -100,6 +106,27 @@ class Settings(BaseSettings):
     )
     otel_endpoint: str = Field(
         "", description="OTLP/gRPC collector for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing"
+    )
+    # ---- transport security and authentication (README: "Security") ----
+    tls_cert: str = Field("", description="PEM certificate chain to serve TLS with (with TLS_KEY); empty: plaintext")
+    tls_key: str = Field("", description="PEM private key of TLS_CERT, unencrypted; read at start, never logged")
+    tls_client_ca: str = Field(
+        "", description="PEM CA certificates: clients must present a certificate one of them signed (mTLS); empty: none asked"
+    )
+    auth: Literal["none", "tokens", "jwt"] = Field(
+        "none",
+        description="none: every caller is tenant 'default'; tokens: bearer tokens listed in AUTH_TOKENS_FILE; "
+        "jwt: bearer JWTs verified with AUTH_JWKS",
+    )
+    auth_tokens_file: str = Field(
+        "", description="JSON list of {tenant, token_sha256, scopes, name}; re-read when it changes (AUTH=tokens)"
+    )
+    auth_jwks: str = Field("", description="the JWKS verifying JWTs: an http(s) URL (cached) or a file path (AUTH=jwt)")
+    auth_issuer: str = Field("", description="the 'iss' every JWT must carry (AUTH=jwt)")
+    auth_audience: str = Field("", description="the 'aud' every JWT must carry (AUTH=jwt)")
+    auth_tenant_claim: str = Field("tenant", min_length=1, description="the JWT claim naming the caller's tenant (AUTH=jwt)")
+    allow_insecure: bool = Field(
+        False, description="serve a non-loopback address in plaintext with AUTH=none (anyone reaching the port is 'default')"
     )
 
     @field_validator("tool_egress_allow", "tool_egress_deny")
