@@ -80,10 +80,10 @@ done
 pass "list: AgentRuntime, Health and reflection are served"
 
 described=$("$GRPCURL" -plaintext "$ADDR" describe "$SERVICE") || fail "describe"
-for rpc in CreateRuntime Spawn Post Wake Wait Resume Interrupt Close Inspect List GetTranscript Watch; do
+for rpc in CreateRuntime Spawn Post Wake Wait Resume Interrupt Close Inspect List GetTranscript Watch ListRuntimes DeleteRuntime; do
   grep -q "rpc $rpc (" <<<"$described" || fail "describe shows rpc $rpc" "$described"
 done
-pass "describe: all 12 RPCs"
+pass "describe: all 14 RPCs"
 
 # --- the walkthrough ----------------------------------------------------------
 PROMPT='How does the Python GIL affect CPU-bound threads?'

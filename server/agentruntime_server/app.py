@@ -18,6 +18,7 @@ from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import refuse_insecure, transport
 from .domain.limits import Limits
 from .domain.ports import Services, Store
+from .domain.quotas import Quotas
 from .domain.service import RuntimeService
 from .http_session import HttpSession
 from .observability import Observability
@@ -58,6 +59,7 @@ class RunningServer:
     service: RuntimeService
     store: Store
     observability: Observability = field(default_factory=Observability)
+    retention: asyncio.Future[None] | None = None  # the task that deletes idle runtimes
 
     @property
     def metrics_port(self) -> int:
@@ -66,6 +68,8 @@ class RunningServer:
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Stop accepting, let running turns reach a journal point within `grace`, close the store."""
+        if self.retention is not None:
+            self.retention.cancel()
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self.server.stop(grace))
         await self.service.drain(grace or 0.0)
@@ -74,6 +78,17 @@ class RunningServer:
         await self.tools.close()
         await self.store.close()
         await self.observability.stop()
+
+
+async def _retain(service: RuntimeService, retention: float) -> None:
+    """AGENTRUNTIME_RETENTION: runtimes idle longer than it are deleted, checked every minute
+    (or every tenth of the retention, if that is shorter)."""
+    while True:
+        await asyncio.sleep(min(60.0, max(retention / 10, 0.5)))
+        try:
+            await service.delete_idle(retention)
+        except Exception:  # a store error must not end retention for good
+            log.exception("retention failed")
 
 
 def open_store(url: str) -> Store:
@@ -94,6 +109,11 @@ def build_service(
         http_tools=tools,
         store=store,
         inbox_capacity=settings.inbox_capacity,
+        quotas=Quotas(
+            runtimes=settings.quota_runtimes,
+            running_handles=settings.quota_running_handles,
+            tokens_per_day=settings.quota_tokens_per_day,
+        ),
         limits=Limits(
             max_text_bytes=settings.max_text_bytes,
             max_inbox_bytes=settings.max_inbox_bytes,
@@ -124,12 +144,13 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     service = build_service(settings, http, tools, store, observability)
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
+    retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
     ]
     server = grpc.aio.server(interceptors=observability.interceptors() or None, options=limits)
-    add_to_server(AgentRuntimeServicer(service, settings.max_message_bytes), server)
+    add_to_server(AgentRuntimeServicer(service, settings.max_message_bytes, authenticator), server)
     health = ListingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -151,5 +172,13 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         authenticator.mode,
     )
     return RunningServer(
-        server=server, port=port, http=http, tools=tools, health=health, service=service, store=store, observability=observability
+        server=server,
+        port=port,
+        http=http,
+        tools=tools,
+        health=health,
+        service=service,
+        store=store,
+        observability=observability,
+        retention=retention,
     )

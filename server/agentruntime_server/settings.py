@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         1 * MIB, ge=64 * KIB, le=2 * MIB, description="largest model API reply body; a larger one is a provider fault"
     )
     max_handles: int = Field(10_000, ge=1, description="handles one runtime may have; past it Spawn and task are refused")
+    # ---- tenants: quotas (0: none) and retention ----
+    quota_runtimes: int = Field(0, ge=0, description="runtimes one tenant may keep (DeleteRuntime frees one)")
+    quota_running_handles: int = Field(0, ge=0, description="handles of one tenant running at once (checked at Wake)")
+    quota_tokens_per_day: int = Field(0, ge=0, description="model tokens one tenant may spend in any 24 hours")
+    retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
     tool_egress_allow: list[str] = Field(
         default_factory=list, description="networks (CIDR) http tools may reach; empty: any address not denied"
     )

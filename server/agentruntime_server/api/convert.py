@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2, json_format, struct_pb2
 from ..domain import model as m
 from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
+from ..domain.ports import RuntimeRow
 from ..domain.usage import Usage
 
 # google.protobuf.Duration's documented range (about 10,000 years).
@@ -302,6 +303,17 @@ def answer_from_proto(message: pb.Answer) -> m.Answer:
         reason=message.reason,
         outputs=tuple(m.ToolOutput(o.call_id, o.output, o.is_error) for o in message.outputs),
     )
+
+
+def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:
+    summary = pb.RuntimeSummary(
+        runtime_id=row.runtime_id.rpartition(":")[2],
+        handle_count=row.handles,
+        running_count=row.running,
+        suspended_count=row.suspended,
+    )
+    summary.create_time.FromNanoseconds(int(row.created_at * 1e9))
+    return summary
 
 
 def event_to_proto(event: Event) -> pb.Event:

@@ -7,6 +7,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ..domain import errors as e
+from ..domain.quotas import QuotaExceeded
 
 DOMAIN = "agentruntime.dev"
 # An error never carries more than this of a caller's input: it must fit in a reply's
@@ -45,6 +46,18 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
     elif isinstance(error, e.Unavailable):
         code = code_pb2.UNAVAILABLE
+    elif isinstance(error, e.Unauthenticated):
+        code = code_pb2.UNAUTHENTICATED
+    elif isinstance(error, e.PermissionDenied):
+        code = code_pb2.PERMISSION_DENIED
+    elif isinstance(error, QuotaExceeded):
+        code = code_pb2.RESOURCE_EXHAUSTED
+        details.append(
+            error_details_pb2.QuotaFailure(
+                violations=[error_details_pb2.QuotaFailure.Violation(subject=error.subject, description=str(error))]
+            )
+        )
+        details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata={"quota": error.quota}))
     elif isinstance(error, e.ResourceExhausted):
         code = code_pb2.RESOURCE_EXHAUSTED
         metadata = {"limit": error.limit.wire_name} if error.limit.value else {}
@@ -61,6 +74,12 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         message = "; ".join(f"{v.field}: {v.description}" for v in error.violations[:MAX_VIOLATIONS])
         message += f"; and {len(error.violations) - MAX_VIOLATIONS} more problems"
     return status_pb2.Status(code=code, message=_cut(message, MAX_MESSAGE), details=packed)
+
+
+def code_name(error: e.DomainError) -> str:
+    """The canonical code's name an error maps to (for the audit log)."""
+    number = to_status(error).code
+    return str(code_pb2.Code.Name(number))
 
 
 def to_grpc_status(error: e.DomainError) -> object:

@@ -41,6 +41,26 @@ def _offset(token: str, scope: str) -> int:
     return offset
 
 
+def cursor_token(position: tuple[float, str], scope: tuple[str, ...]) -> str:
+    """A keyset page token: the (created_at, key) of the last item of a page."""
+    return base64.urlsafe_b64encode(f"{position[0]!r}|{position[1]}|{_scope(*scope)}".encode()).decode().rstrip("=")
+
+
+def cursor(token: str, scope: tuple[str, ...]) -> tuple[float, str] | None:
+    if not token:
+        return None
+    try:
+        created, key, token_scope = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode().split("|")
+        position = (float(created), key)
+    except ValueError:
+        token_scope = ""
+    if token_scope != _scope(*scope):
+        raise InvalidArgument(
+            [FieldViolation("page_token", "is not a next_page_token of this listing; start again with an empty page_token")]
+        )
+    return position
+
+
 def page(
     items: Sequence[Item],
     *,

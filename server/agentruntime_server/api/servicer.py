@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,8 @@ from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService
 from . import convert, paging
+from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
+from .errors import code_name as _code_name
 from .errors import to_grpc_status
 
 log = logging.getLogger(__name__)
@@ -53,18 +56,63 @@ def _refuse_undecodable(request: object) -> None:
         )
 
 
+# The caller of the RPC being served (set by _edge, in the RPC's own task).
+_caller: contextvars.ContextVar[Principal] = contextvars.ContextVar("caller", default=DEFAULT)
+audit = logging.getLogger("agentruntime.audit")
+
+
+def _metadata(context: Context) -> list[tuple[str, str | bytes]]:
+    return [(str(key), value) for key, value in context.invocation_metadata() or ()]
+
+
+def _tenant() -> str:
+    return _caller.get().tenant
+
+
+def _audit(method: str, request: Any, code: str) -> None:
+    """One line per mutating RPC: who (tenant, token name; never the token), what, the outcome."""
+    if method in READ_METHODS:
+        return
+    caller = _caller.get()
+    runtime_id = str(getattr(request, "runtime_id", ""))[:128]
+    handle_id = str(getattr(request, "handle_id", "") or getattr(request, "parent_id", ""))[:256]
+    audit.info(
+        "audit tenant=%s caller=%s rpc=%s runtime=%s handle=%s code=%s",
+        caller.tenant,
+        caller.name or "-",
+        method,
+        runtime_id or "-",
+        handle_id or "-",
+        code,
+        extra={
+            "tenant": caller.tenant,
+            "caller": caller.name,
+            "rpc": method,
+            "runtime_id": runtime_id,
+            "handle_id": handle_id,
+            "code": code,
+        },
+    )
+
+
 def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Maps a refused request to its canonical status; nothing else escapes as INTERNAL quietly."""
+    """Authenticates, then maps a refused request to its canonical status; nothing else
+    escapes as INTERNAL quietly."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
+        name = method.__name__
         try:
+            _caller.set(await self.authenticator.authenticate(_metadata(context), name))
             _refuse_undecodable(request)
             response = await method(self, request, context)
             await self.service.acknowledge()
+            _audit(name, request, "OK")
             return response
         except DomainError as error:
-            await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
+            status = to_grpc_status(error)
+            _audit(name, request, _code_name(error))
+            await context.abort_with_status(status)  # type: ignore[arg-type]
             raise  # unreachable: abort raises
         except Exception:
             # Our bug, not the caller's: log it whole, answer INTERNAL without internals.
@@ -87,24 +135,27 @@ def _require(**fields: str) -> None:
 
 
 class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
-    def __init__(self, service: RuntimeService, max_message_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self, service: RuntimeService, max_message_bytes: int = 4 << 20, authenticator: Authenticator | None = None
+    ) -> None:
         self.service = service
+        self.authenticator = authenticator or Authenticator()
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
 
     async def _runtime(self, runtime_id: str) -> Runtime:
         _require(runtime_id=runtime_id)
-        return await self.service.runtime(runtime_id)
+        return await self.service.runtime(runtime_id, _tenant())
 
     async def _handle_target(self, request: Any) -> Runtime:
         _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
-        return await self.service.runtime(request.runtime_id)
+        return await self.service.runtime(request.runtime_id, _tenant())
 
     @_edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
         agents, found = convert.agents_from_proto(request.agents)
         options = convert.options_from_proto(request.options)
-        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options)
+        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options, _tenant())
         return pb.CreateRuntimeResponse(runtime_id=runtime.id)
 
     @_edge
@@ -216,8 +267,29 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         )
         return pb.GetTranscriptResponse(messages=[proto(index) for index in indexes], next_page_token=next_token)
 
+    @_edge
+    async def ListRuntimes(self, request: pb.ListRuntimesRequest, context: Context) -> pb.ListRuntimesResponse:
+        if request.page_size < 0:
+            raise InvalidArgument([FieldViolation("page_size", "must be >= 0 (0: 100)")])
+        limit = min(request.page_size or 100, 1000)
+        after = paging.cursor(request.page_token, ("ListRuntimes", _tenant()))
+        rows = await self.service.list_runtimes(_tenant(), after, limit + 1)
+        page = rows[:limit]
+        response = pb.ListRuntimesResponse(runtimes=[convert.runtime_summary(row) for row in page])
+        if len(rows) > limit:
+            last = page[-1]
+            response.next_page_token = paging.cursor_token((last.created_at, last.runtime_id), ("ListRuntimes", _tenant()))
+        return response
+
+    @_edge
+    async def DeleteRuntime(self, request: pb.DeleteRuntimeRequest, context: Context) -> pb.DeleteRuntimeResponse:
+        _require(runtime_id=request.runtime_id)
+        await self.service.delete_runtime(request.runtime_id, request.force, _tenant())
+        return pb.DeleteRuntimeResponse()
+
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
         try:
+            _caller.set(await self.authenticator.authenticate(_metadata(context), "Watch"))
             _refuse_undecodable(request)
             runtime = await self._runtime(request.runtime_id)
             if request.after_seq < 0:

@@ -22,6 +22,7 @@ from .model import (
     ToolResult,
     ToolSuspension,
 )
+from .quotas import Quotas
 
 
 class ProviderError(Exception):
@@ -91,6 +92,7 @@ class Services:
     store: Store
     inbox_capacity: int = 100
     limits: Limits = field(default_factory=Limits)
+    quotas: Quotas = field(default_factory=Quotas)  # per tenant
     watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
     observers: tuple[Observer, ...] = ()  # see events.Observer
 
@@ -151,6 +153,16 @@ class Store(Protocol):
 
     async def idle_runtimes(self, before: float) -> list[str]:
         """Runtimes not written since `before` (for retention), of every tenant."""
+        ...
+
+    async def count_runtimes(self, tenant: str) -> int: ...
+
+    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
+        """A tenant's model tokens, counted in a minute (written with the tick's journal)."""
+        ...
+
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
+        """A tenant's (minute, tokens) from `minute` on."""
         ...
 
     async def load(self, runtime_id: str) -> StoredRuntime | None: ...

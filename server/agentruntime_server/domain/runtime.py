@@ -58,6 +58,7 @@ from .model import (
 )
 from .ports import ProviderError, Services, StoredRuntime
 from .prompts import wake_message
+from .quotas import Tenancy
 from .suspension import read_answer
 from .turns import TurnLoop
 from .validation import check_budget, check_text_size
@@ -69,6 +70,8 @@ class Runtime:
     def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], services: Services, key: str = "") -> None:
         self.id = runtime_id  # as its tenant knows it
         self.key = key or runtime_id  # as the store knows it: unique over every tenant (service.runtime_key)
+        self.tenant = self.key.rpartition(":")[0] or "default"
+        self.tenancy: Tenancy | None = None  # set by the service: the tenant's quotas
         self.services = services
         self.tree = Tree(self.key, agents)
         self.events = EventLog(self.key, self._history, buffer=services.watch_buffer, observers=services.observers)
@@ -229,6 +232,8 @@ class Runtime:
         check_text_size(prompt, "prompt", self.services.limits)
         handle = self.handle(handle_id)
         self._check_wakeable(handle)
+        if self.tenancy is not None:
+            self.tenancy.check_running(self.tenant)
         if not prompt and not handle.inbox:
             raise InvalidArgument([FieldViolation("prompt", "the prompt is empty and the inbox is empty: nothing to run on")])
         await self.start_run(handle, prompt)
@@ -439,6 +444,13 @@ class Runtime:
         if parent is None or parent.state is not HandleState.SUSPENDED or not child.child_key:
             return None
         return await self.continue_run(parent)
+
+    async def tokens_left(self) -> int | None:
+        return None if self.tenancy is None else await self.tenancy.tokens_left(self.tenant)
+
+    async def spend(self, tokens: int) -> None:
+        if self.tenancy is not None and tokens:
+            await self.tenancy.spend(self.tenant, tokens)
 
     def stop_timers(self) -> None:
         """No timer acts again and no run starts (a deleted runtime)."""

@@ -15,6 +15,7 @@ from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolati
 from .journal import Configured
 from .model import AgentSpec, RuntimeOptions
 from .ports import RuntimeRow, Services
+from .quotas import DAY_MINUTES, QuotaExceeded, TokenLedger
 from .runtime import Runtime
 from .validation import check_agents, check_options, check_runtime_id
 
@@ -40,6 +41,53 @@ class RuntimeService:
         self.cache_size = cache_size
         self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
         self.draining = False
+        self._ledger = TokenLedger()
+        self._ledger_loaded: set[str] = set()
+
+    # ---- quotas (Tenancy) ------------------------------------------------------------------
+
+    def check_running(self, tenant: str) -> None:
+        quota = self.services.quotas.running_handles
+        if not quota:
+            return
+        # A runtime with a run in flight is always in memory: counting memory counts them all.
+        running = sum(runtime.tree.running for runtime in self._runtimes.values() if runtime.tenant == tenant)
+        if running >= quota:
+            raise QuotaExceeded(
+                tenant,
+                "running_handles",
+                f"tenant {tenant!r} has {running} running handles, its quota (AGENTRUNTIME_QUOTA_RUNNING_HANDLES); "
+                "Wait for some to settle",
+            )
+
+    async def tokens_left(self, tenant: str) -> int | None:
+        quota = self.services.quotas.tokens_per_day
+        if not quota:
+            return None
+        await self._load_ledger(tenant)
+        return quota - self._ledger.spent(tenant)
+
+    async def spend(self, tenant: str, tokens: int) -> None:
+        if not self.services.quotas.tokens_per_day:
+            return
+        await self._load_ledger(tenant)
+        minute = self._ledger.spend(tenant, tokens)
+        await self.services.store.add_tokens(tenant, minute, tokens)
+
+    async def _load_ledger(self, tenant: str) -> None:
+        if tenant not in self._ledger_loaded:
+            self._ledger_loaded.add(tenant)
+            since = int(time.time() // 60) - DAY_MINUTES
+            self._ledger.load(tenant, await self.services.store.tokens_since(tenant, since))
+
+    async def _check_runtimes(self, tenant: str) -> None:
+        quota = self.services.quotas.runtimes
+        if quota and await self.services.store.count_runtimes(tenant) >= quota:
+            raise QuotaExceeded(
+                tenant,
+                "runtimes",
+                f"tenant {tenant!r} has {quota} runtimes, its quota (AGENTRUNTIME_QUOTA_RUNTIMES); DeleteRuntime one first",
+            )
 
     async def create_runtime(
         self,
@@ -60,6 +108,7 @@ class RuntimeService:
         key = runtime_key(tenant, runtime_id)
         if key in self._runtimes or await self.services.store.runtime_exists(key):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+        await self._check_runtimes(tenant)
         runtime = Runtime(runtime_id, agents, self.services, key)
         await self.services.store.create_runtime(key, agents, tenant)
         if options != RuntimeOptions():
@@ -154,6 +203,7 @@ class RuntimeService:
         return deleted
 
     def _remember(self, runtime: Runtime) -> None:
+        runtime.tenancy = self
         self._runtimes[runtime.key] = runtime
         self._runtimes.move_to_end(runtime.key)
         if not self.services.store.durable:

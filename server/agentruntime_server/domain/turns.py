@@ -78,6 +78,10 @@ class RunHost(Protocol):
 
     async def queue_for(self, handle: Handle, gate: FifoGate) -> None: ...
 
+    async def tokens_left(self) -> int | None: ...
+
+    async def spend(self, tokens: int) -> None: ...
+
 
 class TurnLoop:
     def __init__(self, host: RunHost) -> None:
@@ -120,6 +124,11 @@ class TurnLoop:
                         request = budget_request(handle, limit)
                         return handle.result(Status.PENDING, text=request.prompt, pending=request)
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
+                left = await self.host.tokens_left()
+                if left is not None and left <= 0:
+                    # No Limit of its own: the tenant's token quota is a budget over its runtimes.
+                    text = "stopped: the tenant's model token quota for the last 24 hours is used up"
+                    return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_TOKENS)
                 await self._model_turn(handle, run)
 
     def _still_live(self, handle: Handle, request: PendingRequest) -> bool:
@@ -176,6 +185,7 @@ class TurnLoop:
         # The reply is journaled before it is acted on: a re-entered turn never buys it again.
         estimated = reply.tokens is None
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
+        await self.host.spend(tokens)
 
     async def _compact(self, handle: Handle, run: Run) -> bool:
         """Older turns give way to a summary in the model's view (the transcript keeps them):

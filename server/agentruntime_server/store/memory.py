@@ -31,6 +31,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._runtimes: dict[str, _Runtime] = {}
+        self._tokens: dict[tuple[str, int], int] = {}
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
         if runtime_id in self._runtimes:
@@ -82,6 +83,15 @@ class MemoryStore:
 
     async def idle_runtimes(self, before: float) -> list[str]:
         return [key for key, runtime in self._runtimes.items() if runtime.updated_at < before and not runtime.running]
+
+    async def count_runtimes(self, tenant: str) -> int:
+        return sum(1 for runtime in self._runtimes.values() if runtime.tenant == tenant)
+
+    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
+        self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
+
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
+        return sorted((at, tokens) for (owner, at), tokens in self._tokens.items() if owner == tenant and at >= minute)
 
     async def runtimes_with_running_handles(self) -> list[str]:
         return sorted(runtime_id for runtime_id, runtime in self._runtimes.items() if runtime.running)

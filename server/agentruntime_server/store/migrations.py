@@ -117,7 +117,13 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ALTER TABLE runtimes ADD COLUMN updated_at REAL NOT NULL DEFAULT 0;
     UPDATE runtimes SET updated_at = created_at;
     CREATE INDEX runtimes_by_tenant ON runtimes (tenant, created_at, id);
-    CREATE INDEX runtimes_by_update ON runtimes (updated_at)
+    CREATE INDEX runtimes_by_update ON runtimes (updated_at);
+    CREATE TABLE tenant_tokens (
+        tenant TEXT NOT NULL,
+        minute INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        PRIMARY KEY (tenant, minute)
+    ) WITHOUT ROWID
     """,
 ]
 

@@ -43,6 +43,7 @@ class SqliteStore:
         self._running: dict[str, bool] = {}
         self._counts: dict[str, tuple[int, int, int]] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
+        self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
         self._commit_due = False
         self._committed: asyncio.Future[None] | None = None
         # A commit that failed (a full disk): nothing is acknowledged after it, ever.
@@ -74,9 +75,10 @@ class SqliteStore:
                 committed.set_exception(self._broken)
             raise self._broken
         try:
-            if self._rows or self._running:
+            if self._rows or self._running or self._tokens:
                 rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
                 self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
+                tokens, self._tokens = self._tokens, {}
                 now = time.time()
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -87,6 +89,11 @@ class SqliteStore:
                         [(*value, key) for key, value in counts.items()],
                     )
                     self._db.executemany("UPDATE runtimes SET updated_at = ? WHERE id = ?", [(now, key) for key in touched])
+                    self._db.executemany(
+                        "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
+                        "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens",
+                        [(tenant, minute, value) for (tenant, minute), value in tokens.items()],
+                    )
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
@@ -102,7 +109,7 @@ class SqliteStore:
     async def flush(self) -> None:
         if self._broken is not None:
             raise self._broken
-        if not (self._rows or self._running):
+        if not (self._rows or self._running or self._tokens):
             return
         if self._committed is None:
             self._committed = asyncio.get_running_loop().create_future()
@@ -192,6 +199,21 @@ class SqliteStore:
         self._commit()
         rows = self._db.execute("SELECT id FROM runtimes WHERE updated_at < ? AND running = 0 ORDER BY updated_at", (before,))
         return [runtime_id for (runtime_id,) in rows]
+
+    async def count_runtimes(self, tenant: str) -> int:
+        count: int = self._db.execute("SELECT COUNT(*) FROM runtimes WHERE tenant = ?", (tenant,)).fetchone()[0]
+        return count
+
+    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
+        self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
+        self._schedule_commit()
+
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
+        self._commit()
+        rows = self._db.execute(
+            "SELECT minute, tokens FROM tenant_tokens WHERE tenant = ? AND minute >= ? ORDER BY minute", (tenant, minute)
+        )
+        return [(int(at), int(tokens)) for at, tokens in rows]
 
     async def runtimes_with_running_handles(self) -> list[str]:
         self._commit()

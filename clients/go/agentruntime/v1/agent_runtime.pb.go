@@ -2051,7 +2051,9 @@ type ToolCall struct {
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	ArgumentsJson string                 `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
-	// `{runtime}/{handle}/{call_id}`: stable across replays and restarts.
+	// `{runtime}/{handle}/{call_id}`, stable across replays and restarts. For a tenant other
+	// than `default` it starts with the tenant: `{tenant}:{runtime}/{handle}/{call_id}`, so
+	// two tenants' runtimes of the same id never send a tool the same key.
 	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -4322,6 +4324,279 @@ func (x *ToolCallEnded) GetOutput() string {
 	return ""
 }
 
+type ListRuntimesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many runtimes (0: 100; larger values are cut to 1000).
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// `next_page_token` of the previous page; empty for the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuntimesRequest) Reset() {
+	*x = ListRuntimesRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuntimesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuntimesRequest) ProtoMessage() {}
+
+func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
+func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ListRuntimesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRuntimesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListRuntimesResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Runtimes []*RuntimeSummary      `protobuf:"bytes,1,rep,name=runtimes,proto3" json:"runtimes,omitempty"`
+	// Pass as `page_token` for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRuntimesResponse) Reset() {
+	*x = ListRuntimesResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRuntimesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRuntimesResponse) ProtoMessage() {}
+
+func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
+func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ListRuntimesResponse) GetRuntimes() []*RuntimeSummary {
+	if x != nil {
+		return x.Runtimes
+	}
+	return nil
+}
+
+func (x *ListRuntimesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type RuntimeSummary struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId   string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	HandleCount int32                  `protobuf:"varint,3,opt,name=handle_count,json=handleCount,proto3" json:"handle_count,omitempty"`
+	// Handles with a run in flight (RUNNING or QUEUED).
+	RunningCount   int32 `protobuf:"varint,4,opt,name=running_count,json=runningCount,proto3" json:"running_count,omitempty"`
+	SuspendedCount int32 `protobuf:"varint,5,opt,name=suspended_count,json=suspendedCount,proto3" json:"suspended_count,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RuntimeSummary) Reset() {
+	*x = RuntimeSummary{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeSummary) ProtoMessage() {}
+
+func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeSummary.ProtoReflect.Descriptor instead.
+func (*RuntimeSummary) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RuntimeSummary) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *RuntimeSummary) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *RuntimeSummary) GetHandleCount() int32 {
+	if x != nil {
+		return x.HandleCount
+	}
+	return 0
+}
+
+func (x *RuntimeSummary) GetRunningCount() int32 {
+	if x != nil {
+		return x.RunningCount
+	}
+	return 0
+}
+
+func (x *RuntimeSummary) GetSuspendedCount() int32 {
+	if x != nil {
+		return x.SuspendedCount
+	}
+	return 0
+}
+
+type DeleteRuntimeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// Interrupt running handles; without it a runtime with running handles is refused.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRuntimeRequest) Reset() {
+	*x = DeleteRuntimeRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRuntimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRuntimeRequest) ProtoMessage() {}
+
+func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRuntimeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteRuntimeRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *DeleteRuntimeRequest) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *DeleteRuntimeRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type DeleteRuntimeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteRuntimeResponse) Reset() {
+	*x = DeleteRuntimeResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteRuntimeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteRuntimeResponse) ProtoMessage() {}
+
+func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteRuntimeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteRuntimeResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
+}
+
 var File_agentruntime_v1_agent_runtime_proto protoreflect.FileDescriptor
 
 const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
@@ -4640,7 +4915,27 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
 	"\bis_error\x18\x03 \x01(\bR\aisError\x12\x16\n" +
-	"\x06output\x18\x04 \x01(\tR\x06output*\xad\x01\n" +
+	"\x06output\x18\x04 \x01(\tR\x06output\"Q\n" +
+	"\x13ListRuntimesRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"{\n" +
+	"\x14ListRuntimesResponse\x12;\n" +
+	"\bruntimes\x18\x01 \x03(\v2\x1f.agentruntime.v1.RuntimeSummaryR\bruntimes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdd\x01\n" +
+	"\x0eRuntimeSummary\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12;\n" +
+	"\vcreate_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12!\n" +
+	"\fhandle_count\x18\x03 \x01(\x05R\vhandleCount\x12#\n" +
+	"\rrunning_count\x18\x04 \x01(\x05R\frunningCount\x12'\n" +
+	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\"K\n" +
+	"\x14DeleteRuntimeRequest\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x17\n" +
+	"\x15DeleteRuntimeResponse*\xad\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATUS_DONE\x10\x01\x12\x12\n" +
@@ -4699,7 +4994,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x19SCRIPTED_STOP_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fSCRIPTED_STOP_MAX_OUTPUT_TOKENS\x10\x01\x12\x19\n" +
 	"\x15SCRIPTED_STOP_REFUSAL\x10\x02\x12&\n" +
-	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xa9\a\n" +
+	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xe6\b\n" +
 	"\fAgentRuntime\x12^\n" +
 	"\rCreateRuntime\x12%.agentruntime.v1.CreateRuntimeRequest\x1a&.agentruntime.v1.CreateRuntimeResponse\x12F\n" +
 	"\x05Spawn\x12\x1d.agentruntime.v1.SpawnRequest\x1a\x1e.agentruntime.v1.SpawnResponse\x12C\n" +
@@ -4712,7 +5007,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\aInspect\x12\x1f.agentruntime.v1.InspectRequest\x1a .agentruntime.v1.InspectResponse\x12C\n" +
 	"\x04List\x12\x1c.agentruntime.v1.ListRequest\x1a\x1d.agentruntime.v1.ListResponse\x12^\n" +
 	"\rGetTranscript\x12%.agentruntime.v1.GetTranscriptRequest\x1a&.agentruntime.v1.GetTranscriptResponse\x12H\n" +
-	"\x05Watch\x12\x1d.agentruntime.v1.WatchRequest\x1a\x1e.agentruntime.v1.WatchResponse0\x01Bz\n" +
+	"\x05Watch\x12\x1d.agentruntime.v1.WatchRequest\x1a\x1e.agentruntime.v1.WatchResponse0\x01\x12[\n" +
+	"\fListRuntimes\x12$.agentruntime.v1.ListRuntimesRequest\x1a%.agentruntime.v1.ListRuntimesResponse\x12^\n" +
+	"\rDeleteRuntime\x12%.agentruntime.v1.DeleteRuntimeRequest\x1a&.agentruntime.v1.DeleteRuntimeResponseBz\n" +
 	"\x13dev.agentruntime.v1B\x11AgentRuntimeProtoP\x01ZNgithub.com/agentruntime/agentruntime/clients/go/agentruntime/v1;agentruntimev1b\x06proto3"
 
 var (
@@ -4728,7 +5025,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -4793,10 +5090,15 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*TurnEnded)(nil),             // 60: agentruntime.v1.TurnEnded
 	(*ToolCallStarted)(nil),       // 61: agentruntime.v1.ToolCallStarted
 	(*ToolCallEnded)(nil),         // 62: agentruntime.v1.ToolCallEnded
-	nil,                           // 63: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 64: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 65: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 66: google.protobuf.Timestamp
+	(*ListRuntimesRequest)(nil),   // 63: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 64: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 65: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 66: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 67: agentruntime.v1.DeleteRuntimeResponse
+	nil,                           // 68: agentruntime.v1.HttpTool.HeadersEntry
+	(*durationpb.Duration)(nil),   // 69: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 70: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
@@ -4814,25 +5116,25 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	23, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
 	13, // 13: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
 	14, // 14: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	64, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	64, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	69, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	69, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
 	5,  // 17: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	65, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	70, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
 	18, // 19: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
 	19, // 20: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
 	20, // 21: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
 	7,  // 22: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	63, // 23: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	64, // 24: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	68, // 23: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	69, // 24: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
 	6,  // 25: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
 	24, // 26: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
 	25, // 27: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	64, // 28: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	69, // 28: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
 	8,  // 29: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	65, // 30: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	66, // 31: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	70, // 30: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	71, // 31: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
 	27, // 32: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	65, // 33: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	70, // 33: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
 	29, // 34: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
 	27, // 35: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
 	31, // 36: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
@@ -4841,16 +5143,16 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	15, // 39: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
 	16, // 40: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
 	4,  // 41: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	64, // 42: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	69, // 42: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
 	10, // 43: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
 	28, // 44: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
 	10, // 45: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	64, // 46: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	69, // 46: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
 	11, // 47: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
 	11, // 48: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
 	30, // 49: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
 	56, // 50: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	66, // 51: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	71, // 51: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
 	57, // 52: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
 	58, // 53: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
 	59, // 54: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
@@ -4861,35 +5163,41 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	10, // 59: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
 	3,  // 60: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
 	27, // 61: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	32, // 62: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	34, // 63: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	36, // 64: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	38, // 65: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	40, // 66: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	42, // 67: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	44, // 68: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	46, // 69: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	48, // 70: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	50, // 71: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	52, // 72: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	54, // 73: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	33, // 74: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	35, // 75: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	37, // 76: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	39, // 77: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	41, // 78: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	43, // 79: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	45, // 80: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	47, // 81: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	49, // 82: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	51, // 83: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	53, // 84: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	55, // 85: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	74, // [74:86] is the sub-list for method output_type
-	62, // [62:74] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	65, // 62: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	71, // 63: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	32, // 64: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	34, // 65: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	36, // 66: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	38, // 67: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	40, // 68: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	42, // 69: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	44, // 70: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	46, // 71: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	48, // 72: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	50, // 73: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	52, // 74: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	54, // 75: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	63, // 76: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	66, // 77: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	33, // 78: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	35, // 79: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	37, // 80: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	39, // 81: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	41, // 82: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	43, // 83: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	45, // 84: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	47, // 85: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	49, // 86: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	51, // 87: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	53, // 88: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	55, // 89: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	64, // 90: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	67, // 91: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	78, // [78:92] is the sub-list for method output_type
+	64, // [64:78] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -4919,7 +5227,7 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   55,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

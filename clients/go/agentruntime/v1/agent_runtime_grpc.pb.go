@@ -31,6 +31,8 @@ const (
 	AgentRuntime_List_FullMethodName          = "/agentruntime.v1.AgentRuntime/List"
 	AgentRuntime_GetTranscript_FullMethodName = "/agentruntime.v1.AgentRuntime/GetTranscript"
 	AgentRuntime_Watch_FullMethodName         = "/agentruntime.v1.AgentRuntime/Watch"
+	AgentRuntime_ListRuntimes_FullMethodName  = "/agentruntime.v1.AgentRuntime/ListRuntimes"
+	AgentRuntime_DeleteRuntime_FullMethodName = "/agentruntime.v1.AgentRuntime/DeleteRuntime"
 )
 
 // AgentRuntimeClient is the client API for AgentRuntime service.
@@ -68,6 +70,10 @@ type AgentRuntimeClient interface {
 	// consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
 	// reconnects from its last seq.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// Returns the caller's runtimes (its tenant's), newest first, one page at a time.
+	ListRuntimes(ctx context.Context, in *ListRuntimesRequest, opts ...grpc.CallOption) (*ListRuntimesResponse, error)
+	// Closes a runtime and deletes everything stored of it (journal, transcripts, events).
+	DeleteRuntime(ctx context.Context, in *DeleteRuntimeRequest, opts ...grpc.CallOption) (*DeleteRuntimeResponse, error)
 }
 
 type agentRuntimeClient struct {
@@ -207,6 +213,26 @@ func (c *agentRuntimeClient) Watch(ctx context.Context, in *WatchRequest, opts .
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentRuntime_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *agentRuntimeClient) ListRuntimes(ctx context.Context, in *ListRuntimesRequest, opts ...grpc.CallOption) (*ListRuntimesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRuntimesResponse)
+	err := c.cc.Invoke(ctx, AgentRuntime_ListRuntimes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentRuntimeClient) DeleteRuntime(ctx context.Context, in *DeleteRuntimeRequest, opts ...grpc.CallOption) (*DeleteRuntimeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteRuntimeResponse)
+	err := c.cc.Invoke(ctx, AgentRuntime_DeleteRuntime_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentRuntimeServer is the server API for AgentRuntime service.
 // All implementations must embed UnimplementedAgentRuntimeServer
 // for forward compatibility.
@@ -242,6 +268,10 @@ type AgentRuntimeServer interface {
 	// consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
 	// reconnects from its last seq.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// Returns the caller's runtimes (its tenant's), newest first, one page at a time.
+	ListRuntimes(context.Context, *ListRuntimesRequest) (*ListRuntimesResponse, error)
+	// Closes a runtime and deletes everything stored of it (journal, transcripts, events).
+	DeleteRuntime(context.Context, *DeleteRuntimeRequest) (*DeleteRuntimeResponse, error)
 	mustEmbedUnimplementedAgentRuntimeServer()
 }
 
@@ -287,6 +317,12 @@ func (UnimplementedAgentRuntimeServer) GetTranscript(context.Context, *GetTransc
 }
 func (UnimplementedAgentRuntimeServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedAgentRuntimeServer) ListRuntimes(context.Context, *ListRuntimesRequest) (*ListRuntimesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRuntimes not implemented")
+}
+func (UnimplementedAgentRuntimeServer) DeleteRuntime(context.Context, *DeleteRuntimeRequest) (*DeleteRuntimeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteRuntime not implemented")
 }
 func (UnimplementedAgentRuntimeServer) mustEmbedUnimplementedAgentRuntimeServer() {}
 func (UnimplementedAgentRuntimeServer) testEmbeddedByValue()                      {}
@@ -518,6 +554,42 @@ func _AgentRuntime_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentRuntime_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _AgentRuntime_ListRuntimes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRuntimesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentRuntimeServer).ListRuntimes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentRuntime_ListRuntimes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentRuntimeServer).ListRuntimes(ctx, req.(*ListRuntimesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentRuntime_DeleteRuntime_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRuntimeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentRuntimeServer).DeleteRuntime(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentRuntime_DeleteRuntime_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentRuntimeServer).DeleteRuntime(ctx, req.(*DeleteRuntimeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentRuntime_ServiceDesc is the grpc.ServiceDesc for AgentRuntime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -568,6 +640,14 @@ var AgentRuntime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetTranscript",
 			Handler:    _AgentRuntime_GetTranscript_Handler,
+		},
+		{
+			MethodName: "ListRuntimes",
+			Handler:    _AgentRuntime_ListRuntimes_Handler,
+		},
+		{
+			MethodName: "DeleteRuntime",
+			Handler:    _AgentRuntime_DeleteRuntime_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

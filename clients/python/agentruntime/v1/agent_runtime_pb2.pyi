@@ -1049,7 +1049,10 @@ class ToolCall(_message.Message):
     name: _builtins.str
     arguments_json: _builtins.str
     idempotency_key: _builtins.str
-    """`{runtime}/{handle}/{call_id}`: stable across replays and restarts."""
+    """`{runtime}/{handle}/{call_id}`, stable across replays and restarts. For a tenant other
+    than `default` it starts with the tenant: `{tenant}:{runtime}/{handle}/{call_id}`, so
+    two tenants' runtimes of the same id never send a tool the same key.
+    """
     def __init__(
         self,
         *,
@@ -2034,3 +2037,122 @@ class ToolCallEnded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolCallEnded: _TypeAlias = ToolCallEnded  # noqa: Y015
+
+@_typing.final
+class ListRuntimesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """At most this many runtimes (0: 100; larger values are cut to 1000)."""
+    page_token: _builtins.str
+    """`next_page_token` of the previous page; empty for the first page."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRuntimesRequest: _TypeAlias = ListRuntimesRequest  # noqa: Y015
+
+@_typing.final
+class ListRuntimesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIMES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as `page_token` for the next page; empty on the last page."""
+    @_builtins.property
+    def runtimes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RuntimeSummary]: ...
+    def __init__(
+        self,
+        *,
+        runtimes: _abc.Iterable[Global___RuntimeSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "runtimes", b"runtimes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRuntimesResponse: _TypeAlias = ListRuntimesResponse  # noqa: Y015
+
+@_typing.final
+class RuntimeSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    HANDLE_COUNT_FIELD_NUMBER: _builtins.int
+    RUNNING_COUNT_FIELD_NUMBER: _builtins.int
+    SUSPENDED_COUNT_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    handle_count: _builtins.int
+    running_count: _builtins.int
+    """Handles with a run in flight (RUNNING or QUEUED)."""
+    suspended_count: _builtins.int
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        handle_count: _builtins.int = ...,
+        running_count: _builtins.int = ...,
+        suspended_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "handle_count", b"handle_count", "running_count", b"running_count", "runtime_id", b"runtime_id", "suspended_count", b"suspended_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeSummary: _TypeAlias = RuntimeSummary  # noqa: Y015
+
+@_typing.final
+class DeleteRuntimeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    force: _builtins.bool
+    """Interrupt running handles; without it a runtime with running handles is refused."""
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "runtime_id", b"runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRuntimeRequest: _TypeAlias = DeleteRuntimeRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRuntimeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRuntimeResponse: _TypeAlias = DeleteRuntimeResponse  # noqa: Y015

@@ -96,6 +96,16 @@ class AgentRuntimeStub:
                 request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.SerializeToString,
                 response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.FromString,
                 _registered_method=True)
+        self.ListRuntimes = channel.unary_unary(
+                '/agentruntime.v1.AgentRuntime/ListRuntimes',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesResponse.FromString,
+                _registered_method=True)
+        self.DeleteRuntime = channel.unary_unary(
+                '/agentruntime.v1.AgentRuntime/DeleteRuntime',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.FromString,
+                _registered_method=True)
 
 
 class AgentRuntimeServicer:
@@ -191,6 +201,20 @@ class AgentRuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuntimes(self, request, context):
+        """Returns the caller's runtimes (its tenant's), newest first, one page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRuntime(self, request, context):
+        """Closes a runtime and deletes everything stored of it (journal, transcripts, events).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentRuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +277,16 @@ def add_AgentRuntimeServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.FromString,
                     response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.SerializeToString,
+            ),
+            'ListRuntimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuntimes,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesResponse.SerializeToString,
+            ),
+            'DeleteRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRuntime,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +615,60 @@ class AgentRuntime:
             '/agentruntime.v1.AgentRuntime/Watch',
             agentruntime_dot_v1_dot_agent__runtime__pb2.WatchRequest.SerializeToString,
             agentruntime_dot_v1_dot_agent__runtime__pb2.WatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuntimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentruntime.v1.AgentRuntime/ListRuntimes',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ListRuntimesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentruntime.v1.AgentRuntime/DeleteRuntime',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.FromString,
             options,
             channel_credentials,
             insecure,

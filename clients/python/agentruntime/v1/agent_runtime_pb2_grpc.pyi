@@ -65,6 +65,10 @@ class AgentRuntimeStub:
     consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
     reconnects from its last seq.
     """
+    ListRuntimes: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.ListRuntimesRequest, _agent_runtime_pb2.ListRuntimesResponse]
+    """Returns the caller's runtimes (its tenant's), newest first, one page at a time."""
+    DeleteRuntime: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.DeleteRuntimeRequest, _agent_runtime_pb2.DeleteRuntimeResponse]
+    """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
 
 @_typing.type_check_only
 class AgentRuntimeAsyncStub(AgentRuntimeStub):
@@ -103,6 +107,10 @@ class AgentRuntimeAsyncStub(AgentRuntimeStub):
     consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
     reconnects from its last seq.
     """
+    ListRuntimes: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.ListRuntimesRequest, _agent_runtime_pb2.ListRuntimesResponse]  # type: ignore[assignment]
+    """Returns the caller's runtimes (its tenant's), newest first, one page at a time."""
+    DeleteRuntime: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.DeleteRuntimeRequest, _agent_runtime_pb2.DeleteRuntimeResponse]  # type: ignore[assignment]
+    """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
 
 class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
     """AgentRuntime hosts trees of agents. A runtime is one tree; a handle is one live
@@ -210,5 +218,21 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         consumer too far behind gets RESOURCE_EXHAUSTED (ErrorInfo reason WATCH_LAGGING) and
         reconnects from its last seq.
         """
+
+    @_abc_1.abstractmethod
+    def ListRuntimes(
+        self,
+        request: _agent_runtime_pb2.ListRuntimesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_runtime_pb2.ListRuntimesResponse, _abc.Awaitable[_agent_runtime_pb2.ListRuntimesResponse]]:
+        """Returns the caller's runtimes (its tenant's), newest first, one page at a time."""
+
+    @_abc_1.abstractmethod
+    def DeleteRuntime(
+        self,
+        request: _agent_runtime_pb2.DeleteRuntimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_runtime_pb2.DeleteRuntimeResponse, _abc.Awaitable[_agent_runtime_pb2.DeleteRuntimeResponse]]:
+        """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
 
 def add_AgentRuntimeServicer_to_server(servicer: AgentRuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
