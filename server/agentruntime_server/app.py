@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from .api.auth import build_authenticator
+from .api.auth import Authenticator, build_authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import refuse_insecure, transport
 from .domain.limits import Limits
@@ -98,7 +98,12 @@ def open_store(url: str) -> Store:
 
 
 def build_service(
-    settings: Settings, http: HttpSession, tools: HttpTools, store: Store, observability: Observability
+    settings: Settings,
+    http: HttpSession,
+    tools: HttpTools,
+    store: Store,
+    observability: Observability,
+    authenticator: Authenticator,
 ) -> RuntimeService:
     models = build_router(settings, http)
     for provider in models.providers.values():
@@ -123,7 +128,7 @@ def build_service(
         watch_buffer=settings.watch_buffer,
         observers=observability.observers,
     )
-    return RuntimeService(services, cache_size=settings.runtime_cache)
+    return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 
 
 async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
@@ -141,7 +146,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         max_text_bytes=settings.max_text_bytes,
     )
     store = open_store(settings.store)
-    service = build_service(settings, http, tools, store, observability)
+    service = build_service(settings, http, tools, store, observability, authenticator)
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
     retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None

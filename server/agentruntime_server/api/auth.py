@@ -109,6 +109,10 @@ class Authenticator:
     async def authenticate(self, metadata: Sequence[tuple[str, str | bytes]], method: str) -> Principal:
         return DEFAULT
 
+    def quotas_for(self, tenant: str) -> dict[str, int] | None:
+        """A tenant's own quotas (the tokens file's `quotas`), over the server's; None: the server's."""
+        return None
+
 
 class BearerAuthenticator(Authenticator):
     """A bearer credential verified into a Principal, then its scopes checked against the method."""
@@ -197,6 +201,7 @@ class TokenEntry:
     digest: bytes  # sha256 of the token
     principal: Principal
     tenant_valid: bool  # False: the entry's tenant is not a tenant name, its token is refused
+    quotas: dict[str, int] | None = None  # the tenant's own quotas, when this entry sets them
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,8 @@ class TokenTable:
         return frozenset(entry.digest for entry in self.entries)
 
 
-ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name"})
+ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name", "quotas"})
+QUOTA_KEYS = frozenset({"runtimes", "running_handles", "tokens_per_day"})
 
 
 def parse_tokens(data: bytes) -> TokenTable:
@@ -254,7 +260,14 @@ def parse_tokens(data: bytes) -> TokenTable:
             log.warning(
                 "AGENTRUNTIME_AUTH_TOKENS_FILE: %s: tenant is not a tenant name (%s); its token is refused", label, TENANT_RULE
             )
-        entries.append(TokenEntry(digest, Principal(tenant, name, frozenset(scopes)), tenant_valid))
+        quotas = item.get("quotas")
+        if quotas is not None and (
+            not isinstance(quotas, dict)
+            or not set(quotas) <= QUOTA_KEYS
+            or not all(isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in quotas.values())
+        ):
+            raise ValueError(f"{label}: quotas must map {', '.join(sorted(QUOTA_KEYS))} to whole numbers >= 0")
+        entries.append(TokenEntry(digest, Principal(tenant, name, frozenset(scopes)), tenant_valid, quotas))
     return TokenTable(tuple(entries))
 
 
@@ -272,6 +285,12 @@ class TokenAuthenticator(BearerAuthenticator):
             self.revoked = (self.revoked | self.table.digests) - table.digests
             self.table = table
         return table
+
+    def quotas_for(self, tenant: str) -> dict[str, int] | None:
+        for entry in self._current().entries:
+            if entry.principal.tenant == tenant and entry.quotas is not None:
+                return entry.quotas
+        return None
 
     async def verify(self, token: str) -> Principal:
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()

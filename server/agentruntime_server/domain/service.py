@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolation, NotFound
 from .journal import Configured
 from .model import AgentSpec, RuntimeOptions
 from .ports import RuntimeRow, Services
-from .quotas import DAY_MINUTES, QuotaExceeded, TokenLedger
+from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger
 from .runtime import Runtime
 from .validation import check_agents, check_options, check_runtime_id
 
@@ -36,8 +37,12 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 class RuntimeService:
-    def __init__(self, services: Services, cache_size: int = 1000) -> None:
+    def __init__(
+        self, services: Services, cache_size: int = 1000, quotas_for: Callable[[str], dict[str, int] | None] | None = None
+    ) -> None:
         self.services = services
+        # A tenant's own quotas over the server's (the edge knows them: the tokens file).
+        self.quotas_for = quotas_for
         self.cache_size = cache_size
         self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
         self.draining = False
@@ -46,8 +51,12 @@ class RuntimeService:
 
     # ---- quotas (Tenancy) ------------------------------------------------------------------
 
+    def quotas(self, tenant: str) -> Quotas:
+        own = self.quotas_for(tenant) if self.quotas_for is not None else None
+        return dataclasses.replace(self.services.quotas, **own) if own else self.services.quotas
+
     def check_running(self, tenant: str) -> None:
-        quota = self.services.quotas.running_handles
+        quota = self.quotas(tenant).running_handles
         if not quota:
             return
         # A runtime with a run in flight is always in memory: counting memory counts them all.
@@ -61,14 +70,14 @@ class RuntimeService:
             )
 
     async def tokens_left(self, tenant: str) -> int | None:
-        quota = self.services.quotas.tokens_per_day
+        quota = self.quotas(tenant).tokens_per_day
         if not quota:
             return None
         await self._load_ledger(tenant)
         return quota - self._ledger.spent(tenant)
 
     async def spend(self, tenant: str, tokens: int) -> None:
-        if not self.services.quotas.tokens_per_day:
+        if not self.quotas(tenant).tokens_per_day:
             return
         await self._load_ledger(tenant)
         minute = self._ledger.spend(tenant, tokens)
@@ -81,7 +90,7 @@ class RuntimeService:
             self._ledger.load(tenant, await self.services.store.tokens_since(tenant, since))
 
     async def _check_runtimes(self, tenant: str) -> None:
-        quota = self.services.quotas.runtimes
+        quota = self.quotas(tenant).runtimes
         if quota and await self.services.store.count_runtimes(tenant) >= quota:
             raise QuotaExceeded(
                 tenant,
