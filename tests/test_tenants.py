@@ -684,11 +684,6 @@ async def test_every_mutating_rpc_writes_one_audit_record_and_no_token_is_logged
         assert logged  # the server did log
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a mutating RPC refused at the edge is audited as tenant 'default', caller '-': the principal is set only "
-    "after authorize() passes, so a known read-only token's denied Wake names neither its tenant nor its name",
-)
 async def test_a_denied_mutating_rpc_is_audited_with_the_callers_tenant_and_name(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

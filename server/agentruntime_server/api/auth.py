@@ -78,7 +78,9 @@ def authorize(principal: Principal, method: str) -> None:
     if needed in principal.scopes or "write" in principal.scopes:
         return
     has = f"only the scope(s) {', '.join(sorted(principal.scopes))}" if principal.scopes else "no scope"
-    raise PermissionDenied(f"{method} needs the {needed!r} scope; {principal.describe()} has {has}")
+    refused = PermissionDenied(f"{method} needs the {needed!r} scope; {principal.describe()} has {has}")
+    refused.principal = principal  # type: ignore[attr-defined]  # the audit line names who was refused
+    raise refused
 
 
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:

@@ -58,6 +58,7 @@ def _refuse_undecodable(request: object) -> None:
 
 # The caller of the RPC being served (set by _edge, in the RPC's own task).
 _caller: contextvars.ContextVar[Principal] = contextvars.ContextVar("caller", default=DEFAULT)
+UNKNOWN = Principal(tenant="-", name="-", scopes=frozenset())  # not authenticated (yet)
 audit = logging.getLogger("agentruntime.audit")
 
 
@@ -102,6 +103,7 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         name = method.__name__
+        _caller.set(UNKNOWN)  # an audit line of a refused stranger names no tenant
         try:
             _caller.set(await self.authenticator.authenticate(_metadata(context), name))
             _refuse_undecodable(request)
@@ -111,6 +113,9 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
             return response
         except DomainError as error:
             status = to_grpc_status(error)
+            refused_caller = getattr(error, "principal", None)
+            if isinstance(refused_caller, Principal):
+                _caller.set(refused_caller)
             _audit(name, request, _code_name(error))
             await context.abort_with_status(status)  # type: ignore[arg-type]
             raise  # unreachable: abort raises
