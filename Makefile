@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java test-typescript breaking proto-release run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -91,7 +91,7 @@ proto-release: $(STAMP) ## record the current proto as the released contract
 	$(BIN)/buf build -o $(RELEASED)
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python test-go test-java test-typescript smoke
+TEST_TARGETS := test-python conformance-python test-go test-java test-typescript conformance-secure smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -112,6 +112,15 @@ test-typescript: $(STAMP) tools ## the TypeScript client: build, then the vector
 
 test-java: $(STAMP) ## the Java client (Maven, stubs generated at build): the vectors against a fresh server
 	scripts/with-server.sh bash -c 'cd clients/java && $(MAKE) test'
+
+# The four runners one after the other against one server (TLS, mTLS, AUTH=tokens), each run even
+# when one before it failed. After test-go, test-java and test-typescript it reuses their builds
+# (a client's build is redone only when a source changed); alone, it builds what it needs first.
+SECURE_RUNNERS := "$(BIN)/python clients/python/conformance/run.py" "$(MAKE) -s -C clients/go conformance" \
+	"$(MAKE) -s -C $(TS_DIR) conformance" "$(MAKE) -s -C clients/java conformance"
+conformance-secure: $(STAMP) $(TS_DIR)/node_modules/.installed ## every client's vectors against a server with TLS, mTLS and a bearer token
+	scripts/with-secure-server.sh bash -c 'failed=0; for runner in $(SECURE_RUNNERS); do \
+		echo "== $$runner"; $$runner || failed=1; done; exit $$failed'
 
 # --- running -----------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The `agentruntime` CLI (run, ls, inspect, transcript, resume, watch) as a subprocess against a real server.
+"""The `agentruntime` CLI (run, ls, inspect, transcript, resume, watch, runtimes, rm) as a subprocess against a real server.
 
 Off a terminal `run` prints one line per event and reads the prompt and the answers from
 standard input, so what a person sees in the live tree is checked here line by line."""
@@ -6,6 +6,7 @@ standard input, so what a person sees in the live tree is checked here line by l
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -240,3 +241,84 @@ async def test_errors_are_one_line_with_the_code_never_a_traceback(scripted: Run
     code, _, err = await cli(None, "ls", "rt", "--addr", f"127.0.0.1:{free_port()}")
     assert code == 2 and err.startswith("error: UNAVAILABLE: ")
     assert "Traceback" not in err
+
+
+async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub) -> None:
+    for runtime_id in ("older", "newer"):
+        code, _, err = await cli(scripted, "run", str(AGENTS), "--runtime-id", runtime_id, "--prompt", "hi")
+        assert (code, err) == (0, "")
+    slow = pb.AgentDef(name="slow", description="thinks", script=pb.Script(replies=[pb.ScriptedReply(text="done")]))
+    slow.script.replies[0].delay.FromSeconds(30)
+    await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="busy", agents=[slow]))
+    handle = (await stub.Spawn(pb.SpawnRequest(runtime_id="busy", parent_id="root", agent="slow"))).handle_id
+    await stub.Wake(pb.WakeRequest(runtime_id="busy", handle_id=handle, prompt="go"))
+
+    code, out, err = await cli(scripted, "runtimes")
+    assert (code, err) == (0, ""), out + err
+    header, *rows = out.splitlines()
+    assert header.split() == ["runtime", "created", "handles", "running", "suspended"]
+    table = {row.split()[0]: row.split() for row in rows}
+    assert list(table) == ["busy", "newer", "older"]  # newest first
+    assert table["older"][3:] == table["newer"][3:] == ["3", "0", "0"]  # [1:3]: the created date and time
+    assert table["busy"][3:] == ["1", "1", "0"]
+    assert table["older"][1].count("-") == 2 and table["older"][2].endswith("Z")
+
+    code, out, _ = await cli(scripted, "runtimes", "--json")
+    assert code == 0 and [r["runtime_id"] for r in json.loads(out)["runtimes"]] == ["busy", "newer", "older"]
+
+    code, out, err = await cli(scripted, "rm", "older")
+    assert (code, out, err) == (0, "deleted runtime older\n", "")
+    code, _, err = await cli(scripted, "ls", "older")
+    assert code == 2 and err.startswith("error: NOT_FOUND:")
+
+    code, out, err = await cli(scripted, "rm", "busy")  # a handle is running: refused without --force
+    assert (code, out) == (2, "") and err.startswith("error: FAILED_PRECONDITION:"), err
+    code, out, err = await cli(scripted, "rm", "busy", "--force")
+    assert (code, out, err) == (0, "deleted runtime busy\n", "")
+
+    code, out, _ = await cli(scripted, "runtimes")
+    assert code == 0 and [row.split()[0] for row in out.splitlines()[1:]] == ["newer"]
+
+
+async def test_cert_and_key_go_together(scripted: RunningServer, tmp_path: Path) -> None:
+    code, out, err = await cli(scripted, "runtimes", "--cert", str(tmp_path / "client.pem"))
+    assert (code, out, err) == (2, "", "error: --cert and --key go together (mTLS): give both, or neither\n")
+    code, _, err = await cli(scripted, "runtimes", "--ca", str(tmp_path / "ca.pem"))
+    assert (code, err) == (2, f"error: cannot read --ca {tmp_path / 'ca.pem'}: No such file or directory\n")
+
+
+async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_cert, client_cert = ca.issue_cert("localhost", "127.0.0.1"), ca.issue_cert("cli")
+    files = {
+        "ca.pem": ca.cert_pem.bytes(),
+        "server.pem": server_cert.cert_chain_pems[0].bytes(),
+        "server.key": server_cert.private_key_pem.bytes(),
+        "client.pem": client_cert.cert_chain_pems[0].bytes(),
+        "client.key": client_cert.private_key_pem.bytes(),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    token = "cli-test-token"
+    entry = {"tenant": "acme", "token_sha256": hashlib.sha256(token.encode()).hexdigest(), "scopes": ["read"], "name": "cli"}
+    (tmp_path / "tokens.json").write_text(json.dumps([entry]))
+    security = {
+        "tls_cert": str(tmp_path / "server.pem"),
+        "tls_key": str(tmp_path / "server.key"),
+        "tls_client_ca": str(tmp_path / "ca.pem"),
+        "auth": "tokens",
+        "auth_tokens_file": str(tmp_path / "tokens.json"),
+    }
+    async with serve(**security) as served:
+        addr = ["--addr", f"localhost:{served.port}", "--ca", str(tmp_path / "ca.pem")]
+        mtls = ["--cert", str(tmp_path / "client.pem"), "--key", str(tmp_path / "client.key")]
+        code, out, err = await cli(None, "runtimes", *addr, *mtls, "--token", token)
+        assert (code, out.split(), err) == (0, ["runtime", "created", "handles", "running", "suspended"], "")
+
+        code, _, err = await cli(None, "runtimes", *addr, *mtls)
+        assert code == 2 and err.startswith("error: UNAUTHENTICATED:"), err
+        code, _, err = await cli(None, "rm", "any", *addr, *mtls, "--token", token)  # a read token
+        assert code == 2 and err.startswith("error: PERMISSION_DENIED:"), err
+        code, _, err = await cli(None, "runtimes", *addr, "--token", token)  # no client certificate
+        assert code == 2 and err.startswith("error: UNAVAILABLE:"), err

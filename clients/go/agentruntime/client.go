@@ -6,12 +6,22 @@
 //	if err != nil { ... }
 //	defer client.CloseConn()
 //	result, err := client.Run(ctx, runtimeID, "coordinator", "map the repo")
+//
+// Over TLS with a private CA, a client certificate (mTLS) and a bearer token:
+//
+//	client, err := agentruntime.Dial("agents.example.com:443",
+//		agentruntime.WithCAFile("ca.pem"),
+//		agentruntime.WithClientCertificateFiles("client.pem", "client.key"),
+//		agentruntime.WithToken(token))
 package agentruntime
 
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"os"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
@@ -20,7 +30,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -40,13 +49,20 @@ const waitSlack = 5 * time.Second
 type Client struct {
 	conn    *grpc.ClientConn
 	stub    v1.AgentRuntimeClient
-	token   string
 	timeout time.Duration
 }
 
 type options struct {
 	creds    credentials.TransportCredentials
-	token    string
+	tls      *tls.Config // WithTLS (nil: not asked)
+	useTLS   bool
+	caPEM    []byte
+	caFile   string
+	certPEM  []byte
+	keyPEM   []byte
+	certFile string
+	keyFile  string
+	perRPC   []credentials.PerRPCCredentials
 	timeout  time.Duration
 	dialOpts []grpc.DialOption
 }
@@ -54,19 +70,59 @@ type options struct {
 // Option configures Dial.
 type Option func(*options)
 
-// WithTLS dials over TLS; a nil config uses the system roots.
+// WithTLS dials over TLS with config (nil: the system roots). WithCA and
+// WithClientCertificate add to a copy of it.
 func WithTLS(config *tls.Config) Option {
-	return func(o *options) { o.creds = credentials.NewTLS(config) }
+	return func(o *options) { o.useTLS, o.tls = true, config }
 }
 
-// WithCredentials dials with the given transport credentials (mTLS, ALTS, ...).
+// WithCA dials over TLS and verifies the server against the CA certificates in pem
+// (PEM-encoded) instead of the system roots.
+func WithCA(pem []byte) Option {
+	return func(o *options) { o.useTLS, o.caPEM, o.caFile = true, pem, "" }
+}
+
+// WithCAFile is WithCA with the PEM read from a file (when Dial runs).
+func WithCAFile(path string) Option {
+	return func(o *options) { o.useTLS, o.caFile, o.caPEM = true, path, nil }
+}
+
+// WithClientCertificate dials over TLS and presents the PEM certificate (chain) and its
+// private key to the server (mTLS). The key may be PKCS#8, PKCS#1 or SEC 1.
+func WithClientCertificate(certPEM, keyPEM []byte) Option {
+	return func(o *options) {
+		o.useTLS, o.certPEM, o.keyPEM, o.certFile, o.keyFile = true, certPEM, keyPEM, "", ""
+	}
+}
+
+// WithClientCertificateFiles is WithClientCertificate with the PEM read from files
+// (when Dial runs).
+func WithClientCertificateFiles(certFile, keyFile string) Option {
+	return func(o *options) {
+		o.useTLS, o.certFile, o.keyFile, o.certPEM, o.keyPEM = true, certFile, keyFile, nil, nil
+	}
+}
+
+// WithCredentials dials with the given transport credentials (ALTS, a custom TLS
+// setup, ...); it overrides WithTLS, WithCA and WithClientCertificate.
 func WithCredentials(creds credentials.TransportCredentials) Option {
 	return func(o *options) { o.creds = creds }
 }
 
-// WithToken sends `authorization: Bearer <token>` on every call.
+// WithToken sends `authorization: Bearer <token>` on every call, those made through
+// Stub() included. An empty token sends nothing.
 func WithToken(token string) Option {
-	return func(o *options) { o.token = token }
+	return func(o *options) {
+		if token != "" {
+			o.perRPC = append(o.perRPC, BearerToken(token))
+		}
+	}
+}
+
+// WithPerRPCCredentials adds credentials asked for on every call (an OAuth token
+// source, ...).
+func WithPerRPCCredentials(creds credentials.PerRPCCredentials) Option {
+	return func(o *options) { o.perRPC = append(o.perRPC, creds) }
 }
 
 // WithTimeout sets the deadline of calls whose context has none; 0 means no deadline.
@@ -79,35 +135,94 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
 
+// BearerToken is per-RPC credentials sending `authorization: Bearer <token>`. It does
+// not require transport security, so that a plaintext connection to a loopback server
+// (or to a proxy that terminates TLS) can carry it too: give a remote server TLS.
+type BearerToken string
+
+// GetRequestMetadata implements credentials.PerRPCCredentials.
+func (t BearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity implements credentials.PerRPCCredentials.
+func (t BearerToken) RequireTransportSecurity() bool { return false }
+
+// transportCredentials resolves the TLS options: plaintext unless one of them was given.
+func (o *options) transportCredentials() (credentials.TransportCredentials, error) {
+	if o.creds != nil {
+		return o.creds, nil
+	}
+	if !o.useTLS {
+		return insecure.NewCredentials(), nil
+	}
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.tls != nil {
+		config = o.tls.Clone()
+	}
+	if o.caFile != "" {
+		pem, err := os.ReadFile(o.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("agentruntime: CA file: %w", err)
+		}
+		o.caPEM = pem
+	}
+	if o.caPEM != nil {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(o.caPEM) {
+			return nil, errors.New("agentruntime: the CA holds no PEM certificate")
+		}
+		config.RootCAs = pool
+	}
+	if o.certFile != "" || o.keyFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.certFile, o.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("agentruntime: client certificate: %w", err)
+		}
+		config.Certificates = append(config.Certificates, cert)
+	} else if o.certPEM != nil || o.keyPEM != nil {
+		cert, err := tls.X509KeyPair(o.certPEM, o.keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("agentruntime: client certificate: %w", err)
+		}
+		config.Certificates = append(config.Certificates, cert)
+	}
+	return credentials.NewTLS(config), nil
+}
+
 // Dial creates a client for target (host:port, or any gRPC target URI). Like
 // grpc.NewClient it does not connect yet: the first call does. Plaintext unless
-// WithTLS or WithCredentials is given.
+// WithTLS, WithCA(File), WithClientCertificate(Files) or WithCredentials is given; a
+// CA or certificate that cannot be read or parsed is an error here.
 func Dial(target string, opts ...Option) (*Client, error) {
-	o := options{creds: insecure.NewCredentials(), timeout: DefaultTimeout}
+	o := options{timeout: DefaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	dialOpts := append([]grpc.DialOption{grpc.WithTransportCredentials(o.creds)}, o.dialOpts...)
-	conn, err := grpc.NewClient(target, dialOpts...)
+	creds, err := o.transportCredentials()
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, stub: v1.NewAgentRuntimeClient(conn), token: o.token, timeout: o.timeout}, nil
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	for _, c := range o.perRPC {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(c))
+	}
+	conn, err := grpc.NewClient(target, append(dialOpts, o.dialOpts...)...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: conn, stub: v1.NewAgentRuntimeClient(conn), timeout: o.timeout}, nil
 }
 
 // CloseConn closes the connection (Close is the RPC that closes a handle).
 func (c *Client) CloseConn() error { return c.conn.Close() }
 
-// Stub returns the generated client, for what the thin methods do not cover.
+// Stub returns the generated client, for what the thin methods do not cover. Its
+// calls carry the token too; the default deadline is not applied.
 func (c *Client) Stub() v1.AgentRuntimeClient { return c.stub }
 
-// call prepares a context: the token as metadata (not per-RPC credentials, which
-// gRPC-Go refuses to send over plaintext, while the server accepts it either way) and
-// the default deadline when the caller gave none.
+// call prepares a context: the default deadline when the caller gave none.
 func (c *Client) call(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if c.token != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.token)
-	}
 	if _, ok := ctx.Deadline(); ok || timeout <= 0 {
 		return ctx, func() {}
 	}
@@ -298,6 +413,47 @@ func (c *Client) TranscriptPage(ctx context.Context, runtimeID, handleID string,
 		return nil, wrap(err)
 	}
 	return resp, nil
+}
+
+// ListRuntimes returns every runtime of the caller's tenant, newest first: it follows
+// the pages of ListRuntimes until the last one.
+func (c *Client) ListRuntimes(ctx context.Context) ([]*v1.RuntimeSummary, error) {
+	var runtimes []*v1.RuntimeSummary
+	token := ""
+	for {
+		resp, err := c.ListRuntimesPage(ctx, 0, token)
+		if err != nil {
+			return nil, err
+		}
+		runtimes = append(runtimes, resp.GetRuntimes()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return runtimes, nil
+		}
+	}
+}
+
+// ListRuntimesPage returns one page of ListRuntimes: at most pageSize runtimes (0: the
+// server's default), newest first, from pageToken on ("" for the first page). Its
+// NextPageToken is empty on the last page.
+func (c *Client) ListRuntimesPage(ctx context.Context, pageSize int32, pageToken string) (*v1.ListRuntimesResponse, error) {
+	ctx, cancel := c.call(ctx, c.timeout)
+	defer cancel()
+	resp, err := c.stub.ListRuntimes(ctx, &v1.ListRuntimesRequest{PageSize: pageSize, PageToken: pageToken})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp, nil
+}
+
+// DeleteRuntime closes the runtime and deletes everything stored of it; force
+// interrupts running handles (without it a runtime with running handles is refused).
+func (c *Client) DeleteRuntime(ctx context.Context, runtimeID string, force bool) error {
+	ctx, cancel := c.call(ctx, c.timeout)
+	defer cancel()
+	if _, err := c.stub.DeleteRuntime(ctx, &v1.DeleteRuntimeRequest{RuntimeId: runtimeID, Force: force}); err != nil {
+		return wrap(err)
+	}
+	return nil
 }
 
 // Error is a refused call: the gRPC code, the server's message and the google.rpc

@@ -2,7 +2,17 @@ package agentruntime
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +20,9 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -23,7 +35,36 @@ type fake struct {
 	v1.UnimplementedAgentRuntimeServer
 	auth     []string
 	deadline time.Duration
-	tokens   []string // the page_token of every List and GetTranscript call
+	tokens   []string // the page_token of every List, GetTranscript and ListRuntimes call
+	deleted  []*v1.DeleteRuntimeRequest
+	peerCN   string // the client certificate's common name, over mTLS
+}
+
+func (f *fake) ListRuntimes(ctx context.Context, req *v1.ListRuntimesRequest) (*v1.ListRuntimesResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.auth = md.Get("authorization")
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(info.State.PeerCertificates) > 0 {
+			f.peerCN = info.State.PeerCertificates[0].Subject.CommonName
+		}
+	}
+	f.tokens = append(f.tokens, req.GetPageToken())
+	page, ok := pages[req.GetPageToken()]
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "bad page_token")
+	}
+	resp := &v1.ListRuntimesResponse{NextPageToken: page.next}
+	for _, id := range page.ids {
+		resp.Runtimes = append(resp.Runtimes, &v1.RuntimeSummary{RuntimeId: id})
+	}
+	return resp, nil
+}
+
+func (f *fake) DeleteRuntime(ctx context.Context, req *v1.DeleteRuntimeRequest) (*v1.DeleteRuntimeResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.auth = md.Get("authorization")
+	f.deleted = append(f.deleted, req)
+	return &v1.DeleteRuntimeResponse{}, nil
 }
 
 // pages of List and GetTranscript: the items of each page token, and the next token.
@@ -73,9 +114,14 @@ func (f *fake) Spawn(ctx context.Context, _ *v1.SpawnRequest) (*v1.SpawnResponse
 }
 
 func dialFake(t *testing.T, opts ...Option) (*Client, *fake) {
+	return dialFakeServer(t, nil, opts...)
+}
+
+// dialFakeServer serves the fake with the given server options (TLS credentials, ...).
+func dialFakeServer(t *testing.T, serverOpts []grpc.ServerOption, opts ...Option) (*Client, *fake) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(serverOpts...)
 	f := &fake{}
 	v1.RegisterAgentRuntimeServer(srv, f)
 	go srv.Serve(lis)
@@ -163,5 +209,127 @@ func TestListAndTranscriptFollowPages(t *testing.T) {
 	page, err := client.ListPage(context.Background(), "rt", 2, "p3")
 	if err != nil || len(page.GetHandles()) != 1 || page.GetNextPageToken() != "" {
 		t.Errorf("ListPage(p3) = %v, %v", page, err)
+	}
+}
+
+func TestListRuntimesFollowsPagesAndDeleteRuntimeSendsForce(t *testing.T) {
+	client, f := dialFake(t, WithToken("s3cret"))
+	runtimes, err := client.ListRuntimes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range runtimes {
+		ids = append(ids, r.GetRuntimeId())
+	}
+	if got := strings.Join(ids, ","); got != "a,b,c,d,e" || strings.Join(f.tokens, ",") != ",p2,p3" {
+		t.Errorf("ListRuntimes = %s with page tokens %q", got, f.tokens)
+	}
+	page, err := client.ListRuntimesPage(context.Background(), 2, "p2")
+	if err != nil || len(page.GetRuntimes()) != 2 || page.GetNextPageToken() != "p3" {
+		t.Errorf("ListRuntimesPage(p2) = %v, %v", page, err)
+	}
+	if err := client.DeleteRuntime(context.Background(), "rt", true); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.deleted) != 1 || f.deleted[0].GetRuntimeId() != "rt" || !f.deleted[0].GetForce() {
+		t.Errorf("DeleteRuntime sent %v", f.deleted)
+	}
+	// The token rides on calls made through Stub() as well.
+	f.auth = nil
+	if _, err := client.Stub().DeleteRuntime(context.Background(), &v1.DeleteRuntimeRequest{RuntimeId: "rt"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.auth) != 1 || f.auth[0] != "Bearer s3cret" {
+		t.Errorf("authorization through Stub() = %v", f.auth)
+	}
+}
+
+// issue returns a certificate the CA signs for name (server or client use) and its key, as PEM.
+func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, name string, usage x509.ExtKeyUsage) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+}
+
+func TestMutualTLSWithCustomCAAndToken(t *testing.T) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTemplate := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	serverCert, serverKey := issue(t, ca, caKey, "localhost", x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey := issue(t, ca, caKey, "ci-bot", x509.ExtKeyUsageClientAuth)
+
+	pair, err := tls.X509KeyPair(serverCert, serverKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	serverTLS := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
+	serverOpts := []grpc.ServerOption{grpc.Creds(serverTLS)}
+
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	certFile, keyFile := filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")
+	for path, data := range map[string][]byte{caFile: caPEM, certFile: clientCert, keyFile: clientKey} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	authority := WithDialOptions(grpc.WithAuthority("localhost"))
+	for name, opts := range map[string][]Option{
+		"bytes": {WithCA(caPEM), WithClientCertificate(clientCert, clientKey)},
+		"files": {WithCAFile(caFile), WithClientCertificateFiles(certFile, keyFile)},
+	} {
+		client, f := dialFakeServer(t, serverOpts, append(opts, WithToken("s3cret"), authority)...)
+		if _, err := client.ListRuntimesPage(context.Background(), 0, ""); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if f.peerCN != "ci-bot" || len(f.auth) != 1 || f.auth[0] != "Bearer s3cret" {
+			t.Errorf("%s: the server saw client certificate %q and authorization %v", name, f.peerCN, f.auth)
+		}
+	}
+
+	// Without the client certificate the handshake fails; a CA that is not PEM fails Dial.
+	client, _ := dialFakeServer(t, serverOpts, WithCA(caPEM), authority)
+	if _, err := client.ListRuntimesPage(context.Background(), 0, ""); status.Code(err) != codes.Unavailable {
+		t.Errorf("without a client certificate: %v, want UNAVAILABLE", err)
+	}
+	if _, err := Dial("localhost:1", WithCA([]byte("not a certificate"))); err == nil {
+		t.Error("Dial accepted a CA with no PEM certificate")
+	}
+	if _, err := Dial("localhost:1", WithClientCertificateFiles(certFile, filepath.Join(dir, "missing.key"))); err == nil {
+		t.Error("Dial accepted a missing key file")
 	}
 }

@@ -126,7 +126,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(2)
 	}
-	client, err := agentruntime.Dial(addr, agentruntime.WithTimeout(callTimeout))
+	client, err := agentruntime.Dial(addr, connectionOptions()...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		os.Exit(2)
@@ -148,6 +148,23 @@ func main() {
 	if failed > 0 {
 		os.Exit(1)
 	}
+}
+
+// connectionOptions: the call deadline, plus TLS and the token from the environment
+// (tests/vectors/README.md); each unset or empty variable leaves its option out.
+func connectionOptions() []agentruntime.Option {
+	opts := []agentruntime.Option{agentruntime.WithTimeout(callTimeout)}
+	if ca := os.Getenv("AGENTRUNTIME_CA_FILE"); ca != "" {
+		opts = append(opts, agentruntime.WithCAFile(ca))
+	}
+	cert, key := os.Getenv("AGENTRUNTIME_CLIENT_CERT_FILE"), os.Getenv("AGENTRUNTIME_CLIENT_KEY_FILE")
+	if cert != "" || key != "" {
+		opts = append(opts, agentruntime.WithClientCertificateFiles(cert, key))
+	}
+	if token := os.Getenv("AGENTRUNTIME_TOKEN"); token != "" {
+		opts = append(opts, agentruntime.WithToken(token))
+	}
+	return opts
 }
 
 func envOr(key, fallback string) string {

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -48,6 +50,19 @@ class AgentRuntimeError(Exception):
         return cls(error.code(), error.details() or "", details)
 
 
+PEM = bytes | str | os.PathLike[str]
+"""PEM data as bytes, or the path of a PEM file (a str or a Path)."""
+
+
+def _pem(value: PEM | None, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        return Path(value).read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot read the {what} file {os.fspath(value)}: {error.strerror}") from None
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
     value.FromNanoseconds(int(seconds * 1e9))
@@ -55,7 +70,13 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 class Client:
-    """`async with Client("127.0.0.1:50051") as client: result = await client.run(rt, "coordinator", "...")`"""
+    """`async with Client("127.0.0.1:50051") as client: result = await client.run(rt, "coordinator", "...")`
+
+    Plaintext by default. `tls=True` verifies the server against the system's roots;
+    `root_certificates` (a CA as PEM bytes, or a PEM file's path) against that CA instead;
+    `client_cert` and `client_key` (both, PEM bytes or paths) present a client certificate
+    (mTLS). Any of the three implies TLS. `token` is sent as `authorization: Bearer <token>`
+    on every call (over TLS, or plaintext to a loopback server)."""
 
     def __init__(
         self,
@@ -63,16 +84,35 @@ class Client:
         *,
         token: str | None = None,
         tls: bool = False,
-        root_certificates: bytes | None = None,
+        root_certificates: PEM | None = None,
+        client_cert: PEM | None = None,
+        client_key: PEM | None = None,
         timeout: float | None = 60.0,
     ) -> None:
-        if tls:
-            self._channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates))
+        if (client_cert is None) != (client_key is None):
+            raise ValueError("client_cert and client_key go together: give both for mTLS, or neither")
+        roots = _pem(root_certificates, "root_certificates")
+        chain = _pem(client_cert, "client_cert")
+        key = _pem(client_key, "client_key")
+        if tls or roots is not None or chain is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
+            self._channel = grpc.aio.secure_channel(target, credentials)
         else:
             self._channel = grpc.aio.insecure_channel(target)
         self._stub = pb_grpc.AgentRuntimeStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
+
+    @property
+    def stub(self) -> pb_grpc.AgentRuntimeStub:
+        """The generated stub on this client's channel, for what the thin methods do not
+        cover; pass `metadata=client.metadata` so that the call carries the token."""
+        return self._stub
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata every call sends: the bearer token, if any."""
+        return self._metadata
 
     async def __aenter__(self) -> Client:
         return self
@@ -170,6 +210,29 @@ class Client:
             token = response.next_page_token
             if not token:
                 return messages
+
+    async def list_runtimes_page(self, page_size: int = 0, page_token: str = "") -> pb.ListRuntimesResponse:
+        """One page of ListRuntimes: at most `page_size` of the caller's runtimes (0: the
+        server's default), newest first, from `page_token` on; `next_page_token` is empty on
+        the last page."""
+        request = pb.ListRuntimesRequest(page_size=page_size, page_token=page_token)
+        return await self._call(self._stub.ListRuntimes, request)  # type: ignore[no-any-return]
+
+    async def list_runtimes(self) -> list[pb.RuntimeSummary]:
+        """Every runtime of the caller's tenant, newest first (all pages)."""
+        runtimes: list[pb.RuntimeSummary] = []
+        token = ""
+        while True:
+            response = await self.list_runtimes_page(page_token=token)
+            runtimes.extend(response.runtimes)
+            token = response.next_page_token
+            if not token:
+                return runtimes
+
+    async def delete_runtime(self, runtime_id: str, force: bool = False) -> None:
+        """Closes the runtime and deletes everything stored of it; `force` interrupts running
+        handles (without it a runtime with running handles is refused)."""
+        await self._call(self._stub.DeleteRuntime, pb.DeleteRuntimeRequest(runtime_id=runtime_id, force=force))
 
     async def watch(
         self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 0.25

@@ -13,7 +13,6 @@ from typing import Any
 import grpc
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf import duration_pb2, json_format, struct_pb2
 from google.rpc import error_details_pb2
 
@@ -157,13 +156,13 @@ class Raw:
     """The generated stub, for the fields the thin client does not take (Post's trust and
     coalesce_key, Close's grace); refusals come back as AgentRuntimeError, as the client's do."""
 
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
-        self.stub = pb_grpc.AgentRuntimeStub(self.channel)
+    def __init__(self, client: Client) -> None:
+        self.stub = client.stub  # the client's channel: its TLS and its token
+        self.metadata = client.metadata
 
     async def call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=CALL_TIMEOUT)
+            return await method(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
         except grpc.aio.AioRpcError as error:
             raise AgentRuntimeError.from_rpc_error(error) from None
 
@@ -297,10 +296,25 @@ async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
             _check(where, outcome, step["expect"])
 
 
+def connection_options() -> dict[str, Any]:
+    """The client's TLS and token from the environment (tests/vectors/README.md): each unset
+    or empty variable leaves its option out."""
+    env = {
+        name: os.environ.get(f"AGENTRUNTIME_{name}") or None
+        for name in ("CA_FILE", "CLIENT_CERT_FILE", "CLIENT_KEY_FILE", "TOKEN")
+    }
+    return {
+        "root_certificates": Path(env["CA_FILE"]) if env["CA_FILE"] else None,
+        "client_cert": Path(env["CLIENT_CERT_FILE"]) if env["CLIENT_CERT_FILE"] else None,
+        "client_key": Path(env["CLIENT_KEY_FILE"]) if env["CLIENT_KEY_FILE"] else None,
+        "token": env["TOKEN"],
+    }
+
+
 async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
     passed = failed = 0
-    raw = Raw(address)
-    async with Client(address, timeout=CALL_TIMEOUT) as client:
+    async with Client(address, timeout=CALL_TIMEOUT, **connection_options()) as client:
+        raw = Raw(client)
         for name, text in vectors:
             try:
                 vector = json.loads(text)
@@ -311,7 +325,6 @@ async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
             else:
                 passed += 1
                 print(f"ok   {name}")
-    await raw.channel.close()
     print(f"conformance: {passed} passed, {failed} failed")
     return 1 if failed else 0
 
@@ -323,7 +336,11 @@ def main() -> int:
     if not vectors:
         print(f"conformance: no vectors in {folder}", file=sys.stderr)
         return 2
-    return asyncio.run(run_all(address, vectors))
+    try:
+        return asyncio.run(run_all(address, vectors))
+    except ValueError as error:  # an unreadable AGENTRUNTIME_*_FILE (a vector's own errors are caught per vector)
+        print(f"conformance: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@
  * ```
  */
 
+import { readFileSync } from "node:fs";
+
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import {
@@ -31,7 +33,9 @@ import {
   type GetTranscriptResponse,
   type HandleView,
   type ListResponse,
+  type ListRuntimesResponse,
   type Message,
+  type RuntimeSummary,
   type TaskResult,
 } from "./gen/agentruntime/v1/agent_runtime_pb.js";
 import {
@@ -51,14 +55,27 @@ export { Code, ConnectError };
 export const DEFAULT_TIMEOUT_MS = 60_000;
 
 export interface ClientOptions {
-  /** Connect over TLS (`https://`). Default false (plaintext HTTP/2, `http://`). */
+  /**
+   * Connect over TLS (`https://`), verifying the server against Node's bundled CAs. Default
+   * false (plaintext HTTP/2, `http://`); any of the CA or client certificate options implies it.
+   */
   tls?: boolean;
-  /** Sent as `authorization: Bearer <token>` on every call. */
+  /** Sent as `authorization: Bearer <token>` on every call (`raw` calls included). */
   token?: string;
   /** The deadline of each call in ms (default 60 000); 0 means no deadline. */
   timeoutMs?: number;
-  /** PEM root certificates for TLS (default: Node's bundled CAs). */
+  /** PEM CA certificates to verify the server with, instead of Node's bundled CAs. */
   rootCertificates?: string | Buffer;
+  /** `rootCertificates` read from a PEM file. */
+  caFile?: string;
+  /** PEM client certificate (chain) presented to the server (mTLS); needs its key. */
+  clientCertificate?: string | Buffer;
+  /** PEM private key of the client certificate. */
+  clientKey?: string | Buffer;
+  /** `clientCertificate` read from a PEM file. */
+  clientCertificateFile?: string;
+  /** `clientKey` read from a PEM file. */
+  clientKeyFile?: string;
 }
 
 /** An AgentDef, Budget or Answer as a message or as a plain init object. */
@@ -75,6 +92,25 @@ export function baseUrl(target: string, tls = false): string {
   return `${tls ? "https" : "http"}://${target}`;
 }
 
+/** The `ca`, `cert` and `key` of Node's TLS options from ClientOptions (files read now). */
+function tlsOptions(options: ClientOptions): { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer } {
+  const read = (path: string | undefined, what: string): Buffer | undefined => {
+    if (path === undefined) return undefined;
+    try {
+      return readFileSync(path);
+    } catch (error) {
+      throw new Error(`cannot read the ${what} file ${path}: ${error instanceof Error ? error.message : String(error)}`);
+    }
+  };
+  const ca = options.rootCertificates ?? read(options.caFile, "CA");
+  const cert = options.clientCertificate ?? read(options.clientCertificateFile, "client certificate");
+  const key = options.clientKey ?? read(options.clientKeyFile, "client key");
+  if ((cert === undefined) !== (key === undefined)) {
+    throw new Error("a client certificate and its key go together (mTLS): give both, or neither");
+  }
+  return { ...(ca !== undefined ? { ca } : {}), ...(cert !== undefined ? { cert, key } : {}) };
+}
+
 export class AgentRuntimeClient {
   /** The generated client: every RPC with the transport's interceptors. */
   readonly raw: RawClient;
@@ -89,10 +125,12 @@ export class AgentRuntimeClient {
         return next(request);
       });
     }
+    const security = tlsOptions(options);
+    const secure = options.tls === true || Object.keys(security).length > 0;
     const transport = createGrpcTransport({
-      baseUrl: baseUrl(target, options.tls ?? false),
+      baseUrl: baseUrl(target, secure),
       interceptors,
-      ...(options.rootCertificates !== undefined ? { nodeOptions: { ca: options.rootCertificates } } : {}),
+      ...(Object.keys(security).length > 0 ? { nodeOptions: security } : {}),
     });
     this.raw = createConnectClient(AgentRuntime, transport);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -210,9 +248,40 @@ export class AgentRuntimeClient {
   async transcriptPage(runtimeId: string, handleId: string, pageSize = 0, pageToken = ""): Promise<GetTranscriptResponse> {
     return this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, this.call());
   }
+
+  /** Every runtime of the caller's tenant, newest first (it follows the pages of ListRuntimes to the last). */
+  async listRuntimes(): Promise<RuntimeSummary[]> {
+    const runtimes: RuntimeSummary[] = [];
+    let pageToken = "";
+    do {
+      const response = await this.listRuntimesPage(0, pageToken);
+      runtimes.push(...response.runtimes);
+      pageToken = response.nextPageToken;
+    } while (pageToken);
+    return runtimes;
+  }
+
+  /**
+   * One page of ListRuntimes: at most `pageSize` runtimes (0: the server's default), newest first,
+   * from `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
+   */
+  async listRuntimesPage(pageSize = 0, pageToken = ""): Promise<ListRuntimesResponse> {
+    return this.raw.listRuntimes({ pageSize, pageToken }, this.call());
+  }
+
+  /**
+   * Closes the runtime and deletes everything stored of it; `force` interrupts running handles
+   * (without it a runtime with running handles is refused).
+   */
+  async deleteRuntime(runtimeId: string, force = false): Promise<void> {
+    await this.raw.deleteRuntime({ runtimeId, force }, this.call());
+  }
 }
 
-/** `createClient("127.0.0.1:50051", { token, tls, timeoutMs })`. */
+/**
+ * `createClient("127.0.0.1:50051", { token, tls, timeoutMs })`; over TLS with a private CA and a
+ * client certificate: `createClient("host:443", { caFile, clientCertificateFile, clientKeyFile, token })`.
+ */
 export function createClient(target: string, options?: ClientOptions): AgentRuntimeClient {
   return new AgentRuntimeClient(target, options);
 }

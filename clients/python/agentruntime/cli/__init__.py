@@ -1,4 +1,4 @@
-"""`agentruntime run | ls | inspect | transcript | resume | watch`: operate a server from a terminal.
+"""`agentruntime run | ls | inspect | transcript | resume | watch | runtimes | rm`: operate a server from a terminal.
 
 The commands are listed here without importing them, so a host (the server's console
 script) can offer them at no cost; `main` imports the implementation."""
@@ -12,6 +12,8 @@ COMMANDS = {
     "transcript": "show a handle's transcript",
     "resume": "answer a pending request",
     "watch": "print a runtime's events as they happen",
+    "runtimes": "list your runtimes, newest first",
+    "rm": "delete a runtime and everything stored of it",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import secrets
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.rpc import error_details_pb2
 from rich.console import Console
 from rich.live import Live
@@ -46,6 +47,11 @@ class Failure(Exception):
     """A mistake caught before (or without) asking the server: a file, an argument."""
 
 
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     connection = common.add_argument_group("connection")
@@ -61,7 +67,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AGENTRUNTIME_TLS", "").lower() in ("1", "true", "yes"),
         help="connect with TLS (env AGENTRUNTIME_TLS=1)",
     )
-    connection.add_argument("--ca", type=Path, help="PEM root certificates for --tls (default: the system's)")
+    connection.add_argument(
+        "--ca",
+        type=Path,
+        default=_env_path("AGENTRUNTIME_CA_FILE"),
+        help="PEM CA certificates to verify the server with, implies --tls (default: the system's; env AGENTRUNTIME_CA_FILE)",
+    )
+    connection.add_argument(
+        "--cert",
+        type=Path,
+        default=_env_path("AGENTRUNTIME_CLIENT_CERT_FILE"),
+        help="PEM client certificate for mTLS, with --key; implies --tls (env AGENTRUNTIME_CLIENT_CERT_FILE)",
+    )
+    connection.add_argument(
+        "--key",
+        type=Path,
+        default=_env_path("AGENTRUNTIME_CLIENT_KEY_FILE"),
+        help="PEM private key of --cert (env AGENTRUNTIME_CLIENT_KEY_FILE)",
+    )
 
     parser = argparse.ArgumentParser(prog="agentruntime", description="Operate an agentruntime server.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -104,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--reason", default="", help="why (with --no)")
     resume.add_argument("--json", action="store_true", help="print the TaskResult as proto3 JSON")
 
+    runtimes = command("runtimes")
+    runtimes.add_argument("--json", action="store_true", help="print the ListRuntimesResponse as proto3 JSON")
+
+    rm = command("rm")
+    rm.add_argument("runtime")
+    rm.add_argument("--force", action="store_true", help="interrupt running handles (without it a running runtime is refused)")
+
     watch = command("watch")
     watch.add_argument("runtime")
     watch.add_argument(
@@ -135,17 +165,27 @@ async def _dispatch(args: argparse.Namespace) -> int:
         "transcript": _transcript,
         "resume": _resume,
         "watch": _watch,
+        "runtimes": _runtimes,
+        "rm": _rm,
     }
     task = asyncio.current_task()
     if task is not None:  # SIGTERM stops a command as Ctrl-C does (a background job ignores SIGINT)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        certificates = args.ca.read_bytes() if args.ca else None
-    except OSError as error:
-        return _fail(f"cannot read --ca {args.ca}: {error.strerror}")
+        pem = _read_pem(args)
+    except Failure as error:
+        return _fail(str(error))
     # Run, Resume and Watch last as long as the agents do: no deadline. The rest are quick.
     timeout = None if args.command in ("run", "resume", "watch") else 30.0
-    client = Client(args.addr, token=args.token, tls=args.tls, root_certificates=certificates, timeout=timeout)
+    client = Client(
+        args.addr,
+        token=args.token,
+        tls=args.tls,
+        root_certificates=pem["ca"],
+        client_cert=pem["cert"],
+        client_key=pem["key"],
+        timeout=timeout,
+    )
     try:
         return await handlers[args.command](args, client)
     except AgentRuntimeError as error:
@@ -155,6 +195,20 @@ async def _dispatch(args: argparse.Namespace) -> int:
         return _fail(str(error))
     finally:
         await client.close_channel()
+
+
+def _read_pem(args: argparse.Namespace) -> dict[str, bytes | None]:
+    """The PEM files of --ca, --cert and --key (None: not given)."""
+    if (args.cert is None) != (args.key is None):
+        raise Failure("--cert and --key go together (mTLS): give both, or neither")
+    pem: dict[str, bytes | None] = {}
+    for flag in ("ca", "cert", "key"):
+        path: Path | None = getattr(args, flag)
+        try:
+            pem[flag] = path.read_bytes() if path else None
+        except OSError as error:
+            raise Failure(f"cannot read --{flag} {path}: {error.strerror}") from None
+    return pem
 
 
 def _fail(message: str) -> int:
@@ -352,13 +406,7 @@ async def _ls(args: argparse.Namespace, client: Client) -> int:
         ]
         for view in handles
     ]
-    if sys.stdout.isatty():
-        table = Table(*headers, header_style="bold")
-        for row in rows:
-            table.add_row(*row)
-        Console(highlight=False).print(table)
-    else:
-        _print(columns(headers, rows))
+    _table(headers, rows)
     return EXIT_OK
 
 
@@ -417,6 +465,46 @@ async def _resume(args: argparse.Namespace, client: Client) -> int:
             _print("--- the run waits for an answer again")
             _print(key_values(request_lines(result.pending)))
     return EXIT_OK if result.status == pb.STATUS_DONE else EXIT_NOT_DONE
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    if sys.stdout.isatty():
+        table = Table(*headers, header_style="bold")
+        for row in rows:
+            table.add_row(*row)
+        Console(highlight=False).print(table)
+    else:
+        _print(columns(headers, rows))
+
+
+def _when(timestamp: timestamp_pb2.Timestamp) -> str:
+    return timestamp.ToDatetime(datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+async def _runtimes(args: argparse.Namespace, client: Client) -> int:
+    runtimes = await client.list_runtimes()
+    if args.json:
+        _json(pb.ListRuntimesResponse(runtimes=runtimes))
+        return EXIT_OK
+    headers = ["runtime", "created", "handles", "running", "suspended"]
+    rows = [
+        [
+            summary.runtime_id,
+            _when(summary.create_time) if summary.HasField("create_time") else "-",
+            str(summary.handle_count),
+            str(summary.running_count),
+            str(summary.suspended_count),
+        ]
+        for summary in runtimes
+    ]
+    _table(headers, rows)
+    return EXIT_OK
+
+
+async def _rm(args: argparse.Namespace, client: Client) -> int:
+    await client.delete_runtime(args.runtime, force=args.force)
+    _print(f"deleted runtime {args.runtime}")
+    return EXIT_OK
 
 
 async def _watch(args: argparse.Namespace, client: Client) -> int:

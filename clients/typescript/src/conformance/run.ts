@@ -426,7 +426,20 @@ async function main(): Promise<number> {
     console.error(`conformance: no vectors in ${VECTORS}`);
     return 2;
   }
-  const client = createClient(address);
+  // TLS and the token from the environment (tests/vectors/README.md); unset or empty: left out.
+  const env = (name: string): string | undefined => process.env[name] || undefined;
+  let client: AgentRuntimeClient;
+  try {
+    client = createClient(address, {
+      caFile: env("AGENTRUNTIME_CA_FILE"),
+      clientCertificateFile: env("AGENTRUNTIME_CLIENT_CERT_FILE"),
+      clientKeyFile: env("AGENTRUNTIME_CLIENT_KEY_FILE"),
+      token: env("AGENTRUNTIME_TOKEN"),
+    });
+  } catch (error) {
+    console.error(`conformance: ${describeError(error)}`);
+    return 2;
+  }
   let passed = 0;
   let failed = 0;
   for (const file of files) {

@@ -6,6 +6,7 @@ import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CreateRuntimeRequest;
+import dev.agentruntime.v1.DeleteRuntimeRequest;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
@@ -13,34 +14,35 @@ import dev.agentruntime.v1.InspectRequest;
 import dev.agentruntime.v1.InterruptRequest;
 import dev.agentruntime.v1.ListRequest;
 import dev.agentruntime.v1.ListResponse;
+import dev.agentruntime.v1.ListRuntimesRequest;
+import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.ResumeRequest;
+import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.SpawnRequest;
 import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WakeRequest;
-import io.grpc.CallOptions;
-import io.grpc.Channel;
+import io.grpc.CallCredentials;
 import io.grpc.ChannelCredentials;
-import io.grpc.ClientCall;
-import io.grpc.ClientInterceptor;
-import io.grpc.ForwardingClientCall;
+import io.grpc.CompositeChannelCredentials;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
-import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
-import io.grpc.MethodDescriptor;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
+import java.io.ByteArrayInputStream;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.file.Files;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
+import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
@@ -81,11 +83,25 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return new Builder(target);
   }
 
-  /** Configures the channel: plaintext by default (like the Python client), TLS on request. */
+  /**
+   * Configures the channel: plaintext by default (like the Python client), TLS on request.
+   *
+   * <pre>{@code
+   * AgentRuntimeClient client = AgentRuntimeClient.newBuilder("agents.example.com:443")
+   *     .trustCertificates(new File("ca.pem"))                             // a private CA
+   *     .clientCertificate(new File("client.pem"), new File("client.key")) // mTLS
+   *     .bearerToken(System.getenv("AGENTRUNTIME_TOKEN"))
+   *     .build();
+   * }</pre>
+   */
   public static final class Builder {
     private final String target;
-    private ChannelCredentials credentials = InsecureChannelCredentials.create();
-    private String token;
+    private ChannelCredentials credentials; // set by usePlaintext or credentials(); null: from the TLS settings
+    private boolean tls;
+    private byte[] trustedCertificates; // PEM; null: the JVM's trust store
+    private byte[] clientCertificateChain; // PEM
+    private byte[] clientPrivateKey; // PEM, PKCS#8
+    private CallCredentials callCredentials;
     private Duration timeout = DEFAULT_TIMEOUT;
 
     private Builder(String target) {
@@ -95,34 +111,66 @@ public final class AgentRuntimeClient implements AutoCloseable {
     /** No transport security (the default): for a server on loopback or behind a TLS proxy. */
     public Builder usePlaintext() {
       this.credentials = InsecureChannelCredentials.create();
+      this.tls = false;
       return this;
     }
 
-    /** TLS, verifying the server against the JVM's default trust store. */
+    /** TLS, verifying the server against the JVM's default trust store (unless {@link #trustCertificates} says otherwise). */
     public Builder useTransportSecurity() {
-      this.credentials = TlsChannelCredentials.create();
+      this.credentials = null;
+      this.tls = true;
       return this;
     }
 
     /** TLS, verifying the server against the PEM root certificates in {@code rootCertificates}. */
     public Builder useTransportSecurity(File rootCertificates) {
-      try {
-        this.credentials = TlsChannelCredentials.newBuilder().trustManager(rootCertificates).build();
-      } catch (IOException e) {
-        throw new UncheckedIOException(e);
-      }
-      return this;
+      return trustCertificates(rootCertificates);
     }
 
-    /** Any channel credentials (mutual TLS, ALTS, ...). */
+    /** TLS, verifying the server against these PEM CA certificates instead of the JVM's trust store. */
+    public Builder trustCertificates(byte[] pem) {
+      this.trustedCertificates = Objects.requireNonNull(pem, "pem").clone();
+      return useTransportSecurity();
+    }
+
+    /** {@link #trustCertificates(byte[])} with the PEM read from a file (now). */
+    public Builder trustCertificates(File pem) {
+      return trustCertificates(read(pem));
+    }
+
+    /**
+     * TLS, presenting this client certificate (a PEM chain) and its private key (PEM, PKCS#8:
+     * {@code -----BEGIN PRIVATE KEY-----}) to a server that asks for one (mTLS).
+     */
+    public Builder clientCertificate(byte[] certificateChain, byte[] privateKey) {
+      this.clientCertificateChain = Objects.requireNonNull(certificateChain, "certificateChain").clone();
+      this.clientPrivateKey = Objects.requireNonNull(privateKey, "privateKey").clone();
+      return useTransportSecurity();
+    }
+
+    /** {@link #clientCertificate(byte[], byte[])} with the PEM read from files (now). */
+    public Builder clientCertificate(File certificateChain, File privateKey) {
+      return clientCertificate(read(certificateChain), read(privateKey));
+    }
+
+    /** Any channel credentials (ALTS, a custom TLS setup, ...); the TLS settings above are then ignored. */
     public Builder credentials(ChannelCredentials credentials) {
       this.credentials = Objects.requireNonNull(credentials, "credentials");
       return this;
     }
 
-    /** Sends {@code authorization: Bearer <token>} on every call; {@code null} sends none. */
+    /**
+     * Sends {@code authorization: Bearer <token>} on every call, as {@link CallCredentials} on the
+     * channel (so {@link #stub()} calls carry it too); {@code null} or empty sends none.
+     */
     public Builder bearerToken(String token) {
-      this.token = token;
+      this.callCredentials = token == null || token.isEmpty() ? null : new BearerToken(token);
+      return this;
+    }
+
+    /** Any call credentials (an OAuth token source, ...), in place of {@link #bearerToken}. */
+    public Builder callCredentials(CallCredentials callCredentials) {
+      this.callCredentials = callCredentials;
       return this;
     }
 
@@ -132,37 +180,77 @@ public final class AgentRuntimeClient implements AutoCloseable {
       return this;
     }
 
-    public AgentRuntimeClient build() {
-      ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(target, credentials);
-      if (token != null && !token.isEmpty()) {
-        builder.intercept(new BearerTokenInterceptor(token));
+    private static byte[] read(File file) {
+      try {
+        return Files.readAllBytes(file.toPath());
+      } catch (IOException e) {
+        throw new UncheckedIOException("cannot read " + file, e);
       }
-      return new AgentRuntimeClient(builder.build(), timeout);
+    }
+
+    private ChannelCredentials channelCredentials() {
+      if (credentials != null) {
+        return credentials;
+      }
+      if (!tls) {
+        return InsecureChannelCredentials.create();
+      }
+      TlsChannelCredentials.Builder builder = TlsChannelCredentials.newBuilder();
+      try {
+        if (trustedCertificates != null) {
+          builder.trustManager(new ByteArrayInputStream(trustedCertificates));
+        }
+        if (clientCertificateChain != null) {
+          builder.keyManager(new ByteArrayInputStream(clientCertificateChain), new ByteArrayInputStream(clientPrivateKey));
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+      return builder.build();
+    }
+
+    public AgentRuntimeClient build() {
+      ChannelCredentials channelCredentials = channelCredentials();
+      if (callCredentials != null) {
+        channelCredentials = CompositeChannelCredentials.create(channelCredentials, callCredentials);
+      }
+      return new AgentRuntimeClient(Grpc.newChannelBuilder(target, channelCredentials).build(), timeout);
     }
   }
 
-  /** Adds {@code authorization: Bearer <token>} to the headers of every call. */
-  static final class BearerTokenInterceptor implements ClientInterceptor {
+  /**
+   * Call credentials sending {@code authorization: Bearer <token>}. They are applied over plaintext
+   * too (a loopback server, a proxy that terminates TLS): give a remote server TLS.
+   */
+  public static final class BearerToken extends CallCredentials {
     private static final Metadata.Key<String> AUTHORIZATION =
         Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
 
     private final String value;
 
-    BearerTokenInterceptor(String token) {
-      this.value = "Bearer " + token;
+    public BearerToken(String token) {
+      this.value = "Bearer " + Objects.requireNonNull(token, "token");
     }
 
     @Override
-    public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
-        MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
-      return new ForwardingClientCall.SimpleForwardingClientCall<ReqT, RespT>(next.newCall(method, options)) {
-        @Override
-        public void start(Listener<RespT> listener, Metadata headers) {
-          headers.put(AUTHORIZATION, value);
-          super.start(listener, headers);
-        }
-      };
+    public void applyRequestMetadata(RequestInfo requestInfo, Executor appExecutor, MetadataApplier applier) {
+      Metadata headers = new Metadata();
+      headers.put(AUTHORIZATION, value);
+      applier.apply(headers);
     }
+
+    @Override
+    public String toString() {
+      return "BearerToken[redacted]";
+    }
+  }
+
+  /**
+   * The generated blocking stub on this client's channel (its TLS and call credentials), for what
+   * the thin methods do not cover; no default deadline is applied.
+   */
+  public AgentRuntimeGrpc.AgentRuntimeBlockingStub stub() {
+    return stub;
   }
 
   private <T> T call(Duration deadline, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
@@ -369,6 +457,44 @@ public final class AgentRuntimeClient implements AutoCloseable {
         .setPageToken(pageToken == null ? "" : pageToken)
         .build();
     return call(s -> s.getTranscript(request));
+  }
+
+  /** Every runtime of the caller's tenant, newest first: it follows the pages of ListRuntimes to the last. */
+  public List<RuntimeSummary> listRuntimes() {
+    List<RuntimeSummary> runtimes = new ArrayList<>();
+    String pageToken = "";
+    do {
+      ListRuntimesResponse page = listRuntimesPage(0, pageToken);
+      runtimes.addAll(page.getRuntimesList());
+      pageToken = page.getNextPageToken();
+    } while (!pageToken.isEmpty());
+    return List.copyOf(runtimes);
+  }
+
+  /**
+   * One page of ListRuntimes: at most {@code pageSize} runtimes (0: the server's default), newest
+   * first, from {@code pageToken} on (empty for the first page); its {@code next_page_token} is empty
+   * on the last page.
+   */
+  public ListRuntimesResponse listRuntimesPage(int pageSize, String pageToken) {
+    ListRuntimesRequest request = ListRuntimesRequest.newBuilder()
+        .setPageSize(pageSize)
+        .setPageToken(pageToken == null ? "" : pageToken)
+        .build();
+    return call(s -> s.listRuntimes(request));
+  }
+
+  /**
+   * Closes the runtime and deletes everything stored of it; {@code force} interrupts running
+   * handles (without it a runtime with running handles is refused).
+   */
+  public void deleteRuntime(String runtimeId, boolean force) {
+    DeleteRuntimeRequest request = DeleteRuntimeRequest.newBuilder().setRuntimeId(runtimeId).setForce(force).build();
+    call(s -> s.deleteRuntime(request));
+  }
+
+  public void deleteRuntime(String runtimeId) {
+    deleteRuntime(runtimeId, false);
   }
 
   /** Shuts the channel down (closes no handle: see {@link #close(String, String)} for that). */

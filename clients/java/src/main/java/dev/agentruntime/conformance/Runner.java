@@ -32,11 +32,10 @@ import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
 import dev.agentruntime.v1.Trust;
-import io.grpc.Grpc;
-import io.grpc.InsecureChannelCredentials;
-import io.grpc.ManagedChannel;
 import io.grpc.StatusRuntimeException;
+import java.io.File;
 import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.math.BigDecimal;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -95,11 +94,10 @@ public final class Runner {
 
     int passed = 0;
     int failed = 0;
-    // The generated stub, for the fields the thin client does not take (Post's trust and
-    // coalesce_key, Close's grace).
-    ManagedChannel rawChannel = Grpc.newChannelBuilder(address, InsecureChannelCredentials.create()).build();
-    AgentRuntimeGrpc.AgentRuntimeBlockingStub raw = AgentRuntimeGrpc.newBlockingStub(rawChannel);
-    try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder(address).defaultTimeout(CALL_TIMEOUT).build()) {
+    try (AgentRuntimeClient client = connect(address)) {
+      // The generated stub, for the fields the thin client does not take (Post's trust and
+      // coalesce_key, Close's grace): on the client's channel, with its TLS and token.
+      AgentRuntimeGrpc.AgentRuntimeBlockingStub raw = client.stub();
       for (Path file : files) {
         String name = file.getFileName().toString();
         try {
@@ -124,10 +122,34 @@ public final class Runner {
         }
       }
     }
-    rawChannel.shutdownNow();
     System.out.println("conformance: " + passed + " passed, " + failed + " failed");
     System.out.flush();
     System.exit(failed > 0 ? 1 : 0);
+  }
+
+  /**
+   * The client, with TLS and the token from the environment (tests/vectors/README.md):
+   * AGENTRUNTIME_CA_FILE, AGENTRUNTIME_CLIENT_CERT_FILE with AGENTRUNTIME_CLIENT_KEY_FILE, and
+   * AGENTRUNTIME_TOKEN; each unset or empty variable leaves its option out.
+   */
+  private static AgentRuntimeClient connect(String address) {
+    AgentRuntimeClient.Builder builder = AgentRuntimeClient.newBuilder(address).defaultTimeout(CALL_TIMEOUT);
+    String ca = envOr("AGENTRUNTIME_CA_FILE", "");
+    String cert = envOr("AGENTRUNTIME_CLIENT_CERT_FILE", "");
+    String key = envOr("AGENTRUNTIME_CLIENT_KEY_FILE", "");
+    String token = envOr("AGENTRUNTIME_TOKEN", "");
+    try {
+      if (!ca.isEmpty()) {
+        builder.trustCertificates(new File(ca));
+      }
+      if (!cert.isEmpty() || !key.isEmpty()) {
+        builder.clientCertificate(new File(cert), new File(key));
+      }
+    } catch (UncheckedIOException e) {
+      System.out.println("conformance: " + e.getMessage());
+      System.exit(2);
+    }
+    return builder.bearerToken(token).build();
   }
 
   private static String envOr(String name, String fallback) {
