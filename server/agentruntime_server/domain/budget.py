@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import ResourceExhausted
+from .errors import FieldViolation, InvalidArgument, ResourceExhausted
 from .handle import Handle
 from .model import Budget, Limit
 
@@ -47,6 +47,27 @@ def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
         if node.budget.max_tokens is not None and node.usage.total_tokens >= node.budget.max_tokens:
             return Limit.MAX_TOKENS, node
     return None
+
+
+def check_raised(handle: Handle, budget: Budget, field: str) -> None:
+    """An extension must lift the exhausted field above what is used, or the run would ask
+    again at once: refused, naming what the ancestors allow."""
+    used = {
+        "max_turns": handle.usage.turns,
+        "max_tokens": handle.usage.total_tokens,
+        "max_tool_calls": handle.usage.subtree_tool_calls,
+    }.get(field)
+    value = getattr(budget, field, None) if field else None
+    if used is not None and value is not None and value <= used:
+        raise InvalidArgument(
+            [
+                FieldViolation(
+                    f"answer.data.extend.{field}",
+                    f"leaves {field} at {value}, no more than the {used} already used "
+                    "(an ancestor's budget caps it there); raise the ancestor's budget, or answer not ok to stop",
+                )
+            ]
+        )
 
 
 def binding_tool_calls(handle: Handle) -> Handle | None:

@@ -323,7 +323,11 @@ class Runtime:
         if outcome.declined:
             return await self._stop_at_budget(leaf, answer)
         calls = {call.id: call for call, _ in leaf.pending.calls}
-        extension = [BudgetSet(leaf.id, budgets.extended(leaf, outcome.extend))] if outcome.extend else []
+        extension = []
+        if outcome.extend:
+            budget = budgets.extended(leaf, outcome.extend)
+            budgets.check_raised(leaf, budget, str(leaf.pending.data.get("field", "")))
+            extension = [BudgetSet(leaf.id, budget)]
         await self.journal.record(
             Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
             *extension,
