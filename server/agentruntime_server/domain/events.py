@@ -78,6 +78,11 @@ class EventLog:
     def watched(self) -> bool:
         return bool(self._watchers)
 
+    @property
+    def listened(self) -> bool:
+        """Someone takes live events (an observer or a watcher); history is derived from the store."""
+        return bool(self.observers or self._watchers)
+
     def publish(self, events: list[Event]) -> None:
         """Events of steps the journal has just appended to the store."""
         for event in events:

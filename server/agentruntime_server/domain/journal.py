@@ -564,13 +564,15 @@ class Journal:
         now = time.time()
         entries: list[Entry] = []
         made: list[Event] = []
+        listened = self.events.listened  # nobody observes or watches: events are only counted
         event_seq = self.events.last_seq
         for step in steps:
             step.apply(self.tree)
             first = event_seq + 1
             for handle_id, kind, fields in step.events():
                 event_seq += 1
-                made.append(Event(seq=event_seq, time=now, handle_id=handle_id, kind=kind, **fields))  # type: ignore[arg-type]
+                if listened:
+                    made.append(Event(seq=event_seq, time=now, handle_id=handle_id, kind=kind, **fields))  # type: ignore[arg-type]
             self.last_seq += 1
             entries.append(Entry(self.last_seq, now, first, event_seq - first + 1, step))
         self.events.last_seq = event_seq
