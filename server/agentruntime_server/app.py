@@ -27,6 +27,7 @@ from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings
 from .store.memory import MemoryStore
+from .store.postgres import PostgresStore, redacted
 from .store.sqlite import SqliteStore
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
@@ -94,6 +95,8 @@ async def _retain(service: RuntimeService, retention: float) -> None:
 def open_store(url: str) -> Store:
     if url == "memory://":
         return MemoryStore()
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(url)
     return SqliteStore(url.removeprefix("sqlite:///"))
 
 
@@ -172,7 +175,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s)",
         port,
         settings.default_name,
-        settings.store,
+        redacted(settings.store),  # a PostgreSQL URL's password is a secret
         secure.mode,
         authenticator.mode,
     )

@@ -96,8 +96,9 @@ class Settings(BaseSettings):
     )
     store: str = Field(
         "sqlite:///agentruntime.db",
-        pattern=r"^(memory://|sqlite:///.+)$",
-        description="sqlite:///relative/path.db, sqlite:////absolute/path.db, or memory:// (nothing survives)",
+        pattern=r"^(memory://|sqlite:///.+|postgres(ql)?://.+)$",
+        description="sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+        "postgresql://user:password@host:port/db, or memory:// (nothing survives)",
     )
     watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
