@@ -23,7 +23,7 @@ import pytest
 import trustme
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.api import auth
+from agentruntime_server.api import auth, jwt_auth
 from agentruntime_server.api.auth import build_authenticator
 from agentruntime_server.api.tls import is_loopback, transport
 from agentruntime_server.app import start
@@ -364,7 +364,7 @@ async def test_jwts_from_a_jwks_url_fetched_once_and_cached() -> None:
 
 
 async def test_a_jwks_url_that_goes_down_keeps_the_keys_fetched_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auth, "JWKS_LIFESPAN_SECONDS", 0.3)
+    monkeypatch.setattr(jwt_auth, "JWKS_LIFESPAN_SECONDS", 0.3)
     key = ec.generate_private_key(ec.SECP256R1())
     jwks = JwksServer([public_jwk(key, "es-1", "ES256")])
     await jwks.start()

@@ -696,3 +696,20 @@ async def test_a_denied_mutating_rpc_is_audited_with_the_callers_tenant_and_name
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert audit_records(caplog.records) == [("acme", "acme-dashboard", "Spawn", "ro", "root", "PERMISSION_DENIED")]
         assert not any(ACME_READER[1] in record.getMessage() + repr(vars(record)) for record in caplog.records)
+
+
+async def test_a_tenant_qualified_id_names_nothing_for_any_caller(tmp_path: Path) -> None:
+    """The store keys another tenant's runtime `acme:demo`; as a runtime id it is not a slug,
+    so no caller (the default tenant least of all, whose keys are bare ids) reaches it."""
+    async with tenant_server(tmp_path) as served:
+        acme, default = Caller(served.stub, ACME), Caller(served.stub, DEFAULT)
+        await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="demo", agents=[SOLO]))
+        for method, request in (
+            ("List", pb.ListRequest(runtime_id="acme:demo")),
+            ("DeleteRuntime", pb.DeleteRuntimeRequest(runtime_id="acme:demo", force=True)),
+            ("Spawn", pb.SpawnRequest(runtime_id="acme:demo", parent_id="root", agent="solo")),
+        ):
+            error = await refused(default(method, request))
+            assert error.code() == grpc.StatusCode.NOT_FOUND, (method, error.details())
+        listed = await acme("List", pb.ListRequest(runtime_id="demo"))
+        assert list(listed.handles) == []  # untouched, still there

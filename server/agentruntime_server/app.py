@@ -27,8 +27,8 @@ from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings
 from .store.memory import MemoryStore
-from .store.postgres import PostgresStore, redacted
 from .store.sqlite import SqliteStore
+from .store.urls import redacted
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
 
@@ -71,6 +71,7 @@ class RunningServer:
         """Stop accepting, let running turns reach a journal point within `grace`, close the store."""
         if self.retention is not None:
             self.retention.cancel()
+            await asyncio.gather(self.retention, return_exceptions=True)
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self.server.stop(grace))
         await self.service.drain(grace or 0.0)
@@ -96,6 +97,8 @@ def open_store(url: str) -> Store:
     if url == "memory://":
         return MemoryStore()
     if url.startswith(("postgresql://", "postgres://")):
+        from .store.postgres import PostgresStore  # asyncpg: ~14 MB, only for a PostgreSQL store
+
         return PostgresStore(url)
     return SqliteStore(url.removeprefix("sqlite:///"))
 

@@ -17,7 +17,6 @@ No message, log line or error ever quotes a credential."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -27,11 +26,9 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-import jwt
-
-from ..domain.errors import PermissionDenied, Unauthenticated, Unavailable, shown
+from ..domain.errors import PermissionDenied, Unauthenticated, shown
 from ..settings import Settings, StartupError
 
 log = logging.getLogger(__name__)
@@ -43,11 +40,6 @@ TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TENANT_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit, at most 64"
 # Asymmetric algorithms only: a JWT is verified with a public key, so never `none`, and never
 # HS* (whose secret would be a public key anyone can read, so anyone could sign).
-JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
-JWT_LEEWAY_SECONDS = 30  # clock skew tolerated on exp, nbf and iat
-JWKS_LIFESPAN_SECONDS = 300.0  # a fetched JWKS is used this long before it is fetched again
-JWKS_COOLDOWN_SECONDS = 30.0  # an unknown `kid` refetches the JWKS at most this often
-JWKS_TIMEOUT_SECONDS = 10.0
 RECHECK_SECONDS = 1.0  # a watched file is looked at (stat) at most this often
 MAX_FILE_BYTES = 4 << 20
 MAX_TOKEN_CHARS = 16 << 10  # a longer credential is refused unread
@@ -312,192 +304,6 @@ class TokenAuthenticator(BearerAuthenticator):
 # ---- AUTH=jwt ----
 
 
-def _signing_keys(keys: Sequence[jwt.PyJWK]) -> list[jwt.PyJWK]:
-    """The keys a JWT may be verified with: for signatures, of an allowed (asymmetric) algorithm."""
-    return [key for key in keys if key.public_key_use in ("sig", None) and key.algorithm_name in JWT_ALGORITHMS]
-
-
-def parse_jwks(data: bytes) -> list[jwt.PyJWK]:
-    try:
-        document = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"is not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
-    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
-        raise ValueError('is not a JWKS (a JSON object {"keys": [...]})')
-    try:
-        keys = _signing_keys(jwt.PyJWKSet.from_dict(document).keys)
-    except jwt.PyJWTError:
-        keys = []
-    if not keys:
-        raise ValueError(f"holds no usable signing key ({', '.join(JWT_ALGORITHMS)})")
-    return keys
-
-
-class FileKeys:
-    """A JWKS file, re-read when it changes (keys rotate without a restart)."""
-
-    def __init__(self, path: str) -> None:
-        self.file = WatchedFile(path, "AGENTRUNTIME_AUTH_JWKS", parse_jwks)
-
-    async def key(self, kid: str | None) -> jwt.PyJWK:
-        keys = self.file.current()
-        if kid is None:
-            if len(keys) == 1:
-                return keys[0]
-            raise Unauthenticated("the JWT has no 'kid' header and the JWKS holds several keys")
-        for key in keys:
-            if key.key_id == kid:
-                return key
-        raise Unauthenticated("the JWT's key ('kid') is not in the JWKS")
-
-
-class UrlKeys:
-    """A JWKS URL through PyJWKClient: cached for JWKS_LIFESPAN_SECONDS, refetched for an unknown
-    `kid` at most every JWKS_COOLDOWN_SECONDS, fetched in a thread (never on the event loop) and
-    one fetch at a time."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        try:
-            self.client = jwt.PyJWKClient(
-                url,
-                cache_jwk_set=True,
-                lifespan=JWKS_LIFESPAN_SECONDS,
-                timeout=JWKS_TIMEOUT_SECONDS,
-                cooldown_duration=JWKS_COOLDOWN_SECONDS,
-            )
-        except jwt.PyJWKClientError as error:
-            raise StartupError(f"AGENTRUNTIME_AUTH_JWKS: {error}") from None
-        self.lock = asyncio.Lock()
-        self.refreshed_at = -JWKS_COOLDOWN_SECONDS  # the last time an unknown kid made us fetch
-        self.last_good: list[jwt.PyJWK] = []  # the keys last fetched: used while the URL cannot be reached
-        self.warned = False
-
-    def _cached(self, kid: str) -> tuple[bool, jwt.PyJWK | None]:
-        """(a fresh JWKS is cached, its key `kid`) without blocking."""
-        cache = self.client.jwk_set_cache
-        jwk_set = cache.get() if cache is not None else None
-        if jwk_set is None:
-            return False, None
-        return True, next((key for key in _signing_keys(jwk_set.keys) if key.key_id == kid), None)
-
-    async def key(self, kid: str | None) -> jwt.PyJWK:
-        if kid is None:
-            raise Unauthenticated("the JWT has no 'kid' header naming its key in the JWKS")
-        fresh, key = self._cached(kid)
-        if key is not None:
-            return key
-        if fresh and time.monotonic() - self.refreshed_at < JWKS_COOLDOWN_SECONDS:
-            raise Unauthenticated("the JWT's key ('kid') is not in the JWKS")
-        async with self.lock:  # one fetch at a time; the others find its result in the cache
-            fresh, key = self._cached(kid)
-            if key is not None:
-                return key
-            if fresh:
-                self.refreshed_at = time.monotonic()
-            try:
-                key = await asyncio.to_thread(self.client.get_signing_key, kid)
-            except jwt.PyJWKClientConnectionError as error:
-                stale = next((key for key in self.last_good if key.key_id == kid), None)
-                self._warn(f"cannot fetch it: {error}" + ("; verifying with the keys fetched before" if stale else ""))
-                if stale is not None:
-                    return stale
-                raise Unavailable("the server cannot fetch its JWKS to verify the token; retry later") from None
-            except jwt.PyJWKSetError as error:
-                self._warn(f"it holds no usable key: {error}")
-                raise Unavailable("the server's JWKS holds no usable key to verify the token; retry later") from None
-            except jwt.PyJWKClientError:
-                raise Unauthenticated("the JWT's key ('kid') is not in the JWKS") from None
-            cache = self.client.jwk_set_cache
-            jwk_set = cache.get() if cache is not None else None
-            self.last_good = _signing_keys(jwk_set.keys) if jwk_set is not None else [key]
-        self.warned = False
-        if key.public_key_use not in ("sig", None) or key.algorithm_name not in JWT_ALGORITHMS:
-            raise Unauthenticated("the JWT's key in the JWKS is not a signing key of an allowed algorithm")
-        return key
-
-    def _warn(self, problem: str) -> None:
-        if not self.warned:
-            self.warned = True
-            log.warning("AGENTRUNTIME_AUTH_JWKS: %s: %s", self.url, problem)
-
-
-class JwtAuthenticator(BearerAuthenticator):
-    mode = "jwt"
-
-    def __init__(self, keys: FileKeys | UrlKeys, issuer: str, audience: str, tenant_claim: str) -> None:
-        self.keys = keys
-        self.issuer = issuer
-        self.audience = audience
-        self.tenant_claim = tenant_claim
-
-    async def verify(self, token: str) -> Principal:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
-            raise Unauthenticated("the bearer token is not a valid JWT") from None
-        if header.get("alg") not in JWT_ALGORITHMS:
-            raise Unauthenticated(f"the JWT's algorithm ('alg') is not one this server accepts ({', '.join(JWT_ALGORITHMS)})")
-        kid = header.get("kid")
-        if kid is not None and not isinstance(kid, str):
-            raise Unauthenticated("the JWT's 'kid' header is not a string")
-        key = await self.keys.key(kid)
-        claims = self._decode(token, key)
-        tenant = claims.get(self.tenant_claim)
-        if tenant is None:
-            raise Unauthenticated(f"the JWT has no {self.tenant_claim!r} claim naming the tenant")
-        if not isinstance(tenant, str) or not TENANT_NAME.fullmatch(tenant):
-            raise Unauthenticated(f"the JWT's {self.tenant_claim!r} claim is not a tenant name ({TENANT_RULE})")
-        subject = claims.get("sub")
-        return Principal(tenant, subject if isinstance(subject, str) else "", _scopes(claims))
-
-    def _decode(self, token: str, key: jwt.PyJWK) -> dict[str, Any]:
-        try:
-            return jwt.decode(
-                token,
-                key=key,
-                algorithms=list(JWT_ALGORITHMS),
-                audience=self.audience,
-                issuer=self.issuer,
-                leeway=JWT_LEEWAY_SECONDS,
-                options={"require": ["exp", "iss", "aud"], "enforce_minimum_key_length": True},
-            )
-        except jwt.ExpiredSignatureError:
-            raise Unauthenticated("the JWT has expired") from None
-        except jwt.ImmatureSignatureError:
-            raise Unauthenticated("the JWT is not valid yet ('nbf')") from None
-        except jwt.InvalidIssuedAtError:
-            raise Unauthenticated("the JWT's 'iat' is not a time in the past") from None
-        except jwt.InvalidAudienceError:
-            raise Unauthenticated("the JWT is for another audience ('aud')") from None
-        except jwt.InvalidIssuerError:
-            raise Unauthenticated("the JWT is from another issuer ('iss')") from None
-        except jwt.MissingRequiredClaimError as error:
-            raise Unauthenticated(f"the JWT has no {error.claim!r} claim") from None
-        except jwt.InvalidSignatureError:
-            raise Unauthenticated("the JWT's signature does not verify with its key in the JWKS") from None
-        except jwt.InvalidAlgorithmError:
-            raise Unauthenticated("the JWT's algorithm ('alg') is not its key's") from None
-        except (jwt.InvalidKeyError, jwt.PyJWKError):
-            raise Unauthenticated("the JWT's key in the JWKS cannot verify it") from None
-        except jwt.PyJWTError:
-            raise Unauthenticated("the bearer token is not a valid JWT") from None
-
-
-def _scopes(claims: dict[str, Any]) -> frozenset[str]:
-    """`scope` (space-separated, RFC 8693) or `scp` (a list, or a space-separated string)."""
-    raw = claims.get("scope", claims.get("scp"))
-    if isinstance(raw, str):
-        names = raw.split()
-    elif isinstance(raw, list):
-        names = [name for name in raw if isinstance(name, str)]
-    else:
-        names = []
-    return frozenset(names) & SCOPES
-
-
 def build_authenticator(settings: Settings) -> Authenticator:
     """The authenticator AGENTRUNTIME_AUTH names; its files are read now (StartupError if bad)."""
     if settings.auth == "tokens":
@@ -519,6 +325,8 @@ def build_authenticator(settings: Settings) -> Authenticator:
         ]
         if missing:
             raise StartupError(f"AGENTRUNTIME_AUTH=jwt needs {', '.join(missing)}")
+        from .jwt_auth import FileKeys, JwtAuthenticator, UrlKeys  # PyJWT and cryptography: ~20 MB, only for jwt
+
         source = settings.auth_jwks
         if source.lower().startswith(("http://", "https://")):
             keys: FileKeys | UrlKeys = UrlKeys(source)

@@ -70,6 +70,12 @@ def _tenant() -> str:
     return _caller.get().tenant
 
 
+def _plain(value: str) -> str:
+    """A caller's value as one audit field: anything but id characters escaped, so no value
+    can forge a field or a line of its own."""
+    return "".join(char if char.isalnum() or char in "_.:/-" else f"\\x{ord(char):02x}" for char in value)
+
+
 def _audit(method: str, request: Any, code: str) -> None:
     """One line per mutating RPC: who (tenant, token name; never the token), what, the outcome."""
     if method in READ_METHODS:
@@ -80,10 +86,10 @@ def _audit(method: str, request: Any, code: str) -> None:
     audit.info(
         "audit tenant=%s caller=%s rpc=%s runtime=%s handle=%s code=%s",
         caller.tenant,
-        caller.name or "-",
+        _plain(caller.name) or "-",
         method,
-        runtime_id or "-",
-        handle_id or "-",
+        _plain(runtime_id) or "-",
+        _plain(handle_id) or "-",
         code,
         extra={
             "tenant": caller.tenant,

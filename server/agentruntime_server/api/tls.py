@@ -12,12 +12,14 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from ..settings import Settings, StartupError
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ def read_pem(path: str, setting: str) -> bytes:
 
 
 def _certificates(data: bytes, path: str, setting: str, what: str) -> list[x509.Certificate]:
+    from cryptography import x509  # only when TLS is on: cryptography costs ~15 MB at start
+
     try:
         certificates = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -53,6 +57,8 @@ def _certificates(data: bytes, path: str, setting: str, what: str) -> list[x509.
 
 
 def _public_bytes(key: object) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(  # type: ignore[attr-defined, no-any-return]
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -62,6 +68,8 @@ def transport(settings: Settings) -> Transport:
     """The server's transport from AGENTRUNTIME_TLS_*: plaintext, TLS, or TLS with client certificates."""
     if not (settings.tls_cert or settings.tls_key or settings.tls_client_ca):
         return Transport(None, "plaintext")
+    from cryptography.hazmat.primitives import serialization  # only when TLS is on: ~15 MB at start
+
     if not settings.tls_cert or not settings.tls_key:
         missing = "AGENTRUNTIME_TLS_KEY" if settings.tls_cert else "AGENTRUNTIME_TLS_CERT"
         raise StartupError(

@@ -563,16 +563,14 @@ class Journal:
     async def record(self, *steps: Step) -> None:
         now = time.time()
         entries: list[Entry] = []
-        made: list[Event] = []
-        listened = self.events.listened  # nobody observes or watches: events are only counted
+        made: list[tuple[int, str, EventKind, dict[str, object]]] = []
         event_seq = self.events.last_seq
         for step in steps:
             step.apply(self.tree)
             first = event_seq + 1
             for handle_id, kind, fields in step.events():
                 event_seq += 1
-                if listened:
-                    made.append(Event(seq=event_seq, time=now, handle_id=handle_id, kind=kind, **fields))  # type: ignore[arg-type]
+                made.append((event_seq, handle_id, kind, fields))
             self.last_seq += 1
             entries.append(Entry(self.last_seq, now, first, event_seq - first + 1, step))
         self.events.last_seq = event_seq
@@ -583,5 +581,9 @@ class Journal:
         new_counts = counts if counts != self._counts else None
         self._counts = counts
         await self.store.append(self.tree.runtime_id, entries, changed, new_counts)
-        if made:
-            self.events.publish(made)
+        # Events are built only when someone takes them live (read after the append: a watcher
+        # that subscribed meanwhile read its history before these entries existed).
+        if made and self.events.listened:
+            self.events.publish(
+                [Event(seq=seq, time=now, handle_id=h, kind=k, **fields) for seq, h, k, fields in made]  # type: ignore[arg-type]
+            )

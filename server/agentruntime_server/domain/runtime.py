@@ -320,6 +320,8 @@ class Runtime:
         if leaf is None or leaf.pending is None:
             return await self._retried_resume(answer)
         outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
+        if self.tenancy is not None and not outcome.declined:
+            self.tenancy.check_running(self.tenant)  # a Resume starts a run, as a Wake does
         if outcome.declined:
             return await self._stop_at_budget(leaf, answer)
         calls = {call.id: call for call, _ in leaf.pending.calls}

@@ -18,7 +18,7 @@ from .model import AgentSpec, RuntimeOptions
 from .ports import RuntimeRow, Services
 from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger
 from .runtime import Runtime
-from .validation import check_agents, check_options, check_runtime_id
+from .validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class RuntimeService:
         self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
         self.draining = False
         self._ledger = TokenLedger()
+        self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
         self._ledger_loaded: set[str] = set()
 
     # ---- quotas (Tenancy) ------------------------------------------------------------------
@@ -126,13 +127,32 @@ class RuntimeService:
         return runtime
 
     async def runtime(self, runtime_id: str, tenant: str = DEFAULT_TENANT) -> Runtime:
-        """A tenant's runtime. Another tenant's answers exactly as one that does not exist."""
+        """A tenant's runtime. Another tenant's answers exactly as one that does not exist:
+        an id that is not a slug (`acme:demo`) names no runtime of any caller."""
+        if not RUNTIME_ID.fullmatch(runtime_id):
+            raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
         key = runtime_key(tenant, runtime_id)
         found = self._runtimes.get(key)
         if found is not None:
             self._runtimes.move_to_end(key)
             return found
-        # The store's reads do not yield to the event loop, so two callers never load twice.
+        loading = self._loading.get(key)
+        if loading is not None:  # another caller is loading it (a store whose reads await): share its copy
+            return await asyncio.shield(loading)
+        future: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            runtime = await self._load(runtime_id, key)
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: a waiter may or may not be there
+            raise
+        finally:
+            self._loading.pop(key, None)
+        future.set_result(runtime)
+        return runtime
+
+    async def _load(self, runtime_id: str, key: str) -> Runtime:
         stored = await self.services.store.load(key)
         if stored is None:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
@@ -171,6 +191,7 @@ class RuntimeService:
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         for runtime in runtimes:
+            runtime.release_timers()
             await runtime.detach_runs()
 
     async def acknowledge(self) -> None:
@@ -187,6 +208,7 @@ class RuntimeService:
     async def delete_runtime(self, runtime_id: str, force: bool, tenant: str = DEFAULT_TENANT) -> None:
         """Closes the runtime (force: its running handles are interrupted) and deletes all of it."""
         runtime = await self.runtime(runtime_id, tenant)
+        runtime.release_timers()  # no heartbeat or lapse may start a run while it closes
         await runtime.close("root", force)
         await self._forget(runtime)
 
@@ -202,6 +224,10 @@ class RuntimeService:
         for key in await self.services.store.idle_runtimes(time.time() - retention):
             runtime = self._runtimes.get(key)
             if runtime is not None and runtime.busy:
+                continue
+            if runtime is None:  # not in memory: nothing runs, nothing to close
+                await self.services.store.delete_runtime(key)
+                deleted += 1
                 continue
             tenant, runtime_id = split_key(key)
             with contextlib.suppress(DomainError):

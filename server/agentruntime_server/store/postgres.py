@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,20 +30,11 @@ from ..domain.ports import RuntimeRow, StoredRuntime
 from . import payloads
 from .payloads import check_sequence
 from .pg_migrations import migrate
+from .urls import redacted
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES ($1, $2, $3, $4, $5, $6)"
 _ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (for logs)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -197,6 +187,7 @@ class PostgresStore:
             tenant,
             now,
         )
+        self._next_seq[runtime_id] = 1  # so that append never awaits: the journal assigns seqs in order
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         await self._settle()
@@ -252,7 +243,10 @@ class PostgresStore:
             if agents is None:
                 return None
             rows = await connection.fetch(_ENTRIES + " ORDER BY seq", runtime_id)
-        return StoredRuntime(_AGENTS.validate_json(agents), [_entry(*row) for row in rows])
+        entries = [_entry(*row) for row in rows]
+        # Appends of this runtime follow from here without an await (two could race otherwise).
+        self._next_seq.setdefault(runtime_id, (entries[-1].seq if entries else 0) + 1)
+        return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
         await self._settle()
