@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
-from . import payloads
-from .payloads import check_sequence
+from .payloads import journal_rows
 
 
 @dataclass
@@ -50,9 +49,7 @@ class MemoryStore:
         counts: tuple[int, int, int] | None = None,
     ) -> None:
         runtime = self._runtimes[runtime_id]
-        check_sequence(runtime_id, len(runtime.entries) + 1, entries)
-        for entry in entries:
-            payloads.encode(entry.step)  # held to what a durable store can keep
+        journal_rows(runtime_id, len(runtime.entries) + 1, entries)  # held to what a durable store can keep
         for entry in entries:
             runtime.entries.append(entry)
             runtime.last_events.append(max(entry.last_event, runtime.last_events[-1] if runtime.last_events else 0))

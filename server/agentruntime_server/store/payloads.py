@@ -53,6 +53,16 @@ _decoders = {kind.__name__: msgspec.json.Decoder(kind) for kind in STEPS}
 _KINDS = {kind: kind.__name__ for kind in STEPS}
 
 
+Row = tuple[str, int, float, int, int, bytes]  # runtime_id, seq, at, first_event, last_event, step
+
+
+def journal_rows(runtime_id: str, expected: int, entries: Sequence[Entry]) -> tuple[list[Row], int]:
+    """The rows a store writes for an append, checked (in sequence, encodable) and encoded all
+    at once, so that nothing reaching a commit can fail; and the seq due next."""
+    next_seq = check_sequence(runtime_id, expected, entries)
+    return [(runtime_id, e.seq, e.at, e.first_event, e.last_event, encode(e.step)) for e in entries], next_seq
+
+
 def check_sequence(runtime_id: str, expected: int, entries: Sequence[Entry]) -> int:
     """Entries must continue a runtime's journal without gap or repeat; the next seq after them."""
     for entry in entries:

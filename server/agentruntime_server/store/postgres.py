@@ -28,7 +28,7 @@ from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from . import payloads
-from .payloads import check_sequence
+from .payloads import Row, journal_rows
 from .pg_migrations import migrate
 from .urls import redacted
 
@@ -46,7 +46,7 @@ class _Batch:
     """What one tick appended, by every runtime, and the commit that writes it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.rows: list[tuple[str, int, float, int, int, bytes]] = []
+        self.rows: list[Row] = []
         self.running: dict[str, bool] = {}
         self.counts: dict[str, tuple[int, int, int]] = {}
         self.touched: set[str] = set()  # runtimes written: their updated_at moves
@@ -210,9 +210,7 @@ class PostgresStore:
             self._next_seq.setdefault(runtime_id, (last or 0) + 1)  # another append may have come first
         # From here on no await: checked, encoded and buffered at once, all or nothing, so that
         # nothing that reaches the tick's commit can fail.
-        next_seq = check_sequence(runtime_id, self._next_seq[runtime_id], entries)
-        rows = [(runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries]
-        self._next_seq[runtime_id] = next_seq
+        rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
         batch = self._batch()
         batch.rows.extend(rows)
         if running is not None:

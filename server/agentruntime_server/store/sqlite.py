@@ -22,7 +22,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from . import payloads
 from .migrations import migrate
-from .payloads import check_sequence
+from .payloads import Row, journal_rows
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
@@ -39,7 +39,7 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=NORMAL")  # a committed write survives a process crash
         self._db.execute("PRAGMA busy_timeout=5000")
         migrate(self._db)
-        self._rows: list[tuple[str, int, float, int, int, bytes]] = []  # appended, not yet written
+        self._rows: list[Row] = []  # appended, not yet written
         self._running: dict[str, bool] = {}
         self._counts: dict[str, tuple[int, int, int]] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
@@ -140,9 +140,7 @@ class SqliteStore:
                 raise KeyError(f"no runtime {runtime_id!r} to append to")
             last = self._db.execute("SELECT MAX(seq) FROM journal WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
             self._next_seq[runtime_id] = (last or 0) + 1
-        next_seq = check_sequence(runtime_id, self._next_seq[runtime_id], entries)
-        rows = [(runtime_id, e.seq, e.at, e.first_event, e.last_event, payloads.encode(e.step)) for e in entries]
-        self._next_seq[runtime_id] = next_seq
+        rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
         # All or nothing, and checked here: a group commit writes every runtime's rows at once,
         # so nothing that reaches it may fail.
         self._rows.extend(rows)
