@@ -111,7 +111,7 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         name = method.__name__
         _caller.set(UNKNOWN)  # an audit line of a refused stranger names no tenant
         try:
-            _caller.set(await self.authenticator.authenticate(_metadata(context), name))
+            _caller.set(await self._authenticate(context, name))
             _refuse_undecodable(request)
             response = await method(self, request, context)
             await self.service.acknowledge()
@@ -153,6 +153,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         self.authenticator = authenticator or Authenticator()
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
+
+    async def _authenticate(self, context: Context, method: str) -> Principal:
+        if self.authenticator.mode == "none":  # everyone is the default tenant: no metadata to read
+            return DEFAULT
+        return await self.authenticator.authenticate(_metadata(context), method)
 
     async def _runtime(self, runtime_id: str) -> Runtime:
         _require(runtime_id=runtime_id)
@@ -300,7 +305,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
         try:
-            _caller.set(await self.authenticator.authenticate(_metadata(context), "Watch"))
+            _caller.set(await self._authenticate(context, "Watch"))
             _refuse_undecodable(request)
             runtime = await self._runtime(request.runtime_id)
             if request.after_seq < 0:
