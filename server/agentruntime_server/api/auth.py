@@ -26,7 +26,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..domain.errors import PermissionDenied, Unauthenticated, shown
 from ..settings import Settings, StartupError
@@ -211,14 +211,19 @@ ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name", "quotas"})
 QUOTA_KEYS = frozenset({"runtimes", "running_handles", "tokens_per_day"})
 
 
-def parse_tokens(data: bytes) -> TokenTable:
-    """AGENTRUNTIME_AUTH_TOKENS_FILE's content, checked; ValueError names the entry and the problem."""
+def json_file(data: bytes) -> Any:
+    """A watched file's JSON; ValueError says why it is not (for the tokens file and a JWKS)."""
     try:
-        listed = json.loads(data.decode("utf-8-sig"))
+        return json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError:
         raise ValueError("is not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"is not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+
+
+def parse_tokens(data: bytes) -> TokenTable:
+    """AGENTRUNTIME_AUTH_TOKENS_FILE's content, checked; ValueError names the entry and the problem."""
+    listed = json_file(data)
     if not isinstance(listed, list):
         raise ValueError('is not a JSON list of {"tenant", "token_sha256", "scopes", "name"} objects')
     entries: list[TokenEntry] = []

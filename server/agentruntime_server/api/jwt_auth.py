@@ -4,7 +4,6 @@ or an http(s) URL fetched in a thread and cached). Imported only in that mode.""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from .auth import (
     BearerAuthenticator,
     Principal,
     WatchedFile,
+    json_file,
 )
 
 log = logging.getLogger("agentruntime_server.api.auth")
@@ -38,12 +38,7 @@ def _signing_keys(keys: Sequence[jwt.PyJWK]) -> list[jwt.PyJWK]:
 
 
 def parse_jwks(data: bytes) -> list[jwt.PyJWK]:
-    try:
-        document = json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"is not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    document = json_file(data)
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise ValueError('is not a JWKS (a JSON object {"keys": [...]})')
     try:
