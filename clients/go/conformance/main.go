@@ -84,6 +84,15 @@ type closeArgs struct {
 	GraceMs *int64  `json:"grace_ms"`
 }
 
+// listRuntimesArgs: page_size of every page (0: the server's default).
+type listRuntimesArgs struct {
+	PageSize int32 `json:"page_size"`
+}
+
+type deleteRuntimeArgs struct {
+	Force bool `json:"force"`
+}
+
 type inspectArgs struct {
 	Handle *string `json:"handle"`
 	Poll   bool    `json:"poll"`
@@ -113,7 +122,10 @@ type expectedError struct {
 	Limit *string `json:"limit"`
 }
 
-var verbs = []string{"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect"}
+var verbs = []string{
+	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
+	"list_runtimes", "delete_runtime",
+}
 
 func main() {
 	addr := envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
@@ -392,6 +404,18 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			return viewFields(view), nil
 		}
 		return poll(ctx, client, runtimeID, *a.Handle, step)
+	case "list_runtimes":
+		var a listRuntimesArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		return listRuntimes(ctx, client, runtimeID, a.PageSize)
+	case "delete_runtime":
+		var a deleteRuntimeArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		return nil, client.DeleteRuntime(ctx, runtimeID, a.Force)
 	default: // transcript
 		a, err := parsePageArgs(args, st.nextTranscript)
 		if err != nil {
@@ -410,6 +434,32 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			messages = append(messages, map[string]any{"role": m.GetRole(), "trust": m.GetTrust().String(), "content": m.GetContent()})
 		}
 		return map[string]any{"count": len(roles), "roles": roles, "messages": messages, "next_page_token_empty": next == ""}, nil
+	}
+}
+
+// listRuntimes follows every page of ListRuntimes (of pageSize each) and says whether this
+// vector's runtime is among them and, when it is, its summary's counts.
+func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID string, pageSize int32) (map[string]any, error) {
+	outcome := map[string]any{"contains_this_runtime": false}
+	token := ""
+	for {
+		resp, err := client.ListRuntimesPage(ctx, pageSize, token)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range resp.GetRuntimes() {
+			if r.GetRuntimeId() == runtimeID {
+				outcome["contains_this_runtime"] = true
+				outcome["this_runtime"] = map[string]any{
+					"handle_count":    r.GetHandleCount(),
+					"running_count":   r.GetRunningCount(),
+					"suspended_count": r.GetSuspendedCount(),
+				}
+			}
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return outcome, nil
+		}
 	}
 }
 

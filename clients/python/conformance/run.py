@@ -24,7 +24,19 @@ CALL_TIMEOUT = 60.0
 POLL_EVERY = 0.05
 POLL_FOR = 10.0
 
-VERBS = ("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect")
+VERBS = (
+    "spawn",
+    "wake",
+    "wait",
+    "resume",
+    "list",
+    "transcript",
+    "post",
+    "close",
+    "inspect",
+    "list_runtimes",
+    "delete_runtime",
+)
 
 
 class Mismatch(Exception):
@@ -189,6 +201,28 @@ async def _inspect(client: Client, runtime_id: str, where: str, step: dict[str, 
         await asyncio.sleep(POLL_EVERY)
 
 
+async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> dict[str, Any]:
+    """Every page of ListRuntimes (of `page_size` each): whether this vector's runtime is among
+    them and, when it is, its summary's counts."""
+    args = _args(where, step, "list_runtimes")
+    size = _arg(where, args, "page_size", int, 0)
+    token = ""
+    outcome: dict[str, Any] = {"contains_this_runtime": False}
+    while True:
+        page = await client.list_runtimes_page(size, token)
+        for summary in page.runtimes:
+            if summary.runtime_id == runtime_id:
+                outcome["contains_this_runtime"] = True
+                outcome["this_runtime"] = {
+                    "handle_count": summary.handle_count,
+                    "running_count": summary.running_count,
+                    "suspended_count": summary.suspended_count,
+                }
+        token = page.next_page_token
+        if not token:
+            return outcome
+
+
 async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
     agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
     runtime_id = await client.create_runtime(agents)
@@ -276,6 +310,11 @@ async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
                 outcome = {"closed": closed, "count": len(closed)}
             elif "inspect" in step:
                 outcome = await _inspect(client, runtime_id, where, step)
+            elif "list_runtimes" in step:
+                outcome = await _list_runtimes(client, runtime_id, where, step)
+            elif "delete_runtime" in step:
+                args = _args(where, step, "delete_runtime")
+                await client.delete_runtime(runtime_id, _arg(where, args, "force", bool, False))
             else:
                 raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
         except AgentRuntimeError as error:

@@ -55,7 +55,19 @@ class Mismatch extends Error {
   override name = "Mismatch";
 }
 
-const VERBS = ["spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect"] as const;
+const VERBS = [
+  "spawn",
+  "wake",
+  "wait",
+  "resume",
+  "list",
+  "transcript",
+  "post",
+  "close",
+  "inspect",
+  "list_runtimes",
+  "delete_runtime",
+] as const;
 
 /** The README's deadline for every call, Wait included. */
 const CALL_TIMEOUT_MS = 60_000;
@@ -253,6 +265,34 @@ function trustArg(where: string, a: { [key: string]: JsonValue }): number {
   return value.number;
 }
 
+/**
+ * Every page of ListRuntimes (of `page_size` each): whether this vector's runtime is among them
+ * and, when it is, its summary's counts.
+ */
+async function listRuntimes(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+  const a = objectArgs(where, step, "list_runtimes");
+  const size = "page_size" in a ? a.page_size : 0;
+  if (typeof size !== "number" || !Number.isInteger(size) || size < -(2 ** 31) || size >= 2 ** 31) {
+    throw new Mismatch(`${where}: page_size must be an int32, got ${show(size)}`);
+  }
+  const outcome: Actual = { contains_this_runtime: false };
+  let token = "";
+  for (;;) {
+    const page = await client.listRuntimesPage(size, token);
+    for (const summary of page.runtimes) {
+      if (summary.runtimeId !== runtimeId) continue;
+      outcome.contains_this_runtime = true;
+      outcome.this_runtime = {
+        handle_count: summary.handleCount,
+        running_count: summary.runningCount,
+        suspended_count: summary.suspendedCount,
+      };
+    }
+    token = page.nextPageToken;
+    if (token === "") return outcome;
+  }
+}
+
 const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
 
 /**
@@ -372,6 +412,11 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
         }
         const response = await client.raw.close({ ...request, grace }, { timeoutMs: CALL_TIMEOUT_MS });
         outcome = { closed: [...response.closedHandleIds], count: response.closedHandleIds.length };
+      } else if ("list_runtimes" in step) {
+        outcome = await listRuntimes(client, runtimeId, where, step);
+      } else if ("delete_runtime" in step) {
+        const a = objectArgs(where, step, "delete_runtime");
+        await client.deleteRuntime(runtimeId, boolArg(where, a, "force"));
       } else {
         outcome = await inspect(client, runtimeId, where, step);
       }

@@ -24,9 +24,11 @@ import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.ListResponse;
+import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.Request;
+import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.Status;
 import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
@@ -173,7 +175,8 @@ public final class Runner {
   private static final String NEXT = "$next";
 
   private static final List<String> VERBS =
-      List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect");
+      List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
+          "list_runtimes", "delete_runtime");
 
   /** The README's deadline for every call, Wait included. */
   private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
@@ -327,6 +330,11 @@ public final class Runner {
           outcome.addProperty("count", response.getClosedHandleIdsCount());
         } else if (step.has("inspect")) {
           outcome = inspect(client, runtimeId, where, step);
+        } else if (step.has("list_runtimes")) {
+          outcome = listRuntimes(client, runtimeId, where, step);
+        } else if (step.has("delete_runtime")) {
+          JsonObject args = objectArgs(where, step, "delete_runtime");
+          client.deleteRuntime(runtimeId, boolArg(where, args, "force"));
         } else {
           throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
         }
@@ -412,6 +420,34 @@ public final class Runner {
         throw new Mismatch(where + ": interrupted while polling");
       }
     }
+  }
+
+  /**
+   * Every page of ListRuntimes (of {@code page_size} each): whether this vector's runtime is among
+   * them and, when it is, its summary's counts.
+   */
+  private static JsonObject listRuntimes(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch {
+    int size = pageSize(where, objectArgs(where, step, "list_runtimes"));
+    JsonObject outcome = new JsonObject();
+    outcome.addProperty("contains_this_runtime", false);
+    String token = "";
+    do {
+      ListRuntimesResponse page = client.listRuntimesPage(size, token);
+      for (RuntimeSummary summary : page.getRuntimesList()) {
+        if (!summary.getRuntimeId().equals(runtimeId)) {
+          continue;
+        }
+        JsonObject counts = new JsonObject();
+        counts.addProperty("handle_count", summary.getHandleCount());
+        counts.addProperty("running_count", summary.getRunningCount());
+        counts.addProperty("suspended_count", summary.getSuspendedCount());
+        outcome.addProperty("contains_this_runtime", true);
+        outcome.add("this_runtime", counts);
+      }
+      token = page.getNextPageToken();
+    } while (!token.isEmpty());
+    return outcome;
   }
 
   /** A step's arguments, which must be an object. */
