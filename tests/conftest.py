@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
 
 from tests.support.model_server import ScriptedModelServer
+from tests.support.process import ServerProcess
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
@@ -46,3 +48,12 @@ def server(served: Served) -> RunningServer:
 @pytest.fixture
 def stub(served: Served) -> pb_grpc.AgentRuntimeStub:
     return served.stub
+
+
+@pytest.fixture
+async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[ServerProcess]:
+    """A server in a process of its own (SQLite store, the scripted model), for tests that kill it."""
+    server = ServerProcess(tmp_path / "store" / "agentruntime.db", model.base_url, tmp_path / "server.log")
+    yield server
+    if server.process is not None and server.process.returncode is None:
+        await server.stop()

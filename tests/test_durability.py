@@ -7,10 +7,8 @@ import json
 import signal
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
@@ -22,14 +20,6 @@ from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.tool_server import ToolServer
 from tests.test_resume import relay_tool, stage_approve_commit
-
-
-@pytest.fixture
-async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[ServerProcess]:
-    server = ServerProcess(tmp_path / "store" / "agentruntime.db", model.base_url, tmp_path / "server.log")
-    yield server
-    if server.process is not None and server.process.returncode is None:
-        await server.stop()
 
 
 async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:

@@ -24,7 +24,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support.build import agent, create, http_tool, status_details
+from tests.support.build import agent, create, http_tool, run, spawn, status_details, transcript, wait
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
@@ -89,31 +89,6 @@ def call(name: str, arguments: dict[str, Any]) -> pb.ScriptedToolCall:
 
 def tool_with_schema(name: str, url: str, schema: dict[str, Any]) -> pb.ToolDef:
     return http_tool(name, url, schema)
-
-
-async def spawn(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str) -> str:
-    return (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent=agent_name))).handle_id
-
-
-async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
-    return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=30)).result
-
-
-async def run(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str, prompt: str) -> tuple[str, pb.TaskResult]:
-    handle_id = await spawn(stub, runtime_id, agent_name)
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt))
-    return handle_id, await wait(stub, runtime_id, handle_id)
-
-
-async def transcript(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[pb.Message]:
-    messages: list[pb.Message] = []
-    token = ""
-    while True:
-        page = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id, page_token=token))
-        messages.extend(page.messages)
-        token = page.next_page_token
-        if not token:
-            return messages
 
 
 def no_traceback(caplog: pytest.LogCaptureFixture) -> None:

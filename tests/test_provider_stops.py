@@ -23,7 +23,7 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.support.build import agent, create, http_tool, run, views
+from tests.support.build import agent, create, http_tool, run, transcript, views
 from tests.support.sdk_servers import (
     ANTHROPIC_REQUEST,
     OPENAI_REQUEST,
@@ -122,11 +122,6 @@ def by_call(*replies: Callable[[dict[str, Any]], Model | Answer]) -> Callable[[d
         return replies[min(len(calls), len(replies)) - 1](body)
 
     return script
-
-
-async def transcript(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[pb.Message]:
-    response = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))
-    return list(response.messages)
 
 
 async def post_and_wake(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str, text: str) -> pb.TaskResult:

@@ -33,14 +33,36 @@ async def create(stub: pb_grpc.AgentRuntimeStub, *agents: pb.AgentDef, runtime_i
     return response.runtime_id
 
 
+async def spawn(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str, budget: pb.Budget | None = None) -> str:
+    """A top-level handle of `agent_name`."""
+    spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent=agent_name, budget=budget))
+    return spawned.handle_id
+
+
+async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+    """The handle's result; a deadline so that a test fails rather than hangs."""
+    return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=60)).result
+
+
 async def run(
     stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str, prompt: str, budget: pb.Budget | None = None
 ) -> tuple[str, pb.TaskResult]:
     """Spawn a top-level handle, wake it, wait for its result."""
-    spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent=agent_name, budget=budget))
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=spawned.handle_id, prompt=prompt))
-    waited = await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=spawned.handle_id))
-    return spawned.handle_id, waited.result
+    handle_id = await spawn(stub, runtime_id, agent_name, budget)
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt))
+    return handle_id, await wait(stub, runtime_id, handle_id)
+
+
+async def transcript(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[pb.Message]:
+    """The handle's whole transcript, every page of it."""
+    messages: list[pb.Message] = []
+    token = ""
+    while True:
+        page = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id, page_token=token))
+        messages.extend(page.messages)
+        token = page.next_page_token
+        if not token:
+            return messages
 
 
 async def views(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> dict[str, pb.HandleView]:
