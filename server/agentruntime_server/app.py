@@ -14,10 +14,12 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from .api.auth import Authenticator, build_authenticator
+from .api.forward import Forwarder
 from .api.servicer import AgentRuntimeServicer, add_to_server
-from .api.tls import refuse_insecure, transport
+from .api.tls import read_pem, refuse_insecure, transport
 from .domain.limits import Limits
-from .domain.ports import Services, Store
+from .domain.ownership import SoleOwner
+from .domain.ports import Leases, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
 from .http_session import HttpSession
@@ -61,6 +63,8 @@ class RunningServer:
     store: Store
     observability: Observability = field(default_factory=Observability)
     retention: asyncio.Future[None] | None = None  # the task that deletes idle runtimes
+    upkeep: asyncio.Future[None] | None = None  # replicas: the task that renews and takes over leases
+    forwarder: Forwarder | None = None
 
     @property
     def metrics_port(self) -> int:
@@ -69,13 +73,16 @@ class RunningServer:
 
     async def stop(self, grace: float | None = 5.0) -> None:
         """Stop accepting, let running turns reach a journal point within `grace`, close the store."""
-        if self.retention is not None:
-            self.retention.cancel()
-            await asyncio.gather(self.retention, return_exceptions=True)
+        for task in (self.retention, self.upkeep):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self.server.stop(grace))
-        await self.service.drain(grace or 0.0)
+        await self.service.drain(grace or 0.0)  # replicas: its leases are given up here
         await stopping
+        if self.forwarder is not None:
+            await self.forwarder.close()
         await self.http.close()
         await self.tools.close()
         await self.store.close()
@@ -91,6 +98,41 @@ async def _retain(service: RuntimeService, retention: float) -> None:
             await service.delete_idle(retention)
         except Exception:  # a store error must not end retention for good
             log.exception("retention failed")
+
+
+async def _keep_leases(service: RuntimeService, every: float) -> None:
+    """Replicas: renew this process's leases, and take over those of replicas that died."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await service.keep_leases()
+        except Exception:  # the database may be back at the next round
+            log.exception("lease upkeep failed")
+
+
+def advertised(settings: Settings, port: int) -> str:
+    """Where other replicas reach this one: AGENTRUNTIME_ADVERTISE, else the bound address."""
+    if settings.advertise:
+        return settings.advertise
+    host = settings.listen.rpartition(":")[0]
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+def forwarding_credentials(settings: Settings, secure: bool) -> grpc.ChannelCredentials | None:
+    """How a replica calls another: as the server is served (TLS: verified with
+    AGENTRUNTIME_REPLICA_CA, presenting its own certificate when clients must)."""
+    if not secure:
+        return None
+    roots = read_pem(settings.replica_ca, "AGENTRUNTIME_REPLICA_CA") if settings.replica_ca else None
+    if settings.tls_client_ca:
+        return grpc.ssl_channel_credentials(
+            roots,
+            read_pem(settings.tls_key, "AGENTRUNTIME_TLS_KEY"),
+            read_pem(settings.tls_cert, "AGENTRUNTIME_TLS_CERT"),
+        )
+    return grpc.ssl_channel_credentials(roots)
 
 
 def open_store(url: str) -> Store:
@@ -110,6 +152,7 @@ def build_service(
     store: Store,
     observability: Observability,
     authenticator: Authenticator,
+    leases: Leases | None = None,
 ) -> RuntimeService:
     models = build_router(settings, http)
     for provider in models.providers.values():
@@ -133,6 +176,7 @@ def build_service(
         ),
         watch_buffer=settings.watch_buffer,
         observers=observability.observers,
+        leases=leases or SoleOwner(),
     )
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 
@@ -152,25 +196,55 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         max_text_bytes=settings.max_text_bytes,
     )
     store = open_store(settings.store)
-    service = build_service(settings, http, tools, store, observability, authenticator)
-    observability.start()  # before recovery: the runs it continues are counted
-    await service.recover()
-    retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
     ]
-    server = grpc.aio.server(interceptors=observability.interceptors() or None, options=limits)
-    add_to_server(AgentRuntimeServicer(service, settings.max_message_bytes, authenticator), server)
+    # Replicas ping the replicas they forward to (a paused or unplugged owner is noticed within
+    # a lease, not at the caller's deadline); the server takes such pings from any client.
+    ping_ms = max(1000, int(settings.lease_duration * 1000 / 3))
+    pings = [("grpc.http2.min_recv_ping_interval_without_data_ms", 1000), ("grpc.http2.max_ping_strikes", 0)]
+    server = grpc.aio.server(interceptors=observability.interceptors() or None, options=[*limits, *pings])
+    # Bound before recovery: a replica advertises its port with its first lease.
+    if secure.credentials is None:
+        port = server.add_insecure_port(settings.listen)
+    else:
+        port = server.add_secure_port(settings.listen, secure.credentials)
+    leases: Leases | None = None
+    forwarder: Forwarder | None = None
+    if store.__class__.__name__ == "PostgresStore":  # replicas may share it: run under leases
+        from .store.pg_leases import PostgresLeases
+        from .store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        leasing = PostgresLeases(store, advertised(settings, port), settings.lease_duration)
+        await leasing.start()
+        leases = leasing
+        keepalive = [
+            ("grpc.keepalive_time_ms", ping_ms),
+            ("grpc.keepalive_timeout_ms", ping_ms),
+            ("grpc.http2.max_pings_without_data", 0),
+            # A connection attempt to a paused replica gives up as fast (gRPC's default: 20 s).
+            ("grpc.min_reconnect_backoff_ms", ping_ms),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", ping_ms),
+        ]
+        credentials = forwarding_credentials(settings, secure.credentials is not None)
+        forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
+    service = build_service(settings, http, tools, store, observability, authenticator, leases)
+    observability.start()  # before recovery: the runs it continues are counted
+    await service.recover()
+    retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None
+    upkeep = asyncio.ensure_future(_keep_leases(service, settings.lease_duration / 3)) if leases else None
+    servicer = AgentRuntimeServicer(
+        service, settings.max_message_bytes, authenticator, forwarder, retry_for=3 * settings.lease_duration
+    )
+    add_to_server(servicer, server)
     health = ListingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
-    if secure.credentials is None:
-        port = server.add_insecure_port(settings.listen)
-    else:
-        port = server.add_secure_port(settings.listen, secure.credentials)
     await server.start()
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -192,4 +266,6 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         store=store,
         observability=observability,
         retention=retention,
+        upkeep=upkeep,
+        forwarder=forwarder,
     )

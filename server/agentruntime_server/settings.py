@@ -100,6 +100,18 @@ class Settings(BaseSettings):
         description="sqlite:///relative/path.db, sqlite:////absolute/path.db, "
         "postgresql://user:password@host:port/db, or memory:// (nothing survives)",
     )
+    # ---- replicas (README: "Replicas"): only with a postgresql:// store ----
+    advertise: str = Field(
+        "",
+        pattern=r"^(|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})$",
+        description="host:port other replicas reach this one at; empty: the listen address (127.0.0.1 for a wildcard host)",
+    )
+    lease_duration: float = Field(
+        10.0, ge=1.0, le=600.0, description="seconds a dead replica keeps its runtimes before the others take them over"
+    )
+    replica_ca: str = Field(
+        "", description="PEM CA certificates verifying other replicas' certificates (forwarded calls); empty: system roots"
+    )
     watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
     shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")

@@ -21,10 +21,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, store: Path, model_url: str, log: Path) -> None:
+    def __init__(self, store: Path | str, model_url: str, log: Path, env: dict[str, str] | None = None) -> None:
+        """`store`: a SQLite file, or a store URL (postgresql://…); `env`: settings on top."""
         self.store = store
         self.model_url = model_url
         self.log = log
+        self.env = env or {}
         self.port = free_port()
         self.process: asyncio.subprocess.Process | None = None
         self.channel: grpc.aio.Channel | None = None
@@ -36,12 +38,13 @@ class ServerProcess:
     async def start(self) -> pb_grpc.AgentRuntimeStub:
         env = {
             **os.environ,
-            "AGENTRUNTIME_STORE": f"sqlite:///{self.store}",
+            "AGENTRUNTIME_STORE": self.store if isinstance(self.store, str) else f"sqlite:///{self.store}",
             "AGENTRUNTIME_LLM_STYLE": "openai",
             "AGENTRUNTIME_LLM_BASE_URL": self.model_url,
             "AGENTRUNTIME_LLM_API_KEY": "sk-test-secret-never-shown",
             "AGENTRUNTIME_SHUTDOWN_GRACE": "5",
             "AGENTRUNTIME_METRICS_LISTEN": "off",
+            **self.env,
         }
         with self.log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -14,14 +16,16 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.errors import DomainError, FieldViolation, InvalidArgument
+from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unavailable
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.runtime import Runtime
-from ..domain.service import RuntimeService
+from ..domain.service import RuntimeService, runtime_key
+from ..domain.validation import RUNTIME_ID
 from . import convert, paging
 from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
 from .errors import code_name as _code_name
 from .errors import to_grpc_status
+from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +117,14 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             _caller.set(await self._authenticate(context, name))
             _refuse_undecodable(request)
-            response = await method(self, request, context)
-            await self.service.acknowledge()
+            response: Resp = await self._serve(method, request, context)
+            await self.service.acknowledge(_written(name, request))
             _audit(name, request, "OK")
             return response
+        except Relayed as relayed:  # the owner replica's answer to a forwarded call
+            _audit(name, request, relayed.code.name)
+            await context.abort(relayed.code, relayed.details, relayed.trailing)
+            raise  # unreachable: abort raises
         except DomainError as error:
             status = to_grpc_status(error)
             refused_caller = getattr(error, "principal", None)
@@ -134,6 +142,19 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     return wrapper
 
 
+def _written(method: str, request: Any) -> str | None:
+    """The store key of the runtime a mutating call wrote to (its writes must have been
+    accepted before the reply leaves), if any."""
+    runtime_id = getattr(request, "runtime_id", "")
+    if method in READ_METHODS or not runtime_id or not RUNTIME_ID.fullmatch(runtime_id):
+        return None
+    return runtime_key(_tenant(), runtime_id)
+
+
+def _moved(runtime_id: str) -> Unavailable:
+    return Unavailable(f"runtime {runtime_id[:64]!r} is moving between replicas; retry the call")
+
+
 def _require(**fields: str) -> None:
     missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
     too_long = [
@@ -147,10 +168,19 @@ def _require(**fields: str) -> None:
 
 class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     def __init__(
-        self, service: RuntimeService, max_message_bytes: int = 4 << 20, authenticator: Authenticator | None = None
+        self,
+        service: RuntimeService,
+        max_message_bytes: int = 4 << 20,
+        authenticator: Authenticator | None = None,
+        forwarder: Forwarder | None = None,
+        retry_for: float = 30.0,
     ) -> None:
         self.service = service
         self.authenticator = authenticator or Authenticator()
+        # Replicas: calls for runtimes another replica runs go there; `retry_for` bounds how
+        # long a call with no deadline waits for a dead owner's runtimes to be taken over.
+        self.forwarder = forwarder
+        self.retry_for = retry_for
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
 
@@ -159,6 +189,38 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             return DEFAULT
         return await self.authenticator.authenticate(_metadata(context), method)
 
+    async def _serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
+        """Serves the call here, or where its runtime runs (see api/forward.py)."""
+        name = method.__name__
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return await method(self, request, context)
+            except OwnedElsewhere as moved:
+                metadata = _metadata(context)
+                if self.forwarder is None or forwarded(metadata):
+                    raise _moved(getattr(request, "runtime_id", "")) from None
+                if moved.address:
+                    try:
+                        answer: Resp = await self.forwarder.unary(
+                            name, request, moved.address, metadata, context.time_remaining()
+                        )
+                        return answer
+                    except PeerUnavailable:
+                        if name not in RETRIED:
+                            raise _moved(getattr(request, "runtime_id", "")) from None
+            await self._pause(attempt, started, context, getattr(request, "runtime_id", ""))
+            attempt += 1
+
+    async def _pause(self, attempt: int, started: float, context: Context, runtime_id: str) -> None:
+        """Before asking again who runs a runtime whose owner could not be reached."""
+        delay = backoff(attempt)
+        remaining = context.time_remaining()
+        if (remaining is not None and remaining < delay) or time.monotonic() - started + delay > self.retry_for:
+            raise _moved(runtime_id)
+        await asyncio.sleep(delay)
+
     async def _runtime(self, runtime_id: str) -> Runtime:
         _require(runtime_id=runtime_id)
         return await self.service.runtime(runtime_id, _tenant())
@@ -166,6 +228,14 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     async def _handle_target(self, request: Any) -> Runtime:
         _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
         return await self.service.runtime(request.runtime_id, _tenant())
+
+    async def _readable(self, request: Any, handle: bool = True) -> Runtime:
+        """For reads: replicas read a runtime another replica runs from the database."""
+        if handle:
+            _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+        else:
+            _require(runtime_id=request.runtime_id)
+        return await self.service.readable(request.runtime_id, _tenant())
 
     @_edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
@@ -245,12 +315,12 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
-        runtime = await self._handle_target(request)
+        runtime = await self._readable(request)
         return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
 
     @_edge
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
-        runtime = await self._runtime(request.runtime_id)
+        runtime = await self._readable(request, handle=False)
         views = [convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()]
         handles, next_token = paging.page(
             views,
@@ -264,7 +334,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @_edge
     async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
-        runtime = await self._handle_target(request)
+        runtime = await self._readable(request)
         transcript = runtime.transcript(request.handle_id)
         converted: dict[int, pb.Message] = {}
 
@@ -304,15 +374,52 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         return pb.DeleteRuntimeResponse()
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
+        """Events after `after_seq`. On replicas the stream follows its runtime: from the owner
+        (forwarded), or here once this replica runs it; when the owner dies or hands the
+        runtime over, it goes on from the last event sent, so the caller sees no gap and no
+        event twice."""
         try:
             _caller.set(await self._authenticate(context, "Watch"))
             _refuse_undecodable(request)
-            runtime = await self._runtime(request.runtime_id)
-            if request.after_seq < 0:
-                raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
-            async for event in runtime.events.follow(request.after_seq):
-                await self.service.acknowledge()  # a watcher never sees an event a crash could lose
-                yield pb.WatchResponse(event=convert.event_to_proto(event))
+            _require(runtime_id=request.runtime_id)
+            seen = request.after_seq
+            started = time.monotonic()
+            attempt = 0
+            while True:
+                try:
+                    runtime = await self._runtime(request.runtime_id)
+                    if seen < 0:
+                        raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
+                    async for event in runtime.events.follow(seen):
+                        await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
+                        seen = event.seq
+                        attempt, started = 0, time.monotonic()
+                        yield pb.WatchResponse(event=convert.event_to_proto(event))
+                    return
+                except OwnedElsewhere as moved:
+                    metadata = _metadata(context)
+                    if self.forwarder is None or forwarded(metadata):
+                        raise _moved(request.runtime_id) from None
+                    if moved.address:
+                        onward = pb.WatchRequest(runtime_id=request.runtime_id, after_seq=seen)
+                        try:
+                            async for response in self.forwarder.stream(
+                                "Watch", onward, moved.address, metadata, context.time_remaining()
+                            ):
+                                seen = response.event.seq
+                                attempt, started = 0, time.monotonic()
+                                yield response
+                            return
+                        except PeerUnavailable:
+                            pass
+                except Unavailable:
+                    if self.service.draining or not self.service.leases.shared or forwarded(_metadata(context)):
+                        raise
+                    # This replica's copy stopped (its lease moved): follow the runtime to its new owner.
+                await self._pause(attempt, started, context, request.runtime_id)
+                attempt += 1
+        except Relayed as relayed:
+            await context.abort(relayed.code, relayed.details, relayed.trailing)
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
 

@@ -73,3 +73,21 @@ class Unavailable(DomainError):
 class Detached(Exception):
     """Raised inside a run when the process is shutting down: the run stops at a journal
     point without settling, and continues from the store at the next start."""
+
+
+class OwnedElsewhere(DomainError):
+    """Another replica executes this runtime now (it holds its lease): commands and waits
+    go to it. `address`: where it serves (the edge forwards the call there)."""
+
+    def __init__(self, runtime_id: str, address: str) -> None:
+        self.address = address
+        super().__init__(f"runtime {shown(runtime_id)} is run by another replica right now; retry")
+
+
+class Fenced(Detached, Unavailable):
+    """This process lost a runtime's lease (it was paused or cut off, and another replica
+    took the runtime over): none of its writes for that runtime are accepted any more, so
+    its copy stops at once and the caller retries where the runtime runs now."""
+
+    def __init__(self, runtime_id: str) -> None:
+        super().__init__(f"runtime {shown(runtime_id)} moved to another replica; retry the call")

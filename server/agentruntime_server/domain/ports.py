@@ -3,7 +3,7 @@ in providers/, tools/ and store/; the domain never imports them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ from .model import (
     ToolResult,
     ToolSuspension,
 )
+from .ownership import Claim, SoleOwner
 from .quotas import Quotas
 
 
@@ -95,6 +96,7 @@ class Services:
     quotas: Quotas = field(default_factory=Quotas)  # per tenant
     watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
     observers: tuple[Observer, ...] = ()  # see events.Observer
+    leases: Leases = field(default_factory=SoleOwner)  # replicas: who executes which runtime
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,46 @@ class Store(Protocol):
 
     async def runtimes_with_running_handles(self) -> list[str]: ...
 
-    async def flush(self) -> None: ...
+    async def flush(self, runtime_id: str | None = None) -> None:
+        """Everything appended so far is durable. `runtime_id`: and that runtime's writes were
+        accepted (a store shared by replicas raises errors.Fenced once its lease is lost)."""
+        ...
 
     async def close(self) -> None: ...
+
+
+class Leases(Protocol):
+    """Which process executes which runtime. One process on its own store owns every runtime
+    (ownership.SoleOwner); replicas sharing a database hold a lease per runtime, with a
+    fencing epoch the store checks on every journal write (store/pg_leases.py)."""
+
+    shared: bool  # True: other processes may execute runtimes of this store
+
+    async def claim(self, runtime_id: str) -> Claim:
+        """Takes the runtime's lease unless a live replica holds it. A claim always starts a
+        new epoch: writes of any earlier holder, this process's included, are refused."""
+        ...
+
+    def holds(self, runtime_id: str) -> bool:
+        """This process still holds the runtime's lease, as far as it knows (no I/O)."""
+        ...
+
+    async def release(self, runtime_id: str) -> None:
+        """Gives the lease up (its journal flushed first); another replica may claim it."""
+        ...
+
+    async def release_all(self) -> None:
+        """Gives every lease of this process up (a graceful shutdown: no lease lapses)."""
+        ...
+
+    async def renew(self) -> list[str]:
+        """Keeps this process's leases alive; returns the runtimes it turned out to have lost."""
+        ...
+
+    async def orphans(self) -> list[str]:
+        """Runtimes with running handles that no live replica holds (a dead one's)."""
+        ...
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """`callback(runtime_id)` whenever a write of that runtime is refused (fenced)."""
+        ...

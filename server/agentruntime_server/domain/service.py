@@ -12,10 +12,10 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolation, NotFound
+from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolation, NotFound, OwnedElsewhere
 from .journal import Configured
 from .model import AgentSpec, RuntimeOptions
-from .ports import RuntimeRow, Services
+from .ports import Leases, RuntimeRow, Services
 from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger
 from .runtime import Runtime
 from .validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
@@ -49,6 +49,10 @@ class RuntimeService:
         self._ledger = TokenLedger()
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
         self._ledger_loaded: set[str] = set()
+        self._dropping: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Task[None]] = set()
+        self.recovered = 0  # handles continued from their journal since the start
+        services.leases.on_lost(self.lost)
 
     # ---- quotas (Tenancy) ------------------------------------------------------------------
 
@@ -126,16 +130,21 @@ class RuntimeService:
         self._remember(runtime)
         return runtime
 
+    @property
+    def leases(self) -> Leases:
+        return self.services.leases
+
     async def runtime(self, runtime_id: str, tenant: str = DEFAULT_TENANT) -> Runtime:
-        """A tenant's runtime. Another tenant's answers exactly as one that does not exist:
-        an id that is not a slug (`acme:demo`) names no runtime of any caller."""
-        if not RUNTIME_ID.fullmatch(runtime_id):
-            raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
-        key = runtime_key(tenant, runtime_id)
+        """A tenant's runtime, executed by this process (taking its lease if no live replica
+        holds it; OwnedElsewhere if one does). Another tenant's answers exactly as one that
+        does not exist: an id that is not a slug (`acme:demo`) names no runtime of any caller."""
+        key = self._key(runtime_id, tenant)
         found = self._runtimes.get(key)
         if found is not None:
-            self._runtimes.move_to_end(key)
-            return found
+            if self.leases.holds(key):
+                self._runtimes.move_to_end(key)
+                return found
+            await self._drop(found)  # its lease was lost: this copy must not act again
         loading = self._loading.get(key)
         if loading is not None:  # another caller is loading it (a store whose reads await): share its copy
             return await asyncio.shield(loading)
@@ -152,9 +161,37 @@ class RuntimeService:
         future.set_result(runtime)
         return runtime
 
-    async def _load(self, runtime_id: str, key: str) -> Runtime:
+    async def readable(self, runtime_id: str, tenant: str = DEFAULT_TENANT) -> Runtime:
+        """A runtime to read (Inspect, List, GetTranscript). Replicas read one that another
+        replica runs, or that nobody runs, from the database as acknowledged, without taking
+        its lease; a process on its own store reads its own copy."""
+        if not self.leases.shared:
+            return await self.runtime(runtime_id, tenant)
+        key = self._key(runtime_id, tenant)
+        found = self._runtimes.get(key)
+        if found is not None and self.leases.holds(key):
+            return found
         stored = await self.services.store.load(key)
         if stored is None:
+            raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
+        return Runtime.restore(runtime_id, stored, self.services, key)
+
+    @staticmethod
+    def _key(runtime_id: str, tenant: str) -> str:
+        if not RUNTIME_ID.fullmatch(runtime_id):
+            raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
+        return runtime_key(tenant, runtime_id)
+
+    async def _load(self, runtime_id: str, key: str) -> Runtime:
+        """Takes the runtime over: its lease, then its journal, then whatever was running."""
+        claim = await self.leases.claim(key)
+        if not claim.exists:
+            raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
+        if not claim.owned:
+            raise OwnedElsewhere(runtime_id, claim.address)
+        stored = await self.services.store.load(key)
+        if stored is None:  # deleted since the claim
+            await self.leases.release(key)
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
         runtime = Runtime.restore(runtime_id, stored, self.services, key)
         runtime.arm_timers()
@@ -162,26 +199,61 @@ class RuntimeService:
             runtime.draining = True
             runtime.events.close()
         self._remember(runtime)
+        if not self.draining:
+            # Handles RUNNING in the journal: their process died (or handed them over).
+            self.recovered += await runtime.recover()
         return runtime
 
     async def recover(self) -> int:
-        """At start: every handle that was RUNNING when the process died goes on from its journal."""
-        continued = 0
-        for key in await self.services.store.runtimes_with_running_handles():
-            stored = await self.services.store.load(key)
-            if stored is None:
+        """Every runtime with running handles that no process executes goes on from its
+        journal: at start, and on replicas whenever another replica's leases lapse."""
+        before = self.recovered
+        if self.leases.shared:
+            keys = await self.leases.orphans()
+        else:
+            keys = await self.services.store.runtimes_with_running_handles()
+        for key in keys:
+            if self.draining:
+                break
+            if key in self._runtimes or key in self._loading:
                 continue
-            runtime = Runtime.restore(split_key(key)[1], stored, self.services, key)
-            runtime.arm_timers()
-            self._remember(runtime)
-            continued += await runtime.recover()
+            with contextlib.suppress(OwnedElsewhere, NotFound):  # another replica came first; or deleted
+                await self.runtime(split_key(key)[1], split_key(key)[0])
+        continued = self.recovered - before
         if continued:
             log.info("recovered %d running handles from the store", continued)
         return continued
 
+    async def keep_leases(self) -> None:
+        """Replicas, every third of a lease: renew this process's leases, stop what it lost,
+        and take over the runtimes of replicas that died."""
+        for key in await self.leases.renew():
+            self.lost(key)
+        await asyncio.gather(*self._dropping)
+        await self.recover()
+
+    def lost(self, key: str) -> None:
+        """The runtime's lease is gone (the store refused a write, or renewal found it taken)."""
+        runtime = self._runtimes.get(key)
+        if runtime is not None and not self.leases.holds(key):
+            task = asyncio.get_running_loop().create_task(self._drop(runtime))
+            self._dropping.add(task)
+            task.add_done_callback(self._dropping.discard)
+
+    async def _drop(self, runtime: Runtime) -> None:
+        """This copy stops at once and writes nothing more: the replica that holds the lease
+        now goes on from the journal. Its watchers and waiters are told to retry."""
+        if self._runtimes.get(runtime.key) is runtime:
+            del self._runtimes[runtime.key]
+            log.warning("runtime %s: lease lost to another replica; this copy stops", runtime.key)
+        runtime.stop_timers()
+        runtime.events.close()
+        await runtime.detach_runs()
+
     async def drain(self, grace: float) -> None:
         """Shutdown: runs stop at their next journal point; after `grace`, the rest are cut.
-        Either way they stay RUNNING in the store and go on at the next start."""
+        Either way they stay RUNNING in the store and go on at the next start, or on
+        replicas at once elsewhere: this process gives its leases up as it leaves."""
         self.draining = True
         runtimes = list(self._runtimes.values())
         for runtime in runtimes:
@@ -193,10 +265,15 @@ class RuntimeService:
         for runtime in runtimes:
             runtime.release_timers()
             await runtime.detach_runs()
+        if self.leases.shared:
+            with contextlib.suppress(Exception):  # a broken store: the leases lapse instead
+                await self.services.store.flush()
+                await self.leases.release_all()
 
-    async def acknowledge(self) -> None:
-        """Called before any reply leaves: what the call did is durable."""
-        await self.services.store.flush()
+    async def acknowledge(self, runtime_key: str | None = None) -> None:
+        """Called before any reply leaves: what the call did is durable (and, for a runtime,
+        accepted: a replica that lost its lease raises Fenced)."""
+        await self.services.store.flush(runtime_key)
 
     def _refuse_while_draining(self) -> None:
         if self.draining:
@@ -249,6 +326,16 @@ class RuntimeService:
                 return  # everything in memory is working: keep it all
             idle.release_timers()
             del self._runtimes[idle.key]
+            if self.leases.shared:
+                task = asyncio.get_running_loop().create_task(self._release(idle.key))
+                self._releasing.add(task)
+                task.add_done_callback(self._releasing.discard)
+
+    async def _release(self, key: str) -> None:
+        with contextlib.suppress(Exception):  # a lease not given up lapses on its own
+            await self.services.store.flush()
+            if key not in self._runtimes and key not in self._loading:
+                await self.leases.release(key)
 
     @property
     def cached(self) -> int:

@@ -353,7 +353,7 @@ class TurnLoop:
             result = prepared
         elif effect:
             assert isinstance(prepared, HttpExecutor)
-            await self.services.store.flush()  # the call leaves the process next: it must be known to have started
+            await self.services.store.flush(self.host.key)  # the call leaves the process next: it must be known to have started
             key = self.idempotency_key(handle, call)
             outcome = await self.services.http_tools.run(prepared, call.arguments_json, key, handle.tool_answers.get(call.id))
             if isinstance(outcome, ToolSuspension):

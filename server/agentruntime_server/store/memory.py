@@ -93,7 +93,7 @@ class MemoryStore:
     async def runtimes_with_running_handles(self) -> list[str]:
         return sorted(runtime_id for runtime_id, runtime in self._runtimes.items() if runtime.running)
 
-    async def flush(self) -> None:
+    async def flush(self, runtime_id: str | None = None) -> None:
         pass
 
     async def close(self) -> None:

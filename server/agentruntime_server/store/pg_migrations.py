@@ -43,6 +43,18 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (tenant, minute)
     );
     """,
+    # 2: replicas and leases. A runtime's owner is the replica executing it (NULL: none);
+    # its epoch grows with every claim, and a journal write is accepted only from the owner
+    # at the epoch it claimed (store/pg_leases.py).
+    """
+    CREATE TABLE replicas (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE runtimes ADD COLUMN owner TEXT, ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX runtimes_by_owner ON runtimes (owner) WHERE owner IS NOT NULL;
+    """,
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

@@ -12,6 +12,11 @@ each after the one before it has finished. Reads first await every commit of wha
 appended before them (a store reads its own writes). The pool connects, and the schema is
 migrated, on first use: opening a store (app.open_store) is synchronous.
 
+Replicas (store/pg_leases.py): once a PostgresLeases is attached, every commit first locks
+the rows of the runtimes it writes and keeps only the writes of runtimes this process owns
+at the epoch it appended them under; the rest are refused (fenced), never written, and
+every later append, flush(runtime) or reply for that runtime raises errors.Fenced.
+
 The URL's password is a secret: it is never logged, and `redacted(url)` is what may be."""
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
+from ..domain.errors import AlreadyExists, Fenced
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
@@ -31,6 +37,9 @@ from . import payloads
 from .payloads import Row, journal_rows
 from .pg_migrations import migrate
 from .urls import redacted
+
+if TYPE_CHECKING:
+    from .pg_leases import PostgresLeases
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES ($1, $2, $3, $4, $5, $6)"
@@ -51,6 +60,7 @@ class _Batch:
         self.counts: dict[str, tuple[int, int, int]] = {}
         self.touched: set[str] = set()  # runtimes written: their updated_at moves
         self.tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens
+        self.epochs: dict[str, int] = {}  # replicas: the epoch each runtime's rows were appended under
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)
 
@@ -73,6 +83,11 @@ class PostgresStore:
         # A commit that failed: nothing is acknowledged after it, ever.
         self._broken: BaseException | None = None
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
+        # Replicas: the leases, the epoch of every runtime this process owns, and the
+        # runtimes whose writes were refused since (until claimed again).
+        self.leasing: PostgresLeases | None = None
+        self.epochs: dict[str, int] = {}
+        self.fenced: set[str] = set()
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self._url)!r})"
@@ -124,6 +139,8 @@ class PostgresStore:
             pool = await self._connected()
             now = time.time()
             async with pool.acquire() as connection, connection.transaction():
+                if self.leasing is not None:
+                    await self._fence(connection, batch)
                 if batch.rows:
                     await connection.executemany(_APPEND, batch.rows)
                 if batch.running:
@@ -154,6 +171,35 @@ class PostgresStore:
             return
         batch.done.set_result(None)
 
+    async def _fence(self, connection: Any, batch: _Batch) -> None:
+        """Keeps only the writes of runtimes this process still owns at the epoch they were
+        appended under. The rows stay locked to the commit: a claim waits for it, so no write
+        of an earlier owner can land after a claim."""
+        assert self.leasing is not None
+        if not batch.epochs:
+            return
+        rows = await connection.fetch(
+            'SELECT id, owner, epoch FROM runtimes WHERE id = ANY($1::text[]) ORDER BY id COLLATE "C" FOR UPDATE',
+            sorted(batch.epochs),
+        )
+        me = self.leasing.replica_id
+        accepted = {key for key, owner, epoch in rows if owner == me and epoch == batch.epochs[key]}
+        refused = set(batch.epochs) - accepted
+        if not refused:
+            return
+        batch.rows = [row for row in batch.rows if row[0] not in refused]
+        lost = []
+        for key in refused:
+            batch.running.pop(key, None)
+            batch.counts.pop(key, None)
+            batch.touched.discard(key)
+            if self.epochs.get(key) == batch.epochs[key]:  # not claimed again since
+                self.epochs.pop(key, None)
+                self.fenced.add(key)
+                self._next_seq.pop(key, None)
+                lost.append(key)
+        self.leasing.refused(lost)
+
     async def _settle(self) -> None:
         """Every entry appended so far is committed (reads see them)."""
         if self._broken is not None:
@@ -163,30 +209,40 @@ class PostgresStore:
         if self._last is not None:
             await asyncio.shield(self._last)
 
-    async def flush(self) -> None:
+    async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
             raise self._broken
         if self._open is not None:  # committed when the tick ends, with the rest of the tick
-            waited = self._open.done
-        elif self._last is not None:
-            waited = self._last
+            waited: asyncio.Future[None] | None = self._open.done
         else:
-            return
-        await asyncio.shield(waited)
+            waited = self._last
+        if waited is not None:
+            await asyncio.shield(waited)
+        if runtime_id is not None and runtime_id in self.fenced:
+            raise Fenced(runtime_id)
 
     # ---- writes --------------------------------------------------------------------------
 
     async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
         pool = await self._connected()
         now = time.time()
-        await pool.execute(  # its own transaction: a runtime is created once, and acknowledged at once
-            "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES ($1, $2, $3, $4, $5)",
-            runtime_id,
-            _AGENTS.dump_json(agents).decode(),
-            now,
-            tenant,
-            now,
-        )
+        owner = self.leasing.replica_id if self.leasing is not None else None
+        try:
+            await pool.execute(  # its own transaction: a runtime is created once, and acknowledged at once
+                "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)"
+                " VALUES ($1, $2, $3, $4, $5, $6, 1)",
+                runtime_id,
+                _AGENTS.dump_json(agents).decode(),
+                now,
+                tenant,
+                now,
+                owner,  # replicas: its creator runs it first (no other replica knows it yet)
+            )
+        except asyncpg.UniqueViolationError:  # created at the same moment through another connection
+            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
+        if owner is not None:
+            self.epochs[runtime_id] = 1
+            self.fenced.discard(runtime_id)
         self._next_seq[runtime_id] = 1  # so that append never awaits: the journal assigns seqs in order
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -201,6 +257,8 @@ class PostgresStore:
         running: bool | None = None,
         counts: tuple[int, int, int] | None = None,
     ) -> None:
+        if self.leasing is not None and runtime_id not in self.epochs:
+            raise Fenced(runtime_id)  # this process does not own it (any more): nothing it writes counts
         if runtime_id not in self._next_seq:
             pool = await self._connected()
             async with pool.acquire() as connection:
@@ -210,8 +268,15 @@ class PostgresStore:
             self._next_seq.setdefault(runtime_id, (last or 0) + 1)  # another append may have come first
         # From here on no await: checked, encoded and buffered at once, all or nothing, so that
         # nothing that reaches the tick's commit can fail.
+        if self.leasing is not None and runtime_id not in self.epochs:
+            raise Fenced(runtime_id)  # lost while the seq was read
+        epoch = self.epochs.get(runtime_id)
+        if self._open is not None and self._open.epochs.get(runtime_id, epoch) != epoch:
+            self._cut()  # rows of one runtime under two epochs never share a commit
         rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
         batch = self._batch()
+        if epoch is not None:
+            batch.epochs[runtime_id] = epoch
         batch.rows.extend(rows)
         if running is not None:
             batch.running[runtime_id] = running
@@ -226,6 +291,8 @@ class PostgresStore:
             await connection.execute("DELETE FROM journal WHERE runtime_id = $1", runtime_id)
             await connection.execute("DELETE FROM runtimes WHERE id = $1", runtime_id)
         self._next_seq.pop(runtime_id, None)
+        self.epochs.pop(runtime_id, None)
+        self.fenced.discard(runtime_id)
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         batch = self._batch()
@@ -267,8 +334,15 @@ class PostgresStore:
     async def idle_runtimes(self, before: float) -> list[str]:
         await self._settle()
         pool = await self._connected()
+        # Replicas: a runtime another live replica holds is in its memory; it is not deleted under it.
+        mine = self.leasing.replica_id if self.leasing is not None else ""
         rows = await pool.fetch(
-            'SELECT id FROM runtimes WHERE updated_at < $1 AND NOT running ORDER BY updated_at, id COLLATE "C"', before
+            "SELECT r.id FROM runtimes r WHERE r.updated_at < $1 AND NOT r.running"
+            " AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS"
+            " (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > extract(epoch FROM clock_timestamp())))"
+            ' ORDER BY r.updated_at, r.id COLLATE "C"',
+            before,
+            mine,
         )
         return [row[0] for row in rows]
 

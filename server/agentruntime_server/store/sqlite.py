@@ -106,7 +106,7 @@ class SqliteStore:
         if committed is not None and not committed.done():
             committed.set_result(None)
 
-    async def flush(self) -> None:
+    async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
             raise self._broken
         if not (self._rows or self._running or self._tokens):

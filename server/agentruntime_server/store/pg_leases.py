@@ -1,0 +1,150 @@
+"""Leases for replicas sharing one PostgreSQL database (the DBOS / Oban pattern: the
+database is the coordinator; no consensus of our own, no broker).
+
+- Every replica has a row in `replicas` with its advertised address and an expiry it
+  pushes forward every third of the lease (`renew`). A replica is live while that row has
+  not expired, by the database's clock (replicas' clocks never matter).
+- A runtime's `owner` is the replica executing it, or NULL. `claim` takes a runtime whose
+  owner is NULL, itself, or not live, and raises its `epoch` in the same statement.
+- The store (PostgresStore._fence) accepts a journal write only from the owner at the epoch
+  it claimed, under a row lock a claim waits for: a replica that was paused or cut off past
+  its lease can never write again once another replica has claimed.
+- A graceful stop releases every lease at once (`release_all`), so a rolling restart waits
+  for no expiry; a crash's leases lapse after the lease duration, and the live replicas take
+  over the runtimes with running handles (`orphans`) through the same replay as a restart."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable
+
+from ..domain.ownership import Claim
+from .postgres import PostgresStore
+
+log = logging.getLogger(__name__)
+
+_NOW = "extract(epoch FROM clock_timestamp())"
+_LIVE_OWNER = f"EXISTS (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > {_NOW})"
+_CLAIM = (
+    "UPDATE runtimes r SET owner = $2, epoch = r.epoch + 1"
+    f" WHERE r.id = $1 AND (r.owner IS NULL OR r.owner = $2 OR NOT {_LIVE_OWNER}) RETURNING r.epoch"
+)
+_HOLDER = (
+    f"SELECT r.owner, p.address, COALESCE(p.expires_at > {_NOW}, FALSE)"
+    " FROM runtimes r LEFT JOIN replicas p ON p.id = r.owner WHERE r.id = $1"
+)
+
+
+class PostgresLeases:
+    shared = True
+
+    def __init__(self, store: PostgresStore, address: str, duration: float = 10.0) -> None:
+        """`address`: where other replicas reach this one (host:port); `duration`: seconds a
+        lease outlives the last renewal of its replica."""
+        self.store = store
+        self.address = address
+        self.duration = duration
+        self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._callbacks: list[Callable[[str], None]] = []
+        store.leasing = self
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        self._callbacks.append(callback)
+
+    def refused(self, keys: Iterable[str]) -> None:
+        """The store refused writes of these runtimes: their lease was lost."""
+        for key in keys:
+            log.warning("writes of runtime %s refused: another replica holds its lease now", key)
+            for callback in self._callbacks:
+                callback(key)
+
+    async def start(self) -> None:
+        """Registers this replica (live from now on)."""
+        await self._heartbeat()
+        log.info("replica %s serving at %s (leases of %gs)", self.replica_id, self.address, self.duration)
+
+    async def _heartbeat(self) -> None:
+        pool = await self.store._connected()
+        await pool.execute(
+            f"INSERT INTO replicas (id, address, expires_at) VALUES ($1, $2, {_NOW} + $3)"
+            f" ON CONFLICT (id) DO UPDATE SET expires_at = {_NOW} + $3, address = excluded.address",
+            self.replica_id,
+            self.address,
+            self.duration,
+        )
+
+    def holds(self, runtime_id: str) -> bool:
+        return runtime_id in self.store.epochs
+
+    async def claim(self, runtime_id: str) -> Claim:
+        pool = await self.store._connected()
+        for _ in range(3):  # the holder may release between the two statements
+            epoch = await pool.fetchval(_CLAIM, runtime_id, self.replica_id)
+            if epoch is not None:
+                self.store.epochs[runtime_id] = epoch
+                self.store.fenced.discard(runtime_id)
+                self.store._next_seq.pop(runtime_id, None)  # another replica may have written since
+                return Claim(owned=True)
+            holder = await pool.fetchrow(_HOLDER, runtime_id)
+            if holder is None:
+                return Claim(owned=False, exists=False)
+            owner, address, live = holder
+            if live and owner != self.replica_id:
+                return Claim(owned=False, address=address or "")
+        return Claim(owned=False)
+
+    async def release(self, runtime_id: str) -> None:
+        epoch = self.store.epochs.get(runtime_id)
+        if epoch is None:
+            return
+        await self.store.flush()  # the journal first: nothing of this epoch may land after
+        if self.store.epochs.get(runtime_id) != epoch:
+            return  # claimed again meanwhile
+        del self.store.epochs[runtime_id]
+        self.store._next_seq.pop(runtime_id, None)
+        pool = await self.store._connected()
+        await pool.execute(
+            "UPDATE runtimes SET owner = NULL WHERE id = $1 AND owner = $2 AND epoch = $3",
+            runtime_id,
+            self.replica_id,
+            epoch,
+        )
+
+    async def release_all(self) -> None:
+        await self.store.flush()
+        self.store.epochs.clear()
+        self.store._next_seq.clear()
+        pool = await self.store._connected()
+        async with pool.acquire() as connection, connection.transaction():
+            await connection.execute("UPDATE runtimes SET owner = NULL WHERE owner = $1", self.replica_id)
+            await connection.execute("DELETE FROM replicas WHERE id = $1", self.replica_id)
+
+    async def renew(self) -> list[str]:
+        await self._heartbeat()
+        held = dict(self.store.epochs)
+        if not held:
+            return []
+        pool = await self.store._connected()
+        rows = await pool.fetch(
+            "SELECT id, epoch FROM runtimes WHERE id = ANY($1::text[]) AND owner = $2", list(held), self.replica_id
+        )
+        still = {key: epoch for key, epoch in rows}
+        lost = []
+        for key, epoch in held.items():
+            if still.get(key) != epoch and self.store.epochs.get(key) == epoch:  # not claimed again meanwhile
+                del self.store.epochs[key]
+                self.store.fenced.add(key)
+                self.store._next_seq.pop(key, None)
+                lost.append(key)
+        return lost
+
+    async def orphans(self) -> list[str]:
+        """Random order and a bound: replicas taking over together spread the work."""
+        pool = await self.store._connected()
+        rows = await pool.fetch(
+            f"SELECT r.id FROM runtimes r WHERE r.running AND (r.owner IS NULL OR NOT {_LIVE_OWNER}) ORDER BY random() LIMIT 100"
+        )
+        return [row[0] for row in rows]

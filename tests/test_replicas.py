@@ -1,0 +1,405 @@
+"""Replicas on one PostgreSQL database (issue 13): leases with fencing epochs, forwarding,
+failover, graceful handoff. The store-level tests drive two stores on one database the way
+two processes would; the rest start real server processes on a real PostgreSQL and hurt
+them with signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg  # type: ignore[import-untyped]
+import grpc
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.errors import Fenced
+from agentruntime_server.domain.events import EventLog
+from agentruntime_server.domain.journal import Journal, Tree, replay
+from agentruntime_server.domain.ownership import Claim
+from agentruntime_server.store.pg_leases import PostgresLeases
+from agentruntime_server.store.postgres import PostgresStore
+
+from tests.support.build import agent, create, http_tool, run
+from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.poll import until
+from tests.support.process import ServerProcess
+from tests.support.servers import serve
+from tests.support.tool_server import ToolServer
+from tests.test_store_contract import AGENTS, figures, story
+
+T = TypeVar("T")
+LEASE = 2.0  # seconds (the default is 10): a dead replica's runtimes move within a test's patience
+
+# ---- leases and fencing, two stores on one database ------------------------------------------
+
+
+class Replica:
+    """One process's view of the database: its store, its leases, the leases it lost."""
+
+    def __init__(self, url: str, address: str) -> None:
+        self.store = PostgresStore(url)
+        self.leases = PostgresLeases(self.store, address, duration=LEASE)
+        self.lost: list[str] = []
+        self.leases.on_lost(self.lost.append)
+
+    async def lapse(self, admin: Any) -> None:
+        """As if the process had been paused past its lease: it renews nothing."""
+        await admin.execute("UPDATE replicas SET expires_at = 0 WHERE id = $1", self.leases.replica_id)
+
+
+@pytest.fixture
+async def pair(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
+    first, second = Replica(database, "127.0.0.1:1001"), Replica(database, "127.0.0.1:1002")
+    await first.leases.start()
+    await second.leases.start()
+    admin = await asyncpg.connect(database)
+    yield first, second, admin
+    await admin.close()
+    for replica in (first, second):
+        with contextlib.suppress(Exception):
+            await replica.store.close()
+
+
+def journal_of(replica: Replica, runtime_id: str) -> tuple[Tree, Journal]:
+    tree = Tree(runtime_id, AGENTS)
+    return tree, Journal(tree, replica.store, EventLog(runtime_id, _nothing))  # type: ignore[arg-type]
+
+
+async def _nothing(after: int) -> list[Any]:
+    return []
+
+
+async def test_the_creator_owns_a_runtime_and_the_other_replica_is_sent_to_it(pair: tuple[Replica, Replica, Any]) -> None:
+    a, b, _ = pair
+    await a.store.create_runtime("rt", AGENTS)
+    assert a.leases.holds("rt") and not b.leases.holds("rt")
+    assert await b.leases.claim("rt") == Claim(owned=False, address="127.0.0.1:1001")
+    assert await b.leases.claim("missing") == Claim(owned=False, exists=False)
+    assert await b.leases.orphans() == []
+
+
+async def test_a_claim_fences_every_later_write_of_the_previous_owner(pair: tuple[Replica, Replica, Any]) -> None:
+    a, b, admin = pair
+    await a.store.create_runtime("rt", AGENTS)
+    tree, journal = journal_of(a, "rt")
+    groups = story(tree)
+    for _ in range(4):
+        await journal.record(*next(groups))
+    await a.store.flush("rt")
+    acknowledged, last = figures(tree), journal.last_seq
+
+    await a.lapse(admin)  # a is paused past its lease: b takes the runtime over
+    assert await b.leases.claim("rt") == Claim(owned=True)
+
+    await journal.record(*next(groups))  # a wakes up and writes what it was doing
+    with pytest.raises(Fenced):
+        await a.store.flush("rt")
+    assert a.lost == ["rt"] and not a.leases.holds("rt")
+    with pytest.raises(Fenced):  # and nothing it appends later is taken either
+        await journal.record(*next(groups))
+
+    stored = await b.store.load("rt")
+    assert stored is not None and [entry.seq for entry in stored.entries] == list(range(1, last + 1))  # nothing of a's after
+    rebuilt = Tree("rt", AGENTS)
+    replay(rebuilt, stored.entries)
+    assert figures(rebuilt) == acknowledged
+
+    # b goes on from there, with the next seqs.
+    continued = Journal.restore(rebuilt, b.store, EventLog("rt", _nothing), stored.entries)
+    await continued.record(*next(story(Tree("rt", AGENTS))))
+    await b.store.flush("rt")
+    again = await b.store.load("rt")
+    assert again is not None and [entry.seq for entry in again.entries] == list(range(1, last + 2))
+
+
+async def test_renewal_tells_a_replica_which_leases_it_lost(pair: tuple[Replica, Replica, Any]) -> None:
+    a, b, admin = pair
+    for runtime_id in ("kept", "taken"):
+        await a.store.create_runtime(runtime_id, AGENTS)
+    await a.lapse(admin)
+    assert await b.leases.claim("taken") == Claim(owned=True)
+    assert await a.leases.renew() == ["taken"]  # and a is live again: "kept" stays a's
+    assert a.leases.holds("kept") and not a.leases.holds("taken")
+    assert await b.leases.claim("kept") == Claim(owned=False, address="127.0.0.1:1001")
+
+
+async def test_orphans_are_running_runtimes_whose_owner_is_gone(pair: tuple[Replica, Replica, Any]) -> None:
+    a, b, admin = pair
+    await a.store.create_runtime("busy", AGENTS)
+    await a.store.create_runtime("idle", AGENTS)
+    tree, journal = journal_of(a, "busy")
+    groups = story(tree)
+    while not tree.active:  # until a handle runs: the runtime is marked running
+        await journal.record(*next(groups))
+    await a.store.flush()
+    assert await b.leases.orphans() == []  # a is live
+    await a.lapse(admin)
+    assert await b.leases.orphans() == ["busy"]  # the idle one needs nobody
+    await a.leases.renew()
+    assert await b.leases.orphans() == []
+
+
+async def test_a_released_lease_is_taken_at_once_and_a_graceful_stop_releases_all(
+    pair: tuple[Replica, Replica, Any],
+) -> None:
+    a, b, _ = pair
+    for runtime_id in ("one", "two", "three"):
+        await a.store.create_runtime(runtime_id, AGENTS)
+    await a.leases.release("one")
+    assert await b.leases.claim("one") == Claim(owned=True)
+    await a.leases.release_all()
+    assert await b.leases.claim("two") == Claim(owned=True)
+    assert await b.leases.claim("three") == Claim(owned=True)
+    assert not any(a.leases.holds(runtime_id) for runtime_id in ("one", "two", "three"))
+
+
+# ---- real processes ----------------------------------------------------------------------
+
+
+def coordinator(body: dict[str, Any]) -> Reply:
+    if tool_results(body) == 0:
+        job = last_user(body)
+        return Reply(calls=[("task", {"agent": "worker", "prompt": f"{job} part {part}"}) for part in (1, 2)], tokens=100)
+    return Reply(text="merged", tokens=100, delay=0.05)
+
+
+def worker(body: dict[str, Any]) -> Reply:
+    if tool_results(body) == 0:
+        return Reply(calls=[("hit", {"job": last_user(body)})], tokens=10, delay=0.05)
+    return Reply(text="worked", tokens=10)
+
+
+# What every root settles with, as one process on SQLite computes it.
+EXACT = {"status": pb.STATUS_DONE, "text": "merged", "turns": 2, "own_tokens": 200, "total_tokens": 240, "tool_calls": 2}
+
+
+def exact(result: pb.TaskResult) -> dict[str, Any]:
+    return {name: getattr(result, name) for name in EXACT}
+
+
+class Cluster:
+    """Replicas on one database, and a client that sends each call to a random live one and
+    tries another when a replica is down (what a load balancer in front of them does)."""
+
+    def __init__(self, database: str, model: ScriptedModelServer, tmp: Path, size: int) -> None:
+        env = {"AGENTRUNTIME_LEASE_DURATION": str(LEASE), "AGENTRUNTIME_SHUTDOWN_GRACE": "5"}
+        self.replicas = [ServerProcess(database, model.base_url, tmp / f"replica-{n}.log", env) for n in range(size)]
+        self.stubs: dict[int, pb_grpc.AgentRuntimeStub] = {}
+
+    async def start(self, *which: int) -> None:
+        for n in which or range(len(self.replicas)):
+            self.stubs[n] = await self.replicas[n].start()
+
+    def down(self, n: int) -> None:
+        self.stubs.pop(n, None)
+
+    async def call(self, rpc: Callable[[pb_grpc.AgentRuntimeStub], Awaitable[T]], patience: float = 60.0) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        while True:
+            stub = random.choice(list(self.stubs.values()))
+            try:
+                return await rpc(stub)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or loop.time() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        for replica in self.replicas:
+            if replica.process is not None and replica.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    replica.process.send_signal(signal.SIGCONT)
+                await replica.stop()
+
+
+@pytest.fixture
+async def cluster(database: str, model: ScriptedModelServer, tools: ToolServer, tmp_path: Path) -> AsyncIterator[Cluster]:
+    model.script("coordinator", coordinator)
+    model.script("worker", worker)
+    made = Cluster(database, model, tmp_path, 3)
+    await made.start()
+    yield made
+    await made.stop()
+
+
+def definitions(tools: ToolServer) -> list[pb.AgentDef]:
+    return [agent("coordinator", team=["worker"]), agent("worker", tools=[http_tool("hit", tools.url("hit"))])]
+
+
+async def start_root(cluster: Cluster, tools: ToolServer, job: int) -> tuple[str, str]:
+    """A runtime with one coordinator root, each call of it sent to a random replica."""
+    created = await cluster.call(lambda s: s.CreateRuntime(pb.CreateRuntimeRequest(agents=definitions(tools)), timeout=10))
+    runtime_id = created.runtime_id
+    spawned = await cluster.call(
+        lambda s: s.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="coordinator"), timeout=10)
+    )
+    handle_id = spawned.handle_id
+    await cluster.call(
+        lambda s: s.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=f"job {job}"), timeout=10)
+    )
+    return runtime_id, handle_id
+
+
+async def settled(cluster: Cluster, runtime_id: str, handle_id: str) -> pb.TaskResult:
+    while True:
+        reply = await cluster.call(
+            lambda s: s.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout={"seconds": 5}), timeout=20),
+            patience=120,
+        )
+        if reply.result.status != pb.STATUS_TIMEOUT:
+            return reply.result
+
+
+async def watched(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[int]:
+    """Every event seq of a runtime's stream, up to its root settling."""
+    seqs = []
+    async for response in stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=120):
+        seqs.append(response.event.seq)
+        if response.event.handle_id == handle_id and response.event.HasField("result"):
+            return seqs
+    raise AssertionError("the stream ended before the root settled")
+
+
+def assert_effects(tools: ToolServer, roots: int, kills: list[int]) -> None:
+    """Every worker's one call ran; a call ran again only if it was in doubt: its first run
+    began before a replica went down (`kills`: how many hits there were at each) and the
+    second after, with the same Idempotency-Key."""
+    first: dict[str, int] = {}
+    again: dict[str, int] = {}
+    for index, key in enumerate(tools.keys):
+        if key in first:
+            assert key not in again, f"{key} ran three times"
+            again[key] = index
+        else:
+            first[key] = index
+    assert len(first) == 2 * roots
+    for key, second in again.items():
+        assert any(first[key] < kill <= second for kill in kills), (key, first[key], second, kills)
+
+
+async def test_three_replicas_run_100_roots_sent_to_random_replicas_with_exact_totals(
+    cluster: Cluster, tools: ToolServer, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    # The figures one process on SQLite gives for the same root are the ones to match.
+    async with serve(llm_style="openai", llm_base_url=model.base_url, store=f"sqlite:///{tmp_path / 'one.db'}") as one:
+        _, alone = await run(one.stub, await create(one.stub, *definitions(tools)), "coordinator", "job alone")
+    assert exact(alone) == EXACT
+    tools.keys.clear()
+    roots = await asyncio.gather(*(start_root(cluster, tools, job) for job in range(100)))
+    results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
+    assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
+    assert_effects(tools, 100, [])
+    # Reads from any replica (from the database, or the owner's memory) give the same figures.
+    for runtime_id, handle_id in random.sample(roots, 10):
+        for stub in cluster.stubs.values():
+            view = (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=10)).handle
+            assert (view.turns, view.own_tokens, view.total_tokens) == (2, 200, 240)
+    # The work spread: each replica created, and so ran, roots of its own (it still holds them).
+    owners = await owners_of_runtimes(cluster)
+    assert len(owners) == 3 and sum(owners.values()) == 100 and min(owners.values()) >= 10, owners
+
+
+async def owners_of_runtimes(cluster: Cluster) -> Counter[str]:
+    url = cluster.replicas[0].store
+    assert isinstance(url, str)
+    connection = await asyncpg.connect(url)
+    try:
+        return Counter(
+            {str(owner): count for owner, count in await connection.fetch("SELECT owner, COUNT(*) FROM runtimes GROUP BY owner")}
+        )
+    finally:
+        await connection.close()
+
+
+async def test_sigkill_of_two_replicas_mid_run_loses_nothing_and_watch_streams_have_no_gaps(
+    cluster: Cluster, tools: ToolServer
+) -> None:
+    tools.delays["hit"] = 0.3
+    roots = await asyncio.gather(*(start_root(cluster, tools, job) for job in range(100)))
+    # Watch streams on the replica that survives both kills, for roots run everywhere.
+    survivor = cluster.stubs[2]
+    watches = [asyncio.ensure_future(watched(survivor, *root)) for root in roots[:12]]
+    kills: list[int] = []
+    for victim, progress in ((0, 30), (1, 110)):  # two kills, at two moments
+        await until(lambda: sum(tools.hits.values()) >= progress, f"{progress} tool hits", timeout=60)  # noqa: B023
+        kills.append(len(tools.keys))
+        cluster.replicas[victim].send(signal.SIGKILL)
+        cluster.down(victim)
+        await cluster.replicas[victim].stop()
+    results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
+    assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
+    assert_effects(tools, 100, kills)
+    print(f"calls in doubt and run again: {len(tools.keys) - 200} of 200")
+    for seqs in await asyncio.gather(*watches):
+        assert seqs == list(range(1, len(seqs) + 1))  # no gap, nothing twice
+
+
+async def test_a_paused_owner_is_fenced_when_it_wakes_and_the_figures_stay_exact(cluster: Cluster, tools: ToolServer) -> None:
+    tools.delays["hit"] = 1.0
+    owner = cluster.stubs[0]
+    runtime_id = (await owner.CreateRuntime(pb.CreateRuntimeRequest(agents=definitions(tools)), timeout=10)).runtime_id
+    handles = []
+    for job in range(3):
+        spawned = await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="coordinator"))
+        await owner.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=spawned.handle_id, prompt=f"job {job}"))
+        handles.append(spawned.handle_id)
+    await until(lambda: len(tools.in_flight_keys) >= 2, "tool calls in flight on the owner", timeout=30)
+    in_doubt = set(tools.in_flight_keys)
+    cluster.replicas[0].send(signal.SIGSTOP)  # past its lease: another replica takes the runtime over
+    cluster.down(0)
+    results = [await settled(cluster, runtime_id, handle) for handle in handles]
+    assert all(exact(result) == EXACT for result in results)
+
+    cluster.replicas[0].send(signal.SIGCONT)  # the old owner wakes with its calls answered
+    cluster.stubs[0] = owner
+    log = cluster.replicas[0].log
+    await until(lambda: "lease lost" in log.read_text() or "refused" in log.read_text(), "the old owner to notice", timeout=30)
+    await asyncio.sleep(LEASE)  # anything it would still write has had its chance
+    for stub in cluster.stubs.values():  # the woken one included: it reads what the new owner wrote
+        for handle, result in zip(handles, results, strict=True):
+            waited = await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle), timeout=20)
+            assert waited.result == result
+    assert_effects_for(tools, 6, in_doubt)
+
+
+def assert_effects_for(tools: ToolServer, calls: int, in_doubt: set[str]) -> None:
+    per_key = Counter(tools.keys)
+    assert len(per_key) == calls
+    assert all(hits == 1 or (hits == 2 and key in in_doubt) for key, hits in per_key.items()), per_key
+
+
+async def test_a_rolling_restart_under_load_finishes_every_root(cluster: Cluster, tools: ToolServer) -> None:
+    """SIGTERM each replica in turn, each time with a wave of roots in flight: the replica
+    drains, gives its leases up, and another takes its runs over with no lease to wait for."""
+    tools.delays["hit"] = 0.5
+    roots: list[tuple[str, str]] = []
+    kills: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def takeovers() -> int:
+        return sum(replica.log.read_text().count("running handles from the store") for replica in cluster.replicas)
+
+    for n, wave in enumerate((34, 33, 33)):
+        hits = len(tools.keys)
+        roots += await asyncio.gather(*(start_root(cluster, tools, len(roots) + job) for job in range(wave)))
+        await until(lambda: len(tools.keys) >= hits + 10, "the wave's calls to be under way")  # noqa: B023
+        before = takeovers()
+        kills.append(len(tools.keys))
+        cluster.down(n)
+        started = loop.time()
+        assert await cluster.replicas[n].stop(signal.SIGTERM) == 0
+        assert loop.time() - started < LEASE + 5  # drained within its grace
+        kills.append(len(tools.keys))  # its runs were handed over while it drained
+        await until(lambda: takeovers() > before, "another replica to take the runs over", timeout=LEASE * 3)  # noqa: B023
+        await cluster.start(n)
+    results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
+    assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
+    assert_effects(tools, 100, kills)
