@@ -245,7 +245,7 @@ class RuntimeService:
         now goes on from the journal. Its watchers and waiters are told to retry."""
         if self._runtimes.get(runtime.key) is runtime:
             del self._runtimes[runtime.key]
-            log.warning("runtime %s: lease lost to another replica; this copy stops", runtime.key)
+            log.warning("runtime %s: its lease is lost; its copy stops (the journal goes on elsewhere)", runtime.key)
         runtime.stop_timers()
         runtime.events.close()
         await runtime.detach_runs()

