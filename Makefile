@@ -130,11 +130,12 @@ run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the README with grpcurl
 	scripts/smoke.sh
 
-bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory
+bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, replicas
 	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
+	$(BIN)/python bench/replicas.py
 
 clean: ## remove the venv, tools and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
