@@ -28,7 +28,7 @@ from agentruntime_server.store import payloads
 from agentruntime_server.store.pg_leases import PostgresLeases
 from agentruntime_server.store.postgres import PostgresStore
 
-from tests.support.build import agent, create, http_tool, run
+from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
@@ -188,13 +188,16 @@ def coordinator(body: dict[str, Any]) -> Reply:
 
 
 def worker(body: dict[str, Any]) -> Reply:
-    if tool_results(body) == 0:
-        return Reply(calls=[("hit", {"job": last_user(body)})], tokens=10, delay=0.05)
+    """Three http calls one after another (a root lasts a while), then an answer."""
+    done = tool_results(body)
+    if done < HITS:
+        return Reply(calls=[("hit", {"job": last_user(body), "n": done})], tokens=10, delay=0.05)
     return Reply(text="worked", tokens=10)
 
 
+HITS = 3  # a worker's calls; a root has two workers
 # What every root settles with, as one process on SQLite computes it.
-EXACT = {"status": pb.STATUS_DONE, "text": "merged", "turns": 2, "own_tokens": 200, "total_tokens": 240, "tool_calls": 2}
+EXACT = {"status": pb.STATUS_DONE, "text": "merged", "turns": 2, "own_tokens": 200, "total_tokens": 280, "tool_calls": 2}
 
 
 def exact(result: pb.TaskResult) -> dict[str, Any]:
@@ -314,12 +317,12 @@ async def test_three_replicas_run_100_roots_sent_to_random_replicas_with_exact_t
     roots = await asyncio.gather(*(start_root(cluster, tools, job) for job in range(100)))
     results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
     assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
-    assert_effects(tools, 200, [])
+    assert_effects(tools, 100 * 2 * HITS, [])
     # Reads from any replica (from the database, or the owner's memory) give the same figures.
     for runtime_id, handle_id in random.sample(roots, 10):
         for stub in cluster.stubs.values():
             view = (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=10)).handle
-            assert (view.turns, view.own_tokens, view.total_tokens) == (2, 200, 240)
+            assert (view.turns, view.own_tokens, view.total_tokens) == (2, 200, 280)
     # The work spread: each replica created, and so ran, roots of its own (it still holds them).
     owners = await owners_of_runtimes(cluster)
     assert len(owners) == 3 and sum(owners.values()) == 100 and min(owners.values()) >= 10, owners
@@ -337,6 +340,66 @@ async def owners_of_runtimes(cluster: Cluster) -> Counter[str]:
         await connection.close()
 
 
+async def test_a_forwarded_call_answers_as_the_owner_does_errors_and_details_included(
+    cluster: Cluster, tools: ToolServer
+) -> None:
+    owner, other = cluster.stubs[0], cluster.stubs[1]
+    runtime_id = (await owner.CreateRuntime(pb.CreateRuntimeRequest(agents=definitions(tools)), timeout=10)).runtime_id
+    # Commands to the runtime through another replica reach its owner.
+    handle_id = (await other.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"), timeout=10)).handle_id
+    await other.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="job 1"), timeout=10)
+    waited = await other.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=30)
+    assert exact(waited.result) == EXACT
+    assert "rpc=Spawn" in cluster.replicas[0].log.read_text()  # the owner served it
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await other.Post(pb.PostRequest(runtime_id=runtime_id, handle_id="root/nobody.1", text="hi"), timeout=10)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "root/nobody.1" in (missing.value.details() or "")
+    [resource] = status_details(missing.value)
+    assert (resource.resource_type, resource.resource_name) == ("handle", "root/nobody.1")
+    with pytest.raises(grpc.aio.AioRpcError) as unknown:
+        await other.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="stranger"), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "['coordinator', 'worker']" in (unknown.value.details() or "")
+    [resource] = status_details(unknown.value)
+    assert (resource.resource_type, resource.resource_name) == ("agent", "stranger")
+    # Reads through any replica: the same view; a missing runtime is missing everywhere.
+    views = [
+        (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=10)).handle
+        for stub in cluster.stubs.values()
+    ]
+    assert all(view == views[0] for view in views)
+    for stub in cluster.stubs.values():
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await stub.Wait(pb.WaitRequest(runtime_id="rt-none", handle_id=handle_id), timeout=10)
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    # DeleteRuntime through a replica that does not run it: gone for every replica.
+    await cluster.stubs[2].DeleteRuntime(pb.DeleteRuntimeRequest(runtime_id=runtime_id), timeout=10)
+    for stub in cluster.stubs.values():
+        with pytest.raises(grpc.aio.AioRpcError) as deleted:
+            await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=10)
+        assert deleted.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def reconnecting_watch(
+    cluster: Cluster, stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str
+) -> tuple[list[int], int]:
+    """A client's Watch that starts on `stub`'s replica and, when that replica goes away,
+    reconnects to another live one with its last seq; the seqs it saw, and its reconnects."""
+    seqs: list[int] = []
+    reconnects = 0
+    while True:
+        try:
+            async for response in stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=seqs[-1] if seqs else 0)):
+                seqs.append(response.event.seq)
+                if response.event.handle_id == handle_id and response.event.HasField("result"):
+                    return seqs, reconnects
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise
+        reconnects += 1
+        await asyncio.sleep(0.1)
+        stub = random.choice(list(cluster.stubs.values()))
+
+
 async def test_sigkill_of_two_replicas_mid_run_loses_nothing_and_watch_streams_have_no_gaps(
     cluster: Cluster, tools: ToolServer
 ) -> None:
@@ -345,20 +408,30 @@ async def test_sigkill_of_two_replicas_mid_run_loses_nothing_and_watch_streams_h
     # Watch streams on the replica that survives both kills, for roots run everywhere.
     survivor = cluster.stubs[2]
     watches = [asyncio.ensure_future(watched(survivor, *root)) for root in roots[:12]]
+    # And clients watching on the first victim, that reconnect elsewhere with their last seq.
+    movers = [asyncio.ensure_future(reconnecting_watch(cluster, cluster.stubs[0], *root)) for root in roots[12:20]]
+    await asyncio.sleep(0.3)  # connected to the first victim
     kills: list[int] = []
-    for victim, progress in ((0, 30), (1, 110)):  # two kills, at two moments
+    for victim, progress in ((0, 150), (1, 400)):  # two kills, at two moments (of 600 calls)
         await until(lambda: sum(tools.hits.values()) >= progress, f"{progress} tool hits", timeout=60)  # noqa: B023
+        assert len(tools.keys) < 100 * 2 * HITS, "the kill must come mid-run"
         cluster.replicas[victim].send(signal.SIGKILL)
         cluster.down(victim)
-        await cluster.replicas[victim].stop()
+        victim_process = cluster.replicas[victim].process
+        assert victim_process is not None
+        await victim_process.wait()  # its clients' streams break as they would (the channel stays open)
         await asyncio.sleep(0.1)  # what it sent before it died has arrived
         kills.append(len(tools.keys))
     results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
     assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
-    assert_effects(tools, 200, kills)
-    print(f"calls in doubt and run again: {len(tools.keys) - 200} of 200")
+    assert_effects(tools, 100 * 2 * HITS, kills)
+    print(f"calls in doubt and run again: {len(tools.keys) - 600} of 600")
     for seqs in await asyncio.gather(*watches):
         assert seqs == list(range(1, len(seqs) + 1))  # no gap, nothing twice
+    moved = await asyncio.gather(*movers)
+    for seqs, _ in moved:
+        assert seqs == list(range(1, len(seqs) + 1))
+    assert all(reconnects >= 1 for _, reconnects in moved)
 
 
 async def test_a_paused_owner_is_fenced_when_it_wakes_and_the_figures_stay_exact(cluster: Cluster, tools: ToolServer) -> None:
@@ -390,7 +463,7 @@ async def test_a_paused_owner_is_fenced_when_it_wakes_and_the_figures_stay_exact
     # after (the woken owner may still send a call it had started: the same key, for its target to dedupe).
     in_doubt = await calls_in_doubt_at(cluster, runtime_id, stopped)
     per_key = Counter(tools.keys)
-    assert len(per_key) == 6 and all(hits == 1 or (hits == 2 and key in in_doubt) for key, hits in per_key.items()), (
+    assert len(per_key) == 3 * 2 * HITS and all(hits == 1 or (hits == 2 and key in in_doubt) for key, hits in per_key.items()), (
         per_key,
         in_doubt,
     )
@@ -441,4 +514,4 @@ async def test_a_rolling_restart_under_load_finishes_every_root(cluster: Cluster
         await cluster.start(n)
     results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
     assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
-    assert_effects(tools, 200, kills)
+    assert_effects(tools, 100 * 2 * HITS, kills)
