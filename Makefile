@@ -136,6 +136,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/replicas.py
+	$(BIN)/python bench/pg_drivers.py
 
 clean: ## remove the venv, tools and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

@@ -34,7 +34,10 @@ from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
+from tests.test_security import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.test_store_contract import AGENTS, figures, story
+
+__all__ = ["pki", "tokens_file"]  # fixtures of test_security, used here
 
 T = TypeVar("T")
 LEASE = 2.0  # seconds (the default is 10): a dead replica's runtimes move within a test's patience
@@ -515,3 +518,42 @@ async def test_a_rolling_restart_under_load_finishes_every_root(cluster: Cluster
     results = await asyncio.gather(*(settled(cluster, *root) for root in roots))
     assert all(exact(result) == EXACT for result in results), Counter(str(exact(r)) for r in results)
     assert_effects(tools, 100 * 2 * HITS, kills)
+
+
+async def test_replicas_forward_over_mtls_with_the_callers_token(
+    database: str, pki: Pki, tokens_file: Path, tmp_path: Path
+) -> None:
+    """TLS with client certificates between everyone, bearer tokens for tenants: a replica
+    forwards with the caller's token and presents its own certificate; the owner
+    authenticates the call again."""
+    ca = tmp_path / "ca.pem"  # one CA signs the replicas' certificates and the clients'
+    pki.ca.cert_pem.write_to_path(str(ca))
+    settings = {
+        "store": database,
+        "tls_cert": str(pki.cert),
+        "tls_key": str(pki.key),
+        "tls_client_ca": str(ca),
+        "replica_ca": str(ca),
+        "auth": "tokens",
+        "auth_tokens_file": str(tokens_file),
+    }
+    async with serve(**settings) as first, serve(**settings) as second:
+        credentials = pki.client_credentials(client_of=pki.ca)
+        async with (
+            grpc.aio.secure_channel(f"127.0.0.1:{first.running.port}", credentials) as to_first,
+            grpc.aio.secure_channel(f"127.0.0.1:{second.running.port}", credentials) as to_second,
+        ):
+            owner, other = pb_grpc.AgentRuntimeStub(to_first), pb_grpc.AgentRuntimeStub(to_second)
+            writer = bearer(WRITE_TOKEN)
+            await owner.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="secure", agents=[agent("solo")]), metadata=writer)
+            spawned = await other.Spawn(pb.SpawnRequest(runtime_id="secure", agent="solo"), metadata=writer, timeout=10)
+            await other.Wake(pb.WakeRequest(runtime_id="secure", handle_id=spawned.handle_id, prompt="hi"), metadata=writer)
+            waited = await other.Wait(pb.WaitRequest(runtime_id="secure", handle_id=spawned.handle_id), metadata=writer)
+            assert waited.result.status == pb.STATUS_DONE
+            assert (first.running.service.cached, second.running.service.cached) == (1, 0)  # run by its owner only
+            # The caller's own credentials decide, at both replicas.
+            await unauthenticated(other.Wake(pb.WakeRequest(runtime_id="secure", handle_id=spawned.handle_id)), "missing")
+            denied = await refused(
+                other.Wake(pb.WakeRequest(runtime_id="secure", handle_id=spawned.handle_id), metadata=bearer(READ_TOKEN))
+            )
+            assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
