@@ -12,7 +12,15 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from .errors import AlreadyExists, DomainError, FailedPrecondition, FieldViolation, NotFound, OwnedElsewhere
+from .errors import (
+    AlreadyExists,
+    DomainError,
+    FailedPrecondition,
+    FieldViolation,
+    NotFound,
+    OwnedElsewhere,
+    Unavailable,
+)
 from .journal import Configured
 from .model import AgentSpec, RuntimeOptions
 from .ports import Leases, RuntimeRow, Services
@@ -184,6 +192,8 @@ class RuntimeService:
 
     async def _load(self, runtime_id: str, key: str) -> Runtime:
         """Takes the runtime over: its lease, then its journal, then whatever was running."""
+        if self.draining and self.leases.shared:  # leaving: another replica takes it
+            raise Unavailable(f"this replica is shutting down; retry runtime {runtime_id!r} at another replica")
         claim = await self.leases.claim(key)
         if not claim.exists:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")

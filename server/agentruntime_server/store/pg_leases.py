@@ -146,6 +146,8 @@ class PostgresLeases:
         await self._heartbeat()
         held = dict(self.store.epochs)
         pool = await self.store._connected()
+        # Replicas gone for an hour (killed, not stopped): their rows only name dead owners.
+        await pool.execute(f"DELETE FROM replicas WHERE expires_at < {_NOW} - 3600")
         rows = await pool.fetch("SELECT id, epoch FROM runtimes WHERE owner = $1", self.replica_id)
         owned = {key: epoch for key, epoch in rows}
         lost = []
