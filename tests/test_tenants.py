@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
@@ -274,8 +275,9 @@ async def test_another_tenants_runtime_answers_every_rpc_as_a_missing_one_and_ch
                     assert error.code() == grpc.StatusCode.NOT_FOUND, (method, request, error)
                     assert shape(error, "demo") == shape(missing, ghost), (method, error.details(), missing.details())
                     assert "acme" not in (error.details() or ""), error.details()
-        # Every RPC of the service is covered: the two that name no runtime of another are below.
-        assert covered | {"CreateRuntime", "ListRuntimes"} == {method.name for method in SERVICE.methods}
+        # Every RPC of the service is covered: the two that name no runtime of another are below,
+        # and ServeTools names none: its queues are per tenant (test_a_worker_serves_only_its_tenants_queue).
+        assert covered | {"CreateRuntime", "ListRuntimes", "ServeTools"} == {method.name for method in SERVICE.methods}
         assert await globex.runtimes() == {}
 
         after = await what_a_sees(acme, [done_id, asked_id])
@@ -307,6 +309,41 @@ async def test_another_tenants_runtime_answers_every_rpc_as_a_missing_one_and_ch
 
 
 # ---- 2. the same runtime id in two tenants ----
+
+
+async def test_a_worker_serves_only_its_tenants_queue(tmp_path: Path) -> None:
+    """Two tenants' workers on a queue of the same name: each gets its own tenant's calls."""
+    ping = pb.ToolDef(name="ping", description="pings", worker=pb.WorkerTool(queue="shared"))
+    caller = scripted("caller", reply(calls=(("ping", "{}"),)), reply("pinged"), tools=(ping,))
+    async with tenant_server(tmp_path) as served:
+        address = f"127.0.0.1:{served.running.port}"
+        seen: dict[str, list[str]] = {"acme": [], "globex": []}
+        tasks = []
+        clients = []
+        for tenant, token in (("acme", ACME[1]), ("globex", GLOBEX[1])):
+            worker_client = Client(address, token=token)
+            clients.append(worker_client)
+
+            def answer(arguments: dict[str, Any], call: pb.WorkerCall, tenant: str = tenant) -> str:
+                seen[tenant].append(call.call.idempotency_key)
+                return f"pong from {tenant}'s worker"
+
+            tasks.append(asyncio.ensure_future(worker_client.serve_tools("shared", {"ping": answer})))
+        try:
+            for entry in (ACME, GLOBEX):
+                tenant_caller = Caller(served.stub, entry)
+                await tenant_caller("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="same", agents=[caller]))
+                handle_id, result = await tenant_caller.run("same", "caller", "go")
+                assert result.status == pb.STATUS_DONE
+                transcript = await tenant_caller("GetTranscript", pb.GetTranscriptRequest(runtime_id="same", handle_id=handle_id))
+                assert [m.content for m in transcript.messages if m.role == "tool"] == [f"pong from {entry[0]}'s worker"]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for worker_client in clients:
+                await worker_client.close_channel()
+        assert seen == {"acme": ["acme:same/root/caller.1/call_1_1"], "globex": ["globex:same/root/caller.1/call_1_1"]}
 
 
 async def test_tenants_with_the_same_runtime_id_are_independent_and_send_tools_different_keys(

@@ -33,6 +33,7 @@ from .store.sqlite import SqliteStore
 from .store.urls import redacted
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
+from .tools.workers import WorkerPool
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -153,6 +154,7 @@ def build_service(
     observability: Observability,
     authenticator: Authenticator,
     leases: Leases | None = None,
+    workers: WorkerPool | None = None,
 ) -> RuntimeService:
     models = build_router(settings, http)
     for provider in models.providers.values():
@@ -177,6 +179,7 @@ def build_service(
         watch_buffer=settings.watch_buffer,
         observers=observability.observers,
         leases=leases or SoleOwner(),
+        workers=workers or WorkerPool(),
     )
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 
@@ -231,13 +234,20 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         ]
         credentials = forwarding_credentials(settings, secure.credentials is not None)
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
-    service = build_service(settings, http, tools, store, observability, authenticator, leases)
+    workers = WorkerPool()
+    service = build_service(settings, http, tools, store, observability, authenticator, leases, workers)
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
     retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None
     upkeep = asyncio.ensure_future(_keep_leases(service, settings.lease_duration / 3)) if leases else None
     servicer = AgentRuntimeServicer(
-        service, settings.max_message_bytes, authenticator, forwarder, retry_for=3 * settings.lease_duration
+        service,
+        settings.max_message_bytes,
+        authenticator,
+        forwarder,
+        retry_for=3 * settings.lease_duration,
+        workers=workers,
+        max_text_bytes=settings.max_text_bytes,
     )
     add_to_server(servicer, server)
     health = ListingHealthServicer()

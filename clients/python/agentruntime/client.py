@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
+import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -15,6 +19,13 @@ from google.rpc import error_details_pb2, status_pb2
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+log = logging.getLogger("agentruntime.worker")
+
+# A worker tool's handler: the call's arguments (the parsed JSON object) and the WorkerCall
+# (its idempotency key, runtime, handle, deadline); returns the output text. Raising makes
+# the output an error result with the exception's message.
+ToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], Awaitable[str] | str]
 
 _DETAIL_TYPES = (
     error_details_pb2.BadRequest,
@@ -269,3 +280,84 @@ class Client:
                 raise AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
             await asyncio.sleep(backoff * 2**failures)
             failures += 1
+
+    async def serve_tools(
+        self,
+        queue: str,
+        handlers: Mapping[str, ToolHandler],
+        *,
+        max_concurrent_calls: int = 10,
+        backoff: float = 0.25,
+        max_backoff: float = 10.0,
+        registered: Callable[[str], None] | None = None,
+    ) -> None:
+        """Serves worker tools (ToolDef.worker) of `queue` until cancelled: `handlers` maps
+        each tool name to its handler, which runs concurrently, at most
+        `max_concurrent_calls` at once. A handler that raises answers an error result with
+        the exception's message. A dropped connection is reopened with backoff (doubling from
+        `backoff`, with jitter, up to `max_backoff` seconds); a refused registration
+        (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED) raises. `registered(worker_id)`
+        is called on every (re)connection.
+
+            async def weather(arguments, call):
+                return f"sunny in {arguments['city']}"
+
+            await client.serve_tools("weather", {"forecast": weather})"""
+        failures = 0
+        while True:
+            try:
+                await self._serve_tools_once(queue, handlers, max_concurrent_calls, registered)
+                failures = 0  # the server ended the stream (a restart): connect again
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+                    raise AgentRuntimeError.from_rpc_error(error) from None
+                failures += 1
+                log.warning("ServeTools dropped (%s); reconnecting", error.code().name)
+            await asyncio.sleep(random.uniform(0, min(max_backoff, backoff * 2**failures)))
+
+    async def _serve_tools_once(
+        self,
+        queue: str,
+        handlers: Mapping[str, ToolHandler],
+        limit: int,
+        registered: Callable[[str], None] | None,
+    ) -> None:
+        outputs: asyncio.Queue[pb.ServeToolsRequest] = asyncio.Queue()
+        await outputs.put(
+            pb.ServeToolsRequest(
+                registration=pb.WorkerRegistration(queue=queue, tools=sorted(handlers), max_concurrent_calls=limit)
+            )
+        )
+
+        async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+            while True:
+                yield await outputs.get()
+
+        async def answer(call: pb.WorkerCall) -> None:
+            handler = handlers.get(call.call.name)
+            try:
+                if handler is None:
+                    raise LookupError(f"this worker has no handler for {call.call.name!r}")
+                arguments = json.loads(call.call.arguments_json or "{}")
+                produced = handler(arguments, call)
+                output = await produced if inspect.isawaitable(produced) else produced
+                reply = pb.ToolOutput(call_id=call.id, output=str(output))
+            except Exception as error:  # the tool's failure is its result, for the model to see
+                reply = pb.ToolOutput(call_id=call.id, output=f"{type(error).__name__}: {error}", is_error=True)
+            await outputs.put(pb.ServeToolsRequest(output=reply))
+
+        running: set[asyncio.Task[None]] = set()
+        stream = self._stub.ServeTools(requests(), metadata=self._metadata)
+        try:
+            async for response in stream:
+                if response.HasField("registered"):
+                    if registered is not None:
+                        registered(response.registered.worker_id)
+                    continue
+                task = asyncio.ensure_future(answer(response.call))  # the server keeps to the limit
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            stream.cancel()
+            for task in running:
+                task.cancel()

@@ -223,7 +223,44 @@ async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict
             return outcome
 
 
+WORKER_HANDLERS = {
+    "upper": lambda arguments, call: str(arguments["text"]).upper(),
+    "reverse": lambda arguments, call: str(arguments["text"])[::-1],
+}
+
+
+async def start_workers(client: Client, entries: list[dict[str, Any]]) -> list[asyncio.Task[None]]:
+    """The vector's workers (README: Workers), registered before its first step."""
+    started: list[asyncio.Task[None]] = []
+    for entry in entries:
+        unknown = [name for name in entry["tools"] if name not in WORKER_HANDLERS]
+        if unknown:
+            raise Mismatch(f"workers: no handler for {unknown} (a broken vector)")
+        handlers = {name: WORKER_HANDLERS[name] for name in entry["tools"]}
+        registered = asyncio.Event()
+
+        def announce(worker_id: str, event: asyncio.Event = registered) -> None:
+            event.set()
+
+        limit = int(entry.get("max_concurrent_calls", 1))
+        started.append(
+            asyncio.ensure_future(client.serve_tools(entry["queue"], handlers, max_concurrent_calls=limit, registered=announce))
+        )
+        await asyncio.wait_for(registered.wait(), CALL_TIMEOUT)
+    return started
+
+
 async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
+    workers = await start_workers(client, vector.get("workers", []))
+    try:
+        await run_steps(client, raw, vector)
+    finally:
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+
+async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
     agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
     runtime_id = await client.create_runtime(agents)
     last_pending: pb.Request | None = None

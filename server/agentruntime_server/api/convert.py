@@ -14,6 +14,7 @@ from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
 from ..domain.ports import RuntimeRow
 from ..domain.usage import Usage
+from ..tools.workers import Dispatch
 
 # google.protobuf.Duration's documented range (about 10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -114,14 +115,20 @@ def budget_to_proto(budget: m.Budget) -> pb.Budget:
 
 
 def _tool_from_proto(message: pb.ToolDef, where: str, found: list[FieldViolation]) -> m.ToolSpec:
-    executor: m.HttpExecutor | m.RelayExecutor = m.RelayExecutor()
+    executor: m.HttpExecutor | m.WorkerExecutor | m.RelayExecutor = m.RelayExecutor()
     kind = message.WhichOneof("executor")
     if kind == "http":
         http = message.http
         timeout = duration_seconds(http.timeout, f"{where}.http.timeout", found) if http.HasField("timeout") else None
         executor = m.HttpExecutor(url=http.url, headers=dict(http.headers), timeout=30.0 if timeout is None else timeout)
+    elif kind == "worker":
+        worker = message.worker
+        timeout = duration_seconds(worker.timeout, f"{where}.worker.timeout", found) if worker.HasField("timeout") else None
+        executor = m.WorkerExecutor(queue=worker.queue, timeout=30.0 if timeout is None else timeout)
     elif kind is None:
-        found.append(FieldViolation(f"{where}.executor", "say who runs the tool: set relay (the host) or http"))
+        found.append(
+            FieldViolation(f"{where}.executor", "say who runs the tool: set relay (the host), http or worker (a ServeTools host)")
+        )
     on_interrupted = _enum(
         message.on_interrupted, m.OnInterrupted, f"{where}.on_interrupted", found, "ON_INTERRUPTED_RETRY or ON_INTERRUPTED_ASK"
     )
@@ -352,4 +359,15 @@ def event_to_proto(event: Event) -> pb.Event:
         message.pending.CopyFrom(request_to_proto(event.pending))
     elif kind is EventKind.RESULT and event.result is not None:
         message.result.CopyFrom(result_to_proto(event.result))
+    return message
+
+
+def worker_call_to_proto(dispatch: Dispatch) -> pb.WorkerCall:
+    message = pb.WorkerCall(
+        id=dispatch.id,
+        call=_tool_call_to_proto(dispatch.call, dispatch.key),
+        runtime_id=dispatch.runtime_id,
+        handle_id=dispatch.handle_id,
+    )
+    message.deadline.FromNanoseconds(int(dispatch.deadline * 1e9))
     return message

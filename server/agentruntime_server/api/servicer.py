@@ -16,11 +16,13 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unavailable
+from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unavailable, shown
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
+from ..domain.model import ToolResult, WorkerExecutor
 from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService, runtime_key
-from ..domain.validation import RUNTIME_ID
+from ..domain.validation import RUNTIME_ID, TOOL_NAME, check_worker
+from ..tools.workers import Worker, WorkerPool
 from . import convert, paging
 from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
 from .errors import code_name as _code_name
@@ -34,6 +36,8 @@ Resp = TypeVar("Resp")
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
+MAX_WORKER_TOOLS = 100  # tool names one worker registration may list
+MAX_WORKER_CALLS = 1000  # calls one worker may hold at once
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,12 @@ def _refuse_undecodable(request: object) -> None:
         raise InvalidArgument(
             [FieldViolation("request", f"is not a valid {request.type_name} message (malformed protobuf or invalid UTF-8)")]
         )
+
+
+def _decoded(request: Req | Undecodable) -> Req:
+    _refuse_undecodable(request)
+    assert not isinstance(request, Undecodable)
+    return request
 
 
 # The caller of the RPC being served (set by _edge, in the RPC's own task).
@@ -174,6 +184,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         authenticator: Authenticator | None = None,
         forwarder: Forwarder | None = None,
         retry_for: float = 30.0,
+        workers: WorkerPool | None = None,
+        max_text_bytes: int = 256 << 10,
     ) -> None:
         self.service = service
         self.authenticator = authenticator or Authenticator()
@@ -181,6 +193,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         # long a call with no deadline waits for a dead owner's runtimes to be taken over.
         self.forwarder = forwarder
         self.retry_for = retry_for
+        self.workers = workers or WorkerPool()
+        self.max_text_bytes = max_text_bytes
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
 
@@ -423,6 +437,70 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
 
+    async def ServeTools(
+        self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], context: Context
+    ) -> AsyncIterator[pb.ServeToolsResponse]:
+        """A host serving worker tools (tools/workers.py): its registration, then the calls of
+        its queue as agents make them, while its outputs are read alongside."""
+        worker: Worker | None = None
+        reader: asyncio.Task[None] | None = None
+        try:
+            _caller.set(await self._authenticate(context, "ServeTools"))
+            first = await anext(aiter(requests), None)
+            if first is None:
+                return
+            registration = _registration(_decoded(first))
+            worker = await self.workers.connect(
+                _tenant(), registration.queue, list(registration.tools), registration.max_concurrent_calls or 1
+            )
+            _audit("ServeTools", registration, "OK")
+            yield pb.ServeToolsResponse(registered=pb.WorkerRegistered(worker_id=worker.id))
+            reader = asyncio.ensure_future(self._read_outputs(requests, worker))
+            while True:
+                sending = asyncio.ensure_future(worker.outbox.get())
+                await asyncio.wait({sending, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not sending.done():  # the host closed its side, or sent what it may not
+                    sending.cancel()
+                    reader.result()
+                    return
+                yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(sending.result()))
+        except DomainError as error:
+            await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if worker is not None:
+                await self.workers.disconnect(worker)  # what it still holds is in doubt
+
+    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: Worker) -> None:
+        async for received in requests:
+            request = _decoded(received)
+            if request.WhichOneof("message") != "output":
+                raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
+            output = request.output
+            if len(output.output.encode()) > self.max_text_bytes:
+                result = ToolResult(f"the worker's output is larger than {self.max_text_bytes} bytes", is_error=True)
+            else:
+                result = ToolResult(output.output, is_error=output.is_error)
+            worker.answer(output.call_id, result)  # a late or unknown call's output is dropped
+
+
+def _registration(request: pb.ServeToolsRequest) -> pb.WorkerRegistration:
+    if request.WhichOneof("message") != "registration":
+        raise InvalidArgument([FieldViolation("registration", "the first request must register the worker")])
+    registration = request.registration
+    found = check_worker(WorkerExecutor(registration.queue, 1.0), "registration")
+    if len(registration.tools) > MAX_WORKER_TOOLS:
+        found.append(FieldViolation("registration.tools", f"names {len(registration.tools)} tools; at most {MAX_WORKER_TOOLS}"))
+    for index, name in enumerate(registration.tools[:MAX_WORKER_TOOLS]):
+        if not TOOL_NAME.fullmatch(name):
+            found.append(FieldViolation(f"registration.tools[{index}]", f"{shown(name)} is not a tool name"))
+    if not 0 <= registration.max_concurrent_calls <= MAX_WORKER_CALLS:
+        found.append(FieldViolation("registration.max_concurrent_calls", f"must be between 0 (1) and {MAX_WORKER_CALLS}"))
+    if found:
+        raise InvalidArgument(found)
+    return registration
+
 
 def add_to_server(servicer: AgentRuntimeServicer, server: grpc.aio.Server) -> None:
     """Registers the service with decoders that never fail: a request that does not decode
@@ -432,7 +510,12 @@ def add_to_server(servicer: AgentRuntimeServicer, server: grpc.aio.Server) -> No
         request_type: type[ProtoMessage] = getattr(pb, method.input_type.name)
         response_type: type[ProtoMessage] = getattr(pb, method.output_type.name)
         behaviour = getattr(servicer, method.name)
-        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        if method.client_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+        else:
+            make = grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
             behaviour, request_deserializer=_decoder(request_type), response_serializer=response_type.SerializeToString
         )

@@ -92,7 +92,7 @@ class Trust(enum.Enum):
 class OnInterrupted(enum.Enum):
     """What recovery does with a tool call that was in flight when the process died."""
 
-    DEFAULT = 0  # RETRY for http tools
+    DEFAULT = 0  # RETRY for http and worker tools
     RETRY = 1
     ASK = 2
 
@@ -154,11 +154,19 @@ class RelayExecutor:
 
 
 @dataclass(frozen=True)
+class WorkerExecutor:
+    """A host serving `queue` over ServeTools runs the call, inline in the turn."""
+
+    queue: str
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any]
-    executor: HttpExecutor | RelayExecutor
+    executor: HttpExecutor | WorkerExecutor | RelayExecutor
     approval_required: bool = False
     approval_prompt: str = ""
     on_interrupted: OnInterrupted = OnInterrupted.DEFAULT

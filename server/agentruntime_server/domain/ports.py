@@ -21,6 +21,7 @@ from .model import (
     ToolCall,
     ToolResult,
     ToolSuspension,
+    WorkerExecutor,
 )
 from .ownership import Claim, SoleOwner
 from .quotas import Quotas
@@ -84,6 +85,30 @@ class HttpToolRunner(Protocol):
         ...
 
 
+class WorkerLost(Exception):
+    """The worker running a call went away, or kept it past its deadline: the call may or
+    may not have taken effect (it is in doubt)."""
+
+
+class WorkerToolRunner(Protocol):
+    async def run(
+        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+    ) -> ToolResult:
+        """The output of a worker serving the executor's queue (of the tenant); an error
+        result when no worker took the call within its timeout; WorkerLost when the worker
+        that took it did not answer (it may have run it)."""
+        ...
+
+
+class NoWorkers:
+    """A runtime with no ServeTools edge (tests of the domain): nobody serves any queue."""
+
+    async def run(
+        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+    ) -> ToolResult:
+        return ToolResult(f"no worker serves queue {executor.queue!r}", is_error=True)
+
+
 @dataclass(frozen=True)
 class Services:
     """What a runtime needs from outside the domain."""
@@ -97,6 +122,7 @@ class Services:
     watch_buffer: int = 1000  # events a watcher may fall behind before it is told to reconnect
     observers: tuple[Observer, ...] = ()  # see events.Observer
     leases: Leases = field(default_factory=SoleOwner)  # replicas: who executes which runtime
+    workers: WorkerToolRunner = field(default_factory=NoWorkers)  # hosts serving tools over ServeTools
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .journal import (
     CallStarted,
     CallSuspended,
     Compacted,
+    InDoubt,
     Journal,
     MessagesAppended,
     ModelReplied,
@@ -52,14 +53,19 @@ from .model import (
     ToolResult,
     ToolSpec,
     ToolSuspension,
+    WorkerExecutor,
 )
-from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema
+from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema, WorkerLost
+
+WORKER_ATTEMPTS = 3  # workers a call is given to, when each goes away with it, before it fails
 
 
 class RunHost(Protocol):
     """What the turn loop needs from its runtime, and nothing more."""
 
+    id: str
     key: str
+    tenant: str
     tree: Tree
     journal: Journal
     services: Services
@@ -345,12 +351,15 @@ class TurnLoop:
         returned instead of a result."""
         prepared = self._prepare(handle, call)
         reattached = call.id in handle.children_by_key  # a task call started long ago
-        effect = isinstance(prepared, HttpExecutor)
+        effect = isinstance(prepared, (HttpExecutor, WorkerExecutor))
         if not reattached:
             await self.host.journal.record(CallStarted(handle.id, call, effect=effect))
         result: ToolResult | PendingRequest
         if isinstance(prepared, ToolResult):
             result = prepared
+        elif isinstance(prepared, WorkerExecutor):
+            await self.services.store.flush(self.host.key)  # the call leaves the process next
+            result = await self._on_worker(handle, call, prepared)
         elif effect:
             assert isinstance(prepared, HttpExecutor)
             await self.services.store.flush(self.host.key)  # the call leaves the process next: it must be known to have started
@@ -367,6 +376,22 @@ class TurnLoop:
             return result
         await self.record(handle, call, result)
         return None
+
+    async def _on_worker(self, handle: Handle, call: ToolCall, executor: WorkerExecutor) -> ToolResult | PendingRequest:
+        """A worker's output. A worker lost with the call in hand leaves it in doubt: ASK
+        suspends on an `in_doubt` Request; otherwise another worker runs it, with the same key."""
+        key = self.idempotency_key(handle, call)
+        for _ in range(WORKER_ATTEMPTS):
+            try:
+                return await self.services.workers.run(self.host.tenant, executor, call, key, self.host.id, handle.id)
+            except WorkerLost:
+                spec = handle.agent.tool(call.name)
+                if spec is not None and spec.asks_when_in_doubt:
+                    await self.host.journal.record(InDoubt(handle.id, (call.id,)))
+                    return self._own_request(handle, "in_doubt", [call])
+        return ToolResult(
+            f"{WORKER_ATTEMPTS} workers took the call and none answered: it may or may not have taken effect", is_error=True
+        )
 
     async def record(self, handle: Handle, call: ToolCall, result: ToolResult) -> None:
         """Journals a call's result (once: a call already recorded keeps its first result)."""
@@ -393,7 +418,7 @@ class TurnLoop:
                     return call
         return None
 
-    def _prepare(self, handle: Handle, call: ToolCall) -> ToolResult | HttpExecutor | dict[str, Any]:
+    def _prepare(self, handle: Handle, call: ToolCall) -> ToolResult | HttpExecutor | WorkerExecutor | dict[str, Any]:
         """What running the call takes: an error result now, the http tool to call, or the
         task arguments to delegate with."""
         agent = handle.agent
@@ -416,7 +441,7 @@ class TurnLoop:
             problem = self._schema_problem(handle, spec, arguments)
             if problem is not None:
                 return ToolResult(f"the arguments do not match the tool's schema: {problem}", is_error=True)
-        assert isinstance(spec.executor, HttpExecutor)  # relay calls suspend before they get here
+        assert not isinstance(spec.executor, RelayExecutor)  # relay calls suspend before they get here
         return spec.executor
 
     # ---- delegation ------------------------------------------------------------------------

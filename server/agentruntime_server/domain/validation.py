@@ -12,7 +12,7 @@ from . import limits
 from . import schemas as tool_schemas
 from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
-from .model import AgentSpec, Budget, HttpExecutor, RuntimeOptions, ScriptedReply
+from .model import AgentSpec, Budget, HttpExecutor, RuntimeOptions, ScriptedReply, WorkerExecutor
 from .patterns import PatternError, compile_pattern
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 BUILTIN_TOOLS = ("task", "ask")
 # RFC 9110 field names are tokens; values carry no CR, LF or NUL (no header injection).
+QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a worker queue (WorkerTool.queue)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
 # Headers the runtime sets itself or that change how the request is framed.
@@ -156,6 +157,8 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
         violations.extend(_check_schema(tool.input_schema, f"{at}.input_schema"))
         if isinstance(tool.executor, HttpExecutor):
             violations.extend(_check_http(tool.executor, f"{at}.http"))
+        elif isinstance(tool.executor, WorkerExecutor):
+            violations.extend(check_worker(tool.executor, f"{at}.worker"))
         if len(tool.approval_prompt.encode()) > limits.MAX_DESCRIPTION_BYTES:
             violations.append(FieldViolation(f"{at}.approval.prompt", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes"))
     for index, member in enumerate(agent.team[: limits.MAX_TEAM]):
@@ -265,6 +268,19 @@ def _check_reply(agent: AgentSpec, reply: ScriptedReply, at: str, callable_tools
         violations.append(FieldViolation(f"{at}.tokens", f"must be between 0 and {limits.MAX_REPLY_TOKENS:,}"))
     if not 0 <= reply.delay <= limits.MAX_SCRIPT_DELAY:
         violations.append(FieldViolation(f"{at}.delay", f"must be between 0 and {limits.MAX_SCRIPT_DELAY:g}s"))
+    return violations
+
+
+def check_worker(executor: WorkerExecutor, where: str) -> list[FieldViolation]:
+    violations = []
+    if not QUEUE.fullmatch(executor.queue):
+        violations.append(
+            FieldViolation(f"{where}.queue", f"{shown(executor.queue)} is not a queue name: letters, digits, '_', '.', '-', 1-64")
+        )
+    if not 0 < executor.timeout <= limits.MAX_TOOL_TIMEOUT:
+        violations.append(
+            FieldViolation(f"{where}.timeout", f"must be a positive duration of at most {limits.MAX_TOOL_TIMEOUT:g}s")
+        )
     return violations
 
 

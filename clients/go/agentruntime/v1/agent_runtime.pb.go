@@ -1374,6 +1374,7 @@ type ToolDef struct {
 	//
 	//	*ToolDef_Relay
 	//	*ToolDef_Http
+	//	*ToolDef_Worker
 	Executor isToolDef_Executor `protobuf_oneof:"executor"`
 	Approval *ApprovalPolicy    `protobuf:"bytes,6,opt,name=approval,proto3" json:"approval,omitempty"`
 	// What to do with a call that was in flight when the server died (the call is in doubt).
@@ -1458,6 +1459,15 @@ func (x *ToolDef) GetHttp() *HttpTool {
 	return nil
 }
 
+func (x *ToolDef) GetWorker() *WorkerTool {
+	if x != nil {
+		if x, ok := x.Executor.(*ToolDef_Worker); ok {
+			return x.Worker
+		}
+	}
+	return nil
+}
+
 func (x *ToolDef) GetApproval() *ApprovalPolicy {
 	if x != nil {
 		return x.Approval
@@ -1484,9 +1494,15 @@ type ToolDef_Http struct {
 	Http *HttpTool `protobuf:"bytes,5,opt,name=http,proto3,oneof"`
 }
 
+type ToolDef_Worker struct {
+	Worker *WorkerTool `protobuf:"bytes,8,opt,name=worker,proto3,oneof"`
+}
+
 func (*ToolDef_Relay) isToolDef_Executor() {}
 
 func (*ToolDef_Http) isToolDef_Executor() {}
+
+func (*ToolDef_Worker) isToolDef_Executor() {}
 
 // The host runs the tool: the handle suspends with a Request of kind `tool_call`.
 type RelayTool struct {
@@ -1590,6 +1606,64 @@ func (x *HttpTool) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+// A host serving the queue over ServeTools runs the tool, inline in the turn.
+type WorkerTool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue (of the runtime's tenant) whose workers run the tool: letters, digits, `_`,
+	// `.`, `-`; at most 64 characters.
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Per call; unset: 30 s. At most 10 minutes. With no worker connected the call waits
+	// this long for one, then fails as an error result; a worker that holds a call past it
+	// leaves the call in doubt.
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerTool) Reset() {
+	*x = WorkerTool{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerTool) ProtoMessage() {}
+
+func (x *WorkerTool) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerTool.ProtoReflect.Descriptor instead.
+func (*WorkerTool) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *WorkerTool) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *WorkerTool) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 type ApprovalPolicy struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Required      bool                   `protobuf:"varint,1,opt,name=required,proto3" json:"required,omitempty"`
@@ -1600,7 +1674,7 @@ type ApprovalPolicy struct {
 
 func (x *ApprovalPolicy) Reset() {
 	*x = ApprovalPolicy{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1686,7 @@ func (x *ApprovalPolicy) String() string {
 func (*ApprovalPolicy) ProtoMessage() {}
 
 func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1699,7 @@ func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalPolicy.ProtoReflect.Descriptor instead.
 func (*ApprovalPolicy) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApprovalPolicy) GetRequired() bool {
@@ -1657,7 +1731,7 @@ type CompletionGate struct {
 
 func (x *CompletionGate) Reset() {
 	*x = CompletionGate{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1743,7 @@ func (x *CompletionGate) String() string {
 func (*CompletionGate) ProtoMessage() {}
 
 func (x *CompletionGate) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1756,7 @@ func (x *CompletionGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionGate.ProtoReflect.Descriptor instead.
 func (*CompletionGate) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CompletionGate) GetMaxAttempts() int32 {
@@ -1717,7 +1791,7 @@ type Guardrail struct {
 
 func (x *Guardrail) Reset() {
 	*x = Guardrail{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1803,7 @@ func (x *Guardrail) String() string {
 func (*Guardrail) ProtoMessage() {}
 
 func (x *Guardrail) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1816,7 @@ func (x *Guardrail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Guardrail.ProtoReflect.Descriptor instead.
 func (*Guardrail) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Guardrail) GetTool() string {
@@ -1777,7 +1851,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1863,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1876,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Script) GetReplies() []*ScriptedReply {
@@ -1828,7 +1902,7 @@ type ScriptedReply struct {
 
 func (x *ScriptedReply) Reset() {
 	*x = ScriptedReply{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1914,7 @@ func (x *ScriptedReply) String() string {
 func (*ScriptedReply) ProtoMessage() {}
 
 func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1927,7 @@ func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedReply.ProtoReflect.Descriptor instead.
 func (*ScriptedReply) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ScriptedReply) GetText() string {
@@ -1901,7 +1975,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +1987,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2000,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -1962,7 +2036,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2048,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2061,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Request) GetId() string {
@@ -2061,7 +2135,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2147,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2160,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ToolCall) GetId() string {
@@ -2132,7 +2206,7 @@ type Answer struct {
 
 func (x *Answer) Reset() {
 	*x = Answer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2218,7 @@ func (x *Answer) String() string {
 func (*Answer) ProtoMessage() {}
 
 func (x *Answer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2231,7 @@ func (x *Answer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Answer.ProtoReflect.Descriptor instead.
 func (*Answer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Answer) GetId() string {
@@ -2207,7 +2281,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2293,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2306,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ToolOutput) GetCallId() string {
@@ -2287,7 +2361,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2373,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2386,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Message) GetRole() string {
@@ -2404,7 +2478,7 @@ type Thinking struct {
 
 func (x *Thinking) Reset() {
 	*x = Thinking{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2490,7 @@ func (x *Thinking) String() string {
 func (*Thinking) ProtoMessage() {}
 
 func (x *Thinking) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2503,7 @@ func (x *Thinking) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
 func (*Thinking) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Thinking) GetText() string {
@@ -2465,7 +2539,7 @@ type CreateRuntimeRequest struct {
 
 func (x *CreateRuntimeRequest) Reset() {
 	*x = CreateRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2551,7 @@ func (x *CreateRuntimeRequest) String() string {
 func (*CreateRuntimeRequest) ProtoMessage() {}
 
 func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2564,7 @@ func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateRuntimeRequest) GetRuntimeId() string {
@@ -2523,7 +2597,7 @@ type CreateRuntimeResponse struct {
 
 func (x *CreateRuntimeResponse) Reset() {
 	*x = CreateRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2609,7 @@ func (x *CreateRuntimeResponse) String() string {
 func (*CreateRuntimeResponse) ProtoMessage() {}
 
 func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2622,7 @@ func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateRuntimeResponse) GetRuntimeId() string {
@@ -2572,7 +2646,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2658,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2671,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SpawnRequest) GetRuntimeId() string {
@@ -2637,7 +2711,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2723,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2736,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SpawnResponse) GetHandleId() string {
@@ -2694,7 +2768,7 @@ type PostRequest struct {
 
 func (x *PostRequest) Reset() {
 	*x = PostRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2780,7 @@ func (x *PostRequest) String() string {
 func (*PostRequest) ProtoMessage() {}
 
 func (x *PostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2793,7 @@ func (x *PostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostRequest.ProtoReflect.Descriptor instead.
 func (*PostRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PostRequest) GetRuntimeId() string {
@@ -2781,7 +2855,7 @@ type PostResponse struct {
 
 func (x *PostResponse) Reset() {
 	*x = PostResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2793,7 +2867,7 @@ func (x *PostResponse) String() string {
 func (*PostResponse) ProtoMessage() {}
 
 func (x *PostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2806,7 +2880,7 @@ func (x *PostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostResponse.ProtoReflect.Descriptor instead.
 func (*PostResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PostResponse) GetOk() bool {
@@ -2835,7 +2909,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +2921,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +2934,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WakeRequest) GetRuntimeId() string {
@@ -2895,7 +2969,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +2981,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +2994,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WakeResponse) GetQueued() bool {
@@ -2942,7 +3016,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3028,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3041,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WaitRequest) GetRuntimeId() string {
@@ -3000,7 +3074,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3086,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3099,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WaitResponse) GetResult() *TaskResult {
@@ -3045,7 +3119,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3131,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3144,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeRequest) GetRuntimeId() string {
@@ -3096,7 +3170,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3182,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3195,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResumeResponse) GetResult() *TaskResult {
@@ -3141,7 +3215,7 @@ type InterruptRequest struct {
 
 func (x *InterruptRequest) Reset() {
 	*x = InterruptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3227,7 @@ func (x *InterruptRequest) String() string {
 func (*InterruptRequest) ProtoMessage() {}
 
 func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3240,7 @@ func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptRequest.ProtoReflect.Descriptor instead.
 func (*InterruptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *InterruptRequest) GetRuntimeId() string {
@@ -3193,7 +3267,7 @@ type InterruptResponse struct {
 
 func (x *InterruptResponse) Reset() {
 	*x = InterruptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3279,7 @@ func (x *InterruptResponse) String() string {
 func (*InterruptResponse) ProtoMessage() {}
 
 func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3292,7 @@ func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptResponse.ProtoReflect.Descriptor instead.
 func (*InterruptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *InterruptResponse) GetInterrupted() bool {
@@ -3245,7 +3319,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3257,7 +3331,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3270,7 +3344,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CloseRequest) GetRuntimeId() string {
@@ -3311,7 +3385,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3323,7 +3397,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3336,7 +3410,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CloseResponse) GetClosedHandleIds() []string {
@@ -3356,7 +3430,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3442,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3455,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InspectRequest) GetRuntimeId() string {
@@ -3407,7 +3481,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3493,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3506,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InspectResponse) GetHandle() *HandleView {
@@ -3456,7 +3530,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3468,7 +3542,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3481,7 +3555,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListRequest) GetRuntimeId() string {
@@ -3516,7 +3590,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +3602,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +3615,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListResponse) GetHandles() []*HandleView {
@@ -3573,7 +3647,7 @@ type GetTranscriptRequest struct {
 
 func (x *GetTranscriptRequest) Reset() {
 	*x = GetTranscriptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3585,7 +3659,7 @@ func (x *GetTranscriptRequest) String() string {
 func (*GetTranscriptRequest) ProtoMessage() {}
 
 func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3598,7 +3672,7 @@ func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptRequest.ProtoReflect.Descriptor instead.
 func (*GetTranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetTranscriptRequest) GetRuntimeId() string {
@@ -3640,7 +3714,7 @@ type GetTranscriptResponse struct {
 
 func (x *GetTranscriptResponse) Reset() {
 	*x = GetTranscriptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3726,7 @@ func (x *GetTranscriptResponse) String() string {
 func (*GetTranscriptResponse) ProtoMessage() {}
 
 func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3739,7 @@ func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptResponse.ProtoReflect.Descriptor instead.
 func (*GetTranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetTranscriptResponse) GetMessages() []*Message {
@@ -3693,7 +3767,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +3779,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +3792,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchRequest) GetRuntimeId() string {
@@ -3744,7 +3818,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +3830,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +3843,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -3802,7 +3876,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +3888,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +3901,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -3994,7 +4068,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4006,7 +4080,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4019,7 +4093,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -4045,7 +4119,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4057,7 +4131,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4070,7 +4144,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -4089,7 +4163,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4175,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4188,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -4141,7 +4215,7 @@ type TurnEnded struct {
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4227,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4240,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -4220,7 +4294,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4306,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4319,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -4268,7 +4342,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4280,7 +4354,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4293,7 +4367,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -4336,7 +4410,7 @@ type ListRuntimesRequest struct {
 
 func (x *ListRuntimesRequest) Reset() {
 	*x = ListRuntimesRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4422,7 @@ func (x *ListRuntimesRequest) String() string {
 func (*ListRuntimesRequest) ProtoMessage() {}
 
 func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4435,7 @@ func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
 func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListRuntimesRequest) GetPageSize() int32 {
@@ -4389,7 +4463,7 @@ type ListRuntimesResponse struct {
 
 func (x *ListRuntimesResponse) Reset() {
 	*x = ListRuntimesResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4475,7 @@ func (x *ListRuntimesResponse) String() string {
 func (*ListRuntimesResponse) ProtoMessage() {}
 
 func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4488,7 @@ func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
 func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListRuntimesResponse) GetRuntimes() []*RuntimeSummary {
@@ -4445,7 +4519,7 @@ type RuntimeSummary struct {
 
 func (x *RuntimeSummary) Reset() {
 	*x = RuntimeSummary{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4531,7 @@ func (x *RuntimeSummary) String() string {
 func (*RuntimeSummary) ProtoMessage() {}
 
 func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4544,7 @@ func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeSummary.ProtoReflect.Descriptor instead.
 func (*RuntimeSummary) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RuntimeSummary) GetRuntimeId() string {
@@ -4519,7 +4593,7 @@ type DeleteRuntimeRequest struct {
 
 func (x *DeleteRuntimeRequest) Reset() {
 	*x = DeleteRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4531,7 +4605,7 @@ func (x *DeleteRuntimeRequest) String() string {
 func (*DeleteRuntimeRequest) ProtoMessage() {}
 
 func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4544,7 +4618,7 @@ func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteRuntimeRequest) GetRuntimeId() string {
@@ -4569,7 +4643,7 @@ type DeleteRuntimeResponse struct {
 
 func (x *DeleteRuntimeResponse) Reset() {
 	*x = DeleteRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4581,7 +4655,7 @@ func (x *DeleteRuntimeResponse) String() string {
 func (*DeleteRuntimeResponse) ProtoMessage() {}
 
 func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4594,7 +4668,362 @@ func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
+}
+
+type ServeToolsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*ServeToolsRequest_Registration
+	//	*ServeToolsRequest_Output
+	Message       isServeToolsRequest_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServeToolsRequest) Reset() {
+	*x = ServeToolsRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServeToolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServeToolsRequest) ProtoMessage() {}
+
+func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServeToolsRequest.ProtoReflect.Descriptor instead.
+func (*ServeToolsRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ServeToolsRequest) GetMessage() isServeToolsRequest_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *ServeToolsRequest) GetRegistration() *WorkerRegistration {
+	if x != nil {
+		if x, ok := x.Message.(*ServeToolsRequest_Registration); ok {
+			return x.Registration
+		}
+	}
+	return nil
+}
+
+func (x *ServeToolsRequest) GetOutput() *ToolOutput {
+	if x != nil {
+		if x, ok := x.Message.(*ServeToolsRequest_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+type isServeToolsRequest_Message interface {
+	isServeToolsRequest_Message()
+}
+
+type ServeToolsRequest_Registration struct {
+	// The first request, and only the first.
+	Registration *WorkerRegistration `protobuf:"bytes,1,opt,name=registration,proto3,oneof"`
+}
+
+type ServeToolsRequest_Output struct {
+	// The outcome of a call this worker received: `call_id` echoes `WorkerCall.id`.
+	Output *ToolOutput `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+func (*ServeToolsRequest_Registration) isServeToolsRequest_Message() {}
+
+func (*ServeToolsRequest_Output) isServeToolsRequest_Message() {}
+
+type WorkerRegistration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue this worker serves (see WorkerTool.queue).
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// The tool names it runs; empty: every tool of the queue.
+	Tools []string `protobuf:"bytes,2,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Calls it takes at once; 0: 1. At most 1000.
+	MaxConcurrentCalls int32 `protobuf:"varint,3,opt,name=max_concurrent_calls,json=maxConcurrentCalls,proto3" json:"max_concurrent_calls,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *WorkerRegistration) Reset() {
+	*x = WorkerRegistration{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerRegistration) ProtoMessage() {}
+
+func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerRegistration.ProtoReflect.Descriptor instead.
+func (*WorkerRegistration) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *WorkerRegistration) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *WorkerRegistration) GetTools() []string {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *WorkerRegistration) GetMaxConcurrentCalls() int32 {
+	if x != nil {
+		return x.MaxConcurrentCalls
+	}
+	return 0
+}
+
+type ServeToolsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*ServeToolsResponse_Registered
+	//	*ServeToolsResponse_Call
+	Message       isServeToolsResponse_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServeToolsResponse) Reset() {
+	*x = ServeToolsResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServeToolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServeToolsResponse) ProtoMessage() {}
+
+func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServeToolsResponse.ProtoReflect.Descriptor instead.
+func (*ServeToolsResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ServeToolsResponse) GetMessage() isServeToolsResponse_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *ServeToolsResponse) GetRegistered() *WorkerRegistered {
+	if x != nil {
+		if x, ok := x.Message.(*ServeToolsResponse_Registered); ok {
+			return x.Registered
+		}
+	}
+	return nil
+}
+
+func (x *ServeToolsResponse) GetCall() *WorkerCall {
+	if x != nil {
+		if x, ok := x.Message.(*ServeToolsResponse_Call); ok {
+			return x.Call
+		}
+	}
+	return nil
+}
+
+type isServeToolsResponse_Message interface {
+	isServeToolsResponse_Message()
+}
+
+type ServeToolsResponse_Registered struct {
+	// Sent once, when the registration is accepted.
+	Registered *WorkerRegistered `protobuf:"bytes,1,opt,name=registered,proto3,oneof"`
+}
+
+type ServeToolsResponse_Call struct {
+	// A call to run; answer with a ToolOutput whose `call_id` is its `id`.
+	Call *WorkerCall `protobuf:"bytes,2,opt,name=call,proto3,oneof"`
+}
+
+func (*ServeToolsResponse_Registered) isServeToolsResponse_Message() {}
+
+func (*ServeToolsResponse_Call) isServeToolsResponse_Message() {}
+
+type WorkerRegistered struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This connection's id (in the server's log).
+	WorkerId      string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerRegistered) Reset() {
+	*x = WorkerRegistered{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerRegistered) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerRegistered) ProtoMessage() {}
+
+func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerRegistered.ProtoReflect.Descriptor instead.
+func (*WorkerRegistered) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *WorkerRegistered) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+type WorkerCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique per call sent: what the worker's ToolOutput echoes.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The tool call, with its idempotency key (the same for every attempt of the call).
+	Call      *ToolCall `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
+	RuntimeId string    `protobuf:"bytes,3,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	HandleId  string    `protobuf:"bytes,4,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// An output after this is not taken: the call is in doubt by then.
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerCall) Reset() {
+	*x = WorkerCall{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerCall) ProtoMessage() {}
+
+func (x *WorkerCall) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerCall.ProtoReflect.Descriptor instead.
+func (*WorkerCall) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *WorkerCall) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *WorkerCall) GetCall() *ToolCall {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *WorkerCall) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *WorkerCall) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *WorkerCall) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
 }
 
 var File_agentruntime_v1_agent_runtime_proto protoreflect.FileDescriptor
@@ -4695,13 +5124,14 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\r_max_childrenB\f\n" +
 	"\n" +
 	"_max_depthB\x11\n" +
-	"\x0f_max_concurrent\"\xf0\x02\n" +
+	"\x0f_max_concurrent\"\xa7\x03\n" +
 	"\aToolDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12:\n" +
 	"\finput_schema\x18\x03 \x01(\v2\x17.google.protobuf.StructR\vinputSchema\x122\n" +
 	"\x05relay\x18\x04 \x01(\v2\x1a.agentruntime.v1.RelayToolH\x00R\x05relay\x12/\n" +
-	"\x04http\x18\x05 \x01(\v2\x19.agentruntime.v1.HttpToolH\x00R\x04http\x12;\n" +
+	"\x04http\x18\x05 \x01(\v2\x19.agentruntime.v1.HttpToolH\x00R\x04http\x125\n" +
+	"\x06worker\x18\b \x01(\v2\x1b.agentruntime.v1.WorkerToolH\x00R\x06worker\x12;\n" +
 	"\bapproval\x18\x06 \x01(\v2\x1f.agentruntime.v1.ApprovalPolicyR\bapproval\x12E\n" +
 	"\x0eon_interrupted\x18\a \x01(\x0e2\x1e.agentruntime.v1.OnInterruptedR\ronInterruptedB\n" +
 	"\n" +
@@ -4713,7 +5143,11 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
+	"\n" +
+	"WorkerTool\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"D\n" +
 	"\x0eApprovalPolicy\x12\x1a\n" +
 	"\brequired\x18\x01 \x01(\bR\brequired\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\"s\n" +
@@ -4935,7 +5369,31 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x17\n" +
-	"\x15DeleteRuntimeResponse*\xad\x01\n" +
+	"\x15DeleteRuntimeResponse\"\xa0\x01\n" +
+	"\x11ServeToolsRequest\x12I\n" +
+	"\fregistration\x18\x01 \x01(\v2#.agentruntime.v1.WorkerRegistrationH\x00R\fregistration\x125\n" +
+	"\x06output\x18\x02 \x01(\v2\x1b.agentruntime.v1.ToolOutputH\x00R\x06outputB\t\n" +
+	"\amessage\"r\n" +
+	"\x12WorkerRegistration\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x14\n" +
+	"\x05tools\x18\x02 \x03(\tR\x05tools\x120\n" +
+	"\x14max_concurrent_calls\x18\x03 \x01(\x05R\x12maxConcurrentCalls\"\x97\x01\n" +
+	"\x12ServeToolsResponse\x12C\n" +
+	"\n" +
+	"registered\x18\x01 \x01(\v2!.agentruntime.v1.WorkerRegisteredH\x00R\n" +
+	"registered\x121\n" +
+	"\x04call\x18\x02 \x01(\v2\x1b.agentruntime.v1.WorkerCallH\x00R\x04callB\t\n" +
+	"\amessage\"/\n" +
+	"\x10WorkerRegistered\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\xbf\x01\n" +
+	"\n" +
+	"WorkerCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
+	"\x04call\x18\x02 \x01(\v2\x19.agentruntime.v1.ToolCallR\x04call\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x03 \x01(\tR\truntimeId\x12\x1b\n" +
+	"\thandle_id\x18\x04 \x01(\tR\bhandleId\x126\n" +
+	"\bdeadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline*\xad\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATUS_DONE\x10\x01\x12\x12\n" +
@@ -4994,7 +5452,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x19SCRIPTED_STOP_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fSCRIPTED_STOP_MAX_OUTPUT_TOKENS\x10\x01\x12\x19\n" +
 	"\x15SCRIPTED_STOP_REFUSAL\x10\x02\x12&\n" +
-	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xe6\b\n" +
+	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xc1\t\n" +
 	"\fAgentRuntime\x12^\n" +
 	"\rCreateRuntime\x12%.agentruntime.v1.CreateRuntimeRequest\x1a&.agentruntime.v1.CreateRuntimeResponse\x12F\n" +
 	"\x05Spawn\x12\x1d.agentruntime.v1.SpawnRequest\x1a\x1e.agentruntime.v1.SpawnResponse\x12C\n" +
@@ -5009,7 +5467,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\rGetTranscript\x12%.agentruntime.v1.GetTranscriptRequest\x1a&.agentruntime.v1.GetTranscriptResponse\x12H\n" +
 	"\x05Watch\x12\x1d.agentruntime.v1.WatchRequest\x1a\x1e.agentruntime.v1.WatchResponse0\x01\x12[\n" +
 	"\fListRuntimes\x12$.agentruntime.v1.ListRuntimesRequest\x1a%.agentruntime.v1.ListRuntimesResponse\x12^\n" +
-	"\rDeleteRuntime\x12%.agentruntime.v1.DeleteRuntimeRequest\x1a&.agentruntime.v1.DeleteRuntimeResponseBz\n" +
+	"\rDeleteRuntime\x12%.agentruntime.v1.DeleteRuntimeRequest\x1a&.agentruntime.v1.DeleteRuntimeResponse\x12Y\n" +
+	"\n" +
+	"ServeTools\x12\".agentruntime.v1.ServeToolsRequest\x1a#.agentruntime.v1.ServeToolsResponse(\x010\x01Bz\n" +
 	"\x13dev.agentruntime.v1B\x11AgentRuntimeProtoP\x01ZNgithub.com/agentruntime/agentruntime/clients/go/agentruntime/v1;agentruntimev1b\x06proto3"
 
 var (
@@ -5025,7 +5485,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -5047,157 +5507,173 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*ToolDef)(nil),               // 17: agentruntime.v1.ToolDef
 	(*RelayTool)(nil),             // 18: agentruntime.v1.RelayTool
 	(*HttpTool)(nil),              // 19: agentruntime.v1.HttpTool
-	(*ApprovalPolicy)(nil),        // 20: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 21: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 22: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 23: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 24: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 25: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 26: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 27: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 28: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 29: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 30: agentruntime.v1.Message
-	(*Thinking)(nil),              // 31: agentruntime.v1.Thinking
-	(*CreateRuntimeRequest)(nil),  // 32: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 33: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 34: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 35: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 36: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 37: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 38: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 39: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 40: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 41: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 42: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 43: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 44: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 45: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 46: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 47: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 48: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 49: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 50: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 51: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 52: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 53: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 54: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 55: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 56: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 57: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 58: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 59: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 60: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 61: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 62: agentruntime.v1.ToolCallEnded
-	(*ListRuntimesRequest)(nil),   // 63: agentruntime.v1.ListRuntimesRequest
-	(*ListRuntimesResponse)(nil),  // 64: agentruntime.v1.ListRuntimesResponse
-	(*RuntimeSummary)(nil),        // 65: agentruntime.v1.RuntimeSummary
-	(*DeleteRuntimeRequest)(nil),  // 66: agentruntime.v1.DeleteRuntimeRequest
-	(*DeleteRuntimeResponse)(nil), // 67: agentruntime.v1.DeleteRuntimeResponse
-	nil,                           // 68: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 69: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 70: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
+	(*WorkerTool)(nil),            // 20: agentruntime.v1.WorkerTool
+	(*ApprovalPolicy)(nil),        // 21: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 22: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 23: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 24: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 25: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 26: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 27: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 28: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 29: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 30: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 31: agentruntime.v1.Message
+	(*Thinking)(nil),              // 32: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 33: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 34: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 35: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 36: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 37: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 38: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 39: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 40: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 41: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 42: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 43: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 44: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 45: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 46: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 47: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 48: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 49: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 50: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 51: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 52: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 53: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 54: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 55: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 56: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 57: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 58: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 59: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 60: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 61: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 62: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 63: agentruntime.v1.ToolCallEnded
+	(*ListRuntimesRequest)(nil),   // 64: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 65: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 66: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 67: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 68: agentruntime.v1.DeleteRuntimeResponse
+	(*ServeToolsRequest)(nil),     // 69: agentruntime.v1.ServeToolsRequest
+	(*WorkerRegistration)(nil),    // 70: agentruntime.v1.WorkerRegistration
+	(*ServeToolsResponse)(nil),    // 71: agentruntime.v1.ServeToolsResponse
+	(*WorkerRegistered)(nil),      // 72: agentruntime.v1.WorkerRegistered
+	(*WorkerCall)(nil),            // 73: agentruntime.v1.WorkerCall
+	nil,                           // 74: agentruntime.v1.HttpTool.HeadersEntry
+	(*durationpb.Duration)(nil),   // 75: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 76: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 77: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
 	0,  // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
 	1,  // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	26, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	27, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
 	9,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
 	3,  // 5: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
 	16, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
 	0,  // 7: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
 	17, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
 	16, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	21, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	22, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	23, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	22, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	23, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	24, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
 	13, // 13: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
 	14, // 14: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	69, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	69, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	75, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	75, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
 	5,  // 17: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	70, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	76, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
 	18, // 19: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
 	19, // 20: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	20, // 21: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	7,  // 22: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	68, // 23: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	69, // 24: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	6,  // 25: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	24, // 26: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	25, // 27: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	69, // 28: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	8,  // 29: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	70, // 30: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	71, // 31: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 32: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	70, // 33: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	29, // 34: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	27, // 35: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	31, // 36: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,  // 37: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	12, // 38: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	15, // 39: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	16, // 40: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,  // 41: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	69, // 42: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 43: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	28, // 44: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10, // 45: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	69, // 46: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	11, // 47: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	11, // 48: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	30, // 49: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	56, // 50: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	71, // 51: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	57, // 52: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	58, // 53: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	59, // 54: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	60, // 55: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	61, // 56: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	62, // 57: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	26, // 58: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10, // 59: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,  // 60: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	27, // 61: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	65, // 62: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	71, // 63: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	32, // 64: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	34, // 65: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	36, // 66: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	38, // 67: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	40, // 68: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	42, // 69: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	44, // 70: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	46, // 71: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	48, // 72: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	50, // 73: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	52, // 74: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	54, // 75: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	63, // 76: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	66, // 77: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	33, // 78: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	35, // 79: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	37, // 80: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	39, // 81: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	41, // 82: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	43, // 83: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	45, // 84: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	47, // 85: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	49, // 86: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	51, // 87: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	53, // 88: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	55, // 89: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	64, // 90: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	67, // 91: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	78, // [78:92] is the sub-list for method output_type
-	64, // [64:78] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	20, // 21: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
+	21, // 22: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,  // 23: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	74, // 24: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	75, // 25: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	75, // 26: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	6,  // 27: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	25, // 28: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	26, // 29: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	75, // 30: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,  // 31: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	76, // 32: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	77, // 33: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	28, // 34: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	76, // 35: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	30, // 36: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	28, // 37: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	32, // 38: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,  // 39: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	12, // 40: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	15, // 41: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	16, // 42: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,  // 43: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	75, // 44: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10, // 45: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	29, // 46: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10, // 47: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	75, // 48: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	11, // 49: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	11, // 50: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	31, // 51: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	57, // 52: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	77, // 53: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	58, // 54: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	59, // 55: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	60, // 56: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	61, // 57: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	62, // 58: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	63, // 59: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	27, // 60: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10, // 61: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,  // 62: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	28, // 63: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	66, // 64: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	77, // 65: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	70, // 66: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	30, // 67: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	72, // 68: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	73, // 69: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	28, // 70: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	77, // 71: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	33, // 72: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	35, // 73: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	37, // 74: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	39, // 75: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	41, // 76: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	43, // 77: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	45, // 78: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	47, // 79: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	49, // 80: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	51, // 81: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	53, // 82: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	55, // 83: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	64, // 84: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	67, // 85: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	69, // 86: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	34, // 87: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	36, // 88: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	38, // 89: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	40, // 90: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	42, // 91: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	44, // 92: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	46, // 93: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	48, // 94: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	50, // 95: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	52, // 96: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	54, // 97: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	56, // 98: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	65, // 99: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	68, // 100: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	71, // 101: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	87, // [87:102] is the sub-list for method output_type
+	72, // [72:87] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	72, // [72:72] is the sub-list for extension extendee
+	0,  // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -5210,8 +5686,9 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 	file_agentruntime_v1_agent_runtime_proto_msgTypes[8].OneofWrappers = []any{
 		(*ToolDef_Relay)(nil),
 		(*ToolDef_Http)(nil),
+		(*ToolDef_Worker)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[47].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[48].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -5221,13 +5698,21 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*Event_Pending)(nil),
 		(*Event_Result)(nil),
 	}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[60].OneofWrappers = []any{
+		(*ServeToolsRequest_Registration)(nil),
+		(*ServeToolsRequest_Output)(nil),
+	}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[62].OneofWrappers = []any{
+		(*ServeToolsResponse_Registered)(nil),
+		(*ServeToolsResponse_Call)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   60,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,7 @@ const (
 	AgentRuntime_Watch_FullMethodName         = "/agentruntime.v1.AgentRuntime/Watch"
 	AgentRuntime_ListRuntimes_FullMethodName  = "/agentruntime.v1.AgentRuntime/ListRuntimes"
 	AgentRuntime_DeleteRuntime_FullMethodName = "/agentruntime.v1.AgentRuntime/DeleteRuntime"
+	AgentRuntime_ServeTools_FullMethodName    = "/agentruntime.v1.AgentRuntime/ServeTools"
 )
 
 // AgentRuntimeClient is the client API for AgentRuntime service.
@@ -74,6 +75,13 @@ type AgentRuntimeClient interface {
 	ListRuntimes(ctx context.Context, in *ListRuntimesRequest, opts ...grpc.CallOption) (*ListRuntimesResponse, error)
 	// Closes a runtime and deletes everything stored of it (journal, transcripts, events).
 	DeleteRuntime(ctx context.Context, in *DeleteRuntimeRequest, opts ...grpc.CallOption) (*DeleteRuntimeResponse, error)
+	// A host serves worker tools (ToolDef.worker) over this stream: its first request
+	// registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+	// server answers `registered`, then sends calls as agents make them, and the host answers
+	// each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+	// that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+	// `on_interrupted` decides).
+	ServeTools(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse], error)
 }
 
 type agentRuntimeClient struct {
@@ -233,6 +241,19 @@ func (c *agentRuntimeClient) DeleteRuntime(ctx context.Context, in *DeleteRuntim
 	return out, nil
 }
 
+func (c *agentRuntimeClient) ServeTools(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentRuntime_ServiceDesc.Streams[1], AgentRuntime_ServeTools_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ServeToolsRequest, ServeToolsResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentRuntime_ServeToolsClient = grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse]
+
 // AgentRuntimeServer is the server API for AgentRuntime service.
 // All implementations must embed UnimplementedAgentRuntimeServer
 // for forward compatibility.
@@ -272,6 +293,13 @@ type AgentRuntimeServer interface {
 	ListRuntimes(context.Context, *ListRuntimesRequest) (*ListRuntimesResponse, error)
 	// Closes a runtime and deletes everything stored of it (journal, transcripts, events).
 	DeleteRuntime(context.Context, *DeleteRuntimeRequest) (*DeleteRuntimeResponse, error)
+	// A host serves worker tools (ToolDef.worker) over this stream: its first request
+	// registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+	// server answers `registered`, then sends calls as agents make them, and the host answers
+	// each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+	// that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+	// `on_interrupted` decides).
+	ServeTools(grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]) error
 	mustEmbedUnimplementedAgentRuntimeServer()
 }
 
@@ -323,6 +351,9 @@ func (UnimplementedAgentRuntimeServer) ListRuntimes(context.Context, *ListRuntim
 }
 func (UnimplementedAgentRuntimeServer) DeleteRuntime(context.Context, *DeleteRuntimeRequest) (*DeleteRuntimeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRuntime not implemented")
+}
+func (UnimplementedAgentRuntimeServer) ServeTools(grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]) error {
+	return status.Error(codes.Unimplemented, "method ServeTools not implemented")
 }
 func (UnimplementedAgentRuntimeServer) mustEmbedUnimplementedAgentRuntimeServer() {}
 func (UnimplementedAgentRuntimeServer) testEmbeddedByValue()                      {}
@@ -590,6 +621,13 @@ func _AgentRuntime_DeleteRuntime_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentRuntime_ServeTools_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentRuntimeServer).ServeTools(&grpc.GenericServerStream[ServeToolsRequest, ServeToolsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentRuntime_ServeToolsServer = grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]
+
 // AgentRuntime_ServiceDesc is the grpc.ServiceDesc for AgentRuntime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -655,6 +693,12 @@ var AgentRuntime_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _AgentRuntime_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ServeTools",
+			Handler:       _AgentRuntime_ServeTools_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "agentruntime/v1/agent_runtime.proto",

@@ -716,6 +716,7 @@ class ToolDef(_message.Message):
     INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     RELAY_FIELD_NUMBER: _builtins.int
     HTTP_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
     APPROVAL_FIELD_NUMBER: _builtins.int
     ON_INTERRUPTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
@@ -733,6 +734,8 @@ class ToolDef(_message.Message):
     @_builtins.property
     def http(self) -> Global___HttpTool: ...
     @_builtins.property
+    def worker(self) -> Global___WorkerTool: ...
+    @_builtins.property
     def approval(self) -> Global___ApprovalPolicy: ...
     def __init__(
         self,
@@ -742,14 +745,15 @@ class ToolDef(_message.Message):
         input_schema: _struct_pb2.Struct | None = ...,
         relay: Global___RelayTool | None = ...,
         http: Global___HttpTool | None = ...,
+        worker: Global___WorkerTool | None = ...,
         approval: Global___ApprovalPolicy | None = ...,
         on_interrupted: Global___OnInterrupted.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "relay", b"relay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "relay", b"relay", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "description", b"description", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "name", b"name", "on_interrupted", b"on_interrupted", "relay", b"relay"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval", "description", b"description", "executor", b"executor", "http", b"http", "input_schema", b"input_schema", "name", b"name", "on_interrupted", b"on_interrupted", "relay", b"relay", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["relay", "http"]  # noqa: Y015
+    _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["relay", "http", "worker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_executor) -> _WhichOneofReturnType_executor | None: ...
 
@@ -827,6 +831,39 @@ class HttpTool(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HttpTool: _TypeAlias = HttpTool  # noqa: Y015
+
+@_typing.final
+class WorkerTool(_message.Message):
+    """A host serving the queue over ServeTools runs the tool, inline in the turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """The queue (of the runtime's tenant) whose workers run the tool: letters, digits, `_`,
+    `.`, `-`; at most 64 characters.
+    """
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Per call; unset: 30 s. At most 10 minutes. With no worker connected the call waits
+        this long for one, then fails as an error result; a worker that holds a call past it
+        leaves the call in doubt.
+        """
+
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerTool: _TypeAlias = WorkerTool  # noqa: Y015
 
 @_typing.final
 class ApprovalPolicy(_message.Message):
@@ -2156,3 +2193,151 @@ class DeleteRuntimeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteRuntimeResponse: _TypeAlias = DeleteRuntimeResponse  # noqa: Y015
+
+@_typing.final
+class ServeToolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTRATION_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def registration(self) -> Global___WorkerRegistration:
+        """The first request, and only the first."""
+
+    @_builtins.property
+    def output(self) -> Global___ToolOutput:
+        """The outcome of a call this worker received: `call_id` echoes `WorkerCall.id`."""
+
+    def __init__(
+        self,
+        *,
+        registration: Global___WorkerRegistration | None = ...,
+        output: Global___ToolOutput | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "output", b"output", "registration", b"registration"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "output", b"output", "registration", b"registration"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["registration", "output"]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
+
+Global___ServeToolsRequest: _TypeAlias = ServeToolsRequest  # noqa: Y015
+
+@_typing.final
+class WorkerRegistration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_CALLS_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """The queue this worker serves (see WorkerTool.queue)."""
+    max_concurrent_calls: _builtins.int
+    """Calls it takes at once; 0: 1. At most 1000."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tool names it runs; empty: every tool of the queue."""
+
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        max_concurrent_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrent_calls", b"max_concurrent_calls", "queue", b"queue", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerRegistration: _TypeAlias = WorkerRegistration  # noqa: Y015
+
+@_typing.final
+class ServeToolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTERED_FIELD_NUMBER: _builtins.int
+    CALL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def registered(self) -> Global___WorkerRegistered:
+        """Sent once, when the registration is accepted."""
+
+    @_builtins.property
+    def call(self) -> Global___WorkerCall:
+        """A call to run; answer with a ToolOutput whose `call_id` is its `id`."""
+
+    def __init__(
+        self,
+        *,
+        registered: Global___WorkerRegistered | None = ...,
+        call: Global___WorkerCall | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "message", b"message", "registered", b"registered"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "message", b"message", "registered", b"registered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["registered", "call"]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
+
+Global___ServeToolsResponse: _TypeAlias = ServeToolsResponse  # noqa: Y015
+
+@_typing.final
+class WorkerRegistered(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """This connection's id (in the server's log)."""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerRegistered: _TypeAlias = WorkerRegistered  # noqa: Y015
+
+@_typing.final
+class WorkerCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CALL_FIELD_NUMBER: _builtins.int
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Unique per call sent: what the worker's ToolOutput echoes."""
+    runtime_id: _builtins.str
+    handle_id: _builtins.str
+    @_builtins.property
+    def call(self) -> Global___ToolCall:
+        """The tool call, with its idempotency key (the same for every attempt of the call)."""
+
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """An output after this is not taken: the call is in doubt by then."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        call: Global___ToolCall | None = ...,
+        runtime_id: _builtins.str = ...,
+        handle_id: _builtins.str = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "deadline", b"deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "deadline", b"deadline", "handle_id", b"handle_id", "id", b"id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerCall: _TypeAlias = WorkerCall  # noqa: Y015

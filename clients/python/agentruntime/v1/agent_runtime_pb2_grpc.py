@@ -106,6 +106,11 @@ class AgentRuntimeStub:
                 request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.SerializeToString,
                 response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.FromString,
                 _registered_method=True)
+        self.ServeTools = channel.stream_stream(
+                '/agentruntime.v1.AgentRuntime/ServeTools',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentRuntimeServicer:
@@ -215,6 +220,18 @@ class AgentRuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServeTools(self, request_iterator, context):
+        """A host serves worker tools (ToolDef.worker) over this stream: its first request
+        registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+        server answers `registered`, then sends calls as agents make them, and the host answers
+        each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+        that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+        `on_interrupted` decides).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentRuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -287,6 +304,11 @@ def add_AgentRuntimeServicer_to_server(servicer, server):
                     servicer.DeleteRuntime,
                     request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.FromString,
                     response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.SerializeToString,
+            ),
+            'ServeTools': grpc.stream_stream_rpc_method_handler(
+                    servicer.ServeTools,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -669,6 +691,33 @@ class AgentRuntime:
             '/agentruntime.v1.AgentRuntime/DeleteRuntime',
             agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeRequest.SerializeToString,
             agentruntime_dot_v1_dot_agent__runtime__pb2.DeleteRuntimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServeTools(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/agentruntime.v1.AgentRuntime/ServeTools',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

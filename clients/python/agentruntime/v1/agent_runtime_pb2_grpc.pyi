@@ -69,6 +69,14 @@ class AgentRuntimeStub:
     """Returns the caller's runtimes (its tenant's), newest first, one page at a time."""
     DeleteRuntime: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.DeleteRuntimeRequest, _agent_runtime_pb2.DeleteRuntimeResponse]
     """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
+    ServeTools: _grpc.StreamStreamMultiCallable[_agent_runtime_pb2.ServeToolsRequest, _agent_runtime_pb2.ServeToolsResponse]
+    """A host serves worker tools (ToolDef.worker) over this stream: its first request
+    registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+    server answers `registered`, then sends calls as agents make them, and the host answers
+    each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+    that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+    `on_interrupted` decides).
+    """
 
 @_typing.type_check_only
 class AgentRuntimeAsyncStub(AgentRuntimeStub):
@@ -111,6 +119,14 @@ class AgentRuntimeAsyncStub(AgentRuntimeStub):
     """Returns the caller's runtimes (its tenant's), newest first, one page at a time."""
     DeleteRuntime: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.DeleteRuntimeRequest, _agent_runtime_pb2.DeleteRuntimeResponse]  # type: ignore[assignment]
     """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
+    ServeTools: _aio.StreamStreamMultiCallable[_agent_runtime_pb2.ServeToolsRequest, _agent_runtime_pb2.ServeToolsResponse]  # type: ignore[assignment]
+    """A host serves worker tools (ToolDef.worker) over this stream: its first request
+    registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+    server answers `registered`, then sends calls as agents make them, and the host answers
+    each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+    that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+    `on_interrupted` decides).
+    """
 
 class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
     """AgentRuntime hosts trees of agents. A runtime is one tree; a handle is one live
@@ -234,5 +250,19 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_runtime_pb2.DeleteRuntimeResponse, _abc.Awaitable[_agent_runtime_pb2.DeleteRuntimeResponse]]:
         """Closes a runtime and deletes everything stored of it (journal, transcripts, events)."""
+
+    @_abc_1.abstractmethod
+    def ServeTools(
+        self,
+        request_iterator: _MaybeAsyncIterator[_agent_runtime_pb2.ServeToolsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_runtime_pb2.ServeToolsResponse], _abc.AsyncIterator[_agent_runtime_pb2.ServeToolsResponse]]:
+        """A host serves worker tools (ToolDef.worker) over this stream: its first request
+        registers it (a queue of its tenant, the tools it runs, how many calls at once); the
+        server answers `registered`, then sends calls as agents make them, and the host answers
+        each with its output. A call runs inline in the turn: no suspension, no Resume. A host
+        that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
+        `on_interrupted` decides).
+        """
 
 def add_AgentRuntimeServicer_to_server(servicer: AgentRuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,152 @@
+"""Worker tools: hosts connected over ServeTools run calls inline in the turn.
+
+A worker registers on a queue of its tenant, for some tools (or all of the queue's), with a
+bound on the calls it holds at once. A call goes to the connected worker of its queue that
+serves its tool and holds the fewest calls (ties in turn), never past that worker's bound.
+With no such worker the call waits for one up to its timeout, then fails as an error
+result. Sent, it has its timeout again to be answered: a worker that goes away, or holds a
+call past that deadline, leaves the call in doubt (WorkerLost), and the turn loop applies
+the tool's `on_interrupted` policy."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..domain.model import ToolCall, ToolResult, WorkerExecutor
+from ..domain.ports import WorkerLost
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A call on its way to a worker: what the edge sends as a WorkerCall."""
+
+    id: str
+    call: ToolCall
+    key: str
+    runtime_id: str
+    handle_id: str
+    deadline: float  # time.time()
+
+
+@dataclass(eq=False)
+class Worker:
+    tenant: str
+    queue: str
+    tools: frozenset[str]  # empty: every tool of the queue
+    limit: int
+    id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
+    outbox: asyncio.Queue[Dispatch] = field(default_factory=asyncio.Queue)
+    in_hand: dict[str, asyncio.Future[ToolResult]] = field(default_factory=dict)
+    order: int = 0  # ties between equally busy workers go in turn
+    gone: bool = False
+
+    def serves(self, tool: str) -> bool:
+        return not self.tools or tool in self.tools
+
+    @property
+    def free(self) -> bool:
+        return not self.gone and len(self.in_hand) < self.limit
+
+    def answer(self, dispatch_id: str, result: ToolResult) -> bool:
+        """The worker's output for a call it holds; False when it holds no such call (late,
+        or never sent to it)."""
+        future = self.in_hand.get(dispatch_id)
+        if future is None or future.done():
+            return False
+        future.set_result(result)
+        return True
+
+
+class WorkerPool:
+    """Every connected worker, by (tenant, queue). Implements the domain's WorkerToolRunner."""
+
+    def __init__(self) -> None:
+        self._queues: dict[tuple[str, str], list[Worker]] = {}
+        self._changed: dict[tuple[str, str], asyncio.Condition] = {}
+        self._turns = itertools.count()
+
+    def _condition(self, place: tuple[str, str]) -> asyncio.Condition:
+        condition = self._changed.get(place)
+        if condition is None:
+            condition = self._changed[place] = asyncio.Condition()
+        return condition
+
+    async def connect(self, tenant: str, queue: str, tools: Sequence[str], limit: int) -> Worker:
+        worker = Worker(tenant, queue, frozenset(tools), limit)
+        place = (tenant, queue)
+        self._queues.setdefault(place, []).append(worker)
+        log.info("worker %s serves queue %s of tenant %s (%d at once)", worker.id, queue, tenant, limit)
+        await self._notify(place)
+        return worker
+
+    async def disconnect(self, worker: Worker) -> None:
+        """The worker is gone: every call it held is in doubt."""
+        worker.gone = True
+        place = (worker.tenant, worker.queue)
+        workers = self._queues.get(place, [])
+        if worker in workers:
+            workers.remove(worker)
+        if not workers:
+            self._queues.pop(place, None)
+        for future in worker.in_hand.values():
+            if not future.done():
+                future.set_exception(WorkerLost(f"worker {worker.id} went away with the call"))
+        log.info("worker %s left queue %s of tenant %s", worker.id, worker.queue, worker.tenant)
+        await self._notify(place)
+
+    async def _notify(self, place: tuple[str, str]) -> None:
+        condition = self._condition(place)
+        async with condition:
+            condition.notify_all()
+
+    def _pick(self, place: tuple[str, str], tool: str) -> Worker | None:
+        ready = [worker for worker in self._queues.get(place, []) if worker.free and worker.serves(tool)]
+        return min(ready, key=lambda worker: (len(worker.in_hand), worker.order), default=None)
+
+    async def run(
+        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+    ) -> ToolResult:
+        place = (tenant, executor.queue)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + executor.timeout
+        condition = self._condition(place)
+        async with condition:
+            worker = self._pick(place, call.name)
+            while worker is None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return ToolResult(
+                        f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s "
+                        "(is a host serving it with ServeTools?)",
+                        is_error=True,
+                    )
+                try:
+                    await asyncio.wait_for(condition.wait(), remaining)
+                except TimeoutError:
+                    continue
+                worker = self._pick(place, call.name)
+            # The worker has the whole timeout, from now, to answer.
+            answer_by = time.time() + executor.timeout
+            dispatch = Dispatch(f"{worker.id}/{next(self._turns)}", call, key, runtime_id, handle_id, answer_by)
+            future: asyncio.Future[ToolResult] = loop.create_future()
+            worker.in_hand[dispatch.id] = future
+            worker.order = next(self._turns)
+        try:
+            worker.outbox.put_nowait(dispatch)
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), executor.timeout)
+            except TimeoutError:
+                raise WorkerLost(f"worker {worker.id} kept the call past its deadline") from None
+        finally:
+            worker.in_hand.pop(dispatch.id, None)
+            if not future.done():
+                future.cancel()
+            await self._notify(place)

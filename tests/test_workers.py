@@ -1,0 +1,310 @@
+"""Worker tools (issue 14): hosts serve tools inline over ServeTools. A real server, the
+Python client's `serve_tools` as the host (in this process, or in a process of its own
+that a test kills), a scripted model over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from agentruntime.client import Client
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from tests.support.build import agent, create, duration, run, spawn, status_details, transcript, wait
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.poll import until
+from tests.support.servers import Served
+
+
+def worker_tool(name: str, queue: str = "tools", timeout: float | None = None, **fields: Any) -> pb.ToolDef:
+    tool = pb.ToolDef(name=name, description=f"the {name} tool", worker=pb.WorkerTool(queue=queue), **fields)
+    if timeout is not None:
+        tool.worker.timeout.CopyFrom(duration(timeout))
+    return tool
+
+
+def calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
+    def script(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=list(calls), tokens=30)
+        outputs = [message["content"] for message in body["messages"] if message["role"] == "tool"]
+        return Reply(text=" | ".join(outputs), tokens=20)
+
+    return script
+
+
+@contextlib.asynccontextmanager
+async def serving(client: Client, queue: str, handlers: dict[str, Any], limit: int = 10) -> AsyncIterator[list[str]]:
+    """A worker of this process serving `queue` while the block runs; yields its ids."""
+    ids: list[str] = []
+    task = asyncio.ensure_future(client.serve_tools(queue, handlers, max_concurrent_calls=limit, registered=ids.append))
+    try:
+        await until(lambda: bool(ids), "the worker to register")
+        yield ids
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.fixture
+async def client(served: Served) -> AsyncIterator[Client]:
+    async with Client(f"127.0.0.1:{served.running.port}") as made:
+        yield made
+
+
+async def test_an_agent_calls_two_worker_tools_in_one_turn_and_the_figures_are_exact(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("planner", calls_then_answer(("weather", {"city": "Oslo"}), ("clock", {"zone": "CET"})))
+    seen: list[pb.WorkerCall] = []
+
+    async def weather(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        seen.append(call)
+        await asyncio.sleep(0.05)
+        return f"rain in {arguments['city']}"
+
+    def clock(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        seen.append(call)
+        return f"12:00 {arguments['zone']}"
+
+    runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather"), worker_tool("clock")]))
+    async with serving(client, "tools", {"weather": weather, "clock": clock}):
+        handle_id, result = await run(stub, runtime_id, "planner", "plan the day")
+    assert (result.status, result.text) == (pb.STATUS_DONE, "rain in Oslo | 12:00 CET")
+    assert (result.turns, result.own_tokens, result.total_tokens, result.tool_calls) == (2, 50, 50, 2)
+    assert sorted(call.call.idempotency_key for call in seen) == [
+        f"{runtime_id}/{handle_id}/call_1_1",
+        f"{runtime_id}/{handle_id}/call_1_2",
+    ]
+    assert {(call.runtime_id, call.handle_id) for call in seen} == {(runtime_id, handle_id)}
+    assert all(call.deadline.seconds > 0 for call in seen)
+    tool_messages = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert [(m.content, m.is_error) for m in tool_messages] == [("rain in Oslo", False), ("12:00 CET", False)]
+
+
+async def test_a_handler_that_raises_answers_an_error_result(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("planner", calls_then_answer(("weather", {})))
+
+    def broken(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        raise KeyError("city")
+
+    runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather")]))
+    async with serving(client, "tools", {"weather": broken}):
+        handle_id, result = await run(stub, runtime_id, "planner", "go")
+    assert result.status == pb.STATUS_DONE
+    [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert (tool_message.content, tool_message.is_error) == ("KeyError: 'city'", True)
+
+
+async def test_with_no_worker_connected_the_call_fails_after_its_timeout(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    model.script("planner", calls_then_answer(("weather", {})))
+    runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather", queue="nobody", timeout=0.3)]))
+    handle_id, result = await run(stub, runtime_id, "planner", "go")
+    assert (result.status, result.tool_calls) == (pb.STATUS_DONE, 1)
+    [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert tool_message.is_error and "no worker of queue 'nobody' took the call within 0.3s" in tool_message.content
+
+
+async def test_a_call_waits_for_a_worker_that_connects_within_its_timeout(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("planner", calls_then_answer(("weather", {})))
+    runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather", timeout=10)]))
+    handle_id = await spawn(stub, runtime_id, "planner")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+    await asyncio.sleep(0.3)  # the call is waiting: nobody serves the queue yet
+    async with serving(client, "tools", {"weather": lambda arguments, call: "late sun"}):
+        result = await wait(stub, runtime_id, handle_id)
+    assert (result.status, result.text) == (pb.STATUS_DONE, "late sun")
+
+
+async def test_200_calls_spread_over_3_workers_never_past_their_limit(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("fan", calls_then_answer(*[("work", {"n": n}) for n in range(10)]))
+    runtime_id = await create(stub, agent("fan", tools=[worker_tool("work")]))
+    holding: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    served: Counter[str] = Counter()
+
+    def worker(name: str) -> Any:
+        async def work(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+            holding[name] += 1
+            peak[name] = max(peak[name], holding[name])
+            served[name] += 1
+            await asyncio.sleep(0.02)
+            holding[name] -= 1
+            return f"done {arguments['n']}"
+
+        return work
+
+    async with (
+        serving(client, "tools", {"work": worker("a")}, limit=5),
+        serving(client, "tools", {"work": worker("b")}, limit=5),
+        serving(client, "tools", {"work": worker("c")}, limit=5),
+    ):
+        results = await asyncio.gather(*(run(stub, runtime_id, "fan", f"batch {n}") for n in range(20)))
+    assert all(result.status == pb.STATUS_DONE and result.tool_calls == 10 for _, result in results)
+    assert sum(served.values()) == 200
+    assert max(peak.values()) <= 5 and min(served.values()) >= 50, (peak, served)
+
+
+async def test_a_worker_that_goes_away_with_a_call_leaves_it_to_another_with_the_same_key(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    runtime_id = await create(stub, agent("payer", tools=[worker_tool("charge")]))
+    first_keys: list[str] = []
+    second_keys: list[str] = []
+
+    async def hangs(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        first_keys.append(call.call.idempotency_key)
+        await asyncio.sleep(3600)
+        return "never"
+
+    async with serving(client, "tools", {"charge": hangs}):
+        handle_id = await spawn(stub, runtime_id, "payer")
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+        await until(lambda: bool(first_keys), "the first worker to hold the call")
+    # The first worker is gone with the call (RETRY, the default): the next worker runs it.
+
+    def charge(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        second_keys.append(call.call.idempotency_key)
+        return "charged once"
+
+    async with serving(client, "tools", {"charge": charge}):
+        result = await wait(stub, runtime_id, handle_id)
+    assert (result.status, result.text) == (pb.STATUS_DONE, "charged once")
+    assert first_keys == second_keys == [f"{runtime_id}/{handle_id}/call_1_1"]
+
+
+async def test_with_ask_a_lost_call_suspends_in_doubt_and_the_host_decides(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    charge = worker_tool("charge", on_interrupted=pb.ON_INTERRUPTED_ASK)
+    runtime_id = await create(stub, agent("payer", tools=[charge]))
+    held: list[str] = []
+
+    async def hangs(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        held.append(call.id)
+        await asyncio.sleep(3600)
+        return "never"
+
+    async with serving(client, "tools", {"charge": hangs}):
+        handle_id = await spawn(stub, runtime_id, "payer")
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+        await until(lambda: bool(held), "the worker to hold the call")
+    pending = await wait(stub, runtime_id, handle_id)
+    assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "in_doubt")
+    [call] = pending.pending.calls
+    assert (call.name, call.idempotency_key) == ("charge", f"{runtime_id}/{handle_id}/call_1_1")
+    answer = pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="it went through")])
+    done = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=30)).result
+    assert (done.status, done.text) == (pb.STATUS_DONE, "it went through")
+
+
+async def test_a_bad_registration_is_refused_with_its_violations(served: Served) -> None:
+    async def register(registration: pb.WorkerRegistration) -> grpc.aio.AioRpcError:
+        async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+            yield pb.ServeToolsRequest(registration=registration)
+            await asyncio.sleep(10)
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in served.stub.ServeTools(requests(), timeout=10):
+                pass
+        return refused.value
+
+    error = await register(pb.WorkerRegistration(queue="bad queue!", tools=["ok", "not a name"], max_concurrent_calls=-1))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [bad_request] = status_details(error)
+    assert [v.field for v in bad_request.field_violations] == [
+        "registration.queue",
+        "registration.tools[1]",
+        "registration.max_concurrent_calls",
+    ]
+
+    async def outputs_first() -> AsyncIterator[pb.ServeToolsRequest]:
+        yield pb.ServeToolsRequest(output=pb.ToolOutput(call_id="x", output="y"))
+
+    with pytest.raises(grpc.aio.AioRpcError) as unregistered:
+        async for _ in served.stub.ServeTools(outputs_first(), timeout=10):
+            pass
+    assert unregistered.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_worker_tool_definition_is_checked_at_create(stub: pb_grpc.AgentRuntimeStub) -> None:
+    tools = [worker_tool("a", queue=""), worker_tool("b", timeout=0), worker_tool("c", queue="x" * 65)]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await create(stub, agent("planner", tools=tools))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    [bad_request] = status_details(refused.value)
+    assert [v.field for v in bad_request.field_violations] == [
+        "agents[0].tools[0].worker.queue",
+        "agents[0].tools[1].worker.timeout",
+        "agents[0].tools[2].worker.queue",
+    ]
+
+
+WORKER_PROCESS = """
+import asyncio, json, sys
+from agentruntime.client import Client
+
+async def main():
+    address, queue, log = sys.argv[1:4]
+    def record(arguments, call):
+        with open(log, "a") as out:
+            out.write(json.dumps({"key": call.call.idempotency_key, "pid": __import__("os").getpid()}) + "\\n")
+        return asyncio.sleep(3600, "never")  # holds the call until killed
+    async with Client(address) as client:
+        await client.serve_tools(queue, {"charge": record}, registered=lambda worker: print(worker, flush=True))
+
+asyncio.run(main())
+"""
+
+
+async def test_a_worker_process_killed_mid_call_leaves_the_call_to_the_next_worker(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client, served: Served, tmp_path: Path
+) -> None:
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    runtime_id = await create(stub, agent("payer", tools=[worker_tool("charge")]))
+    log = tmp_path / "calls.jsonl"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_PROCESS)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), f"127.0.0.1:{served.running.port}", "tools", str(log),
+        stdout=asyncio.subprocess.PIPE, env={**os.environ},
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        await asyncio.wait_for(process.stdout.readline(), 30)  # registered
+        handle_id = await spawn(stub, runtime_id, "payer")
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+        await until(lambda: log.exists() and bool(log.read_text()), "the worker process to hold the call")
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    second: list[str] = []
+    async with serving(client, "tools", {"charge": lambda arguments, call: second.append(call.call.idempotency_key) or "ok"}):
+        result = await wait(stub, runtime_id, handle_id)
+    [first] = [json.loads(line)["key"] for line in log.read_text().splitlines()]
+    assert result.status == pb.STATUS_DONE and second == [first] == [f"{runtime_id}/{handle_id}/call_1_1"]
