@@ -108,17 +108,31 @@ async def _wait_healthy(address: str) -> None:
     raise RuntimeError("the server did not start")
 
 
-def _agents(model_port: int) -> list[pb.AgentDef]:
-    lookup = pb.ToolDef(
-        name="lookup", description="look a number up", http=pb.HttpTool(url=f"http://127.0.0.1:{model_port}/lookup")
-    )
+def _agents(model_port: int, worker: bool = False) -> list[pb.AgentDef]:
+    if worker:
+        lookup = pb.ToolDef(name="lookup", description="look a number up", worker=pb.WorkerTool(queue="bench"))
+    else:
+        lookup = pb.ToolDef(
+            name="lookup", description="look a number up", http=pb.HttpTool(url=f"http://127.0.0.1:{model_port}/lookup")
+        )
     return [
         pb.AgentDef(name="coordinator", model="coordinator", team=["worker"], description="coordinates"),
         pb.AgentDef(name="worker", model="worker", tools=[lookup], description="works"),
     ]
 
 
-async def service_run(concurrency: int, latency: float, roots: int, batches: int) -> dict[str, float]:
+def _worker_process(address: str) -> None:
+    """A host serving the lookup tool over ServeTools (the worker-tool variant)."""
+    from agentruntime.client import Client
+
+    async def serve() -> None:
+        async with Client(address) as client:
+            await client.serve_tools("bench", {"lookup": lambda arguments, call: "42"}, max_concurrent_calls=200)
+
+    asyncio.run(serve())
+
+
+async def service_run(concurrency: int, latency: float, roots: int, batches: int, worker: bool = False) -> dict[str, float]:
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
@@ -135,11 +149,16 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
         server = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env=env
         )
+        host: multiprocessing.Process | None = None
         try:
             await _wait_healthy(address)
+            if worker:
+                host = multiprocessing.Process(target=_worker_process, args=(address,), daemon=True)
+                host.start()
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = pb_grpc.AgentRuntimeStub(channel)
-                runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=_agents(model_port)))).runtime_id
+                agents = _agents(model_port, worker)
+                runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
                 latencies: list[float] = []
 
                 async def root() -> None:
@@ -177,6 +196,9 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
                     "peak_rss_mb": _peak_rss_mb(server.pid),
                 }
         finally:
+            if host is not None:
+                host.terminate()
+                host.join()
             server.terminate()
             await server.wait()
             model.terminate()
@@ -252,6 +274,14 @@ async def main() -> None:
         )
         print(f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor:>9,.0f}")
         print(f"{'':<34} {'':>3} {'':>8} {figures['turns_per_s'] / floor:>8.0%} of the floor")
+    # The same workload with the lookup tool served by a worker over ServeTools instead of HTTP.
+    for concurrency, latency in ((20, 0.0), (20, 0.02)):
+        figures = await service_run(concurrency, latency, args.roots, args.batches, worker=True)
+        print(
+            f"{'agentruntime (worker tool)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {figures['turns_per_s']:>9,.0f} "
+            f"{figures['p50_ms']:>7.0f}ms {figures['p99_ms']:>7.0f}ms {figures['cpu_us_per_turn']:>8.0f}µs "
+            f"{figures['peak_rss_mb']:>7.0f}MB"
+        )
 
 
 if __name__ == "__main__":

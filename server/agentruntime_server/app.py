@@ -156,6 +156,8 @@ def build_service(
     leases: Leases | None = None,
     workers: WorkerPool | None = None,
 ) -> RuntimeService:
+    from .tools.mcp import McpTools  # the mcp SDK: loaded once, with the service
+
     models = build_router(settings, http)
     for provider in models.providers.values():
         if isinstance(provider, HttpProvider):
@@ -180,6 +182,7 @@ def build_service(
         observers=observability.observers,
         leases=leases or SoleOwner(),
         workers=workers or WorkerPool(),
+        mcp=McpTools(EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny), settings.max_text_bytes),
     )
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 

@@ -204,6 +204,20 @@ def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolati
         )
         if message.HasField("compaction")
         else None,
+        mcp_servers=tuple(
+            _mcp_server(server, f"{where}.mcp_servers[{i}]", found) for i, server in enumerate(message.mcp_servers)
+        ),
+    )
+
+
+def _mcp_server(message: pb.McpServer, where: str, found: list[FieldViolation]) -> m.McpServerSpec:
+    timeout = duration_seconds(message.timeout, f"{where}.timeout", found) if message.HasField("timeout") else None
+    return m.McpServerSpec(
+        name=message.name,
+        url=message.url,
+        headers=dict(message.headers),
+        allowed_tools=tuple(message.allowed_tools),
+        timeout=30.0 if timeout is None else timeout,
     )
 
 

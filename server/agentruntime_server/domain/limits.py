@@ -23,6 +23,7 @@ MAX_SCHEMA_DEPTH = 32
 MAX_PATTERN_CHARS = 1024  # completion.must_match and every schema pattern
 MAX_URL_CHARS = 2048
 MAX_HEADERS = 32
+MAX_MCP_SERVERS = 8  # per agent
 MAX_HEADER_NAME_CHARS = 128
 MAX_HEADER_VALUE_BYTES = 8 * KIB
 MAX_TOOL_TIMEOUT = 600.0  # seconds

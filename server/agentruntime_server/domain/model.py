@@ -162,11 +162,33 @@ class WorkerExecutor:
 
 
 @dataclass(frozen=True)
+class McpExecutor:
+    """A tool of an MCP server, called through `tools/call` (listed at CreateRuntime)."""
+
+    server: str  # the McpServerSpec's name
+    url: str
+    tool: str  # the tool's name on the server
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class McpServerSpec:
+    """A Model Context Protocol server an agent takes tools from (AgentDef.mcp_servers)."""
+
+    name: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    allowed_tools: tuple[str, ...] = ()
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any]
-    executor: HttpExecutor | WorkerExecutor | RelayExecutor
+    executor: HttpExecutor | WorkerExecutor | McpExecutor | RelayExecutor
     approval_required: bool = False
     approval_prompt: str = ""
     on_interrupted: OnInterrupted = OnInterrupted.DEFAULT
@@ -242,6 +264,8 @@ class AgentSpec:
     max_output_tokens: int | None = None  # the output cap sent with each call; None: the provider's
     heartbeat: Heartbeat | None = None
     compaction: Compaction | None = None
+    # Listed at CreateRuntime: their tools are in `tools`, named `<server>__<tool>`.
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:

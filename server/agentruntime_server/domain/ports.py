@@ -15,6 +15,8 @@ from .model import (
     Answer,
     Failure,
     HttpExecutor,
+    McpExecutor,
+    McpServerSpec,
     Message,
     ReplyStop,
     Thinking,
@@ -110,6 +112,40 @@ class NoWorkers:
 
 
 @dataclass(frozen=True)
+class McpTool:
+    """A tool an MCP server lists."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class McpError(Exception):
+    """An MCP server could not be reached or answered wrongly; the message never holds a secret."""
+
+
+class McpClient(Protocol):
+    async def list_tools(self, server: McpServerSpec) -> list[McpTool]:
+        """Every tool the server lists (McpError if it cannot be had)."""
+        ...
+
+    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+        """The call's result (`tools/call`, the idempotency key in `_meta`); a server that
+        cannot be reached or fails gives an error result."""
+        ...
+
+
+class NoMcp:
+    """No MCP client (tests of the domain): no server can be reached."""
+
+    async def list_tools(self, server: McpServerSpec) -> list[McpTool]:
+        raise McpError("this server reaches no MCP server")
+
+    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+        return ToolResult("this server reaches no MCP server", is_error=True)
+
+
+@dataclass(frozen=True)
 class Services:
     """What a runtime needs from outside the domain."""
 
@@ -123,6 +159,7 @@ class Services:
     observers: tuple[Observer, ...] = ()  # see events.Observer
     leases: Leases = field(default_factory=SoleOwner)  # replicas: who executes which runtime
     workers: WorkerToolRunner = field(default_factory=NoWorkers)  # hosts serving tools over ServeTools
+    mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from .errors import (
     DomainError,
     FailedPrecondition,
     FieldViolation,
+    InvalidArgument,
     NotFound,
     OwnedElsewhere,
     Unavailable,
 )
 from .journal import Configured
+from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
 from .ports import Leases, RuntimeRow, Services
 from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger
@@ -127,6 +129,12 @@ class RuntimeService:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
         options = options or RuntimeOptions()
         check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
+        if any(agent.mcp_servers for agent in agents):
+            # Only definitions that are otherwise right reach out to their MCP servers.
+            agents, unlisted = await with_mcp_tools(agents, self.services.mcp)
+            if unlisted:
+                raise InvalidArgument(unlisted)
+            check_agents(agents, self.services.models.names)  # the listed tools, schemas and all
         key = runtime_key(tenant, runtime_id)
         if key in self._runtimes or await self.services.store.runtime_exists(key):
             raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")

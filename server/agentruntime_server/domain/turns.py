@@ -42,6 +42,7 @@ from .model import (
     GuardrailAction,
     HttpExecutor,
     Limit,
+    McpExecutor,
     Message,
     PendingRequest,
     RelayExecutor,
@@ -351,7 +352,7 @@ class TurnLoop:
         returned instead of a result."""
         prepared = self._prepare(handle, call)
         reattached = call.id in handle.children_by_key  # a task call started long ago
-        effect = isinstance(prepared, (HttpExecutor, WorkerExecutor))
+        effect = isinstance(prepared, (HttpExecutor, WorkerExecutor, McpExecutor))
         if not reattached:
             await self.host.journal.record(CallStarted(handle.id, call, effect=effect))
         result: ToolResult | PendingRequest
@@ -360,6 +361,10 @@ class TurnLoop:
         elif isinstance(prepared, WorkerExecutor):
             await self.services.store.flush(self.host.key)  # the call leaves the process next
             result = await self._on_worker(handle, call, prepared)
+        elif isinstance(prepared, McpExecutor):
+            await self.services.store.flush(self.host.key)
+            arguments = json.loads(call.arguments_json)  # checked by _prepare: a JSON object
+            result = await self.services.mcp.call(prepared, arguments, self.idempotency_key(handle, call))
         elif effect:
             assert isinstance(prepared, HttpExecutor)
             await self.services.store.flush(self.host.key)  # the call leaves the process next: it must be known to have started
@@ -418,7 +423,9 @@ class TurnLoop:
                     return call
         return None
 
-    def _prepare(self, handle: Handle, call: ToolCall) -> ToolResult | HttpExecutor | WorkerExecutor | dict[str, Any]:
+    def _prepare(
+        self, handle: Handle, call: ToolCall
+    ) -> ToolResult | HttpExecutor | WorkerExecutor | McpExecutor | dict[str, Any]:
         """What running the call takes: an error result now, the http tool to call, or the
         task arguments to delegate with."""
         agent = handle.agent

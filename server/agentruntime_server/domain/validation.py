@@ -12,7 +12,7 @@ from . import limits
 from . import schemas as tool_schemas
 from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
-from .model import AgentSpec, Budget, HttpExecutor, RuntimeOptions, ScriptedReply, WorkerExecutor
+from .model import AgentSpec, Budget, HttpExecutor, McpServerSpec, RuntimeOptions, ScriptedReply, WorkerExecutor
 from .patterns import PatternError, compile_pattern
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 BUILTIN_TOOLS = ("task", "ask")
 # RFC 9110 field names are tokens; values carry no CR, LF or NUL (no header injection).
+MCP_SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a worker queue (WorkerTool.queue)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
@@ -140,6 +141,14 @@ def check_budget(budget: Budget, where: str) -> list[FieldViolation]:
 def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[FieldViolation]:
     violations: list[FieldViolation] = []
     violations.extend(_check_sizes(agent, where))
+    if len(agent.mcp_servers) > limits.MAX_MCP_SERVERS:
+        violations.append(FieldViolation(f"{where}.mcp_servers", f"names more than {limits.MAX_MCP_SERVERS} servers"))
+    server_names: set[str] = set()
+    for index, server in enumerate(agent.mcp_servers[: limits.MAX_MCP_SERVERS]):
+        violations.extend(check_mcp_server(server, f"{where}.mcp_servers[{index}]"))
+        if server.name in server_names:
+            violations.append(FieldViolation(f"{where}.mcp_servers[{index}].name", f"duplicate server name {server.name!r}"))
+        server_names.add(server.name)
     tool_names: set[str] = set()
     for index, tool in enumerate(agent.tools[: limits.MAX_TOOLS_PER_AGENT]):
         at = f"{where}.tools[{index}]"
@@ -290,14 +299,17 @@ def _check_http(executor: HttpExecutor, where: str) -> list[FieldViolation]:
         violations.append(
             FieldViolation(f"{where}.timeout", f"must be a positive duration of at most {limits.MAX_TOOL_TIMEOUT:g}s")
         )
-    if len(executor.headers) > limits.MAX_HEADERS:
-        violations.append(
-            FieldViolation(f"{where}.headers", f"has {len(executor.headers)} headers; the limit is {limits.MAX_HEADERS}")
-        )
-        return violations
-    for name, value in executor.headers.items():
+    violations.extend(_check_headers(executor.headers, f"{where}.headers"))
+    return violations
+
+
+def _check_headers(headers: dict[str, str], where: str) -> list[FieldViolation]:
+    violations: list[FieldViolation] = []
+    if len(headers) > limits.MAX_HEADERS:
+        return [FieldViolation(where, f"has {len(headers)} headers; the limit is {limits.MAX_HEADERS}")]
+    for name, value in headers.items():
         # The value is a secret: no violation ever quotes it.
-        at = f"{where}.headers[{shown(name, 40)}]"
+        at = f"{where}[{shown(name, 40)}]"
         if not HEADER_NAME.fullmatch(name) or len(name) > limits.MAX_HEADER_NAME_CHARS:
             violations.append(
                 FieldViolation(at, f"is not a header name: 1-{limits.MAX_HEADER_NAME_CHARS} token characters (RFC 9110)")
@@ -308,6 +320,27 @@ def _check_http(executor: HttpExecutor, where: str) -> list[FieldViolation]:
             violations.append(FieldViolation(at, "the value must not contain CR, LF or NUL"))
         if len(value.encode()) > limits.MAX_HEADER_VALUE_BYTES:
             violations.append(FieldViolation(at, f"the value is longer than {limits.MAX_HEADER_VALUE_BYTES} bytes"))
+    return violations
+
+
+def check_mcp_server(server: McpServerSpec, where: str) -> list[FieldViolation]:
+    """An MCP server's definition, checked before anything connects to it."""
+    violations = []
+    if not MCP_SERVER_NAME.fullmatch(server.name):
+        violations.append(
+            FieldViolation(f"{where}.name", f"{shown(server.name)} is not a server name: 1-32 letters, digits, '_', '-'")
+        )
+    violations.extend(_check_url(server.url, f"{where}.url"))
+    violations.extend(_check_headers(server.headers, f"{where}.headers"))
+    if not 0 < server.timeout <= limits.MAX_TOOL_TIMEOUT:
+        violations.append(
+            FieldViolation(f"{where}.timeout", f"must be a positive duration of at most {limits.MAX_TOOL_TIMEOUT:g}s")
+        )
+    if len(server.allowed_tools) > limits.MAX_TOOLS_PER_AGENT:
+        violations.append(FieldViolation(f"{where}.allowed_tools", f"names more than {limits.MAX_TOOLS_PER_AGENT} tools"))
+    for index, name in enumerate(server.allowed_tools[: limits.MAX_TOOLS_PER_AGENT]):
+        if not 0 < len(name) <= 128:
+            violations.append(FieldViolation(f"{where}.allowed_tools[{index}]", "must be 1-128 characters"))
     return violations
 
 

@@ -953,7 +953,12 @@ type AgentDef struct {
 	// Wake the handle on a period while it is idle (a durable, coalesced tick).
 	Heartbeat *Heartbeat `protobuf:"bytes,13,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
 	// Replace old turns in the model's view by a summary when the context grows too large.
-	Compaction    *Compaction `protobuf:"bytes,14,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	Compaction *Compaction `protobuf:"bytes,14,opt,name=compaction,proto3" json:"compaction,omitempty"`
+	// Model Context Protocol servers whose tools the agent may call. At CreateRuntime the
+	// server connects to each (streamable HTTP), lists its tools and keeps that list, with
+	// the schemas, in the runtime: replays and restarts see the same tools. The agent sees
+	// each tool as `<server name>__<tool name>`.
+	McpServers    []*McpServer `protobuf:"bytes,15,rep,name=mcp_servers,json=mcpServers,proto3" json:"mcp_servers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1082,6 +1087,13 @@ func (x *AgentDef) GetHeartbeat() *Heartbeat {
 func (x *AgentDef) GetCompaction() *Compaction {
 	if x != nil {
 		return x.Compaction
+	}
+	return nil
+}
+
+func (x *AgentDef) GetMcpServers() []*McpServer {
+	if x != nil {
+		return x.McpServers
 	}
 	return nil
 }
@@ -1606,6 +1618,88 @@ func (x *HttpTool) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
+// A Model Context Protocol server (streamable HTTP transport) as a source of tools.
+type McpServer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Prefixes its tools' names: letters, digits, `_`, `-`, starting with a letter; at most 32.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its streamable HTTP endpoint (http or https); the egress policy of http tools applies.
+	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	// Sent with every request to it. Values are secrets: no RPC, event or log line returns them.
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The tools (as the server names them) the agent may call; empty: all it lists.
+	AllowedTools []string `protobuf:"bytes,4,rep,name=allowed_tools,json=allowedTools,proto3" json:"allowed_tools,omitempty"`
+	// Per call; unset: 30 s. At most 10 minutes.
+	Timeout       *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *McpServer) Reset() {
+	*x = McpServer{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *McpServer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*McpServer) ProtoMessage() {}
+
+func (x *McpServer) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use McpServer.ProtoReflect.Descriptor instead.
+func (*McpServer) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *McpServer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *McpServer) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *McpServer) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *McpServer) GetAllowedTools() []string {
+	if x != nil {
+		return x.AllowedTools
+	}
+	return nil
+}
+
+func (x *McpServer) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
 // A host serving the queue over ServeTools runs the tool, inline in the turn.
 type WorkerTool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1622,7 +1716,7 @@ type WorkerTool struct {
 
 func (x *WorkerTool) Reset() {
 	*x = WorkerTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1728,7 @@ func (x *WorkerTool) String() string {
 func (*WorkerTool) ProtoMessage() {}
 
 func (x *WorkerTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1741,7 @@ func (x *WorkerTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerTool.ProtoReflect.Descriptor instead.
 func (*WorkerTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WorkerTool) GetQueue() string {
@@ -1674,7 +1768,7 @@ type ApprovalPolicy struct {
 
 func (x *ApprovalPolicy) Reset() {
 	*x = ApprovalPolicy{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1780,7 @@ func (x *ApprovalPolicy) String() string {
 func (*ApprovalPolicy) ProtoMessage() {}
 
 func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1793,7 @@ func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalPolicy.ProtoReflect.Descriptor instead.
 func (*ApprovalPolicy) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ApprovalPolicy) GetRequired() bool {
@@ -1731,7 +1825,7 @@ type CompletionGate struct {
 
 func (x *CompletionGate) Reset() {
 	*x = CompletionGate{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1837,7 @@ func (x *CompletionGate) String() string {
 func (*CompletionGate) ProtoMessage() {}
 
 func (x *CompletionGate) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1850,7 @@ func (x *CompletionGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionGate.ProtoReflect.Descriptor instead.
 func (*CompletionGate) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CompletionGate) GetMaxAttempts() int32 {
@@ -1791,7 +1885,7 @@ type Guardrail struct {
 
 func (x *Guardrail) Reset() {
 	*x = Guardrail{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1897,7 @@ func (x *Guardrail) String() string {
 func (*Guardrail) ProtoMessage() {}
 
 func (x *Guardrail) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1910,7 @@ func (x *Guardrail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Guardrail.ProtoReflect.Descriptor instead.
 func (*Guardrail) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Guardrail) GetTool() string {
@@ -1851,7 +1945,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +1957,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +1970,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Script) GetReplies() []*ScriptedReply {
@@ -1902,7 +1996,7 @@ type ScriptedReply struct {
 
 func (x *ScriptedReply) Reset() {
 	*x = ScriptedReply{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2008,7 @@ func (x *ScriptedReply) String() string {
 func (*ScriptedReply) ProtoMessage() {}
 
 func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2021,7 @@ func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedReply.ProtoReflect.Descriptor instead.
 func (*ScriptedReply) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ScriptedReply) GetText() string {
@@ -1975,7 +2069,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2081,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2094,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -2036,7 +2130,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2142,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2155,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Request) GetId() string {
@@ -2135,7 +2229,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2241,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2254,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ToolCall) GetId() string {
@@ -2206,7 +2300,7 @@ type Answer struct {
 
 func (x *Answer) Reset() {
 	*x = Answer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2218,7 +2312,7 @@ func (x *Answer) String() string {
 func (*Answer) ProtoMessage() {}
 
 func (x *Answer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2231,7 +2325,7 @@ func (x *Answer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Answer.ProtoReflect.Descriptor instead.
 func (*Answer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Answer) GetId() string {
@@ -2281,7 +2375,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2387,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2400,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ToolOutput) GetCallId() string {
@@ -2361,7 +2455,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2467,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2480,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Message) GetRole() string {
@@ -2478,7 +2572,7 @@ type Thinking struct {
 
 func (x *Thinking) Reset() {
 	*x = Thinking{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2490,7 +2584,7 @@ func (x *Thinking) String() string {
 func (*Thinking) ProtoMessage() {}
 
 func (x *Thinking) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2503,7 +2597,7 @@ func (x *Thinking) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
 func (*Thinking) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Thinking) GetText() string {
@@ -2539,7 +2633,7 @@ type CreateRuntimeRequest struct {
 
 func (x *CreateRuntimeRequest) Reset() {
 	*x = CreateRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2645,7 @@ func (x *CreateRuntimeRequest) String() string {
 func (*CreateRuntimeRequest) ProtoMessage() {}
 
 func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2658,7 @@ func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateRuntimeRequest) GetRuntimeId() string {
@@ -2597,7 +2691,7 @@ type CreateRuntimeResponse struct {
 
 func (x *CreateRuntimeResponse) Reset() {
 	*x = CreateRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2703,7 @@ func (x *CreateRuntimeResponse) String() string {
 func (*CreateRuntimeResponse) ProtoMessage() {}
 
 func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2716,7 @@ func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateRuntimeResponse) GetRuntimeId() string {
@@ -2646,7 +2740,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2752,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2765,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SpawnRequest) GetRuntimeId() string {
@@ -2711,7 +2805,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2817,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2830,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SpawnResponse) GetHandleId() string {
@@ -2768,7 +2862,7 @@ type PostRequest struct {
 
 func (x *PostRequest) Reset() {
 	*x = PostRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2874,7 @@ func (x *PostRequest) String() string {
 func (*PostRequest) ProtoMessage() {}
 
 func (x *PostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +2887,7 @@ func (x *PostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostRequest.ProtoReflect.Descriptor instead.
 func (*PostRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PostRequest) GetRuntimeId() string {
@@ -2855,7 +2949,7 @@ type PostResponse struct {
 
 func (x *PostResponse) Reset() {
 	*x = PostResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2961,7 @@ func (x *PostResponse) String() string {
 func (*PostResponse) ProtoMessage() {}
 
 func (x *PostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2974,7 @@ func (x *PostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostResponse.ProtoReflect.Descriptor instead.
 func (*PostResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PostResponse) GetOk() bool {
@@ -2909,7 +3003,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3015,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3028,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WakeRequest) GetRuntimeId() string {
@@ -2969,7 +3063,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2981,7 +3075,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2994,7 +3088,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WakeResponse) GetQueued() bool {
@@ -3016,7 +3110,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3122,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3135,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WaitRequest) GetRuntimeId() string {
@@ -3074,7 +3168,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3180,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3193,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WaitResponse) GetResult() *TaskResult {
@@ -3119,7 +3213,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3131,7 +3225,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3144,7 +3238,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResumeRequest) GetRuntimeId() string {
@@ -3170,7 +3264,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3182,7 +3276,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3195,7 +3289,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResumeResponse) GetResult() *TaskResult {
@@ -3215,7 +3309,7 @@ type InterruptRequest struct {
 
 func (x *InterruptRequest) Reset() {
 	*x = InterruptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3227,7 +3321,7 @@ func (x *InterruptRequest) String() string {
 func (*InterruptRequest) ProtoMessage() {}
 
 func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3240,7 +3334,7 @@ func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptRequest.ProtoReflect.Descriptor instead.
 func (*InterruptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *InterruptRequest) GetRuntimeId() string {
@@ -3267,7 +3361,7 @@ type InterruptResponse struct {
 
 func (x *InterruptResponse) Reset() {
 	*x = InterruptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3373,7 @@ func (x *InterruptResponse) String() string {
 func (*InterruptResponse) ProtoMessage() {}
 
 func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3386,7 @@ func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptResponse.ProtoReflect.Descriptor instead.
 func (*InterruptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *InterruptResponse) GetInterrupted() bool {
@@ -3319,7 +3413,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3425,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3438,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CloseRequest) GetRuntimeId() string {
@@ -3385,7 +3479,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3397,7 +3491,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3410,7 +3504,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CloseResponse) GetClosedHandleIds() []string {
@@ -3430,7 +3524,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3536,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3549,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InspectRequest) GetRuntimeId() string {
@@ -3481,7 +3575,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3493,7 +3587,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3506,7 +3600,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *InspectResponse) GetHandle() *HandleView {
@@ -3530,7 +3624,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3542,7 +3636,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3555,7 +3649,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListRequest) GetRuntimeId() string {
@@ -3590,7 +3684,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3602,7 +3696,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3615,7 +3709,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListResponse) GetHandles() []*HandleView {
@@ -3647,7 +3741,7 @@ type GetTranscriptRequest struct {
 
 func (x *GetTranscriptRequest) Reset() {
 	*x = GetTranscriptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3659,7 +3753,7 @@ func (x *GetTranscriptRequest) String() string {
 func (*GetTranscriptRequest) ProtoMessage() {}
 
 func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3672,7 +3766,7 @@ func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptRequest.ProtoReflect.Descriptor instead.
 func (*GetTranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetTranscriptRequest) GetRuntimeId() string {
@@ -3714,7 +3808,7 @@ type GetTranscriptResponse struct {
 
 func (x *GetTranscriptResponse) Reset() {
 	*x = GetTranscriptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3726,7 +3820,7 @@ func (x *GetTranscriptResponse) String() string {
 func (*GetTranscriptResponse) ProtoMessage() {}
 
 func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +3833,7 @@ func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptResponse.ProtoReflect.Descriptor instead.
 func (*GetTranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetTranscriptResponse) GetMessages() []*Message {
@@ -3767,7 +3861,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +3873,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +3886,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchRequest) GetRuntimeId() string {
@@ -3818,7 +3912,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3830,7 +3924,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3843,7 +3937,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -3876,7 +3970,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +3982,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +3995,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -4068,7 +4162,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4174,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4187,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -4119,7 +4213,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4225,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4238,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -4163,7 +4257,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4175,7 +4269,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4188,7 +4282,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -4215,7 +4309,7 @@ type TurnEnded struct {
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4227,7 +4321,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4240,7 +4334,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -4294,7 +4388,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4306,7 +4400,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4319,7 +4413,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -4342,7 +4436,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4354,7 +4448,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4367,7 +4461,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -4410,7 +4504,7 @@ type ListRuntimesRequest struct {
 
 func (x *ListRuntimesRequest) Reset() {
 	*x = ListRuntimesRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4422,7 +4516,7 @@ func (x *ListRuntimesRequest) String() string {
 func (*ListRuntimesRequest) ProtoMessage() {}
 
 func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4435,7 +4529,7 @@ func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
 func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListRuntimesRequest) GetPageSize() int32 {
@@ -4463,7 +4557,7 @@ type ListRuntimesResponse struct {
 
 func (x *ListRuntimesResponse) Reset() {
 	*x = ListRuntimesResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4569,7 @@ func (x *ListRuntimesResponse) String() string {
 func (*ListRuntimesResponse) ProtoMessage() {}
 
 func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4582,7 @@ func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
 func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListRuntimesResponse) GetRuntimes() []*RuntimeSummary {
@@ -4519,7 +4613,7 @@ type RuntimeSummary struct {
 
 func (x *RuntimeSummary) Reset() {
 	*x = RuntimeSummary{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4531,7 +4625,7 @@ func (x *RuntimeSummary) String() string {
 func (*RuntimeSummary) ProtoMessage() {}
 
 func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4544,7 +4638,7 @@ func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeSummary.ProtoReflect.Descriptor instead.
 func (*RuntimeSummary) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RuntimeSummary) GetRuntimeId() string {
@@ -4593,7 +4687,7 @@ type DeleteRuntimeRequest struct {
 
 func (x *DeleteRuntimeRequest) Reset() {
 	*x = DeleteRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4605,7 +4699,7 @@ func (x *DeleteRuntimeRequest) String() string {
 func (*DeleteRuntimeRequest) ProtoMessage() {}
 
 func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4618,7 +4712,7 @@ func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DeleteRuntimeRequest) GetRuntimeId() string {
@@ -4643,7 +4737,7 @@ type DeleteRuntimeResponse struct {
 
 func (x *DeleteRuntimeResponse) Reset() {
 	*x = DeleteRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +4749,7 @@ func (x *DeleteRuntimeResponse) String() string {
 func (*DeleteRuntimeResponse) ProtoMessage() {}
 
 func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +4762,7 @@ func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 type ServeToolsRequest struct {
@@ -4684,7 +4778,7 @@ type ServeToolsRequest struct {
 
 func (x *ServeToolsRequest) Reset() {
 	*x = ServeToolsRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4696,7 +4790,7 @@ func (x *ServeToolsRequest) String() string {
 func (*ServeToolsRequest) ProtoMessage() {}
 
 func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4709,7 +4803,7 @@ func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsRequest.ProtoReflect.Descriptor instead.
 func (*ServeToolsRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ServeToolsRequest) GetMessage() isServeToolsRequest_Message {
@@ -4769,7 +4863,7 @@ type WorkerRegistration struct {
 
 func (x *WorkerRegistration) Reset() {
 	*x = WorkerRegistration{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +4875,7 @@ func (x *WorkerRegistration) String() string {
 func (*WorkerRegistration) ProtoMessage() {}
 
 func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +4888,7 @@ func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistration.ProtoReflect.Descriptor instead.
 func (*WorkerRegistration) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WorkerRegistration) GetQueue() string {
@@ -4831,7 +4925,7 @@ type ServeToolsResponse struct {
 
 func (x *ServeToolsResponse) Reset() {
 	*x = ServeToolsResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4843,7 +4937,7 @@ func (x *ServeToolsResponse) String() string {
 func (*ServeToolsResponse) ProtoMessage() {}
 
 func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4856,7 +4950,7 @@ func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsResponse.ProtoReflect.Descriptor instead.
 func (*ServeToolsResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ServeToolsResponse) GetMessage() isServeToolsResponse_Message {
@@ -4912,7 +5006,7 @@ type WorkerRegistered struct {
 
 func (x *WorkerRegistered) Reset() {
 	*x = WorkerRegistered{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4924,7 +5018,7 @@ func (x *WorkerRegistered) String() string {
 func (*WorkerRegistered) ProtoMessage() {}
 
 func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4937,7 +5031,7 @@ func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistered.ProtoReflect.Descriptor instead.
 func (*WorkerRegistered) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WorkerRegistered) GetWorkerId() string {
@@ -4963,7 +5057,7 @@ type WorkerCall struct {
 
 func (x *WorkerCall) Reset() {
 	*x = WorkerCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4975,7 +5069,7 @@ func (x *WorkerCall) String() string {
 func (*WorkerCall) ProtoMessage() {}
 
 func (x *WorkerCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4988,7 +5082,7 @@ func (x *WorkerCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerCall.ProtoReflect.Descriptor instead.
 func (*WorkerCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WorkerCall) GetId() string {
@@ -5072,7 +5166,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\ttoolCalls\x12/\n" +
 	"\x06budget\x18\v \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x128\n" +
 	"\vlast_status\x18\f \x01(\x0e2\x17.agentruntime.v1.StatusR\n" +
-	"lastStatus\"\xf7\x04\n" +
+	"lastStatus\"\xb4\x05\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -5094,7 +5188,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\theartbeat\x18\r \x01(\v2\x1a.agentruntime.v1.HeartbeatR\theartbeat\x12;\n" +
 	"\n" +
 	"compaction\x18\x0e \x01(\v2\x1b.agentruntime.v1.CompactionR\n" +
-	"compactionB\x14\n" +
+	"compaction\x12;\n" +
+	"\vmcp_servers\x18\x0f \x03(\v2\x1a.agentruntime.v1.McpServerR\n" +
+	"mcpServersB\x14\n" +
 	"\x12_max_output_tokens\"T\n" +
 	"\tHeartbeat\x12/\n" +
 	"\x05every\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05every\x12\x16\n" +
@@ -5141,6 +5237,15 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12@\n" +
 	"\aheaders\x18\x02 \x03(\v2&.agentruntime.v1.HttpTool.HeadersEntryR\aheaders\x123\n" +
 	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x02\n" +
+	"\tMcpServer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12A\n" +
+	"\aheaders\x18\x03 \x03(\v2'.agentruntime.v1.McpServer.HeadersEntryR\aheaders\x12#\n" +
+	"\rallowed_tools\x18\x04 \x03(\tR\fallowedTools\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
@@ -5485,7 +5590,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -5507,173 +5612,178 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*ToolDef)(nil),               // 17: agentruntime.v1.ToolDef
 	(*RelayTool)(nil),             // 18: agentruntime.v1.RelayTool
 	(*HttpTool)(nil),              // 19: agentruntime.v1.HttpTool
-	(*WorkerTool)(nil),            // 20: agentruntime.v1.WorkerTool
-	(*ApprovalPolicy)(nil),        // 21: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 22: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 23: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 24: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 25: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 26: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 27: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 28: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 29: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 30: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 31: agentruntime.v1.Message
-	(*Thinking)(nil),              // 32: agentruntime.v1.Thinking
-	(*CreateRuntimeRequest)(nil),  // 33: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 34: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 35: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 36: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 37: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 38: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 39: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 40: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 41: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 42: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 43: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 44: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 45: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 46: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 47: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 48: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 49: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 50: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 51: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 52: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 53: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 54: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 55: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 56: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 57: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 58: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 59: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 60: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 61: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 62: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 63: agentruntime.v1.ToolCallEnded
-	(*ListRuntimesRequest)(nil),   // 64: agentruntime.v1.ListRuntimesRequest
-	(*ListRuntimesResponse)(nil),  // 65: agentruntime.v1.ListRuntimesResponse
-	(*RuntimeSummary)(nil),        // 66: agentruntime.v1.RuntimeSummary
-	(*DeleteRuntimeRequest)(nil),  // 67: agentruntime.v1.DeleteRuntimeRequest
-	(*DeleteRuntimeResponse)(nil), // 68: agentruntime.v1.DeleteRuntimeResponse
-	(*ServeToolsRequest)(nil),     // 69: agentruntime.v1.ServeToolsRequest
-	(*WorkerRegistration)(nil),    // 70: agentruntime.v1.WorkerRegistration
-	(*ServeToolsResponse)(nil),    // 71: agentruntime.v1.ServeToolsResponse
-	(*WorkerRegistered)(nil),      // 72: agentruntime.v1.WorkerRegistered
-	(*WorkerCall)(nil),            // 73: agentruntime.v1.WorkerCall
-	nil,                           // 74: agentruntime.v1.HttpTool.HeadersEntry
-	(*durationpb.Duration)(nil),   // 75: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 76: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 77: google.protobuf.Timestamp
+	(*McpServer)(nil),             // 20: agentruntime.v1.McpServer
+	(*WorkerTool)(nil),            // 21: agentruntime.v1.WorkerTool
+	(*ApprovalPolicy)(nil),        // 22: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 23: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 24: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 25: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 26: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 27: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 28: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 29: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 30: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 31: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 32: agentruntime.v1.Message
+	(*Thinking)(nil),              // 33: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 34: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 35: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 36: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 37: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 38: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 39: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 40: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 41: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 42: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 43: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 44: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 45: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 46: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 47: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 48: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 49: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 50: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 51: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 52: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 53: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 54: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 55: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 56: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 57: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 58: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 59: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 60: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 61: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 62: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 63: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 64: agentruntime.v1.ToolCallEnded
+	(*ListRuntimesRequest)(nil),   // 65: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 66: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 67: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 68: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 69: agentruntime.v1.DeleteRuntimeResponse
+	(*ServeToolsRequest)(nil),     // 70: agentruntime.v1.ServeToolsRequest
+	(*WorkerRegistration)(nil),    // 71: agentruntime.v1.WorkerRegistration
+	(*ServeToolsResponse)(nil),    // 72: agentruntime.v1.ServeToolsResponse
+	(*WorkerRegistered)(nil),      // 73: agentruntime.v1.WorkerRegistered
+	(*WorkerCall)(nil),            // 74: agentruntime.v1.WorkerCall
+	nil,                           // 75: agentruntime.v1.HttpTool.HeadersEntry
+	nil,                           // 76: agentruntime.v1.McpServer.HeadersEntry
+	(*durationpb.Duration)(nil),   // 77: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 78: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 79: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
 	0,  // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
 	1,  // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	27, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	28, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
 	9,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
 	3,  // 5: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
 	16, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
 	0,  // 7: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
 	17, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
 	16, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	22, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	23, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	24, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	23, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	24, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	25, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
 	13, // 13: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
 	14, // 14: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	75, // 15: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	75, // 16: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	5,  // 17: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	76, // 18: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	18, // 19: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	19, // 20: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	20, // 21: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
-	21, // 22: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	7,  // 23: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	74, // 24: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	75, // 25: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	75, // 26: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
-	6,  // 27: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	25, // 28: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	26, // 29: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	75, // 30: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	8,  // 31: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	76, // 32: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	77, // 33: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	28, // 34: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	76, // 35: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	30, // 36: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	28, // 37: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	32, // 38: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,  // 39: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	12, // 40: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	15, // 41: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	16, // 42: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,  // 43: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	75, // 44: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 45: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	29, // 46: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10, // 47: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	75, // 48: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	11, // 49: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	11, // 50: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	31, // 51: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	57, // 52: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	77, // 53: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	58, // 54: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	59, // 55: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	60, // 56: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	61, // 57: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	62, // 58: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	63, // 59: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	27, // 60: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10, // 61: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,  // 62: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	28, // 63: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	66, // 64: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	77, // 65: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	70, // 66: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	30, // 67: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	72, // 68: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	73, // 69: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	28, // 70: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	77, // 71: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	33, // 72: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	35, // 73: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	37, // 74: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	39, // 75: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	41, // 76: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	43, // 77: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	45, // 78: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	47, // 79: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	49, // 80: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	51, // 81: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	53, // 82: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	55, // 83: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	64, // 84: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	67, // 85: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	69, // 86: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	34, // 87: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	36, // 88: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	38, // 89: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	40, // 90: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	42, // 91: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	44, // 92: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	46, // 93: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	48, // 94: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	50, // 95: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	52, // 96: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	54, // 97: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	56, // 98: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	65, // 99: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	68, // 100: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	71, // 101: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	87, // [87:102] is the sub-list for method output_type
-	72, // [72:87] is the sub-list for method input_type
-	72, // [72:72] is the sub-list for extension type_name
-	72, // [72:72] is the sub-list for extension extendee
-	0,  // [0:72] is the sub-list for field type_name
+	20, // 15: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
+	77, // 16: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	77, // 17: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	5,  // 18: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
+	78, // 19: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	18, // 20: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	19, // 21: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	21, // 22: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
+	22, // 23: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,  // 24: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	75, // 25: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	77, // 26: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	76, // 27: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
+	77, // 28: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
+	77, // 29: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	6,  // 30: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	26, // 31: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	27, // 32: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	77, // 33: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,  // 34: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	78, // 35: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	79, // 36: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 37: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	78, // 38: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	31, // 39: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	29, // 40: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	33, // 41: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,  // 42: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	12, // 43: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	15, // 44: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	16, // 45: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,  // 46: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	77, // 47: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10, // 48: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	30, // 49: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10, // 50: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	77, // 51: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	11, // 52: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	11, // 53: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	32, // 54: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	58, // 55: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	79, // 56: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	59, // 57: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	60, // 58: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	61, // 59: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	62, // 60: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	63, // 61: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	64, // 62: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	28, // 63: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10, // 64: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,  // 65: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	29, // 66: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	67, // 67: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	79, // 68: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	71, // 69: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	31, // 70: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	73, // 71: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	74, // 72: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	29, // 73: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	79, // 74: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	34, // 75: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	36, // 76: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	38, // 77: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	40, // 78: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	42, // 79: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	44, // 80: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	46, // 81: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	48, // 82: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	50, // 83: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	52, // 84: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	54, // 85: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	56, // 86: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	65, // 87: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	68, // 88: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	70, // 89: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	35, // 90: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	37, // 91: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	39, // 92: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	41, // 93: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	43, // 94: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	45, // 95: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	47, // 96: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	49, // 97: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	51, // 98: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	53, // 99: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	55, // 100: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	57, // 101: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	66, // 102: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	69, // 103: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	72, // 104: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	90, // [90:105] is the sub-list for method output_type
+	75, // [75:90] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -5688,7 +5798,7 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*ToolDef_Http)(nil),
 		(*ToolDef_Worker)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[48].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[49].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -5698,11 +5808,11 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*Event_Pending)(nil),
 		(*Event_Result)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[60].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[61].OneofWrappers = []any{
 		(*ServeToolsRequest_Registration)(nil),
 		(*ServeToolsRequest_Output)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[62].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[63].OneofWrappers = []any{
 		(*ServeToolsResponse_Registered)(nil),
 		(*ServeToolsResponse_Call)(nil),
 	}
@@ -5712,7 +5822,7 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   66,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -487,6 +487,7 @@ class AgentDef(_message.Message):
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
+    MCP_SERVERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -530,6 +531,14 @@ class AgentDef(_message.Message):
     def compaction(self) -> Global___Compaction:
         """Replace old turns in the model's view by a summary when the context grows too large."""
 
+    @_builtins.property
+    def mcp_servers(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpServer]:
+        """Model Context Protocol servers whose tools the agent may call. At CreateRuntime the
+        server connects to each (streamable HTTP), lists its tools and keeps that list, with
+        the schemas, in the runtime: replays and restarts see the same tools. The agent sees
+        each tool as `<server name>__<tool name>`.
+        """
+
     def __init__(
         self,
         *,
@@ -547,10 +556,11 @@ class AgentDef(_message.Message):
         max_output_tokens: _builtins.int | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         compaction: Global___Compaction | None = ...,
+        mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "heartbeat", b"heartbeat", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "mcp_servers", b"mcp_servers", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
@@ -831,6 +841,70 @@ class HttpTool(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HttpTool: _TypeAlias = HttpTool  # noqa: Y015
+
+@_typing.final
+class McpServer(_message.Message):
+    """A Model Context Protocol server (streamable HTTP transport) as a source of tools."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    ALLOWED_TOOLS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Prefixes its tools' names: letters, digits, `_`, `-`, starting with a letter; at most 32."""
+    url: _builtins.str
+    """Its streamable HTTP endpoint (http or https); the egress policy of http tools applies."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Sent with every request to it. Values are secrets: no RPC, event or log line returns them."""
+
+    @_builtins.property
+    def allowed_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tools (as the server names them) the agent may call; empty: all it lists."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Per call; unset: 30 s. At most 10 minutes."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        url: _builtins.str = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        allowed_tools: _abc.Iterable[_builtins.str] | None = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_tools", b"allowed_tools", "headers", b"headers", "name", b"name", "timeout", b"timeout", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpServer: _TypeAlias = McpServer  # noqa: Y015
 
 @_typing.final
 class WorkerTool(_message.Message):

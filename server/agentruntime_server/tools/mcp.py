@@ -1,0 +1,127 @@
+"""MCP servers as tool sources, through the official `mcp` SDK (streamable HTTP transport).
+
+Listing (at CreateRuntime) and each call open a session of their own: `initialize`, then
+`tools/list` (every page, bounded) or `tools/call` with the idempotency key in the
+request's `_meta` (`idempotency_key`). The http tools' egress policy applies: every address
+the server's host name resolves to must be allowed, checked before each connection. A
+server that cannot be reached, times out or fails gives an McpError at listing (the
+CreateRuntime is refused, naming the server) and an error result at a call (the run goes
+on). Messages never hold a header value: headers are secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import PaginatedRequestParams, RequestParamsMeta
+
+from ..domain.errors import shown
+from ..domain.model import McpExecutor, McpServerSpec, ToolResult
+from ..domain.ports import McpError, McpTool
+from .egress import EgressPolicy
+
+log = logging.getLogger(__name__)
+# The SDK's HTTP client logs every request at INFO; the service's log says what matters.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
+
+MAX_PAGES = 20
+MAX_TOOLS = 1000
+
+
+class McpTools:
+    """The domain's McpClient."""
+
+    def __init__(self, policy: EgressPolicy, max_text_bytes: int = 256 << 10) -> None:
+        self.policy = policy
+        self.max_text_bytes = max_text_bytes
+
+    async def _check_egress(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise McpError("the url must be an absolute http(s) URL")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            raise McpError(f"{parts.hostname} does not resolve ({error.strerror or type(error).__name__})") from None
+        reasons = [reason for info in infos if (reason := self.policy.check(str(info[4][0]))) is not None]
+        if reasons:
+            raise McpError(f"{parts.hostname} is not allowed by the egress policy: {reasons[0]}")
+
+    @contextlib.asynccontextmanager
+    async def _session(self, url: str, headers: dict[str, str], timeout: float) -> AsyncIterator[ClientSession]:
+        await self._check_egress(url)
+        client = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout))
+        async with (
+            client,
+            streamable_http_client(url, http_client=client) as (read, write),
+            ClientSession(read, write, read_timeout_seconds=timeout) as session,
+        ):
+            await session.initialize()
+            yield session
+
+    async def list_tools(self, server: McpServerSpec) -> list[McpTool]:
+        tools: list[McpTool] = []
+        try:
+            async with asyncio.timeout(server.timeout), self._session(server.url, server.headers, server.timeout) as session:
+                cursor: str | None = None
+                for _ in range(MAX_PAGES):
+                    page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
+                    for tool in page.tools:
+                        schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+                        tools.append(McpTool(str(tool.name), str(tool.description or ""), dict(schema or {"type": "object"})))
+                    if len(tools) > MAX_TOOLS:
+                        raise McpError(f"it lists more than {MAX_TOOLS} tools; name the ones to use in allowed_tools")
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except McpError:
+            raise
+        except Exception as error:  # the SDK's and the network's: unreachable, refused, malformed, timed out
+            raise McpError(_describe(error)) from None
+        return tools
+
+    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+        try:
+            async with (
+                asyncio.timeout(executor.timeout),
+                self._session(executor.url, executor.headers, executor.timeout) as session,
+            ):
+                meta: RequestParamsMeta = {"idempotency_key": key}  # type: ignore[typeddict-unknown-key]  # an open map
+                result = await session.call_tool(executor.tool, arguments, meta=meta)
+        except McpError as error:
+            return ToolResult(f"MCP server {executor.server!r}: {error}", is_error=True)
+        except Exception as error:
+            return ToolResult(f"MCP server {executor.server!r} failed: {_describe(error)}", is_error=True)
+        return ToolResult(self._text(result), is_error=bool(getattr(result, "is_error", False)))
+
+    def _text(self, result: Any) -> str:
+        parts = []
+        for content in getattr(result, "content", None) or ():
+            text = getattr(content, "text", None)
+            parts.append(text if isinstance(text, str) else f"[{getattr(content, 'type', 'content')}]")
+        if not parts and getattr(result, "structured_content", None) is not None:
+            parts.append(json.dumps(result.structured_content))
+        text = "\n".join(parts)
+        if len(text.encode()) > self.max_text_bytes:
+            text = text.encode()[: self.max_text_bytes].decode(errors="ignore")
+        return text
+
+
+def _describe(error: BaseException) -> str:
+    """The innermost cause, shortly (anyio wraps errors in groups)."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    if isinstance(error, TimeoutError):
+        return "it did not answer in time"
+    return f"{type(error).__name__}: {shown(str(error), 200)}"
