@@ -24,6 +24,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from tests.support.build import agent, create, duration, run, spawn, status_details, transcript, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
+from tests.support.process import ServerProcess
 from tests.support.servers import Served
 
 
@@ -308,3 +309,37 @@ async def test_a_worker_process_killed_mid_call_leaves_the_call_to_the_next_work
         result = await wait(stub, runtime_id, handle_id)
     [first] = [json.loads(line)["key"] for line in log.read_text().splitlines()]
     assert result.status == pb.STATUS_DONE and second == [first] == [f"{runtime_id}/{handle_id}/call_1_1"]
+
+
+async def test_a_call_out_at_a_worker_when_the_server_dies_goes_to_a_worker_again_after_the_restart(
+    process: ServerProcess, model: ScriptedModelServer
+) -> None:
+    """The journal has the call started and no result: after a SIGKILL and a restart it is
+    in doubt, and RETRY sends it again, with the same key, to the worker that reconnected."""
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    stub = await process.start()
+    runtime_id = await create(stub, agent("payer", tools=[worker_tool("charge")]))
+    keys: list[str] = []
+    first_call = asyncio.Event()
+
+    async def charge(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        keys.append(call.call.idempotency_key)
+        if len(keys) == 1:
+            first_call.set()
+            await asyncio.sleep(3600)  # the server dies while the call is out
+        return "charged"
+
+    async with Client(process.address) as worker_client:
+        serving_task = asyncio.ensure_future(worker_client.serve_tools("tools", {"charge": charge}, backoff=0.05))
+        try:
+            handle_id = await spawn(stub, runtime_id, "payer")
+            await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+            await asyncio.wait_for(first_call.wait(), 30)
+            await process.stop(signal.SIGKILL)
+            stub = await process.restart()  # the worker reconnects by itself
+            result = await wait(stub, runtime_id, handle_id)
+        finally:
+            serving_task.cancel()
+            await asyncio.gather(serving_task, return_exceptions=True)
+    assert (result.status, result.text) == (pb.STATUS_DONE, "charged")
+    assert keys == [f"{runtime_id}/{handle_id}/call_1_1"] * 2
