@@ -38,6 +38,8 @@ type fake struct {
 	tokens   []string // the page_token of every List, GetTranscript and ListRuntimes call
 	deleted  []*v1.DeleteRuntimeRequest
 	peerCN   string // the client certificate's common name, over mTLS
+	// serveTools plays the server's side of each ServeTools stream (worker_test.go).
+	serveTools func(stream v1.AgentRuntime_ServeToolsServer) error
 }
 
 func (f *fake) ListRuntimes(ctx context.Context, req *v1.ListRuntimesRequest) (*v1.ListRuntimesResponse, error) {

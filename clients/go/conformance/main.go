@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -39,9 +40,17 @@ const (
 )
 
 type vector struct {
-	Name   string                       `json:"name"`
-	Agents []json.RawMessage            `json:"agents"`
-	Steps  []map[string]json.RawMessage `json:"steps"`
+	Name    string                       `json:"name"`
+	Workers []workerEntry                `json:"workers"`
+	Agents  []json.RawMessage            `json:"agents"`
+	Steps   []map[string]json.RawMessage `json:"steps"`
+}
+
+// workerEntry is one of a vector's workers (README: Workers); MaxConcurrentCalls nil: 1.
+type workerEntry struct {
+	Queue              string   `json:"queue"`
+	Tools              []string `json:"tools"`
+	MaxConcurrentCalls *int     `json:"max_concurrent_calls"`
 }
 
 type spawnArgs struct {
@@ -205,6 +214,93 @@ func runFile(client *agentruntime.Client, path string) (string, error) {
 }
 
 func run(ctx context.Context, client *agentruntime.Client, v *vector) error {
+	stop, err := startWorkers(ctx, client, v.Workers)
+	if err != nil {
+		return err
+	}
+	defer stop() // after the last step, passed or not
+	return runSteps(ctx, client, v)
+}
+
+// workerHandlers are the README's worker tools, the same in every language.
+var workerHandlers = map[string]agentruntime.ToolHandler{
+	"upper": func(_ context.Context, arguments map[string]any, _ *v1.WorkerCall) (string, error) {
+		text, err := textArgument(arguments)
+		return upperASCII(text), err
+	},
+	"reverse": func(_ context.Context, arguments map[string]any, _ *v1.WorkerCall) (string, error) {
+		text, err := textArgument(arguments)
+		runes := []rune(text)
+		slices.Reverse(runes)
+		return string(runes), err
+	},
+}
+
+func textArgument(arguments map[string]any) (string, error) {
+	text, ok := arguments["text"].(string)
+	if !ok {
+		return "", fmt.Errorf("the text argument must be a string, got %s", show(arguments["text"]))
+	}
+	return text, nil
+}
+
+// upperASCII upper-cases the ASCII letters of s and leaves every other character as is.
+func upperASCII(s string) string {
+	return strings.Map(func(r rune) rune {
+		if 'a' <= r && r <= 'z' {
+			return r - 'a' + 'A'
+		}
+		return r
+	}, s)
+}
+
+// startWorkers starts the vector's workers with the client's ServeTools, on its
+// connection (TLS and token included), and waits until the server has registered each
+// (within the call deadline). stop cancels them and waits until they have returned.
+func startWorkers(ctx context.Context, client *agentruntime.Client, entries []workerEntry) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var served sync.WaitGroup
+	stop = func() {
+		cancel()
+		served.Wait()
+	}
+	for i, entry := range entries {
+		handlers := map[string]agentruntime.ToolHandler{}
+		for _, name := range entry.Tools {
+			handler, ok := workerHandlers[name]
+			if !ok {
+				stop()
+				return nil, fmt.Errorf("workers[%d]: no handler for tool %q (a broken vector)", i, name)
+			}
+			handlers[name] = handler
+		}
+		limit := 1
+		if entry.MaxConcurrentCalls != nil {
+			limit = *entry.MaxConcurrentCalls
+		}
+		registered := make(chan struct{})
+		var once sync.Once
+		ended := make(chan error, 1)
+		served.Add(1)
+		go func() {
+			defer served.Done()
+			ended <- client.ServeTools(ctx, entry.Queue, handlers, agentruntime.WithMaxConcurrentCalls(limit),
+				agentruntime.WithRegistered(func(string) { once.Do(func() { close(registered) }) }))
+		}()
+		select {
+		case <-registered:
+		case err := <-ended:
+			stop()
+			return nil, fmt.Errorf("workers[%d]: ServeTools: %w", i, err)
+		case <-time.After(callTimeout):
+			stop()
+			return nil, fmt.Errorf("workers[%d]: not registered within %v", i, callTimeout)
+		}
+	}
+	return stop, nil
+}
+
+func runSteps(ctx context.Context, client *agentruntime.Client, v *vector) error {
 	agents := make([]*v1.AgentDef, len(v.Agents))
 	for i, raw := range v.Agents {
 		agents[i] = &v1.AgentDef{}

@@ -224,7 +224,7 @@ async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict
 
 
 WORKER_HANDLERS = {
-    "upper": lambda arguments, call: str(arguments["text"]).upper(),
+    "upper": lambda arguments, call: "".join(c.upper() if c.isascii() else c for c in str(arguments["text"])),
     "reverse": lambda arguments, call: str(arguments["text"])[::-1],
 }
 
