@@ -41,7 +41,10 @@ import java.nio.file.Files;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
@@ -70,11 +73,14 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   private final ManagedChannel channel;
   private final AgentRuntimeGrpc.AgentRuntimeBlockingStub stub;
+  private final AgentRuntimeGrpc.AgentRuntimeStub asyncStub; // the streams (ServeTools)
+  private final Set<ToolWorker> workers = ConcurrentHashMap.newKeySet(); // running, closed with the client
   private final Duration timeout;
 
   private AgentRuntimeClient(ManagedChannel channel, Duration timeout) {
     this.channel = channel;
     this.stub = AgentRuntimeGrpc.newBlockingStub(channel);
+    this.asyncStub = AgentRuntimeGrpc.newStub(channel);
     this.timeout = timeout;
   }
 
@@ -497,9 +503,54 @@ public final class AgentRuntimeClient implements AutoCloseable {
     deleteRuntime(runtimeId, false);
   }
 
-  /** Shuts the channel down (closes no handle: see {@link #close(String, String)} for that). */
+  /**
+   * Serves worker tools ({@code ToolDef.worker}) of {@code queue} over ServeTools, in the
+   * background, until the returned worker is closed: {@code handlers} maps each tool name to its
+   * handler (their names, sorted, are registered), and at most {@code maxConcurrentCalls} (1 to
+   * 1000) calls run at once, on the worker's own threads. The stream uses this client's channel (its
+   * TLS and call credentials) and has no deadline; a dropped stream is reopened with backoff, and a
+   * refusal stops the worker (see {@link ToolWorker}). {@link #close()} closes the client's workers.
+   *
+   * <pre>{@code
+   * try (ToolWorker worker = client.serveTools("weather",
+   *     Map.of("forecast", (arguments, call) -> "sunny in " + arguments.get("city")), 4)) {
+   *   worker.awaitRegistered(Duration.ofSeconds(10));
+   *   worker.await(); // serves until closed (or refused)
+   * }
+   * }</pre>
+   *
+   * @throws IllegalArgumentException no handlers, or {@code maxConcurrentCalls} out of range
+   */
+  public ToolWorker serveTools(String queue, Map<String, ToolHandler> handlers, int maxConcurrentCalls) {
+    Objects.requireNonNull(queue, "queue");
+    Objects.requireNonNull(handlers, "handlers");
+    if (handlers.isEmpty()) {
+      throw new IllegalArgumentException("serveTools needs at least one handler");
+    }
+    if (maxConcurrentCalls < 1 || maxConcurrentCalls > ToolWorker.MAX_CONCURRENT_CALLS) {
+      throw new IllegalArgumentException(
+          "maxConcurrentCalls must be between 1 and " + ToolWorker.MAX_CONCURRENT_CALLS + ", got " + maxConcurrentCalls);
+    }
+    ToolWorker worker = new ToolWorker(asyncStub, queue, handlers, maxConcurrentCalls, workers::remove);
+    workers.add(worker);
+    worker.start();
+    return worker;
+  }
+
+  /** {@link #serveTools(String, Map, int)} taking up to 10 calls at once (the Python client's default). */
+  public ToolWorker serveTools(String queue, Map<String, ToolHandler> handlers) {
+    return serveTools(queue, handlers, 10);
+  }
+
+  /**
+   * Closes the client's tool workers and shuts the channel down (closes no handle: see
+   * {@link #close(String, String)} for that).
+   */
   @Override
   public void close() {
+    for (ToolWorker worker : List.copyOf(workers)) {
+      worker.close();
+    }
     channel.shutdown();
     try {
       if (!channel.awaitTermination(5, TimeUnit.SECONDS)) {

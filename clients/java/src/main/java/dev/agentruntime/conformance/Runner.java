@@ -14,6 +14,8 @@ import com.google.protobuf.util.JsonFormat;
 import com.google.rpc.ErrorInfo;
 import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
+import dev.agentruntime.client.ToolHandler;
+import dev.agentruntime.client.ToolWorker;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
@@ -44,10 +46,12 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.function.Function;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
@@ -185,7 +189,113 @@ public final class Runner {
   private static final long POLL_EVERY_MS = 50;
   private static final long POLL_FOR_MS = 10_000;
 
+  /** The README's worker handlers (section Workers), the same in every language. */
+  private static final Map<String, ToolHandler> WORKER_HANDLERS = Map.of(
+      "upper", (arguments, call) -> upperAscii(textArgument(arguments)),
+      "reverse", (arguments, call) -> new StringBuilder(textArgument(arguments)).reverse().toString());
+
+  /** A worker handler's {@code text} argument, which must be a string. */
+  private static String textArgument(Map<String, Object> arguments) {
+    Object text = arguments.get("text");
+    if (!(text instanceof String)) {
+      throw new IllegalArgumentException("the text argument must be a string, got " + text);
+    }
+    return (String) text;
+  }
+
+  /** Upper-cases the ASCII letters, whatever the default locale. */
+  private static String upperAscii(String text) {
+    StringBuilder upper = new StringBuilder(text.length());
+    for (int i = 0; i < text.length(); i++) {
+      char c = text.charAt(i);
+      upper.append(c >= 'a' && c <= 'z' ? (char) (c - 'a' + 'A') : c);
+    }
+    return upper.toString();
+  }
+
+  /**
+   * Runs a vector: its workers (README: Workers) are started and registered before its first step,
+   * and stopped after its last one, whether it passed or not.
+   */
   static void runVector(AgentRuntimeClient client, AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, JsonObject vector)
+      throws Mismatch, InvalidProtocolBufferException {
+    List<ToolWorker> workers = new ArrayList<>();
+    try {
+      startWorkers(client, vector, workers);
+      runSteps(client, raw, vector);
+    } finally {
+      workers.forEach(ToolWorker::close);
+    }
+  }
+
+  /** Starts the vector's workers with the client's serveTools, adding each to {@code started}. */
+  private static void startWorkers(AgentRuntimeClient client, JsonObject vector, List<ToolWorker> started)
+      throws Mismatch {
+    JsonElement entries = vector.get("workers");
+    if (entries == null) {
+      return;
+    }
+    if (!entries.isJsonArray()) {
+      throw new Mismatch("workers: must be a list, got " + pyRepr(entries));
+    }
+    for (JsonElement element : entries.getAsJsonArray()) {
+      if (!element.isJsonObject()) {
+        throw new Mismatch("workers: an entry must be an object, got " + pyRepr(element));
+      }
+      JsonObject entry = element.getAsJsonObject();
+      String queue = stringArg("workers", entry, "queue", null);
+      JsonElement tools = entry.get("tools");
+      if (tools == null || !tools.isJsonArray()) {
+        throw new Mismatch("workers: tools must be a list, got " + pyRepr(tools));
+      }
+      Map<String, ToolHandler> handlers = new LinkedHashMap<>();
+      JsonArray unknown = new JsonArray();
+      for (JsonElement tool : tools.getAsJsonArray()) {
+        if (!tool.isJsonPrimitive() || !tool.getAsJsonPrimitive().isString()) {
+          throw new Mismatch("workers: a tool name must be a str, got " + pyRepr(tool));
+        }
+        ToolHandler handler = WORKER_HANDLERS.get(tool.getAsString());
+        if (handler == null) {
+          unknown.add(tool);
+        } else {
+          handlers.put(tool.getAsString(), handler);
+        }
+      }
+      if (unknown.size() > 0) {
+        throw new Mismatch("workers: no handler for " + pyRepr(unknown) + " (a broken vector)");
+      }
+      int limit = 1;
+      if (entry.has("max_concurrent_calls")) {
+        JsonElement value = entry.get("max_concurrent_calls");
+        try {
+          limit = new BigDecimal(value.getAsJsonPrimitive().getAsString()).intValueExact();
+        } catch (RuntimeException notAnInt) {
+          throw new Mismatch("workers: max_concurrent_calls must be an integer, got " + pyRepr(value));
+        }
+      }
+      ToolWorker worker;
+      try {
+        worker = client.serveTools(queue, handlers, limit);
+      } catch (IllegalArgumentException refused) {
+        throw new Mismatch("workers: " + refused.getMessage());
+      }
+      started.add(worker);
+      try {
+        worker.awaitRegistered(CALL_TIMEOUT);
+      } catch (AgentRuntimeException refused) {
+        throw new Mismatch("workers: the server refused the worker of " + pyRepr(new JsonPrimitive(queue)) + ": "
+            + refused.getMessage());
+      } catch (TimeoutException late) {
+        throw new Mismatch("workers: the worker of " + pyRepr(new JsonPrimitive(queue)) + " was not registered within "
+            + CALL_TIMEOUT.toSeconds() + " s");
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new Mismatch("workers: interrupted while waiting for the registration");
+      }
+    }
+  }
+
+  private static void runSteps(AgentRuntimeClient client, AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, JsonObject vector)
       throws Mismatch, InvalidProtocolBufferException {
     List<AgentDef> agents = new ArrayList<>();
     for (JsonElement agent : vector.getAsJsonArray("agents")) {
