@@ -46,7 +46,9 @@ import {
   type ErrorInfo,
   type ResourceInfo,
 } from "./gen/google/rpc/error_details_pb.js";
+import { serveTools, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 
+export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 export * from "./gen/agentruntime/v1/agent_runtime_pb.js";
 export * from "./gen/google/rpc/error_details_pb.js";
 export { Code, ConnectError };
@@ -275,6 +277,31 @@ export class AgentRuntimeClient {
    */
   async deleteRuntime(runtimeId: string, force = false): Promise<void> {
     await this.raw.deleteRuntime({ runtimeId, force }, this.call());
+  }
+
+  /**
+   * Serves the worker tools (ToolDef.worker) of `queue` until `options.signal` aborts, then
+   * resolves. `handlers` maps each tool name to its handler; the worker registers for those
+   * names (sorted) and `maxConcurrentCalls` (default 10) calls at once, which run concurrently.
+   * A handler's return value is the tool's output; a handler that throws, an unknown tool and
+   * arguments that are not a JSON object are answered as error results (`isError`), for the
+   * model to see. A dropped stream (UNAVAILABLE, UNKNOWN, CANCELLED by the server, ABORTED: a
+   * reset connection) or one the server ends is reopened with backoff (250 ms doubling up to
+   * 10 s, jittered); any other code (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED, ...)
+   * rejects at once. It uses this client's connection (TLS, token) and no deadline.
+   *
+   * ```ts
+   * const stop = new AbortController();
+   * const serving = client.serveTools("weather", {
+   *   forecast: async (args) => `sunny in ${String(args.city)}`,
+   * }, { signal: stop.signal });
+   * // ... later
+   * stop.abort();
+   * await serving;
+   * ```
+   */
+  serveTools(queue: string, handlers: Record<string, ToolHandler>, options?: ServeToolsOptions): Promise<void> {
+    return serveTools(this.raw, queue, handlers, options);
   }
 }
 

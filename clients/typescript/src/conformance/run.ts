@@ -36,6 +36,7 @@ import {
   type Message,
   type Request,
   type TaskResult,
+  type ToolHandler,
 } from "../index.js";
 
 /** This package's directory (dist/conformance/run.js → ../..). */
@@ -49,7 +50,7 @@ type Actual = { [key: string]: Value };
 type Value = string | number | bigint | boolean | null | Value[] | Actual;
 
 type Step = { [key: string]: JsonValue };
-type Vector = { name?: string; agents: JsonValue[]; steps: Step[] };
+type Vector = { name?: string; agents: JsonValue[]; steps: Step[]; workers?: JsonValue };
 
 class Mismatch extends Error {
   override name = "Mismatch";
@@ -324,7 +325,114 @@ async function inspect(client: AgentRuntimeClient, runtimeId: string, where: str
   }
 }
 
+/** The worker handlers of tests/vectors/README.md (Workers), the same in every language. */
+const WORKER_HANDLERS: Record<string, ToolHandler> = {
+  upper: (a) => textArg(a).replace(/[a-z]+/g, (letters) => letters.toUpperCase()),
+  reverse: (a) => Array.from(textArg(a)).reverse().join(""),
+};
+
+function textArg(a: Record<string, unknown>): string {
+  if (typeof a.text !== "string") throw new Error(`the text argument must be a string, got ${JSON.stringify(a.text) ?? "nothing"}`);
+  return a.text;
+}
+
+/**
+ * A vector's running workers: `stop` aborts them, waits until they have ended and returns why
+ * one failed on its own while the vector ran (undefined: none did).
+ */
+interface Workers {
+  stop(): Promise<string | undefined>;
+}
+
+/**
+ * The vector's `workers` (README: Workers), each started with serveTools on the runner's client
+ * and registered before this returns (each within CALL_TIMEOUT_MS). A broken entry is a Mismatch
+ * before any worker starts; a worker that fails to register stops the ones already started.
+ */
+async function startWorkers(client: AgentRuntimeClient, entries: JsonValue | undefined): Promise<Workers> {
+  const list = entries ?? [];
+  if (!Array.isArray(list)) throw new Mismatch(`workers: must be a list, got ${show(list)}`);
+  const specs = list.map((entry, i) => {
+    const where = `workers[${i}]`;
+    if (!isObject(entry)) throw new Mismatch(`${where}: must be an object, got ${show(entry)}`);
+    const queue = strArg(where, entry, "queue");
+    const tools = entry.tools;
+    if (!Array.isArray(tools) || !tools.every((name) => typeof name === "string")) {
+      throw new Mismatch(`${where}: tools must be a list of strings, got ${show(tools)}`);
+    }
+    const unknown = (tools as string[]).filter((name) => !Object.hasOwn(WORKER_HANDLERS, name));
+    if (unknown.length > 0) throw new Mismatch(`${where}: no handler for ${show(unknown)} (a broken vector)`);
+    const limit = "max_concurrent_calls" in entry ? entry.max_concurrent_calls : 1;
+    if (typeof limit !== "number" || !Number.isInteger(limit) || limit < 1) {
+      throw new Mismatch(`${where}: max_concurrent_calls must be a positive integer, got ${show(limit)}`);
+    }
+    const handlers = Object.fromEntries((tools as string[]).map((name) => [name, WORKER_HANDLERS[name] as ToolHandler]));
+    return { where, queue, handlers, limit };
+  });
+  const stopping = new AbortController();
+  const running: Promise<void>[] = [];
+  const workers: Workers = {
+    async stop() {
+      stopping.abort();
+      const outcomes = await Promise.allSettled(running);
+      const failed = outcomes.find((outcome) => outcome.status === "rejected");
+      return failed ? describeError(failed.reason) : undefined;
+    },
+  };
+  try {
+    for (const { where, queue, handlers, limit } of specs) {
+      let registered!: () => void;
+      const ready = new Promise<void>((resolve) => {
+        registered = resolve;
+      });
+      const serving = client.serveTools(queue, handlers, {
+        maxConcurrentCalls: limit,
+        signal: stopping.signal,
+        onRegistered: () => registered(),
+      });
+      running.push(serving);
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new Mismatch(`${where}: not registered within ${CALL_TIMEOUT_MS / 1000} s`)),
+          CALL_TIMEOUT_MS,
+        );
+      });
+      // serveTools settles before registering only when it is refused.
+      const ended = serving.then(
+        () => {
+          throw new Mismatch(`${where}: the worker ended before it was registered`);
+        },
+        (error: unknown) => {
+          throw new Mismatch(`${where}: the worker failed: ${describeError(error)}`);
+        },
+      );
+      try {
+        await Promise.race([ready, timeout, ended]);
+      } finally {
+        clearTimeout(timer);
+        ended.catch(() => undefined); // settles later, when the worker is stopped
+      }
+    }
+  } catch (error) {
+    await workers.stop();
+    throw error;
+  }
+  return workers;
+}
+
 async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<void> {
+  const workers = await startWorkers(client, vector.workers);
+  let failed: string | undefined;
+  try {
+    await runSteps(client, vector);
+  } finally {
+    failed = await workers.stop();
+  }
+  if (failed !== undefined) throw new Mismatch(`workers: a worker failed during the vector: ${failed}`);
+}
+
+async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
   const runtimeId = await client.createRuntime(agents);
   let lastPending: Request | undefined;
