@@ -343,3 +343,23 @@ async def test_a_call_out_at_a_worker_when_the_server_dies_goes_to_a_worker_agai
             await asyncio.gather(serving_task, return_exceptions=True)
     assert (result.status, result.text) == (pb.STATUS_DONE, "charged")
     assert keys == [f"{runtime_id}/{handle_id}/call_1_1"] * 2
+
+
+async def test_a_graceful_stop_ends_the_worker_streams_at_once(process: ServerProcess) -> None:
+    """SIGTERM: the server does not wait out its grace for streams that never end by
+    themselves; its workers are told to go (and reconnect elsewhere)."""
+    await process.start()
+    registrations: list[str] = []
+    async with Client(process.address) as worker_client:
+        task = asyncio.ensure_future(
+            worker_client.serve_tools("tools", {"noop": lambda arguments, call: ""}, registered=registrations.append)
+        )
+        try:
+            await until(lambda: bool(registrations), "the worker to register")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await process.stop(signal.SIGTERM) == 0
+            assert loop.time() - started < 3  # AGENTRUNTIME_SHUTDOWN_GRACE is 5 s here
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -66,6 +66,7 @@ class RunningServer:
     retention: asyncio.Future[None] | None = None  # the task that deletes idle runtimes
     upkeep: asyncio.Future[None] | None = None  # replicas: the task that renews and takes over leases
     forwarder: Forwarder | None = None
+    workers: WorkerPool | None = None  # hosts serving worker tools
 
     @property
     def metrics_port(self) -> int:
@@ -81,6 +82,8 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self.server.stop(grace))
         await self.service.drain(grace or 0.0)  # replicas: its leases are given up here
+        if self.workers is not None:
+            self.workers.close()  # its hosts reconnect to another server, not wait out the grace
         await stopping
         if self.forwarder is not None:
             await self.forwarder.close()
@@ -281,4 +284,5 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         retention=retention,
         upkeep=upkeep,
         forwarder=forwarder,
+        workers=workers,
     )

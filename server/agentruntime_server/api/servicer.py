@@ -463,7 +463,10 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     sending.cancel()
                     reader.result()
                     return
-                yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(sending.result()))
+                dispatch = sending.result()
+                if dispatch is None:  # the server is shutting down
+                    return
+                yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(dispatch))
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
         finally:

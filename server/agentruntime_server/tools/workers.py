@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..domain.errors import Unavailable
 from ..domain.model import ToolCall, ToolResult, WorkerExecutor
 from ..domain.ports import WorkerLost
 
@@ -43,7 +44,7 @@ class Worker:
     tools: frozenset[str]  # empty: every tool of the queue
     limit: int
     id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
-    outbox: asyncio.Queue[Dispatch] = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[Dispatch | None] = field(default_factory=asyncio.Queue)  # None: the stream ends
     in_hand: dict[str, asyncio.Future[ToolResult]] = field(default_factory=dict)
     order: int = 0  # ties between equally busy workers go in turn
     gone: bool = False
@@ -72,6 +73,15 @@ class WorkerPool:
         self._queues: dict[tuple[str, str], list[Worker]] = {}
         self._changed: dict[tuple[str, str], asyncio.Condition] = {}
         self._turns = itertools.count()
+        self.closed = False
+
+    def close(self) -> None:
+        """Shutdown (after the runs have stopped): every worker's stream ends, so its host
+        reconnects to another server, and none registers any more."""
+        self.closed = True
+        for workers in self._queues.values():
+            for worker in workers:
+                worker.outbox.put_nowait(None)
 
     def _condition(self, place: tuple[str, str]) -> asyncio.Condition:
         condition = self._changed.get(place)
@@ -80,6 +90,8 @@ class WorkerPool:
         return condition
 
     async def connect(self, tenant: str, queue: str, tools: Sequence[str], limit: int) -> Worker:
+        if self.closed:
+            raise Unavailable("the server is shutting down; connect the worker to its replacement")
         worker = Worker(tenant, queue, frozenset(tools), limit)
         place = (tenant, queue)
         self._queues.setdefault(place, []).append(worker)
