@@ -227,7 +227,6 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
 
         assert isinstance(store, PostgresStore)
         leasing = PostgresLeases(store, advertised(settings, port), settings.lease_duration)
-        await leasing.start()
         leases = leasing
         keepalive = [
             ("grpc.keepalive_time_ms", ping_ms),
@@ -242,6 +241,8 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
     workers = WorkerPool()
     service = build_service(settings, http, tools, store, observability, authenticator, leases, workers)
+    if leases is not None:  # replicas: registered once the slow imports are done, live from here on
+        await leases.start()
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
     retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None

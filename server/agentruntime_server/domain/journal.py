@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .errors import Fenced
 from .events import Event, EventKind, EventLog
 from .handle import Handle
 from .model import (
@@ -548,6 +549,7 @@ class Journal:
     store: Store
     events: EventLog
     last_seq: int = 0
+    closed: bool = field(default=False, init=False)
     _was_running: bool = field(default=False, init=False)
     _counts: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
 
@@ -561,6 +563,8 @@ class Journal:
         return journal
 
     async def record(self, *steps: Step) -> None:
+        if self.closed:  # a copy that left this process's memory (its lease moved): it writes nothing
+            raise Fenced(self.tree.runtime_id)
         now = time.time()
         entries: list[Entry] = []
         made: list[tuple[int, str, EventKind, dict[str, object]]] = []

@@ -24,6 +24,12 @@ class SoleOwner:
     async def claim(self, runtime_id: str) -> Claim:
         return Claim(owned=True)
 
+    async def start(self) -> None:
+        pass
+
+    async def confirm(self) -> None:
+        pass
+
     def holds(self, runtime_id: str) -> bool:
         return True
 

@@ -258,6 +258,14 @@ class Leases(Protocol):
         new epoch: writes of any earlier holder, this process's included, are refused."""
         ...
 
+    async def start(self) -> None:
+        """This process takes part from now on (replicas: it is registered, live)."""
+        ...
+
+    async def confirm(self) -> None:
+        """Makes sure `holds` is current: renews first if the leases may have lapsed."""
+        ...
+
     def holds(self, runtime_id: str) -> bool:
         """This process still holds the runtime's lease, as far as it knows (no I/O)."""
         ...

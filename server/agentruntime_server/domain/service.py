@@ -157,6 +157,9 @@ class RuntimeService:
         key = self._key(runtime_id, tenant)
         found = self._runtimes.get(key)
         if found is not None:
+            await self.leases.confirm()
+            found = self._runtimes.get(key)
+        if found is not None:
             if self.leases.holds(key):
                 self._runtimes.move_to_end(key)
                 return found
@@ -184,6 +187,8 @@ class RuntimeService:
         if not self.leases.shared:
             return await self.runtime(runtime_id, tenant)
         key = self._key(runtime_id, tenant)
+        if key in self._runtimes:
+            await self.leases.confirm()
         found = self._runtimes.get(key)
         if found is not None and self.leases.holds(key):
             return found
@@ -202,6 +207,10 @@ class RuntimeService:
         """Takes the runtime over: its lease, then its journal, then whatever was running."""
         if self.draining and self.leases.shared:  # leaving: another replica takes it
             raise Unavailable(f"this replica is shutting down; retry runtime {runtime_id!r} at another replica")
+        if self.leases.shared:
+            # What a dropped copy of it appended is committed (or refused) under its own lease
+            # before a new one is taken: no write of it can land, or vanish, after the claim.
+            await self.services.store.flush()
         claim = await self.leases.claim(key)
         if not claim.exists:
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
@@ -261,6 +270,7 @@ class RuntimeService:
     async def _drop(self, runtime: Runtime) -> None:
         """This copy stops at once and writes nothing more: the replica that holds the lease
         now goes on from the journal. Its watchers and waiters are told to retry."""
+        runtime.journal.closed = True
         if self._runtimes.get(runtime.key) is runtime:
             del self._runtimes[runtime.key]
             log.warning("runtime %s: its lease is lost; its copy stops (the journal goes on elsewhere)", runtime.key)

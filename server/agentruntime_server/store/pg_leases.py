@@ -15,6 +15,7 @@ database is the coordinator; no consensus of our own, no broker).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -52,6 +53,7 @@ class PostgresLeases:
         self._callbacks: list[Callable[[str], None]] = []
         self._renewed = float("-inf")  # monotonic time the last renewal was sent at
         self._claiming: set[str] = set()
+        self._confirming: asyncio.Future[None] | None = None
         store.leasing = self
 
     def fresh(self) -> bool:
@@ -71,10 +73,11 @@ class PostgresLeases:
 
     async def start(self) -> None:
         """Registers this replica (live from now on)."""
-        await self._heartbeat()
+        self._renewed = await self._heartbeat()
         log.info("replica %s serving at %s (leases of %gs)", self.replica_id, self.address, self.duration)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self) -> float:
+        """Pushes this replica's expiry on; the monotonic time it was sent at."""
         pool = await self.store._connected()
         sent = time.monotonic()
         await pool.execute(
@@ -84,10 +87,27 @@ class PostgresLeases:
             self.address,
             self.duration,
         )
-        self._renewed = sent
+        return sent
+
+    async def confirm(self) -> None:
+        """Renews now if this replica's leases may have lapsed (it was starved or paused past
+        a renewal), so that a copy answers only once it is known to be still this replica's.
+        Callers at the same moment share one renewal."""
+        if self.fresh():
+            return
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.ensure_future(self._renew_and_report())
+        await asyncio.shield(self._confirming)
+
+    async def _renew_and_report(self) -> None:
+        for key in await self.renew():
+            for callback in self._callbacks:
+                callback(key)
 
     def holds(self, runtime_id: str) -> bool:
-        return runtime_id in self.store.epochs
+        """Held, and this replica's leases cannot have lapsed: a replica starved or paused past
+        its lease must not answer from its copy (another may have run the runtime since)."""
+        return runtime_id in self.store.epochs and self.fresh()
 
     async def claim(self, runtime_id: str) -> Claim:
         self._claiming.add(runtime_id)
@@ -143,7 +163,7 @@ class PostgresLeases:
         """Renews, then compares: a runtime held here that the database gives to another
         replica (or to another epoch) was lost; one the database gives to this replica that
         it no longer holds (its copy stopped: see PostgresStore.flush) is given up."""
-        await self._heartbeat()
+        sent = await self._heartbeat()
         held = dict(self.store.epochs)
         pool = await self.store._connected()
         # Replicas gone for an hour (killed, not stopped): their rows only name dead owners.
@@ -157,6 +177,8 @@ class PostgresLeases:
                 self.store.fenced.add(key)
                 self.store._next_seq.pop(key, None)
                 lost.append(key)
+        # Fresh again only now: had the leases lapsed, what was lost is known before any copy answers.
+        self._renewed = sent
         for key, epoch in owned.items():
             if key not in self.store.epochs and key not in self._claiming:
                 await pool.execute(

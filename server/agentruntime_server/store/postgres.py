@@ -260,16 +260,7 @@ class PostgresStore:
             waited = self._last
         if waited is not None:
             await asyncio.shield(waited)
-        if runtime_id is None or self.leasing is None:
-            return
-        if runtime_id in self.epochs and not self.leasing.fresh():
-            # Not renewed for a lease (paused, or cut off from the database): another replica
-            # may run the runtime by now, so nothing of this copy may leave the process.
-            self.epochs.pop(runtime_id)
-            self.fenced.add(runtime_id)
-            self._next_seq.pop(runtime_id, None)
-            self.leasing.refused([runtime_id])
-        if runtime_id in self.fenced:
+        if runtime_id is not None and runtime_id in self.fenced:
             raise Fenced(runtime_id)
 
     # ---- writes --------------------------------------------------------------------------
