@@ -456,15 +456,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             _audit("ServeTools", registration, "OK")
             yield pb.ServeToolsResponse(registered=pb.WorkerRegistered(worker_id=worker.id))
             reader = asyncio.ensure_future(self._read_outputs(requests, worker))
+            # When the host's side ends (or breaks a rule), the send loop is told like a shutdown.
+            reader.add_done_callback(lambda _: worker.outbox.put_nowait(None))
             while True:
-                sending = asyncio.ensure_future(worker.outbox.get())
-                await asyncio.wait({sending, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if not sending.done():  # the host closed its side, or sent what it may not
-                    sending.cancel()
-                    reader.result()
-                    return
-                dispatch = sending.result()
-                if dispatch is None:  # the server is shutting down
+                dispatch = await worker.outbox.get()
+                if dispatch is None:  # the host closed its side, sent what it may not, or the server stops
+                    if reader.done() and not reader.cancelled():
+                        reader.result()  # an InvalidArgument of the host's: its status
                     return
                 yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(dispatch))
         except DomainError as error:

@@ -72,6 +72,7 @@ class WorkerPool:
     def __init__(self) -> None:
         self._queues: dict[tuple[str, str], list[Worker]] = {}
         self._changed: dict[tuple[str, str], asyncio.Condition] = {}
+        self._waiting: dict[tuple[str, str], int] = {}  # calls waiting for a free worker, by queue
         self._turns = itertools.count()
         self.closed = False
 
@@ -115,6 +116,8 @@ class WorkerPool:
         await self._notify(place)
 
     async def _notify(self, place: tuple[str, str]) -> None:
+        if not self._waiting.get(place):
+            return  # nobody waits for a worker of this queue: the common case costs nothing
         condition = self._condition(place)
         async with condition:
             condition.notify_all()
@@ -140,10 +143,13 @@ class WorkerPool:
                         "(is a host serving it with ServeTools?)",
                         is_error=True,
                     )
+                self._waiting[place] = self._waiting.get(place, 0) + 1
                 try:
                     await asyncio.wait_for(condition.wait(), remaining)
                 except TimeoutError:
                     continue
+                finally:
+                    self._waiting[place] -= 1
                 worker = self._pick(place, call.name)
             # The worker has the whole timeout, from now, to answer.
             answer_by = time.time() + executor.timeout
