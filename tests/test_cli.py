@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from agentruntime.cli import command_first
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
@@ -322,3 +323,17 @@ async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
         assert code == 2 and err.startswith("error: PERMISSION_DENIED:"), err
         code, _, err = await cli(None, "runtimes", *addr, "--token", token)  # no client certificate
         assert code == 2 and err.startswith("error: UNAVAILABLE:"), err
+
+
+async def test_connection_options_may_come_before_the_command(scripted: RunningServer) -> None:
+    code, _, err = await cli(scripted, "run", str(AGENTS), "--runtime-id", "early", "--prompt", "hi")
+    assert (code, err) == (0, "")
+    address = f"127.0.0.1:{scripted.port}"
+    code, out, err = await cli(None, "--addr", address, "runtimes")  # no AGENTRUNTIME_ADDR: only the flag
+    assert (code, err) == (0, ""), out + err
+    assert "early" in out
+    code, out, err = await cli(None, "--addr=" + address, "--tls", "runtimes")  # a TLS flag first: the handshake fails
+    assert code == 2 and "UNAVAILABLE" in err
+    assert command_first(["--addr", "h:1", "--tls", "ls", "rt"]) == ["ls", "--addr", "h:1", "--tls", "rt"]
+    assert command_first(["ls", "rt", "--addr", "h:1"]) == ["ls", "rt", "--addr", "h:1"]
+    assert command_first(["--addr", "h:1"]) == ["--addr", "h:1"]  # no command: argparse says so

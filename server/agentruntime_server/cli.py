@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import Any
 
-from agentruntime.cli import COMMANDS
+from agentruntime.cli import COMMANDS, command_first
 from agentruntime.cli import main as client_main
 from pydantic import ValidationError
 
@@ -18,7 +18,7 @@ from .settings import Settings, StartupError
 
 
 def main(argv: list[str] | None = None) -> None:
-    arguments = sys.argv[1:] if argv is None else argv
+    arguments = command_first(sys.argv[1:] if argv is None else argv)
     if arguments and arguments[0] in COMMANDS:
         sys.exit(client_main(arguments))
     parser = argparse.ArgumentParser(prog="agentruntime", description="A durable, legible LLM agent runtime over gRPC.")

@@ -27,6 +27,36 @@ log = logging.getLogger("agentruntime.worker")
 # the output an error result with the exception's message.
 ToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], Awaitable[str] | str]
 
+WAIT_SLICE = 30.0  # seconds one Wait asks the server for: well under any proxy's idle cut
+WAIT_MARGIN = 10.0  # seconds a Wait's call deadline leaves past its server timeout
+RESUME_ATTEMPTS = 8
+# Calls that change nothing when repeated are retried by gRPC itself when the server is
+# unreachable (Wake, Post, Spawn, Interrupt, Close, CreateRuntime and DeleteRuntime are not:
+# a lost answer does not say whether they took effect).
+_SAFE_TO_REPEAT = ("Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes")
+_CHANNEL_OPTIONS = [
+    ("grpc.enable_retries", 1),
+    (
+        "grpc.service_config",
+        json.dumps(
+            {
+                "methodConfig": [
+                    {
+                        "name": [{"service": "agentruntime.v1.AgentRuntime", "method": name} for name in _SAFE_TO_REPEAT],
+                        "retryPolicy": {
+                            "maxAttempts": 5,
+                            "initialBackoff": "0.1s",
+                            "maxBackoff": "2s",
+                            "backoffMultiplier": 2,
+                            "retryableStatusCodes": ["UNAVAILABLE"],
+                        },
+                    }
+                ]
+            }
+        ),
+    ),
+]
+
 _DETAIL_TYPES = (
     error_details_pb2.BadRequest,
     error_details_pb2.ErrorInfo,
@@ -107,9 +137,9 @@ class Client:
         key = _pem(client_key, "client_key")
         if tls or roots is not None or chain is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
-            self._channel = grpc.aio.secure_channel(target, credentials)
+            self._channel = grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.aio.insecure_channel(target)
+            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.AgentRuntimeStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
@@ -157,16 +187,44 @@ class Client:
         return bool((await self._call(self._stub.Wake, request)).queued)
 
     async def wait(self, runtime_id: str, handle_id: str, timeout: float | None = None) -> pb.TaskResult:
-        request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id)
-        if timeout is not None:
-            request.timeout.CopyFrom(_duration(timeout))
-        deadline = None if self._timeout is None else max(self._timeout, (timeout or 0) + 5)
-        response = await self._call(self._stub.Wait, request, timeout=deadline)
-        return response.result  # type: ignore[no-any-return]
+        """The handle's settled (or PENDING) result, however long the run takes; with
+        `timeout`, after that many seconds at most the server's TIMEOUT result (the handle
+        still running). TIMEOUT is the caller's choice, never the transport's: each Wait asks
+        the server for at most WAIT_SLICE seconds, under the call's deadline, and is repeated;
+        a server that is restarting (UNAVAILABLE) is waited for, with backoff and jitter."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        failures = 0
+        while True:
+            remaining = None if end is None else max(end - loop.time(), 0.0)
+            slice_ = WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+            request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=_duration(slice_))
+            try:
+                response = await self._call(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
+            except AgentRuntimeError as error:
+                if error.code is not grpc.StatusCode.UNAVAILABLE or (end is not None and loop.time() >= end):
+                    raise
+                failures += 1
+                await asyncio.sleep(random.uniform(0, min(5.0, 0.1 * 2**failures)))
+                continue
+            failures = 0
+            result: pb.TaskResult = response.result
+            if result.status != pb.STATUS_TIMEOUT or (end is not None and loop.time() >= end):
+                return result
 
     async def resume(self, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-        response = await self._call(self._stub.Resume, pb.ResumeRequest(runtime_id=runtime_id, answer=answer))
-        return response.result  # type: ignore[no-any-return]
+        """Answers a pending Request. Safe to repeat (the server returns the same result and
+        runs nothing again), so a restarting server (UNAVAILABLE) is retried, with backoff."""
+        request = pb.ResumeRequest(runtime_id=runtime_id, answer=answer)
+        for failures in range(1, RESUME_ATTEMPTS + 1):
+            try:
+                response = await self._call(self._stub.Resume, request)
+                return response.result  # type: ignore[no-any-return]
+            except AgentRuntimeError as error:
+                if error.code is not grpc.StatusCode.UNAVAILABLE or failures == RESUME_ATTEMPTS:
+                    raise
+                await asyncio.sleep(random.uniform(0, min(5.0, 0.1 * 2**failures)))
+        raise AssertionError("unreachable")
 
     async def run(self, runtime_id: str, agent: str, prompt: str, parent: str = "root") -> pb.TaskResult:
         """Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle."""

@@ -17,6 +17,21 @@ COMMANDS = {
 }
 
 
+# The connection options that take a value (--tls takes none).
+_VALUED = ("--addr", "--token", "--ca", "--cert", "--key")
+
+
+def command_first(argv: list[str]) -> list[str]:
+    """The arguments with the command first: connection options may come before it
+    (`agentruntime --addr host:port ls rt`) as well as after it."""
+    index = 0
+    while index < len(argv) and argv[index].startswith("-"):
+        index += 2 if argv[index] in _VALUED else 1
+    if 0 < index < len(argv) and argv[index] in COMMANDS:
+        return [argv[index], *argv[:index], *argv[index + 1 :]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit code (0 ok, 1 a run that did not end DONE, 2 an error)."""
     from .main import run_cli

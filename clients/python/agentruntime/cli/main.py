@@ -25,7 +25,7 @@ from rich.table import Table
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
-from . import COMMANDS
+from . import COMMANDS, command_first
 from .ask import Asker, LineReader, NoAnswer
 from .view import (
     Tree,
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_cli(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(command_first(sys.argv[1:] if argv is None else argv))
     try:
         return asyncio.run(_dispatch(args))
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM

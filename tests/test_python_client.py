@@ -1,0 +1,48 @@
+"""The Python client over a real server: waiting past its deadline, and a server restart
+in the middle of `run()` that the caller never sees."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+from agentruntime.client import Client
+from agentruntime.v1 import agent_runtime_pb2 as pb
+
+from tests.support.build import agent
+from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.poll import until
+from tests.support.process import ServerProcess
+from tests.support.servers import Served
+
+
+async def test_wait_outlasts_the_clients_call_deadline_and_timeout_is_the_callers(
+    served: Served, model: ScriptedModelServer
+) -> None:
+    model.script("slow", lambda body: Reply(text="finally", tokens=7, delay=3.0))
+    async with Client(f"127.0.0.1:{served.running.port}", timeout=1.0) as client:  # every call's deadline: 1 s
+        runtime_id = await client.create_runtime([agent("slow")])
+        handle_id = await client.spawn(runtime_id, "slow")
+        await client.wake(runtime_id, handle_id, "go")
+        early = await client.wait(runtime_id, handle_id, timeout=0.3)
+        assert early.status == pb.STATUS_TIMEOUT  # the caller's choice
+        result = await client.wait(runtime_id, handle_id)  # longer than the 1 s deadline: no DEADLINE_EXCEEDED
+        assert (result.status, result.text, result.own_tokens) == (pb.STATUS_DONE, "finally", 7)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+async def test_a_server_restart_in_the_middle_of_run_is_invisible_to_the_caller(
+    process: ServerProcess, model: ScriptedModelServer, how: signal.Signals
+) -> None:
+    model.script("slow", lambda body: Reply(text="done anyway", tokens=9, delay=1.0))
+    await process.start()
+    async with Client(process.address) as client:
+        runtime_id = await client.create_runtime([agent("slow")])
+        running = asyncio.ensure_future(client.run(runtime_id, "slow", "go"))
+        await until(lambda: model.in_flight > 0, "the model call to be out (the run mid-turn)")
+        await process.stop(how)
+        await asyncio.sleep(0.5)  # down for a while
+        await process.restart()
+        result = await asyncio.wait_for(running, 60)
+    assert (result.status, result.text, result.turns, result.own_tokens) == (pb.STATUS_DONE, "done anyway", 1, 9)
