@@ -6,9 +6,12 @@ database is the coordinator; no consensus of our own, no broker).
   not expired, by the database's clock (replicas' clocks never matter).
 - A runtime's `owner` is the replica executing it, or NULL. `claim` takes a runtime whose
   owner is NULL, itself, or not live, and raises its `epoch` in the same statement.
-- The store (PostgresStore._fence) accepts a journal write only from the owner at the epoch
+- The store (PostgresStore._write) accepts a journal write only from the owner at the epoch
   it claimed, under a row lock a claim waits for: a replica that was paused or cut off past
   its lease can never write again once another replica has claimed.
+- A replica that has not renewed for a lease by its own clock (starved, paused) renews
+  before any copy of it answers (`confirm`): it never answers from a copy another
+  replica may have run on since.
 - A graceful stop releases every lease at once (`release_all`), so a rolling restart waits
   for no expiry; a crash's leases lapse after the lease duration, and the live replicas take
   over the runtimes with running handles (`orphans`) through the same replay as a restart."""
@@ -67,7 +70,7 @@ class PostgresLeases:
     def refused(self, keys: Iterable[str]) -> None:
         """The store refused writes of these runtimes: their lease was lost."""
         for key in keys:
-            log.warning("runtime %s: this replica's lease on it was lost, or may have lapsed; its copy stops", key)
+            log.warning("runtime %s: another replica holds its lease now; this replica's copy stops", key)
             for callback in self._callbacks:
                 callback(key)
 
