@@ -19,6 +19,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -41,9 +42,57 @@ import (
 // context sets one; it matches the Python client.
 const DefaultTimeout = 60 * time.Second
 
-// waitSlack keeps the call deadline of a Wait with a server-side timeout above that
-// timeout, so the server answers STATUS_TIMEOUT instead of the client cutting it off.
-const waitSlack = 5 * time.Second
+// WaitSlice is the longest one Wait RPC asks the server to wait (WaitRequest.timeout):
+// well under any proxy's idle cut-off. Wait and Run repeat the RPC while the handle runs.
+const WaitSlice = 30 * time.Second
+
+// waitMargin keeps the deadline of a Wait RPC above its server-side timeout, so the
+// server answers STATUS_TIMEOUT instead of the client cutting the call off.
+const waitMargin = 10 * time.Second
+
+// resumeAttempts is how many times Resume tries a server that answers UNAVAILABLE.
+const resumeAttempts = 8
+
+// Wait and Resume wait for a restarting server with a delay that starts at retryBackoff
+// and doubles, with jitter, up to retryMaxBackoff.
+const (
+	retryBackoff    = 100 * time.Millisecond
+	retryMaxBackoff = 5 * time.Second
+)
+
+// safeToRepeat are the RPCs that change nothing when repeated: gRPC retries them on
+// UNAVAILABLE (serviceConfig). Spawn, Wake, Post, Interrupt, Close, CreateRuntime,
+// DeleteRuntime and ServeTools are not retried: a lost answer does not say whether they
+// took effect.
+var safeToRepeat = []string{"Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes"}
+
+// serviceConfig is the connection's default service config: a retry policy for the
+// safeToRepeat RPCs, the same as the Python client's.
+var serviceConfig = func() string {
+	type name struct {
+		Service string `json:"service"`
+		Method  string `json:"method"`
+	}
+	names := make([]name, 0, len(safeToRepeat))
+	for _, method := range safeToRepeat {
+		names = append(names, name{"agentruntime.v1.AgentRuntime", method})
+	}
+	config := map[string]any{"methodConfig": []any{map[string]any{
+		"name": names,
+		"retryPolicy": map[string]any{
+			"maxAttempts":          5,
+			"initialBackoff":       "0.1s",
+			"maxBackoff":           "2s",
+			"backoffMultiplier":    2,
+			"retryableStatusCodes": []string{"UNAVAILABLE"},
+		},
+	}}}
+	encoded, err := json.Marshal(config)
+	if err != nil {
+		panic(err)
+	}
+	return string(encoded)
+}()
 
 // Client talks to one AgentRuntime server. It is safe for concurrent use.
 type Client struct {
@@ -193,7 +242,10 @@ func (o *options) transportCredentials() (credentials.TransportCredentials, erro
 // Dial creates a client for target (host:port, or any gRPC target URI). Like
 // grpc.NewClient it does not connect yet: the first call does. Plaintext unless
 // WithTLS, WithCA(File), WithClientCertificate(Files) or WithCredentials is given; a
-// CA or certificate that cannot be read or parsed is an error here.
+// CA or certificate that cannot be read or parsed is an error here. The connection's
+// default service config has gRPC retry Wait, Resume, Inspect, List, GetTranscript and
+// ListRuntimes on UNAVAILABLE (5 attempts, 0.1 s doubling to 2 s); nothing else is
+// retried.
 func Dial(target string, opts ...Option) (*Client, error) {
 	o := options{timeout: DefaultTimeout}
 	for _, opt := range opts {
@@ -203,7 +255,7 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(serviceConfig)}
 	for _, c := range o.perRPC {
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(c))
 	}
@@ -276,39 +328,86 @@ func (c *Client) Wake(ctx context.Context, runtimeID, handleID, prompt string) (
 	return resp.GetQueued(), nil
 }
 
-// Wait blocks until the handle settles. A timeout > 0 is the server-side wait (the
-// result is then STATUS_TIMEOUT if it passes); 0 waits until the call's deadline.
+// Wait returns the handle's settled (or PENDING) result, however long the run takes.
+// With timeout > 0 it returns the server's STATUS_TIMEOUT result (the handle still
+// running) once that much time has passed; 0 waits until the handle settles or ctx is
+// done. A timeout is the caller's choice, never the transport's: each Wait RPC asks the
+// server for at most WaitSlice, under a deadline of that plus a margin (the client's
+// WithTimeout does not apply), and is repeated while the result is STATUS_TIMEOUT. A
+// server that is restarting (UNAVAILABLE) is waited for, with backoff and jitter.
 func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout time.Duration) (*v1.TaskResult, error) {
-	req := &v1.WaitRequest{RuntimeId: runtimeID, HandleId: handleID}
-	deadline := c.timeout
+	var end time.Time
 	if timeout > 0 {
-		req.Timeout = durationpb.New(timeout)
-		if deadline > 0 {
-			deadline = max(deadline, timeout+waitSlack)
+		end = time.Now().Add(timeout)
+	}
+	over := func() bool { return timeout > 0 && !time.Now().Before(end) }
+	failures := 0
+	for {
+		slice := WaitSlice
+		if timeout > 0 {
+			slice = max(min(slice, time.Until(end)), 0)
+		}
+		req := &v1.WaitRequest{RuntimeId: runtimeID, HandleId: handleID, Timeout: durationpb.New(slice)}
+		callCtx, cancel := context.WithTimeout(ctx, slice+waitMargin)
+		resp, err := c.stub.Wait(callCtx, req)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil || status.Code(err) != codes.Unavailable || over() {
+				return nil, wrap(err)
+			}
+			if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
+				return nil, contextError(err)
+			}
+			failures++
+			continue
+		}
+		failures = 0
+		if result := resp.GetResult(); result.GetStatus() != v1.Status_STATUS_TIMEOUT || over() {
+			return result, nil
 		}
 	}
-	ctx, cancel := c.call(ctx, deadline)
-	defer cancel()
-	resp, err := c.stub.Wait(ctx, req)
-	if err != nil {
-		return nil, wrap(err)
-	}
-	return resp.GetResult(), nil
 }
 
 // Resume answers a pending Request and returns the root's settled (or again PENDING)
-// result.
+// result. It is safe to repeat (the server returns the same result for the same answer
+// and runs nothing again), so a server that answers UNAVAILABLE is tried again, with
+// backoff and jitter, up to 8 times in all.
 func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer) (*v1.TaskResult, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Resume(ctx, &v1.ResumeRequest{RuntimeId: runtimeID, Answer: answer})
-	if err != nil {
-		return nil, wrap(err)
+	req := &v1.ResumeRequest{RuntimeId: runtimeID, Answer: answer}
+	for failures := 0; ; failures++ {
+		callCtx, cancel := c.call(ctx, c.timeout)
+		resp, err := c.stub.Resume(callCtx, req)
+		cancel()
+		if err == nil {
+			return resp.GetResult(), nil
+		}
+		if ctx.Err() != nil || status.Code(err) != codes.Unavailable || failures+1 >= resumeAttempts {
+			return nil, wrap(err)
+		}
+		if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
+			return nil, contextError(err)
+		}
 	}
-	return resp.GetResult(), nil
 }
 
-// Run spawns agent under root, wakes it on prompt and waits for its result.
+// contextError is ctx's error as an *Error (CANCELLED or DEADLINE_EXCEEDED), like the
+// error of a call that ctx cut short.
+func contextError(err error) error { return wrap(status.FromContextError(err).Err()) }
+
+// sleep waits for d, or until ctx is done (then it returns ctx's error).
+func sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+// Run spawns agent under root, wakes it on prompt and waits for its result, however
+// long the run takes (Wait with no timeout; ctx bounds it).
 func (c *Client) Run(ctx context.Context, runtimeID, agent, prompt string) (*v1.TaskResult, error) {
 	handleID, err := c.Spawn(ctx, runtimeID, agent, "root", nil)
 	if err != nil {

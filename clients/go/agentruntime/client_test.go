@@ -40,6 +40,13 @@ type fake struct {
 	peerCN   string // the client certificate's common name, over mTLS
 	// serveTools plays the server's side of each ServeTools stream (worker_test.go).
 	serveTools func(stream v1.AgentRuntime_ServeToolsServer) error
+	// wait, resume, inspect, post and watch play the server's side of those RPCs
+	// (wait_test.go).
+	wait    func(ctx context.Context, req *v1.WaitRequest) (*v1.WaitResponse, error)
+	resume  func(ctx context.Context, req *v1.ResumeRequest) (*v1.ResumeResponse, error)
+	inspect func(ctx context.Context, req *v1.InspectRequest) (*v1.InspectResponse, error)
+	post    func(ctx context.Context, req *v1.PostRequest) (*v1.PostResponse, error)
+	watch   func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error
 }
 
 func (f *fake) ListRuntimes(ctx context.Context, req *v1.ListRuntimesRequest) (*v1.ListRuntimesResponse, error) {

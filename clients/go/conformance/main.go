@@ -30,7 +30,8 @@ import (
 	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
 )
 
-// callTimeout is the README's deadline for every call, Wait included.
+// callTimeout is the vectors' README's deadline for every call, Wait included (the
+// client's WithTimeout for most; Wait's own context, since WithTimeout does not bound it).
 const callTimeout = 60 * time.Second
 
 // An inspect step with "poll" re-reads every pollEvery, for at most pollFor.
@@ -385,6 +386,9 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		if err := json.Unmarshal(args, &a); err != nil {
 			return nil, err
 		}
+		// Wait is not bounded by the client's WithTimeout: the vectors' 60 s is the ctx's.
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
 		result, err := client.Wait(ctx, runtimeID, a.Handle, 0)
 		if err != nil {
 			return nil, err

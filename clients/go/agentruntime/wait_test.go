@@ -1,0 +1,368 @@
+package agentruntime
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
+)
+
+func (f *fake) Wait(ctx context.Context, req *v1.WaitRequest) (*v1.WaitResponse, error) {
+	return f.wait(ctx, req)
+}
+
+func (f *fake) Resume(ctx context.Context, req *v1.ResumeRequest) (*v1.ResumeResponse, error) {
+	return f.resume(ctx, req)
+}
+
+func (f *fake) Inspect(ctx context.Context, req *v1.InspectRequest) (*v1.InspectResponse, error) {
+	return f.inspect(ctx, req)
+}
+
+func (f *fake) Post(ctx context.Context, req *v1.PostRequest) (*v1.PostResponse, error) {
+	return f.post(ctx, req)
+}
+
+func (f *fake) Watch(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+	return f.watch(req, stream)
+}
+
+// counter counts the calls a fake RPC gets, from the server's goroutines.
+type counter struct {
+	mu sync.Mutex
+	n  int
+}
+
+// next counts a call and returns its number, from 1.
+func (c *counter) next() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	return c.n
+}
+
+func (c *counter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func taskResult(s v1.Status) *v1.WaitResponse {
+	return &v1.WaitResponse{Result: &v1.TaskResult{Status: s}}
+}
+
+func TestWaitRepeatsWhileTimeoutUntilSettled(t *testing.T) {
+	// The 1 s default deadline must not cut a Wait short: each asks for 30 s.
+	client, f := dialFake(t, WithTimeout(time.Second))
+	var calls counter
+	var mu sync.Mutex
+	var asked, deadlines []time.Duration
+	f.wait = func(ctx context.Context, req *v1.WaitRequest) (*v1.WaitResponse, error) {
+		d, _ := ctx.Deadline()
+		mu.Lock()
+		asked = append(asked, req.GetTimeout().AsDuration())
+		deadlines = append(deadlines, time.Until(d))
+		mu.Unlock()
+		if calls.next() <= 2 {
+			return taskResult(v1.Status_STATUS_TIMEOUT), nil
+		}
+		return taskResult(v1.Status_STATUS_DONE), nil
+	}
+	result, err := client.Wait(context.Background(), "rt", "root/a.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.GetStatus() != v1.Status_STATUS_DONE || calls.count() != 3 {
+		t.Fatalf("Wait = %v after %d calls, want DONE after 3", result.GetStatus(), calls.count())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range asked {
+		if asked[i] != WaitSlice || deadlines[i] <= 39*time.Second || deadlines[i] > 40*time.Second {
+			t.Errorf("call %d asked the server for %v under a deadline of %v, want 30s under 40s", i+1, asked[i], deadlines[i])
+		}
+	}
+}
+
+func TestWaitReturnsTimeoutOnceTheCallerTimeoutPasses(t *testing.T) {
+	client, f := dialFake(t)
+	var calls counter
+	var mu sync.Mutex
+	var asked []time.Duration
+	f.wait = func(ctx context.Context, req *v1.WaitRequest) (*v1.WaitResponse, error) {
+		calls.next()
+		timeout := req.GetTimeout().AsDuration()
+		mu.Lock()
+		asked = append(asked, timeout)
+		mu.Unlock()
+		// The server answers TIMEOUT after at most 100 ms, a shorter slice than asked.
+		select {
+		case <-time.After(min(timeout, 100*time.Millisecond)):
+		case <-ctx.Done():
+		}
+		return taskResult(v1.Status_STATUS_TIMEOUT), nil
+	}
+	start := time.Now()
+	result, err := client.Wait(context.Background(), "rt", "root/a.1", 350*time.Millisecond)
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.GetStatus() != v1.Status_STATUS_TIMEOUT {
+		t.Errorf("Wait = %v, want the server's STATUS_TIMEOUT", result.GetStatus())
+	}
+	if elapsed < 350*time.Millisecond || elapsed > 3*time.Second {
+		t.Errorf("Wait returned after %v, want about 350ms", elapsed)
+	}
+	if calls.count() < 3 {
+		t.Errorf("Wait made %d calls, want it to repeat the RPC until 350ms passed", calls.count())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked[0] <= 340*time.Millisecond || slices.Max(asked) > 350*time.Millisecond {
+		t.Errorf("server timeouts asked = %v, want about 350ms first, then what remains of it", asked)
+	}
+}
+
+func TestWaitWaitsForARestartingServer(t *testing.T) {
+	client, f := dialFake(t)
+	var calls counter
+	f.wait = func(context.Context, *v1.WaitRequest) (*v1.WaitResponse, error) {
+		// More failures than gRPC's own 5 attempts: the client's loop has to go on.
+		if calls.next() <= 7 {
+			return nil, status.Error(codes.Unavailable, "restarting")
+		}
+		return taskResult(v1.Status_STATUS_DONE), nil
+	}
+	result, err := client.Wait(context.Background(), "rt", "root/a.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if result.GetStatus() != v1.Status_STATUS_DONE || calls.count() != 8 {
+		t.Errorf("Wait = %v after %d calls, want DONE after 8", result.GetStatus(), calls.count())
+	}
+
+	// A server that stays down is waited for until the caller's timeout, then reported.
+	f.wait = func(context.Context, *v1.WaitRequest) (*v1.WaitResponse, error) {
+		return nil, status.Error(codes.Unavailable, "down")
+	}
+	start := time.Now()
+	_, err = client.Wait(context.Background(), "rt", "root/a.1", 300*time.Millisecond)
+	if e, ok := AsError(err); !ok || e.Code != codes.Unavailable {
+		t.Errorf("Wait on a server that stays down = %v, want UNAVAILABLE", err)
+	}
+	if elapsed := time.Since(start); elapsed < 300*time.Millisecond || elapsed > 5*time.Second {
+		t.Errorf("Wait gave up after %v, want soon after its 300ms", elapsed)
+	}
+
+	// ... and until ctx is done.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = client.Wait(ctx, "rt", "root/a.1", 0)
+	if e, ok := AsError(err); !ok || e.Code != codes.DeadlineExceeded && e.Code != codes.Unavailable {
+		t.Errorf("Wait past ctx's deadline = %v, want DEADLINE_EXCEEDED", err)
+	}
+}
+
+func TestRetriesOnlyCallsSafeToRepeat(t *testing.T) {
+	client, f := dialFake(t)
+	// gRPC retries Inspect (its service config).
+	var inspects counter
+	f.inspect = func(context.Context, *v1.InspectRequest) (*v1.InspectResponse, error) {
+		if inspects.next() <= 2 {
+			return nil, status.Error(codes.Unavailable, "restarting")
+		}
+		return &v1.InspectResponse{Handle: &v1.HandleView{HandleId: "root/a.1"}}, nil
+	}
+	view, err := client.Inspect(context.Background(), "rt", "root/a.1")
+	if err != nil || view.GetHandleId() != "root/a.1" || inspects.count() != 3 {
+		t.Errorf("Inspect = %v, %v after %d calls, want the handle after 3", view, err, inspects.count())
+	}
+
+	// Post is not retried: a lost answer does not say whether it took effect.
+	var posts counter
+	f.post = func(context.Context, *v1.PostRequest) (*v1.PostResponse, error) {
+		posts.next()
+		return nil, status.Error(codes.Unavailable, "restarting")
+	}
+	if _, err := client.Post(context.Background(), "rt", "root/a.1", "hi", "", ""); status.Code(err) != codes.Unavailable || posts.count() != 1 {
+		t.Errorf("Post = %v after %d calls, want UNAVAILABLE after 1", err, posts.count())
+	}
+
+	// Resume is retried by gRPC, then by the client past gRPC's 5 attempts.
+	var resumes counter
+	f.resume = func(_ context.Context, req *v1.ResumeRequest) (*v1.ResumeResponse, error) {
+		if resumes.next() <= 6 {
+			return nil, status.Error(codes.Unavailable, "restarting")
+		}
+		return &v1.ResumeResponse{Result: &v1.TaskResult{Status: v1.Status_STATUS_DONE, Text: req.GetAnswer().GetId()}}, nil
+	}
+	result, err := client.Resume(context.Background(), "rt", &v1.Answer{Id: "req-1", Ok: true})
+	if err != nil || result.GetStatus() != v1.Status_STATUS_DONE || result.GetText() != "req-1" || resumes.count() != 7 {
+		t.Errorf("Resume = %v, %v after %d calls, want DONE after 7", result, err, resumes.count())
+	}
+
+	// A refusal other than UNAVAILABLE is not retried.
+	resumes = counter{}
+	f.resume = func(context.Context, *v1.ResumeRequest) (*v1.ResumeResponse, error) {
+		resumes.next()
+		return nil, status.Error(codes.FailedPrecondition, "nothing pending")
+	}
+	if _, err := client.Resume(context.Background(), "rt", &v1.Answer{Id: "req-1"}); status.Code(err) != codes.FailedPrecondition || resumes.count() != 1 {
+		t.Errorf("Resume = %v after %d calls, want FAILED_PRECONDITION after 1", err, resumes.count())
+	}
+}
+
+func event(seq int64) *v1.WatchResponse {
+	return &v1.WatchResponse{Event: &v1.Event{Seq: seq, HandleId: "root/a.1"}}
+}
+
+func lagging() error {
+	st, _ := status.New(codes.ResourceExhausted, "too far behind").WithDetails(
+		&errdetails.ErrorInfo{Reason: "WATCH_LAGGING", Domain: "agentruntime.dev"})
+	return st.Err()
+}
+
+func TestWatchReconnectsFromTheLastSeq(t *testing.T) {
+	client, f := dialFake(t, WithToken("s3cret"), WithTimeout(time.Second))
+	var mu sync.Mutex
+	var afterSeqs []int64
+	var auth [][]string
+	var deadlines []bool
+	closed := make(chan struct{})
+	f.watch = func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+		md, _ := metadata.FromIncomingContext(stream.Context())
+		_, hasDeadline := stream.Context().Deadline()
+		mu.Lock()
+		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+		auth = append(auth, md.Get("authorization"))
+		deadlines = append(deadlines, hasDeadline)
+		n := len(afterSeqs)
+		mu.Unlock()
+		send := func(seqs ...int64) {
+			for _, seq := range seqs {
+				if err := stream.Send(event(seq)); err != nil {
+					t.Errorf("Send: %v", err)
+				}
+			}
+		}
+		switch n {
+		case 1: // then the server goes down
+			send(1, 2, 3)
+			return status.Error(codes.Unavailable, "restarting")
+		case 2: // then the consumer lags behind
+			send(4, 5)
+			return lagging()
+		case 3: // then the server ends the stream (shutting down); 6 comes again
+			send(6)
+			return nil
+		default: // 6 again (a replay the client must drop), 7, then hold the stream
+			send(6, 7)
+			<-stream.Context().Done()
+			close(closed)
+			return nil
+		}
+	}
+	var seqs []int64
+	for event, err := range client.Watch(context.Background(), "rt", 0, WithWatchBackoff(time.Millisecond, 10*time.Millisecond)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, event.GetSeq())
+		if event.GetSeq() == 7 {
+			break
+		}
+	}
+	if !slices.Equal(seqs, []int64{1, 2, 3, 4, 5, 6, 7}) {
+		t.Errorf("events = %v, want 1..7, each once", seqs)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Error("breaking out of the loop did not end the stream")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(afterSeqs, []int64{0, 3, 5, 6}) {
+		t.Errorf("after_seq of each stream = %v, want [0 3 5 6]", afterSeqs)
+	}
+	for i := range auth {
+		if len(auth[i]) != 1 || auth[i][0] != "Bearer s3cret" || deadlines[i] {
+			t.Errorf("stream %d: authorization %v, deadline %v; want the token and no deadline", i+1, auth[i], deadlines[i])
+		}
+	}
+}
+
+func TestWatchReportsTheErrorAfterRetriesInARow(t *testing.T) {
+	client, f := dialFake(t)
+	var calls counter
+	var mu sync.Mutex
+	var afterSeqs []int64
+	f.watch = func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+		mu.Lock()
+		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+		mu.Unlock()
+		if calls.next() == 1 {
+			stream.Send(event(11))
+		}
+		return status.Error(codes.Unavailable, "down")
+	}
+	var seqs []int64
+	var last error
+	for event, err := range client.Watch(context.Background(), "rt", 10, WithWatchRetries(3), WithWatchBackoff(time.Millisecond, 5*time.Millisecond)) {
+		if err != nil {
+			last = err
+			continue // the sequence ends after its error
+		}
+		seqs = append(seqs, event.GetSeq())
+	}
+	if e, ok := AsError(last); !ok || e.Code != codes.Unavailable {
+		t.Errorf("Watch ended with %v, want UNAVAILABLE", last)
+	}
+	// The first stream, then 3 reconnects with no event between them.
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seqs, []int64{11}) || !slices.Equal(afterSeqs, []int64{10, 11, 11, 11}) {
+		t.Errorf("events %v, after_seq of each stream %v; want [11] and [10 11 11 11]", seqs, afterSeqs)
+	}
+
+	// Any other refusal ends it at once.
+	calls = counter{}
+	f.watch = func(*v1.WatchRequest, v1.AgentRuntime_WatchServer) error {
+		calls.next()
+		return status.Error(codes.NotFound, "no runtime rt")
+	}
+	for _, err := range client.Watch(context.Background(), "rt", 0) {
+		last = err
+	}
+	if status.Code(last) != codes.NotFound || calls.count() != 1 {
+		t.Errorf("Watch = %v after %d streams, want NOT_FOUND after 1", last, calls.count())
+	}
+
+	// A cancelled ctx ends it with ctx's error.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.watch = func(_ *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+		stream.Send(event(1))
+		<-stream.Context().Done()
+		return nil
+	}
+	for event, err := range client.Watch(ctx, "rt", 0) {
+		if event != nil {
+			cancel()
+			continue
+		}
+		last = err
+	}
+	if last != context.Canceled {
+		t.Errorf("Watch after cancel = %v, want context.Canceled", last)
+	}
+}
