@@ -7,7 +7,7 @@ import asyncio
 import signal
 
 import pytest
-from agentruntime.client import Client
+from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from tests.support.build import agent
@@ -46,3 +46,22 @@ async def test_a_server_restart_in_the_middle_of_run_is_invisible_to_the_caller(
         await process.restart()
         result = await asyncio.wait_for(running, 60)
     assert (result.status, result.text, result.turns, result.own_tokens) == (pb.STATUS_DONE, "done anyway", 1, 9)
+
+
+async def test_errors_have_typed_details_and_predicates(served: Served, model: ScriptedModelServer) -> None:
+    model.script("slow", lambda body: Reply(text="done", delay=2.0))
+    async with Client(f"127.0.0.1:{served.running.port}") as client:
+        runtime_id = await client.create_runtime([agent("slow")])
+        with pytest.raises(AgentRuntimeError) as missing:
+            await client.inspect(runtime_id, "root/nobody.1")
+        assert missing.value.is_not_found and not missing.value.is_unavailable
+        assert missing.value.resource_info is not None and missing.value.resource_info.resource_name == "root/nobody.1"
+        with pytest.raises(AgentRuntimeError) as invalid:
+            await client.create_runtime([pb.AgentDef(name="9 bad", description="d")])
+        assert invalid.value.is_invalid_argument and invalid.value.bad_request is not None
+        assert [v.field for v in invalid.value.bad_request.field_violations] == ["agents[0].name"]
+        handle_id = await client.spawn(runtime_id, "slow")
+        await client.wake(runtime_id, handle_id, "go")
+        with pytest.raises(AgentRuntimeError) as running:
+            await client.wake(runtime_id, handle_id, "again")
+        assert running.value.is_failed_precondition and running.value.reason == "HANDLE_RUNNING"

@@ -11,10 +11,11 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -61,7 +62,9 @@ _DETAIL_TYPES = (
     error_details_pb2.BadRequest,
     error_details_pb2.ErrorInfo,
     error_details_pb2.ResourceInfo,
+    error_details_pb2.QuotaFailure,
 )
+_Detail = TypeVar("_Detail", bound=Message)
 
 
 class AgentRuntimeError(Exception):
@@ -73,8 +76,66 @@ class AgentRuntimeError(Exception):
         self.message = message
         self.details = details
 
-    def detail(self, kind: type[Any]) -> Any | None:
+    def detail(self, kind: type[_Detail]) -> _Detail | None:
+        """The first detail of that type: `error.detail(error_details_pb2.BadRequest)`."""
         return next((d for d in self.details if isinstance(d, kind)), None)
+
+    # Typed accessors for the details the server sends, and predicates for the codes a
+    # host branches on.
+    @property
+    def bad_request(self) -> error_details_pb2.BadRequest | None:
+        """INVALID_ARGUMENT: one field violation per problem."""
+        return self.detail(error_details_pb2.BadRequest)
+
+    @property
+    def error_info(self) -> error_details_pb2.ErrorInfo | None:
+        """A reason (`HANDLE_RUNNING`, `WATCH_LAGGING`, ...) and metadata (`limit`, `quota`)."""
+        return self.detail(error_details_pb2.ErrorInfo)
+
+    @property
+    def resource_info(self) -> error_details_pb2.ResourceInfo | None:
+        """NOT_FOUND: the kind and name of what does not exist."""
+        return self.detail(error_details_pb2.ResourceInfo)
+
+    @property
+    def quota_failure(self) -> error_details_pb2.QuotaFailure | None:
+        """RESOURCE_EXHAUSTED by a tenant's quota."""
+        return self.detail(error_details_pb2.QuotaFailure)
+
+    @property
+    def reason(self) -> str:
+        """The ErrorInfo reason, or "" when the error carries none."""
+        info = self.error_info
+        return info.reason if info is not None else ""
+
+    @property
+    def is_not_found(self) -> bool:
+        return self.code is grpc.StatusCode.NOT_FOUND
+
+    @property
+    def is_invalid_argument(self) -> bool:
+        return self.code is grpc.StatusCode.INVALID_ARGUMENT
+
+    @property
+    def is_failed_precondition(self) -> bool:
+        return self.code is grpc.StatusCode.FAILED_PRECONDITION
+
+    @property
+    def is_resource_exhausted(self) -> bool:
+        return self.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    @property
+    def is_unavailable(self) -> bool:
+        """Worth retrying later (a restarting server, a runtime moving between replicas)."""
+        return self.code is grpc.StatusCode.UNAVAILABLE
+
+    @property
+    def is_unauthenticated(self) -> bool:
+        return self.code is grpc.StatusCode.UNAUTHENTICATED
+
+    @property
+    def is_permission_denied(self) -> bool:
+        return self.code is grpc.StatusCode.PERMISSION_DENIED
 
     @classmethod
     def from_rpc_error(cls, error: grpc.aio.AioRpcError) -> AgentRuntimeError:
