@@ -1,6 +1,10 @@
 /**
  * A thin client over the generated AgentRuntime stubs: one method per verb, errors as
- * ConnectError with their gRPC code and google.rpc details.
+ * ConnectError with their gRPC code and google.rpc details. The calls that change nothing when
+ * repeated (Wait, Resume, Inspect, List, GetTranscript, ListRuntimes) are retried on UNAVAILABLE
+ * and on a connection that died under the call (see retry.ts `isDropped`); Spawn, Wake, Post,
+ * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not: a lost answer does
+ * not say whether they took effect.
  *
  * ```ts
  * const client = createClient("127.0.0.1:50051");
@@ -26,10 +30,12 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import {
   AgentRuntime,
   HandleViewSchema,
+  Status,
   TaskResultSchema,
   type AgentDefSchema,
   type AnswerSchema,
   type BudgetSchema,
+  type Event,
   type GetTranscriptResponse,
   type HandleView,
   type ListResponse,
@@ -46,15 +52,37 @@ import {
   type ErrorInfo,
   type ResourceInfo,
 } from "./gen/google/rpc/error_details_pb.js";
+import { RESUME_RETRY, SAFE_RETRY, WAIT_RETRY, retrying } from "./retry.js";
+import { watch, type WatchOptions } from "./watch.js";
 import { serveTools, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 
 export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler } from "./workers.js";
+export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
+export { RESUME_RETRY, SAFE_RETRY, SAFE_TO_REPEAT, WAIT_RETRY, type RetryPolicy } from "./retry.js";
 export * from "./gen/agentruntime/v1/agent_runtime_pb.js";
 export * from "./gen/google/rpc/error_details_pb.js";
 export { Code, ConnectError };
 
-/** The default deadline of every call, as in the Python client (60 s). */
+/** The default deadline of every call, as in the Python client (60 s); Wait and Watch have their own. */
 export const DEFAULT_TIMEOUT_MS = 60_000;
+
+/** The longest one Wait RPC asks the server for (WaitRequest.timeout): well under any proxy's idle cut. */
+export const WAIT_SLICE_MS = 30_000;
+
+/** How far a Wait RPC's call deadline lies past its server-side timeout. */
+export const WAIT_MARGIN_MS = 10_000;
+
+/** Options of `wait`. */
+export interface WaitOptions {
+  /** Stops waiting: the call rejects with a ConnectError of code `Canceled` (the run goes on). */
+  signal?: AbortSignal;
+}
+
+/** Options of `run`: those of `wait`, and its `timeoutMs`. */
+export interface RunOptions extends WaitOptions {
+  /** As `wait`'s `timeoutMs`: after it, the server's STATUS_TIMEOUT result (the handle still running). */
+  timeoutMs?: number;
+}
 
 export interface ClientOptions {
   /**
@@ -64,7 +92,10 @@ export interface ClientOptions {
   tls?: boolean;
   /** Sent as `authorization: Bearer <token>` on every call (`raw` calls included). */
   token?: string;
-  /** The deadline of each call in ms (default 60 000); 0 means no deadline. */
+  /**
+   * The deadline of each call in ms (default 60 000); 0 means no deadline. It does not bound
+   * `wait` (each Wait RPC has its own deadline) nor `watch` and `serveTools` (none).
+   */
   timeoutMs?: number;
   /** PEM CA certificates to verify the server with, instead of Node's bundled CAs. */
   rootCertificates?: string | Buffer;
@@ -169,28 +200,53 @@ export class AgentRuntimeClient {
   }
 
   /**
-   * Waits for the handle to settle. Without `timeoutMs` the server waits until it settles,
-   * bounded by the call deadline; with it, STATUS_TIMEOUT comes back when it passes first.
+   * The handle's settled (or PENDING) result, however long the run takes: the client's
+   * `timeoutMs` does not cut it short. Each Wait RPC asks the server for at most 30 s
+   * (`WAIT_SLICE_MS`) under a deadline 10 s longer, and is repeated while the result is
+   * STATUS_TIMEOUT. With `timeoutMs`, the server's STATUS_TIMEOUT result (the handle still
+   * running) comes back once it has passed: a timeout is the caller's choice, never the
+   * transport's. A server that is restarting (UNAVAILABLE, or the connection dropped) is
+   * waited for, with backoff and jitter (100 ms doubling, at most 5 s), until `timeoutMs`.
+   * `options.signal` stops waiting (a ConnectError of code `Canceled`).
    */
-  async wait(runtimeId: string, handleId: string, timeoutMs?: number): Promise<TaskResult> {
-    const timeout = timeoutMs !== undefined ? durationFromMs(timeoutMs) : undefined;
-    // The call deadline outlives the server-side timeout by 5 s (0: no deadline).
-    const deadline = this.timeoutMs > 0 ? Math.max(this.timeoutMs, (timeoutMs ?? 0) + 5_000) : 0;
-    const response = await this.raw.wait({ runtimeId, handleId, timeout }, this.call(deadline));
-    return response.result ?? create(TaskResultSchema);
+  async wait(runtimeId: string, handleId: string, timeoutMs?: number, options: WaitOptions = {}): Promise<TaskResult> {
+    const signal = options.signal;
+    const end = timeoutMs === undefined ? undefined : performance.now() + Math.max(timeoutMs, 0);
+    for (;;) {
+      const response = await retrying(
+        () => {
+          // What is left of the caller's timeout, at most one slice (0 once it has passed:
+          // the server then answers at once, STATUS_TIMEOUT if the handle still runs).
+          const slice = end === undefined ? WAIT_SLICE_MS : Math.min(WAIT_SLICE_MS, Math.max(Math.ceil(end - performance.now()), 0));
+          const request = { runtimeId, handleId, timeout: durationFromMs(slice) };
+          return this.raw.wait(request, { timeoutMs: slice + WAIT_MARGIN_MS, signal });
+        },
+        WAIT_RETRY,
+        { signal, until: end },
+      );
+      const result = response.result ?? create(TaskResultSchema);
+      if (result.status !== Status.TIMEOUT || (end !== undefined && performance.now() >= end)) return result;
+    }
   }
 
-  /** Answers a pending Request and continues the suspended handles. */
+  /**
+   * Answers a pending Request and continues the suspended handles. Safe to repeat (the server
+   * returns the same result for the same answer and runs nothing again), so UNAVAILABLE (or a
+   * dropped connection) is retried: 8 attempts, 100 ms doubling to 5 s, jittered.
+   */
   async resume(runtimeId: string, answer: AnswerInit): Promise<TaskResult> {
-    const response = await this.raw.resume({ runtimeId, answer }, this.call());
+    const response = await retrying(() => this.raw.resume({ runtimeId, answer }, this.call()), RESUME_RETRY);
     return response.result ?? create(TaskResultSchema);
   }
 
-  /** Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle. */
-  async run(runtimeId: string, agent: string, prompt: string, parent = "root"): Promise<TaskResult> {
+  /**
+   * Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle, however long it
+   * takes (see `wait`; `options.timeoutMs` and `options.signal` are passed on to it).
+   */
+  async run(runtimeId: string, agent: string, prompt: string, parent = "root", options: RunOptions = {}): Promise<TaskResult> {
     const handleId = await this.spawn(runtimeId, agent, parent);
     await this.wake(runtimeId, handleId, prompt);
-    return this.wait(runtimeId, handleId);
+    return this.wait(runtimeId, handleId, options.timeoutMs, { signal: options.signal });
   }
 
   /** Cancels the handle's run and its subtree's; false when there was nothing to interrupt. */
@@ -207,7 +263,7 @@ export class AgentRuntimeClient {
 
   /** One handle's view. */
   async inspect(runtimeId: string, handleId: string): Promise<HandleView> {
-    const response = await this.raw.inspect({ runtimeId, handleId }, this.call());
+    const response = await retrying(() => this.raw.inspect({ runtimeId, handleId }, this.call()), SAFE_RETRY);
     return response.handle ?? create(HandleViewSchema);
   }
 
@@ -228,7 +284,7 @@ export class AgentRuntimeClient {
    * (empty for the first page); its `nextPageToken` is empty on the last page.
    */
   async listPage(runtimeId: string, pageSize = 0, pageToken = ""): Promise<ListResponse> {
-    return this.raw.list({ runtimeId, pageSize, pageToken }, this.call());
+    return retrying(() => this.raw.list({ runtimeId, pageSize, pageToken }, this.call()), SAFE_RETRY);
   }
 
   /** The handle's whole stored transcript (it follows the pages of GetTranscript to the last). */
@@ -248,7 +304,7 @@ export class AgentRuntimeClient {
    * `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
    */
   async transcriptPage(runtimeId: string, handleId: string, pageSize = 0, pageToken = ""): Promise<GetTranscriptResponse> {
-    return this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, this.call());
+    return retrying(() => this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, this.call()), SAFE_RETRY);
   }
 
   /** Every runtime of the caller's tenant, newest first (it follows the pages of ListRuntimes to the last). */
@@ -268,7 +324,7 @@ export class AgentRuntimeClient {
    * from `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
    */
   async listRuntimesPage(pageSize = 0, pageToken = ""): Promise<ListRuntimesResponse> {
-    return this.raw.listRuntimes({ pageSize, pageToken }, this.call());
+    return retrying(() => this.raw.listRuntimes({ pageSize, pageToken }, this.call()), SAFE_RETRY);
   }
 
   /**
@@ -277,6 +333,28 @@ export class AgentRuntimeClient {
    */
   async deleteRuntime(runtimeId: string, force = false): Promise<void> {
     await this.raw.deleteRuntime({ runtimeId, force }, this.call());
+  }
+
+  /**
+   * The runtime's events after `afterSeq` (0: its whole history), in order, once each; it never
+   * ends by itself. It uses this client's connection (TLS, token) and no deadline. A dropped
+   * stream (UNAVAILABLE; CANCELED or ABORTED from a connection that died; RESOURCE_EXHAUSTED
+   * with ErrorInfo reason WATCH_LAGGING when this consumer fell too far behind) or one the
+   * server ends is reopened from the last seq seen,
+   * so nothing is missed or seen twice: after a pause of 250 ms doubling per failure in a row,
+   * jittered (none when lagging). After `maxRetries` (default 5) reconnections in a row with
+   * no event between them, the last error is thrown; any other code is thrown at once.
+   * `options.signal` (or leaving the loop) ends it.
+   *
+   * ```ts
+   * const stop = new AbortController();
+   * for await (const event of client.watch(runtimeId, 0, { signal: stop.signal })) {
+   *   console.log(event.seq, event.handleId, event.payload.case);
+   * }
+   * ```
+   */
+  watch(runtimeId: string, afterSeq: bigint | number = 0, options?: WatchOptions): AsyncGenerator<Event, void, undefined> {
+    return watch(this.raw, runtimeId, BigInt(afterSeq), options);
   }
 
   /**

@@ -1,0 +1,85 @@
+/**
+ * Watch: a runtime's events as an async iterable that reconnects. `AgentRuntimeClient.watch`
+ * is the entry point; this module holds its machinery.
+ */
+
+import { Code, ConnectError, type Client as ConnectClient } from "@connectrpc/connect";
+
+import { AgentRuntime, type Event } from "./gen/agentruntime/v1/agent_runtime_pb.js";
+import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+import { isDropped, pause } from "./retry.js";
+
+export interface WatchOptions {
+  /** Ends the iteration (it returns; no error): the stream is cancelled. */
+  signal?: AbortSignal;
+  /**
+   * Reconnections in a row with no event between them before the error is thrown (default 5).
+   */
+  maxRetries?: number;
+  /** The first reconnection delay in ms (default 250), doubled per failure in a row, jittered. */
+  backoffMs?: number;
+  /**
+   * Called when the stream dropped (`error`) or the server ended it (`error` undefined), with
+   * the pause before the reconnection, e.g. to log it.
+   */
+  onDisconnect?: (error: ConnectError | undefined, delayMs: number) => void;
+}
+
+/** The default of WatchOptions.maxRetries. */
+export const DEFAULT_WATCH_RETRIES = 5;
+
+/** RESOURCE_EXHAUSTED with ErrorInfo reason WATCH_LAGGING: this consumer fell too far behind. */
+function isLagging(error: ConnectError): boolean {
+  return error.code === Code.ResourceExhausted && error.findDetails(ErrorInfoSchema)[0]?.reason === "WATCH_LAGGING";
+}
+
+/** The machinery of AgentRuntimeClient.watch (see there). */
+export async function* watch(
+  raw: ConnectClient<typeof AgentRuntime>,
+  runtimeId: string,
+  afterSeq: bigint,
+  options: WatchOptions = {},
+): AsyncGenerator<Event, void, undefined> {
+  const maxRetries = options.maxRetries ?? DEFAULT_WATCH_RETRIES;
+  const backoff = options.backoffMs ?? 250;
+  const signal = options.signal;
+  let seen = afterSeq; // the last seq yielded: a reconnection asks for what follows it
+  let failures = 0; // reconnections in a row with no event between them
+  while (!signal?.aborted) {
+    // This stream's own cancellation: the caller's abort, or leaving the generator (a `break`).
+    const stream = new AbortController();
+    const onAbort = () => stream.abort();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    let dropped: ConnectError | undefined;
+    try {
+      // No deadline: the stream lives until it is aborted or dropped.
+      for await (const response of raw.watch({ runtimeId, afterSeq: seen }, { signal: stream.signal, timeoutMs: 0 })) {
+        const event = response.event;
+        if (event === undefined || event.seq <= seen) continue; // never the same event twice
+        failures = 0;
+        seen = event.seq;
+        yield event;
+      }
+    } catch (error) {
+      if (signal?.aborted) return; // our own cancellation, whatever code it surfaced as
+      const failure = ConnectError.from(error);
+      if (!isDropped(failure) && !isLagging(failure)) throw failure;
+      dropped = failure;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      stream.abort();
+    }
+    if (signal?.aborted) return;
+    // Dropped, lagging, or ended by the server (it is shutting down): reopen from `seen`.
+    if (failures >= maxRetries) {
+      throw dropped ?? new ConnectError("the server ended the Watch stream", Code.Unavailable);
+    }
+    // A lagging consumer reconnects at once (the server is up); otherwise 250 ms doubling per
+    // failure in a row, drawn from its upper half.
+    const ceiling = dropped !== undefined && isLagging(dropped) ? 0 : backoff * 2 ** failures;
+    const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
+    failures += 1;
+    options.onDisconnect?.(dropped, delay);
+    await pause(delay, signal);
+  }
+}
