@@ -31,6 +31,7 @@ import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.Metadata;
+import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
 import java.io.ByteArrayInputStream;
@@ -46,6 +47,7 @@ import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
+import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 
@@ -62,19 +64,60 @@ import java.util.function.Function;
  * }</pre>
  *
  * <p>Every call gets the default deadline (60 s unless the builder says otherwise; {@code null}
- * means none). The client is safe for concurrent use; {@link #close()} shuts its channel down.
+ * means none), except Wait ({@link #waitFor}: repeated 30 s slices, each with its own deadline)
+ * and the streams (Watch, ServeTools: none). Calls that change nothing when repeated (Wait, Resume,
+ * Inspect, List, GetTranscript, ListRuntimes) are retried by gRPC on UNAVAILABLE; the others are
+ * not, since a lost answer does not say whether they took effect. The client is safe for
+ * concurrent use; {@link #close()} shuts its channel down.
  */
 public final class AgentRuntimeClient implements AutoCloseable {
   /** The per-call deadline when the builder sets none; it matches the Python client. */
   public static final Duration DEFAULT_TIMEOUT = Duration.ofSeconds(60);
 
-  /** A Wait with a server-side timeout gets a call deadline at least this much above it. */
-  private static final Duration WAIT_SLACK = Duration.ofSeconds(5);
+  /** The longest server-side wait one Wait asks for: well under any proxy's idle cut. */
+  public static final Duration WAIT_SLICE = Duration.ofSeconds(30);
+  /** A Wait's call deadline is its server-side wait plus this much, so the server answers first. */
+  public static final Duration WAIT_MARGIN = Duration.ofSeconds(10);
+  /** How many times {@link #resume} tries while the server is unavailable. */
+  public static final int RESUME_ATTEMPTS = 8;
+  /** The first client-side retry (Wait, Resume) waits up to this long; each failure in a row doubles it. */
+  static final Duration RETRY_BACKOFF = Duration.ofMillis(100);
+  /** The longest wait between client-side retries. */
+  static final Duration MAX_RETRY_BACKOFF = Duration.ofSeconds(5);
+
+  /**
+   * The RPCs that change nothing when repeated, which gRPC retries on UNAVAILABLE. Spawn, Wake, Post,
+   * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not retried: a lost answer does
+   * not say whether they took effect.
+   */
+  static final List<String> SAFE_TO_REPEAT =
+      List.of("Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes");
+
+  /**
+   * The channel's default service config: a retry policy (5 attempts, 0.1 s doubling up to 2 s, on
+   * UNAVAILABLE) for {@link #SAFE_TO_REPEAT}. grpc-java reads JSON numbers as {@code Double}.
+   */
+  static final Map<String, ?> SERVICE_CONFIG = serviceConfig();
+
+  private static Map<String, ?> serviceConfig() {
+    List<Map<String, ?>> names = new ArrayList<>();
+    for (String method : SAFE_TO_REPEAT) {
+      names.add(Map.of("service", AgentRuntimeGrpc.SERVICE_NAME, "method", method));
+    }
+    Map<String, ?> retryPolicy = Map.of(
+        "maxAttempts", 5.0,
+        "initialBackoff", "0.1s",
+        "maxBackoff", "2s",
+        "backoffMultiplier", 2.0,
+        "retryableStatusCodes", List.of("UNAVAILABLE"));
+    return Map.of("methodConfig", List.of(Map.of("name", List.copyOf(names), "retryPolicy", retryPolicy)));
+  }
 
   private final ManagedChannel channel;
   private final AgentRuntimeGrpc.AgentRuntimeBlockingStub stub;
   private final AgentRuntimeGrpc.AgentRuntimeStub asyncStub; // the streams (ServeTools)
   private final Set<ToolWorker> workers = ConcurrentHashMap.newKeySet(); // running, closed with the client
+  private final Set<WatchStream> watches = ConcurrentHashMap.newKeySet(); // open, closed with the client
   private final Duration timeout;
 
   private AgentRuntimeClient(ManagedChannel channel, Duration timeout) {
@@ -180,7 +223,10 @@ public final class AgentRuntimeClient implements AutoCloseable {
       return this;
     }
 
-    /** The deadline of every call (Wait: at least its timeout plus 5 s); {@code null} means none. */
+    /**
+     * The deadline of every unary call but Wait (whose slices have their own: see
+     * {@link AgentRuntimeClient#waitFor}); {@code null} means none.
+     */
     public Builder defaultTimeout(Duration timeout) {
       this.timeout = timeout;
       return this;
@@ -220,7 +266,11 @@ public final class AgentRuntimeClient implements AutoCloseable {
       if (callCredentials != null) {
         channelCredentials = CompositeChannelCredentials.create(channelCredentials, callCredentials);
       }
-      return new AgentRuntimeClient(Grpc.newChannelBuilder(target, channelCredentials).build(), timeout);
+      ManagedChannel channel = Grpc.newChannelBuilder(target, channelCredentials)
+          .defaultServiceConfig(SERVICE_CONFIG)
+          .enableRetry()
+          .build();
+      return new AgentRuntimeClient(channel, timeout);
     }
   }
 
@@ -253,7 +303,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /**
    * The generated blocking stub on this client's channel (its TLS and call credentials), for what
-   * the thin methods do not cover; no default deadline is applied.
+   * the thin methods do not cover; no default deadline is applied. The channel's retry policy
+   * applies to its calls too (the safe-to-repeat RPCs are retried on UNAVAILABLE).
    */
   public AgentRuntimeGrpc.AgentRuntimeBlockingStub stub() {
     return stub;
@@ -344,36 +395,141 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
-   * Waits for the handle to settle. A non-null {@code timeout} is the server-side wait (the result
-   * is then {@code STATUS_TIMEOUT} if it passes first); {@code null} waits until the handle settles,
-   * bounded by the call deadline (the default timeout, or at least {@code timeout} + 5 s).
+   * The handle's settled (or PENDING) result, however long the run takes; with a non-null
+   * {@code timeout}, after that long at most the server's {@code STATUS_TIMEOUT} result (the handle
+   * still running). A timeout is the caller's choice, never the transport's: each Wait asks the
+   * server for at most {@link #WAIT_SLICE} (30 s), with a call deadline {@link #WAIT_MARGIN} (10 s)
+   * past it whatever the client's default timeout, and is repeated while the result is
+   * {@code STATUS_TIMEOUT}. A server that is restarting (UNAVAILABLE) is waited for, with backoff
+   * (100 ms doubling up to 5 s, with jitter), until the handle settles or {@code timeout} passes
+   * (then the UNAVAILABLE is thrown).
+   *
+   * @throws AgentRuntimeException a refusal (NOT_FOUND, ...); UNAVAILABLE once {@code timeout} has
+   *     passed with the server still away; CANCELLED when the calling thread is interrupted (its
+   *     interrupt flag is set again)
    */
   public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
-    WaitRequest.Builder request = WaitRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId);
+    Long end = null; // System.nanoTime() when the caller's timeout passes; null: never
     if (timeout != null) {
-      request.setTimeout(toProto(timeout));
+      long nanos = timeout.isNegative() ? 0 : saturatedNanos(timeout);
+      if (nanos < Long.MAX_VALUE / 2) {
+        end = System.nanoTime() + nanos;
+      }
     }
-    Duration deadline = null;
-    if (this.timeout != null) {
-      Duration floor = (timeout == null ? Duration.ZERO : timeout).plus(WAIT_SLACK);
-      deadline = this.timeout.compareTo(floor) >= 0 ? this.timeout : floor;
+    int failures = 0;
+    while (true) {
+      checkInterrupted();
+      Duration slice = WAIT_SLICE;
+      if (end != null) {
+        long remaining = Math.max(end - System.nanoTime(), 0);
+        if (remaining < slice.toNanos()) {
+          slice = Duration.ofNanos(remaining);
+        }
+      }
+      WaitRequest request = WaitRequest.newBuilder()
+          .setRuntimeId(runtimeId)
+          .setHandleId(handleId)
+          .setTimeout(toProto(slice))
+          .build();
+      TaskResult result;
+      try {
+        result = call(slice.plus(WAIT_MARGIN), s -> s.wait(request)).getResult();
+      } catch (AgentRuntimeException e) {
+        if (e.code() != Status.Code.UNAVAILABLE || Thread.currentThread().isInterrupted()
+            || (end != null && System.nanoTime() - end >= 0)) {
+          throw e;
+        }
+        failures++;
+        long pause = retryBackoffNanos(failures);
+        if (end != null) {
+          pause = Math.min(pause, Math.max(end - System.nanoTime(), 0));
+        }
+        sleepNanos(pause);
+        channel.resetConnectBackoff(); // try the server now, not at the channel's own (up to 2 min) backoff
+        continue;
+      }
+      failures = 0;
+      if (result.getStatus() != dev.agentruntime.v1.Status.STATUS_TIMEOUT
+          || (end != null && System.nanoTime() - end >= 0)) {
+        return result;
+      }
     }
-    WaitRequest built = request.build();
-    return call(deadline, s -> s.wait(built)).getResult();
   }
 
-  /** Waits without a server-side timeout. */
+  /** Waits until the handle settles (or suspends), however long that takes. */
   public TaskResult waitFor(String runtimeId, String handleId) {
     return waitFor(runtimeId, handleId, null);
   }
 
-  /** Answers a pending Request and returns the result the resumed handles settle on. */
+  /**
+   * Answers a pending Request and returns the result the resumed handles settle on. Resume is safe
+   * to repeat (the server returns the same result for the same answer and runs nothing again), so
+   * a server that is unavailable is retried, up to {@link #RESUME_ATTEMPTS} times in all, with
+   * backoff (100 ms doubling up to 5 s, with jitter), on top of gRPC's own retries.
+   */
   public TaskResult resume(String runtimeId, Answer answer) {
     ResumeRequest request = ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).build();
-    return call(s -> s.resume(request)).getResult();
+    for (int failures = 1; ; failures++) {
+      checkInterrupted();
+      try {
+        return call(s -> s.resume(request)).getResult();
+      } catch (AgentRuntimeException e) {
+        if (e.code() != Status.Code.UNAVAILABLE || failures >= RESUME_ATTEMPTS
+            || Thread.currentThread().isInterrupted()) {
+          throw e;
+        }
+        sleepNanos(retryBackoffNanos(failures));
+        channel.resetConnectBackoff();
+      }
+    }
   }
 
-  /** Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle under {@code parent}. */
+  /** Full jitter: a random pause up to 100 ms doubled per failure in a row (the first: up to 100 ms), at most 5 s. */
+  static long retryBackoffNanos(int failures) {
+    long ceiling = MAX_RETRY_BACKOFF.toNanos();
+    if (failures < 32) {
+      ceiling = Math.min(ceiling, RETRY_BACKOFF.toNanos() << Math.max(failures - 1, 0));
+    }
+    return ThreadLocalRandom.current().nextLong(ceiling + 1);
+  }
+
+  private static long saturatedNanos(Duration duration) {
+    try {
+      return duration.toNanos();
+    } catch (ArithmeticException e) {
+      return Long.MAX_VALUE;
+    }
+  }
+
+  /** Throws CANCELLED (the flag left set) when the calling thread has been interrupted. */
+  private static void checkInterrupted() {
+    if (Thread.currentThread().isInterrupted()) {
+      throw interrupted(null);
+    }
+  }
+
+  static AgentRuntimeException interrupted(InterruptedException cause) {
+    return AgentRuntimeException.fromThrowable(
+        Status.CANCELLED.withDescription("the calling thread was interrupted").withCause(cause).asRuntimeException());
+  }
+
+  /** Sleeps, or throws CANCELLED (setting the interrupt flag again) when interrupted. */
+  private static void sleepNanos(long nanos) {
+    if (nanos <= 0) {
+      return;
+    }
+    try {
+      TimeUnit.NANOSECONDS.sleep(nanos);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw interrupted(e);
+    }
+  }
+
+  /**
+   * Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle under {@code parent},
+   * however long the run takes (see {@link #waitFor(String, String, Duration)}).
+   */
   public TaskResult run(String runtimeId, String agent, String prompt, String parent) {
     String handleId = spawn(runtimeId, agent, parent, null);
     wake(runtimeId, handleId, prompt);
@@ -504,6 +660,52 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
+   * The runtime's events after {@code afterSeq} (0: its whole history), in order, once each, as a
+   * blocking iterator that never ends by itself: {@code hasNext()} blocks until the next event and
+   * is {@code false} only once the stream is closed. The stream uses this client's channel (its TLS
+   * and call credentials) and has no deadline.
+   *
+   * <p>A dropped stream (UNAVAILABLE; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason
+   * {@code WATCH_LAGGING}, when this consumer fell too far behind; or the server ending it, as a
+   * restarting one does) is reopened from the last seq seen, so nothing is missed or seen twice.
+   * After {@code maxRetries} reconnects in a row with no event between them (waiting
+   * {@code backoff}, doubling, plus up to half again at random, before each but a lagging one),
+   * {@code hasNext()} throws the error as
+   * an {@link AgentRuntimeException}; so does any other status (NOT_FOUND, PERMISSION_DENIED, ...),
+   * and an interrupt of the iterating thread (CANCELLED, the flag set again).
+   *
+   * <pre>{@code
+   * try (WatchStream events = client.watch(runtimeId, 0)) {
+   *   while (events.hasNext()) {
+   *     Event event = events.next();
+   *     System.out.println(event.getSeq() + " " + event.getHandleId() + " " + event.getPayloadCase());
+   *   }
+   * }
+   * }</pre>
+   *
+   * <p>Close it (from any thread) to stop watching; closing the client closes its watches.
+   */
+  public WatchStream watch(String runtimeId, long afterSeq, int maxRetries, Duration backoff) {
+    Objects.requireNonNull(runtimeId, "runtimeId");
+    Objects.requireNonNull(backoff, "backoff");
+    if (maxRetries < 0 || afterSeq < 0 || backoff.isNegative()) {
+      throw new IllegalArgumentException("afterSeq, maxRetries and backoff must not be negative");
+    }
+    WatchStream watch = new WatchStream(stub, channel::resetConnectBackoff, runtimeId, afterSeq, maxRetries,
+        backoff, watches::remove);
+    watches.add(watch);
+    return watch;
+  }
+
+  /**
+   * {@link #watch(String, long, int, Duration)} giving up after 5 failed reconnects in a row, 1 s
+   * doubling between them (at least 31 s in all: long enough for a graceful server restart).
+   */
+  public WatchStream watch(String runtimeId, long afterSeq) {
+    return watch(runtimeId, afterSeq, WatchStream.MAX_RETRIES, WatchStream.BACKOFF);
+  }
+
+  /**
    * Serves worker tools ({@code ToolDef.worker}) of {@code queue} over ServeTools, in the
    * background, until the returned worker is closed: {@code handlers} maps each tool name to its
    * handler (their names, sorted, are registered), and at most {@code maxConcurrentCalls} (1 to
@@ -543,13 +745,16 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
-   * Closes the client's tool workers and shuts the channel down (closes no handle: see
+   * Closes the client's tool workers and watches and shuts the channel down (closes no handle: see
    * {@link #close(String, String)} for that).
    */
   @Override
   public void close() {
     for (ToolWorker worker : List.copyOf(workers)) {
       worker.close();
+    }
+    for (WatchStream watch : List.copyOf(watches)) {
+      watch.close();
     }
     channel.shutdown();
     try {

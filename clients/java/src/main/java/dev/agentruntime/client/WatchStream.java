@@ -1,0 +1,250 @@
+package dev.agentruntime.client;
+
+import com.google.rpc.ErrorInfo;
+import dev.agentruntime.v1.AgentRuntimeGrpc;
+import dev.agentruntime.v1.Event;
+import dev.agentruntime.v1.WatchRequest;
+import dev.agentruntime.v1.WatchResponse;
+import io.grpc.Context;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import java.time.Duration;
+import java.util.Iterator;
+import java.util.List;
+import java.util.NoSuchElementException;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
+
+/**
+ * A runtime's events, in order and once each, over the Watch stream, opened by
+ * {@link AgentRuntimeClient#watch}: a blocking {@link Iterator} that never ends by itself, and an
+ * {@link AutoCloseable} that stops it.
+ *
+ * <ul>
+ *   <li>{@link #hasNext()} blocks until the next event arrives; it is {@code false} only once the
+ *       stream is closed (by {@link #close()}, from any thread, or by closing the client).
+ *   <li>A dropped stream (UNAVAILABLE; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason
+ *       {@code WATCH_LAGGING}, when this consumer fell too far behind; or the server ending the
+ *       stream, as one that shuts down does) is reopened from the last seq seen ({@link #lastSeq()}),
+ *       so nothing is missed or seen twice. Before each reconnect but a lagging one it waits the
+ *       backoff (1 s by default), doubling per failure in a row, plus up to half again at random
+ *       (so that the watchers of a restarted server do not all come back at once).
+ *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, the
+ *       next failure is thrown by {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
+ *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
+ *       of the iterating thread throws CANCELLED (with its interrupt flag set again). The stream is
+ *       closed then.
+ * </ul>
+ *
+ * <p>The stream has no deadline. Iterate it from one thread at a time.
+ */
+public final class WatchStream implements Iterator<Event>, AutoCloseable {
+  /** Reconnects in a row, with no event between them, before the failure is thrown. */
+  static final int MAX_RETRIES = 5;
+  /**
+   * The wait before the first reconnect; it doubles per failure in a row (plus up to half again, at
+   * random), so the default 5 reconnects span at least 31 s: a server's graceful stop (its running
+   * turns get up to 10 s to reach a journal point) and its start again.
+   */
+  static final Duration BACKOFF = Duration.ofSeconds(1);
+  /** The reason of the RESOURCE_EXHAUSTED that drops a consumer that fell too far behind. */
+  static final String WATCH_LAGGING = "WATCH_LAGGING";
+
+  private static final System.Logger LOG = System.getLogger(WatchStream.class.getName());
+
+  private final AgentRuntimeGrpc.AgentRuntimeBlockingStub stub;
+  private final Runnable resetConnectBackoff;
+  private final String runtimeId;
+  private final int maxRetries;
+  private final Duration backoff;
+  private final Consumer<WatchStream> onClose; // tells the client the watch is closed
+
+  private final Object lock = new Object();
+  private final CountDownLatch closedLatch = new CountDownLatch(1); // cuts a backoff short
+  private Context.CancellableContext context; // guarded by lock: the open stream's; null when none
+  private volatile boolean closed;
+
+  // The iterating thread's.
+  private Iterator<WatchResponse> responses; // null: no stream open
+  private Event next; // fetched by hasNext(), not yet returned by next()
+  private volatile long lastSeq;
+  private int failures; // reconnects since the last event
+
+  WatchStream(AgentRuntimeGrpc.AgentRuntimeBlockingStub stub, Runnable resetConnectBackoff, String runtimeId,
+      long afterSeq, int maxRetries, Duration backoff, Consumer<WatchStream> onClose) {
+    this.stub = stub;
+    this.resetConnectBackoff = resetConnectBackoff;
+    this.runtimeId = runtimeId;
+    this.lastSeq = afterSeq;
+    this.maxRetries = maxRetries;
+    this.backoff = backoff;
+    this.onClose = onClose;
+  }
+
+  /** The runtime being watched. */
+  public String runtimeId() {
+    return runtimeId;
+  }
+
+  /**
+   * The seq of the last event received (returned by {@link #next()}, or held by {@link #hasNext()});
+   * the {@code afterSeq} it was opened with before the first. A new watch from it goes on where this
+   * one stopped.
+   */
+  public long lastSeq() {
+    return lastSeq;
+  }
+
+  /** Whether the stream was closed. */
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /**
+   * Blocks until the next event (then {@code true}) or the stream is closed ({@code false}).
+   *
+   * @throws AgentRuntimeException a status that is not reconnected, or one after {@code maxRetries}
+   *     failed reconnects in a row; CANCELLED when the thread is interrupted
+   */
+  @Override
+  public boolean hasNext() {
+    if (next != null) {
+      return true;
+    }
+    while (!closed) {
+      if (responses == null && !open()) {
+        return false;
+      }
+      boolean lagging = false;
+      String why;
+      try {
+        if (responses.hasNext()) {
+          Event event = responses.next().getEvent();
+          failures = 0;
+          lastSeq = event.getSeq();
+          next = event;
+          return true;
+        }
+        // The server ended the stream (it is shutting down): reopen it like a drop.
+        endStream();
+        why = "ended by the server";
+        if (failures >= maxRetries) {
+          close();
+          throw new AgentRuntimeException(Status.Code.UNAVAILABLE, "the server ended the Watch stream", List.of());
+        }
+      } catch (StatusRuntimeException e) {
+        endStream();
+        if (closed) {
+          return false; // close() cancelled it
+        }
+        AgentRuntimeException error = AgentRuntimeException.fromThrowable(e);
+        if (Thread.currentThread().isInterrupted()) {
+          close();
+          throw error; // CANCELLED by the interrupt (grpc set the flag again)
+        }
+        lagging = error.code() == Status.Code.RESOURCE_EXHAUSTED
+            && error.errorInfo().map(ErrorInfo::getReason).orElse("").equals(WATCH_LAGGING);
+        if (!(lagging || error.code() == Status.Code.UNAVAILABLE) || failures >= maxRetries) {
+          close();
+          throw error;
+        }
+        why = "dropped (" + error.getMessage() + ")";
+      }
+      long pause = lagging ? 0 : backoffNanos(failures);
+      LOG.log(System.Logger.Level.WARNING, "Watch of runtime {0} {1}; reconnecting from seq {2} in {3} ms",
+          runtimeId, why, lastSeq, TimeUnit.NANOSECONDS.toMillis(pause));
+      if (!lagging) {
+        pause(pause);
+        resetConnectBackoff.run(); // connect now, not at the channel's own (up to 2 min) backoff
+      }
+      failures++;
+    }
+    return false;
+  }
+
+  /** The next event, blocking until it arrives. */
+  @Override
+  public Event next() {
+    if (!hasNext()) {
+      throw new NoSuchElementException("the Watch stream is closed");
+    }
+    Event event = next;
+    next = null;
+    return event;
+  }
+
+  /** Stops watching: cancels the stream (a blocked {@link #hasNext()} returns {@code false}). Idempotent. */
+  @Override
+  public void close() {
+    Context.CancellableContext open;
+    synchronized (lock) {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      open = context;
+      context = null;
+    }
+    closedLatch.countDown();
+    if (open != null) {
+      open.cancel(null);
+    }
+    onClose.accept(this);
+  }
+
+  /** Opens a stream from {@link #lastSeq} in a cancellable context; {@code false} when closed. */
+  private boolean open() {
+    WatchRequest request = WatchRequest.newBuilder().setRuntimeId(runtimeId).setAfterSeq(lastSeq).build();
+    synchronized (lock) {
+      if (closed) {
+        return false;
+      }
+      Context.CancellableContext opened = Context.current().withCancellation();
+      Context previous = opened.attach();
+      try {
+        responses = stub.watch(request); // the call is bound to `opened`: cancelling it ends the call
+      } catch (RuntimeException e) {
+        opened.cancel(null);
+        throw e instanceof StatusRuntimeException ? AgentRuntimeException.fromThrowable(e) : e;
+      } finally {
+        opened.detach(previous);
+      }
+      context = opened;
+      return true;
+    }
+  }
+
+  private void endStream() {
+    responses = null;
+    Context.CancellableContext open;
+    synchronized (lock) {
+      open = context;
+      context = null;
+    }
+    if (open != null) {
+      open.cancel(null);
+    }
+  }
+
+  /** {@code backoff} doubled per failure in a row (at most ~1 min), plus up to half of it again at random. */
+  private long backoffNanos(int failures) {
+    long nanos = backoff.toNanos();
+    for (int i = 0; i < failures && nanos < TimeUnit.MINUTES.toNanos(1); i++) {
+      nanos *= 2;
+    }
+    return nanos + ThreadLocalRandom.current().nextLong(nanos / 2 + 1);
+  }
+
+  /** Waits, cut short by close(); throws CANCELLED (flag set again) when interrupted. */
+  private void pause(long nanos) {
+    try {
+      closedLatch.await(nanos, TimeUnit.NANOSECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      close();
+      throw AgentRuntimeClient.interrupted(e);
+    }
+  }
+}
