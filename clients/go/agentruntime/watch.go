@@ -20,7 +20,7 @@ const DefaultWatchRetries = 5
 // Watch reconnects with a delay that starts at defaultWatchBackoff and doubles, with
 // jitter, up to defaultWatchMaxBackoff.
 const (
-	defaultWatchBackoff    = 250 * time.Millisecond
+	defaultWatchBackoff    = time.Second
 	defaultWatchMaxBackoff = 5 * time.Second
 )
 

@@ -365,7 +365,7 @@ class Client:
         await self._call(self._stub.DeleteRuntime, pb.DeleteRuntimeRequest(runtime_id=runtime_id, force=force))
 
     async def watch(
-        self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 0.25
+        self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0
     ) -> AsyncIterator[pb.Event]:
         """The runtime's events after `after_seq`, in order, once each; never ends by itself.
 

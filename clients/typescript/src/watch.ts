@@ -16,7 +16,7 @@ export interface WatchOptions {
    * Reconnections in a row with no event between them before the error is thrown (default 5).
    */
   maxRetries?: number;
-  /** The first reconnection delay in ms (default 250), doubled per failure in a row, jittered. */
+  /** The first reconnection delay in ms (default 1000), doubled per failure in a row, jittered. */
   backoffMs?: number;
   /**
    * Called when the stream dropped (`error`) or the server ended it (`error` undefined), with
@@ -41,7 +41,7 @@ export async function* watch(
   options: WatchOptions = {},
 ): AsyncGenerator<Event, void, undefined> {
   const maxRetries = options.maxRetries ?? DEFAULT_WATCH_RETRIES;
-  const backoff = options.backoffMs ?? 250;
+  const backoff = options.backoffMs ?? 1000;
   const signal = options.signal;
   let seen = afterSeq; // the last seq yielded: a reconnection asks for what follows it
   let failures = 0; // reconnections in a row with no event between them
@@ -74,7 +74,7 @@ export async function* watch(
     if (failures >= maxRetries) {
       throw dropped ?? new ConnectError("the server ended the Watch stream", Code.Unavailable);
     }
-    // A lagging consumer reconnects at once (the server is up); otherwise 250 ms doubling per
+    // A lagging consumer reconnects at once (the server is up); otherwise 1 s doubling per
     // failure in a row, drawn from its upper half.
     const ceiling = dropped !== undefined && isLagging(dropped) ? 0 : backoff * 2 ** failures;
     const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
