@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 
 import pytest
 from agentruntime.client import AgentRuntimeError, Client
+from agentruntime.sync import SyncClient
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from tests.support.build import agent
-from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.servers import Served
@@ -65,3 +67,38 @@ async def test_errors_have_typed_details_and_predicates(served: Served, model: S
         with pytest.raises(AgentRuntimeError) as running:
             await client.wake(runtime_id, handle_id, "again")
         assert running.value.is_failed_precondition and running.value.reason == "HANDLE_RUNNING"
+
+
+async def test_the_sync_client_runs_watches_serves_and_refuses_like_the_async_one(
+    served: Served, model: ScriptedModelServer
+) -> None:
+    model.script(
+        "planner",
+        lambda body: Reply(text="42", tokens=5) if tool_results(body) else Reply(calls=[("double", {"n": 21})], tokens=5),
+    )
+    address = f"127.0.0.1:{served.running.port}"
+
+    def script() -> tuple[pb.TaskResult, list[int], str]:
+        with SyncClient(address, timeout=5.0) as client:
+            tool = pb.ToolDef(name="double", description="doubles", worker=pb.WorkerTool(queue="sync"))
+            runtime_id = client.create_runtime([agent("planner", tools=[tool])])
+            serving = threading.Thread(
+                target=lambda: client.serve_tools("sync", {"double": lambda arguments, call: str(arguments["n"] * 2)}),
+                daemon=True,
+            )
+            serving.start()
+            result = client.run(runtime_id, "planner", "double 21")
+            seqs = []
+            for event in client.watch(runtime_id):
+                seqs.append(event.seq)
+                if len(seqs) == 3:
+                    break
+            try:
+                client.inspect(runtime_id, "root/nobody.1")
+            except AgentRuntimeError as error:
+                refused = error.resource_info.resource_name if error.is_not_found and error.resource_info else ""
+            return result, seqs, refused
+
+    result, seqs, refused = await asyncio.to_thread(script)
+    assert (result.status, result.text, result.tool_calls, result.turns) == (pb.STATUS_DONE, "42", 1, 2)
+    assert seqs == [1, 2, 3] and refused == "root/nobody.1"
