@@ -16,6 +16,7 @@ import {
   type ToolOutput,
   type WorkerCall,
 } from "./gen/agentruntime/v1/agent_runtime_pb.js";
+import { pause } from "./retry.js";
 
 /**
  * Runs one worker tool call: `args` is the call's arguments (a JSON object), `call` the whole
@@ -134,21 +135,6 @@ async function answer(handlers: Readonly<Record<string, ToolHandler>>, call: Wor
   }
 }
 
-/** Waits `ms`, or less when `signal` aborts first. */
-function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((done) => {
-    if (signal?.aborted) return done();
-    const onAbort = () => {
-      clearTimeout(timer);
-      done();
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      done();
-    }, ms);
-    signal?.addEventListener("abort", onAbort, { once: true });
-  });
-}
 
 /**
  * One ServeTools stream: registers, answers calls until the stream ends (resolves) or fails
