@@ -179,6 +179,23 @@ class Raw:
             raise AgentRuntimeError.from_rpc_error(error) from None
 
 
+def _check_details(where: str, error: AgentRuntimeError, want: dict[str, Any]) -> None:
+    """`reason` (ErrorInfo), `resource` (ResourceInfo type and name), `violations` (the
+    BadRequest fields, in order): tests/vectors/README.md, Expectations."""
+    if "reason" in want and error.reason != want["reason"]:
+        raise Mismatch(f"{where}: expected ErrorInfo reason {want['reason']!r}, got {error.reason!r}")
+    if "resource" in want:
+        info = error.resource_info
+        got = {"type": info.resource_type, "name": info.resource_name} if info is not None else None
+        if got != want["resource"]:
+            raise Mismatch(f"{where}: expected ResourceInfo {want['resource']}, got {got}")
+    if "violations" in want:
+        request = error.bad_request
+        fields = [violation.field for violation in request.field_violations] if request is not None else None
+        if fields != want["violations"]:
+            raise Mismatch(f"{where}: expected BadRequest fields {want['violations']}, got {fields}")
+
+
 async def _inspect(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> dict[str, Any]:
     """One Inspect; with "poll", re-reads until the step's expect holds (a refused Inspect, such
     as NOT_FOUND before the handle is spawned, does not hold yet), at most POLL_FOR seconds."""
@@ -365,6 +382,7 @@ async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
                 limit = info.metadata.get("limit") if info else None
                 if limit != want["limit"]:
                     raise Mismatch(f"{where}: expected ErrorInfo limit {want['limit']}, got {limit}") from None
+            _check_details(where, error, want)
             continue
         if "expect_error" in step:
             raise Mismatch(f"{where}: expected {step['expect_error']['code']}, but the call succeeded")
