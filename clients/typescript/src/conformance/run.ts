@@ -18,11 +18,13 @@ import { ConnectError } from "@connectrpc/connect";
 import {
   AgentDefSchema,
   AnswerSchema,
+  BadRequestSchema,
   BudgetSchema,
   ErrorInfoSchema,
   FailureReasonSchema,
   HandleStateSchema,
   LimitSchema,
+  ResourceInfoSchema,
   Status,
   StatusSchema,
   ToolOutputSchema,
@@ -432,6 +434,52 @@ async function runVector(client: AgentRuntimeClient, vector: Vector): Promise<vo
   if (failed !== undefined) throw new Mismatch(`workers: a worker failed during the vector: ${failed}`);
 }
 
+/**
+ * An expect_error's `reason` (ErrorInfo), `resource` (ResourceInfo type and name) and
+ * `violations` (the BadRequest's field_violations' fields, in order): tests/vectors/README.md,
+ * Expectations. A key of the wrong type is a broken vector, a Mismatch.
+ */
+function checkDetails(where: string, error: ConnectError, want: { [key: string]: JsonValue }): void {
+  if ("reason" in want) {
+    if (typeof want.reason !== "string") {
+      throw new Mismatch(`${where}: expect_error.reason must be a string, got ${show(want.reason)}`);
+    }
+    const got = error.findDetails(ErrorInfoSchema)[0]?.reason ?? "";
+    if (got !== want.reason) {
+      throw new Mismatch(`${where}: expected ErrorInfo reason ${show(want.reason)}, got ${show(got)}`);
+    }
+  }
+  if ("resource" in want) {
+    const expected = want.resource;
+    if (
+      !isObject(expected) ||
+      Object.keys(expected).some((key) => key !== "type" && key !== "name") ||
+      typeof expected.type !== "string" ||
+      typeof expected.name !== "string"
+    ) {
+      throw new Mismatch(
+        `${where}: expect_error.resource must be an object {"type", "name"} of strings, got ${show(expected)}`,
+      );
+    }
+    const info = error.findDetails(ResourceInfoSchema)[0];
+    const got: Actual | null = info ? { type: info.resourceType, name: info.resourceName } : null;
+    if (got === null || got.type !== expected.type || got.name !== expected.name) {
+      throw new Mismatch(`${where}: expected ResourceInfo ${show(expected)}, got ${show(got)}`);
+    }
+  }
+  if ("violations" in want) {
+    const expected = want.violations;
+    if (!Array.isArray(expected) || !expected.every((field) => typeof field === "string")) {
+      throw new Mismatch(`${where}: expect_error.violations must be a list of strings, got ${show(expected)}`);
+    }
+    const request = error.findDetails(BadRequestSchema)[0];
+    const got = request ? request.fieldViolations.map((violation) => violation.field) : null;
+    if (got === null || !equal(got, expected)) {
+      throw new Mismatch(`${where}: expected BadRequest fields ${show(expected)}, got ${show(got)}`);
+    }
+  }
+}
+
 async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
   const runtimeId = await client.createRuntime(agents);
@@ -542,6 +590,7 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
           throw new Mismatch(`${where}: expected ErrorInfo limit ${str(want.limit)}, got ${limit ?? "None"}`);
         }
       }
+      checkDetails(where, error, want);
       continue;
     }
     if ("expect_error" in step) {
