@@ -468,6 +468,7 @@ public final class Runner {
                 + (limit == null ? "None" : limit));
           }
         }
+        checkDetails(where, error, want);
         continue;
       }
       if (step.has("expect_error")) {
@@ -481,6 +482,68 @@ public final class Runner {
         check(where, outcome, step.getAsJsonObject("expect"));
       }
     }
+  }
+
+  /**
+   * An expect_error's {@code reason} (the ErrorInfo's, "" when there is none), {@code resource}
+   * (the ResourceInfo's type and name) and {@code violations} (the BadRequest's fields, in order):
+   * tests/vectors/README.md, Expectations. A key of the wrong type is a broken vector (a Mismatch).
+   */
+  static void checkDetails(String where, AgentRuntimeException error, JsonObject want) throws Mismatch {
+    if (want.has("reason")) {
+      JsonElement wantReason = want.get("reason");
+      if (!isString(wantReason)) {
+        throw new Mismatch(where + ": expect_error reason must be a str, got " + pyRepr(wantReason) + " (a broken vector)");
+      }
+      String reason = error.errorInfo().map(ErrorInfo::getReason).orElse("");
+      if (!reason.equals(wantReason.getAsString())) {
+        throw new Mismatch(where + ": expected ErrorInfo reason " + pyRepr(wantReason) + ", got "
+            + pyRepr(new JsonPrimitive(reason)));
+      }
+    }
+    if (want.has("resource")) {
+      JsonElement wantResource = want.get("resource");
+      if (!wantResource.isJsonObject() || !wantResource.getAsJsonObject().keySet().equals(java.util.Set.of("type", "name"))
+          || !isString(wantResource.getAsJsonObject().get("type"))
+          || !isString(wantResource.getAsJsonObject().get("name"))) {
+        throw new Mismatch(where + ": expect_error resource must be an object {\"type\": str, \"name\": str}, got "
+            + pyRepr(wantResource) + " (a broken vector)");
+      }
+      JsonObject got = error.resourceInfo().map(info -> {
+        JsonObject fields = new JsonObject();
+        fields.addProperty("type", info.getResourceType());
+        fields.addProperty("name", info.getResourceName());
+        return fields;
+      }).orElse(null);
+      if (got == null || !got.equals(wantResource)) {
+        throw new Mismatch(where + ": expected ResourceInfo " + pyRepr(wantResource) + ", got " + pyRepr(got));
+      }
+    }
+    if (want.has("violations")) {
+      JsonElement wantViolations = want.get("violations");
+      boolean strings = wantViolations.isJsonArray();
+      if (strings) {
+        for (JsonElement item : wantViolations.getAsJsonArray()) {
+          strings &= isString(item);
+        }
+      }
+      if (!strings) {
+        throw new Mismatch(where + ": expect_error violations must be a list of str, got " + pyRepr(wantViolations)
+            + " (a broken vector)");
+      }
+      JsonArray got = error.badRequest().map(request -> {
+        JsonArray fields = new JsonArray();
+        request.getFieldViolationsList().forEach(violation -> fields.add(violation.getField()));
+        return fields;
+      }).orElse(null);
+      if (got == null || !got.equals(wantViolations)) {
+        throw new Mismatch(where + ": expected BadRequest fields " + pyRepr(wantViolations) + ", got " + pyRepr(got));
+      }
+    }
+  }
+
+  private static boolean isString(JsonElement value) {
+    return value != null && value.isJsonPrimitive() && value.getAsJsonPrimitive().isString();
   }
 
   /** A call on the generated stub, with the README's deadline; a refusal is an AgentRuntimeException. */
