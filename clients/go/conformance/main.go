@@ -127,9 +127,20 @@ type state struct {
 	nextList, nextTranscript *string
 }
 
+// expectedError is a step's expect_error (parseExpectedError reads it); a nil key is
+// not checked.
 type expectedError struct {
-	Code  string  `json:"code"`
-	Limit *string `json:"limit"`
+	Code       string
+	Limit      *string
+	Reason     *string           // the ErrorInfo's reason ("" when there is none)
+	Resource   *expectedResource // the ResourceInfo's type and name
+	Violations *[]string         // the BadRequest's field violations' fields, in order
+}
+
+// expectedResource is an expect_error's `resource`: the ResourceInfo's type and name.
+type expectedResource struct {
+	Type string `json:"type"`
+	Name string `json:"name"`
 }
 
 var verbs = []string{
@@ -328,8 +339,10 @@ func runSteps(ctx context.Context, client *agentruntime.Client, v *vector) error
 			return fmt.Errorf("%s: %w", where, err)
 		}
 		if raw, ok := step["expect_error"]; ok {
-			var want expectedError
-			_ = json.Unmarshal(raw, &want)
+			want, err := parseExpectedError(raw)
+			if err != nil {
+				return fmt.Errorf("%s: bad expect_error: %w", where, err)
+			}
 			return fmt.Errorf("%s: expected %s, but the call succeeded", where, want.Code)
 		}
 		if raw, ok := step["expect"]; ok {
@@ -717,8 +730,8 @@ func checkError(step map[string]json.RawMessage, got *agentruntime.Error) error 
 	if !ok {
 		return fmt.Errorf("unexpected error %v", got)
 	}
-	var want expectedError
-	if err := json.Unmarshal(raw, &want); err != nil {
+	want, err := parseExpectedError(raw)
+	if err != nil {
 		return fmt.Errorf("bad expect_error: %w", err)
 	}
 	if got.CodeName() != want.Code {
@@ -731,6 +744,101 @@ func checkError(step map[string]json.RawMessage, got *agentruntime.Error) error 
 		}
 		if limit != *want.Limit {
 			return fmt.Errorf("expected ErrorInfo limit %s, got %s", *want.Limit, limit)
+		}
+	}
+	return checkDetails(got, want)
+}
+
+// parseExpectedError reads an expect_error strictly: an object with a string `code` and,
+// when present, a string `limit` and `reason`, a `resource` object of exactly the strings
+// `type` and `name`, and `violations`, a list of strings (null is none of these). Any other
+// type is a broken vector, the vector's FAIL.
+func parseExpectedError(raw json.RawMessage) (expectedError, error) {
+	var want expectedError
+	var keys map[string]any
+	if err := json.Unmarshal(raw, &keys); err != nil || keys == nil {
+		return want, fmt.Errorf("expected an object, got %s", raw)
+	}
+	str := func(key string) (*string, error) {
+		value, ok := keys[key]
+		if !ok {
+			return nil, nil
+		}
+		if s, ok := value.(string); ok {
+			return &s, nil
+		}
+		return nil, fmt.Errorf("%s must be a string, got %s", key, show(value))
+	}
+	code, err := str("code")
+	if err != nil {
+		return want, err
+	}
+	if code == nil {
+		return want, errors.New("missing code")
+	}
+	want.Code = *code
+	if want.Limit, err = str("limit"); err != nil {
+		return want, err
+	}
+	if want.Reason, err = str("reason"); err != nil {
+		return want, err
+	}
+	if value, ok := keys["resource"]; ok {
+		object, isObject := value.(map[string]any)
+		typ, typeOK := object["type"].(string)
+		name, nameOK := object["name"].(string)
+		if !isObject || len(object) != 2 || !typeOK || !nameOK {
+			return want, fmt.Errorf(`resource must be an object {"type", "name"} of strings, got %s`, show(value))
+		}
+		want.Resource = &expectedResource{Type: typ, Name: name}
+	}
+	if value, ok := keys["violations"]; ok {
+		list, isList := value.([]any)
+		fields := make([]string, 0, len(list))
+		for _, item := range list {
+			if field, ok := item.(string); ok {
+				fields = append(fields, field)
+			}
+		}
+		if !isList || len(fields) != len(list) {
+			return want, fmt.Errorf("violations must be a list of strings, got %s", show(value))
+		}
+		want.Violations = &fields
+	}
+	return want, nil
+}
+
+// checkDetails checks an expect_error's `reason` (the ErrorInfo's, "" when there is none),
+// `resource` (the ResourceInfo's type and name) and `violations` (the BadRequest's field
+// violations' fields, in order), each only when present: tests/vectors/README.md,
+// Expectations; the Python runner's _check_details.
+func checkDetails(got *agentruntime.Error, want expectedError) error {
+	if want.Reason != nil {
+		if reason := got.ErrorInfo().GetReason(); reason != *want.Reason {
+			return fmt.Errorf("expected ErrorInfo reason %q, got %q", *want.Reason, reason)
+		}
+	}
+	if want.Resource != nil {
+		info := got.ResourceInfo()
+		if info == nil {
+			return fmt.Errorf("expected ResourceInfo %s, got none", show(want.Resource))
+		}
+		gotResource := expectedResource{Type: info.GetResourceType(), Name: info.GetResourceName()}
+		if gotResource != *want.Resource {
+			return fmt.Errorf("expected ResourceInfo %s, got %s", show(want.Resource), show(gotResource))
+		}
+	}
+	if want.Violations != nil {
+		request := got.BadRequest()
+		if request == nil {
+			return fmt.Errorf("expected BadRequest fields %s, got no BadRequest", show(*want.Violations))
+		}
+		fields := []string{}
+		for _, violation := range request.GetFieldViolations() {
+			fields = append(fields, violation.GetField())
+		}
+		if !slices.Equal(fields, *want.Violations) {
+			return fmt.Errorf("expected BadRequest fields %s, got %s", show(*want.Violations), show(fields))
 		}
 	}
 	return nil
