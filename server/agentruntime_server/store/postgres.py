@@ -3,12 +3,13 @@
 The same logical tables and the same semantics as SqliteStore (store/sqlite.py): a runtime
 is a row of definitions plus its journal, one row per step, appended in order; an append is
 checked (its seqs) and encoded when it is made, all or nothing, and buffered; the rows every
-runtime appended in one event-loop tick are written in one transaction by a commit task
-started when the tick ends; `flush` awaits that commit, and a commit that failed leaves the
-store broken (every later flush and read raises: nothing is acknowledged after it).
+runtime appended are written by one statement (`_COMMIT`: one round trip, atomic) over one
+kept connection, when the tick ends or, while a commit is under way, as soon as it ends (the
+next commit gathers everything appended meanwhile); `flush` awaits that commit, and a commit
+that failed leaves the store broken (every later flush and read raises: nothing is
+acknowledged after it).
 
-asyncpg is asynchronous, so commits overlap the event loop: they run one after another,
-each after the one before it has finished. Reads first await every commit of what was
+asyncpg is asynchronous, so commits overlap the event loop: they run one after another. Reads first await every commit of what was
 appended before them (a store reads its own writes). The pool connects, and the schema is
 migrated, on first use: opening a store (app.open_store) is synchronous.
 
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from .pg_leases import PostgresLeases
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
-_APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES ($1, $2, $3, $4, $5, $6)"
 _ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
 # One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
 # replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
