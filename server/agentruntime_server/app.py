@@ -33,6 +33,7 @@ from .store.sqlite import SqliteStore
 from .store.urls import redacted
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
+from .tools.mcp import McpTools
 from .tools.workers import WorkerPool
 
 if TYPE_CHECKING:
@@ -159,8 +160,6 @@ def build_service(
     leases: Leases | None = None,
     workers: WorkerPool | None = None,
 ) -> RuntimeService:
-    from .tools.mcp import McpTools  # the mcp SDK: loaded once, with the service
-
     models = build_router(settings, http)
     for provider in models.providers.values():
         if isinstance(provider, HttpProvider):
@@ -241,7 +240,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
     workers = WorkerPool()
     service = build_service(settings, http, tools, store, observability, authenticator, leases, workers)
-    if leases is not None:  # replicas: registered once the slow imports are done, live from here on
+    if leases is not None:  # replicas: live from here on
         await leases.start()
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()

@@ -17,18 +17,15 @@ import logging
 import socket
 import urllib.parse
 from collections.abc import AsyncIterator
-from typing import Any
-
-import httpx2
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.types import PaginatedRequestParams, RequestParamsMeta
+from typing import TYPE_CHECKING, Any
 
 from ..domain.errors import shown
 from ..domain.model import McpExecutor, McpServerSpec, ToolResult
 from ..domain.ports import McpError, McpTool
 from .egress import EgressPolicy
+
+if TYPE_CHECKING:  # the SDK is imported when an MCP server is first used, not at every start (~0.3 s)
+    from mcp import ClientSession
 
 log = logging.getLogger(__name__)
 # The SDK's HTTP client logs every request at INFO; the service's log says what matters.
@@ -60,6 +57,11 @@ class McpTools:
 
     @contextlib.asynccontextmanager
     async def _session(self, url: str, headers: dict[str, str], timeout: float) -> AsyncIterator[ClientSession]:
+        import httpx2
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
         await self._check_egress(url)
         client = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout))
         async with (
@@ -71,6 +73,8 @@ class McpTools:
             yield session
 
     async def list_tools(self, server: McpServerSpec) -> list[McpTool]:
+        from mcp.types import PaginatedRequestParams
+
         tools: list[McpTool] = []
         try:
             async with asyncio.timeout(server.timeout), self._session(server.url, server.headers, server.timeout) as session:
@@ -92,6 +96,8 @@ class McpTools:
         return tools
 
     async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+        from mcp.types import RequestParamsMeta
+
         try:
             async with (
                 asyncio.timeout(executor.timeout),
