@@ -33,7 +33,16 @@ from pathlib import Path
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from workload import TURNS_PER_ROOT, _agents, _free_port, _model_server, _proc_cpu_seconds, _wait_healthy, floor_run
+from workload import (
+    TURNS_PER_ROOT,
+    _agents,
+    _free_port,
+    _model_server,
+    _proc_cpu_seconds,
+    _wait_healthy,
+    floor_run,
+    summary,
+)
 
 
 @contextlib.contextmanager
@@ -133,14 +142,7 @@ async def cluster_run(
         await batch()  # warm-up
         latencies.clear()
         rates, cpus = zip(*[await batch() for _ in range(batches)], strict=True)
-        ordered = sorted(latencies)
-        return {
-            "turns_per_s": statistics.median(rates),
-            "p50_ms": ordered[len(ordered) // 2] * 1000,
-            "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-            "cpu_us_per_turn": statistics.median(cpus) * 1e6,
-            "machine_busy": statistics.median(busy[1:]),
-        }
+        return {**summary(rates, cpus, latencies), "machine_busy": statistics.median(busy[1:])}
     finally:
         for channel in channels:
             await channel.close()

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -95,6 +96,17 @@ def _peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def summary(rates: Sequence[float], cpu_per_turn: Sequence[float], latencies: Sequence[float]) -> dict[str, float]:
+    """Medians over the batches, and the roots' p50 / p99."""
+    ordered = sorted(latencies)
+    return {
+        "turns_per_s": statistics.median(rates),
+        "p50_ms": ordered[len(ordered) // 2] * 1000,
+        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
+        "cpu_us_per_turn": statistics.median(cpu_per_turn) * 1e6,
+    }
 
 
 async def _wait_healthy(address: str) -> None:
@@ -187,14 +199,7 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
                 await batch()  # warm-up
                 latencies.clear()
                 rates, cpu = zip(*[await batch() for _ in range(batches)], strict=True)
-                ordered = sorted(latencies)
-                return {
-                    "turns_per_s": statistics.median(rates),
-                    "p50_ms": ordered[len(ordered) // 2] * 1000,
-                    "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-                    "cpu_us_per_turn": statistics.median(cpu) * 1e6,
-                    "peak_rss_mb": _peak_rss_mb(server.pid),
-                }
+                return {**summary(rates, cpu, latencies), "peak_rss_mb": _peak_rss_mb(server.pid)}
         finally:
             if host is not None:
                 host.terminate()
