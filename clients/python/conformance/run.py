@@ -36,6 +36,7 @@ VERBS = (
     "inspect",
     "list_runtimes",
     "delete_runtime",
+    "create_runtime",
 )
 
 
@@ -369,6 +370,11 @@ async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
             elif "delete_runtime" in step:
                 args = _args(where, step, "delete_runtime")
                 await client.delete_runtime(runtime_id, _arg(where, args, "force", bool, False))
+            elif "create_runtime" in step:
+                args = _args(where, step, "create_runtime")
+                definitions = _arg(where, args, "agents", list)
+                created = await client.create_runtime([json_format.ParseDict(d, pb.AgentDef()) for d in definitions])
+                await client.delete_runtime(created)  # another runtime than the vector's: leave none behind
             else:
                 raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
         except AgentRuntimeError as error:
