@@ -103,6 +103,11 @@ type deleteRuntimeArgs struct {
 	Force bool `json:"force"`
 }
 
+// createRuntimeArgs: agents is required (nil: absent or null), each an AgentDef in proto3 JSON.
+type createRuntimeArgs struct {
+	Agents *[]json.RawMessage `json:"agents"`
+}
+
 type inspectArgs struct {
 	Handle *string `json:"handle"`
 	Poll   bool    `json:"poll"`
@@ -145,7 +150,7 @@ type expectedResource struct {
 
 var verbs = []string{
 	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-	"list_runtimes", "delete_runtime",
+	"list_runtimes", "delete_runtime", "create_runtime",
 }
 
 func main() {
@@ -529,6 +534,8 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			return nil, err
 		}
 		return nil, client.DeleteRuntime(ctx, runtimeID, a.Force)
+	case "create_runtime":
+		return nil, createRuntime(ctx, client, args)
 	default: // transcript
 		a, err := parsePageArgs(args, st.nextTranscript)
 		if err != nil {
@@ -548,6 +555,30 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		}
 		return map[string]any{"count": len(roles), "roles": roles, "messages": messages, "next_page_token_empty": next == ""}, nil
 	}
+}
+
+// createRuntime creates another runtime (generated id) of the step's agents and, when it
+// is created, deletes it at once (not forced), so the step leaves none behind.
+func createRuntime(ctx context.Context, client *agentruntime.Client, args json.RawMessage) error {
+	var a createRuntimeArgs
+	if err := strictArgs(args, &a); err != nil {
+		return err
+	}
+	if a.Agents == nil {
+		return errors.New("create_runtime needs agents, a list")
+	}
+	agents := make([]*v1.AgentDef, len(*a.Agents))
+	for i, raw := range *a.Agents {
+		agents[i] = &v1.AgentDef{}
+		if err := protojson.Unmarshal(raw, agents[i]); err != nil {
+			return fmt.Errorf("agents[%d]: %w", i, err)
+		}
+	}
+	created, err := client.CreateRuntime(ctx, agents, "")
+	if err != nil {
+		return err
+	}
+	return client.DeleteRuntime(ctx, created, false)
 }
 
 // listRuntimes follows every page of ListRuntimes (of pageSize each) and says whether this

@@ -32,6 +32,7 @@ import {
   createClient,
   describeError,
   grpcCodeName,
+  type AgentDef,
   type AgentRuntimeClient,
   type Failure,
   type HandleView,
@@ -70,6 +71,7 @@ const VERBS = [
   "inspect",
   "list_runtimes",
   "delete_runtime",
+  "create_runtime",
 ] as const;
 
 /** The README's deadline for every call, Wait included. */
@@ -266,6 +268,23 @@ function trustArg(where: string, a: { [key: string]: JsonValue }): number {
   const value = TrustSchema.values.find((candidate) => candidate.name === name);
   if (!value) throw new Mismatch(`${where}: trust ${show(name)} is not a value of Trust`);
   return value.number;
+}
+
+/**
+ * A create_runtime step's `agents`: a list of AgentDef in proto3 JSON, parsed as the vector's
+ * own `agents` are. A missing or wrongly typed one is a broken vector, a Mismatch.
+ */
+function agentDefs(where: string, a: { [key: string]: JsonValue }): AgentDef[] {
+  if (!("agents" in a)) throw new Mismatch(`${where}: missing argument ${show("agents")}`);
+  const list = a.agents;
+  if (!Array.isArray(list)) throw new Mismatch(`${where}: agents must be a list, got ${show(list)}`);
+  return list.map((agent, i) => {
+    try {
+      return fromJson(AgentDefSchema, agent);
+    } catch (error) {
+      throw new Mismatch(`${where}: agents[${i}] is not an AgentDef: ${describeError(error)}`);
+    }
+  });
 }
 
 /**
@@ -573,6 +592,10 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
       } else if ("delete_runtime" in step) {
         const a = objectArgs(where, step, "delete_runtime");
         await client.deleteRuntime(runtimeId, boolArg(where, a, "force"));
+      } else if ("create_runtime" in step) {
+        const a = objectArgs(where, step, "create_runtime");
+        const created = await client.createRuntime(agentDefs(where, a));
+        await client.deleteRuntime(created, false); // another runtime than the vector's: leave none behind
       } else {
         outcome = await inspect(client, runtimeId, where, step);
       }
