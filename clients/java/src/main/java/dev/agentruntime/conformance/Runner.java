@@ -180,7 +180,7 @@ public final class Runner {
 
   private static final List<String> VERBS =
       List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-          "list_runtimes", "delete_runtime");
+          "list_runtimes", "delete_runtime", "create_runtime");
 
   /** The README's deadline for every call, Wait included. */
   private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
@@ -445,6 +445,26 @@ public final class Runner {
         } else if (step.has("delete_runtime")) {
           JsonObject args = objectArgs(where, step, "delete_runtime");
           client.deleteRuntime(runtimeId, boolArg(where, args, "force"));
+        } else if (step.has("create_runtime")) {
+          JsonObject args = objectArgs(where, step, "create_runtime");
+          JsonElement definitions = args.get("agents");
+          if (definitions == null) {
+            throw new Mismatch(where + ": missing argument " + pyRepr(new JsonPrimitive("agents")));
+          }
+          if (!definitions.isJsonArray()) {
+            throw new Mismatch(where + ": agents must be a list, got " + pyRepr(definitions));
+          }
+          List<AgentDef> created = new ArrayList<>();
+          for (JsonElement definition : definitions.getAsJsonArray()) {
+            if (!definition.isJsonObject()) {
+              throw new Mismatch(where + ": an agent must be an object, got " + pyRepr(definition));
+            }
+            AgentDef.Builder builder = AgentDef.newBuilder();
+            JsonFormat.parser().merge(definition.toString(), builder);
+            created.add(builder.build());
+          }
+          // Another runtime than the vector's (generated id): leave none behind.
+          client.deleteRuntime(client.createRuntime(created, ""), false);
         } else {
           throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
         }
