@@ -7,17 +7,20 @@
 #   AGENTRUNTIME_ADDR=localhost:PORT (the name the server certificate carries)
 #   AGENTRUNTIME_CA_FILE, AGENTRUNTIME_CLIENT_CERT_FILE, AGENTRUNTIME_CLIENT_KEY_FILE (PEM; the key PKCS#8)
 #   AGENTRUNTIME_TOKEN
+#   AGENTRUNTIME_RESTART_HOOK (a command that kills the server and starts it again, same port and store)
 # and stops the server and deletes every file it made (keys and token included) when CMD ends.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 WORK=$(mktemp -d -t agentruntime-secure.XXXXXX)
 chmod 700 "$WORK"
-SERVER_PID=
 cleanup() {
-    if [[ -n $SERVER_PID ]]; then
-        kill "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
+    if [[ -f $WORK/server.pid ]]; then  # the restart hook may have started another process
+        local pid
+        pid=$(cat "$WORK/server.pid")
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+        kill -KILL "$pid" 2>/dev/null || true
     fi
     rm -rf "$WORK"
 }
@@ -102,12 +105,23 @@ PYEOF
 
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 LOG=$WORK/server.log
-AGENTRUNTIME_TLS_CERT=$WORK/server.pem AGENTRUNTIME_TLS_KEY=$WORK/server.key AGENTRUNTIME_TLS_CLIENT_CA=$WORK/ca.pem \
-AGENTRUNTIME_AUTH=tokens AGENTRUNTIME_AUTH_TOKENS_FILE=$WORK/tokens.json \
-AGENTRUNTIME_METRICS_LISTEN=${AGENTRUNTIME_METRICS_LISTEN:-off} \
-AGENTRUNTIME_STORE=${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db} \
-    .venv/bin/agentruntime serve --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 &
+# The server's command line in a script of its own, so that the restart hook starts the same one.
+{
+    echo '#!/usr/bin/env bash'
+    printf 'export AGENTRUNTIME_TLS_CERT=%q AGENTRUNTIME_TLS_KEY=%q AGENTRUNTIME_TLS_CLIENT_CA=%q\n' \
+        "$WORK/server.pem" "$WORK/server.key" "$WORK/ca.pem"
+    printf 'export AGENTRUNTIME_AUTH=tokens AGENTRUNTIME_AUTH_TOKENS_FILE=%q\n' "$WORK/tokens.json"
+    printf 'export AGENTRUNTIME_METRICS_LISTEN=%q\n' "${AGENTRUNTIME_METRICS_LISTEN:-off}"
+    printf 'export AGENTRUNTIME_STORE=%q\n' "${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db}"
+    printf 'exec %q serve --listen %q\n' "$PWD/.venv/bin/agentruntime" "127.0.0.1:$PORT"
+} >"$WORK/serve.sh"
+chmod 700 "$WORK/serve.sh"
+"$WORK/serve.sh" >"$LOG" 2>&1 &
 SERVER_PID=$!
+echo "$SERVER_PID" >"$WORK/server.pid"
+disown  # the restart hook may kill it: no job notice
+# A vector that restarts the server mid-call runs this (tests/vectors/README.md, Restarts).
+export AGENTRUNTIME_RESTART_HOOK="$PWD/scripts/restart-server.sh $WORK $PORT"
 
 export AGENTRUNTIME_ADDR=localhost:$PORT
 export AGENTRUNTIME_CA_FILE=$WORK/ca.pem

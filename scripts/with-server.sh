@@ -1,16 +1,36 @@
 #!/usr/bin/env bash
 # with-server.sh CMD...: serve agentruntime on a free loopback port (embedded defaults),
-# wait until it is healthy, run CMD with AGENTRUNTIME_ADDR set, then stop the server.
+# wait until it is healthy, run CMD with AGENTRUNTIME_ADDR and AGENTRUNTIME_RESTART_HOOK set, then
+# stop the server.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export AGENTRUNTIME_ADDR=127.0.0.1:$PORT
-LOG=$(mktemp -t agentruntime-server.XXXXXX)
-STORE_DIR=$(mktemp -d -t agentruntime-store.XXXXXX)
-AGENTRUNTIME_METRICS_LISTEN=${AGENTRUNTIME_METRICS_LISTEN:-off} AGENTRUNTIME_STORE=${AGENTRUNTIME_STORE:-sqlite:///$STORE_DIR/agentruntime.db} .venv/bin/agentruntime serve --listen "$AGENTRUNTIME_ADDR" >"$LOG" 2>&1 &
-SERVER_PID=$!
-trap 'kill $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; rm -rf "$LOG" "$STORE_DIR"' EXIT
+WORK=$(mktemp -d -t agentruntime-server.XXXXXX)
+LOG=$WORK/server.log
+# The server's command line in a script of its own, so that the restart hook starts the same one.
+{
+    echo '#!/usr/bin/env bash'
+    printf 'export AGENTRUNTIME_METRICS_LISTEN=%q\n' "${AGENTRUNTIME_METRICS_LISTEN:-off}"
+    printf 'export AGENTRUNTIME_STORE=%q\n' "${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db}"
+    printf 'exec %q serve --listen %q\n' "$PWD/.venv/bin/agentruntime" "$AGENTRUNTIME_ADDR"
+} >"$WORK/serve.sh"
+chmod +x "$WORK/serve.sh"
+"$WORK/serve.sh" >"$LOG" 2>&1 &
+echo $! >"$WORK/server.pid"
+disown  # the restart hook may kill it: no job notice
+stop_server() {
+    local pid
+    pid=$(cat "$WORK/server.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap stop_server EXIT
+# A vector that restarts the server mid-call runs this (tests/vectors/README.md, Restarts).
+export AGENTRUNTIME_RESTART_HOOK="$PWD/scripts/restart-server.sh $WORK $PORT"
 "$PY" - "$AGENTRUNTIME_ADDR" <<'PYEOF' || { cat "$LOG" >&2; exit 1; }
 import sys, time, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

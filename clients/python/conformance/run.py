@@ -37,7 +37,9 @@ VERBS = (
     "list_runtimes",
     "delete_runtime",
     "create_runtime",
+    "watch",
 )
+WAIT_OPTIONS = ("handle", "client_timeout_ms", "restart_server_after_ms")
 
 
 class Mismatch(Exception):
@@ -247,6 +249,78 @@ WORKER_HANDLERS = {
 }
 
 
+def _millis(where: str, args: dict[str, Any], key: str) -> int | None:
+    value = args.get(key)
+    if value is not None and (type(value) is not int or value < 0):
+        raise Mismatch(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+async def _restart_server(after: float) -> None:
+    """The restart hook (README: Waiting, restarts and watching), `after` seconds from now."""
+    hook = os.environ.get("AGENTRUNTIME_RESTART_HOOK")
+    if not hook:
+        raise Mismatch("restart_server_after_ms needs AGENTRUNTIME_RESTART_HOOK (scripts/with-server.sh sets it)")
+    await asyncio.sleep(after)
+    process = await asyncio.create_subprocess_exec("sh", "-c", hook)
+    if await process.wait() != 0:
+        raise Mismatch(f"the restart hook exited with {process.returncode}")
+
+
+async def _wait(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> pb.TaskResult:
+    """The client's wait helper, through a client with a short default deadline and across a
+    server restart when the step asks (README: Waiting, restarts and watching)."""
+    args = _args(where, step, "wait")
+    unknown = sorted(set(args) - set(WAIT_OPTIONS))
+    if unknown:
+        raise Mismatch(f"{where}: unknown wait arguments {unknown}")
+    handle = _arg(where, args, "handle", str)
+    client_timeout = _millis(where, args, "client_timeout_ms")
+    restart_after = _millis(where, args, "restart_server_after_ms")
+    restart = asyncio.ensure_future(_restart_server(restart_after / 1000)) if restart_after is not None else None
+    try:
+        if client_timeout is None:
+            result = await client.wait(runtime_id, handle)
+        else:
+            async with Client(server_address(), timeout=client_timeout / 1000, **connection_options()) as short:
+                result = await short.wait(runtime_id, handle)
+        if restart is not None:
+            await restart  # the hook's own failure fails the step, even when the wait got through
+        return result
+    finally:
+        if restart is not None and not restart.done():
+            restart.cancel()
+            await asyncio.gather(restart, return_exceptions=True)
+
+
+def _event_string(event: pb.Event) -> str:
+    kind = event.WhichOneof("payload") or ""
+    text = f"{event.handle_id} {kind}"
+    if kind == "state_changed":
+        text += " " + pb.HandleState.Name(event.state_changed.state)
+    return text
+
+
+async def _watch(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> dict[str, Any]:
+    """The client's watch helper from the first event to `handle`'s first result."""
+    handle = _arg(where, _args(where, step, "watch"), "handle", str)
+    events: list[str] = []
+
+    async def follow() -> None:
+        async for event in client.watch(runtime_id):
+            if event.seq != len(events) + 1:
+                raise Mismatch(f"{where}: event seq {event.seq} after {len(events)} events (a gap or a repeat)")
+            events.append(_event_string(event))
+            if event.WhichOneof("payload") == "result" and event.handle_id == handle:
+                return
+
+    try:
+        await asyncio.wait_for(follow(), CALL_TIMEOUT)
+    except TimeoutError:
+        raise Mismatch(f"{where}: no result event of {handle} within {CALL_TIMEOUT:.0f}s; events: {events}") from None
+    return {"count": len(events), "events": events}
+
+
 async def start_workers(client: Client, entries: list[dict[str, Any]]) -> list[asyncio.Task[None]]:
     """The vector's workers (README: Workers), registered before its first step."""
     started: list[asyncio.Task[None]] = []
@@ -299,7 +373,7 @@ async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
             elif "wake" in step:
                 await client.wake(runtime_id, step["wake"]["handle"], step["wake"].get("prompt", ""))
             elif "wait" in step:
-                result = await client.wait(runtime_id, step["wait"]["handle"])
+                result = await _wait(client, runtime_id, where, step)
                 outcome = _result_fields(result)
                 last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
             elif "resume" in step:
@@ -375,6 +449,8 @@ async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
                 definitions = _arg(where, args, "agents", list)
                 created = await client.create_runtime([json_format.ParseDict(d, pb.AgentDef()) for d in definitions])
                 await client.delete_runtime(created)  # another runtime than the vector's: leave none behind
+            elif "watch" in step:
+                outcome = await _watch(client, runtime_id, where, step)
             else:
                 raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
         except AgentRuntimeError as error:
@@ -394,6 +470,10 @@ async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
             raise Mismatch(f"{where}: expected {step['expect_error']['code']}, but the call succeeded")
         if "expect" in step:
             _check(where, outcome, step["expect"])
+
+
+def server_address() -> str:
+    return os.environ.get("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
 
 
 def connection_options() -> dict[str, Any]:
@@ -430,7 +510,7 @@ async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
 
 
 def main() -> int:
-    address = os.environ.get("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+    address = server_address()
     folder = Path(os.environ.get("AGENTRUNTIME_VECTORS", DEFAULT_VECTORS))
     vectors = [(path.stem, path.read_text()) for path in sorted(folder.glob("*.json"))]
     if not vectors:
