@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -77,6 +77,7 @@ lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
 	$(BIN)/mypy
+	scripts/check-version.sh
 	$(BIN)/buf lint
 	$(BIN)/buf format --diff --exit-code
 	$(MAKE) breaking
@@ -90,8 +91,26 @@ breaking: $(STAMP) ## buf breaking against the released contract
 proto-release: $(STAMP) ## record the current proto as the released contract
 	$(BIN)/buf build -o $(RELEASED)
 
+# --- releases ----------------------------------------------------------------
+
+# One version for every client (VERSION; the Go module's is its tag clients/go/vVERSION). Each
+# client's Makefile builds its artifact into RELEASE_DIR (`release`), and its consumer test
+# (`consumer-test`) makes a fresh project outside the source tree that depends on that artifact,
+# compiles strictly and runs an example against the server in AGENTRUNTIME_ADDR.
+RELEASE_DIR := $(CURDIR)/dist/release
+CLIENT_DIRS := clients/python clients/go $(TS_DIR) clients/java
+release: $(STAMP) $(TS_DIR)/node_modules/.installed ## build every client's release artifact into dist/release (one VERSION)
+	scripts/check-version.sh
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)
+	for dir in $(CLIENT_DIRS); do $(MAKE) -s -C $$dir release RELEASE_DIR=$(RELEASE_DIR); done
+	ls -l $(RELEASE_DIR)
+
+consumer-tests: release ## a fresh project per language on the released artifacts, against a real server
+	scripts/with-server.sh bash -c 'failed=0; for dir in $(CLIENT_DIRS); do \
+		echo "== consumer test: $$dir"; $(MAKE) -s -C $$dir consumer-test RELEASE_DIR=$(RELEASE_DIR) || failed=1; done; exit $$failed'
+
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python test-go test-java test-typescript conformance-secure smoke
+TEST_TARGETS := test-python conformance-python test-go test-java test-typescript conformance-secure consumer-tests smoke
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
