@@ -62,6 +62,7 @@ gen: $(STAMP) tools ## regenerate every committed stub from the proto (Python, G
 		--python_out=$(GEN_OUT) --grpc_python_out=$(GEN_OUT) \
 		--mypy_out=$(GEN_OUT) --mypy_grpc_out=$(GEN_OUT) \
 		$(PROTO)
+	$(BIN)/python scripts/widen_pyi.py $(GEN_OUT)/agentruntime/v1/agent_runtime_pb2.pyi
 	$(BIN)/buf generate
 	cd $(TS_DIR) && npm run --silent gen:rpc
 
@@ -72,7 +73,7 @@ check-gen: gen ## fail if the committed stubs differ from the proto (or new ones
 
 # --- quality -----------------------------------------------------------------
 
-PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/cli clients/python/conformance
+PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from typing import Any
 
+import grpc
 import pytest
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.sync import SyncClient
@@ -102,3 +104,44 @@ async def test_the_sync_client_runs_watches_serves_and_refuses_like_the_async_on
     result, seqs, refused = await asyncio.to_thread(script)
     assert (result.status, result.text, result.tool_calls, result.turns) == (pb.STATUS_DONE, "42", 1, 2)
     assert seqs == [1, 2, 3] and refused == "root/nobody.1"
+
+
+class _Recorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc's aio interceptors are untyped
+    """A caller's interceptor: sees every unary call's method and metadata."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        self.calls.append(method.rsplit("/", 1)[-1])
+        return await continuation(details, request)
+
+
+async def test_interceptors_keepalive_and_page_iterators(served: Served, model: ScriptedModelServer) -> None:
+    model.script("quick", lambda body: Reply(text="ok", tokens=2))
+    recorder = _Recorder()
+    with pytest.raises(ValueError, match="keepalive"):
+        Client("127.0.0.1:1", keepalive=0)
+    async with Client(f"127.0.0.1:{served.running.port}", keepalive=1.0, interceptors=[recorder]) as client:
+        runtime_id = await client.create_runtime([agent("quick")])
+        handles = [await client.spawn(runtime_id, "quick") for _ in range(5)]
+        result = await client.run(runtime_id, "quick", "hi")
+        await asyncio.sleep(2.5)  # idle past two keepalive pings: the server permits them (no GOAWAY)
+        listed = [view.handle_id async for view in client.iter_handles(runtime_id, page_size=2)]
+        messages = [message.role async for message in client.iter_transcript(runtime_id, result.handle_id, page_size=1)]
+        runtimes = [summary.runtime_id async for summary in client.iter_runtimes(page_size=1)]
+        assert (await client.inspect(runtime_id, result.handle_id)).turns == 1  # the channel still works
+    assert listed == [*handles, result.handle_id]
+    assert messages == ["user", "assistant"]
+    assert runtime_id in runtimes
+    assert recorder.calls.count("List") == 3 and recorder.calls.count("GetTranscript") == 2
+    assert recorder.calls[:2] == ["CreateRuntime", "Spawn"]
+
+    def blocking() -> tuple[list[str], list[str]]:  # in a thread: the server runs on this test's loop
+        with SyncClient(f"127.0.0.1:{served.running.port}") as sync:
+            handles = [view.handle_id for view in sync.iter_handles(runtime_id, page_size=4)]
+            return handles, [summary.runtime_id for summary in sync.iter_runtimes(page_size=1)]
+
+    sync_listed, sync_runtimes = await asyncio.to_thread(blocking)
+    assert sync_listed == listed and runtime_id in sync_runtimes

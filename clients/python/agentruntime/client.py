@@ -190,17 +190,34 @@ class Client:
         client_cert: PEM | None = None,
         client_key: PEM | None = None,
         timeout: float | None = 60.0,
+        keepalive: float | None = None,
+        keepalive_timeout: float = 20.0,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+        channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together: give both for mTLS, or neither")
+        if keepalive is not None and keepalive <= 0:
+            raise ValueError("keepalive is the seconds between pings: give a positive number, or None for no pings")
+        options = list(_CHANNEL_OPTIONS)
+        if keepalive is not None:
+            # Pings on an idle connection too, so a long Wait or a Watch notices a dead peer
+            # (or a proxy that dropped the connection) within keepalive + keepalive_timeout.
+            options += [
+                ("grpc.keepalive_time_ms", int(keepalive * 1000)),
+                ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
+        options += list(channel_options)
         roots = _pem(root_certificates, "root_certificates")
         chain = _pem(client_cert, "client_cert")
         key = _pem(client_key, "client_key")
         if tls or roots is not None or chain is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=chain)
-            self._channel = grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+            self._channel = grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
         else:
-            self._channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
         self._stub = pb_grpc.AgentRuntimeStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
@@ -311,16 +328,21 @@ class Client:
         request = pb.ListRequest(runtime_id=runtime_id, page_size=page_size, page_token=page_token)
         return await self._call(self._stub.List, request)  # type: ignore[no-any-return]
 
-    async def list_handles(self, runtime_id: str) -> list[pb.HandleView]:
-        """Every handle of the runtime, in spawn order (all pages)."""
-        handles: list[pb.HandleView] = []
+    async def iter_handles(self, runtime_id: str, page_size: int = 0) -> AsyncIterator[pb.HandleView]:
+        """The runtime's handles in spawn order, a page (of `page_size`, 0: the server's
+        default) fetched as the loop reaches it."""
         token = ""
         while True:
-            response = await self.list_page(runtime_id, page_token=token)
-            handles.extend(response.handles)
+            response = await self.list_page(runtime_id, page_size, token)
+            for handle in response.handles:
+                yield handle
             token = response.next_page_token
             if not token:
-                return handles
+                return
+
+    async def list_handles(self, runtime_id: str) -> list[pb.HandleView]:
+        """Every handle of the runtime, in spawn order (all pages)."""
+        return [handle async for handle in self.iter_handles(runtime_id)]
 
     async def transcript_page(
         self, runtime_id: str, handle_id: str, page_size: int = 0, page_token: str = ""
@@ -330,16 +352,20 @@ class Client:
         request = pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id, page_size=page_size, page_token=page_token)
         return await self._call(self._stub.GetTranscript, request)  # type: ignore[no-any-return]
 
-    async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
-        """The handle's whole stored transcript (all pages)."""
-        messages: list[pb.Message] = []
+    async def iter_transcript(self, runtime_id: str, handle_id: str, page_size: int = 0) -> AsyncIterator[pb.Message]:
+        """The handle's stored transcript in order, a page fetched as the loop reaches it."""
         token = ""
         while True:
-            response = await self.transcript_page(runtime_id, handle_id, page_token=token)
-            messages.extend(response.messages)
+            response = await self.transcript_page(runtime_id, handle_id, page_size, token)
+            for message in response.messages:
+                yield message
             token = response.next_page_token
             if not token:
-                return messages
+                return
+
+    async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
+        """The handle's whole stored transcript (all pages)."""
+        return [message async for message in self.iter_transcript(runtime_id, handle_id)]
 
     async def list_runtimes_page(self, page_size: int = 0, page_token: str = "") -> pb.ListRuntimesResponse:
         """One page of ListRuntimes: at most `page_size` of the caller's runtimes (0: the
@@ -348,16 +374,20 @@ class Client:
         request = pb.ListRuntimesRequest(page_size=page_size, page_token=page_token)
         return await self._call(self._stub.ListRuntimes, request)  # type: ignore[no-any-return]
 
-    async def list_runtimes(self) -> list[pb.RuntimeSummary]:
-        """Every runtime of the caller's tenant, newest first (all pages)."""
-        runtimes: list[pb.RuntimeSummary] = []
+    async def iter_runtimes(self, page_size: int = 0) -> AsyncIterator[pb.RuntimeSummary]:
+        """The caller's runtimes, newest first, a page fetched as the loop reaches it."""
         token = ""
         while True:
-            response = await self.list_runtimes_page(page_token=token)
-            runtimes.extend(response.runtimes)
+            response = await self.list_runtimes_page(page_size, token)
+            for runtime in response.runtimes:
+                yield runtime
             token = response.next_page_token
             if not token:
-                return runtimes
+                return
+
+    async def list_runtimes(self) -> list[pb.RuntimeSummary]:
+        """Every runtime of the caller's tenant, newest first (all pages)."""
+        return [runtime async for runtime in self.iter_runtimes()]
 
     async def delete_runtime(self, runtime_id: str, force: bool = False) -> None:
         """Closes the runtime and deletes everything stored of it; `force` interrupts running

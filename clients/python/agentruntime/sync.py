@@ -30,7 +30,8 @@ SyncToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], str]
 
 class SyncClient:
     def __init__(self, target: str, **options: Any) -> None:
-        """`options`: as Client's (token, tls, root_certificates, client_cert, client_key, timeout)."""
+        """`options`: as Client's (token, tls, root_certificates, client_cert, client_key, timeout,
+        keepalive, keepalive_timeout, interceptors, channel_options)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentruntime-client", daemon=True)
         self._thread.start()
@@ -129,25 +130,41 @@ class SyncClient:
     def delete_runtime(self, runtime_id: str, force: bool = False) -> None:
         self._run(self._client.delete_runtime(runtime_id, force))
 
+    def iter_handles(self, runtime_id: str, page_size: int = 0) -> Iterator[pb.HandleView]:
+        return self._iterate(self._client.iter_handles(runtime_id, page_size))
+
+    def iter_transcript(self, runtime_id: str, handle_id: str, page_size: int = 0) -> Iterator[pb.Message]:
+        return self._iterate(self._client.iter_transcript(runtime_id, handle_id, page_size))
+
+    def iter_runtimes(self, page_size: int = 0) -> Iterator[pb.RuntimeSummary]:
+        return self._iterate(self._client.iter_runtimes(page_size))
+
     def watch(self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0) -> Iterator[pb.Event]:
         """The runtime's events, as Client.watch gives them (reconnecting from the last seq);
         leaving the loop (break) closes the stream."""
-        events: AsyncIterator[pb.Event] = self._client.watch(runtime_id, after_seq, max_retries=max_retries, backoff=backoff)
+        return self._iterate(self._client.watch(runtime_id, after_seq, max_retries=max_retries, backoff=backoff))
 
-        async def following() -> pb.Event | None:
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator of the client's loop as a blocking one: each item is fetched on
+        the loop when the caller's loop asks; leaving the loop early closes the async one."""
+
+        async def following() -> tuple[bool, T | None]:
             try:
-                return await anext(events)
+                return True, await anext(items)
             except StopAsyncIteration:
-                return None
+                return False, None
 
         try:
-            while (event := self._run(following())) is not None:
-                yield event
+            while True:
+                more, item = self._run(following())
+                if not more:
+                    return
+                yield item  # type: ignore[misc]  # `more` says it is a T
         except concurrent.futures.CancelledError:
             if not self._closing:  # closing the client ends the stream quietly
                 raise
         finally:
-            closing = getattr(events, "aclose", None)
+            closing = getattr(items, "aclose", None)
             if closing is not None and not self._loop.is_closed():
                 self._run(closing())
 

@@ -5,6 +5,8 @@ script) can offer them at no cost; `main` imports the implementation."""
 
 from __future__ import annotations
 
+import sys
+
 COMMANDS = {
     "run": "create a runtime from an agents file, run an agent and show its live tree",
     "ls": "list a runtime's handles",
@@ -34,6 +36,11 @@ def command_first(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; returns the exit code (0 ok, 1 a run that did not end DONE, 2 an error)."""
-    from .main import run_cli
-
+    try:
+        from .main import run_cli
+    except ModuleNotFoundError as error:
+        if error.name != "rich":
+            raise
+        print("agentruntime: the terminal commands need the `cli` extra: pip install 'agentruntime-client[cli]'", file=sys.stderr)
+        return 2
     return run_cli(argv)
