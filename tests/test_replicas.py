@@ -150,6 +150,28 @@ async def test_renewal_tells_a_replica_which_leases_it_lost(pair: tuple[Replica,
     assert await b.leases.claim("kept") == Claim(owned=False, address="127.0.0.1:1001")
 
 
+async def test_a_runtime_created_during_a_renewal_stays_its_creators(pair: tuple[Replica, Replica, Any]) -> None:
+    """A renewal that reads a new runtime's row before its creator has recorded the epoch must
+    not give it up: the creator answers from its copy, so nobody else may claim it (found
+    under load: a Spawn at another replica claimed it, and the creator's Wake said NOT_FOUND)."""
+    a, b, _ = pair
+    created: list[str] = []
+
+    async def create_many() -> None:
+        for n in range(150):
+            await a.store.create_runtime(f"new-{n}", AGENTS)
+            created.append(f"new-{n}")
+
+    async def renew_meanwhile() -> None:
+        while len(created) < 150:
+            await a.leases.renew()
+
+    await asyncio.gather(create_many(), renew_meanwhile())
+    assert all(a.leases.holds(runtime_id) for runtime_id in created)
+    taken = [runtime_id for runtime_id in created if (await b.leases.claim(runtime_id)).owned]
+    assert taken == []
+
+
 async def test_orphans_are_running_runtimes_whose_owner_is_gone(pair: tuple[Replica, Replica, Any]) -> None:
     a, b, admin = pair
     await a.store.create_runtime("busy", AGENTS)

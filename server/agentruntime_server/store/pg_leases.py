@@ -19,12 +19,13 @@ database is the coordinator; no consensus of our own, no broker).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from ..domain.ownership import Claim
 from .postgres import PostgresStore
@@ -111,6 +112,16 @@ class PostgresLeases:
         """Held, and this replica's leases cannot have lapsed: a replica starved or paused past
         its lease must not answer from its copy (another may have run the runtime since)."""
         return runtime_id in self.store.epochs and self.fresh()
+
+    @contextlib.contextmanager
+    def creating(self, runtime_id: str) -> Iterator[None]:
+        """A runtime this replica is creating (and so owns): a renewal that reads the new row
+        before the store has recorded its epoch here must not give it up as one no longer held."""
+        self._claiming.add(runtime_id)
+        try:
+            yield
+        finally:
+            self._claiming.discard(runtime_id)
 
     async def claim(self, runtime_id: str) -> Claim:
         self._claiming.add(runtime_id)

@@ -23,6 +23,7 @@ The URL's password is a secret: it is never logged, and `redacted(url)` is what 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -269,22 +270,27 @@ class PostgresStore:
         pool = await self._connected()
         now = time.time()
         owner = self.leasing.replica_id if self.leasing is not None else None
-        try:
-            await pool.execute(  # its own transaction: a runtime is created once, and acknowledged at once
-                "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)"
-                " VALUES ($1, $2, $3, $4, $5, $6, 1)",
-                runtime_id,
-                _AGENTS.dump_json(agents).decode(),
-                now,
-                tenant,
-                now,
-                owner,  # replicas: its creator runs it first (no other replica knows it yet)
-            )
-        except asyncpg.UniqueViolationError:  # created at the same moment through another connection
-            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
-        if owner is not None:
-            self.epochs[runtime_id] = 1
-            self.fenced.discard(runtime_id)
+        # Until its epoch is recorded below, a renewal that already reads the new row must not
+        # release it as a runtime this replica no longer holds (another would then claim it
+        # while this replica answers from its own copy).
+        creating = self.leasing.creating(runtime_id) if self.leasing is not None else contextlib.nullcontext()
+        with creating:
+            try:
+                await pool.execute(  # its own transaction: a runtime is created once, and acknowledged at once
+                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, 1)",
+                    runtime_id,
+                    _AGENTS.dump_json(agents).decode(),
+                    now,
+                    tenant,
+                    now,
+                    owner,  # replicas: its creator runs it first (no other replica knows it yet)
+                )
+            except asyncpg.UniqueViolationError:  # created at the same moment through another connection
+                raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
+            if owner is not None:
+                self.epochs[runtime_id] = 1
+                self.fenced.discard(runtime_id)
         self._next_seq[runtime_id] = 1  # so that append never awaits: the journal assigns seqs in order
 
     async def runtime_exists(self, runtime_id: str) -> bool:
