@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -179,9 +180,34 @@ func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
-// WithDialOptions passes extra options to grpc.NewClient (interceptors, keepalive, ...).
+// WithDialOptions passes extra options to grpc.NewClient (anything the options here do
+// not cover); they come after the client's own, so they win where both set something.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithKeepalive pings the server on an idle connection (keepalive.ClientParameters: Time
+// between pings, Timeout to wait for the ack, PermitWithoutStream to ping with no call
+// in flight), so a dead peer or a NAT that dropped the connection is noticed before the
+// next call; long Waits and Watch streams benefit most. grpc-go raises a Time under 10 s
+// to 10 s; the agentruntime server accepts pings every second or more, with or without a
+// call in flight (a proxy in between may be stricter).
+func WithKeepalive(params keepalive.ClientParameters) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, grpc.WithKeepaliveParams(params)) }
+}
+
+// WithUnaryInterceptors adds interceptors around every unary call (all RPCs but Watch
+// and ServeTools, Stub()'s included), chained in the order given: the first is the
+// outermost. They see each attempt the client's own retries make (Wait's and Resume's)
+// as a call of its own.
+func WithUnaryInterceptors(interceptors ...grpc.UnaryClientInterceptor) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, grpc.WithChainUnaryInterceptor(interceptors...)) }
+}
+
+// WithStreamInterceptors adds interceptors around every streaming call (Watch and
+// ServeTools, each reconnection a call of its own), chained in the order given.
+func WithStreamInterceptors(interceptors ...grpc.StreamClientInterceptor) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, grpc.WithChainStreamInterceptor(interceptors...)) }
 }
 
 // BearerToken is per-RPC credentials sending `authorization: Bearer <token>`. It does
@@ -456,18 +482,7 @@ func (c *Client) Inspect(ctx context.Context, runtimeID, handleID string) (*v1.H
 // List returns every handle of the runtime, in spawn order: it follows the pages of
 // List until the last one.
 func (c *Client) List(ctx context.Context, runtimeID string) ([]*v1.HandleView, error) {
-	var handles []*v1.HandleView
-	token := ""
-	for {
-		resp, err := c.ListPage(ctx, runtimeID, 0, token)
-		if err != nil {
-			return nil, err
-		}
-		handles = append(handles, resp.GetHandles()...)
-		if token = resp.GetNextPageToken(); token == "" {
-			return handles, nil
-		}
-	}
+	return collect(c.handlePages(ctx, runtimeID, 0))
 }
 
 // ListPage returns one page of List: at most pageSize handles (0: the server's
@@ -486,18 +501,7 @@ func (c *Client) ListPage(ctx context.Context, runtimeID string, pageSize int32,
 // Transcript returns the handle's whole stored transcript: it follows the pages of
 // GetTranscript until the last one.
 func (c *Client) Transcript(ctx context.Context, runtimeID, handleID string) ([]*v1.Message, error) {
-	var messages []*v1.Message
-	token := ""
-	for {
-		resp, err := c.TranscriptPage(ctx, runtimeID, handleID, 0, token)
-		if err != nil {
-			return nil, err
-		}
-		messages = append(messages, resp.GetMessages()...)
-		if token = resp.GetNextPageToken(); token == "" {
-			return messages, nil
-		}
-	}
+	return collect(c.messagePages(ctx, runtimeID, handleID, 0))
 }
 
 // TranscriptPage returns one page of GetTranscript: at most pageSize messages (0: the
@@ -517,18 +521,7 @@ func (c *Client) TranscriptPage(ctx context.Context, runtimeID, handleID string,
 // ListRuntimes returns every runtime of the caller's tenant, newest first: it follows
 // the pages of ListRuntimes until the last one.
 func (c *Client) ListRuntimes(ctx context.Context) ([]*v1.RuntimeSummary, error) {
-	var runtimes []*v1.RuntimeSummary
-	token := ""
-	for {
-		resp, err := c.ListRuntimesPage(ctx, 0, token)
-		if err != nil {
-			return nil, err
-		}
-		runtimes = append(runtimes, resp.GetRuntimes()...)
-		if token = resp.GetNextPageToken(); token == "" {
-			return runtimes, nil
-		}
-	}
+	return collect(c.runtimePages(ctx, 0))
 }
 
 // ListRuntimesPage returns one page of ListRuntimes: at most pageSize runtimes (0: the

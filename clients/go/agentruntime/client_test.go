@@ -36,6 +36,7 @@ type fake struct {
 	auth     []string
 	deadline time.Duration
 	tokens   []string // the page_token of every List, GetTranscript and ListRuntimes call
+	listErr  error    // what List refuses the page at token "p2" with, when set
 	deleted  []*v1.DeleteRuntimeRequest
 	peerCN   string // the client certificate's common name, over mTLS
 	// serveTools plays the server's side of each ServeTools stream (worker_test.go).
@@ -84,6 +85,9 @@ var pages = map[string]struct {
 
 func (f *fake) List(_ context.Context, req *v1.ListRequest) (*v1.ListResponse, error) {
 	f.tokens = append(f.tokens, req.GetPageToken())
+	if f.listErr != nil && req.GetPageToken() == "p2" {
+		return nil, f.listErr
+	}
 	page, ok := pages[req.GetPageToken()]
 	if !ok {
 		return nil, status.Error(codes.InvalidArgument, "bad page_token")

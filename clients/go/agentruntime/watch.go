@@ -2,8 +2,8 @@ package agentruntime
 
 import (
 	"context"
+	"errors"
 	"io"
-	"iter"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -44,71 +44,86 @@ func WithWatchRetries(n int) WatchOption {
 }
 
 // WithWatchBackoff sets the reconnection delay: it starts at initial and doubles after
-// each failed reconnect, up to maxDelay, with jitter (the default is 250 ms up to 5 s).
+// each failed reconnect, up to maxDelay, with jitter (the default is 1 s up to 5 s).
 func WithWatchBackoff(initial, maxDelay time.Duration) WatchOption {
 	return func(o *watchOptions) { o.backoff, o.maxBackoff = initial, maxDelay }
 }
 
-// Watch returns the runtime's events after afterSeq (0: its whole history), in order and
-// each once, as a sequence for range; it never ends by itself. The stream uses the
-// client's connection (TLS and the token apply as for every call) and has no deadline.
+// ErrStopWatch, returned by a WatchFunc callback, ends the watch without an error.
+var ErrStopWatch = errors.New("agentruntime: stop watching")
+
+// WatchFunc is Watch for callers that do not range over functions (Go 1.22): it calls fn
+// with each of the runtime's events after afterSeq (0: its whole history), in order and
+// each once, and reconnects exactly as Watch does. It returns when fn returns an error
+// (nil when that error is ErrStopWatch, else fn's error as is), when the watch fails (an
+// *Error, after the same retries as Watch) or when ctx is done (ctx.Err()).
 //
-// A dropped stream (UNAVAILABLE, the server ending it, or RESOURCE_EXHAUSTED with
-// ErrorInfo reason WATCH_LAGGING when the consumer fell too far behind) is reopened from
-// the last seq seen, so nothing is missed and nothing is seen twice; a lagging consumer
-// reconnects at once, the others after a delay with exponential backoff and jitter
-// (WithWatchBackoff). After WithWatchRetries reconnects in a row (default 5) with no
-// event between them, or on any other refusal (NOT_FOUND, UNAUTHENTICATED, ...), the
-// sequence ends with the error as an *Error; once ctx is done it ends with ctx.Err().
-// Breaking out of the loop closes the stream.
-//
-//	for event, err := range client.Watch(ctx, runtimeID, 0) {
-//		if err != nil {
-//			return err
-//		}
+//	err := client.WatchFunc(ctx, runtimeID, 0, func(event *v1.Event) error {
 //		fmt.Println(event.GetSeq(), event.GetHandleId())
-//	}
-func (c *Client) Watch(ctx context.Context, runtimeID string, afterSeq int64, opts ...WatchOption) iter.Seq2[*v1.Event, error] {
+//		if event.GetResult() != nil {
+//			return agentruntime.ErrStopWatch
+//		}
+//		return nil
+//	})
+func (c *Client) WatchFunc(ctx context.Context, runtimeID string, afterSeq int64, fn func(*v1.Event) error, opts ...WatchOption) error {
+	var failed error
+	c.watch(ctx, runtimeID, afterSeq, opts, func(event *v1.Event, err error) bool {
+		if err != nil {
+			failed = err
+			return false
+		}
+		if err := fn(event); err != nil {
+			if !errors.Is(err, ErrStopWatch) {
+				failed = err
+			}
+			return false
+		}
+		return true
+	})
+	return failed
+}
+
+// watch is Watch's and WatchFunc's one implementation: it hands yield each event (with a
+// nil error) until yield returns false, or the final error (with a nil event).
+func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, opts []WatchOption, yield func(*v1.Event, error) bool) {
 	o := watchOptions{maxRetries: DefaultWatchRetries, backoff: defaultWatchBackoff, maxBackoff: defaultWatchMaxBackoff}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return func(yield func(*v1.Event, error) bool) {
-		seen, failures := afterSeq, 0
-		for {
-			stopped, err := c.watchOnce(ctx, runtimeID, seen, func(event *v1.Event) bool {
-				if event.GetSeq() <= seen {
-					return true // already delivered: never twice
-				}
-				failures, seen = 0, event.GetSeq()
-				return yield(event, nil)
-			})
-			if stopped {
-				return
+	seen, failures := afterSeq, 0
+	for {
+		stopped, err := c.watchOnce(ctx, runtimeID, seen, func(event *v1.Event) bool {
+			if event.GetSeq() <= seen {
+				return true // already delivered: never twice
 			}
-			if ctx.Err() != nil {
-				yield(nil, ctx.Err())
-				return
-			}
-			if err == io.EOF { // the server ended the stream (it is shutting down)
-				err = status.Error(codes.Unavailable, "the server ended the Watch stream")
-			}
-			refused := wrap(err).(*Error)
-			lagging := refused.Code == codes.ResourceExhausted && refused.ErrorInfo().GetReason() == watchLagging
-			if !lagging && refused.Code != codes.Unavailable || failures >= o.maxRetries ||
-				c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
-				yield(nil, refused)
-				return
-			}
-			var delay time.Duration
-			if !lagging { // the consumer was slow, not the server: reconnect at once
-				delay = backoffDelay(o.backoff, o.maxBackoff, failures)
-			}
-			failures++
-			if err := sleep(ctx, delay); err != nil {
-				yield(nil, err)
-				return
-			}
+			failures, seen = 0, event.GetSeq()
+			return yield(event, nil)
+		})
+		if stopped {
+			return
+		}
+		if ctx.Err() != nil {
+			yield(nil, ctx.Err())
+			return
+		}
+		if err == io.EOF { // the server ended the stream (it is shutting down)
+			err = status.Error(codes.Unavailable, "the server ended the Watch stream")
+		}
+		refused := wrap(err).(*Error)
+		lagging := refused.Code == codes.ResourceExhausted && refused.ErrorInfo().GetReason() == watchLagging
+		if !lagging && refused.Code != codes.Unavailable || failures >= o.maxRetries ||
+			c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
+			yield(nil, refused)
+			return
+		}
+		var delay time.Duration
+		if !lagging { // the consumer was slow, not the server: reconnect at once
+			delay = backoffDelay(o.backoff, o.maxBackoff, failures)
+		}
+		failures++
+		if err := sleep(ctx, delay); err != nil {
+			yield(nil, err)
+			return
 		}
 	}
 }

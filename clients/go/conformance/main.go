@@ -1,3 +1,5 @@
+//go:build go1.23
+
 // Command conformance runs the shared vectors (tests/vectors, see its README) through
 // the Go client against the server at AGENTRUNTIME_ADDR, the same way the Python runner
 // (clients/python/conformance/run.py) does.
@@ -13,6 +15,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -23,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -65,9 +69,9 @@ type wakeArgs struct {
 	Prompt string `json:"prompt"`
 }
 
-type waitArgs struct {
-	Handle string `json:"handle"`
-}
+// waitOptions are the wait step's arguments (README: Waiting, restarts and watching); any
+// other is a broken vector.
+var waitOptions = []string{"handle", "client_timeout_ms", "restart_server_after_ms"}
 
 type resumeArgs struct {
 	OK      bool            `json:"ok"`
@@ -150,11 +154,11 @@ type expectedResource struct {
 
 var verbs = []string{
 	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-	"list_runtimes", "delete_runtime", "create_runtime",
+	"list_runtimes", "delete_runtime", "create_runtime", "watch",
 }
 
 func main() {
-	addr := envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051")
+	addr := serverAddress()
 	dir := envOr("AGENTRUNTIME_VECTORS", filepath.Join("..", "..", "tests", "vectors"))
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json")) // sorted by file name
 	if err == nil && len(paths) == 0 {
@@ -204,6 +208,9 @@ func connectionOptions() []agentruntime.Option {
 	}
 	return opts
 }
+
+// serverAddress is AGENTRUNTIME_ADDR, or the default server's.
+func serverAddress() string { return envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051") }
 
 func envOr(key, fallback string) string {
 	if v := os.Getenv(key); v != "" {
@@ -400,18 +407,13 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		_, err := client.Wake(ctx, runtimeID, a.Handle, a.Prompt)
 		return nil, err
 	case "wait":
-		var a waitArgs
-		if err := json.Unmarshal(args, &a); err != nil {
-			return nil, err
-		}
-		// Wait is not bounded by the client's WithTimeout: the vectors' 60 s is the ctx's.
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		result, err := client.Wait(ctx, runtimeID, a.Handle, 0)
+		result, err := wait(ctx, client, runtimeID, args)
 		if err != nil {
 			return nil, err
 		}
 		return resultFields(result, lastPending), nil
+	case "watch":
+		return watch(ctx, client, runtimeID, args)
 	case "resume":
 		var a resumeArgs
 		if err := json.Unmarshal(args, &a); err != nil {
@@ -555,6 +557,166 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 		}
 		return map[string]any{"count": len(roles), "roles": roles, "messages": messages, "next_page_token_empty": next == ""}, nil
 	}
+}
+
+// wait is the wait step: the client's Wait (no overall timeout of its own; ctx bounds it
+// by the vectors' 60 s), through a second client whose default per-call deadline is
+// client_timeout_ms when the step gives it, and across a run of the restart hook
+// restart_server_after_ms into the wait when the step asks (README: Waiting, restarts and
+// watching; the Python runner's _wait).
+func wait(ctx context.Context, client *agentruntime.Client, runtimeID string, args json.RawMessage) (*v1.TaskResult, error) {
+	var a map[string]json.RawMessage
+	if err := strictArgs(args, &a); err != nil {
+		return nil, err
+	}
+	var unknown []string
+	for key := range a {
+		if !slices.Contains(waitOptions, key) {
+			unknown = append(unknown, key)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return nil, fmt.Errorf("unknown wait arguments %v", unknown)
+	}
+	var handle *string
+	if err := json.Unmarshal(a["handle"], &handle); a["handle"] == nil || err != nil || handle == nil {
+		return nil, fmt.Errorf("wait needs handle, a string, got %s", a["handle"])
+	}
+	clientTimeout, err := millis(a, "client_timeout_ms")
+	if err != nil {
+		return nil, err
+	}
+	restartAfter, err := millis(a, "restart_server_after_ms")
+	if err != nil {
+		return nil, err
+	}
+	var restarted <-chan error
+	if restartAfter != nil {
+		hook := os.Getenv("AGENTRUNTIME_RESTART_HOOK")
+		if hook == "" {
+			return nil, errors.New("restart_server_after_ms needs AGENTRUNTIME_RESTART_HOOK (scripts/with-server.sh sets it)")
+		}
+		cancelled := make(chan struct{})
+		defer close(cancelled) // a wait that ends first calls off a hook not yet started
+		restarted = restartServer(hook, time.Duration(*restartAfter)*time.Millisecond, cancelled)
+	}
+	// Wait is not bounded by the client's WithTimeout: the vectors' 60 s is the ctx's.
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	waiter := client
+	if clientTimeout != nil {
+		opts := append(connectionOptions(), agentruntime.WithTimeout(time.Duration(*clientTimeout)*time.Millisecond))
+		short, err := agentruntime.Dial(serverAddress(), opts...)
+		if err != nil {
+			return nil, err
+		}
+		defer short.CloseConn()
+		waiter = short
+	}
+	result, err := waiter.Wait(ctx, runtimeID, *handle, 0)
+	if err != nil {
+		return nil, err
+	}
+	if restarted != nil {
+		if err := <-restarted; err != nil { // the hook's own failure fails the step, even when the wait got through
+			return nil, err
+		}
+	}
+	return result, nil
+}
+
+// millis is an optional argument that must be a non-negative integer (nil: absent).
+func millis(a map[string]json.RawMessage, key string) (*int64, error) {
+	raw, ok := a[key]
+	if !ok || string(bytes.TrimSpace(raw)) == "null" { // null is absent, as in the Python runner
+		return nil, nil
+	}
+	var value int64
+	if err := json.Unmarshal(raw, &value); err != nil || value < 0 || bytes.ContainsAny(raw, ".eE") {
+		return nil, fmt.Errorf("%s must be a non-negative integer, got %s", key, raw)
+	}
+	return &value, nil
+}
+
+// restartServer runs the restart hook (sh -c "$AGENTRUNTIME_RESTART_HOOK") after the delay,
+// unless cancelled is closed first, and sends its outcome (nil when called off). A hook
+// already started is let finish: killing it halfway could leave no server.
+func restartServer(hook string, after time.Duration, cancelled <-chan struct{}) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		timer := time.NewTimer(after)
+		defer timer.Stop()
+		select {
+		case <-cancelled:
+			done <- nil
+			return
+		case <-timer.C:
+		}
+		cmd := exec.Command("sh", "-c", hook)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr // files, not pipes: the restarted server may keep them
+		if err := cmd.Run(); err != nil {
+			done <- fmt.Errorf("the restart hook failed: %w", err)
+			return
+		}
+		done <- nil
+	}()
+	return done
+}
+
+// eventString is an event as the watch step writes it: its handle id, its payload's field
+// name and, for state_changed, the state's enum value name.
+func eventString(event *v1.Event) string {
+	kind := payloadName(event)
+	text := event.GetHandleId() + " " + kind
+	if kind == "state_changed" {
+		text += " " + event.GetStateChanged().GetState().String()
+	}
+	return text
+}
+
+// payloadName is the name of the event's payload field in the proto ("" when unset).
+func payloadName(event *v1.Event) string {
+	message := event.ProtoReflect()
+	field := message.WhichOneof(message.Descriptor().Oneofs().ByName(protoreflect.Name("payload")))
+	if field == nil {
+		return ""
+	}
+	return string(field.Name())
+}
+
+// watch is the watch step: the client's Watch on this vector's runtime from its first
+// event until handle's first result event, within the 60 s call deadline, with the seqs
+// 1, 2, 3 ... (the Python runner's _watch).
+func watch(ctx context.Context, client *agentruntime.Client, runtimeID string, args json.RawMessage) (map[string]any, error) {
+	var a struct {
+		Handle *string `json:"handle"`
+	}
+	if err := strictArgs(args, &a); err != nil {
+		return nil, err
+	}
+	if a.Handle == nil {
+		return nil, errors.New("watch needs handle")
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	events := []string{}
+	for event, err := range client.Watch(ctx, runtimeID, 0) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("no result event of %s within %v; events: %s", *a.Handle, callTimeout, show(events))
+			}
+			return nil, err
+		}
+		if event.GetSeq() != int64(len(events)+1) {
+			return nil, fmt.Errorf("event seq %d after %d events (a gap or a repeat)", event.GetSeq(), len(events))
+		}
+		events = append(events, eventString(event))
+		if event.GetResult() != nil && event.GetHandleId() == *a.Handle {
+			break
+		}
+	}
+	return map[string]any{"count": len(events), "events": events}, nil
 }
 
 // createRuntime creates another runtime (generated id) of the step's agents and, when it
