@@ -25,7 +25,7 @@ import {
   type Client as ConnectClient,
   type Interceptor,
 } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
 
 import {
   AgentRuntime,
@@ -61,7 +61,7 @@ export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
 export { RESUME_RETRY, SAFE_RETRY, SAFE_TO_REPEAT, WAIT_RETRY, type RetryPolicy } from "./retry.js";
 export * from "./gen/agentruntime/v1/agent_runtime_pb.js";
 export * from "./gen/google/rpc/error_details_pb.js";
-export { Code, ConnectError };
+export { Code, ConnectError, type Interceptor };
 
 /** The default deadline of every call, as in the Python client (60 s); Wait and Watch have their own. */
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -82,6 +82,22 @@ export interface WaitOptions {
 export interface RunOptions extends WaitOptions {
   /** As `wait`'s `timeoutMs`: after it, the server's STATUS_TIMEOUT result (the handle still running). */
   timeoutMs?: number;
+}
+
+/**
+ * HTTP/2 keepalive of the client's connection (Connect's Node session manager): PING frames that
+ * find a dead connection (a server that vanished without closing it, a NAT that dropped it)
+ * before a call hangs on it.
+ */
+export interface KeepaliveOptions {
+  /** Sends a PING after this many ms without a frame received; unset: no PINGs (Connect's default). */
+  pingIntervalMs?: number;
+  /** Closes the connection (and its calls, which fail UNAVAILABLE-like and are retried where safe) when a PING is not answered within this many ms (default 15 000). */
+  pingTimeoutMs?: number;
+  /** Also PINGs while no call is open (default false: an idle connection is checked before its next call). */
+  pingIdleConnection?: boolean;
+  /** Closes a connection no call used for this many ms (default 15 min); the next call reconnects. */
+  idleConnectionTimeoutMs?: number;
 }
 
 export interface ClientOptions {
@@ -109,6 +125,14 @@ export interface ClientOptions {
   clientCertificateFile?: string;
   /** `clientKey` read from a PEM file. */
   clientKeyFile?: string;
+  /** HTTP/2 PINGs that detect a dead connection (default: none), see KeepaliveOptions. */
+  keepalive?: KeepaliveOptions;
+  /**
+   * Connect interceptors run around every call (`raw` ones, retries' attempts, `watch` and
+   * `serveTools` streams included), the first one outermost. The `token`'s interceptor runs
+   * inside them, so they do not see the `authorization` header.
+   */
+  interceptors?: Interceptor[];
 }
 
 /** An AgentDef, Budget or Answer as a message or as a plain init object. */
@@ -148,9 +172,10 @@ export class AgentRuntimeClient {
   /** The generated client: every RPC with the transport's interceptors. */
   readonly raw: RawClient;
   private readonly timeoutMs: number;
+  private readonly sessions: Http2SessionManager;
 
   constructor(target: string, options: ClientOptions = {}) {
-    const interceptors: Interceptor[] = [];
+    const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
     const token = options.token;
     if (token) {
       interceptors.push((next) => async (request) => {
@@ -160,13 +185,32 @@ export class AgentRuntimeClient {
     }
     const security = tlsOptions(options);
     const secure = options.tls === true || Object.keys(security).length > 0;
-    const transport = createGrpcTransport({
-      baseUrl: baseUrl(target, secure),
-      interceptors,
-      ...(Object.keys(security).length > 0 ? { nodeOptions: security } : {}),
-    });
+    const url = baseUrl(target, secure);
+    // The connection (an HTTP/2 session, reopened when it drops), held here so `disconnect` can end it.
+    const keepalive = options.keepalive ?? {};
+    this.sessions = new Http2SessionManager(
+      url,
+      {
+        ...(keepalive.pingIntervalMs !== undefined ? { pingIntervalMs: keepalive.pingIntervalMs } : {}),
+        ...(keepalive.pingTimeoutMs !== undefined ? { pingTimeoutMs: keepalive.pingTimeoutMs } : {}),
+        ...(keepalive.pingIdleConnection !== undefined ? { pingIdleConnection: keepalive.pingIdleConnection } : {}),
+        ...(keepalive.idleConnectionTimeoutMs !== undefined
+          ? { idleConnectionTimeoutMs: keepalive.idleConnectionTimeoutMs }
+          : {}),
+      },
+      Object.keys(security).length > 0 ? security : undefined,
+    );
+    const transport = createGrpcTransport({ baseUrl: url, interceptors, sessionManager: this.sessions });
     this.raw = createConnectClient(AgentRuntime, transport);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  }
+
+  /**
+   * Closes the connection: calls in flight fail, and the client is not to be used again. A
+   * process whose clients are closed (or idle) can exit.
+   */
+  disconnect(): void {
+    this.sessions.abort();
   }
 
   private call(timeoutMs?: number): CallOptions {
@@ -269,14 +313,21 @@ export class AgentRuntimeClient {
 
   /** Every handle of the runtime, in spawn order (it follows the pages of List to the last). */
   async list(runtimeId: string): Promise<HandleView[]> {
-    const handles: HandleView[] = [];
+    return collect(this.iterateList(runtimeId));
+  }
+
+  /**
+   * The runtime's handles one at a time, in spawn order, fetching a page of `pageSize` (0: the
+   * server's default) whenever the previous one is used up: `for await (const view of
+   * client.iterateList(runtimeId)) ...`. Leaving the loop early fetches no more pages.
+   */
+  async *iterateList(runtimeId: string, pageSize = 0): AsyncGenerator<HandleView, void, undefined> {
     let pageToken = "";
     do {
-      const response = await this.listPage(runtimeId, 0, pageToken);
-      handles.push(...response.handles);
+      const response = await this.listPage(runtimeId, pageSize, pageToken);
+      yield* response.handles;
       pageToken = response.nextPageToken;
     } while (pageToken);
-    return handles;
   }
 
   /**
@@ -289,14 +340,20 @@ export class AgentRuntimeClient {
 
   /** The handle's whole stored transcript (it follows the pages of GetTranscript to the last). */
   async transcript(runtimeId: string, handleId: string): Promise<Message[]> {
-    const messages: Message[] = [];
+    return collect(this.iterateTranscript(runtimeId, handleId));
+  }
+
+  /**
+   * The handle's transcript one message at a time, oldest first, fetching a page of `pageSize`
+   * (0: the server's default) whenever the previous one is used up.
+   */
+  async *iterateTranscript(runtimeId: string, handleId: string, pageSize = 0): AsyncGenerator<Message, void, undefined> {
     let pageToken = "";
     do {
-      const response = await this.transcriptPage(runtimeId, handleId, 0, pageToken);
-      messages.push(...response.messages);
+      const response = await this.transcriptPage(runtimeId, handleId, pageSize, pageToken);
+      yield* response.messages;
       pageToken = response.nextPageToken;
     } while (pageToken);
-    return messages;
   }
 
   /**
@@ -309,14 +366,20 @@ export class AgentRuntimeClient {
 
   /** Every runtime of the caller's tenant, newest first (it follows the pages of ListRuntimes to the last). */
   async listRuntimes(): Promise<RuntimeSummary[]> {
-    const runtimes: RuntimeSummary[] = [];
+    return collect(this.iterateRuntimes());
+  }
+
+  /**
+   * The caller's tenant's runtimes one at a time, newest first, fetching a page of `pageSize`
+   * (0: the server's default) whenever the previous one is used up.
+   */
+  async *iterateRuntimes(pageSize = 0): AsyncGenerator<RuntimeSummary, void, undefined> {
     let pageToken = "";
     do {
-      const response = await this.listRuntimesPage(0, pageToken);
-      runtimes.push(...response.runtimes);
+      const response = await this.listRuntimesPage(pageSize, pageToken);
+      yield* response.runtimes;
       pageToken = response.nextPageToken;
     } while (pageToken);
-    return runtimes;
   }
 
   /**
@@ -341,8 +404,8 @@ export class AgentRuntimeClient {
    * stream (UNAVAILABLE; CANCELED or ABORTED from a connection that died; RESOURCE_EXHAUSTED
    * with ErrorInfo reason WATCH_LAGGING when this consumer fell too far behind) or one the
    * server ends is reopened from the last seq seen,
-   * so nothing is missed or seen twice: after a pause of 250 ms doubling per failure in a row,
-   * jittered (none when lagging). After `maxRetries` (default 5) reconnections in a row with
+   * so nothing is missed or seen twice: after a pause of 1 s doubling per failure in a row
+   * (`backoffMs`), drawn from its upper half (none when lagging). After `maxRetries` (default 5) reconnections in a row with
    * no event between them, the last error is thrown; any other code is thrown at once.
    * `options.signal` (or leaving the loop) ends it.
    *
@@ -381,6 +444,13 @@ export class AgentRuntimeClient {
   serveTools(queue: string, handlers: Record<string, ToolHandler>, options?: ServeToolsOptions): Promise<void> {
     return serveTools(this.raw, queue, handlers, options);
   }
+}
+
+/** Every item of an async iterable, in order. */
+async function collect<T>(items: AsyncIterable<T>): Promise<T[]> {
+  const all: T[] = [];
+  for await (const item of items) all.push(item);
+  return all;
 }
 
 /**
@@ -436,6 +506,14 @@ export function errorDetails(error: unknown): ErrorDetails {
     badRequest: error.findDetails(BadRequestSchema)[0],
     resourceInfo: error.findDetails(ResourceInfoSchema)[0],
   };
+}
+
+/**
+ * Whether `error` is a ConnectError with `code` (a type guard): `hasCode(err, Code.NotFound)`,
+ * then `errorDetails(err).resourceInfo` says what was not found.
+ */
+export function hasCode(error: unknown, code: Code): error is ConnectError {
+  return error instanceof ConnectError && error.code === code;
 }
 
 /** `RESOURCE_EXHAUSTED: <server message>`, like the Python client's AgentRuntimeError. */

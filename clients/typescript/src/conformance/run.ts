@@ -7,6 +7,7 @@
  * AGENTRUNTIME_VECTORS overrides the vector directory.
  */
 
+import { spawn } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -34,6 +35,8 @@ import {
   grpcCodeName,
   type AgentDef,
   type AgentRuntimeClient,
+  type ClientOptions,
+  type Event,
   type Failure,
   type HandleView,
   type Message,
@@ -72,7 +75,11 @@ const VERBS = [
   "list_runtimes",
   "delete_runtime",
   "create_runtime",
+  "watch",
 ] as const;
+
+/** The arguments a wait step may carry (README: Waiting, restarts and watching). */
+const WAIT_OPTIONS = ["handle", "client_timeout_ms", "restart_server_after_ms"];
 
 /** The README's deadline for every call, Wait included. */
 const CALL_TIMEOUT_MS = 60_000;
@@ -346,6 +353,125 @@ async function inspect(client: AgentRuntimeClient, runtimeId: string, where: str
   }
 }
 
+/** A non-negative integer argument in ms (absent: undefined); anything else is a broken vector. */
+function millisArg(where: string, a: { [key: string]: JsonValue }, key: string): number | undefined {
+  if (!(key in a)) return undefined;
+  const value = a[key];
+  if (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0) {
+    throw new Mismatch(`${where}: ${key} must be a non-negative integer, got ${show(value)}`);
+  }
+  return value;
+}
+
+/**
+ * The restart hook (README: Waiting, restarts and watching), `afterMs` from now:
+ * `sh -c "$AGENTRUNTIME_RESTART_HOOK"`; it rejects (a Mismatch) when the hook is missing or
+ * exits non-zero. `cancel` stops the pause before the hook starts (the hook itself is let finish).
+ */
+function restartServer(afterMs: number, cancel: AbortSignal): Promise<void> {
+  const hook = process.env.AGENTRUNTIME_RESTART_HOOK;
+  if (!hook) {
+    return Promise.reject(
+      new Mismatch("restart_server_after_ms needs AGENTRUNTIME_RESTART_HOOK (scripts/with-server.sh sets it)"),
+    );
+  }
+  return new Promise<void>((done, fail) => {
+    const timer = setTimeout(() => {
+      cancel.removeEventListener("abort", onCancel);
+      const child = spawn("sh", ["-c", hook], { stdio: "inherit" });
+      child.on("error", (error) => fail(new Mismatch(`the restart hook did not start: ${error.message}`)));
+      child.on("exit", (code, signal) => {
+        if (code === 0) done();
+        else fail(new Mismatch(`the restart hook exited with ${code ?? signal}`));
+      });
+    }, afterMs);
+    const onCancel = () => {
+      clearTimeout(timer);
+      done();
+    };
+    cancel.addEventListener("abort", onCancel, { once: true });
+  });
+}
+
+/** The connection settings of the runner's client (TLS, token) from the environment, for a second client. */
+let connection: { address: string; options: ClientOptions } | undefined;
+
+/**
+ * The client's wait helper, through a client with a short default deadline (`client_timeout_ms`)
+ * and across a server restart (`restart_server_after_ms`) when the step asks (README: Waiting,
+ * restarts and watching), like the Python runner's `_wait`.
+ */
+async function waitStep(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<TaskResult> {
+  const a = objectArgs(where, step, "wait");
+  const unknown = Object.keys(a)
+    .filter((key) => !WAIT_OPTIONS.includes(key))
+    .sort();
+  if (unknown.length > 0) throw new Mismatch(`${where}: unknown wait arguments ${show(unknown)}`);
+  const handle = strArg(where, a, "handle");
+  const clientTimeout = millisArg(where, a, "client_timeout_ms");
+  const restartAfter = millisArg(where, a, "restart_server_after_ms");
+  const cancel = new AbortController();
+  const restart = restartAfter === undefined ? undefined : restartServer(restartAfter, cancel.signal);
+  restart?.catch(() => undefined); // awaited below; never an unhandled rejection meanwhile
+  try {
+    let result: TaskResult;
+    if (clientTimeout === undefined) {
+      result = await client.wait(runtimeId, handle);
+    } else {
+      if (connection === undefined) throw new Error("the runner's connection settings are not set");
+      // A second client on the same connection settings whose default per-call deadline is
+      // client_timeout_ms; closed after the step.
+      const short = createClient(connection.address, { ...connection.options, timeoutMs: clientTimeout });
+      try {
+        result = await short.wait(runtimeId, handle);
+      } finally {
+        short.disconnect();
+      }
+    }
+    if (restart !== undefined) await restart; // the hook's own failure fails the step, even when the wait got through
+    return result;
+  } finally {
+    cancel.abort(); // a hook not started yet never starts (its promise then resolves)
+  }
+}
+
+/** An event as the vectors write it: `handle_id payload` (and the state of a state_changed). */
+function eventString(event: Event): string {
+  const kind = event.payload.case ?? "";
+  const name = kind.replace(/[A-Z]/g, (letter) => `_${letter.toLowerCase()}`); // stateChanged → state_changed
+  let text = `${event.handleId} ${name}`;
+  if (event.payload.case === "stateChanged") text += ` ${enumName(HandleStateSchema, event.payload.value.state)}`;
+  return text;
+}
+
+/**
+ * The client's watch helper from the first event to `handle`'s first result (CALL_TIMEOUT_MS for
+ * the whole step); the seqs must run 1, 2, 3, ... (README: Waiting, restarts and watching).
+ */
+async function watchStep(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+  const handle = strArg(where, objectArgs(where, step, "watch"), "handle");
+  const events: string[] = [];
+  const stop = new AbortController();
+  const timer = setTimeout(() => stop.abort(), CALL_TIMEOUT_MS);
+  try {
+    for await (const event of client.watch(runtimeId, 0, { signal: stop.signal })) {
+      if (event.seq !== BigInt(events.length + 1)) {
+        throw new Mismatch(`${where}: event seq ${event.seq} after ${events.length} events (a gap or a repeat)`);
+      }
+      events.push(eventString(event));
+      if (event.payload.case === "result" && event.handleId === handle) {
+        return { count: events.length, events };
+      }
+    }
+  } finally {
+    clearTimeout(timer);
+  }
+  // The iteration ends only when aborted, that is at the step's deadline.
+  throw new Mismatch(
+    `${where}: no result event of ${handle} within ${CALL_TIMEOUT_MS / 1000}s; events: ${show(events)}`,
+  );
+}
+
 /** The worker handlers of tests/vectors/README.md (Workers), the same in every language. */
 const WORKER_HANDLERS: Record<string, ToolHandler> = {
   upper: (a) => textArg(a).replace(/[a-z]+/g, (letters) => letters.toUpperCase()),
@@ -520,7 +646,7 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
         const a = args(step, "wake");
         await client.wake(runtimeId, str(a.handle), str(a.prompt));
       } else if ("wait" in step) {
-        const result = await client.wait(runtimeId, str(args(step, "wait").handle));
+        const result = await waitStep(client, runtimeId, where, step);
         outcome = resultFields(result);
         if (result.status === Status.PENDING) lastPending = result.pending;
       } else if ("resume" in step) {
@@ -596,6 +722,8 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
         const a = objectArgs(where, step, "create_runtime");
         const created = await client.createRuntime(agentDefs(where, a));
         await client.deleteRuntime(created, false); // another runtime than the vector's: leave none behind
+      } else if ("watch" in step) {
+        outcome = await watchStep(client, runtimeId, where, step);
       } else {
         outcome = await inspect(client, runtimeId, where, step);
       }
@@ -655,12 +783,14 @@ async function main(): Promise<number> {
   const env = (name: string): string | undefined => process.env[name] || undefined;
   let client: AgentRuntimeClient;
   try {
-    client = createClient(address, {
+    const options: ClientOptions = {
       caFile: env("AGENTRUNTIME_CA_FILE"),
       clientCertificateFile: env("AGENTRUNTIME_CLIENT_CERT_FILE"),
       clientKeyFile: env("AGENTRUNTIME_CLIENT_KEY_FILE"),
       token: env("AGENTRUNTIME_TOKEN"),
-    });
+    };
+    client = createClient(address, options);
+    connection = { address, options };
   } catch (error) {
     console.error(`conformance: ${describeError(error)}`);
     return 2;
