@@ -16,4 +16,12 @@ check clients/typescript/package.json "$(sed -n 's/^  "version": "\(.*\)",$/\1/p
 check clients/typescript/package-lock.json "$(sed -n '0,/^  "version": "\(.*\)",$/s//\1/p' clients/typescript/package-lock.json | head -1)"
 # The project's own version: the first <version> after the pom's own <artifactId>.
 check clients/java/pom.xml "$(sed -n '/<artifactId>agentruntime-client<\/artifactId>/,/<version>/s/.*<version>\(.*\)<\/version>.*/\1/p' clients/java/pom.xml | head -1)"
+# The Java runner's project, the reactor that builds both, and the consumer test's template.
+after_artifact() {  # after_artifact FILE ARTIFACT: the first <version> after that <artifactId>
+    sed -n "/<artifactId>$2<\/artifactId>/,/<version>/s/.*<version>\(.*\)<\/version>.*/\1/p" "$1" | head -1
+}
+check "clients/java/conformance/pom.xml (its agentruntime-client)" \
+    "$(sed -n '/<dependency>/,/<\/dependency>/p' clients/java/conformance/pom.xml | after_artifact /dev/stdin agentruntime-client)"
+check clients/java/reactor.xml "$(after_artifact clients/java/reactor.xml agentruntime-java-reactor)"
+check clients/java/consumer/pom.xml "$(sed -n 's/.*<agentruntime.version>\(.*\)<\/agentruntime.version>.*/\1/p' clients/java/consumer/pom.xml)"
 exit $status

@@ -26,10 +26,12 @@ import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WakeRequest;
 import io.grpc.CallCredentials;
 import io.grpc.ChannelCredentials;
+import io.grpc.ClientInterceptor;
 import io.grpc.CompositeChannelCredentials;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -47,9 +49,9 @@ import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.Executor;
-import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
+import java.util.stream.Stream;
 
 /**
  * A thin blocking client over the generated stubs: one method per RPC, plain Java arguments in,
@@ -69,6 +71,11 @@ import java.util.function.Function;
  * Inspect, List, GetTranscript, ListRuntimes) are retried by gRPC on UNAVAILABLE; the others are
  * not, since a lost answer does not say whether they took effect. The client is safe for
  * concurrent use; {@link #close()} shuts its channel down.
+ *
+ * <p>{@link #async()} is the future-based variant of the main calls on the same channel;
+ * {@link #listPages}, {@link #listStream} and their transcript and runtime counterparts page
+ * lazily; the builder also sets keepalive ({@link Builder#keepAlive}) and interceptors
+ * ({@link Builder#intercept(ClientInterceptor...)}).
  */
 public final class AgentRuntimeClient implements AutoCloseable {
   /** The per-call deadline when the builder sets none; it matches the Python client. */
@@ -119,6 +126,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
   private final Set<ToolWorker> workers = ConcurrentHashMap.newKeySet(); // running, closed with the client
   private final Set<WatchStream> watches = ConcurrentHashMap.newKeySet(); // open, closed with the client
   private final Duration timeout;
+  private AgentRuntimeAsyncClient async; // guarded by this; made on first use
 
   private AgentRuntimeClient(ManagedChannel channel, Duration timeout) {
     this.channel = channel;
@@ -152,6 +160,10 @@ public final class AgentRuntimeClient implements AutoCloseable {
     private byte[] clientPrivateKey; // PEM, PKCS#8
     private CallCredentials callCredentials;
     private Duration timeout = DEFAULT_TIMEOUT;
+    private Duration keepAliveTime; // null: no keepalive pings (gRPC's default)
+    private Duration keepAliveTimeout;
+    private boolean keepAliveWithoutCalls;
+    private final List<ClientInterceptor> interceptors = new ArrayList<>();
 
     private Builder(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -232,6 +244,42 @@ public final class AgentRuntimeClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Keepalive: an HTTP/2 PING after {@code time} without activity on the connection, and the
+     * connection counted dead (its calls failing UNAVAILABLE, then reconnected) when no answer comes
+     * within {@code timeout}. Off by default. gRPC-java raises a {@code time} under 10 s to 10 s; the
+     * agentruntime server accepts a ping a second. Useful behind NATs and load balancers that drop
+     * idle connections silently, and for long Waits and Watches.
+     */
+    public Builder keepAlive(Duration time, Duration timeout) {
+      this.keepAliveTime = Objects.requireNonNull(time, "time");
+      this.keepAliveTimeout = Objects.requireNonNull(timeout, "timeout");
+      return this;
+    }
+
+    /** Whether keepalive pings are sent also while no call is open (off by default). */
+    public Builder keepAliveWithoutCalls(boolean enable) {
+      this.keepAliveWithoutCalls = enable;
+      return this;
+    }
+
+    /**
+     * Adds client interceptors (logging, metrics, tracing, extra headers) to every call of the
+     * client, the streams and {@link AgentRuntimeClient#stub()} included. As in
+     * {@code ManagedChannelBuilder.intercept}, the last one added runs first.
+     */
+    public Builder intercept(ClientInterceptor... interceptors) {
+      for (ClientInterceptor interceptor : interceptors) {
+        this.interceptors.add(Objects.requireNonNull(interceptor, "interceptor"));
+      }
+      return this;
+    }
+
+    /** {@link #intercept(ClientInterceptor...)} with a list. */
+    public Builder intercept(List<? extends ClientInterceptor> interceptors) {
+      return intercept(interceptors.toArray(new ClientInterceptor[0]));
+    }
+
     private static byte[] read(File file) {
       try {
         return Files.readAllBytes(file.toPath());
@@ -266,10 +314,18 @@ public final class AgentRuntimeClient implements AutoCloseable {
       if (callCredentials != null) {
         channelCredentials = CompositeChannelCredentials.create(channelCredentials, callCredentials);
       }
-      ManagedChannel channel = Grpc.newChannelBuilder(target, channelCredentials)
+      ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(target, channelCredentials)
           .defaultServiceConfig(SERVICE_CONFIG)
-          .enableRetry()
-          .build();
+          .enableRetry();
+      if (keepAliveTime != null) {
+        builder.keepAliveTime(keepAliveTime.toNanos(), TimeUnit.NANOSECONDS)
+            .keepAliveTimeout(keepAliveTimeout.toNanos(), TimeUnit.NANOSECONDS);
+      }
+      builder.keepAliveWithoutCalls(keepAliveWithoutCalls);
+      if (!interceptors.isEmpty()) {
+        builder.intercept(List.copyOf(interceptors));
+      }
+      ManagedChannel channel = builder.build();
       return new AgentRuntimeClient(channel, timeout);
     }
   }
@@ -310,6 +366,18 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return stub;
   }
 
+  /**
+   * The future-based variant of this client, on the same channel (its TLS, token, interceptors,
+   * keepalive and retry policy) and with the same default deadline: see {@link AgentRuntimeAsyncClient}.
+   * Closing this client closes it too.
+   */
+  public synchronized AgentRuntimeAsyncClient async() {
+    if (async == null) {
+      async = new AgentRuntimeAsyncClient(channel, timeout);
+    }
+    return async;
+  }
+
   private <T> T call(Duration deadline, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
     AgentRuntimeGrpc.AgentRuntimeBlockingStub target = stub;
     if (deadline != null) {
@@ -326,19 +394,9 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return call(timeout, rpc);
   }
 
-  private static com.google.protobuf.Duration toProto(Duration duration) {
-    return com.google.protobuf.Duration.newBuilder()
-        .setSeconds(duration.getSeconds())
-        .setNanos(duration.getNano())
-        .build();
-  }
-
   /** Creates a runtime (one tree) with these agent definitions; an empty id asks the server for one. */
   public String createRuntime(List<AgentDef> agents, String runtimeId) {
-    CreateRuntimeRequest request = CreateRuntimeRequest.newBuilder()
-        .setRuntimeId(runtimeId == null ? "" : runtimeId)
-        .addAllAgents(agents)
-        .build();
+    CreateRuntimeRequest request = Requests.createRuntime(agents, runtimeId);
     return call(s -> s.createRuntime(request)).getRuntimeId();
   }
 
@@ -352,15 +410,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * its id; a non-null {@code budget} overrides the agent's (carved by the parent's either way).
    */
   public String spawn(String runtimeId, String agent, String parent, Budget budget) {
-    SpawnRequest.Builder request = SpawnRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setParentId(parent)
-        .setAgent(agent);
-    if (budget != null) {
-      request.setBudget(budget);
-    }
-    SpawnRequest built = request.build();
-    return call(s -> s.spawn(built)).getHandleId();
+    SpawnRequest request = Requests.spawn(runtimeId, agent, parent, budget);
+    return call(s -> s.spawn(request)).getHandleId();
   }
 
   /** Spawns a top-level handle (under {@code root}) with the agent's own budget. */
@@ -370,13 +421,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** Posts into the handle's inbox; returns the inbox size. Empty channel and sender are the defaults. */
   public int post(String runtimeId, String handleId, String text, String channel, String sender) {
-    PostRequest request = PostRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setHandleId(handleId)
-        .setText(text)
-        .setChannel(channel == null ? "" : channel)
-        .setSender(sender == null ? "" : sender)
-        .build();
+    PostRequest request = Requests.post(runtimeId, handleId, text, channel, sender);
     return call(s -> s.post(request)).getInboxSize();
   }
 
@@ -386,11 +431,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** Starts a run on the prompt plus the inbox; returns at once ({@code true} when accepted). */
   public boolean wake(String runtimeId, String handleId, String prompt) {
-    WakeRequest request = WakeRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setHandleId(handleId)
-        .setPrompt(prompt == null ? "" : prompt)
-        .build();
+    WakeRequest request = Requests.wake(runtimeId, handleId, prompt);
     return call(s -> s.wake(request)).getQueued();
   }
 
@@ -409,48 +450,27 @@ public final class AgentRuntimeClient implements AutoCloseable {
    *     interrupt flag is set again)
    */
   public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
-    Long end = null; // System.nanoTime() when the caller's timeout passes; null: never
-    if (timeout != null) {
-      long nanos = timeout.isNegative() ? 0 : saturatedNanos(timeout);
-      if (nanos < Long.MAX_VALUE / 2) {
-        end = System.nanoTime() + nanos;
-      }
-    }
+    Long end = Requests.waitEnd(timeout); // System.nanoTime() when the caller's timeout passes; null: never
     int failures = 0;
     while (true) {
       checkInterrupted();
-      Duration slice = WAIT_SLICE;
-      if (end != null) {
-        long remaining = Math.max(end - System.nanoTime(), 0);
-        if (remaining < slice.toNanos()) {
-          slice = Duration.ofNanos(remaining);
-        }
-      }
-      WaitRequest request = WaitRequest.newBuilder()
-          .setRuntimeId(runtimeId)
-          .setHandleId(handleId)
-          .setTimeout(toProto(slice))
-          .build();
+      Duration slice = Requests.nextSlice(end);
+      WaitRequest request = Requests.waitSlice(runtimeId, handleId, slice);
       TaskResult result;
       try {
         result = call(slice.plus(WAIT_MARGIN), s -> s.wait(request)).getResult();
       } catch (AgentRuntimeException e) {
-        if (e.code() != Status.Code.UNAVAILABLE || Thread.currentThread().isInterrupted()
-            || (end != null && System.nanoTime() - end >= 0)) {
+        if (e.code() != Status.Code.UNAVAILABLE || Thread.currentThread().isInterrupted() || Requests.passed(end)
+            || channel.isShutdown()) {
           throw e;
         }
         failures++;
-        long pause = retryBackoffNanos(failures);
-        if (end != null) {
-          pause = Math.min(pause, Math.max(end - System.nanoTime(), 0));
-        }
-        sleepNanos(pause);
+        sleepNanos(Math.min(Requests.retryBackoffNanos(failures), Requests.remainingNanos(end)));
         channel.resetConnectBackoff(); // try the server now, not at the channel's own (up to 2 min) backoff
         continue;
       }
       failures = 0;
-      if (result.getStatus() != dev.agentruntime.v1.Status.STATUS_TIMEOUT
-          || (end != null && System.nanoTime() - end >= 0)) {
+      if (result.getStatus() != dev.agentruntime.v1.Status.STATUS_TIMEOUT || Requests.passed(end)) {
         return result;
       }
     }
@@ -468,36 +488,19 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * backoff (100 ms doubling up to 5 s, with jitter), on top of gRPC's own retries.
    */
   public TaskResult resume(String runtimeId, Answer answer) {
-    ResumeRequest request = ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).build();
+    ResumeRequest request = Requests.resume(runtimeId, answer);
     for (int failures = 1; ; failures++) {
       checkInterrupted();
       try {
         return call(s -> s.resume(request)).getResult();
       } catch (AgentRuntimeException e) {
         if (e.code() != Status.Code.UNAVAILABLE || failures >= RESUME_ATTEMPTS
-            || Thread.currentThread().isInterrupted()) {
+            || Thread.currentThread().isInterrupted() || channel.isShutdown()) {
           throw e;
         }
-        sleepNanos(retryBackoffNanos(failures));
+        sleepNanos(Requests.retryBackoffNanos(failures));
         channel.resetConnectBackoff();
       }
-    }
-  }
-
-  /** Full jitter: a random pause up to 100 ms doubled per failure in a row (the first: up to 100 ms), at most 5 s. */
-  static long retryBackoffNanos(int failures) {
-    long ceiling = MAX_RETRY_BACKOFF.toNanos();
-    if (failures < 32) {
-      ceiling = Math.min(ceiling, RETRY_BACKOFF.toNanos() << Math.max(failures - 1, 0));
-    }
-    return ThreadLocalRandom.current().nextLong(ceiling + 1);
-  }
-
-  private static long saturatedNanos(Duration duration) {
-    try {
-      return duration.toNanos();
-    } catch (ArithmeticException e) {
-      return Long.MAX_VALUE;
     }
   }
 
@@ -563,20 +566,26 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** One handle's view. */
   public HandleView inspect(String runtimeId, String handleId) {
-    InspectRequest request = InspectRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+    InspectRequest request = Requests.inspect(runtimeId, handleId);
     return call(s -> s.inspect(request)).getHandle();
   }
 
   /** Every handle of the runtime, in spawn order: it follows the pages of List to the last. */
   public List<HandleView> list(String runtimeId) {
-    List<HandleView> handles = new ArrayList<>();
-    String pageToken = "";
-    do {
-      ListResponse page = listPage(runtimeId, 0, pageToken);
-      handles.addAll(page.getHandlesList());
-      pageToken = page.getNextPageToken();
-    } while (!pageToken.isEmpty());
-    return List.copyOf(handles);
+    return listStream(runtimeId).collect(java.util.stream.Collectors.toUnmodifiableList());
+  }
+
+  /**
+   * The pages of List ({@code pageSize} handles each; 0: the server's default), fetched lazily: each
+   * iteration starts at the first page and calls List once per page it reaches, up to the last one.
+   */
+  public Iterable<ListResponse> listPages(String runtimeId, int pageSize) {
+    return new Pages<>(token -> listPage(runtimeId, pageSize, token), ListResponse::getNextPageToken);
+  }
+
+  /** Every handle of the runtime, in spawn order, as a lazy stream over {@link #listPages} (the server's page size). */
+  public Stream<HandleView> listStream(String runtimeId) {
+    return Pages.stream(listPages(runtimeId, 0), ListResponse::getHandlesList);
   }
 
   /**
@@ -584,11 +593,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * on (empty for the first page); its {@code next_page_token} is empty on the last page.
    */
   public ListResponse listPage(String runtimeId, int pageSize, String pageToken) {
-    ListRequest request = ListRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setPageSize(pageSize)
-        .setPageToken(pageToken == null ? "" : pageToken)
-        .build();
+    ListRequest request = Requests.list(runtimeId, pageSize, pageToken);
     return call(s -> s.list(request));
   }
 
@@ -597,14 +602,18 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * of GetTranscript to the last.
    */
   public List<Message> transcript(String runtimeId, String handleId) {
-    List<Message> messages = new ArrayList<>();
-    String pageToken = "";
-    do {
-      GetTranscriptResponse page = transcriptPage(runtimeId, handleId, 0, pageToken);
-      messages.addAll(page.getMessagesList());
-      pageToken = page.getNextPageToken();
-    } while (!pageToken.isEmpty());
-    return List.copyOf(messages);
+    return transcriptStream(runtimeId, handleId).collect(java.util.stream.Collectors.toUnmodifiableList());
+  }
+
+  /** The pages of GetTranscript, fetched lazily as {@link #listPages} does. */
+  public Iterable<GetTranscriptResponse> transcriptPages(String runtimeId, String handleId, int pageSize) {
+    return new Pages<>(token -> transcriptPage(runtimeId, handleId, pageSize, token),
+        GetTranscriptResponse::getNextPageToken);
+  }
+
+  /** The handle's whole transcript as a lazy stream over {@link #transcriptPages} (the server's page size). */
+  public Stream<Message> transcriptStream(String runtimeId, String handleId) {
+    return Pages.stream(transcriptPages(runtimeId, handleId, 0), GetTranscriptResponse::getMessagesList);
   }
 
   /**
@@ -612,25 +621,23 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * {@code pageToken} on (empty for the first page); its {@code next_page_token} is empty on the last page.
    */
   public GetTranscriptResponse transcriptPage(String runtimeId, String handleId, int pageSize, String pageToken) {
-    GetTranscriptRequest request = GetTranscriptRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setHandleId(handleId)
-        .setPageSize(pageSize)
-        .setPageToken(pageToken == null ? "" : pageToken)
-        .build();
+    GetTranscriptRequest request = Requests.transcript(runtimeId, handleId, pageSize, pageToken);
     return call(s -> s.getTranscript(request));
   }
 
   /** Every runtime of the caller's tenant, newest first: it follows the pages of ListRuntimes to the last. */
   public List<RuntimeSummary> listRuntimes() {
-    List<RuntimeSummary> runtimes = new ArrayList<>();
-    String pageToken = "";
-    do {
-      ListRuntimesResponse page = listRuntimesPage(0, pageToken);
-      runtimes.addAll(page.getRuntimesList());
-      pageToken = page.getNextPageToken();
-    } while (!pageToken.isEmpty());
-    return List.copyOf(runtimes);
+    return listRuntimesStream().collect(java.util.stream.Collectors.toUnmodifiableList());
+  }
+
+  /** The pages of ListRuntimes, fetched lazily as {@link #listPages} does. */
+  public Iterable<ListRuntimesResponse> listRuntimesPages(int pageSize) {
+    return new Pages<>(token -> listRuntimesPage(pageSize, token), ListRuntimesResponse::getNextPageToken);
+  }
+
+  /** Every runtime of the caller's tenant, newest first, as a lazy stream over {@link #listRuntimesPages}. */
+  public Stream<RuntimeSummary> listRuntimesStream() {
+    return Pages.stream(listRuntimesPages(0), ListRuntimesResponse::getRuntimesList);
   }
 
   /**
@@ -639,10 +646,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * on the last page.
    */
   public ListRuntimesResponse listRuntimesPage(int pageSize, String pageToken) {
-    ListRuntimesRequest request = ListRuntimesRequest.newBuilder()
-        .setPageSize(pageSize)
-        .setPageToken(pageToken == null ? "" : pageToken)
-        .build();
+    ListRuntimesRequest request = Requests.listRuntimes(pageSize, pageToken);
     return call(s -> s.listRuntimes(request));
   }
 
@@ -745,7 +749,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
-   * Closes the client's tool workers and watches and shuts the channel down (closes no handle: see
+   * Closes the client's tool workers and watches, fails the async client's pending waits and
+   * retries (CANCELLED) and shuts the channel down (closes no handle: see
    * {@link #close(String, String)} for that).
    */
   @Override
@@ -755,6 +760,11 @@ public final class AgentRuntimeClient implements AutoCloseable {
     }
     for (WatchStream watch : List.copyOf(watches)) {
       watch.close();
+    }
+    synchronized (this) {
+      if (async != null) {
+        async.shutdownScheduler();
+      }
     }
     channel.shutdown();
     try {

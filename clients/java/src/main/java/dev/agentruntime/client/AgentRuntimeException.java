@@ -83,6 +83,67 @@ public final class AgentRuntimeException extends RuntimeException {
     return null;
   }
 
+  /**
+   * The AgentRuntimeException behind a failed future's error: {@code error} itself, or the cause
+   * of the {@code CompletionException} / {@code ExecutionException} wrapping it ({@code join()},
+   * {@code get()}, a dependent stage); any other throwable is converted as {@link #fromThrowable}
+   * does (a {@code CancellationException}: CANCELLED).
+   */
+  public static AgentRuntimeException unwrap(Throwable error) {
+    Throwable cause = error;
+    while ((cause instanceof java.util.concurrent.CompletionException
+        || cause instanceof java.util.concurrent.ExecutionException) && cause.getCause() != null) {
+      cause = cause.getCause();
+    }
+    if (cause instanceof AgentRuntimeException) {
+      return (AgentRuntimeException) cause;
+    }
+    if (cause instanceof java.util.concurrent.CancellationException) {
+      return fromThrowable(Status.CANCELLED.withDescription("cancelled").withCause(cause).asRuntimeException());
+    }
+    return fromThrowable(cause);
+  }
+
+  /** NOT_FOUND: no such runtime, handle or pending request ({@link #resourceInfo()} says which). */
+  public boolean isNotFound() {
+    return code == Status.Code.NOT_FOUND;
+  }
+
+  /** INVALID_ARGUMENT: a malformed request ({@link #badRequest()} names the fields). */
+  public boolean isInvalidArgument() {
+    return code == Status.Code.INVALID_ARGUMENT;
+  }
+
+  /** FAILED_PRECONDITION: not in this state (a running handle, a closed one, ...; {@link #errorInfo()} has the reason). */
+  public boolean isFailedPrecondition() {
+    return code == Status.Code.FAILED_PRECONDITION;
+  }
+
+  /** RESOURCE_EXHAUSTED: a budget limit ({@code errorInfo().metadata["limit"]}) or a quota. */
+  public boolean isResourceExhausted() {
+    return code == Status.Code.RESOURCE_EXHAUSTED;
+  }
+
+  /** ALREADY_EXISTS: e.g. a runtime id that is taken. */
+  public boolean isAlreadyExists() {
+    return code == Status.Code.ALREADY_EXISTS;
+  }
+
+  /** UNAUTHENTICATED or PERMISSION_DENIED: no valid token, or one without the scope or tenant. */
+  public boolean isAuthError() {
+    return code == Status.Code.UNAUTHENTICATED || code == Status.Code.PERMISSION_DENIED;
+  }
+
+  /** UNAVAILABLE: the server could not be reached (down, restarting, a network fault). */
+  public boolean isUnavailable() {
+    return code == Status.Code.UNAVAILABLE;
+  }
+
+  /** DEADLINE_EXCEEDED: the call's deadline passed first (the client's per-call timeout). */
+  public boolean isDeadlineExceeded() {
+    return code == Status.Code.DEADLINE_EXCEEDED;
+  }
+
   /** The gRPC status code, e.g. {@code FAILED_PRECONDITION}. */
   public Status.Code code() {
     return code;

@@ -16,12 +16,14 @@ import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.client.ToolHandler;
 import dev.agentruntime.client.ToolWorker;
+import dev.agentruntime.client.WatchStream;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CloseResponse;
+import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
@@ -50,6 +52,9 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.function.Function;
@@ -139,7 +144,16 @@ public final class Runner {
    * AGENTRUNTIME_TOKEN; each unset or empty variable leaves its option out.
    */
   private static AgentRuntimeClient connect(String address) {
-    AgentRuntimeClient.Builder builder = AgentRuntimeClient.newBuilder(address).defaultTimeout(CALL_TIMEOUT);
+    return connect(address, CALL_TIMEOUT);
+  }
+
+  /** {@link #connect(String)} with this default per-call deadline. */
+  static AgentRuntimeClient connect(String address, java.time.Duration timeout) {
+    return secure(AgentRuntimeClient.newBuilder(address).defaultTimeout(timeout)).build();
+  }
+
+  /** The environment's TLS, mTLS and token settings on {@code builder}; an unreadable file exits 2. */
+  static AgentRuntimeClient.Builder secure(AgentRuntimeClient.Builder builder) {
     String ca = envOr("AGENTRUNTIME_CA_FILE", "");
     String cert = envOr("AGENTRUNTIME_CLIENT_CERT_FILE", "");
     String key = envOr("AGENTRUNTIME_CLIENT_KEY_FILE", "");
@@ -155,7 +169,7 @@ public final class Runner {
       System.out.println("conformance: " + e.getMessage());
       System.exit(2);
     }
-    return builder.bearerToken(token).build();
+    return builder.bearerToken(token);
   }
 
   private static String envOr(String name, String fallback) {
@@ -180,7 +194,10 @@ public final class Runner {
 
   private static final List<String> VERBS =
       List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-          "list_runtimes", "delete_runtime", "create_runtime");
+          "list_runtimes", "delete_runtime", "create_runtime", "watch");
+
+  /** The arguments a wait step may have (README: Waiting, restarts and watching). */
+  private static final List<String> WAIT_OPTIONS = List.of("handle", "client_timeout_ms", "restart_server_after_ms");
 
   /** The README's deadline for every call, Wait included. */
   private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
@@ -335,7 +352,7 @@ public final class Runner {
           JsonObject args = step.getAsJsonObject("wake");
           client.wake(runtimeId, args.get("handle").getAsString(), stringOr(args, "prompt", ""));
         } else if (step.has("wait")) {
-          TaskResult result = client.waitFor(runtimeId, step.getAsJsonObject("wait").get("handle").getAsString());
+          TaskResult result = waitStep(client, runtimeId, where, step);
           outcome = resultFields(result);
           if (result.getStatus() == Status.STATUS_PENDING) {
             lastPending = result.getPending();
@@ -465,6 +482,8 @@ public final class Runner {
           }
           // Another runtime than the vector's (generated id): leave none behind.
           client.deleteRuntime(client.createRuntime(created, ""), false);
+        } else if (step.has("watch")) {
+          outcome = watchStep(client, runtimeId, where, step);
         } else {
           throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
         }
@@ -503,6 +522,196 @@ public final class Runner {
       }
     }
   }
+
+  /** A wait step's millisecond argument: a non-negative integer, or null when absent. */
+  private static Long millis(String where, JsonObject args, String key) throws Mismatch {
+    JsonElement value = args.get(key);
+    if (value == null) {
+      return null;
+    }
+    if (value.isJsonPrimitive() && value.getAsJsonPrimitive().isNumber()) {
+      String text = value.getAsString();
+      if (!text.contains(".") && !text.contains("e") && !text.contains("E")) {
+        try {
+          long millis = new BigDecimal(text).longValueExact();
+          if (millis >= 0) {
+            return millis;
+          }
+        } catch (ArithmeticException notALong) {
+          // reported below
+        }
+      }
+    }
+    throw new Mismatch(where + ": " + key + " must be a non-negative integer, got " + pyRepr(value));
+  }
+
+  /**
+   * The restart hook (README: Waiting, restarts and watching), run {@code afterMs} from its start on
+   * a thread of its own.
+   */
+  private static final class RestartHook {
+    private final Thread thread;
+    private volatile String failure; // null: the hook exited 0 (once the thread has ended)
+
+    RestartHook(String hook, long afterMs) {
+      thread = new Thread(() -> {
+        try {
+          Thread.sleep(afterMs);
+        } catch (InterruptedException e) {
+          failure = "the restart hook was cancelled";
+          return;
+        }
+        try {
+          Process process = new ProcessBuilder("sh", "-c", hook).inheritIO().start();
+          int status = waitUninterruptibly(process);
+          failure = status == 0 ? null : "the restart hook exited with " + status;
+        } catch (IOException e) {
+          failure = "the restart hook could not be started: " + e.getMessage();
+        }
+      }, "restart-hook");
+      thread.setDaemon(true);
+      thread.start();
+    }
+
+    /** A hook that has not started yet is cancelled; one under way is let finish (never half a restart). */
+    void cancel() {
+      thread.interrupt();
+    }
+
+    /** Waits for the hook to end; null when it exited 0, else why it failed. */
+    String await() {
+      boolean interrupted = false;
+      while (true) {
+        try {
+          thread.join();
+          break;
+        } catch (InterruptedException e) {
+          interrupted = true;
+        }
+      }
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
+      return failure;
+    }
+
+    private static int waitUninterruptibly(Process process) {
+      while (true) {
+        try {
+          return process.waitFor();
+        } catch (InterruptedException e) {
+          // finish the restart under way
+        }
+      }
+    }
+  }
+
+  /**
+   * The client's wait helper ({@code waitFor}, no timeout), through a second client on the same
+   * connection settings whose default per-call deadline is {@code client_timeout_ms}, and across
+   * a server restart {@code restart_server_after_ms} into the wait, when the step asks
+   * (README: Waiting, restarts and watching).
+   */
+  private static TaskResult waitStep(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch {
+    JsonObject args = objectArgs(where, step, "wait");
+    JsonArray unknown = new JsonArray();
+    new TreeSet<>(args.keySet()).stream().filter(key -> !WAIT_OPTIONS.contains(key)).forEach(unknown::add);
+    if (unknown.size() > 0) {
+      throw new Mismatch(where + ": unknown wait arguments " + pyRepr(unknown));
+    }
+    String handle = stringArg(where, args, "handle", null);
+    Long clientTimeout = millis(where, args, "client_timeout_ms");
+    Long restartAfter = millis(where, args, "restart_server_after_ms");
+    RestartHook restart = null;
+    if (restartAfter != null) {
+      String hook = envOr("AGENTRUNTIME_RESTART_HOOK", "");
+      if (hook.isEmpty()) {
+        throw new Mismatch("restart_server_after_ms needs AGENTRUNTIME_RESTART_HOOK (scripts/with-server.sh sets it)");
+      }
+      restart = new RestartHook(hook, restartAfter);
+    }
+    boolean waited = false;
+    try {
+      TaskResult result;
+      if (clientTimeout == null) {
+        result = client.waitFor(runtimeId, handle);
+      } else {
+        try (AgentRuntimeClient shortDeadline = connect(envOr("AGENTRUNTIME_ADDR", "127.0.0.1:50051"),
+            java.time.Duration.ofMillis(clientTimeout))) {
+          result = shortDeadline.waitFor(runtimeId, handle);
+        }
+      }
+      waited = true;
+      if (restart != null) {
+        // The hook's own failure fails the step, even when the wait got through.
+        String failure = restart.await();
+        if (failure != null) {
+          throw new Mismatch(where + ": " + failure);
+        }
+      }
+      return result;
+    } finally {
+      if (restart != null && !waited) {
+        restart.cancel();
+        restart.await();
+      }
+    }
+  }
+
+  /** An event as the README writes it: handle id, payload field name, and a state_changed's state. */
+  static String eventString(Event event) {
+    String kind = "";
+    if (event.getPayloadCase() != Event.PayloadCase.PAYLOAD_NOT_SET) {
+      kind = Event.getDescriptor().findFieldByNumber(event.getPayloadCase().getNumber()).getName();
+    }
+    String text = event.getHandleId() + " " + kind;
+    if (event.getPayloadCase() == Event.PayloadCase.STATE_CHANGED) {
+      text += " " + event.getStateChanged().getState().name();
+    }
+    return text;
+  }
+
+  /**
+   * The client's watch helper on this vector's runtime from its first event to {@code handle}'s
+   * first result, within {@link #CALL_TIMEOUT}; the seqs must be 1, 2, 3 ... without a gap or a repeat.
+   */
+  private static JsonObject watchStep(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch {
+    String handle = stringArg(where, objectArgs(where, step, "watch"), "handle", null);
+    JsonArray events = new JsonArray();
+    try (WatchStream stream = client.watch(runtimeId, 0)) {
+      // Closing the stream from the timer ends hasNext() with false: the step's deadline.
+      ScheduledFuture<?> deadline = TIMER.schedule(stream::close, CALL_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
+      try {
+        while (stream.hasNext()) {
+          Event event = stream.next();
+          if (event.getSeq() != events.size() + 1) {
+            throw new Mismatch(where + ": event seq " + event.getSeq() + " after " + events.size()
+                + " events (a gap or a repeat)");
+          }
+          events.add(eventString(event));
+          if (event.getPayloadCase() == Event.PayloadCase.RESULT && event.getHandleId().equals(handle)) {
+            JsonObject outcome = new JsonObject();
+            outcome.addProperty("count", events.size());
+            outcome.add("events", events);
+            return outcome;
+          }
+        }
+      } finally {
+        deadline.cancel(false);
+      }
+    }
+    throw new Mismatch(where + ": no result event of " + handle + " within " + CALL_TIMEOUT.toSeconds() + "s; events: "
+        + pyRepr(events));
+  }
+
+  /** The watch steps' deadline timer (a daemon thread). */
+  private static final ScheduledExecutorService TIMER = Executors.newSingleThreadScheduledExecutor(runnable -> {
+    Thread thread = new Thread(runnable, "watch-deadline");
+    thread.setDaemon(true);
+    return thread;
+  });
 
   /**
    * An expect_error's {@code reason} (the ErrorInfo's, "" when there is none), {@code resource}

@@ -1,0 +1,141 @@
+package dev.agentruntime.client;
+
+import dev.agentruntime.v1.AgentDef;
+import dev.agentruntime.v1.Answer;
+import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.CreateRuntimeRequest;
+import dev.agentruntime.v1.GetTranscriptRequest;
+import dev.agentruntime.v1.InspectRequest;
+import dev.agentruntime.v1.ListRequest;
+import dev.agentruntime.v1.ListRuntimesRequest;
+import dev.agentruntime.v1.PostRequest;
+import dev.agentruntime.v1.ResumeRequest;
+import dev.agentruntime.v1.SpawnRequest;
+import dev.agentruntime.v1.WaitRequest;
+import dev.agentruntime.v1.WakeRequest;
+import java.time.Duration;
+import java.util.List;
+import java.util.concurrent.ThreadLocalRandom;
+
+/**
+ * The conversions from plain Java arguments to requests, and the waiting and retry arithmetic,
+ * shared by {@link AgentRuntimeClient} and {@link AgentRuntimeAsyncClient} so that both send the
+ * same requests and wait and retry the same way.
+ */
+final class Requests {
+  private Requests() {}
+
+  static String orEmpty(String value) {
+    return value == null ? "" : value;
+  }
+
+  static com.google.protobuf.Duration toProto(Duration duration) {
+    return com.google.protobuf.Duration.newBuilder()
+        .setSeconds(duration.getSeconds())
+        .setNanos(duration.getNano())
+        .build();
+  }
+
+  static CreateRuntimeRequest createRuntime(List<AgentDef> agents, String runtimeId) {
+    return CreateRuntimeRequest.newBuilder().setRuntimeId(orEmpty(runtimeId)).addAllAgents(agents).build();
+  }
+
+  static SpawnRequest spawn(String runtimeId, String agent, String parent, Budget budget) {
+    SpawnRequest.Builder request = SpawnRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setParentId(parent)
+        .setAgent(agent);
+    if (budget != null) {
+      request.setBudget(budget);
+    }
+    return request.build();
+  }
+
+  static PostRequest post(String runtimeId, String handleId, String text, String channel, String sender) {
+    return PostRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setText(text)
+        .setChannel(orEmpty(channel))
+        .setSender(orEmpty(sender))
+        .build();
+  }
+
+  static WakeRequest wake(String runtimeId, String handleId, String prompt) {
+    return WakeRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).setPrompt(orEmpty(prompt)).build();
+  }
+
+  static WaitRequest waitSlice(String runtimeId, String handleId, Duration slice) {
+    return WaitRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).setTimeout(toProto(slice)).build();
+  }
+
+  static ResumeRequest resume(String runtimeId, Answer answer) {
+    return ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).build();
+  }
+
+  static InspectRequest inspect(String runtimeId, String handleId) {
+    return InspectRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+  }
+
+  static ListRequest list(String runtimeId, int pageSize, String pageToken) {
+    return ListRequest.newBuilder().setRuntimeId(runtimeId).setPageSize(pageSize).setPageToken(orEmpty(pageToken)).build();
+  }
+
+  static GetTranscriptRequest transcript(String runtimeId, String handleId, int pageSize, String pageToken) {
+    return GetTranscriptRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setPageSize(pageSize)
+        .setPageToken(orEmpty(pageToken))
+        .build();
+  }
+
+  static ListRuntimesRequest listRuntimes(int pageSize, String pageToken) {
+    return ListRuntimesRequest.newBuilder().setPageSize(pageSize).setPageToken(orEmpty(pageToken)).build();
+  }
+
+  /**
+   * When a wait with this caller's {@code timeout} ends, as a {@link System#nanoTime()} value;
+   * null: never (no timeout, or one too long to count in nanoseconds).
+   */
+  static Long waitEnd(Duration timeout) {
+    if (timeout == null) {
+      return null;
+    }
+    long nanos = timeout.isNegative() ? 0 : saturatedNanos(timeout);
+    return nanos < Long.MAX_VALUE / 2 ? System.nanoTime() + nanos : null;
+  }
+
+  /** Whether the wait ending at {@code end} (see {@link #waitEnd}) is over. */
+  static boolean passed(Long end) {
+    return end != null && System.nanoTime() - end >= 0;
+  }
+
+  /** Nanoseconds left until {@code end}, at least 0; Long.MAX_VALUE when it is null (never). */
+  static long remainingNanos(Long end) {
+    return end == null ? Long.MAX_VALUE : Math.max(end - System.nanoTime(), 0);
+  }
+
+  /** The server-side wait of the next Wait: {@link AgentRuntimeClient#WAIT_SLICE}, or less when the caller's timeout is nearer. */
+  static Duration nextSlice(Long end) {
+    long remaining = remainingNanos(end);
+    return remaining < AgentRuntimeClient.WAIT_SLICE.toNanos() ? Duration.ofNanos(remaining) : AgentRuntimeClient.WAIT_SLICE;
+  }
+
+  /** Full jitter: a random pause up to 100 ms doubled per failure in a row (the first: up to 100 ms), at most 5 s. */
+  static long retryBackoffNanos(int failures) {
+    long ceiling = AgentRuntimeClient.MAX_RETRY_BACKOFF.toNanos();
+    if (failures < 32) {
+      ceiling = Math.min(ceiling, AgentRuntimeClient.RETRY_BACKOFF.toNanos() << Math.max(failures - 1, 0));
+    }
+    return ThreadLocalRandom.current().nextLong(ceiling + 1);
+  }
+
+  static long saturatedNanos(Duration duration) {
+    try {
+      return duration.toNanos();
+    } catch (ArithmeticException e) {
+      return Long.MAX_VALUE;
+    }
+  }
+}
