@@ -550,7 +550,8 @@ func (c *Client) DeleteRuntime(ctx context.Context, runtimeID string, force bool
 
 // Error is a refused call: the gRPC code, the server's message and the google.rpc
 // details it attached (*errdetails.BadRequest, *errdetails.ErrorInfo,
-// *errdetails.ResourceInfo).
+// *errdetails.ResourceInfo, *errdetails.QuotaFailure). The Is* functions below test an
+// error's code.
 type Error struct {
 	Code    codes.Code
 	Message string
@@ -582,6 +583,38 @@ func (e *Error) BadRequest() *errdetails.BadRequest { return detail[*errdetails.
 
 // ResourceInfo names what a NOT_FOUND did not find, or nil.
 func (e *Error) ResourceInfo() *errdetails.ResourceInfo { return detail[*errdetails.ResourceInfo](e) }
+
+// QuotaFailure names the tenant quota a RESOURCE_EXHAUSTED hit (its violations' subject,
+// e.g. `tenant:acme`), or nil.
+func (e *Error) QuotaFailure() *errdetails.QuotaFailure { return detail[*errdetails.QuotaFailure](e) }
+
+// IsNotFound reports whether err (an *Error, or any error carrying a gRPC status) is
+// NOT_FOUND: no such runtime, handle or pending request (ResourceInfo says which).
+func IsNotFound(err error) bool { return status.Code(err) == codes.NotFound }
+
+// IsInvalidArgument reports an INVALID_ARGUMENT (BadRequest lists the fields).
+func IsInvalidArgument(err error) bool { return status.Code(err) == codes.InvalidArgument }
+
+// IsFailedPrecondition reports a FAILED_PRECONDITION (ErrorInfo's reason says which, e.g.
+// HANDLE_RUNNING for a Wake of a running handle).
+func IsFailedPrecondition(err error) bool { return status.Code(err) == codes.FailedPrecondition }
+
+// IsResourceExhausted reports a RESOURCE_EXHAUSTED: a budget (ErrorInfo's limit) or a
+// tenant quota (QuotaFailure).
+func IsResourceExhausted(err error) bool { return status.Code(err) == codes.ResourceExhausted }
+
+// IsAlreadyExists reports an ALREADY_EXISTS (CreateRuntime with an id in use).
+func IsAlreadyExists(err error) bool { return status.Code(err) == codes.AlreadyExists }
+
+// IsUnavailable reports an UNAVAILABLE: the server could not be reached (or is stopping);
+// the client has already retried the calls that are safe to repeat.
+func IsUnavailable(err error) bool { return status.Code(err) == codes.Unavailable }
+
+// IsUnauthenticated reports a missing or rejected token.
+func IsUnauthenticated(err error) bool { return status.Code(err) == codes.Unauthenticated }
+
+// IsPermissionDenied reports a token without the scope the call needs.
+func IsPermissionDenied(err error) bool { return status.Code(err) == codes.PermissionDenied }
 
 func detail[T proto.Message](e *Error) T {
 	for _, d := range e.Details {

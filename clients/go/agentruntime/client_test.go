@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -119,7 +120,8 @@ func (f *fake) Spawn(ctx context.Context, _ *v1.SpawnRequest) (*v1.SpawnResponse
 		f.deadline = time.Until(d)
 	}
 	st, err := status.New(codes.ResourceExhausted, "max_children reached").WithDetails(
-		&errdetails.ErrorInfo{Reason: "BUDGET", Domain: "agentruntime.dev", Metadata: map[string]string{"limit": "LIMIT_MAX_CHILDREN"}})
+		&errdetails.ErrorInfo{Reason: "BUDGET", Domain: "agentruntime.dev", Metadata: map[string]string{"limit": "LIMIT_MAX_CHILDREN"}},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "tenant:acme", Description: "5 running"}}})
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +172,15 @@ func TestRefusedCallCarriesCodeAndDetails(t *testing.T) {
 	}
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("status.Code does not see through *Error")
+	}
+	if got := e.QuotaFailure().GetViolations(); len(got) != 1 || got[0].GetSubject() != "tenant:acme" {
+		t.Errorf("QuotaFailure = %v", got)
+	}
+	if !IsResourceExhausted(err) || IsNotFound(err) || IsUnavailable(err) || IsNotFound(nil) {
+		t.Errorf("predicates disagree with the code %v", e.Code)
+	}
+	if !IsResourceExhausted(fmt.Errorf("spawning: %w", err)) {
+		t.Errorf("IsResourceExhausted does not see through a wrapped error")
 	}
 	if len(f.auth) != 1 || f.auth[0] != "Bearer s3cret" {
 		t.Errorf("authorization = %v", f.auth)

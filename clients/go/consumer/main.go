@@ -13,8 +13,6 @@ import (
 	"os"
 	"time"
 
-	"google.golang.org/grpc/codes"
-
 	"github.com/agentruntime/agentruntime/clients/go/agentruntime"
 	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
 )
@@ -65,7 +63,7 @@ func run() error {
 
 	_, err = client.Inspect(ctx, runtimeID, "root/nobody.1")
 	refused, ok := agentruntime.AsError(err)
-	if !ok || refused.Code != codes.NotFound {
+	if !ok || !agentruntime.IsNotFound(err) {
 		return fmt.Errorf("Inspect of a missing handle: want a NOT_FOUND *agentruntime.Error, got %v", err)
 	}
 	info := refused.ResourceInfo()

@@ -4,14 +4,13 @@
  * on the released tarball): a scripted run, its figures checked, and a typed NOT_FOUND.
  */
 import {
-  Code,
   Status,
   StatusSchema,
   createClient,
   describeError,
   errorDetails,
   grpcCodeName,
-  hasCode,
+  isNotFound,
   type AgentDefInit,
 } from "@agentruntime/client";
 
@@ -37,7 +36,7 @@ try {
     await client.inspect(runtimeId, "root/nobody.1");
     problems.push("inspect of a missing handle succeeded");
   } catch (error) {
-    if (!hasCode(error, Code.NotFound)) throw error;
+    if (!isNotFound(error)) throw error;
     const info = errorDetails(error).resourceInfo;
     console.log(`inspect: ${grpcCodeName(error.code)} resource_type=${info?.resourceType} resource_name=${info?.resourceName}`);
     if (info?.resourceName !== "root/nobody.1") problems.push(`ResourceInfo ${JSON.stringify(info?.resourceName)}`);

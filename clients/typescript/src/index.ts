@@ -47,9 +47,11 @@ import {
 import {
   BadRequestSchema,
   ErrorInfoSchema,
+  QuotaFailureSchema,
   ResourceInfoSchema,
   type BadRequest,
   type ErrorInfo,
+  type QuotaFailure,
   type ResourceInfo,
 } from "./gen/google/rpc/error_details_pb.js";
 import { RESUME_RETRY, SAFE_RETRY, WAIT_RETRY, retrying } from "./retry.js";
@@ -493,6 +495,8 @@ export interface ErrorDetails {
   errorInfo?: ErrorInfo;
   badRequest?: BadRequest;
   resourceInfo?: ResourceInfo;
+  /** A tenant quota that a RESOURCE_EXHAUSTED hit: its violations' subject (`tenant:acme`). */
+  quotaFailure?: QuotaFailure;
 }
 
 /**
@@ -505,6 +509,7 @@ export function errorDetails(error: unknown): ErrorDetails {
     errorInfo: error.findDetails(ErrorInfoSchema)[0],
     badRequest: error.findDetails(BadRequestSchema)[0],
     resourceInfo: error.findDetails(ResourceInfoSchema)[0],
+    quotaFailure: error.findDetails(QuotaFailureSchema)[0],
   };
 }
 
@@ -515,6 +520,23 @@ export function errorDetails(error: unknown): ErrorDetails {
 export function hasCode(error: unknown, code: Code): error is ConnectError {
   return error instanceof ConnectError && error.code === code;
 }
+
+/** NOT_FOUND: no such runtime, handle or pending request (`errorDetails(err).resourceInfo` says which). */
+export const isNotFound = (error: unknown): error is ConnectError => hasCode(error, Code.NotFound);
+/** INVALID_ARGUMENT: `errorDetails(err).badRequest` lists the fields. */
+export const isInvalidArgument = (error: unknown): error is ConnectError => hasCode(error, Code.InvalidArgument);
+/** FAILED_PRECONDITION: `errorDetails(err).errorInfo.reason` says which (HANDLE_RUNNING, ...). */
+export const isFailedPrecondition = (error: unknown): error is ConnectError => hasCode(error, Code.FailedPrecondition);
+/** RESOURCE_EXHAUSTED: a budget (`errorInfo.metadata.limit`) or a tenant quota (`quotaFailure`). */
+export const isResourceExhausted = (error: unknown): error is ConnectError => hasCode(error, Code.ResourceExhausted);
+/** ALREADY_EXISTS: CreateRuntime with an id in use. */
+export const isAlreadyExists = (error: unknown): error is ConnectError => hasCode(error, Code.AlreadyExists);
+/** UNAVAILABLE: the server could not be reached; calls safe to repeat were retried already. */
+export const isUnavailable = (error: unknown): error is ConnectError => hasCode(error, Code.Unavailable);
+/** UNAUTHENTICATED: a missing or rejected token. */
+export const isUnauthenticated = (error: unknown): error is ConnectError => hasCode(error, Code.Unauthenticated);
+/** PERMISSION_DENIED: a token without the scope the call needs. */
+export const isPermissionDenied = (error: unknown): error is ConnectError => hasCode(error, Code.PermissionDenied);
 
 /** `RESOURCE_EXHAUSTED: <server message>`, like the Python client's AgentRuntimeError. */
 export function describeError(error: unknown): string {

@@ -5,6 +5,7 @@ import com.google.protobuf.InvalidProtocolBufferException;
 import com.google.protobuf.Message;
 import com.google.rpc.BadRequest;
 import com.google.rpc.ErrorInfo;
+import com.google.rpc.QuotaFailure;
 import com.google.rpc.ResourceInfo;
 import io.grpc.Status;
 import io.grpc.protobuf.StatusProto;
@@ -77,6 +78,9 @@ public final class AgentRuntimeException extends RuntimeException {
       if (packed.is(ResourceInfo.class)) {
         return packed.unpack(ResourceInfo.class);
       }
+      if (packed.is(QuotaFailure.class)) {
+        return packed.unpack(QuotaFailure.class);
+      }
     } catch (InvalidProtocolBufferException e) {
       // A malformed detail is dropped, as the Python client drops unknown ones.
     }
@@ -129,6 +133,16 @@ public final class AgentRuntimeException extends RuntimeException {
     return code == Status.Code.ALREADY_EXISTS;
   }
 
+  /** UNAUTHENTICATED: a missing or rejected token. */
+  public boolean isUnauthenticated() {
+    return code == Status.Code.UNAUTHENTICATED;
+  }
+
+  /** PERMISSION_DENIED: a token without the scope the call needs. */
+  public boolean isPermissionDenied() {
+    return code == Status.Code.PERMISSION_DENIED;
+  }
+
   /** UNAUTHENTICATED or PERMISSION_DENIED: no valid token, or one without the scope or tenant. */
   public boolean isAuthError() {
     return code == Status.Code.UNAUTHENTICATED || code == Status.Code.PERMISSION_DENIED;
@@ -177,5 +191,10 @@ public final class AgentRuntimeException extends RuntimeException {
   /** The {@link ResourceInfo} detail: which runtime, handle or request was not found. */
   public Optional<ResourceInfo> resourceInfo() {
     return detail(ResourceInfo.class);
+  }
+
+  /** The {@link QuotaFailure} detail: the tenant quota a RESOURCE_EXHAUSTED hit (its subject). */
+  public Optional<QuotaFailure> quotaFailure() {
+    return detail(QuotaFailure.class);
   }
 }
