@@ -14,17 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 WORK=$(mktemp -d -t agentruntime-secure.XXXXXX)
 chmod 700 "$WORK"
-cleanup() {
-    if [[ -f $WORK/server.pid ]]; then  # the restart hook may have started another process
-        local pid
-        pid=$(cat "$WORK/server.pid")
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap 'scripts/stop-server.sh "$WORK"' EXIT  # keys and token included
 
 # The CA, the two certificates and the token (printed on stdout, never written in clear).
 # The `cryptography` package is a dependency of the server (its TLS checks), so no extra is needed.

@@ -20,15 +20,7 @@ chmod +x "$WORK/serve.sh"
 "$WORK/serve.sh" >"$LOG" 2>&1 &
 echo $! >"$WORK/server.pid"
 disown  # the restart hook may kill it: no job notice
-stop_server() {
-    local pid
-    pid=$(cat "$WORK/server.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap stop_server EXIT
+trap 'scripts/stop-server.sh "$WORK"' EXIT
 # A vector that restarts the server mid-call runs this (tests/vectors/README.md, Restarts).
 export AGENTRUNTIME_RESTART_HOOK="$PWD/scripts/restart-server.sh $WORK $PORT"
 "$PY" - "$AGENTRUNTIME_ADDR" <<'PYEOF' || { cat "$LOG" >&2; exit 1; }
