@@ -65,6 +65,7 @@ _DETAIL_TYPES = (
     error_details_pb2.QuotaFailure,
 )
 _Detail = TypeVar("_Detail", bound=Message)
+_Item = TypeVar("_Item")
 
 
 class AgentRuntimeError(Exception):
@@ -163,6 +164,18 @@ def _pem(value: PEM | None, what: str) -> bytes | None:
         return Path(value).read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read the {what} file {os.fspath(value)}: {error.strerror}") from None
+
+
+async def _paged(fetch: Callable[[str], Awaitable[tuple[Sequence[_Item], str]]]) -> AsyncIterator[_Item]:
+    """Every item of every page; `fetch(token)` gives a page's items and the next page's token
+    (empty after the last), and is called only when the page before is used up."""
+    token = ""
+    while True:
+        items, token = await fetch(token)
+        for item in items:
+            yield item
+        if not token:
+            return
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -331,14 +344,13 @@ class Client:
     async def iter_handles(self, runtime_id: str, page_size: int = 0) -> AsyncIterator[pb.HandleView]:
         """The runtime's handles in spawn order, a page (of `page_size`, 0: the server's
         default) fetched as the loop reaches it."""
-        token = ""
-        while True:
+
+        async def page(token: str) -> tuple[Sequence[pb.HandleView], str]:
             response = await self.list_page(runtime_id, page_size, token)
-            for handle in response.handles:
-                yield handle
-            token = response.next_page_token
-            if not token:
-                return
+            return response.handles, response.next_page_token
+
+        async for handle in _paged(page):
+            yield handle
 
     async def list_handles(self, runtime_id: str) -> list[pb.HandleView]:
         """Every handle of the runtime, in spawn order (all pages)."""
@@ -354,14 +366,13 @@ class Client:
 
     async def iter_transcript(self, runtime_id: str, handle_id: str, page_size: int = 0) -> AsyncIterator[pb.Message]:
         """The handle's stored transcript in order, a page fetched as the loop reaches it."""
-        token = ""
-        while True:
+
+        async def page(token: str) -> tuple[Sequence[pb.Message], str]:
             response = await self.transcript_page(runtime_id, handle_id, page_size, token)
-            for message in response.messages:
-                yield message
-            token = response.next_page_token
-            if not token:
-                return
+            return response.messages, response.next_page_token
+
+        async for message in _paged(page):
+            yield message
 
     async def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
         """The handle's whole stored transcript (all pages)."""
@@ -376,14 +387,13 @@ class Client:
 
     async def iter_runtimes(self, page_size: int = 0) -> AsyncIterator[pb.RuntimeSummary]:
         """The caller's runtimes, newest first, a page fetched as the loop reaches it."""
-        token = ""
-        while True:
+
+        async def page(token: str) -> tuple[Sequence[pb.RuntimeSummary], str]:
             response = await self.list_runtimes_page(page_size, token)
-            for runtime in response.runtimes:
-                yield runtime
-            token = response.next_page_token
-            if not token:
-                return
+            return response.runtimes, response.next_page_token
+
+        async for runtime in _paged(page):
+            yield runtime
 
     async def list_runtimes(self) -> list[pb.RuntimeSummary]:
         """Every runtime of the caller's tenant, newest first (all pages)."""

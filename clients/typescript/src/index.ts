@@ -189,19 +189,8 @@ export class AgentRuntimeClient {
     const secure = options.tls === true || Object.keys(security).length > 0;
     const url = baseUrl(target, secure);
     // The connection (an HTTP/2 session, reopened when it drops), held here so `disconnect` can end it.
-    const keepalive = options.keepalive ?? {};
-    this.sessions = new Http2SessionManager(
-      url,
-      {
-        ...(keepalive.pingIntervalMs !== undefined ? { pingIntervalMs: keepalive.pingIntervalMs } : {}),
-        ...(keepalive.pingTimeoutMs !== undefined ? { pingTimeoutMs: keepalive.pingTimeoutMs } : {}),
-        ...(keepalive.pingIdleConnection !== undefined ? { pingIdleConnection: keepalive.pingIdleConnection } : {}),
-        ...(keepalive.idleConnectionTimeoutMs !== undefined
-          ? { idleConnectionTimeoutMs: keepalive.idleConnectionTimeoutMs }
-          : {}),
-      },
-      Object.keys(security).length > 0 ? security : undefined,
-    );
+    // KeepaliveOptions names Connect's own session options, so they pass as they are.
+    this.sessions = new Http2SessionManager(url, options.keepalive, Object.keys(security).length > 0 ? security : undefined);
     const transport = createGrpcTransport({ baseUrl: url, interceptors, sessionManager: this.sessions });
     this.raw = createConnectClient(AgentRuntime, transport);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -323,13 +312,11 @@ export class AgentRuntimeClient {
    * server's default) whenever the previous one is used up: `for await (const view of
    * client.iterateList(runtimeId)) ...`. Leaving the loop early fetches no more pages.
    */
-  async *iterateList(runtimeId: string, pageSize = 0): AsyncGenerator<HandleView, void, undefined> {
-    let pageToken = "";
-    do {
+  iterateList(runtimeId: string, pageSize = 0): AsyncGenerator<HandleView, void, undefined> {
+    return paged(async (pageToken) => {
       const response = await this.listPage(runtimeId, pageSize, pageToken);
-      yield* response.handles;
-      pageToken = response.nextPageToken;
-    } while (pageToken);
+      return [response.handles, response.nextPageToken];
+    });
   }
 
   /**
@@ -349,13 +336,11 @@ export class AgentRuntimeClient {
    * The handle's transcript one message at a time, oldest first, fetching a page of `pageSize`
    * (0: the server's default) whenever the previous one is used up.
    */
-  async *iterateTranscript(runtimeId: string, handleId: string, pageSize = 0): AsyncGenerator<Message, void, undefined> {
-    let pageToken = "";
-    do {
+  iterateTranscript(runtimeId: string, handleId: string, pageSize = 0): AsyncGenerator<Message, void, undefined> {
+    return paged(async (pageToken) => {
       const response = await this.transcriptPage(runtimeId, handleId, pageSize, pageToken);
-      yield* response.messages;
-      pageToken = response.nextPageToken;
-    } while (pageToken);
+      return [response.messages, response.nextPageToken];
+    });
   }
 
   /**
@@ -375,13 +360,11 @@ export class AgentRuntimeClient {
    * The caller's tenant's runtimes one at a time, newest first, fetching a page of `pageSize`
    * (0: the server's default) whenever the previous one is used up.
    */
-  async *iterateRuntimes(pageSize = 0): AsyncGenerator<RuntimeSummary, void, undefined> {
-    let pageToken = "";
-    do {
+  iterateRuntimes(pageSize = 0): AsyncGenerator<RuntimeSummary, void, undefined> {
+    return paged(async (pageToken) => {
       const response = await this.listRuntimesPage(pageSize, pageToken);
-      yield* response.runtimes;
-      pageToken = response.nextPageToken;
-    } while (pageToken);
+      return [response.runtimes, response.nextPageToken];
+    });
   }
 
   /**
@@ -446,6 +429,19 @@ export class AgentRuntimeClient {
   serveTools(queue: string, handlers: Record<string, ToolHandler>, options?: ServeToolsOptions): Promise<void> {
     return serveTools(this.raw, queue, handlers, options);
   }
+}
+
+/**
+ * Every item of every page, a page fetched (`fetch(pageToken)`: its items and the next page's
+ * token, empty after the last) only when the one before is used up.
+ */
+async function* paged<T>(fetch: (pageToken: string) => Promise<[T[], string]>): AsyncGenerator<T, void, undefined> {
+  let pageToken = "";
+  do {
+    const [items, next] = await fetch(pageToken);
+    yield* items;
+    pageToken = next;
+  } while (pageToken);
 }
 
 /** Every item of an async iterable, in order. */
