@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench clean
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench profile clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -157,6 +157,9 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
+
+profile: $(STAMP) ## py-spy samples of the server under the bench workload, by component (needs ptrace: root or CAP_SYS_PTRACE)
+	$(BIN)/python bench/profile.py
 
 clean: ## remove the venv, tools and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

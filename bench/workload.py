@@ -22,7 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -145,7 +145,15 @@ def _worker_process(address: str) -> None:
     asyncio.run(serve())
 
 
-async def service_run(concurrency: int, latency: float, roots: int, batches: int, worker: bool = False) -> dict[str, float]:
+async def service_run(
+    concurrency: int,
+    latency: float,
+    roots: int,
+    batches: int,
+    worker: bool = False,
+    on_server: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """The workload's figures; `on_server` is told the server's pid once it serves (a profiler)."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
@@ -165,6 +173,8 @@ async def service_run(concurrency: int, latency: float, roots: int, batches: int
         host: multiprocessing.Process | None = None
         try:
             await _wait_healthy(address)
+            if on_server is not None:
+                on_server(server.pid)
             if worker:
                 host = multiprocessing.Process(target=_worker_process, args=(address,), daemon=True)
                 host.start()

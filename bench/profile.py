@@ -1,0 +1,118 @@
+"""Where the server's CPU goes under the bench workload: py-spy samples the server process
+while bench/workload.py drives it, and this prints the samples grouped by component.
+
+    make profile                      # C=20, no model latency, 15 s of samples
+    .venv/bin/python bench/profile.py --latency 0.02 --raw /tmp/server.txt
+
+Each sample is counted once, for the frame it was taken in (self time): the server's own
+modules by package, the HTTP client (aiohttp and its yarl / multidict / propcache), the
+event loop (asyncio, selectors, and C work run from a loop callback: a task step, a gRPC
+completion), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
+py-spy's collapsed stacks (one line per stack and its count) for a flame graph tool.
+py-spy attaches with ptrace: it needs root or CAP_SYS_PTRACE. Measured, never asserted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from workload import service_run
+
+_FILE = re.compile(r"\((?P<file>[^()]+):\d+\)$")
+_HTTP_CLIENT = ("aiohttp", "yarl", "multidict", "propcache", "aiohappyeyeballs")
+_EVENT_LOOP = ("asyncio", "selectors.py")
+
+
+def component(frames: list[str]) -> str:
+    """The component a sample's innermost frame belongs to."""
+    if not frames:
+        return "no Python frame (C code: gRPC core, SQLite, the interpreter)"
+    leaf = frames[-1]
+    if leaf.startswith("Thread.run ") and len(frames) <= 3:
+        return "gRPC poller thread (a C target under threading)"
+    if leaf.startswith("Handle._run "):
+        return "event loop: C work in a callback (task steps, gRPC completions)"
+    match = _FILE.search(leaf)
+    path = re.sub(r"^.*site-packages/", "", match.group("file")) if match else leaf
+    if path.startswith("agentruntime_server/"):
+        parts = path.split("/")
+        return f"server: {parts[1] if len(parts) > 2 else parts[1].removesuffix('.py')}"
+    top = path.split("/")[0]
+    if top in _HTTP_CLIENT:
+        return "HTTP client (aiohttp)"
+    if top in _EVENT_LOOP:
+        return "event loop (asyncio, selectors)"
+    return f"other: {top.removesuffix('.py')}"
+
+
+def summarize(raw: Path, lines: int) -> None:
+    by_component: collections.Counter[str] = collections.Counter()
+    own_lines: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        samples = int(count)
+        total += samples
+        frames = [frame for frame in stack.split(";") if frame]
+        by_component[component(frames)] += samples
+        if frames and "agentruntime_server/" in frames[-1]:
+            own_lines[re.sub(r"\(.*agentruntime_server/", "(", frames[-1])] += samples
+    if not total:
+        print("py-spy recorded no samples")
+        return
+    print(f"{total:,} samples of the server process")
+    for name, samples in by_component.most_common():
+        print(f"  {samples / total:6.1%}  {name}")
+    print(f"the server's own lines, top {lines} (self time):")
+    for name, samples in own_lines.most_common(lines):
+        print(f"  {samples / total:6.1%}  {name}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument("--latency", type=float, default=0.0, help="model latency, seconds")
+    parser.add_argument("--seconds", type=int, default=15, help="how long py-spy samples")
+    parser.add_argument("--rate", type=int, default=200, help="samples a second")
+    parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument("--lines", type=int, default=15)
+    args = parser.parse_args()
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("py-spy is not installed (it is in the server's dev extra: make install)")
+    with tempfile.TemporaryDirectory() as folder:
+        raw = args.raw or Path(folder) / "stacks.txt"
+        recorders: list[subprocess.Popen[bytes]] = []
+
+        def record(pid: int) -> None:
+            # --nonblocking: the server is never paused, so it runs as it does unprofiled.
+            command = [spy, "record", "-p", str(pid), "-d", str(args.seconds), "-r", str(args.rate)]
+            command += ["-f", "raw", "-o", str(raw), "--nonblocking"]
+            recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+        # A warm-up batch and a measured one, each long enough (about 1,800 turns a second
+        # at 18 a root) that the workload outlasts the sampling.
+        roots = args.seconds * 100
+        figures = await service_run(args.concurrency, args.latency, roots, 1, on_server=record)
+        for recorder in recorders:
+            _, errors = recorder.communicate()
+            if recorder.returncode != 0:
+                raise SystemExit(f"py-spy failed: {errors.decode(errors='replace').strip()}")
+        print(
+            f"C={args.concurrency}, model latency {args.latency * 1000:.0f} ms: {figures['turns_per_s']:,.0f} turns/s, "
+            f"{figures['cpu_us_per_turn']:.0f} µs of server CPU per turn (under the profiler)"
+        )
+        summarize(raw, args.lines)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
