@@ -1,10 +1,11 @@
 """The service benchmark: the bench workload driven over gRPC against a real server process.
 
 Workload: each root is a coordinator that delegates to 4 workers in one turn; each worker
-calls an http tool 3 times, then answers; the coordinator answers (18 model turns per
-root). The model is a stateless OpenAI-compatible server in its own process (keep-alive,
-replying at once or after a fixed latency); the tool is a loopback HTTP endpoint; the
-store is a fresh SQLite file. C roots are kept in flight.
+calls an http tool (with an input schema, checked on every call) 3 times, then answers;
+the coordinator answers (18 model turns per root). The model is a stateless
+OpenAI-compatible server in its own process (keep-alive, replying at once or after a fixed
+latency); the tool is a loopback HTTP endpoint; the store is a fresh SQLite file. C roots
+are kept in flight.
 
 Prints: model turns/s, root p50/p99, server CPU per turn, peak RSS, for each (C, latency),
 and a floor row: the same HTTP calls (18 model calls and 12 tool calls a root, in the same
@@ -24,17 +25,25 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from aiohttp import web
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 WORKERS = 4
 TOOL_CALLS = 3
 TURNS_PER_ROOT = 2 + WORKERS * (TOOL_CALLS + 1)
+LOOKUP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
 
 
 def _reply(body: dict) -> dict:  # type: ignore[type-arg]
@@ -122,11 +131,19 @@ async def _wait_healthy(address: str) -> None:
 
 
 def _agents(model_port: int, worker: bool = False) -> list[pb.AgentDef]:
+    # A tool's arguments are checked against its input schema on every call, as a real tool's are.
+    schema = struct_pb2.Struct()
+    schema.update(LOOKUP_SCHEMA)
     if worker:
-        lookup = pb.ToolDef(name="lookup", description="look a number up", worker=pb.WorkerTool(queue="bench"))
+        lookup = pb.ToolDef(
+            name="lookup", description="look a number up", input_schema=schema, worker=pb.WorkerTool(queue="bench")
+        )
     else:
         lookup = pb.ToolDef(
-            name="lookup", description="look a number up", http=pb.HttpTool(url=f"http://127.0.0.1:{model_port}/lookup")
+            name="lookup",
+            description="look a number up",
+            input_schema=schema,
+            http=pb.HttpTool(url=f"http://127.0.0.1:{model_port}/lookup"),
         )
     return [
         pb.AgentDef(name="coordinator", model="coordinator", team=["worker"], description="coordinates"),
