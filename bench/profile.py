@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import os
 import re
 import shutil
 import subprocess
@@ -100,8 +101,10 @@ async def main() -> None:
             recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
         # A warm-up batch and a measured one, each long enough (about 1,800 turns a second
-        # at 18 a root) that the workload outlasts the sampling.
+        # at 18 a root) that the workload outlasts the sampling; all in one runtime, 5 handles
+        # a root, past the default limit of handles a runtime may have.
         roots = args.seconds * 100
+        os.environ["AGENTRUNTIME_MAX_HANDLES"] = str(2 * roots * 5 + 100)
         figures = await service_run(args.concurrency, args.latency, roots, 1, on_server=record)
         for recorder in recorders:
             _, errors = recorder.communicate()
