@@ -20,6 +20,9 @@ MAX_INSTRUCTIONS_BYTES = 256 * KIB
 MAX_MODEL_CHARS = 256
 MAX_SCHEMA_BYTES = 64 * KIB  # a tool's input_schema, as compact JSON
 MAX_SCHEMA_DEPTH = 32
+# Nodes of a schema with every reference expanded (a reference back into its own path counts
+# once): what one validation may have to walk, whatever the arguments.
+MAX_SCHEMA_EXPANDED_NODES = 10_000
 MAX_PATTERN_CHARS = 1024  # completion.must_match and every schema pattern
 MAX_URL_CHARS = 2048
 MAX_HEADERS = 32

@@ -3,8 +3,9 @@
 A schema is a caller's code. It may only refer inside itself (`#/...`, anchors): the
 validator's registry knows the JSON Schema metaschemas and nothing else and never
 retrieves anything, so no `$ref` reads a file or reaches the network. Patterns run on
-RE2 (linear time). Size and depth are bounded, and a schema that recurses without end
-is refused before it can be called."""
+RE2 (linear time). Size, depth and the size with every reference expanded are bounded (so
+no reference fan-out makes one validation walk millions of nodes), a reference must land on
+a subschema, and a schema that recurses without end is refused before it can be called."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import referencing.exceptions
 from jsonschema.protocols import Validator
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 
-from .limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+from .limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANDED_NODES
 from .patterns import PatternError, compile_pattern, search
 
 REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
@@ -28,9 +29,10 @@ ANCHOR_KEYWORDS = ("$anchor", "$dynamicAnchor")
 # Keywords whose values are data, not subschemas: never read as schema keywords.
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "description", "title", "$comment"})
 
-# What can go wrong while validating with a caller's schema: reported to the model as the
-# tool's error result, never raised out of the turn.
-VALIDATION_FAULTS = (RecursionError, referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError, PatternError)
+# What can go wrong while validating with a caller's schema: anything (a recursion, a
+# reference that does not resolve, a keyword applied to what it does not expect). It is
+# reported to the model as the tool's error result, never raised out of the turn.
+VALIDATION_FAULTS = (Exception,)
 
 
 class SchemaProblem(ValueError):
@@ -98,7 +100,7 @@ def check(schema: dict[str, Any]) -> None:
     size = len(json.dumps(schema, separators=(",", ":")))
     if size > MAX_SCHEMA_BYTES:
         raise SchemaProblem(f"is {size} bytes as JSON; the limit is {MAX_SCHEMA_BYTES}")
-    anchors: set[str] = set()
+    anchors: dict[str, Any] = {}
     references: list[str] = []
     uses = {"patternProperties": False, "unevaluatedProperties": False}
     for node, depth in _walk(schema, 1):
@@ -112,7 +114,7 @@ def check(schema: dict[str, Any]) -> None:
                 references.append(node[keyword])
         for keyword in ANCHOR_KEYWORDS:
             if isinstance(node.get(keyword), str):
-                anchors.add(node[keyword])
+                anchors[node[keyword]] = node
         if isinstance(node.get("pattern"), str):
             _check_pattern(node["pattern"])
         if isinstance(node.get("patternProperties"), dict):
@@ -130,7 +132,16 @@ def check(schema: dict[str, Any]) -> None:
     if schema.get("type") != "object":
         raise SchemaProblem("tool arguments are a JSON object: the schema's type must be 'object'")
     for reference in references:
-        _check_reference(schema, reference, anchors)
+        _target(schema, reference, anchors)
+    try:
+        expanded = _expanded_size(schema, anchors)
+    except RecursionError:
+        raise SchemaProblem("has references nested too deeply to expand") from None
+    if expanded > MAX_SCHEMA_EXPANDED_NODES:
+        raise SchemaProblem(
+            f"has more than {MAX_SCHEMA_EXPANDED_NODES:,} nodes with its references expanded; "
+            "refer to shared definitions less often or flatten them"
+        )
     try:
         compile_schema(schema).is_valid({})  # a schema that recurses without end fails here, not mid-run
     except RecursionError:
@@ -146,22 +157,62 @@ def _check_pattern(pattern: str) -> None:
         raise SchemaProblem(f"pattern {_cut(pattern)} {exc}") from None
 
 
-def _check_reference(schema: dict[str, Any], reference: str, anchors: set[str]) -> None:
+def _target(schema: dict[str, Any], reference: str, anchors: dict[str, Any]) -> Any:
+    """The subschema a reference lands on; SchemaProblem when it lands outside the schema,
+    on nothing, or on data (an enum's value, a default, a list of required names)."""
     if not reference.startswith("#"):
         raise SchemaProblem(f"$ref {_cut(reference)} points outside the schema; only references inside it (#/...) are allowed")
     fragment = reference[1:]
-    if not fragment or fragment.startswith("/"):
-        node: Any = schema
-        for part in fragment.split("/")[1:]:
-            key = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and key in node:
-                node = node[key]
-            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
+    if fragment and not fragment.startswith("/"):
+        if fragment not in anchors:
+            raise SchemaProblem(f"$ref {_cut(reference)} names no anchor of the schema")
+        return anchors[fragment]
+    node: Any = schema
+    for part in fragment.split("/")[1:]:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node and key not in DATA_KEYWORDS:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            raise SchemaProblem(f"$ref {_cut(reference)} does not resolve to a subschema inside the schema")
+    if not isinstance(node, dict | bool):
+        raise SchemaProblem(f"$ref {_cut(reference)} does not resolve to a subschema inside the schema")
+    return node
+
+
+def _expanded_size(schema: dict[str, Any], anchors: dict[str, Any]) -> int:
+    """How many nodes the schema has with every reference replaced by what it refers to
+    (a reference back into its own path counts once). Each subschema is sized once; sizing
+    stops early past the limit."""
+    sized: dict[int, int] = {}
+    path: set[int] = set()
+
+    def size(node: Any) -> int:
+        if isinstance(node, list):
+            return 1 + sum(size(item) for item in node)
+        if not isinstance(node, dict):
+            return 1
+        if id(node) in sized:
+            return sized[id(node)]
+        if id(node) in path:
+            return 1
+        path.add(id(node))
+        total = 1
+        for key, value in node.items():
+            if key in DATA_KEYWORDS:
+                continue
+            if key in REFERENCE_KEYWORDS and isinstance(value, str):
+                total += size(_target(schema, value, anchors))
             else:
-                raise SchemaProblem(f"$ref {_cut(reference)} does not resolve inside the schema")
-    elif fragment not in anchors:
-        raise SchemaProblem(f"$ref {_cut(reference)} names no anchor of the schema")
+                total += size(value)
+            if total > MAX_SCHEMA_EXPANDED_NODES:
+                break
+        path.discard(id(node))
+        sized[id(node)] = total
+        return total
+
+    return size(schema)
 
 
 def _walk(node: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]:
