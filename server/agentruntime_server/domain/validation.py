@@ -23,11 +23,12 @@ AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # Tool names become model function names: the strictest common provider rule.
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 BUILTIN_TOOLS = ("task", "ask")
-# RFC 9110 field names are tokens; values carry no CR, LF or NUL (no header injection).
+# RFC 9110 field names are tokens; values are visible ASCII, spaces and tabs: no header
+# injection, and nothing an HTTP library refuses only when the call is made.
 MCP_SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a worker queue (WorkerTool.queue)
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-HEADER_VALUE_FORBIDDEN = re.compile(r"[\r\n\x00]")
+HEADER_VALUE_FORBIDDEN = re.compile(r"[^\t\x20-\x7e]")
 # Headers the runtime sets itself or that change how the request is framed.
 RESERVED_HEADERS = frozenset({"idempotency-key", "content-length", "transfer-encoding", "host", "connection", "content-type"})
 
@@ -317,7 +318,12 @@ def _check_headers(headers: dict[str, str], where: str) -> list[FieldViolation]:
         elif name.lower() in RESERVED_HEADERS:
             violations.append(FieldViolation(at, "is set by the runtime itself; remove it"))
         if HEADER_VALUE_FORBIDDEN.search(value):
-            violations.append(FieldViolation(at, "the value must not contain CR, LF or NUL"))
+            violations.append(
+                FieldViolation(
+                    at,
+                    "the value must be visible ASCII, spaces and tabs: no CR, LF or NUL, no other control or non-ASCII character",
+                )
+            )
         if len(value.encode()) > limits.MAX_HEADER_VALUE_BYTES:
             violations.append(FieldViolation(at, f"the value is longer than {limits.MAX_HEADER_VALUE_BYTES} bytes"))
     return violations
@@ -359,8 +365,8 @@ def _check_url(url: str, where: str) -> list[FieldViolation]:
         return [
             FieldViolation(
                 where,
-                f"{shown(url)} is not an absolute http(s) URL of at most {limits.MAX_URL_CHARS} characters "
-                "without spaces or control characters",
+                f"{shown(_without_credentials(url))} is not an absolute http(s) URL of at most {limits.MAX_URL_CHARS} "
+                "characters without spaces or control characters",
             )
         ]
     try:
@@ -369,9 +375,17 @@ def _check_url(url: str, where: str) -> list[FieldViolation]:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
         valid = False
-    if valid:
-        return []
-    return [FieldViolation(where, f"{shown(url)} is not an absolute http(s) URL")]
+    if not valid:
+        return [FieldViolation(where, f"{shown(_without_credentials(url))} is not an absolute http(s) URL")]
+    if "@" in parts.netloc:
+        # A URL is shown in errors, logs and events; a credential goes in a header.
+        return [FieldViolation(where, "must not carry credentials (user:password@); send them in a header")]
+    return []
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as an error may quote it: whatever stands before an '@' of its authority is hidden."""
+    return re.sub(r"^([^:/?#]*:?//)[^/?#]*@", r"\1[credentials]@", url)
 
 
 def check_options(options: RuntimeOptions, services: Services) -> list[FieldViolation]:

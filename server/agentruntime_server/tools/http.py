@@ -109,6 +109,10 @@ class HttpTools:
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except aiohttp.ClientError as exc:
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
+        except ValueError as exc:
+            # aiohttp refuses to build the request (a header it will not send): its words may
+            # quote a header's value, a secret, so only the kind of refusal is told.
+            return ToolResult(f"request failed: the request could not be built ({type(exc).__name__})", is_error=True)
 
     async def _result(self, response: aiohttp.ClientResponse) -> ToolResult | ToolSuspension:
         status = response.status

@@ -124,10 +124,17 @@ class McpTools:
         return text
 
 
+# Raised while the HTTP client builds a request (a header it will not send): their words may
+# quote a header's value, which is a secret, so only their kind is told.
+_REQUEST_BUILD_ERRORS = frozenset({"LocalProtocolError"})
+
+
 def _describe(error: BaseException) -> str:
     """The innermost cause, shortly (anyio wraps errors in groups)."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
     if isinstance(error, TimeoutError):
         return "it did not answer in time"
+    if isinstance(error, UnicodeError) or type(error).__name__ in _REQUEST_BUILD_ERRORS:
+        return f"{type(error).__name__}: the request could not be built"
     return f"{type(error).__name__}: {shown(str(error), 200)}"
