@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -46,6 +48,10 @@ def cursor_token(position: tuple[float, str], scope: tuple[str, ...]) -> str:
     return base64.urlsafe_b64encode(f"{position[0]!r}|{position[1]}|{_scope(*scope)}".encode()).decode().rstrip("=")
 
 
+# A runtime's key as the store has it: `id`, or `tenant:id` (both slugs).
+_RUNTIME_KEY = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:)?[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 def cursor(token: str, scope: tuple[str, ...]) -> tuple[float, str] | None:
     if not token:
         return None
@@ -54,7 +60,8 @@ def cursor(token: str, scope: tuple[str, ...]) -> tuple[float, str] | None:
         position = (float(created), key)
     except ValueError:
         token_scope = ""
-    if token_scope != _scope(*scope):
+    # The scope is not a secret: what the token says is checked too (it goes into a query).
+    if token_scope != _scope(*scope) or not math.isfinite(position[0]) or not _RUNTIME_KEY.fullmatch(position[1]):
         raise InvalidArgument(
             [FieldViolation("page_token", "is not a next_page_token of this listing; start again with an empty page_token")]
         )
