@@ -404,6 +404,16 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     runtime = await self._runtime(request.runtime_id)
                     if seen < 0:
                         raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
+                    if seen > runtime.events.last_seq:  # a seq from elsewhere would wait for ever
+                        raise InvalidArgument(
+                            [
+                                FieldViolation(
+                                    "after_seq",
+                                    f"is past the runtime's last event ({runtime.events.last_seq}); "
+                                    "Watch from 0 or from a seq this runtime sent",
+                                )
+                            ]
+                        )
                     async for event in runtime.events.follow(seen):
                         await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
                         seen = event.seq

@@ -12,7 +12,7 @@ import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from .errors import ResourceExhausted, Unavailable
+from .errors import NotFound, ResourceExhausted, Unavailable
 from .model import HandleState, PendingRequest, TaskResult, ToolCall
 
 
@@ -73,6 +73,7 @@ class EventLog:
         self.observers = observers
         self._watchers: set[asyncio.Queue[Event | None]] = _NO_WATCHERS  # made at the first watcher
         self.closing = False
+        self.deleted = False
 
     @property
     def watched(self) -> bool:
@@ -101,9 +102,11 @@ class EventLog:
                     queue.put_nowait(None)
                     break
 
-    def close(self) -> None:
-        """Shutdown: every watcher is told to reconnect (to this server's replacement)."""
+    def close(self, deleted: bool = False) -> None:
+        """Every watcher's stream ends: at a shutdown (or when the runtime leaves this replica)
+        it is told to reconnect; when the runtime is deleted, that it is gone."""
         self.closing = True
+        self.deleted = deleted
         for queue in list(self._watchers):
             self._watchers.discard(queue)
             while not queue.empty():
@@ -123,6 +126,8 @@ class EventLog:
                 seen = event.seq
             while True:
                 live = await queue.get()
+                if live is None and self.deleted:  # (the log is named by the key, `tenant:id`)
+                    raise NotFound("runtime", self.runtime_id.rpartition(":")[2], f"it was deleted after seq {seen}")
                 if live is None and self.closing:
                     raise Unavailable(f"the server is shutting down; Watch again with after_seq={seen}")
                 if live is None:

@@ -314,12 +314,16 @@ class RuntimeService:
         """Closes the runtime (force: its running handles are interrupted) and deletes all of it."""
         runtime = await self.runtime(runtime_id, tenant)
         runtime.release_timers()  # no heartbeat or lapse may start a run while it closes
-        await runtime.close("root", force)
+        try:
+            await runtime.close("root", force)
+        except BaseException:
+            runtime.arm_timers()  # a refused delete changes nothing: its timers run on
+            raise
         await self._forget(runtime)
 
     async def _forget(self, runtime: Runtime) -> None:
         runtime.stop_timers()
-        runtime.events.close()
+        runtime.events.close(deleted=True)
         self._runtimes.pop(runtime.key, None)
         await self.services.store.delete_runtime(runtime.key)
 
