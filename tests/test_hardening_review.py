@@ -15,7 +15,9 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript
+from tests.support.model_server import ScriptedModelServer
 from tests.test_hardening import assert_absent, assert_invalid, refused, scripted
+from tests.test_mcp import Calc, call_then_answer
 
 Code = grpc.StatusCode
 TOOL_URL = "http://127.0.0.1:9/tool"
@@ -189,3 +191,22 @@ async def test_a_watch_from_past_the_last_event_is_refused_not_left_waiting(stub
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=0), timeout=10)
     assert (await call.read()).event.seq == 1
     call.cancel()
+
+
+async def test_an_mcp_server_is_reached_directly_never_through_a_proxy_from_the_environment(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ALL_PROXY: httpx honours it, gRPC does not (the test's own channel stays direct).
+    monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
+    calc = Calc()
+    await calc.start()
+    try:
+        model.script("mathematician", call_then_answer("calc__add", {"a": 2, "b": 3}))
+        runtime_id = await create(stub, agent("mathematician", mcp_servers=[pb.McpServer(name="calc", url=calc.url)]))
+        handle_id = await spawn(stub, runtime_id, "mathematician")
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="add"))
+        result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=30)).result
+        [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+        assert (result.status, tool_message.content, tool_message.is_error) == (pb.STATUS_DONE, "5", False)
+    finally:
+        await calc.stop()

@@ -60,10 +60,12 @@ class McpTools:
         import httpx2
         from mcp import ClientSession
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         await self._check_egress(url)
-        client = create_mcp_http_client(headers=headers, timeout=httpx2.Timeout(timeout))
+        # The SDK's client, but never a proxy from the environment: the egress policy judged
+        # the server's own addresses (redirects stay off; the transport follows them only
+        # within the server's origin).
+        client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout), trust_env=False)
         async with (
             client,
             streamable_http_client(url, http_client=client) as (read, write),
