@@ -78,7 +78,9 @@ class Run:
     task: asyncio.Task[TaskResult] | None = None
     # Set by whoever cancels the run, so the run knows how to settle.
     stop: tuple[Status, Limit] | None = None
-    gate_attempts: int = 0
+    # Stopped with an ancestor (its Interrupt or Close): settling does not continue the
+    # suspended parent, which is being stopped too.
+    quiet: bool = False
     children: list[Handle] = field(default_factory=list)
     # The parent's run that this run's settling continued (Resume follows the chain up).
     next: Run | None = None
@@ -101,10 +103,14 @@ class Handle:
         "inbox",
         "last_result",
         "last_tick",
+        "mark",
         "parent",
         "pending",
         "run",
+        "run_start",
+        "runs",
         "seq",
+        "settled_at",
         "spawned_per_agent",
         "started",
         "state",
@@ -156,6 +162,14 @@ class Handle:
         # Compactions: (the transcript index the model's view resumes at, the summary before it).
         self.compactions: list[tuple[int, Message]] = []
         self.run: Run | None = None  # in memory only: the run in flight
+        # Derived from the journal (replay rebuilds them): the runs started on a message (a
+        # Wake, a task call), and where in the transcript the latest one started.
+        self.runs = 0
+        self.run_start = 0
+        # Which Resume this handle's run continues (the answered request id), and when: see
+        # Tree.clock and Tree.resumed_top.
+        self.mark: tuple[str, int] | None = None
+        self.settled_at = 0  # Tree.clock at its latest Settled
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
 
     @property
@@ -179,6 +193,11 @@ class Handle:
             order.extend(child.subtree_leaf_first())
         order.append(self)
         return order
+
+    def gate_rejections(self) -> int:
+        """The completion gate's rejections in the current run: the feedback messages since its
+        first message (the only user messages a run adds), so a Resume or a restart counts on."""
+        return sum(message.role == "user" for message in self.transcript[self.run_start + 1 :])
 
     def model_view(self) -> tuple[Message, ...]:
         """What the model is sent: the transcript, or since a compaction its summary and the
@@ -225,6 +244,8 @@ class Handle:
         (after a Resume or a restart) has no message of its own."""
         del self.inbox[:drained]
         if message is not None:
+            self.runs += 1
+            self.run_start = len(self.transcript)
             self.transcript.append(message)
         self.state = HandleState.RUNNING
         self.pending = None
@@ -294,9 +315,18 @@ class Handle:
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
-        """A kept result re-read later: the figures are the handle's now (they never go down)."""
-        failure = result.failure if (status or result.status) is Status.ERROR else None
-        return self.result(status or result.status, result.text, result.limit, result.is_error, result.pending, failure)
+        """A kept result re-read later: the figures are the handle's now (they never go down).
+        Read under another status (a closed handle's last result reads CLOSED), only the text
+        is kept: `limit` is set iff INCOMPLETE, `pending` iff PENDING, `failure` iff ERROR."""
+        status = status or result.status
+        return self.result(
+            status,
+            result.text,
+            result.limit if status is Status.INCOMPLETE else Limit.NONE,
+            result.is_error and status is result.status,
+            result.pending if status is Status.PENDING else None,
+            result.failure if status is Status.ERROR else None,
+        )
 
     def snapshot(self) -> HandleSnapshot:
         return HandleSnapshot(

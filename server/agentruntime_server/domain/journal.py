@@ -50,6 +50,11 @@ class Tree:
         self.requests: dict[str, Handle] = {}
         # Answered Requests by id -> (the answer, the id of the handle it answered).
         self.answered: dict[str, tuple[Answer, str]] = {}
+        # Answered Requests by id -> the topmost handle its Resume continued so far (a retried
+        # Resume answers with that handle's result). Derived, with Handle.mark, from the steps:
+        # `clock` orders the Answered and Settled steps applied.
+        self.resumed_top: dict[str, str] = {}
+        self.clock = 0
         self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
         self.beating = 0  # open handles with a heartbeat
         self.suspended = 0
@@ -149,6 +154,25 @@ class Ticked:
 HEARTBEAT_KEY = "heartbeat"
 
 
+def _continue_chain(tree: Tree, handle: Handle) -> None:
+    """A SUSPENDED handle runs on (a Resume, or a child settled): the Resume whose chain of
+    continued runs reaches it is the latest marked since it suspended, its own Answer's or a
+    child's that settled since. The chain then climbs to this handle."""
+    since = handle.settled_at
+    found: tuple[str, int] | None = None
+    source: Handle | None = None
+    for node in (handle, *handle.children):
+        if node.mark is not None and node.mark[1] > since and (found is None or node.mark[1] > found[1]):
+            found, source = node.mark, node
+    if found is None or source is None:
+        handle.mark = None
+        return
+    if source is not handle:
+        source.mark = None
+    handle.mark = found
+    tree.resumed_top[found[0]] = handle.id
+
+
 @dataclass(frozen=True)
 class Queued:
     """A woken handle waits for a slot (`queued`), or has got it and runs."""
@@ -179,6 +203,10 @@ class RunStarted:
     def apply(self, tree: Tree) -> None:
         handle = tree.handles[self.handle_id]
         before = handle.state
+        if self.message is not None:
+            handle.mark = None  # a new run continues no Resume
+        elif before is HandleState.SUSPENDED:
+            _continue_chain(tree, handle)
         handle.begin_run(self.message, self.drained)
         tree.changed_state(before, handle.state)
 
@@ -328,6 +356,10 @@ class Settled:
         handle = tree.handles[self.handle_id]
         if handle.pending is not None:
             tree.requests.pop(handle.pending.id, None)  # a withdrawn Request is no longer live
+        tree.clock += 1
+        handle.settled_at = tree.clock
+        if handle.mark is not None:
+            handle.mark = (handle.mark[0], tree.clock)
         before = handle.state
         handle.settle(self.result, self.state, self.rollback_to, self.restored)
         tree.changed_state(before, handle.state, handle.agent.heartbeat is not None)
@@ -360,6 +392,9 @@ class Answered:
         handle = tree.handles[self.handle_id]
         tree.requests.pop(self.request_id, None)
         tree.answered[self.request_id] = (self.answer, self.handle_id)
+        tree.clock += 1
+        handle.mark = (self.request_id, tree.clock)
+        tree.resumed_top[self.request_id] = handle.id
         handle.approved = handle.approved.union(self.approved)
         handle.in_doubt = handle.in_doubt.difference(self.rerun)
         for call_id in self.for_tool:
@@ -436,6 +471,9 @@ class Imported:
         handle.state = self.state
         handle.inbox.extend(self.inbox)
         handle.transcript.extend(self.transcript)
+        # Its current run began at its last user message, as far as its transcript tells.
+        users = [index for index, message in enumerate(handle.transcript) if message.role == "user"]
+        handle.run_start = users[-1] if users else 0
         handle.tool_results.update(self.tool_results)
         handle.started = handle.started.union(self.started)
         handle.last_result = self.last_result

@@ -265,22 +265,29 @@ class Runtime:
     async def interrupt(self, handle_id: str) -> bool:
         handle = self.handle(handle_id)
         if handle.state is HandleState.SUSPENDED:
-            for node in handle.subtree_leaf_first():
-                if node.state is HandleState.SUSPENDED:
-                    await self._cancel_suspension(node, Status.INTERRUPTED, continue_parent=node is handle)
+            await self._withdraw(handle, (Status.INTERRUPTED, Limit.NONE), continue_parent=True)
             return True
         return await self.stop_run(handle, (Status.INTERRUPTED, Limit.NONE))
+
+    async def _withdraw(self, top: Handle, stop: tuple[Status, Limit], continue_parent: bool) -> None:
+        """Stops a subtree that is not running as a whole (`top` suspended, or a stopped run's
+        child): what runs in it stops, leaf first (a child continued by a Resume under a
+        suspended parent), then every suspension in it is cancelled, leaf first. Only `top`'s
+        settling may continue its parent, and only with `continue_parent`."""
+        for node in top.subtree_leaf_first():
+            if node.run is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.stop_run(node, stop, quiet=True)
+        for node in top.subtree_leaf_first():
+            if node.state is HandleState.SUSPENDED:
+                with contextlib.suppress(asyncio.CancelledError):  # a half-withdrawn subtree would keep live Requests
+                    await self._cancel_suspension(node, stop, continue_parent=continue_parent and node is top)
 
     async def close(self, handle_id: str, force: bool, grace: float | None = None) -> list[str]:
         """Closes a handle's subtree leaf first; `root` closes every top-level handle's. With a
         grace, running handles get that long to settle on their own before they are interrupted."""
-        if handle_id == "root":
-            tops = [handle for handle in self.handles.values() if handle.parent is None]
-            subtree = [node for top in tops for node in top.subtree_leaf_first()]
-            handle: Handle | None = None
-        else:
-            handle = self.handle(handle_id)
-            subtree = handle.subtree_leaf_first()
+        handle = None if handle_id == "root" else self.handle(handle_id)
+        subtree = self._close_scope(handle)
         busy = [node for node in subtree if node.run is not None]
         if busy and not force and grace is None:
             raise FailedPrecondition(
@@ -292,23 +299,40 @@ class Runtime:
             if tasks:
                 await asyncio.wait(tasks, timeout=grace)
         closed: list[str] = []
-        for node in subtree:
-            if node.state is HandleState.CLOSED:
-                continue
-            if node.state is HandleState.SUSPENDED:
-                await self._cancel_suspension(node, Status.CLOSED, continue_parent=handle is not None and node is handle)
-            await self.stop_run(node, (Status.CLOSED, Limit.NONE))
-            await self.journal.record(Closed(node.id))
-            timer = self._heartbeats.pop(node.id, None)
-            if timer is not None:
-                timer.cancel()
-            closed.append(node.id)
-        return closed
+        # Listed again after the grace, and until nothing is left open: a handle running
+        # meanwhile may have spawned children (a task call), which close with it.
+        while True:
+            left = [node for node in self._close_scope(handle) if node.state is not HandleState.CLOSED]
+            if not left:
+                return closed
+            for node in left:
+                if node.state is HandleState.CLOSED:
+                    continue
+                if node.state is HandleState.SUSPENDED:
+                    await self._cancel_suspension(
+                        node, (Status.CLOSED, Limit.NONE), continue_parent=handle is not None and node is handle
+                    )
+                # A node below the closed handle settles without continuing its parent, which closes too.
+                await self.stop_run(node, (Status.CLOSED, Limit.NONE), quiet=node is not handle)
+                await self.journal.record(Closed(node.id))
+                timer = self._heartbeats.pop(node.id, None)
+                if timer is not None:
+                    timer.cancel()
+                closed.append(node.id)
 
-    async def _cancel_suspension(self, handle: Handle, status: Status, continue_parent: bool) -> None:
-        """Interrupt/Close of a SUSPENDED handle: its Request is withdrawn, Wait tells why."""
+    def _close_scope(self, handle: Handle | None) -> list[Handle]:
+        """The handles a Close of `handle` (None: the whole runtime) closes, leaf first."""
+        if handle is not None:
+            return handle.subtree_leaf_first()
+        tops = [node for node in self.handles.values() if node.parent is None]
+        return [node for top in tops for node in top.subtree_leaf_first()]
+
+    async def _cancel_suspension(self, handle: Handle, stop: tuple[Status, Limit], continue_parent: bool) -> None:
+        """Interrupt/Close of a SUSPENDED handle (or of a run it works for): its Request is
+        withdrawn, Wait tells why."""
+        status, limit = stop
         kind = handle.pending.kind if handle.pending else "?"
-        result = handle.result(status, text=f"the pending {kind} request was cancelled")
+        result = handle.result(status, text=f"the pending {kind} request was cancelled", limit=limit)
         state = HandleState.CLOSED if status is Status.CLOSED else HandleState.IDLE
         reason = f"not run: the pending {kind} request was cancelled ({status.name})"
         await self.journal.record(*self._dangling_answers(handle, handle.transcript, reason), Settled(handle.id, result, state))
@@ -376,10 +400,12 @@ class Runtime:
         run = self.resumed.get(answer.id)
         if run is not None:
             return await self._follow(run)
-        topmost = self.handle(earlier[1])
-        while topmost.parent is not None and topmost.child_key:
-            topmost = topmost.parent  # the chain a Resume continues climbs through task calls
-        return await self.wait(topmost.id, None)
+        # The topmost handle the first Resume's chain of continued runs reached (the journal
+        # tells, so also after a restart); while it still runs, the chain goes on from it.
+        topmost = self.handle(self.tree.resumed_top.get(answer.id, earlier[1]))
+        if topmost.run is not None and topmost.run.task is not None:
+            return await self._follow(topmost.run)
+        return self.settled_result(topmost)
 
     @staticmethod
     async def _follow(run: Run) -> TaskResult:
@@ -408,6 +434,11 @@ class Runtime:
     def _check_wakeable(self, handle: Handle) -> None:
         if handle.state is HandleState.CLOSED:
             raise FailedPrecondition(f"handle {handle.id!r} is closed; spawn a new one", reason="HANDLE_CLOSED")
+        closed = self._closed_ancestor(handle)
+        if closed is not None:
+            raise FailedPrecondition(
+                f"handle {handle.id!r} is in the closed subtree of {closed.id!r}; spawn a new one", reason="HANDLE_CLOSED"
+            )
         if handle.state is HandleState.SUSPENDED:
             kind = handle.pending.kind if handle.pending else "?"
             raise FailedPrecondition(
@@ -419,6 +450,12 @@ class Runtime:
                 f"handle {handle.id!r} is running; Post to its inbox, or Wait for it to settle",
                 reason="HANDLE_RUNNING",
             )
+
+    @staticmethod
+    def _closed_ancestor(handle: Handle) -> Handle | None:
+        """A closed handle's subtree runs no more (a store written before Close listed the
+        subtree again after its grace may hold an open child under a closed parent)."""
+        return next((node for node in handle.lineage() if node.state is HandleState.CLOSED), None)
 
     async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
         """A new run on the prompt and the drained inbox, journaled before it is acknowledged."""
@@ -472,13 +509,15 @@ class Runtime:
                 run.task.cancel()
         await asyncio.gather(*(run.task for run in runs if run.task is not None), return_exceptions=True)
 
-    async def stop_run(self, handle: Handle, stop: tuple[Status, Limit]) -> bool:
-        """Cancels the handle's run, if any, and waits until it has settled."""
+    async def stop_run(self, handle: Handle, stop: tuple[Status, Limit], quiet: bool = False) -> bool:
+        """Cancels the handle's run, if any, and waits until it has settled. `quiet`: it is
+        stopped with its ancestors, and its settling does not continue a suspended parent."""
         run = handle.run
         if run is None or run.task is None:
             return False
         if run.stop is None:
             run.stop = stop
+        run.quiet = run.quiet or quiet
         run.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(run.task)
@@ -530,11 +569,16 @@ class Runtime:
         return result
 
     async def _stop_descendants(self, run: Run, stop: tuple[Status, Limit]) -> None:
+        """A run that stops stops its children's runs, and withdraws what its children left
+        suspended (its task call will have no result to wait for)."""
         for child in run.children:
             # The run is settling already: a second cancellation (Close racing Interrupt) must
             # not stop it from settling, or the handle would stay RUNNING for good.
             with contextlib.suppress(asyncio.CancelledError):
                 await self.stop_run(child, stop)
+        for child in run.children:
+            if child.state is HandleState.SUSPENDED:
+                await self._withdraw(child, stop, continue_parent=False)
 
     async def _settle(self, handle: Handle, run: Run, result: TaskResult) -> None:
         handle.run = None
@@ -555,7 +599,8 @@ class Runtime:
         await self.journal.record(*steps)
         if result.pending is not None and result.pending.path == handle.path:
             self.arm_lapse(result.pending)
-        run.next = await self._continue_waiting_parent(handle)
+        if not run.quiet:
+            run.next = await self._continue_waiting_parent(handle)
 
     def arm_timers(self) -> None:
         """After a restore: every live Request that expires lapses on time, every heartbeat beats."""
@@ -585,7 +630,7 @@ class Runtime:
         missed = max(int((now - handle.last_tick) // beat.every), 1) if handle.last_tick else 1
         await self.journal.record(Ticked(handle.id, now, missed))
         self.arm_heartbeat(handle)
-        if handle.state is HandleState.IDLE and handle.run is None:
+        if handle.state is HandleState.IDLE and handle.run is None and self._closed_ancestor(handle) is None:
             await self.start_run(handle, "")
 
     def arm_lapse(self, request: PendingRequest) -> None:

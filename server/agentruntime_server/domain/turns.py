@@ -117,10 +117,15 @@ class TurnLoop:
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {outcome.wire_name}", limit=outcome)
             elif last.role == "assistant":
                 rejection = await self._completion_gate(handle, run, last.content)
+                if isinstance(rejection, PendingRequest):  # the judge waits for the host
+                    if self._still_live(handle, rejection):
+                        return handle.result(Status.PENDING, text=rejection.prompt, pending=rejection)
+                    continue  # answered meanwhile: the judge runs on, and is waited for again
                 if rejection is None:
                     return handle.result(Status.DONE, text=last.content)
-                run.gate_attempts += 1
-                if run.gate_attempts >= max(handle.agent.completion.max_attempts, 1):
+                # This rejection, after those of the run so far (counted in the transcript, so
+                # that neither a Resume nor a restart starts the count again).
+                if handle.gate_rejections() + 1 >= max(handle.agent.completion.max_attempts, 1):
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
                 await self.host.journal.record(MessagesAppended(handle.id, (prompts.gate_feedback(rejection),)))
             else:
@@ -136,7 +141,9 @@ class TurnLoop:
                     # No Limit of its own: the tenant's token quota is a budget over its runtimes.
                     text = "stopped: the tenant's model token quota for the last 24 hours is used up"
                     return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_TOKENS)
-                await self._model_turn(handle, run)
+                waiting = await self._model_turn(handle, run)
+                if waiting is not None and self._still_live(handle, waiting):  # the summarizer waits for the host
+                    return handle.result(Status.PENDING, text=waiting.prompt, pending=waiting)
 
     def _still_live(self, handle: Handle, request: PendingRequest) -> bool:
         """A child's Request may have been answered while this phase waited for its siblings."""
@@ -147,13 +154,18 @@ class TurnLoop:
 
     # ---- model ---------------------------------------------------------------------------
 
-    async def _model_turn(self, handle: Handle, run: Run) -> None:
+    async def _model_turn(self, handle: Handle, run: Run) -> PendingRequest | None:
+        """One model call, journaled; or, when the compaction before it waits on its
+        summarizer's Request, that Request (no call is made)."""
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         tools = self._tool_schemas(handle)
         request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
         if agent.compaction is not None and _size(request) > agent.compaction.max_context_tokens:
-            if await self._compact(handle, run):
+            compacted = await self._compact(handle, run)
+            if isinstance(compacted, PendingRequest):
+                return compacted
+            if compacted:
                 request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         gate = self.host.model_gate
@@ -193,11 +205,13 @@ class TurnLoop:
         estimated = reply.tokens is None
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
         await self.host.spend(tokens)
+        return None
 
-    async def _compact(self, handle: Handle, run: Run) -> bool:
+    async def _compact(self, handle: Handle, run: Run) -> bool | PendingRequest:
         """Older turns give way to a summary in the model's view (the transcript keeps them):
         the summarizer agent, run as a child, writes it; its tokens bill to this handle's
-        tree. False when there is nothing old enough to summarize, or no summary came."""
+        tree. False when there is nothing old enough to summarize, or no summary came; the
+        summarizer's Request when it suspended (the handle suspends on it, as on a task call)."""
         compaction = handle.agent.compaction
         assert compaction is not None
         start = handle.compactions[-1][0] if handle.compactions else 0
@@ -208,9 +222,13 @@ class TurnLoop:
         cut = turns[-keep]
         earlier = handle.compactions[-1][1].content if handle.compactions else ""
         prompt = prompts.compaction_prompt(earlier, handle.transcript[start:cut])
-        # Keyed by the turn: a re-entered turn reattaches to its summarizer, a later one gets its own.
-        key = f"compaction_turn_{handle.usage.turns + 1}"
+        # Keyed by the run and the turn: a re-entered turn (a Resume, a restart) reattaches to its
+        # summarizer, a later turn gets its own, and so does the next run after a rolled-back one
+        # (its turn may have the same number: an interrupted turn's reply is never counted).
+        key = f"compaction_run_{handle.runs}_turn_{handle.usage.turns + 1}"
         result = await self.run_child(handle, run, key=key, agent_name=compaction.summarizer_agent, prompt=prompt)
+        if isinstance(result, TaskResult) and result.status is Status.PENDING and result.pending is not None:
+            return result.pending
         if isinstance(result, ToolResult) or result.status is not Status.DONE or not result.text.strip():
             return False
         await self.host.journal.record(Compacted(handle.id, cut, prompts.summary_message(result.text)))
@@ -486,13 +504,16 @@ class TurnLoop:
 
     # ---- completion gate ---------------------------------------------------------------------
 
-    async def _completion_gate(self, handle: Handle, run: Run, text: str) -> str | None:
-        """None when the final answer is accepted, else the reason it was not."""
+    async def _completion_gate(self, handle: Handle, run: Run, text: str) -> str | PendingRequest | None:
+        """None when the final answer is accepted, else the reason it was not; or the judge's
+        Request when the judge suspended (the handle suspends on it, as on a task call, and
+        reads the verdict when it goes on)."""
         gate = handle.agent.completion
         if gate.must_match and not patterns.search(gate.must_match, text):
             return f"the answer does not match {shown(gate.must_match)}"
         if gate.judge_agent:
-            task = next((m.content for m in reversed(handle.transcript[: run.transcript_mark + 1]) if m.role == "user"), "")
+            # The task is the message the run started on (a continued run's mark is later on).
+            task = next((m.content for m in reversed(handle.transcript[: handle.run_start + 1]) if m.role == "user"), "")
             verdict = await self.run_child(
                 handle,
                 run,
@@ -500,6 +521,8 @@ class TurnLoop:
                 agent_name=gate.judge_agent,
                 prompt=prompts.judge_prompt(task, text),
             )
+            if isinstance(verdict, TaskResult) and verdict.status is Status.PENDING and verdict.pending is not None:
+                return verdict.pending
             verdict_text = verdict.output if isinstance(verdict, ToolResult) else verdict.text
             if not verdict_text.strip().startswith("PASS"):
                 return f"the judge {gate.judge_agent!r} said: {verdict_text.strip() or '(nothing)'}"
