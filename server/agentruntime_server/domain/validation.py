@@ -23,10 +23,10 @@ AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 # Tool names become model function names: the strictest common provider rule.
 TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 BUILTIN_TOOLS = ("task", "ask")
-# RFC 9110 field names are tokens; values are visible ASCII, spaces and tabs: no header
-# injection, and nothing an HTTP library refuses only when the call is made.
 MCP_SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 QUEUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a worker queue (WorkerTool.queue)
+# RFC 9110 field names are tokens; values are visible ASCII, spaces and tabs: no header
+# injection, and nothing an HTTP library refuses only when the call is made.
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 HEADER_VALUE_FORBIDDEN = re.compile(r"[^\t\x20-\x7e]")
 # Headers the runtime sets itself or that change how the request is framed.
