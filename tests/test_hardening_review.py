@@ -16,6 +16,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript
 from tests.support.model_server import ScriptedModelServer
+from tests.support.servers import serve
 from tests.test_hardening import assert_absent, assert_invalid, refused, scripted
 from tests.test_mcp import Calc, call_then_answer
 
@@ -210,3 +211,17 @@ async def test_an_mcp_server_is_reached_directly_never_through_a_proxy_from_the_
         assert (result.status, tool_message.content, tool_message.is_error) == (pb.STATUS_DONE, "5", False)
     finally:
         await calc.stop()
+
+
+async def test_create_runtime_refuses_a_taken_id_or_a_full_quota_before_reaching_an_mcp_server(
+    model: ScriptedModelServer,
+) -> None:
+    unreachable = pb.McpServer(name="calc", url="http://127.0.0.1:9/mcp")  # listing it would fail
+    async with serve(quota_runtimes=2) as served:
+        stub = served.stub
+        await create(stub, agent("a"), runtime_id="taken")
+        error = await refused(create(stub, agent("a", mcp_servers=[unreachable]), runtime_id="taken"))
+        assert error.code() == Code.ALREADY_EXISTS, error.details()
+        await create(stub, agent("a"), runtime_id="second")
+        error = await refused(create(stub, agent("a", mcp_servers=[unreachable]), runtime_id="third"))
+        assert error.code() == Code.RESOURCE_EXHAUSTED, error.details()

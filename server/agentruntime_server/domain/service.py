@@ -113,6 +113,11 @@ class RuntimeService:
                 f"tenant {tenant!r} has {quota} runtimes, its quota (AGENTRUNTIME_QUOTA_RUNTIMES); DeleteRuntime one first",
             )
 
+    async def _check_new(self, key: str, runtime_id: str, tenant: str) -> None:
+        if key in self._runtimes or await self.services.store.runtime_exists(key):
+            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+        await self._check_runtimes(tenant)
+
     async def create_runtime(
         self,
         runtime_id: str,
@@ -129,16 +134,16 @@ class RuntimeService:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
         options = options or RuntimeOptions()
         check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
+        key = runtime_key(tenant, runtime_id)
+        await self._check_new(key, runtime_id, tenant)
         if any(agent.mcp_servers for agent in agents):
-            # Only definitions that are otherwise right reach out to their MCP servers.
+            # Only definitions that are otherwise right, for a runtime that may be created,
+            # reach out to their MCP servers.
             agents, unlisted = await with_mcp_tools(agents, self.services.mcp)
             if unlisted:
                 raise InvalidArgument(unlisted)
             check_agents(agents, self.services.models.names)  # the listed tools, schemas and all
-        key = runtime_key(tenant, runtime_id)
-        if key in self._runtimes or await self.services.store.runtime_exists(key):
-            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
-        await self._check_runtimes(tenant)
+            await self._check_new(key, runtime_id, tenant)  # created meanwhile, by another call
         runtime = Runtime(runtime_id, agents, self.services, key)
         await self.services.store.create_runtime(key, agents, tenant)
         if options != RuntimeOptions():
