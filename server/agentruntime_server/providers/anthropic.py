@@ -65,24 +65,33 @@ class AnthropicProvider(HttpProvider):
         thinking: list[Thinking] = []
         for block in payload["content"]:
             if block["type"] == "text":
-                texts.append(block["text"])
+                texts.append(_string(block["text"], "a text block's text"))
             elif block["type"] == "tool_use":
-                calls.append(ToolCall(id=str(block["id"]), name=block["name"], arguments_json=json.dumps(block["input"])))
+                name = _string(block["name"], "a tool_use block's name")
+                calls.append(ToolCall(id=str(block["id"]), name=name, arguments_json=json.dumps(block["input"])))
             elif block["type"] == "thinking":
-                thinking.append(Thinking(text=block["thinking"], signature=block.get("signature") or ""))
+                signature = _string(block.get("signature") or "", "a thinking block's signature")
+                thinking.append(Thinking(text=_string(block["thinking"], "a thinking block's text"), signature=signature))
             elif block["type"] == "redacted_thinking":
-                thinking.append(Thinking(redacted_data=block["data"]))
+                thinking.append(Thinking(redacted_data=_string(block["data"], "a redacted_thinking block's data")))
         stop_reason = payload.get("stop_reason")
         if stop_reason == "model_context_window_exceeded":
             raise ProviderError(
                 f"provider {self.name!r} stopped the reply: the context window is full",
                 self._failure(FailureReason.CONTEXT_LENGTH_EXCEEDED, 200, "model_context_window_exceeded"),
             )
-        usage = payload.get("usage")
+        usage = payload.get("usage") or {}
         keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        tokens = sum(int(usage.get(key) or 0) for key in keys) if usage else None
+        counted = [usage[key] for key in keys if usage.get(key) is not None]
+        tokens = sum(int(value) for value in counted) if counted else None  # None: no figures, so estimated
         stop = {"max_tokens": ReplyStop.MAX_OUTPUT_TOKENS, "refusal": ReplyStop.REFUSAL}.get(stop_reason, ReplyStop.COMPLETE)
         return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens, stop=stop, thinking=tuple(thinking))
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string")
+    return value
 
 
 def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:

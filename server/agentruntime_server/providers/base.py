@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime
 import email.utils
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,7 +107,7 @@ class HttpProvider(abc.ABC):
             raise ProviderError(
                 self._redact(
                     f"provider {self.name!r} answered HTTP {status} with a reply that is not a {self.kind} "
-                    f"({type(exc).__name__}: {exc}): {_excerpt(raw)}"
+                    f"({type(exc).__name__}: {exc}): {self._excerpt(raw)}"
                 ),
                 self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"not a {self.kind}"),
             ) from exc
@@ -177,8 +179,10 @@ class HttpProvider(abc.ABC):
             started = time.perf_counter()  # the exchange only: a wait for the gate is not the provider's
             outcome = "cancelled"
             try:
+                # No redirect is followed: a key header (Anthropic's x-api-key) would go along to
+                # whatever host the Location names.
                 async with self._session.get().post(
-                    self._url, data=data, headers=self._headers, timeout=self._timeout
+                    self._url, data=data, headers=self._headers, timeout=self._timeout, allow_redirects=False
                 ) as response:
                     status = response.status
                     limit = self._session.max_reply_bytes
@@ -209,7 +213,12 @@ class HttpProvider(abc.ABC):
             )
         if 200 <= status < 300:
             return status, raw
-        message = self._redact(f"provider {self.name!r} answered HTTP {status}: {_excerpt(raw)}")
+        if 300 <= status < 400:
+            raise ProviderError(
+                f"provider {self.name!r} answered HTTP {status}, a redirect, which is not followed: check its base URL",
+                self._failure(FailureReason.PROVIDER_BAD_REQUEST, status, "a redirect"),
+            )
+        message = f"provider {self.name!r} answered HTTP {status}: {self._excerpt(raw)}"
         failure = self.classify(status, raw)
         if failure.retryable:
             raise ProviderFault(message, failure, retry_after=retry_after(headers), reason=outcome)
@@ -236,27 +245,44 @@ class HttpProvider(abc.ABC):
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "[redacted]") if self._api_key else text
 
+    def _excerpt(self, raw: bytes) -> str:
+        """The start of a body, key-free: redacted before it is cut (a key across the cut
+        would otherwise leave its first characters in)."""
+        window = raw[: MAX_ERROR_BODY + len(self._api_key.encode()) + 4]
+        text = self._redact(window.decode("utf-8", "replace"))[:MAX_ERROR_BODY].strip()
+        return text or "(empty body)"
+
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(float(millis) / 1000, 0.0)
-        except ValueError:
-            pass
+    millis = _seconds(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
     value = headers.get("Retry-After")
     if not value:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:  # "-0000": UTC, with no zone said
+            when = when.replace(tzinfo=datetime.UTC)
+        return max(when.timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _seconds(value: str | None) -> float | None:
+    """A header's number of seconds (or milliseconds), if it is one: finite, not below 0. A NaN
+    would make the backoff sleep for ever."""
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return max(number, 0.0) if math.isfinite(number) else None
 
 
 # msgspec encodes a request body (the whole transcript, every turn) several times faster
@@ -271,8 +297,3 @@ def _outcome(status: int) -> str:
     if status == 429:
         return "rate_limited"
     return "server_error" if status >= 500 else "rejected"
-
-
-def _excerpt(raw: bytes) -> str:
-    text = raw[:MAX_ERROR_BODY].decode("utf-8", "replace").strip()
-    return text or "(empty body)"

@@ -53,7 +53,7 @@ class OpenAIProvider(HttpProvider):
         calls = tuple(
             ToolCall(
                 id=str(call.get("id", "")),
-                name=call["function"]["name"],
+                name=_string(call["function"]["name"], "a tool call's function name"),
                 arguments_json=_arguments(call["function"].get("arguments")),
             )
             for call in choice.get("tool_calls") or ()
@@ -63,7 +63,10 @@ class OpenAIProvider(HttpProvider):
         if refusal:
             return ModelReply(text=str(refusal), tool_calls=(), tokens=_tokens(payload.get("usage")), stop=ReplyStop.REFUSAL)
         stop = {"length": ReplyStop.MAX_OUTPUT_TOKENS, "content_filter": ReplyStop.REFUSAL}.get(finish, ReplyStop.COMPLETE)
-        return ModelReply(text=choice.get("content") or "", tool_calls=calls, tokens=_tokens(payload.get("usage")), stop=stop)
+        # A filtered reply's calls are never run, and are not sent back either: a request
+        # holding them would need their results.
+        calls = () if stop is ReplyStop.REFUSAL else calls
+        return ModelReply(text=_content(choice.get("content")), tool_calls=calls, tokens=_tokens(payload.get("usage")), stop=stop)
 
 
 def _tokens(usage: Any) -> int | None:
@@ -77,6 +80,22 @@ def _tokens(usage: Any) -> int | None:
     if all(part is None for part in parts):
         return None
     return sum(int(part or 0) for part in parts)
+
+
+def _string(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string")
+    return value
+
+
+def _content(value: Any) -> str:
+    """The message's text: a string (or null), or, from some compatible servers, a list of
+    text parts."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "".join(_string(part.get("text"), "a content part's text") for part in value if part.get("type") == "text")
+    return _string(value, "the message content")
 
 
 def _arguments(value: Any) -> str:
