@@ -6,7 +6,10 @@ serves its tool and holds the fewest calls (ties in turn), never past that worke
 With no such worker the call waits for one up to its timeout, then fails as an error
 result. Sent, it has its timeout again to be answered: a worker that goes away, or holds a
 call past that deadline, leaves the call in doubt (WorkerLost), and the turn loop applies
-the tool's `on_interrupted` policy."""
+the tool's `on_interrupted` policy. A call a worker kept past its deadline still counts
+against that worker's bound until it answers (late: the output is dropped) or goes away,
+and the call is never given to that worker again: another worker gets it, or none does and
+the result says so."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +27,8 @@ from ..domain.model import ToolCall, ToolResult, WorkerExecutor
 from ..domain.ports import WorkerLost
 
 log = logging.getLogger(__name__)
+
+MISSED_KEPT = 1024  # per worker: the calls it missed that it is not given again
 
 
 @dataclass(frozen=True)
@@ -46,11 +52,27 @@ class Worker:
     id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
     outbox: asyncio.Queue[Dispatch | None] = field(default_factory=asyncio.Queue)  # None: the stream ends
     in_hand: dict[str, asyncio.Future[ToolResult]] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # dispatch id -> the call's idempotency key
     order: int = 0  # ties between equally busy workers go in turn
     gone: bool = False
+    # Idempotency keys of calls this worker kept past their deadline (the newest
+    # MISSED_KEPT): a retry of such a call goes to another worker, never back to it.
+    missed: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def serves(self, tool: str) -> bool:
         return not self.tools or tool in self.tools
+
+    def may_take(self, tool: str, key: str) -> bool:
+        return self.free and self.serves(tool) and key not in self.missed and not self.holds(key)
+
+    def holds(self, key: str) -> bool:
+        return key in self.keys.values()
+
+    def missed_call(self, key: str) -> None:
+        self.missed[key] = None
+        self.missed.move_to_end(key)
+        while len(self.missed) > MISSED_KEPT:
+            self.missed.popitem(last=False)
 
     @property
     def free(self) -> bool:
@@ -74,6 +96,7 @@ class WorkerPool:
         self._changed: dict[tuple[str, str], asyncio.Condition] = {}
         self._waiting: dict[tuple[str, str], int] = {}  # calls waiting for a free worker, by queue
         self._turns = itertools.count()
+        self._notifying: set[asyncio.Task[None]] = set()
         self.closed = False
 
     def close(self) -> None:
@@ -109,7 +132,7 @@ class WorkerPool:
             workers.remove(worker)
         if not workers:
             self._queues.pop(place, None)
-        for future in worker.in_hand.values():
+        for future in list(worker.in_hand.values()):
             if not future.done():
                 future.set_exception(WorkerLost(f"worker {worker.id} went away with the call"))
         log.info("worker %s left queue %s of tenant %s", worker.id, worker.queue, worker.tenant)
@@ -122,9 +145,22 @@ class WorkerPool:
         async with condition:
             condition.notify_all()
 
-    def _pick(self, place: tuple[str, str], tool: str) -> Worker | None:
-        ready = [worker for worker in self._queues.get(place, []) if worker.free and worker.serves(tool)]
+    def _pick(self, place: tuple[str, str], tool: str, key: str) -> Worker | None:
+        ready = [worker for worker in self._queues.get(place, []) if worker.may_take(tool, key)]
         return min(ready, key=lambda worker: (len(worker.in_hand), worker.order), default=None)
+
+    def _missed_by(self, place: tuple[str, str], tool: str, key: str) -> list[str]:
+        """The connected workers of the queue that kept this call past a deadline, or hold it still."""
+        return [
+            worker.id
+            for worker in self._queues.get(place, [])
+            if worker.serves(tool) and (key in worker.missed or worker.holds(key))
+        ]
+
+    def _forget(self, place: tuple[str, str], key: str) -> None:
+        """The call has its result: a later call with the same key may go to any worker."""
+        for worker in self._queues.get(place, []):
+            worker.missed.pop(key, None)
 
     async def run(
         self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
@@ -134,10 +170,19 @@ class WorkerPool:
         deadline = loop.time() + executor.timeout
         condition = self._condition(place)
         async with condition:
-            worker = self._pick(place, call.name)
+            worker = self._pick(place, call.name, key)
             while worker is None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    missed = self._missed_by(place, call.name, key)
+                    self._forget(place, key)
+                    if missed:
+                        return ToolResult(
+                            f"worker {', '.join(missed)} of queue {executor.queue!r} took the call and did not answer "
+                            f"by its deadline, and no other worker took it within {executor.timeout:g}s: it may or "
+                            "may not have taken effect",
+                            is_error=True,
+                        )
                     return ToolResult(
                         f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s "
                         "(is a host serving it with ServeTools?)",
@@ -150,21 +195,46 @@ class WorkerPool:
                     continue
                 finally:
                     self._waiting[place] -= 1
-                worker = self._pick(place, call.name)
+                worker = self._pick(place, call.name, key)
             # The worker has the whole timeout, from now, to answer.
             answer_by = time.time() + executor.timeout
             dispatch = Dispatch(f"{worker.id}/{next(self._turns)}", call, key, runtime_id, handle_id, answer_by)
             future: asyncio.Future[ToolResult] = loop.create_future()
             worker.in_hand[dispatch.id] = future
+            worker.keys[dispatch.id] = key
             worker.order = next(self._turns)
+        kept = False
         try:
             worker.outbox.put_nowait(dispatch)
             try:
-                return await asyncio.wait_for(asyncio.shield(future), executor.timeout)
+                result = await asyncio.wait_for(asyncio.shield(future), executor.timeout)
             except TimeoutError:
-                raise WorkerLost(f"worker {worker.id} kept the call past its deadline") from None
+                if not worker.gone:
+                    # It may be running the call still: it keeps its place in the worker's bound
+                    # until it answers (the late output is dropped) or the worker goes away.
+                    kept = True
+                    worker.missed_call(key)
+                    future.add_done_callback(lambda _: self._release(worker, dispatch.id, place))
+                raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s") from None
+            self._forget(place, key)
+            return result
         finally:
-            worker.in_hand.pop(dispatch.id, None)
-            if not future.done():
-                future.cancel()
-            await self._notify(place)
+            if not kept:
+                self._drop(worker, dispatch.id)
+                if not future.done():
+                    future.cancel()
+                await self._notify(place)
+
+    @staticmethod
+    def _drop(worker: Worker, dispatch_id: str) -> None:
+        worker.in_hand.pop(dispatch_id, None)
+        worker.keys.pop(dispatch_id, None)
+
+    def _release(self, worker: Worker, dispatch_id: str, place: tuple[str, str]) -> None:
+        """A call kept past its deadline is over at last (a late answer, or the worker left):
+        the worker's place is free again."""
+        self._drop(worker, dispatch_id)
+        if self._waiting.get(place):
+            task = asyncio.ensure_future(self._notify(place))
+            self._notifying.add(task)
+            task.add_done_callback(self._notifying.discard)
