@@ -58,3 +58,10 @@ async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntim
     first = await stream.read()
     assert first.event.seq == 1 and first.event.spawned.agent == "coordinator"
     stream.cancel()
+
+
+async def test_list_runtimes_counts_the_release_runtimes_handles(stub: pb_grpc.AgentRuntimeStub) -> None:
+    """The schema migration replays each release runtime once for what ListRuntimes shows."""
+    listed = {row.runtime_id: row for row in (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+    figures = {key: (row.handle_count, row.running_count, row.suspended_count) for key, row in listed.items()}
+    assert figures == {"legacy-done": (2, 0, 0), "legacy-pending": (2, 0, 2)}, figures

@@ -9,6 +9,10 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from pydantic import TypeAdapter
+
+from ..domain.journal import Tree
+from ..domain.model import AgentSpec
 from . import legacy, payloads
 
 
@@ -32,6 +36,22 @@ def _to_journal(db: sqlite3.Connection) -> None:
     db.execute("UPDATE runtimes SET running = 1 WHERE id IN (SELECT DISTINCT runtime_id FROM handles WHERE state = 2)")
     for table in ("handles", "messages", "tool_results", "started_calls", "answers", "events"):
         db.execute(f"DROP TABLE {table}")
+
+
+def _counted(db: sqlite3.Connection) -> None:
+    """5: what ListRuntimes and retention read of the runtimes migration 4 brought over: it
+    left their handle counts at 0 (each journal is replayed for them) and their last write at
+    their creation (the time of their newest step instead)."""
+    agents = TypeAdapter(tuple[AgentSpec, ...])
+    for runtime_id, defined in db.execute("SELECT id, agents FROM runtimes WHERE handles = 0").fetchall():
+        tree = Tree(runtime_id, agents.validate_json(defined))
+        for (step,) in db.execute("SELECT step FROM journal WHERE runtime_id = ? ORDER BY seq", (runtime_id,)).fetchall():
+            payloads.decode(step).apply(tree)
+        db.execute(
+            "UPDATE runtimes SET handles = ?, running_handles = ?, suspended_handles = ?, "
+            "updated_at = max(updated_at, coalesce((SELECT max(at) FROM journal WHERE runtime_id = ?), 0)) WHERE id = ?",
+            (*tree.counts, runtime_id, runtime_id),
+        )
 
 
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
@@ -125,6 +145,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
         PRIMARY KEY (tenant, minute)
     ) WITHOUT ROWID
     """,
+    _counted,
 ]
 
 
