@@ -30,7 +30,7 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
     return Budget(
         max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.usage.turns)),
         max_tokens=_smallest(own.max_tokens, left(cap.max_tokens, parent.usage.total_tokens)),
-        max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.usage.subtree_tool_calls)),
+        max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.subtree_tool_calls_spent)),
         max_wall_time=own.max_wall_time,  # per run; a child's run deadline is carved from its parent's
         max_children=own.max_children,
         max_depth=_smallest(own.max_depth, None if cap.max_depth is None else max(cap.max_depth - 1, 0)),
@@ -55,7 +55,7 @@ def check_raised(handle: Handle, budget: Budget, field: str) -> None:
     used = {
         "max_turns": handle.usage.turns,
         "max_tokens": handle.usage.total_tokens,
-        "max_tool_calls": handle.usage.subtree_tool_calls,
+        "max_tool_calls": handle.subtree_tool_calls_spent,
     }.get(field)
     value = getattr(budget, field, None) if field else None
     if used is not None and value is not None and value <= used:
@@ -73,7 +73,7 @@ def check_raised(handle: Handle, budget: Budget, field: str) -> None:
 def binding_tool_calls(handle: Handle) -> Handle | None:
     """The handle of the lineage whose tool-call budget has the fewest calls left."""
     capped = [node for node in handle.lineage() if node.budget.max_tool_calls is not None]
-    return min(capped, key=lambda node: (node.budget.max_tool_calls or 0) - node.usage.subtree_tool_calls, default=None)
+    return min(capped, key=lambda node: (node.budget.max_tool_calls or 0) - node.subtree_tool_calls_spent, default=None)
 
 
 def extended(handle: Handle, fields: dict[str, int]) -> Budget:
@@ -94,16 +94,18 @@ def extended(handle: Handle, fields: dict[str, int]) -> Budget:
         max_turns=_smallest(own.max_turns, room(cap.max_turns, used.turns, 0)),
         max_tokens=_smallest(own.max_tokens, room(cap.max_tokens, used.total_tokens, handle.usage.total_tokens)),
         max_tool_calls=_smallest(
-            own.max_tool_calls, room(cap.max_tool_calls, used.subtree_tool_calls, handle.usage.subtree_tool_calls)
+            own.max_tool_calls, room(cap.max_tool_calls, parent.subtree_tool_calls_spent, handle.subtree_tool_calls_spent)
         ),
     )
 
 
 def tool_calls_left(handle: Handle) -> int | None:
-    """How many more tool calls the handle's subtree and every ancestor's allow; None = no cap."""
+    """How many more tool calls the handle's subtree and every ancestor's allow; None = no cap.
+    A call counts from when it starts (its CallStarted), not when it finishes: a task call
+    while its child runs, and the calls of siblings running at once, are all spent already."""
     return _smallest(
         *(
-            None if node.budget.max_tool_calls is None else max(node.budget.max_tool_calls - node.usage.subtree_tool_calls, 0)
+            None if node.budget.max_tool_calls is None else max(node.budget.max_tool_calls - node.subtree_tool_calls_spent, 0)
             for node in handle.lineage()
         )
     )

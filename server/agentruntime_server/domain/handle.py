@@ -93,6 +93,7 @@ class Handle:
         "agent",
         "approved",
         "budget",
+        "calls_out",
         "child_key",
         "children",
         "children_by_key",
@@ -114,6 +115,7 @@ class Handle:
         "spawned_per_agent",
         "started",
         "state",
+        "subtree_calls_out",
         "tool_answers",
         "tool_results",
         "tool_rounds",
@@ -149,6 +151,12 @@ class Handle:
         # Frozen and replaced on change (rarely): an empty set costs 216 bytes, and a runtime
         # with thousands of handles keeps three of them per handle.
         self.started: frozenset[str] = NONE
+        # Derived from the journal (replay rebuilds them): the calls the tool phase let through
+        # that have no result yet (any kind: a task call while its child runs too), and how many
+        # the whole subtree has. Budgets count them as spent from the moment they start, so
+        # calls running at once (a child's and its sibling's) never pass a budget together.
+        self.calls_out: frozenset[str] = NONE
+        self.subtree_calls_out = 0
         self.last_result: TaskResult | None = None
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
@@ -175,6 +183,11 @@ class Handle:
     @property
     def parent_id(self) -> str:
         return self.parent.id if self.parent else "root"
+
+    @property
+    def subtree_tool_calls_spent(self) -> int:
+        """What the subtree's tool-call budget has spent: the calls finished, and those under way."""
+        return self.usage.subtree_tool_calls + self.subtree_calls_out
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -258,7 +271,25 @@ class Handle:
             node.usage = node.usage.after_descendant_reply(tokens)
             node = node.parent
 
+    def start_call(self, call_id: str) -> None:
+        """A call is under way: its subtree's and every ancestor's tool-call budget counts it
+        from now (a call started again, as after a crash, is counted once)."""
+        if call_id in self.calls_out or call_id in self.tool_results:
+            return
+        self.calls_out = self.calls_out | {call_id}
+        for node in self.lineage():
+            node.subtree_calls_out += 1
+
+    def _end_calls(self, call_ids: frozenset[str]) -> None:
+        ended = call_ids & self.calls_out
+        if not ended:
+            return
+        self.calls_out = self.calls_out - ended
+        for node in self.lineage():
+            node.subtree_calls_out -= len(ended)
+
     def add_result(self, call_id: str, result: ToolResult) -> None:
+        self._end_calls(frozenset((call_id,)))
         self.tool_results[call_id] = result
         if call_id in self.started:
             self.started = self.started - {call_id}
@@ -280,6 +311,8 @@ class Handle:
         self.last_result = result
         self.state = state
         self.pending = result.pending if result.status is Status.PENDING else None
+        if state is not HandleState.SUSPENDED:
+            self._end_calls(self.calls_out)  # calls cut off with their run: never finished, never counted
 
     def set_budget(self, budget: Budget) -> None:
         self.budget = budget
@@ -291,6 +324,7 @@ class Handle:
     def close(self) -> None:
         self.state = HandleState.CLOSED
         self.pending = None
+        self._end_calls(self.calls_out)
 
     # ---- reads ---------------------------------------------------------------------------
 

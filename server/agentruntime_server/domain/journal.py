@@ -253,9 +253,10 @@ class ModelReplied:
 
 @dataclass(frozen=True)
 class CallStarted:
-    """A tool call begins. `effect`: it acts outside the process (an http tool), so after a
-    crash without its result it is in doubt. `announce`: watchers are told (a reattached
-    task call started long ago is not announced again)."""
+    """A tool call begins (or, not announced, a relay or `ask` call goes out to the host):
+    tool-call budgets count it from now. `effect`: it acts outside the process (an http
+    tool), so after a crash without its result it is in doubt. `announce`: watchers are told
+    (a reattached task call started long ago is not announced again)."""
 
     handle_id: str
     call: ToolCall
@@ -263,8 +264,9 @@ class CallStarted:
     announce: bool = True
 
     def apply(self, tree: Tree) -> None:
+        handle = tree.handles[self.handle_id]
+        handle.start_call(self.call.id)
         if self.effect:
-            handle = tree.handles[self.handle_id]
             handle.started = handle.started | {self.call.id}
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
@@ -476,6 +478,9 @@ class Imported:
         handle.run_start = users[-1] if users else 0
         handle.tool_results.update(self.tool_results)
         handle.started = handle.started.union(self.started)
+        if self.state.in_flight or self.state is HandleState.SUSPENDED:
+            for call_id in self.started:
+                handle.start_call(call_id)  # in flight when it was migrated: counted as under way
         handle.last_result = self.last_result
         handle.pending = self.pending
         handle.approved = handle.approved.union(self.approved)

@@ -255,12 +255,23 @@ class TurnLoop:
     async def _tool_phase(self, handle: Handle, run: Run, message: Message) -> Limit | PendingRequest | None:
         """Runs what can run now; returns the Request to suspend on, a limit, or None when done."""
         fresh = [call for call in message.tool_calls if call.id not in handle.tool_results]
+        # A call counts against the budgets from when it starts: one under way already (a task
+        # call whose child runs or waits, a call started before a restart) has its place.
         allowed = budgets.tool_calls_left(handle)
-        runnable = fresh if allowed is None else fresh[:allowed]
-        refused = fresh[len(runnable) :]
-        now: list[ToolCall] = []
+        runnable: list[ToolCall] = []
+        refused: list[ToolCall] = []
+        for call in fresh:
+            if call.id in handle.calls_out or allowed is None:
+                runnable.append(call)
+            elif allowed > 0:
+                runnable.append(call)
+                allowed -= 1
+            else:
+                refused.append(call)
+        now: list[tuple[ToolCall, ToolResult | HttpExecutor | WorkerExecutor | McpExecutor | dict[str, Any]]] = []
         relay: list[ToolCall] = []
         held: list[PendingRequest] = []  # approvals and questions, one Request each
+        starts: list[CallStarted] = []
         for call in runnable:
             kind = self._suspension_kind(handle, call)
             if kind == "relay":
@@ -268,11 +279,22 @@ class TurnLoop:
             elif kind:
                 held.append(self._own_request(handle, kind, [call]))
             else:
-                now.append(call)
+                prepared = self._prepare(handle, call)
+                now.append((call, prepared))
+                if call.id not in handle.children_by_key:  # a task call started long ago is not started again
+                    effect = isinstance(prepared, (HttpExecutor, WorkerExecutor, McpExecutor))
+                    starts.append(CallStarted(handle.id, call, effect=effect))
+            if kind in ("relay", "input") and call.id not in handle.calls_out:
+                # Out to the host: its answer is the result, so the call counts from now.
+                starts.append(CallStarted(handle.id, call, announce=False))
+        if starts:
+            # Journaled together, before any call runs: the budgets of the lineage count every
+            # call let through at once (no sibling's phase can slip in between).
+            await self.host.journal.record(*starts)
         if len(now) == 1:  # the common case needs no task of its own
-            child_requests = [await self._call(handle, run, now[0])]
+            child_requests = [await self._call(handle, run, *now[0])]
         else:
-            tasks = [asyncio.ensure_future(self._call(handle, run, call)) for call in now]
+            tasks = [asyncio.ensure_future(self._call(handle, run, call, prepared)) for call, prepared in now]
             try:
                 child_requests = await asyncio.gather(*tasks)
             except BaseException:
@@ -365,14 +387,16 @@ class TurnLoop:
     def idempotency_key(self, handle: Handle, call: ToolCall) -> str:
         return f"{self.host.key}/{handle.id}/{call.id}"
 
-    async def _call(self, handle: Handle, run: Run, call: ToolCall) -> PendingRequest | None:
-        """Runs one call and journals its start and result; a suspended child's Request is
-        returned instead of a result."""
-        prepared = self._prepare(handle, call)
-        reattached = call.id in handle.children_by_key  # a task call started long ago
+    async def _call(
+        self,
+        handle: Handle,
+        run: Run,
+        call: ToolCall,
+        prepared: ToolResult | HttpExecutor | WorkerExecutor | McpExecutor | dict[str, Any],
+    ) -> PendingRequest | None:
+        """Runs one call (its start is journaled by the tool phase) and journals its result;
+        a suspended child's Request is returned instead of a result."""
         effect = isinstance(prepared, (HttpExecutor, WorkerExecutor, McpExecutor))
-        if not reattached:
-            await self.host.journal.record(CallStarted(handle.id, call, effect=effect))
         result: ToolResult | PendingRequest
         if isinstance(prepared, ToolResult):
             result = prepared
