@@ -75,9 +75,16 @@ class Tree:
 
     @property
     def active(self) -> bool:
-        """The runtime needs a process: a run is in flight or a heartbeat is due (the store's
-        `running` flag, by which a starting server finds the runtimes to load)."""
-        return self.running > 0 or self.beating > 0
+        """The runtime needs a process: a run is in flight, a heartbeat is due or a live
+        Request lapses (the store's `running` flag, by which a starting server finds the
+        runtimes to load)."""
+        return self.running > 0 or self.beating > 0 or self.expiring
+
+    @property
+    def expiring(self) -> bool:
+        """A live Request has an expiry: when it passes unanswered, the call's result is an
+        error and the run goes on, which takes a process."""
+        return any(handle.pending is not None and handle.pending.expires_at is not None for handle in self.requests.values())
 
 
 # ---- steps ------------------------------------------------------------------------------

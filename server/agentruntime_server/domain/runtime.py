@@ -105,9 +105,14 @@ class Runtime:
 
     @property
     def busy(self) -> bool:
-        """True while a run is in flight, a heartbeat is armed or someone watches (the runtime
-        must stay in memory)."""
-        return self.events.watched or bool(self._heartbeats) or any(h.run is not None for h in self.handles.values())
+        """True while a run is in flight, a heartbeat is armed, a live Request has an expiry
+        to keep, or someone watches (the runtime must stay in memory)."""
+        return (
+            self.events.watched
+            or bool(self._heartbeats)
+            or any(h.run is not None for h in self.handles.values())
+            or self.tree.expiring
+        )
 
     @property
     def inbox_capacity(self) -> int:
