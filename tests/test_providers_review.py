@@ -280,3 +280,20 @@ async def test_a_pending_request_with_a_number_past_a_double_is_an_error_result(
     assert (result.status, result.text) == (pb.STATUS_DONE, "done"), result
     [tool_message] = [m for m in model.requests[-1]["messages"] if m["role"] == "tool"]
     assert "numbers a double can carry" in tool_message["content"], tool_message
+
+
+async def test_anthropics_input_and_max_tokens_over_the_context_is_context_length_exceeded(
+    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+) -> None:
+    error = {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "input length and `max_tokens` exceed context limit: 197000 + 8192 > 200000, "
+            "decrease input length or `max_tokens` and try again",
+        },
+    }
+    anthropic.script("claude", lambda body: Turn(status=400, raw=json.dumps(error)))
+    runtime_id = await create(both, agent("a", model="claude", provider="anthropic"))
+    _, result = await run(both, runtime_id, "a", "go")
+    assert (result.status, result.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED), result

@@ -28,6 +28,9 @@ from ..http_session import HttpSession, read_at_most
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500
+# How the APIs say a request does not fit the model's context window (Anthropic:
+# "prompt is too long", "input length and `max_tokens` exceed context limit").
+CONTEXT_PHRASES = ("prompt is too long", "context length", "exceed context limit")
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class HttpProvider(abc.ABC):
         message = str(error.get("message") or "")
         detail = ": ".join(part for part in (code or kind, message) if part) or f"HTTP {status}"
         lowered = message.lower()
-        if "context_length_exceeded" in (kind, code) or "prompt is too long" in lowered or "context length" in lowered:
+        if "context_length_exceeded" in (kind, code) or any(phrase in lowered for phrase in CONTEXT_PHRASES):
             return self._failure(FailureReason.CONTEXT_LENGTH_EXCEEDED, status, detail)
         if status in (401, 403) or kind in ("authentication_error", "permission_error") or code == "invalid_api_key":
             return self._failure(FailureReason.PROVIDER_AUTH, status, detail)
