@@ -7,6 +7,7 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
 
+from tests.support.anthropic_server import ScriptedAnthropicServer
 from tests.support.model_server import ScriptedModelServer
 from tests.support.postgres import POSTGRES, embedded_postgres, fresh_database
 from tests.support.process import ServerProcess
@@ -17,6 +18,14 @@ from tests.support.tool_server import ToolServer
 @pytest.fixture
 async def model() -> AsyncIterator[ScriptedModelServer]:
     server = ScriptedModelServer()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
+    server = ScriptedAnthropicServer()
     await server.start()
     yield server
     await server.stop()

@@ -5,7 +5,6 @@ call's deadline keeps it in hand (its max_concurrent_calls holds) and never gets
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,9 +16,9 @@ from agentruntime_server.domain.journal import Tree, replay
 
 from tests.support.build import agent, create, duration, http_tool, run, transcript, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
-from tests.support.poll import until
 from tests.support.servers import Served
 from tests.support.tool_server import ToolServer
+from tests.test_workers import serving
 
 # ---- worker deadlines ---------------------------------------------------------------------
 
@@ -34,19 +33,6 @@ def worker_tool(name: str, timeout: float) -> pb.ToolDef:
 async def client(served: Served) -> AsyncIterator[Client]:
     async with Client(f"127.0.0.1:{served.running.port}") as made:
         yield made
-
-
-@contextlib.asynccontextmanager
-async def serving(client: Client, handlers: dict[str, Any], limit: int) -> AsyncIterator[list[str]]:
-    ids: list[str] = []
-    task = asyncio.ensure_future(client.serve_tools("tools", handlers, max_concurrent_calls=limit, registered=ids.append))
-    try:
-        await until(lambda: bool(ids), "the worker to register")
-        yield ids
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def one_call_then_echo(body: dict[str, Any]) -> Reply:
@@ -72,7 +58,7 @@ async def test_a_worker_that_misses_the_deadline_keeps_the_call_in_hand_and_neve
             running["now"] -= 1
 
     runtime_id = await create(stub, agent("a", tools=[worker_tool("slow", timeout=0.3)]))
-    async with serving(client, {"slow": slow}, limit=1) as ids:
+    async with serving(client, "tools", {"slow": slow}, limit=1) as ids:
         handle_id, result = await run(stub, runtime_id, "a", "go")
     # One worker, bound 1: the call it kept past its deadline is not sent to it again.
     assert (running["calls"], running["peak"]) == (1, 1)
@@ -100,7 +86,10 @@ async def test_a_call_a_worker_kept_past_its_deadline_goes_to_another_worker_and
         return work
 
     runtime_id = await create(stub, agent("a", tools=[worker_tool("slow", timeout=0.3)]))
-    async with serving(client, {"slow": worker("one")}, limit=1), serving(client, {"slow": worker("two")}, limit=1):
+    async with (
+        serving(client, "tools", {"slow": worker("one")}, limit=1),
+        serving(client, "tools", {"slow": worker("two")}, limit=1),
+    ):
         _, result = await run(stub, runtime_id, "a", "go")
         first, second = invoked
         assert first != second and result.text == f"done by {second}"

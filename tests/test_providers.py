@@ -43,14 +43,6 @@ MAX_RETRIES = 2  # three attempts in all
 BACKOFF_MAX = 0.5
 
 
-@pytest.fixture
-async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
-    server = ScriptedAnthropicServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
 @asynccontextmanager
 async def serving(**overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
     async with serve(**overrides) as served:

@@ -26,14 +26,6 @@ ANTHROPIC_KEY = "sk-ant-secret-never-shown"
 
 
 @pytest.fixture
-async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
-    server = ScriptedAnthropicServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def both(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
     """OpenAI-style by default, and an `anthropic` provider."""
     async with serve(
