@@ -225,3 +225,17 @@ async def test_create_runtime_refuses_a_taken_id_or_a_full_quota_before_reaching
         await create(stub, agent("a"), runtime_id="second")
         error = await refused(create(stub, agent("a", mcp_servers=[unreachable]), runtime_id="third"))
         assert error.code() == Code.RESOURCE_EXHAUSTED, error.details()
+
+
+async def test_concurrent_creates_on_postgresql_stay_within_the_runtime_quota(database: str) -> None:
+    async with serve(store=database, quota_runtimes=3) as served:
+
+        async def create_one(number: int) -> str:
+            try:
+                await create(served.stub, agent("a"), runtime_id=f"r{number}")
+                return "ok"
+            except grpc.aio.AioRpcError as error:
+                return error.code().name
+
+        outcomes = await asyncio.gather(*(create_one(number) for number in range(12)))
+        assert sorted(outcomes) == ["RESOURCE_EXHAUSTED"] * 9 + ["ok"] * 3, outcomes

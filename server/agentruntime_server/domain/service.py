@@ -61,6 +61,7 @@ class RuntimeService:
         self._ledger_loaded: set[str] = set()
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
+        self._creating: dict[str, asyncio.Lock] = {}  # per tenant: a CreateRuntime's check and insert
         self.recovered = 0  # handles continued from their journal since the start
         services.leases.on_lost(self.lost)
 
@@ -135,17 +136,20 @@ class RuntimeService:
         options = options or RuntimeOptions()
         check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
         key = runtime_key(tenant, runtime_id)
-        await self._check_new(key, runtime_id, tenant)
         if any(agent.mcp_servers for agent in agents):
             # Only definitions that are otherwise right, for a runtime that may be created,
             # reach out to their MCP servers.
+            await self._check_new(key, runtime_id, tenant)
             agents, unlisted = await with_mcp_tools(agents, self.services.mcp)
             if unlisted:
                 raise InvalidArgument(unlisted)
             check_agents(agents, self.services.models.names)  # the listed tools, schemas and all
-            await self._check_new(key, runtime_id, tenant)  # created meanwhile, by another call
-        runtime = Runtime(runtime_id, agents, self.services, key)
-        await self.services.store.create_runtime(key, agents, tenant)
+        # The check and the insert are one step per tenant in this process: with a store that
+        # awaits (PostgreSQL), concurrent calls would all count the runtimes before any insert.
+        async with self._creating.setdefault(tenant, asyncio.Lock()):
+            await self._check_new(key, runtime_id, tenant)
+            runtime = Runtime(runtime_id, agents, self.services, key)
+            await self.services.store.create_runtime(key, agents, tenant)
         if options != RuntimeOptions():
             await runtime.journal.record(Configured(options))
         self._remember(runtime)
