@@ -9,7 +9,7 @@ from typing import Any
 from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
 from ..http_session import HttpSession
-from .base import CallPolicy, HttpProvider
+from .base import CallPolicy, HttpProvider, reply_string
 
 API_VERSION = "2023-06-01"
 
@@ -65,15 +65,15 @@ class AnthropicProvider(HttpProvider):
         thinking: list[Thinking] = []
         for block in payload["content"]:
             if block["type"] == "text":
-                texts.append(_string(block["text"], "a text block's text"))
+                texts.append(reply_string(block["text"], "a text block's text"))
             elif block["type"] == "tool_use":
-                name = _string(block["name"], "a tool_use block's name")
+                name = reply_string(block["name"], "a tool_use block's name")
                 calls.append(ToolCall(id=str(block["id"]), name=name, arguments_json=json.dumps(block["input"])))
             elif block["type"] == "thinking":
-                signature = _string(block.get("signature") or "", "a thinking block's signature")
-                thinking.append(Thinking(text=_string(block["thinking"], "a thinking block's text"), signature=signature))
+                signature = reply_string(block.get("signature") or "", "a thinking block's signature")
+                thinking.append(Thinking(text=reply_string(block["thinking"], "a thinking block's text"), signature=signature))
             elif block["type"] == "redacted_thinking":
-                thinking.append(Thinking(redacted_data=_string(block["data"], "a redacted_thinking block's data")))
+                thinking.append(Thinking(redacted_data=reply_string(block["data"], "a redacted_thinking block's data")))
         stop_reason = payload.get("stop_reason")
         if stop_reason == "model_context_window_exceeded":
             raise ProviderError(
@@ -86,12 +86,6 @@ class AnthropicProvider(HttpProvider):
         tokens = sum(int(value) for value in counted) if counted else None  # None: no figures, so estimated
         stop = {"max_tokens": ReplyStop.MAX_OUTPUT_TOKENS, "refusal": ReplyStop.REFUSAL}.get(stop_reason, ReplyStop.COMPLETE)
         return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens, stop=stop, thinking=tuple(thinking))
-
-
-def _string(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{what} is not a string")
-    return value
 
 
 def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:

@@ -256,6 +256,13 @@ class HttpProvider(abc.ABC):
         return text or "(empty body)"
 
 
+def reply_string(value: Any, what: str) -> str:
+    """A field of a reply that must be text; anything else makes the reply a bad one."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string")
+    return value
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
     millis = _seconds(headers.get("retry-after-ms"))

@@ -8,7 +8,7 @@ from typing import Any
 from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest
 from ..http_session import HttpSession
-from .base import CallPolicy, HttpProvider
+from .base import CallPolicy, HttpProvider, reply_string
 
 
 class OpenAIProvider(HttpProvider):
@@ -53,7 +53,7 @@ class OpenAIProvider(HttpProvider):
         calls = tuple(
             ToolCall(
                 id=str(call.get("id", "")),
-                name=_string(call["function"]["name"], "a tool call's function name"),
+                name=reply_string(call["function"]["name"], "a tool call's function name"),
                 arguments_json=_arguments(call["function"].get("arguments")),
             )
             for call in choice.get("tool_calls") or ()
@@ -82,20 +82,14 @@ def _tokens(usage: Any) -> int | None:
     return sum(int(part or 0) for part in parts)
 
 
-def _string(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{what} is not a string")
-    return value
-
-
 def _content(value: Any) -> str:
     """The message's text: a string (or null), or, from some compatible servers, a list of
     text parts."""
     if value is None:
         return ""
     if isinstance(value, list):
-        return "".join(_string(part.get("text"), "a content part's text") for part in value if part.get("type") == "text")
-    return _string(value, "the message content")
+        return "".join(reply_string(part.get("text"), "a content part's text") for part in value if part.get("type") == "text")
+    return reply_string(value, "the message content")
 
 
 def _arguments(value: Any) -> str:
