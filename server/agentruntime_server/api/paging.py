@@ -6,11 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..domain.errors import FieldViolation, InvalidArgument
+from ..domain.service import split_key
+from ..domain.validation import RUNTIME_ID
 
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 1000
@@ -48,8 +49,10 @@ def cursor_token(position: tuple[float, str], scope: tuple[str, ...]) -> str:
     return base64.urlsafe_b64encode(f"{position[0]!r}|{position[1]}|{_scope(*scope)}".encode()).decode().rstrip("=")
 
 
-# A runtime's key as the store has it: `id`, or `tenant:id` (both slugs).
-_RUNTIME_KEY = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:)?[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+def _is_key(key: str) -> bool:
+    """A runtime's key as the store has it: `id`, or `tenant:id` (a tenant's name is a slug too)."""
+    tenant, runtime_id = split_key(key)
+    return bool(RUNTIME_ID.fullmatch(runtime_id) and RUNTIME_ID.fullmatch(tenant))
 
 
 def cursor(token: str, scope: tuple[str, ...]) -> tuple[float, str] | None:
@@ -61,7 +64,7 @@ def cursor(token: str, scope: tuple[str, ...]) -> tuple[float, str] | None:
     except ValueError:
         token_scope = ""
     # The scope is not a secret: what the token says is checked too (it goes into a query).
-    if token_scope != _scope(*scope) or not math.isfinite(position[0]) or not _RUNTIME_KEY.fullmatch(position[1]):
+    if token_scope != _scope(*scope) or not math.isfinite(position[0]) or not _is_key(position[1]):
         raise InvalidArgument(
             [FieldViolation("page_token", "is not a next_page_token of this listing; start again with an empty page_token")]
         )
