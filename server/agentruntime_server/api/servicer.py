@@ -127,7 +127,13 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             _caller.set(await self._authenticate(context, name))
             _refuse_undecodable(request)
-            response: Resp = await self._serve(method, request, context)
+            try:
+                response: Resp = await self._serve(method, request, context)
+            except DomainError:
+                # A refusal may tell of another call's write (a handle closed, running): like
+                # any answer, it leaves only once what was written so far is durable.
+                await self.service.acknowledge()
+                raise
             await self.service.acknowledge(_written(name, request))
             _audit(name, request, "OK")
             return response

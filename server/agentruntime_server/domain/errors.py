@@ -91,3 +91,12 @@ class Fenced(Detached, Unavailable):
 
     def __init__(self, runtime_id: str) -> None:
         super().__init__(f"runtime {shown(runtime_id)} moved to another replica; retry the call")
+
+
+class NotJournaled(Detached, Unavailable):
+    """The store did not take a write of this runtime (its row gone, an I/O error): the copy
+    in memory, ahead of its journal now, stops at once and is read again from the store at
+    the next call; the caller retries."""
+
+    def __init__(self, runtime_id: str) -> None:
+        super().__init__(f"runtime {shown(runtime_id)} could not be written: the change was not kept; retry the call")

@@ -9,12 +9,13 @@ derived from steps, never written on their own."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import Fenced
+from .errors import DomainError, Fenced, NotJournaled
 from .events import Event, EventKind, EventLog
 from .handle import Handle
 from .model import (
@@ -34,6 +35,8 @@ from .usage import Usage
 
 if TYPE_CHECKING:
     from .ports import Store
+
+log = logging.getLogger(__name__)
 
 OUTPUT_PREVIEW = 1000  # characters of a tool result a ToolCallEnded event carries
 
@@ -613,7 +616,7 @@ class Journal:
         return journal
 
     async def record(self, *steps: Step) -> None:
-        if self.closed:  # a copy that left this process's memory (its lease moved): it writes nothing
+        if self.closed:  # a copy that left this process's memory (its lease moved, a write failed): it writes nothing
             raise Fenced(self.tree.runtime_id)
         now = time.time()
         entries: list[Entry] = []
@@ -634,7 +637,18 @@ class Journal:
         counts = self.tree.counts
         new_counts = counts if counts != self._counts else None
         self._counts = counts
-        await self.store.append(self.tree.runtime_id, entries, changed, new_counts)
+        try:
+            await self.store.append(self.tree.runtime_id, entries, changed, new_counts)
+        except BaseException as exc:
+            # The tree holds steps the store never took: this copy writes and answers no more,
+            # and the runtime is read again from the store at its next call (service.runtime).
+            self.closed = True
+            if isinstance(exc, Exception) and not isinstance(exc, DomainError):
+                log.error(
+                    "runtime %s: the store did not take a journal write; its copy stops", self.tree.runtime_id, exc_info=exc
+                )
+                raise NotJournaled(self.tree.runtime_id) from exc
+            raise
         # Events are built only when someone takes them live (read after the append: a watcher
         # that subscribed meanwhile read its history before these entries existed).
         if made and self.events.listened:

@@ -169,10 +169,10 @@ class RuntimeService:
             await self.leases.confirm()
             found = self._runtimes.get(key)
         if found is not None:
-            if self.leases.holds(key):
+            if self.leases.holds(key) and not found.journal.closed:
                 self._runtimes.move_to_end(key)
                 return found
-            await self._drop(found)  # its lease was lost: this copy must not act again
+            await self._drop(found)  # its lease was lost, or the store refused a write of it: this copy must not act again
         loading = self._loading.get(key)
         if loading is not None:  # another caller is loading it (a store whose reads await): share its copy
             return await asyncio.shield(loading)
@@ -199,7 +199,7 @@ class RuntimeService:
         if key in self._runtimes:
             await self.leases.confirm()
         found = self._runtimes.get(key)
-        if found is not None and self.leases.holds(key):
+        if found is not None and self.leases.holds(key) and not found.journal.closed:
             return found
         stored = await self.services.store.load(key)
         if stored is None:
@@ -282,7 +282,7 @@ class RuntimeService:
         runtime.journal.closed = True
         if self._runtimes.get(runtime.key) is runtime:
             del self._runtimes[runtime.key]
-            log.warning("runtime %s: its lease is lost; its copy stops (the journal goes on elsewhere)", runtime.key)
+            log.warning("runtime %s: its lease is lost or a write failed; its copy stops (the journal goes on)", runtime.key)
         runtime.stop_timers()
         runtime.events.close()
         await runtime.detach_runs()

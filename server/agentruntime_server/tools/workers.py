@@ -6,14 +6,16 @@ serves its tool and holds the fewest calls (ties in turn), never past that worke
 With no such worker the call waits for one up to its timeout, then fails as an error
 result. Sent, it has its timeout again to be answered: a worker that goes away, or holds a
 call past that deadline, leaves the call in doubt (WorkerLost), and the turn loop applies
-the tool's `on_interrupted` policy. A call a worker kept past its deadline still counts
-against that worker's bound until it answers (late: the output is dropped) or goes away,
-and the call is never given to that worker again: another worker gets it, or none does and
-the result says so."""
+the tool's `on_interrupted` policy; but a call still queued for the stream of a worker that
+goes never left the process, and goes to the next worker as if it had just been made. A call
+a worker kept past its deadline still counts against that worker's bound until it answers
+(late: the output is dropped) or goes away, and the call is never given to that worker
+again: another worker gets it, or none does and the result says so."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -88,6 +90,10 @@ class Worker:
         return True
 
 
+class _Unsent(Exception):
+    """The worker went away before its stream sent the call."""
+
+
 class WorkerPool:
     """Every connected worker, by (tenant, queue). Implements the domain's WorkerToolRunner."""
 
@@ -124,7 +130,8 @@ class WorkerPool:
         return worker
 
     async def disconnect(self, worker: Worker) -> None:
-        """The worker is gone: every call it held is in doubt."""
+        """The worker is gone (its stream has ended): every call it held is in doubt, but those
+        its stream never sent."""
         worker.gone = True
         place = (worker.tenant, worker.queue)
         workers = self._queues.get(place, [])
@@ -132,9 +139,15 @@ class WorkerPool:
             workers.remove(worker)
         if not workers:
             self._queues.pop(place, None)
-        for future in list(worker.in_hand.values()):
+        unsent = set()
+        while not worker.outbox.empty():
+            dispatch = worker.outbox.get_nowait()
+            if dispatch is not None:
+                unsent.add(dispatch.id)
+        for dispatch_id, future in list(worker.in_hand.items()):
             if not future.done():
-                future.set_exception(WorkerLost(f"worker {worker.id} went away with the call"))
+                lost = WorkerLost(f"worker {worker.id} went away with the call")
+                future.set_exception(_Unsent() if dispatch_id in unsent else lost)
         log.info("worker %s left queue %s of tenant %s", worker.id, worker.queue, worker.tenant)
         await self._notify(place)
 
@@ -169,68 +182,71 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + executor.timeout
         condition = self._condition(place)
-        async with condition:
-            worker = self._pick(place, call.name, key)
-            while worker is None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    missed = self._missed_by(place, call.name, key)
-                    self._forget(place, key)
-                    if missed:
+        while True:  # again when the worker it went to left before its stream sent it
+            async with condition:
+                worker = self._pick(place, call.name, key)
+                while worker is None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        missed = self._missed_by(place, call.name, key)
+                        self._forget(place, key)
+                        if missed:
+                            return ToolResult(
+                                f"worker {', '.join(missed)} of queue {executor.queue!r} took the call and did not answer "
+                                f"by its deadline, and no other worker took it within {executor.timeout:g}s: it may or "
+                                "may not have taken effect",
+                                is_error=True,
+                            )
                         return ToolResult(
-                            f"worker {', '.join(missed)} of queue {executor.queue!r} took the call and did not answer "
-                            f"by its deadline, and no other worker took it within {executor.timeout:g}s: it may or "
-                            "may not have taken effect",
+                            f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s "
+                            "(is a host serving it with ServeTools?)",
                             is_error=True,
                         )
-                    return ToolResult(
-                        f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s "
-                        "(is a host serving it with ServeTools?)",
-                        is_error=True,
-                    )
-                self._waiting[place] = self._waiting.get(place, 0) + 1
-                try:
-                    await asyncio.wait_for(condition.wait(), remaining)
-                except TimeoutError:
-                    continue
-                finally:
-                    self._waiting[place] -= 1
-                worker = self._pick(place, call.name, key)
-            # The worker has the whole timeout, from now, to answer.
-            answer_by = time.time() + executor.timeout
-            dispatch = Dispatch(f"{worker.id}/{next(self._turns)}", call, key, runtime_id, handle_id, answer_by)
-            future: asyncio.Future[ToolResult] = loop.create_future()
-            worker.in_hand[dispatch.id] = future
-            worker.keys[dispatch.id] = key
-            worker.order = next(self._turns)
-        kept = False
-        try:
-            worker.outbox.put_nowait(dispatch)
+                    self._waiting[place] = self._waiting.get(place, 0) + 1
+                    try:
+                        await asyncio.wait_for(condition.wait(), remaining)
+                    except TimeoutError:
+                        continue
+                    finally:
+                        self._waiting[place] -= 1
+                    worker = self._pick(place, call.name, key)
+                # The worker has the whole timeout, from now, to answer.
+                answer_by = time.time() + executor.timeout
+                dispatch = Dispatch(f"{worker.id}/{next(self._turns)}", call, key, runtime_id, handle_id, answer_by)
+                future: asyncio.Future[ToolResult] = loop.create_future()
+                worker.in_hand[dispatch.id] = future
+                worker.keys[dispatch.id] = key
+                worker.order = next(self._turns)
+            kept = False
             try:
-                result = await asyncio.wait_for(asyncio.shield(future), executor.timeout)
-            except TimeoutError:
-                if not worker.gone:
-                    # It may be running the call still: it keeps its place in the worker's bound
-                    # until it answers (the late output is dropped) or the worker goes away.
-                    kept = True
-                    worker.missed_call(key)
-                    future.add_done_callback(lambda _: self._release(worker, dispatch.id, place))
-                raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s") from None
-            self._forget(place, key)
-            return result
-        finally:
-            if not kept:
-                self._drop(worker, dispatch.id)
-                if not future.done():
-                    future.cancel()
-                await self._notify(place)
+                worker.outbox.put_nowait(dispatch)
+                try:
+                    result = await asyncio.wait_for(asyncio.shield(future), executor.timeout)
+                except _Unsent:
+                    continue
+                except TimeoutError:
+                    if not worker.gone:
+                        # It may be running the call still: it keeps its place in the worker's bound
+                        # until it answers (the late output is dropped) or the worker goes away.
+                        kept = True
+                        worker.missed_call(key)
+                        future.add_done_callback(functools.partial(self._release, worker, dispatch.id, place))
+                    raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s") from None
+                self._forget(place, key)
+                return result
+            finally:
+                if not kept:
+                    self._drop(worker, dispatch.id)
+                    if not future.done():
+                        future.cancel()
+                    await self._notify(place)
 
     @staticmethod
     def _drop(worker: Worker, dispatch_id: str) -> None:
         worker.in_hand.pop(dispatch_id, None)
         worker.keys.pop(dispatch_id, None)
 
-    def _release(self, worker: Worker, dispatch_id: str, place: tuple[str, str]) -> None:
+    def _release(self, worker: Worker, dispatch_id: str, place: tuple[str, str], _: object = None) -> None:
         """A call kept past its deadline is over at last (a late answer, or the worker left):
         the worker's place is free again."""
         self._drop(worker, dispatch_id)
