@@ -188,6 +188,21 @@ async def test_orphans_are_running_runtimes_whose_owner_is_gone(pair: tuple[Repl
     assert await b.leases.orphans() == []
 
 
+async def test_retention_keeps_a_runtime_another_replica_took_after_the_listing(pair: tuple[Replica, Replica, Any]) -> None:
+    a, b, admin = pair
+    for runtime_id in ("taken", "left"):
+        await a.store.create_runtime(runtime_id, AGENTS)
+        await a.leases.release(runtime_id)  # in no replica's memory: either may delete it once idle
+    await asyncio.sleep(0.01)
+    before = time.time()
+    assert sorted(await b.store.idle_runtimes(before)) == ["left", "taken"]
+    assert await a.leases.claim("taken") == Claim(owned=True)  # a loads it after b's listing
+    assert await b.store.delete_if_idle("taken", before) is False  # not under a live replica's copy
+    assert await b.store.delete_if_idle("left", before) is True
+    await a.lapse(admin)
+    assert await b.store.delete_if_idle("taken", before) is True  # a is gone: its copy with it
+
+
 async def test_a_released_lease_is_taken_at_once_and_a_graceful_stop_releases_all(
     pair: tuple[Replica, Replica, Any],
 ) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import shutil
 import sqlite3
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -533,6 +534,52 @@ async def test_the_journal_marks_a_runtime_running_while_a_handle_runs(store: St
         seen.append((lived.tree.running > 0, await store.runtimes_with_running_handles() == ["rt-1"]))
     assert all(tree == stored for tree, stored in seen), seen
     assert (True, True) in seen and seen[-1] == (False, False)
+
+
+# ---- retention ---------------------------------------------------------------------------
+
+
+async def idle_from(store: Store, *runtime_ids: str) -> float:
+    """Each runtime created with one entry, all of it flushed; then the time from which the
+    listing of retention takes them as idle."""
+    for runtime_id in runtime_ids:
+        await store.create_runtime(runtime_id, AGENTS)
+        await store.append(runtime_id, [entry(1, Spawned(SPARE, "", "worker", Budget(), "", 1))])
+    await store.flush()
+    await asyncio.sleep(0.01)
+    before = time.time()
+    assert sorted(await store.idle_runtimes(before)) == sorted(runtime_ids)
+    return before
+
+
+async def test_an_idle_runtime_is_deleted_with_its_journal_and_could_be_created_anew(store: Store) -> None:
+    before = await idle_from(store, "rt-1", "rt-2")
+    assert await store.delete_if_idle("rt-1", before) is True
+    assert await store.runtime_exists("rt-1") is False and await store.load("rt-1") is None
+    assert await store.idle_runtimes(before) == ["rt-2"]
+    assert await store.delete_if_idle("rt-1", before) is False  # gone already
+    await store.create_runtime("rt-1", AGENTS)
+    await store.append("rt-1", [entry(1, Spawned(SPARE, "", "worker", Budget(), "", 1))])  # seq 1 again
+    loaded = await store.load("rt-1")
+    assert loaded is not None and [e.seq for e in loaded.entries] == [1]
+
+
+async def test_a_runtime_written_after_the_listing_is_not_deleted(store: Store) -> None:
+    """Retention lists, then deletes one runtime at a time: whatever a runtime was written in
+    between (an acknowledged Spawn), its delete is refused, and the write kept."""
+    before = await idle_from(store, "flushed", "buffered", "running", "untouched")
+    await store.append("flushed", [entry(2, Closed(SPARE))])
+    await store.flush()
+    await store.append("running", [entry(2, Posted(SPARE, InboxItem("a", "c", "s")))], True)
+    await store.flush()
+    await store.append("buffered", [entry(2, Closed(SPARE))])  # not flushed: the group commit's still
+    for runtime_id in ("buffered", "flushed", "running"):
+        assert await store.delete_if_idle(runtime_id, before) is False, runtime_id
+        loaded = await store.load(runtime_id)
+        assert loaded is not None and [e.seq for e in loaded.entries] == [1, 2], runtime_id
+    assert await store.delete_if_idle("untouched", before) is True
+    assert await store.idle_runtimes(before) == []
+    assert await store.delete_if_idle("running", time.time() + 1) is False  # a handle runs: never idle
 
 
 # ---- durability --------------------------------------------------------------------------

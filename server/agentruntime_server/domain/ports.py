@@ -220,6 +220,12 @@ class Store(Protocol):
         """Runtimes not written since `before` (for retention), of every tenant."""
         ...
 
+    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+        """Deletes the runtime as delete_runtime does, but only if idle_runtimes(before) would
+        list it now: checked and deleted in one step, and an append not yet committed counts
+        as a write. A runtime written after a listing is kept. True: it was deleted."""
+        ...
+
     async def count_runtimes(self, tenant: str) -> int: ...
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:

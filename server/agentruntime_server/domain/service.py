@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 
 from .errors import (
     AlreadyExists,
-    DomainError,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
@@ -58,6 +57,7 @@ class RuntimeService:
         self.draining = False
         self._ledger = TokenLedger()
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
+        self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> retention's delete under way
         self._ledger_loaded: set[str] = set()
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
@@ -176,6 +176,10 @@ class RuntimeService:
         loading = self._loading.get(key)
         if loading is not None:  # another caller is loading it (a store whose reads await): share its copy
             return await asyncio.shield(loading)
+        deleting = self._deleting.get(key)
+        if deleting is not None:  # retention is deleting it unless it was written since: as it decides
+            await asyncio.shield(deleting)
+            return await self.runtime(runtime_id, tenant)
         future: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
@@ -338,21 +342,44 @@ class RuntimeService:
 
     async def delete_idle(self, retention: float) -> int:
         """Retention: every runtime no step was written to for `retention` seconds goes."""
+        before = time.time() - retention
         deleted = 0
-        for key in await self.services.store.idle_runtimes(time.time() - retention):
-            runtime = self._runtimes.get(key)
-            if runtime is not None and runtime.busy:
-                continue
-            if runtime is None:  # not in memory: nothing runs, nothing to close
-                await self.services.store.delete_runtime(key)
-                deleted += 1
-                continue
-            tenant, runtime_id = split_key(key)
-            with contextlib.suppress(DomainError):
-                await self.delete_runtime(runtime_id, force=False, tenant=tenant)
-                deleted += 1
+        for key in await self.services.store.idle_runtimes(before):
+            deleted += await self._delete_if_idle(key, before)
         if deleted:
             log.info("retention deleted %d idle runtimes", deleted)
+        return deleted
+
+    async def _delete_if_idle(self, key: str, before: float) -> bool:
+        """The pass awaits between runtimes, so its listing may be stale by the time it gets to
+        one: a call may have loaded it since, or written to it. Such a runtime is kept."""
+        if key in self._loading:
+            return False
+        runtime = self._runtimes.get(key)
+        reopen = False
+        if runtime is not None:
+            if runtime.busy:
+                return False
+            # A call that still holds this copy writes nothing more while the store decides
+            # (Fenced: it retries); what it wrote before is in the store, and keeps the runtime.
+            # An idle runtime is not closed first: Closed steps are writes, and would keep it.
+            reopen = not runtime.journal.closed  # a copy closed already is dead: it stays so
+            runtime.journal.closed = True
+            del self._runtimes[key]
+        decided = asyncio.get_running_loop().create_future()
+        self._deleting[key] = decided  # a load waits for the decision, so it cannot write under it
+        deleted = False
+        try:
+            deleted = await self.services.store.delete_if_idle(key, before)
+        finally:
+            del self._deleting[key]
+            decided.set_result(None)
+            if runtime is not None and reopen and not deleted:  # written since the listing: the copy carries on
+                runtime.journal.closed = False
+                self._remember(runtime)
+            elif runtime is not None:
+                runtime.stop_timers()
+                runtime.events.close(deleted=deleted)
         return deleted
 
     def _remember(self, runtime: Runtime) -> None:

@@ -24,6 +24,9 @@ class _Runtime:
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
     running: bool = False
 
+    def idle(self, before: float) -> bool:
+        return self.updated_at < before and not self.running
+
 
 class MemoryStore:
     durable = False
@@ -79,7 +82,14 @@ class MemoryStore:
         self._runtimes.pop(runtime_id, None)
 
     async def idle_runtimes(self, before: float) -> list[str]:
-        return [key for key, runtime in self._runtimes.items() if runtime.updated_at < before and not runtime.running]
+        return [key for key, runtime in self._runtimes.items() if runtime.idle(before)]
+
+    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+        runtime = self._runtimes.get(runtime_id)
+        if runtime is None or not runtime.idle(before):
+            return False
+        del self._runtimes[runtime_id]
+        return True
 
     async def count_runtimes(self, tenant: str) -> int:
         return sum(1 for runtime in self._runtimes.values() if runtime.tenant == tenant)

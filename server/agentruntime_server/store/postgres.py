@@ -77,6 +77,21 @@ WITH mine AS (
 SELECT id FROM mine
 """
 
+# Retention's test of a runtime `r`: not written since $1, nothing running, and held by no
+# live replica but this one, $2 (another live one has it in its memory: not deleted under it).
+_IDLE = (
+    "r.updated_at < $1 AND NOT r.running AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS"
+    " (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > extract(epoch FROM clock_timestamp())))"
+)
+_DELETE_IF_IDLE = f"""
+WITH gone AS (
+    DELETE FROM runtimes r WHERE r.id = $3 AND {_IDLE} RETURNING r.id
+), emptied AS (
+    DELETE FROM journal WHERE runtime_id IN (SELECT id FROM gone)
+)
+SELECT id FROM gone
+"""
+
 
 def _retrieved(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
@@ -382,17 +397,24 @@ class PostgresStore:
     async def idle_runtimes(self, before: float) -> list[str]:
         await self._settle()
         pool = await self._connected()
-        # Replicas: a runtime another live replica holds is in its memory; it is not deleted under it.
         mine = self.leasing.replica_id if self.leasing is not None else ""
-        rows = await pool.fetch(
-            "SELECT r.id FROM runtimes r WHERE r.updated_at < $1 AND NOT r.running"
-            " AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS"
-            " (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > extract(epoch FROM clock_timestamp())))"
-            ' ORDER BY r.updated_at, r.id COLLATE "C"',
-            before,
-            mine,
-        )
+        query = f'SELECT r.id FROM runtimes r WHERE {_IDLE} ORDER BY r.updated_at, r.id COLLATE "C"'
+        rows = await pool.fetch(query, before, mine)
         return [row[0] for row in rows]
+
+    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+        await self._settle()  # an append still buffered is a write: it moves updated_at first
+        pool = await self._connected()
+        mine = self.leasing.replica_id if self.leasing is not None else ""
+        # One statement: a commit or a claim of the runtime that lands first holds its row
+        # lock, and the DELETE checks the row again as that left it.
+        deleted = await pool.fetchval(_DELETE_IF_IDLE, before, mine, runtime_id)
+        if deleted is None:
+            return False
+        self._next_seq.pop(runtime_id, None)
+        self.epochs.pop(runtime_id, None)
+        self.fenced.discard(runtime_id)
+        return True
 
     async def count_runtimes(self, tenant: str) -> int:
         await self._settle()

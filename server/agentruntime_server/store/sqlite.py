@@ -26,6 +26,7 @@ from .payloads import Row, journal_rows
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
+_IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
 
 
 class SqliteStore:
@@ -193,9 +194,24 @@ class SqliteStore:
         self._db.execute("COMMIT")
         self._next_seq.pop(runtime_id, None)
 
+    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+        self._commit()  # an append still buffered is a write: it moves updated_at first
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = self._db.execute(f"DELETE FROM runtimes WHERE id = ? AND {_IDLE}", (runtime_id, before)).rowcount
+            if deleted:
+                self._db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        if deleted:
+            self._next_seq.pop(runtime_id, None)
+        return bool(deleted)
+
     async def idle_runtimes(self, before: float) -> list[str]:
         self._commit()
-        rows = self._db.execute("SELECT id FROM runtimes WHERE updated_at < ? AND running = 0 ORDER BY updated_at", (before,))
+        rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", (before,))
         return [runtime_id for (runtime_id,) in rows]
 
     async def count_runtimes(self, tenant: str) -> int:
