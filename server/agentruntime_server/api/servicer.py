@@ -16,7 +16,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unavailable, shown
+from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unauthenticated, Unavailable, shown
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.model import ToolResult, WorkerExecutor
 from ..domain.runtime import Runtime
@@ -38,6 +38,7 @@ Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
 MAX_WORKER_TOOLS = 100  # tool names one worker registration may list
 MAX_WORKER_CALLS = 1000  # calls one worker may hold at once
+STREAM_RECHECK_SECONDS = 1.0  # an open stream verifies its caller's credential again at most this often
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,16 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         if self.authenticator.mode == "none":  # everyone is the default tenant: no metadata to read
             return DEFAULT
         return await self.authenticator.authenticate(_metadata(context), method)
+
+    async def _verified_again(self, context: Context, method: str, verified_at: float) -> float:
+        """Streams outlive credentials: before a stream sends more, a credential revoked or
+        expired since it opened (or now of another tenant) ends it. Returns when it was last verified."""
+        now = time.monotonic()
+        if now - verified_at < STREAM_RECHECK_SECONDS:
+            return verified_at
+        if (await self._authenticate(context, method)).tenant != _tenant():
+            raise Unauthenticated("the credential now names another tenant; open the stream again")
+        return now
 
     async def _serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
         """Serves the call here, or where its runtime runs (see api/forward.py)."""
@@ -400,6 +411,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         event twice."""
         try:
             _caller.set(await self._authenticate(context, "Watch"))
+            verified = time.monotonic()
             _refuse_undecodable(request)
             _require(runtime_id=request.runtime_id)
             seen = request.after_seq
@@ -423,7 +435,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     async for event in runtime.events.follow(seen):
                         await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
                         seen = event.seq
-                        attempt, started = 0, time.monotonic()
+                        attempt, missed = 0, None
+                        verified = await self._verified_again(context, "Watch", verified)
                         yield pb.WatchResponse(event=convert.event_to_proto(event))
                     return
                 except OwnedElsewhere as moved:
@@ -437,7 +450,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                 "Watch", onward, moved.address, metadata, context.time_remaining()
                             ):
                                 seen = response.event.seq
-                                attempt, started = 0, time.monotonic()
+                                attempt, missed = 0, None
+                                verified = await self._verified_again(context, "Watch", verified)
                                 yield response
                             return
                         except PeerUnavailable:
@@ -462,6 +476,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         reader: asyncio.Task[None] | None = None
         try:
             _caller.set(await self._authenticate(context, "ServeTools"))
+            verified = time.monotonic()
             first = await anext(aiter(requests), None)
             if first is None:
                 return
@@ -475,11 +490,20 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             # When the host's side ends (or breaks a rule), the send loop is told like a shutdown.
             reader.add_done_callback(lambda _: worker.outbox.put_nowait(None))
             while True:
-                dispatch = await worker.outbox.get()
+                try:
+                    dispatch = await asyncio.wait_for(worker.outbox.get(), STREAM_RECHECK_SECONDS)
+                except TimeoutError:  # idle: a revoked worker leaves before a call is given to it
+                    verified = await self._verified_again(context, "ServeTools", verified)
+                    continue
                 if dispatch is None:  # the host closed its side, sent what it may not, or the server stops
                     if reader.done() and not reader.cancelled():
                         reader.result()  # an InvalidArgument of the host's: its status
                     return
+                try:
+                    verified = await self._verified_again(context, "ServeTools", verified)
+                except DomainError:
+                    worker.outbox.put_nowait(dispatch)  # never sent: the pool gives it to another worker
+                    raise
                 yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(dispatch))
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]

@@ -58,12 +58,14 @@ from .model import (
 )
 from .ports import ProviderError, Services, StoredRuntime
 from .prompts import wake_message
-from .quotas import Tenancy
+from .quotas import QuotaExceeded, Tenancy
 from .suspension import read_answer
 from .turns import TurnLoop
 from .validation import check_budget, check_text_size
 
 log = logging.getLogger(__name__)
+
+LAPSE_RETRY_SECONDS = 1.0  # an expired Request the tenant's running-handles quota holds back lapses this much later
 
 
 class Runtime:
@@ -636,13 +638,18 @@ class Runtime:
         await self.journal.record(Ticked(handle.id, now, missed))
         self.arm_heartbeat(handle)
         if handle.state is HandleState.IDLE and handle.run is None and self._closed_ancestor(handle) is None:
+            if self.tenancy is not None:
+                try:
+                    self.tenancy.check_running(self.tenant)
+                except QuotaExceeded:
+                    return  # a beat starts a run as a Wake does; the tick waits in the inbox for the next one
             await self.start_run(handle, "")
 
-    def arm_lapse(self, request: PendingRequest) -> None:
+    def arm_lapse(self, request: PendingRequest, at_least: float = 0.0) -> None:
         if request.expires_at is None or self.draining:
             return
         loop = asyncio.get_running_loop()
-        delay = max(request.expires_at - time.time(), 0.0)
+        delay = max(request.expires_at - time.time(), at_least)
         self._lapses[request.id] = loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
 
     def release_timers(self) -> None:
@@ -657,8 +664,15 @@ class Runtime:
         """An expired Request that nobody answered: its call becomes an error result."""
         self._lapses.pop(request_id, None)
         if request_id in self.tree.requests and not self.draining:
-            with contextlib.suppress(DomainError):
+            try:
                 await self.resume(Answer(id=request_id, ok=False, reason="the request expired"))
+            except QuotaExceeded:
+                # The run goes on as after a Resume, so it waits for room in the tenant's quota.
+                leaf = self.tree.requests.get(request_id)
+                if leaf is not None and leaf.pending is not None:
+                    self.arm_lapse(leaf.pending, at_least=LAPSE_RETRY_SECONDS)
+            except DomainError:
+                pass
 
     @staticmethod
     def _dangling_answers(handle: Handle, transcript: list[Message], reason: str) -> list[Step]:
