@@ -223,7 +223,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     async def _serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
         """Serves the call here, or where its runtime runs (see api/forward.py)."""
         name = method.__name__
-        started = time.monotonic()
+        missed: float | None = None  # when the owner was first missed (not when the call began)
         attempt = 0
         while True:
             try:
@@ -241,14 +241,17 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     except PeerUnavailable:
                         if name not in RETRIED:
                             raise _moved(getattr(request, "runtime_id", "")) from None
-            await self._pause(attempt, started, context, getattr(request, "runtime_id", ""))
+            missed = time.monotonic() if missed is None else missed
+            await self._pause(attempt, missed, context, getattr(request, "runtime_id", ""))
             attempt += 1
 
-    async def _pause(self, attempt: int, started: float, context: Context, runtime_id: str) -> None:
-        """Before asking again who runs a runtime whose owner could not be reached."""
+    async def _pause(self, attempt: int, missed: float, context: Context, runtime_id: str) -> None:
+        """Before asking again who runs a runtime whose owner could not be reached (since
+        `missed`: a Wait or a Watch forwarded for an hour still gets the whole retry window
+        when its owner dies)."""
         delay = backoff(attempt)
         remaining = context.time_remaining()
-        if (remaining is not None and remaining < delay) or time.monotonic() - started + delay > self.retry_for:
+        if (remaining is not None and remaining < delay) or time.monotonic() - missed + delay > self.retry_for:
             raise _moved(runtime_id)
         await asyncio.sleep(delay)
 
@@ -415,7 +418,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             _refuse_undecodable(request)
             _require(runtime_id=request.runtime_id)
             seen = request.after_seq
-            started = time.monotonic()
+            missed: float | None = None
             attempt = 0
             while True:
                 try:
@@ -460,7 +463,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     if self.service.draining or not self.service.leases.shared or forwarded(_metadata(context)):
                         raise
                     # This replica's copy stopped (its lease moved): follow the runtime to its new owner.
-                await self._pause(attempt, started, context, request.runtime_id)
+                missed = time.monotonic() if missed is None else missed
+                await self._pause(attempt, missed, context, request.runtime_id)
                 attempt += 1
         except Relayed as relayed:
             await context.abort(relayed.code, relayed.details, relayed.trailing)

@@ -61,6 +61,7 @@ class RuntimeService:
         self._ledger_loaded: set[str] = set()
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
+        self._taking_over: asyncio.Task[None] | None = None  # replicas: the takeover under way
         self._creating: dict[str, asyncio.Lock] = {}  # per tenant: a CreateRuntime's check and insert
         self.recovered = 0  # handles continued from their journal since the start
         services.leases.on_lost(self.lost)
@@ -266,11 +267,20 @@ class RuntimeService:
 
     async def keep_leases(self) -> None:
         """Replicas, every third of a lease: renew this process's leases, stop what it lost,
-        and take over the runtimes of replicas that died."""
+        and take over the runtimes of replicas that died. The takeover goes on beside the next
+        renewals, never in their way: a claim waits on its row as long as another transaction
+        holds it, and a replica that stopped renewing meanwhile would lose all it runs."""
         for key in await self.leases.renew():
             self.lost(key)
         await asyncio.gather(*self._dropping)
-        await self.recover()
+        if self._taking_over is None or self._taking_over.done():
+            self._taking_over = asyncio.get_running_loop().create_task(self._take_over())
+
+    async def _take_over(self) -> None:
+        try:
+            await self.recover()
+        except Exception:  # the database may be back at the next round
+            log.exception("taking over the runtimes of dead replicas failed")
 
     def lost(self, key: str) -> None:
         """The runtime's lease is gone (the store refused a write, or renewal found it taken)."""
@@ -296,6 +306,9 @@ class RuntimeService:
         Either way they stay RUNNING in the store and go on at the next start, or on
         replicas at once elsewhere: this process gives its leases up as it leaves."""
         self.draining = True
+        if self._taking_over is not None:  # it claims nothing more: what it claimed is given up below
+            self._taking_over.cancel()
+            await asyncio.gather(self._taking_over, return_exceptions=True)
         runtimes = list(self._runtimes.values())
         for runtime in runtimes:
             runtime.draining = True

@@ -19,7 +19,7 @@ from jsonschema.protocols import Validator
 
 from . import budget as budgets
 from . import patterns, prompts, schemas
-from .errors import Detached, ResourceExhausted, shown
+from .errors import Detached, Fenced, ResourceExhausted, shown
 from .handle import FifoGate, Handle, Run
 from .journal import (
     CallFinished,
@@ -170,11 +170,11 @@ class TurnLoop:
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         gate = self.host.model_gate
         if gate is None:
-            reply = await self.services.models.complete(request)
+            reply = await self._complete(request)
         else:
             await self.host.queue_for(handle, gate)
             try:
-                reply = await self.services.models.complete(request)
+                reply = await self._complete(request)
             finally:
                 gate.release()
         tokens = reply.tokens
@@ -206,6 +206,16 @@ class TurnLoop:
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
         await self.host.spend(tokens)
         return None
+
+    async def _complete(self, request: ModelRequest) -> ModelReply:
+        """The model call, bought only while this process holds the runtime: a replica paused
+        or starved past its lease (it wakes with a tool's answer in hand) learns first that
+        another replica took the runtime over and bought this turn already."""
+        leases = self.services.leases
+        await leases.confirm()
+        if not leases.holds(self.host.key):
+            raise Fenced(self.host.key)
+        return await self.services.models.complete(request)
 
     async def _compact(self, handle: Handle, run: Run) -> bool | PendingRequest:
         """Older turns give way to a summary in the model's view (the transcript keeps them):

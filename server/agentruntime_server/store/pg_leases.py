@@ -14,7 +14,8 @@ database is the coordinator; no consensus of our own, no broker).
   replica may have run on since.
 - A graceful stop releases every lease at once (`release_all`), so a rolling restart waits
   for no expiry; a crash's leases lapse after the lease duration, and the live replicas take
-  over the runtimes with running handles (`orphans`) through the same replay as a restart."""
+  over the runtimes with running handles (`orphans`) through the same replay as a restart.
+  A replica whose store broke (a commit failed) renews no more: its leases lapse the same way."""
 
 from __future__ import annotations
 
@@ -81,7 +82,11 @@ class PostgresLeases:
         log.info("replica %s serving at %s (leases of %gs)", self.replica_id, self.address, self.duration)
 
     async def _heartbeat(self) -> float:
-        """Pushes this replica's expiry on; the monotonic time it was sent at."""
+        """Pushes this replica's expiry on; the monotonic time it was sent at. Not once its store
+        broke: it commits nothing more until restarted, so its leases lapse and the other
+        replicas take its runtimes over (its pool still connects: it would hold them for good)."""
+        if self.store._broken is not None:
+            raise self.store._broken
         pool = await self.store._connected()
         sent = time.monotonic()
         await pool.execute(
