@@ -20,6 +20,7 @@ from agentruntime_server.tools.http import MAX_ERROR_BODY
 from aiohttp import web
 
 from tests.support.build import agent, create, http_tool, run
+from tests.support.dns import REBOUND, RebindingDns
 from tests.support.loopback import Loopback
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.servers import serve
@@ -146,6 +147,20 @@ async def test_a_host_name_resolving_only_to_denied_addresses_is_never_connected
     assert message.is_error
     assert message.content.startswith("not allowed by the egress policy: localhost resolves only to denied addresses (")
     assert "127.0.0.1 is in the denied network 127.0.0.0/8" in message.content
+    assert listener.accepted == 0
+
+
+async def test_a_name_rebound_after_its_check_is_not_connected_to(
+    model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The resolver that judges the addresses hands them to the connector: one answer, judged
+    # and connected to (the allowed first answer, where nothing listens), never a second.
+    dns = RebindingDns(monkeypatch)
+    dns.rebind()
+    async with Listener("127.0.0.1") as listener, serving(model, tool_egress_deny=["127.0.0.1/32"]) as stub:
+        results = await call_tools(stub, model, {"rebound": f"http://{REBOUND}:{listener.port}/"})
+    message = results["rebound"]
+    assert message.is_error and "Connect call failed ('127.0.0.3'" in message.content, message.content
     assert listener.accepted == 0
 
 

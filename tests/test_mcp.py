@@ -7,25 +7,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
+import trustme
 import uvicorn
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.build import agent, create, run, status_details, transcript
+from tests.support.dns import REBOUND, RebindingDns
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import serve
 
 
 class Calc:
     """An MCP server with a few tools, on a loopback port, that a test can stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
         self.meta: list[Any] = []
+        self.requests = 0  # HTTP requests of any kind
+        self.hosts: set[str] = set()  # their Host headers
         server = MCPServer("calc")
 
         @server.tool()
@@ -39,16 +47,28 @@ class Calc:
             """Upper-cases text."""
             return text.upper()
 
-        self.app = server.streamable_http_app()
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        # The SDK's own Host check is off: it would refuse the made-up name the rebinding tests
+        # use, and what a rebound name is really aimed at (a metadata service) checks nothing.
+        self.app = server.streamable_http_app(transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        if not port:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+        self.port = port
+        self.server = uvicorn.Server(
+            uvicorn.Config(self._counted, host=host, port=self.port, log_level="warning", interface="asgi3")
+        )
         self.task: asyncio.Task[None] | None = None
+
+    async def _counted(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.requests += 1
+            self.hosts.add(dict(scope["headers"]).get(b"host", b"").decode())
+        await self.app(scope, receive, send)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://{self.host}:{self.port}/mcp"
 
     async def start(self) -> None:
         self.task = asyncio.ensure_future(self.server.serve())
@@ -156,3 +176,88 @@ async def test_a_server_gone_mid_run_gives_an_error_result_not_a_stuck_run(
     assert (result.status, result.text) == (pb.STATUS_DONE, "done")
     [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
     assert tool_message.is_error and "MCP server 'calc' failed" in tool_message.content
+
+
+# ---- DNS rebinding: the address the egress policy judged is the one connected to ----
+
+
+@contextlib.asynccontextmanager
+async def denying_loopback(model: ScriptedModelServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+    """A server whose egress policy denies 127.0.0.1 (and only it: 127.0.0.2 and .3 are allowed)."""
+    async with serve(
+        llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", tool_egress_deny=["127.0.0.1/32"]
+    ) as served:
+        yield served.stub
+
+
+@pytest.fixture
+async def internal() -> AsyncIterator[Calc]:
+    """An MCP server on the denied 127.0.0.1: what a rebound name points at."""
+    made = Calc("127.0.0.1")
+    await made.start()
+    yield made
+    await made.stop()
+
+
+async def test_a_name_rebound_between_the_check_and_the_connect_is_not_listed(
+    model: ScriptedModelServer, internal: Calc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dns = RebindingDns(monkeypatch)
+    dns.rebind()
+    async with denying_loopback(model) as stub:
+        rebound = pb.McpServer(name="calc", url=f"http://{REBOUND}:{internal.port}/mcp")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await create(stub, mcp_agent("user", rebound))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "MCP server 'calc' could not be listed" in (refused.value.details() or "")
+        dns.answers = ["127.0.0.1"]
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await create(stub, mcp_agent("user", rebound))
+        assert "not allowed by the egress policy: 127.0.0.1 is in the denied network 127.0.0.1/32" in (
+            denied.value.details() or ""
+        ), denied.value.details()
+    assert internal.requests == 0
+
+
+async def test_a_name_rebound_after_the_listing_is_not_called(
+    model: ScriptedModelServer, internal: Calc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    public = Calc("127.0.0.2", internal.port)  # what the name honestly resolves to: allowed
+    await public.start()
+    try:
+        dns = RebindingDns(monkeypatch)
+        dns.answers = ["127.0.0.2"]
+        model.script("mathematician", call_then_answer("calc__add", {"a": 2, "b": 3}))
+        async with denying_loopback(model) as stub:
+            server = pb.McpServer(name="calc", url=f"http://{REBOUND}:{internal.port}/mcp")
+            runtime_id = await create(stub, mcp_agent("mathematician", server))
+            dns.rebind()
+            handle_id, result = await run(stub, runtime_id, "mathematician", "add")
+            assert (result.status, result.text) == (pb.STATUS_DONE, "done")
+            [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+        assert tool_message.is_error and "MCP server 'calc' failed" in tool_message.content
+        assert "sk-test" not in tool_message.content
+        assert public.requests > 0 and public.meta == []
+        assert public.hosts == {f"{REBOUND}:{internal.port}"}  # the name, not the address connected to
+        assert internal.requests == 0
+    finally:
+        await public.stop()
+
+
+async def test_tls_to_an_mcp_server_names_its_host_not_the_checked_address(stub: pb_grpc.AgentRuntimeStub) -> None:
+    """The connection goes to the address the policy judged; TLS still asks for and verifies the name."""
+    names: list[str | None] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    trustme.CA().issue_cert("localhost").configure_cert(context)  # a CA the server's client does not trust
+    context.sni_callback = lambda _socket, name, _context: names.append(name)
+    listener = await asyncio.start_server(lambda _reader, writer: writer.close(), "127.0.0.1", 0, ssl=context)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await create(stub, mcp_agent("user", pb.McpServer(name="tls", url=f"https://localhost:{port}/mcp")))
+    finally:
+        listener.close()
+        await listener.wait_closed()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CERTIFICATE_VERIFY_FAILED" in (refused.value.details() or ""), refused.value.details()
+    assert names == ["localhost"]

@@ -11,6 +11,7 @@ runtime was created may resolve to a private one later.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable
@@ -45,6 +46,13 @@ def parse_address(address: str) -> IPAddress:
         text = text[1:-1]
     text = text.split("%", 1)[0]  # the zone id names an interface, not a different address
     return ipaddress.ip_address(text)
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to, each once, in the resolver's order (an IP literal
+    resolves to itself). Raises OSError if it does not resolve."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 class EgressPolicy:

@@ -3,10 +3,11 @@
 Listing (at CreateRuntime) and each call open a session of their own: `initialize`, then
 `tools/list` (every page, bounded) or `tools/call` with the idempotency key in the
 request's `_meta` (`idempotency_key`). The http tools' egress policy applies: every address
-the server's host name resolves to must be allowed, checked before each connection. A
-server that cannot be reached, times out or fails gives an McpError at listing (the
-CreateRuntime is refused, naming the server) and an error result at a call (the run goes
-on). Messages never hold a header value: headers are secrets."""
+the server's host name resolves to must be allowed, judged at each connection on the very
+addresses it then connects to (`mcp_network`). A server that cannot be reached, times out
+or fails gives an McpError at listing (the CreateRuntime is refused, naming the server) and
+an error result at a call (the run goes on). Messages never hold a header value: headers
+are secrets."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import urllib.parse
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -42,30 +42,23 @@ class McpTools:
         self.policy = policy
         self.max_text_bytes = max_text_bytes
 
-    async def _check_egress(self, url: str) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise McpError("the url must be an absolute http(s) URL")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-        except OSError as error:
-            raise McpError(f"{parts.hostname} does not resolve ({error.strerror or type(error).__name__})") from None
-        reasons = [reason for info in infos if (reason := self.policy.check(str(info[4][0]))) is not None]
-        if reasons:
-            raise McpError(f"{parts.hostname} is not allowed by the egress policy: {reasons[0]}")
-
     @contextlib.asynccontextmanager
     async def _session(self, url: str, headers: dict[str, str], timeout: float) -> AsyncIterator[ClientSession]:
         import httpx2
         from mcp import ClientSession
         from mcp.client.streamable_http import streamable_http_client
 
-        await self._check_egress(url)
-        # The SDK's client, but never a proxy from the environment: the egress policy judged
-        # the server's own addresses (redirects stay off; the transport follows them only
-        # within the server's origin).
-        client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(timeout), trust_env=False)
+        from .mcp_network import policy_transport
+
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise McpError("the url must be an absolute http(s) URL")
+        # The SDK's client over a transport that judges each address it connects to, and never
+        # a proxy from the environment (redirects stay off; the SDK follows them only within
+        # the server's origin).
+        client = httpx2.AsyncClient(
+            headers=headers, timeout=httpx2.Timeout(timeout), transport=policy_transport(self.policy), trust_env=False
+        )
         async with (
             client,
             streamable_http_client(url, http_client=client) as (read, write),
@@ -91,10 +84,9 @@ class McpTools:
                     cursor = page.next_cursor
                     if not cursor:
                         break
-        except McpError:
-            raise
         except Exception as error:  # the SDK's and the network's: unreachable, refused, malformed, timed out
-            raise McpError(_describe(error)) from None
+            cause = _innermost(error)
+            raise (cause if isinstance(cause, McpError) else McpError(_describe(cause))) from None
         return tools
 
     async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
@@ -107,10 +99,11 @@ class McpTools:
             ):
                 meta: RequestParamsMeta = {"idempotency_key": key}  # type: ignore[typeddict-unknown-key]  # an open map
                 result = await session.call_tool(executor.tool, arguments, meta=meta)
-        except McpError as error:
-            return ToolResult(f"MCP server {executor.server!r}: {error}", is_error=True)
         except Exception as error:
-            return ToolResult(f"MCP server {executor.server!r} failed: {_describe(error)}", is_error=True)
+            cause = _innermost(error)
+            if isinstance(cause, McpError):
+                return ToolResult(f"MCP server {executor.server!r}: {cause}", is_error=True)
+            return ToolResult(f"MCP server {executor.server!r} failed: {_describe(cause)}", is_error=True)
         return ToolResult(self._text(result), is_error=bool(getattr(result, "is_error", False)))
 
     def _text(self, result: Any) -> str:
@@ -131,10 +124,17 @@ class McpTools:
 _REQUEST_BUILD_ERRORS = frozenset({"LocalProtocolError"})
 
 
-def _describe(error: BaseException) -> str:
-    """The innermost cause, shortly (anyio wraps errors in groups)."""
+def _innermost(error: BaseException) -> BaseException:
+    """The error inside the groups anyio wraps errors in (an McpError of ours among them:
+    the egress policy's refusal comes from inside the SDK's task group)."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
+    return error
+
+
+def _describe(error: BaseException) -> str:
+    """The innermost cause, shortly."""
+    error = _innermost(error)
     if isinstance(error, TimeoutError):
         return "it did not answer in time"
     if isinstance(error, UnicodeError) or type(error).__name__ in _REQUEST_BUILD_ERRORS:
