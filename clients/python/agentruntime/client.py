@@ -178,6 +178,13 @@ async def _paged(fetch: Callable[[str], Awaitable[tuple[Sequence[_Item], str]]])
             return
 
 
+def _jittered(base: float, failures: int, cap: float) -> float:
+    """A random wait up to base * 2^failures seconds, at most `cap` (full jitter). The exponent
+    stops growing long past any cap: at 2^1024 the product is no float, and a worker whose
+    server is away for an hour must not die of OverflowError."""
+    return random.uniform(0, min(cap, base * 2 ** min(failures, 64)))
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
     value.FromNanoseconds(int(seconds * 1e9))
@@ -296,7 +303,7 @@ class Client:
                 if error.code is not grpc.StatusCode.UNAVAILABLE or (end is not None and loop.time() >= end):
                     raise
                 failures += 1
-                await asyncio.sleep(random.uniform(0, min(5.0, 0.1 * 2**failures)))
+                await asyncio.sleep(_jittered(0.1, failures, 5.0))
                 continue
             failures = 0
             result: pb.TaskResult = response.result
@@ -314,7 +321,7 @@ class Client:
             except AgentRuntimeError as error:
                 if error.code is not grpc.StatusCode.UNAVAILABLE or failures == RESUME_ATTEMPTS:
                     raise
-                await asyncio.sleep(random.uniform(0, min(5.0, 0.1 * 2**failures)))
+                await asyncio.sleep(_jittered(0.1, failures, 5.0))
         raise AssertionError("unreachable")
 
     async def run(self, runtime_id: str, agent: str, prompt: str, parent: str = "root") -> pb.TaskResult:
@@ -472,7 +479,7 @@ class Client:
                     raise AgentRuntimeError.from_rpc_error(error) from None
                 failures += 1
                 log.warning("ServeTools dropped (%s); reconnecting", error.code().name)
-            await asyncio.sleep(random.uniform(0, min(max_backoff, backoff * 2**failures)))
+            await asyncio.sleep(_jittered(backoff, failures, max_backoff))
 
     async def _serve_tools_once(
         self,

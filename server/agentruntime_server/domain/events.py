@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ class EventKind(enum.Enum):
     TOOL_CALL_ENDED = 6
     PENDING = 7
     RESULT = 8
+    # Told to observers only, never stored or watched: the runtime left this process (deleted,
+    # its lease moved, a shutdown), so what an observer holds of it must go.
+    RUNTIME_GONE = 9
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,8 @@ class Event:
     result: TaskResult | None = None
 
 
-# Called synchronously with every event once it is persisted (metrics, logs, traces).
-# An observer must be quick and must not raise.
+# Called synchronously with every event once it is persisted (metrics, logs, traces), and
+# with RUNTIME_GONE when the log closes. An observer must be quick and must not raise.
 Observer = Callable[[str, Event], None]
 
 
@@ -107,6 +111,10 @@ class EventLog:
         it is told to reconnect; when the runtime is deleted, that it is gone."""
         self.closing = True
         self.deleted = deleted
+        if self.observers:
+            gone = Event(seq=self.last_seq, time=time.time(), handle_id="", kind=EventKind.RUNTIME_GONE)
+            for observe in self.observers:
+                observe(self.runtime_id, gone)
         for queue in list(self._watchers):
             self._watchers.discard(queue)
             while not queue.empty():

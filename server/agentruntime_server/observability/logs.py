@@ -53,6 +53,21 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# Control characters (tab aside) and Unicode line breaks, escaped in a text line: a provider's
+# error body, quoted in a message, must not start a forged line of its own or drive the
+# terminal it is read on. JSON lines escape them already.
+_UNPRINTABLE = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)
+    if code != 0x09
+}
+
+
+class _TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).translate(_UNPRINTABLE)  # a traceback, added after, keeps its lines
+
+
 class _JsonFormatter(JsonFormatter):
     def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
         log_data["time"] = datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="microseconds")
@@ -71,7 +86,7 @@ def make_handler(log_format: str, stream: TextIO | None = None) -> logging.Handl
         handler.setFormatter(json_formatter())
         handler.addFilter(ContextFilter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(_TextFormatter(TEXT_FORMAT))
     return handler
 
 

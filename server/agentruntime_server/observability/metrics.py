@@ -29,6 +29,7 @@ _TURN_ENDED = EventKind.TURN_ENDED
 _TOOL_CALL_ENDED = EventKind.TOOL_CALL_ENDED
 _STATE_CHANGED = EventKind.STATE_CHANGED
 _RESULT = EventKind.RESULT
+_RUNTIME_GONE = EventKind.RUNTIME_GONE
 _SUSPENDED = HandleState.SUSPENDED
 
 
@@ -77,7 +78,7 @@ class Metrics:
             "counted from the suspensions this process has seen",
             registry=registry,
         )
-        self._suspended: set[tuple[str, str]] = set()
+        self._suspended: dict[str, set[str]] = {}  # runtime -> its handles counted in _pending
         model_labels = ("provider", "outcome")
         self._model_seconds = Histogram(
             "agentruntime_model_call_seconds",
@@ -108,14 +109,21 @@ class Metrics:
         elif kind is _TOOL_CALL_ENDED:
             (self._tool_error if event.is_error else self._tool_ok).inc()
         elif kind is _STATE_CHANGED:
-            key = (runtime_id, event.handle_id)
+            handles = self._suspended.get(runtime_id)
             if event.state is _SUSPENDED:
-                if key not in self._suspended:
-                    self._suspended.add(key)
+                if handles is None:
+                    handles = self._suspended[runtime_id] = set()
+                if event.handle_id not in handles:
+                    handles.add(event.handle_id)
                     self._pending.inc()
-            elif key in self._suspended:
-                self._suspended.remove(key)
+            elif handles is not None and event.handle_id in handles:
+                handles.remove(event.handle_id)
+                if not handles:
+                    del self._suspended[runtime_id]
                 self._pending.dec()
+        elif kind is _RUNTIME_GONE:
+            # Deleted while suspended (retention) or taken over: no state change will follow here.
+            self._pending.dec(len(self._suspended.pop(runtime_id, ())))
         elif kind is _RESULT and event.result is not None:
             status, limit = event.result.status, event.result.limit
             child = self._result_children.get((status, limit))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ..domain.limits import MAX_ID_CHARS
 from .logs import log_context
 
 if TYPE_CHECKING:
@@ -64,6 +65,16 @@ def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCod
     return CANCELLED if isinstance(error, asyncio.CancelledError | GeneratorExit) else UNKNOWN
 
 
+def _request_ids(request: Any) -> tuple[str, str]:
+    """The request's runtime and handle ids, clipped to the longest a real id can be: they are
+    read before the caller is authenticated or the ids are checked, and a stranger's megabyte
+    id must not ride along on every span and log line of the call."""
+    return (
+        str(getattr(request, "runtime_id", ""))[:MAX_ID_CHARS],
+        str(getattr(request, "handle_id", ""))[:MAX_ID_CHARS],
+    )
+
+
 class ObservingInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: Metrics | None, tracing: Tracing | None, log_context: bool) -> None:
         self._metrics = metrics
@@ -105,12 +116,11 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):
         def begin(request: Any, context: Context) -> Span | None:
             if probe is not None:
                 probe.started.inc()
-            if set_log_context:
-                runtime_id = getattr(request, "runtime_id", "")
-                if runtime_id:
-                    log_context.set((runtime_id, getattr(request, "handle_id", "")))
+            runtime_id, handle_id = _request_ids(request)
+            if set_log_context and runtime_id:
+                log_context.set((runtime_id, handle_id))
             if tracing is not None:
-                return tracing.start_rpc(service, name, context.invocation_metadata(), request)
+                return tracing.start_rpc(service, name, context.invocation_metadata(), runtime_id, handle_id)
             return None
 
         def end(span: Span | None, code: grpc.StatusCode, started: float) -> None:

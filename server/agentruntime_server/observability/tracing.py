@@ -85,13 +85,13 @@ class Tracing:
 
     # ---- RPCs (called by the interceptor) ------------------------------------------------------
 
-    def start_rpc(self, service: str, method: str, metadata: Iterable[tuple[str, Any]] | None, request: object) -> Span:
+    def start_rpc(
+        self, service: str, method: str, metadata: Iterable[tuple[str, Any]] | None, runtime_id: str, handle_id: str
+    ) -> Span:
         carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
         attributes: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
-        runtime_id = getattr(request, "runtime_id", "")
         if runtime_id:
             attributes["agentruntime.runtime_id"] = runtime_id
-        handle_id = getattr(request, "handle_id", "")
         if handle_id:
             attributes["agentruntime.handle_id"] = handle_id
         return self.tracer.start_span(

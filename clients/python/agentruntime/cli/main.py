@@ -33,6 +33,7 @@ from .view import (
     event_line,
     handle_lines,
     key_values,
+    printable,
     request_lines,
     result_lines,
     state_name,
@@ -227,11 +228,11 @@ def _report(error: AgentRuntimeError, addr: str) -> None:
         lines.append(f"  reason: {info.reason}{metadata}")
     if error.code is grpc.StatusCode.UNAVAILABLE:
         lines.append(f"  is an agentruntime server listening at {addr}? (`make run`, or --addr / AGENTRUNTIME_ADDR)")
-    print("\n".join(lines), file=sys.stderr)
+    print(printable("\n".join(lines)), file=sys.stderr)
 
 
 def _print(text: str = "") -> None:
-    print(text, flush=True)
+    print(printable(text), flush=True)
 
 
 # --- run ------------------------------------------------------------------------------------
@@ -291,14 +292,14 @@ class RunView:
     def say(self, text: str) -> None:
         """A question, with no newline: the answer is typed after it."""
         if self.live:
-            self.console.print(text, end="", markup=False)
+            self.console.print(printable(text), end="", markup=False)
         else:
-            print(text, end="", flush=True)
+            print(printable(text), end="", flush=True)
 
     def block(self, title: str, rows: list[tuple[str, str]]) -> None:
         if self.live:
             self.console.rule(title, align="left", style="dim")
-            self.console.print(key_values(rows), markup=False)
+            self.console.print(printable(key_values(rows)), markup=False)
         else:
             _print(f"--- {title}")
             _print(key_values(rows))
@@ -471,7 +472,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
     if sys.stdout.isatty():
         table = Table(*headers, header_style="bold")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(printable(cell) for cell in row))
         Console(highlight=False).print(table)
     else:
         _print(columns(headers, rows))

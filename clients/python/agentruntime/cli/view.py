@@ -34,6 +34,16 @@ def limit_name(limit: int) -> str:
     return pb.Limit.Name(limit).removeprefix("LIMIT_")  # type: ignore[arg-type]
 
 
+# Control characters but tab and newline: what a model, a tool or a host wrote must not move
+# the cursor, clear or retitle the terminal, or write to its clipboard (OSC 52).
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code not in (0x09, 0x0A)}
+
+
+def printable(text: str) -> str:
+    """The text with its control characters escaped (`\\x1b`), safe to write to a terminal."""
+    return text.translate(_CONTROL)
+
+
 def short(text: str, width: int = 80) -> str:
     """One line, at most `width` characters."""
     line = " ".join(text.split())
@@ -186,7 +196,7 @@ class Tree:
         states = [state_name(node.state).lower() for node in self.nodes.values()]
         counts = ", ".join(f"{states.count(state)} {state}" for state in ("running", "suspended") if state in states)
         header = Text.assemble(
-            (self.runtime_id, "bold"),
+            (printable(self.runtime_id), "bold"),
             (f"  {elapsed:.1f}s  {len(states)} handle{'s' if len(states) != 1 else ''}", "dim"),
             (f", {counts}" if counts else "", "dim"),
         )
@@ -207,7 +217,7 @@ class Tree:
                 str(node.turns),
                 str(node.own_tokens),
                 str(self.total(node.handle_id)),
-                self.activity(node),
+                Text(printable(self.activity(node))),  # a model's words: no markup, no control
             )
         return Group(header, table)
 
