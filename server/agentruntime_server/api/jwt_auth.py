@@ -68,6 +68,24 @@ class FileKeys:
         raise Unauthenticated("the JWT's key ('kid') is not in the JWKS")
 
 
+class _JwksClient(jwt.PyJWKClient):
+    """An answer of the JWKS URL that is not a JWKS (an error page served with 200, JSON that is
+    not an object) is the server's problem, as a JWKS without keys is: never the token's, nor
+    INTERNAL. A connection broken while reading is one the URL cannot be reached over."""
+
+    def fetch_data(self) -> Any:
+        try:
+            return super().fetch_data()
+        except jwt.PyJWKClientConnectionError:
+            raise
+        except OSError as error:
+            raise jwt.PyJWKClientConnectionError(f"the connection broke: {type(error).__name__}") from None
+        except ValueError as error:  # not JSON, or not UTF-8
+            raise jwt.PyJWKSetError(f"its answer is not JSON ({type(error).__name__})") from None
+        except jwt.PyJWKClientError:
+            raise jwt.PyJWKSetError("its answer is not a JSON object") from None
+
+
 class UrlKeys:
     """A JWKS URL through PyJWKClient: cached for JWKS_LIFESPAN_SECONDS, refetched for an unknown
     `kid` at most every JWKS_COOLDOWN_SECONDS, fetched in a thread (never on the event loop) and
@@ -76,7 +94,7 @@ class UrlKeys:
     def __init__(self, url: str) -> None:
         self.url = url
         try:
-            self.client = jwt.PyJWKClient(
+            self.client = _JwksClient(
                 url,
                 cache_jwk_set=True,
                 lifespan=JWKS_LIFESPAN_SECONDS,
@@ -121,7 +139,7 @@ class UrlKeys:
                     return stale
                 raise Unavailable("the server cannot fetch its JWKS to verify the token; retry later") from None
             except jwt.PyJWKSetError as error:
-                self._warn(f"it holds no usable key: {error}")
+                self._warn(f"it is not a JWKS with a usable key: {error}")
                 raise Unavailable("the server's JWKS holds no usable key to verify the token; retry later") from None
             except jwt.PyJWKClientError:
                 raise Unauthenticated("the JWT's key ('kid') is not in the JWKS") from None
@@ -181,10 +199,13 @@ class JwtAuthenticator(BearerAuthenticator):
             )
         except jwt.ExpiredSignatureError:
             raise Unauthenticated("the JWT has expired") from None
-        except jwt.ImmatureSignatureError:
+        except jwt.ImmatureSignatureError as error:
+            # PyJWT refuses a future `iat` and a future `nbf` alike; only its message tells them apart.
+            if "(iat)" in str(error):
+                raise Unauthenticated("the JWT was issued in the future ('iat')") from None
             raise Unauthenticated("the JWT is not valid yet ('nbf')") from None
         except jwt.InvalidIssuedAtError:
-            raise Unauthenticated("the JWT's 'iat' is not a time in the past") from None
+            raise Unauthenticated("the JWT's 'iat' is not a time (a whole number of seconds)") from None
         except jwt.InvalidAudienceError:
             raise Unauthenticated("the JWT is for another audience ('aud')") from None
         except jwt.InvalidIssuerError:
@@ -193,10 +214,21 @@ class JwtAuthenticator(BearerAuthenticator):
             raise Unauthenticated(f"the JWT has no {error.claim!r} claim") from None
         except jwt.InvalidSignatureError:
             raise Unauthenticated("the JWT's signature does not verify with its key in the JWKS") from None
+        except jwt.exceptions.InvalidSubjectError:
+            raise Unauthenticated("the JWT's 'sub' claim is not a string") from None
+        except jwt.exceptions.InvalidJTIError:
+            raise Unauthenticated("the JWT's 'jti' claim is not a string") from None
         except jwt.InvalidAlgorithmError:
             raise Unauthenticated("the JWT's algorithm ('alg') is not its key's") from None
         except (jwt.InvalidKeyError, jwt.PyJWKError):
             raise Unauthenticated("the JWT's key in the JWKS cannot verify it") from None
+        except jwt.DecodeError as error:
+            # After the signature verified, PyJWT says a time claim is not a number the same way
+            # it says the token does not decode; its message names the claim.
+            for claim in ("exp", "nbf"):
+                if f"({claim})" in str(error):
+                    raise Unauthenticated(f"the JWT's {claim!r} is not a time (a whole number of seconds)") from None
+            raise Unauthenticated("the bearer token is not a valid JWT") from None
         except jwt.PyJWTError:
             raise Unauthenticated("the bearer token is not a valid JWT") from None
 

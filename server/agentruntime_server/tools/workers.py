@@ -6,15 +6,18 @@ serves its tool and holds the fewest calls (ties in turn), never past that worke
 With no such worker the call waits for one up to its timeout, then fails as an error
 result. Sent, it has its timeout again to be answered: a worker that goes away, or holds a
 call past that deadline, leaves the call in doubt (WorkerLost), and the turn loop applies
-the tool's `on_interrupted` policy; but a call still queued for the stream of a worker that
-goes never left the process, and goes to the next worker as if it had just been made. A call
-a worker kept past its deadline still counts against that worker's bound until it answers
-(late: the output is dropped) or goes away, and the call is never given to that worker
-again: another worker gets it, or none does and the result says so."""
+the tool's `on_interrupted` policy. But a call still queued for a worker's stream never left
+the process and is not in doubt: if the worker goes, the call goes to the next worker as if it
+had just been made; if its deadline passes first (the host reads slowly), it is withdrawn,
+never sent, and goes to another worker free then, or fails as taken by none; if its turn
+stops, it is withdrawn. A call a worker kept past its deadline still counts against that
+worker's bound until it answers (late: the output is dropped) or goes away, and the call is
+never given to that worker again: another worker gets it, or none does and the result says so."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -45,6 +48,22 @@ class Dispatch:
     deadline: float  # time.time()
 
 
+class Outbox(asyncio.Queue["Dispatch | None"]):
+    """The calls a worker's stream has yet to send (None: the stream ends). A call still here
+    never left the process, so it can be taken back."""
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: collections.deque[Dispatch | None] = collections.deque()
+
+    def withdraw(self, dispatch: Dispatch) -> bool:
+        """False when the stream has taken the call already (it may have reached the host)."""
+        try:
+            self._queue.remove(dispatch)
+        except ValueError:
+            return False
+        return True
+
+
 @dataclass(eq=False)
 class Worker:
     tenant: str
@@ -52,7 +71,7 @@ class Worker:
     tools: frozenset[str]  # empty: every tool of the queue
     limit: int
     id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
-    outbox: asyncio.Queue[Dispatch | None] = field(default_factory=asyncio.Queue)  # None: the stream ends
+    outbox: Outbox = field(default_factory=Outbox)
     in_hand: dict[str, asyncio.Future[ToolResult]] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # dispatch id -> the call's idempotency key
     order: int = 0  # ties between equally busy workers go in turn
@@ -158,8 +177,8 @@ class WorkerPool:
         async with condition:
             condition.notify_all()
 
-    def _pick(self, place: tuple[str, str], tool: str, key: str) -> Worker | None:
-        ready = [worker for worker in self._queues.get(place, []) if worker.may_take(tool, key)]
+    def _pick(self, place: tuple[str, str], tool: str, key: str, passed_over: set[Worker]) -> Worker | None:
+        ready = [worker for worker in self._queues.get(place, []) if worker.may_take(tool, key) and worker not in passed_over]
         return min(ready, key=lambda worker: (len(worker.in_hand), worker.order), default=None)
 
     def _missed_by(self, place: tuple[str, str], tool: str, key: str) -> list[str]:
@@ -182,9 +201,10 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + executor.timeout
         condition = self._condition(place)
-        while True:  # again when the worker it went to left before its stream sent it
+        passed_over: set[Worker] = set()  # whose stream did not send the call by its deadline
+        while True:  # again when the worker it went to did not send it (it left, or its stream is backed up)
             async with condition:
-                worker = self._pick(place, call.name, key)
+                worker = self._pick(place, call.name, key, passed_over)
                 while worker is None:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
@@ -197,9 +217,14 @@ class WorkerPool:
                                 "may not have taken effect",
                                 is_error=True,
                             )
+                        why = (
+                            f"the stream of worker {', '.join(passed.id for passed in passed_over)} did not send it "
+                            "by its deadline: is its host reading its calls?"
+                            if passed_over
+                            else "is a host serving it with ServeTools?"
+                        )
                         return ToolResult(
-                            f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s "
-                            "(is a host serving it with ServeTools?)",
+                            f"no worker of queue {executor.queue!r} took the call within {executor.timeout:g}s ({why})",
                             is_error=True,
                         )
                     self._waiting[place] = self._waiting.get(place, 0) + 1
@@ -209,7 +234,7 @@ class WorkerPool:
                         continue
                     finally:
                         self._waiting[place] -= 1
-                    worker = self._pick(place, call.name, key)
+                    worker = self._pick(place, call.name, key, passed_over)
                 # The worker has the whole timeout, from now, to answer.
                 answer_by = time.time() + executor.timeout
                 dispatch = Dispatch(f"{worker.id}/{next(self._turns)}", call, key, runtime_id, handle_id, answer_by)
@@ -225,6 +250,9 @@ class WorkerPool:
                 except _Unsent:
                     continue
                 except TimeoutError:
+                    if worker.outbox.withdraw(dispatch):  # never sent: not taken, so not in doubt
+                        passed_over.add(worker)
+                        continue
                     if not worker.gone:
                         # It may be running the call still: it keeps its place in the worker's bound
                         # until it answers (the late output is dropped) or the worker goes away.
@@ -236,6 +264,7 @@ class WorkerPool:
                 return result
             finally:
                 if not kept:
+                    worker.outbox.withdraw(dispatch)  # a call whose turn stopped is never sent afterwards
                     self._drop(worker, dispatch.id)
                     if not future.done():
                         future.cancel()
