@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime_server.domain.errors import AlreadyExists
 from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import (
     STEPS,
@@ -78,6 +79,7 @@ from agentruntime_server.domain.model import (
     ToolSpec,
 )
 from agentruntime_server.domain.ports import Store
+from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
 from agentruntime_server.store.postgres import PostgresStore
@@ -394,6 +396,58 @@ async def test_a_created_runtime_exists_and_its_agents_round_trip(store: Store) 
     assert loaded.agents == AGENTS
     assert [type(tool.executor) for agent in loaded.agents for tool in agent.tools] == [HttpExecutor, RelayExecutor, HttpExecutor]
     assert loaded.entries == []
+
+
+async def test_a_runtime_is_created_with_its_first_entries_all_or_nothing(backend: Backend) -> None:
+    """CreateRuntime's options are journaled with the runtime, in one transaction: a crash
+    can never leave a runtime without them (and its id taken for a retry)."""
+    store = backend.open()
+    configured = entry(1, Configured(RuntimeOptions(inbox_capacity=10)))
+    await store.create_runtime("rt-1", AGENTS, "acme", [configured])
+    loaded = await store.load("rt-1")
+    assert loaded is not None and loaded.entries == [configured]
+    await store.append("rt-1", [entry(2, Spawned(SPARE, "", "worker", Budget(), "", 1))])  # after them
+    with pytest.raises(ValueError):  # entries out of order: no runtime either
+        await store.create_runtime("rt-2", AGENTS, "acme", [entry(2, Configured(RuntimeOptions()))])
+    assert await store.runtime_exists("rt-2") is False
+    with pytest.raises(AlreadyExists):
+        await store.create_runtime("rt-1", AGENTS, "acme", [entry(1, Configured(RuntimeOptions(inbox_capacity=5)))])
+    await store.flush()
+    if store.durable:
+        store = backend.open()
+    loaded = await store.load("rt-1")
+    assert loaded is not None and [e.seq for e in loaded.entries] == [1, 2] and loaded.entries[0] == configured
+
+
+async def test_a_tenant_gets_no_runtime_past_its_quota(store: Store) -> None:
+    for runtime_id in ("a-1", "a-2"):
+        await store.create_runtime(runtime_id, AGENTS, "acme", quota=2)
+    with pytest.raises(QuotaExceeded) as refused:
+        await store.create_runtime("a-3", AGENTS, "acme", [entry(1, Configured(RuntimeOptions()))], quota=2)
+    assert refused.value.quota == "runtimes" and refused.value.subject == "tenant:acme"
+    assert await store.runtime_exists("a-3") is False and await store.count_runtimes("acme") == 2
+    await store.create_runtime("b-1", AGENTS, "bolt", quota=1)  # the quota is the tenant's own
+    await store.create_runtime("a-3", AGENTS, "acme")  # 0: no quota
+    await store.delete_runtime("a-1")
+    await store.create_runtime("a-4", AGENTS, "acme", quota=3)
+    assert await store.count_runtimes("acme") == 3
+
+
+async def test_stores_on_one_place_creating_at_once_keep_the_quota(backend: Backend) -> None:
+    """Replicas on one database: the count and the insert are one step for all of them."""
+    first = backend.open()
+    if not first.durable:
+        pytest.skip(f"{type(first).__name__} is not shared: a second one is another place")
+    second = backend.open()
+    creates = [
+        store.create_runtime(f"rt-{n}-{m}", AGENTS, "acme", [entry(1, Configured(RuntimeOptions()))], quota=5)
+        for n, store in enumerate((first, second))
+        for m in range(15)
+    ]
+    outcomes = await asyncio.gather(*creates, return_exceptions=True)
+    assert all(outcome is None or isinstance(outcome, QuotaExceeded) for outcome in outcomes), outcomes
+    assert sum(outcome is None for outcome in outcomes) == 5
+    assert await first.count_runtimes("acme") == await second.count_runtimes("acme") == 5
 
 
 # ---- the journal -------------------------------------------------------------------------

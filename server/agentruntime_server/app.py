@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,8 +29,9 @@ from .observability import Observability
 from .observability import build as build_observability
 from .providers.base import HttpProvider
 from .providers.registry import build_router
-from .settings import Settings
+from .settings import Settings, StartupError
 from .store.memory import MemoryStore
+from .store.migrations import SchemaTooNew
 from .store.sqlite import SqliteStore
 from .store.urls import redacted
 from .tools.egress import EgressPolicy
@@ -94,6 +97,25 @@ class RunningServer:
         await self.observability.stop()
 
 
+def _not_serving_once_broken(store: Store, health: HealthServicer) -> None:
+    """A store whose commit failed acknowledges nothing more until the server is restarted:
+    its health checks say NOT_SERVING from then on, so that a load balancer or an
+    orchestrator sends callers elsewhere (and restarts it)."""
+    on_broken = getattr(store, "on_broken", None)  # a durable store; memory:// never breaks
+    if on_broken is None:
+        return
+    loop = asyncio.get_running_loop()
+    setting: set[asyncio.Task[None]] = set()
+
+    def stop_serving() -> None:
+        for service in (SERVICE_NAME, ""):
+            task = loop.create_task(health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING))
+            setting.add(task)
+            task.add_done_callback(setting.discard)
+
+    on_broken(stop_serving)
+
+
 async def _retain(service: RuntimeService, retention: float) -> None:
     """AGENTRUNTIME_RETENTION: runtimes idle longer than it are deleted, checked every minute
     (or every tenth of the retention, if that is shorter)."""
@@ -150,6 +172,58 @@ def open_store(url: str) -> Store:
     return SqliteStore(url.removeprefix("sqlite:///"))
 
 
+async def opened_store(url: str) -> Store:
+    """open_store, connected (a PostgreSQL store connects on first use): a store that cannot
+    be opened stops the start with StartupError, one line naming where it is, never a password."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        try:
+            return open_store(url)
+        except (OSError, sqlite3.Error, SchemaTooNew) as error:
+            path = url.removeprefix("sqlite:///")
+            raise StartupError(f"AGENTRUNTIME_STORE: cannot open the SQLite store {path}: {error}") from None
+    import asyncpg  # type: ignore[import-untyped]
+
+    from .store.pg_migrations import SchemaTooNew as PgSchemaTooNew
+    from .store.postgres import PostgresStore
+
+    store = PostgresStore(url)
+    try:
+        await store.connect()
+    except ValueError:  # asyncpg's parse: its message may quote a piece of a password it cut wrong
+        raise StartupError(
+            "AGENTRUNTIME_STORE: not a valid PostgreSQL URL"
+            " (percent-encode any '@', ':', '/', '?' or '#' in the user name or the password)"
+        ) from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, PgSchemaTooNew) as error:
+        where = _where(url)
+        reason = _without(str(error).splitlines()[0] if str(error) else "", url)
+        problem = f"{type(error).__name__}: {reason}" if reason else type(error).__name__  # a timeout says nothing
+        raise StartupError(
+            f"AGENTRUNTIME_STORE: cannot use the PostgreSQL store at {where} ({problem});"
+            " check the URL, and that the database is up and reachable from here"
+        ) from None
+    return store
+
+
+def _where(url: str) -> str:
+    """The host (and port) of a PostgreSQL URL that parsed: in its authority, or its query
+    (`?host=/socket/dir`); never its user part."""
+    parts = urllib.parse.urlsplit(url)
+    where = parts.netloc.rpartition("@")[2]
+    if not where:
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        where = query.get("host", "") + (f":{query['port']}" if query.get("port") else "")
+    return where or "localhost"
+
+
+def _without(text: str, url: str) -> str:
+    """`text` with the URL's password, if it quotes it, masked."""
+    password = urllib.parse.urlsplit(url).password
+    for secret in {password, urllib.parse.unquote(password)} if password else ():
+        text = text.replace(secret, "***")
+    return text[:300]
+
+
 def build_service(
     settings: Settings,
     http: HttpSession,
@@ -192,10 +266,11 @@ def build_service(
 async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
     """Serves until stopped. `span_exporter` (tests) receives every span, as an OTLP collector would.
     A configuration that cannot serve (a bad TLS or auth file, an insecure exposure) raises
-    StartupError before anything is opened."""
+    StartupError before anything is opened; so does a store that cannot be opened."""
     secure = transport(settings)  # reads the TLS files
     refuse_insecure(settings, secure)
     authenticator = build_authenticator(settings)  # reads the tokens file or the JWKS file
+    store = await opened_store(settings.store)
     observability = build_observability(settings, span_exporter)
     http = HttpSession(settings.http_pool_size, settings.max_model_reply_bytes)
     tools = HttpTools(
@@ -203,7 +278,6 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         pool_size=settings.http_pool_size,
         max_text_bytes=settings.max_text_bytes,
     )
-    store = open_store(settings.store)
     limits = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
@@ -264,6 +338,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     await server.start()
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    _not_serving_once_broken(store, health)
     log.info(
         "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s)",
         port,

@@ -46,6 +46,8 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
     elif isinstance(error, e.Unavailable):
         code = code_pb2.UNAVAILABLE
+        if isinstance(error, e.StoreBroken):  # not a moment's trouble: this server needs a restart
+            details.append(error_details_pb2.ErrorInfo(reason="STORE_BROKEN", domain=DOMAIN))
     elif isinstance(error, e.Unauthenticated):
         code = code_pb2.UNAUTHENTICATED
     elif isinstance(error, e.PermissionDenied):

@@ -16,7 +16,16 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.errors import DomainError, FieldViolation, InvalidArgument, OwnedElsewhere, Unauthenticated, Unavailable, shown
+from ..domain.errors import (
+    DomainError,
+    FieldViolation,
+    InvalidArgument,
+    OwnedElsewhere,
+    StoreBroken,
+    Unauthenticated,
+    Unavailable,
+    shown,
+)
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
 from ..domain.model import ToolResult, WorkerExecutor
 from ..domain.runtime import Runtime
@@ -459,8 +468,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                             return
                         except PeerUnavailable:
                             pass
-                except Unavailable:
-                    if self.service.draining or not self.service.leases.shared or forwarded(_metadata(context)):
+                except Unavailable as error:
+                    if (
+                        isinstance(error, StoreBroken)  # this replica serves nothing more: the caller goes elsewhere
+                        or self.service.draining
+                        or not self.service.leases.shared
+                        or forwarded(_metadata(context))
+                    ):
                         raise
                     # This replica's copy stopped (its lease moved): follow the runtime to its new owner.
                 missed = time.monotonic() if missed is None else missed

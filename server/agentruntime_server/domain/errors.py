@@ -100,3 +100,16 @@ class NotJournaled(Detached, Unavailable):
 
     def __init__(self, runtime_id: str) -> None:
         super().__init__(f"runtime {shown(runtime_id)} could not be written: the change was not kept; retry the call")
+
+
+class StoreBroken(Unavailable):
+    """A commit of this process's store failed (its database went away, a full disk): it
+    acknowledges nothing more until the server is restarted. The server's fault, not the
+    caller's: another replica (or this one, restarted) takes the call. The cause is in the
+    server log only: it may quote SQL or the database's address."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this server can no longer write to its store (a write failed; see the server log)"
+            " and must be restarted; retry the call at another replica, or once this one is back"
+        )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import DomainError, Fenced, NotJournaled
+from .errors import DomainError, Fenced, NotFound, NotJournaled
 from .events import Event, EventKind, EventLog
 from .handle import Handle
 from .model import (
@@ -594,6 +594,9 @@ def replay(tree: Tree, entries: Sequence[Entry]) -> None:
         entry.step.apply(tree)
 
 
+_Made = tuple[int, str, EventKind, dict[str, object]]  # an event of a step recorded: (seq, handle, kind, fields)
+
+
 @dataclass
 class Journal:
     """Records steps: applied to the tree, appended to the store, then told to watchers."""
@@ -603,6 +606,7 @@ class Journal:
     events: EventLog
     last_seq: int = 0
     closed: bool = field(default=False, init=False)
+    deleted: bool = field(default=False, init=False)  # closed as its runtime is deleted: a write gets NotFound
     _was_running: bool = field(default=False, init=False)
     _counts: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
 
@@ -615,12 +619,16 @@ class Journal:
         journal._counts = tree.counts
         return journal
 
-    async def record(self, *steps: Step) -> None:
-        if self.closed:  # a copy that left this process's memory (its lease moved, a write failed): it writes nothing
-            raise Fenced(self.tree.runtime_id)
-        now = time.time()
+    def first(self, *steps: Step) -> list[Entry]:
+        """A new runtime's first steps (its options), applied but not appended: the store
+        writes them with the runtime (Store.create_runtime), in one transaction, so that no
+        runtime is ever stored without them. Nobody listens to its events yet."""
+        entries, _ = self._applied(steps, time.time())
+        return entries
+
+    def _applied(self, steps: Sequence[Step], now: float) -> tuple[list[Entry], list[_Made]]:
         entries: list[Entry] = []
-        made: list[tuple[int, str, EventKind, dict[str, object]]] = []
+        made: list[_Made] = []
         event_seq = self.events.last_seq
         for step in steps:
             step.apply(self.tree)
@@ -631,6 +639,15 @@ class Journal:
             self.last_seq += 1
             entries.append(Entry(self.last_seq, now, first, event_seq - first + 1, step))
         self.events.last_seq = event_seq
+        return entries, made
+
+    async def record(self, *steps: Step) -> None:
+        if self.closed:  # a copy that left this process's memory (its lease moved, a write failed): it writes nothing
+            if self.deleted:  # (the tree is named by the key, `tenant:id`)
+                raise NotFound("runtime", self.tree.runtime_id.rpartition(":")[2], "it was deleted")
+            raise Fenced(self.tree.runtime_id)
+        now = time.time()
+        entries, made = self._applied(steps, now)
         running = self.tree.active
         changed = running if running != self._was_running else None
         self._was_running = running

@@ -190,8 +190,19 @@ class Store(Protocol):
 
     durable: bool  # False: nothing survives the process, so nothing is evicted from memory
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
-        """`runtime_id` is the store's key, unique over every tenant."""
+    async def create_runtime(
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        tenant: str = "default",
+        entries: Sequence[Entry] = (),
+        quota: int = 0,
+    ) -> None:
+        """`runtime_id` is the store's key, unique over every tenant (AlreadyExists).
+        `entries`: its first journal entries, seq 1 on, stored with it in one transaction: a
+        runtime is never read back without them; appends go on after them. `quota` (0: none):
+        QuotaExceeded if the tenant has that many runtimes already, counted and inserted in
+        one step against every process sharing the store."""
         ...
 
     async def runtime_exists(self, runtime_id: str) -> bool: ...

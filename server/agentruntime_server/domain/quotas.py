@@ -31,6 +31,14 @@ class QuotaExceeded(ResourceExhausted):
         self.quota = quota
 
 
+def runtimes_quota_reached(tenant: str, quota: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant,
+        "runtimes",
+        f"tenant {tenant!r} has {quota} runtimes, its quota (AGENTRUNTIME_QUOTA_RUNTIMES); DeleteRuntime one first",
+    )
+
+
 class Tenancy(Protocol):
     """What a runtime asks of the service about its tenant's quotas."""
 

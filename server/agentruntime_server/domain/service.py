@@ -25,7 +25,7 @@ from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
 from .ports import Leases, RuntimeRow, Services
-from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger
+from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger, runtimes_quota_reached
 from .runtime import Runtime
 from .validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
 
@@ -57,12 +57,11 @@ class RuntimeService:
         self.draining = False
         self._ledger = TokenLedger()
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
-        self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> retention's delete under way
+        self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> the store's delete under way
         self._ledger_loaded: set[str] = set()
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
         self._taking_over: asyncio.Task[None] | None = None  # replicas: the takeover under way
-        self._creating: dict[str, asyncio.Lock] = {}  # per tenant: a CreateRuntime's check and insert
         self.recovered = 0  # handles continued from their journal since the start
         services.leases.on_lost(self.lost)
 
@@ -109,11 +108,7 @@ class RuntimeService:
     async def _check_runtimes(self, tenant: str) -> None:
         quota = self.quotas(tenant).runtimes
         if quota and await self.services.store.count_runtimes(tenant) >= quota:
-            raise QuotaExceeded(
-                tenant,
-                "runtimes",
-                f"tenant {tenant!r} has {quota} runtimes, its quota (AGENTRUNTIME_QUOTA_RUNTIMES); DeleteRuntime one first",
-            )
+            raise runtimes_quota_reached(tenant, quota)
 
     async def _check_new(self, key: str, runtime_id: str, tenant: str) -> None:
         if key in self._runtimes or await self.services.store.runtime_exists(key):
@@ -145,14 +140,14 @@ class RuntimeService:
             if unlisted:
                 raise InvalidArgument(unlisted)
             check_agents(agents, self.services.models.names)  # the listed tools, schemas and all
-        # The check and the insert are one step per tenant in this process: with a store that
-        # awaits (PostgreSQL), concurrent calls would all count the runtimes before any insert.
-        async with self._creating.setdefault(tenant, asyncio.Lock()):
-            await self._check_new(key, runtime_id, tenant)
-            runtime = Runtime(runtime_id, agents, self.services, key)
-            await self.services.store.create_runtime(key, agents, tenant)
-        if options != RuntimeOptions():
-            await runtime.journal.record(Configured(options))
+        await self._check_new(key, runtime_id, tenant)
+        runtime = Runtime(runtime_id, agents, self.services, key)
+        first = runtime.journal.first(Configured(options)) if options != RuntimeOptions() else []
+        # One step in the store, which has the last word: the runtime with its options (a crash
+        # between two writes left one without them, its id taken), and the tenant's runtimes
+        # counted with the insert (creates at once, here or on other replicas, would each count
+        # before the others' inserts: the check above is only the early answer).
+        await self.services.store.create_runtime(key, agents, tenant, first, self.quotas(tenant).runtimes)
         self._remember(runtime)
         return runtime
 
@@ -178,7 +173,7 @@ class RuntimeService:
         if loading is not None:  # another caller is loading it (a store whose reads await): share its copy
             return await asyncio.shield(loading)
         deleting = self._deleting.get(key)
-        if deleting is not None:  # retention is deleting it unless it was written since: as it decides
+        if deleting is not None:  # being deleted (retention: unless it was written since): as the store decides
             await asyncio.shield(deleting)
             return await self.runtime(runtime_id, tenant)
         future: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
@@ -345,13 +340,34 @@ class RuntimeService:
         except BaseException:
             runtime.arm_timers()  # a refused delete changes nothing: its timers run on
             raise
+        deleting = self._deleting.get(runtime.key)
+        if deleting is not None or runtime.journal.closed:
+            # Another delete came first (DeleteRuntime, retention), or this copy was dropped
+            # while it closed: again, from the store as that left it.
+            if deleting is not None:
+                await asyncio.shield(deleting)
+            return await self.delete_runtime(runtime_id, force, tenant)
         await self._forget(runtime)
 
     async def _forget(self, runtime: Runtime) -> None:
+        """Once the delete starts, the runtime is gone for every other call: its copy writes
+        nothing more (NotFound) and a load waits until the store has deleted it. Else a call
+        could write between the copy's last write and the store's delete (on PostgreSQL both
+        await), be acknowledged, and lose its write: the commit finds no row to write to, or
+        a copy loaded from the rows about to go lives on in memory."""
+        key = runtime.key
+        runtime.journal.closed = runtime.journal.deleted = True
         runtime.stop_timers()
         runtime.events.close(deleted=True)
-        self._runtimes.pop(runtime.key, None)
-        await self.services.store.delete_runtime(runtime.key)
+        if self._runtimes.get(key) is runtime:
+            del self._runtimes[key]
+        decided = asyncio.get_running_loop().create_future()
+        self._deleting[key] = decided
+        try:
+            await self.services.store.delete_runtime(key)
+        finally:
+            del self._deleting[key]
+            decided.set_result(None)
 
     async def delete_idle(self, retention: float) -> int:
         """Retention: every runtime no step was written to for `retention` seconds goes."""
@@ -366,7 +382,7 @@ class RuntimeService:
     async def _delete_if_idle(self, key: str, before: float) -> bool:
         """The pass awaits between runtimes, so its listing may be stale by the time it gets to
         one: a call may have loaded it since, or written to it. Such a runtime is kept."""
-        if key in self._loading:
+        if key in self._loading or key in self._deleting:
             return False
         runtime = self._runtimes.get(key)
         reopen = False

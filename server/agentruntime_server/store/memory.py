@@ -7,9 +7,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..domain.errors import AlreadyExists
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.quotas import runtimes_quota_reached
 from .payloads import journal_rows
 
 
@@ -24,6 +26,11 @@ class _Runtime:
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
     running: bool = False
 
+    def add(self, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            self.entries.append(entry)
+            self.last_events.append(max(entry.last_event, self.last_events[-1] if self.last_events else 0))
+
     def idle(self, before: float) -> bool:
         return self.updated_at < before and not self.running
 
@@ -35,11 +42,22 @@ class MemoryStore:
         self._runtimes: dict[str, _Runtime] = {}
         self._tokens: dict[tuple[str, int], int] = {}
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+    async def create_runtime(
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        tenant: str = "default",
+        entries: Sequence[Entry] = (),
+        quota: int = 0,
+    ) -> None:
         if runtime_id in self._runtimes:
-            raise KeyError(f"runtime {runtime_id!r} exists")
+            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+        if quota and await self.count_runtimes(tenant) >= quota:
+            raise runtimes_quota_reached(tenant, quota)
+        journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
         now = time.time()
         self._runtimes[runtime_id] = _Runtime(agents, tenant, now, updated_at=now)
+        self._runtimes[runtime_id].add(entries)
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return runtime_id in self._runtimes
@@ -53,9 +71,7 @@ class MemoryStore:
     ) -> None:
         runtime = self._runtimes[runtime_id]
         journal_rows(runtime_id, len(runtime.entries) + 1, entries)  # held to what a durable store can keep
-        for entry in entries:
-            runtime.entries.append(entry)
-            runtime.last_events.append(max(entry.last_event, runtime.last_events[-1] if runtime.last_events else 0))
+        runtime.add(entries)
         if running is not None:
             runtime.running = running
         if counts is not None:

@@ -86,7 +86,7 @@ class PostgresLeases:
         broke: it commits nothing more until restarted, so its leases lapse and the other
         replicas take its runtimes over (its pool still connects: it would hold them for good)."""
         if self.store._broken is not None:
-            raise self.store._broken
+            raise self.store._broken.with_traceback(None)
         pool = await self.store._connected()
         sent = time.monotonic()
         await pool.execute(

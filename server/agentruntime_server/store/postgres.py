@@ -6,8 +6,8 @@ checked (its seqs) and encoded when it is made, all or nothing, and buffered; th
 runtime appended are written by one statement (`_COMMIT`: one round trip, atomic) over one
 kept connection, when the tick ends or, while a commit is under way, as soon as it ends (the
 next commit gathers everything appended meanwhile); `flush` awaits that commit, and a commit
-that failed leaves the store broken (every later flush and read raises: nothing is
-acknowledged after it).
+that failed leaves the store broken (every later flush and read raises errors.StoreBroken,
+which callers get as UNAVAILABLE: nothing is acknowledged after it).
 
 asyncpg is asynchronous, so commits overlap the event loop: they run one after another. Reads first await every commit of what was
 appended before them (a store reads its own writes). The pool connects, and the schema is
@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
-from ..domain.errors import AlreadyExists, Fenced
+from ..domain.errors import AlreadyExists, Fenced, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.quotas import runtimes_quota_reached
 from . import payloads
 from .payloads import Row, journal_rows
 from .pg_migrations import migrate
@@ -43,6 +46,7 @@ from .urls import redacted
 if TYPE_CHECKING:
     from .pg_leases import PostgresLeases
 
+log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
 # One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
@@ -76,6 +80,34 @@ WITH mine AS (
 )
 SELECT id FROM mine
 """
+
+# A new runtime and its first journal rows, in one statement: $1-$5 the runtime (id, agents,
+# the time, tenant, owner), $6 the tenant's quota of runtimes (0: none), $7-$12 the rows.
+# Under a quota it is inserted only while the tenant has fewer (create_runtime holds the
+# tenant's lock first); the journal rows go only with it.
+_CREATE = """
+WITH created AS (
+    INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)
+    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1
+    WHERE $6::int = 0 OR (SELECT COUNT(*) FROM runtimes WHERE tenant = $4::text) < $6::int
+    RETURNING id
+), appended AS (
+    INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step)
+    SELECT j.* FROM unnest($7::text[], $8::bigint[], $9::float8[], $10::bigint[], $11::bigint[], $12::bytea[])
+        AS j(runtime_id, seq, at, first_event, last_event, step)
+    WHERE EXISTS (SELECT 1 FROM created)
+)
+SELECT COUNT(*) FROM created
+"""
+# pg_advisory_xact_lock's first key for a tenant's creates (the second: the tenant's). The
+# two-key locks are apart from migrate's one-key lock.
+_QUOTA_LOCK = 0x71756F74  # "quot"
+
+
+def _tenant_lock(tenant: str) -> int:
+    """The tenant as an int4 (tenants that collide share a lock: they only wait on each other)."""
+    return zlib.crc32(tenant.encode()) - (1 << 31)
+
 
 # Retention's test of a runtime `r`: not written since $1, nothing running, and held by no
 # live replica but this one, $2 (another live one has it in its memory: not deleted under it).
@@ -135,8 +167,10 @@ class PostgresStore:
         self._writer_connection: Any = None
         self._last: asyncio.Future[None] | None = None  # the latest commit's outcome
         self._writing: set[asyncio.Task[None]] = set()
-        # A commit that failed: nothing is acknowledged after it, ever.
+        # A commit that failed: nothing is acknowledged after it, ever. (Raised without the
+        # traceback of its last raise: one exception raised again and again keeps every frame.)
         self._broken: BaseException | None = None
+        self._on_broken: list[Callable[[], None]] = []
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
         # Replicas: the leases, the epoch of every runtime this process owns, and the
         # runtimes whose writes were refused since (until claimed again).
@@ -146,6 +180,10 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self._url)!r})"
+
+    async def connect(self) -> None:
+        """Connects and migrates now, rather than at first use (a server's start fails at once)."""
+        await self._connected()
 
     async def _connected(self) -> Any:
         if self._pool is None:
@@ -191,13 +229,11 @@ class PostgresStore:
     async def _commit(self, batch: _Batch) -> None:
         try:
             if self._broken is not None:
-                raise self._broken
+                raise self._broken.with_traceback(None)
             if batch.touched or batch.tokens:
                 await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
-            if self._broken is None:
-                self._broken = RuntimeError(f"the store could not commit ({type(exc).__name__}: {exc}); restart the server")
-            batch.done.set_exception(self._broken)
+            batch.done.set_exception(self._broken if self._broken is not None else self._break(exc))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
@@ -206,6 +242,18 @@ class PostgresStore:
             if self._open is not None:
                 self._cut()  # what gathered meanwhile
         batch.done.set_result(None)
+
+    def _break(self, cause: BaseException) -> StoreBroken:
+        log.error("the store could not commit (%s); restart the server", type(cause).__name__, exc_info=cause)
+        broken = self._broken = StoreBroken()
+        broken.__cause__ = cause
+        for callback in self._on_broken:
+            callback()
+        return broken
+
+    def on_broken(self, callback: Callable[[], None]) -> None:
+        """`callback()` runs once, when a commit fails (the health service stops serving)."""
+        self._on_broken.append(callback)
 
     async def _writer(self) -> Any:
         """The connection commits go through: one, kept (commits run one at a time anyway,
@@ -261,7 +309,7 @@ class PostgresStore:
     async def _settle(self) -> None:
         """Every entry appended so far is committed (reads see them)."""
         if self._broken is not None:
-            raise self._broken
+            raise self._broken.with_traceback(None)
         waited = self._open.done if self._open is not None else self._last
         self._cut()  # at once, if no commit is under way
         if waited is not None:
@@ -269,7 +317,7 @@ class PostgresStore:
 
     async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
-            raise self._broken
+            raise self._broken.with_traceback(None)
         if self._open is not None:  # committed when the tick ends, or when the commit under way does
             waited: asyncio.Future[None] | None = self._open.done
         else:
@@ -281,32 +329,51 @@ class PostgresStore:
 
     # ---- writes --------------------------------------------------------------------------
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+    async def create_runtime(
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        tenant: str = "default",
+        entries: Sequence[Entry] = (),
+        quota: int = 0,
+    ) -> None:
+        rows, next_seq = journal_rows(runtime_id, 1, entries)
         pool = await self._connected()
-        now = time.time()
         owner = self.leasing.replica_id if self.leasing is not None else None
+        parameters = (
+            runtime_id,
+            _AGENTS.dump_json(agents).decode(),
+            time.time(),
+            tenant,
+            owner,  # replicas: its creator runs it first (no other replica knows it yet)
+            quota,
+            *([row[n] for row in rows] for n in range(6)),
+        )
         # Until its epoch is recorded below, a renewal that already reads the new row must not
         # release it as a runtime this replica no longer holds (another would then claim it
         # while this replica answers from its own copy).
         creating = self.leasing.creating(runtime_id) if self.leasing is not None else contextlib.nullcontext()
         with creating:
-            try:
-                await pool.execute(  # its own transaction: a runtime is created once, and acknowledged at once
-                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, 1)",
-                    runtime_id,
-                    _AGENTS.dump_json(agents).decode(),
-                    now,
-                    tenant,
-                    now,
-                    owner,  # replicas: its creator runs it first (no other replica knows it yet)
-                )
+            try:  # its own transaction, not the group commit's: a runtime is created once, and acknowledged at once
+                if not quota:
+                    created = await pool.fetchval(_CREATE, *parameters)
+                else:
+                    async with pool.acquire() as connection, connection.transaction():
+                        # Creates of one tenant, from any process, one at a time: each counts
+                        # in a statement that starts once the one before has committed (READ
+                        # COMMITTED reads as of the start of a statement, so the count cannot
+                        # share a statement with the wait; and without the lock, two creates
+                        # at once would each count before the other's insert, and both pass).
+                        await connection.execute("SELECT pg_advisory_xact_lock($1, $2)", _QUOTA_LOCK, _tenant_lock(tenant))
+                        created = await connection.fetchval(_CREATE, *parameters)
             except asyncpg.UniqueViolationError:  # created at the same moment through another connection
                 raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
+            if not created:
+                raise runtimes_quota_reached(tenant, quota)
             if owner is not None:
                 self.epochs[runtime_id] = 1
                 self.fenced.discard(runtime_id)
-        self._next_seq[runtime_id] = 1  # so that append never awaits: the journal assigns seqs in order
+        self._next_seq[runtime_id] = next_seq  # so that append never awaits: the journal assigns seqs in order
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         await self._settle()
@@ -322,18 +389,20 @@ class PostgresStore:
     ) -> None:
         if self.leasing is not None and runtime_id not in self.epochs:
             raise Fenced(runtime_id)  # this process does not own it (any more): nothing it writes counts
+        epoch = self.epochs.get(runtime_id)
         if runtime_id not in self._next_seq:
             pool = await self._connected()
             async with pool.acquire() as connection:
                 if await connection.fetchval("SELECT 1 FROM runtimes WHERE id = $1", runtime_id) is None:
                     raise KeyError(f"no runtime {runtime_id!r} to append to")
                 last = await connection.fetchval("SELECT MAX(seq) FROM journal WHERE runtime_id = $1", runtime_id)
+            if self.epochs.get(runtime_id) != epoch:
+                # Lost while the seq was read (and maybe claimed again): the read may predate
+                # another replica's writes, and the copy appending is not this epoch's.
+                raise Fenced(runtime_id)
             self._next_seq.setdefault(runtime_id, (last or 0) + 1)  # another append may have come first
         # From here on no await: checked, encoded and buffered at once, all or nothing, so that
         # nothing that reaches the tick's commit can fail.
-        if self.leasing is not None and runtime_id not in self.epochs:
-            raise Fenced(runtime_id)  # lost while the seq was read
-        epoch = self.epochs.get(runtime_id)
         if self._open is not None and self._open.epochs.get(runtime_id, epoch) != epoch:
             self._open.forget(runtime_id)  # a dropped copy's rows, refused anyway: one epoch a batch
         rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
@@ -351,8 +420,13 @@ class PostgresStore:
         await self._settle()
         pool = await self._connected()
         async with pool.acquire() as connection, connection.transaction():
-            await connection.execute("DELETE FROM journal WHERE runtime_id = $1", runtime_id)
+            # The runtime's row first: a commit that locked it first is waited for, and its rows
+            # are seen by the journal's delete (a statement of its own, read after it); a
+            # commit after finds no row and writes none. The other way round, a commit landing
+            # between the two statements left journal rows of no runtime, under the seqs a
+            # runtime created again with this id appends.
             await connection.execute("DELETE FROM runtimes WHERE id = $1", runtime_id)
+            await connection.execute("DELETE FROM journal WHERE runtime_id = $1", runtime_id)
         self._next_seq.pop(runtime_id, None)
         self.epochs.pop(runtime_id, None)
         self.fenced.discard(runtime_id)
@@ -366,6 +440,7 @@ class PostgresStore:
     async def load(self, runtime_id: str) -> StoredRuntime | None:
         await self._settle()
         pool = await self._connected()
+        epoch = self.epochs.get(runtime_id)  # replicas: the lease this read may speak for
         async with pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
             agents = await connection.fetchval("SELECT agents FROM runtimes WHERE id = $1", runtime_id)
             if agents is None:
@@ -373,7 +448,11 @@ class PostgresStore:
             rows = await connection.fetch(_ENTRIES + " ORDER BY seq", runtime_id)
         entries = [_entry(*row) for row in rows]
         # Appends of this runtime follow from here without an await (two could race otherwise).
-        self._next_seq.setdefault(runtime_id, (entries[-1].seq if entries else 0) + 1)
+        # Replicas: only a read made under a lease held throughout knows the last seq; one of a
+        # runtime another replica runs may predate that replica's last commit, and end after
+        # this replica claimed the runtime (the claim forgets the seq: append reads it again).
+        if self.leasing is None or (epoch is not None and self.epochs.get(runtime_id) == epoch):
+            self._next_seq.setdefault(runtime_id, (entries[-1].seq if entries else 0) + 1)
         return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
@@ -437,7 +516,8 @@ class PostgresStore:
 
     async def close(self) -> None:
         try:
-            await self._settle()
+            if self._broken is None:  # broken: nothing more can be written (it was logged then)
+                await self._settle()
         finally:
             if self._writing:
                 await asyncio.wait(list(self._writing))

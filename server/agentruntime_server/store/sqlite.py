@@ -9,23 +9,28 @@ happens inside one, so it is atomic with respect to the runtime's in-memory stat
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import TypeAdapter
 
+from ..domain.errors import AlreadyExists, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.quotas import runtimes_quota_reached
 from . import payloads
 from .migrations import migrate
 from .payloads import Row, journal_rows
 
+log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
+_COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
 
 
@@ -47,8 +52,10 @@ class SqliteStore:
         self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
         self._commit_due = False
         self._committed: asyncio.Future[None] | None = None
-        # A commit that failed (a full disk): nothing is acknowledged after it, ever.
+        # A commit that failed (a full disk): nothing is acknowledged after it, ever. (Raised
+        # without the traceback of its last raise: one exception raised again keeps every frame.)
         self._broken: BaseException | None = None
+        self._on_broken: list[Callable[[], None]] = []
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
 
     # Group commit: the entries appended in one event-loop tick, by every runtime, are
@@ -74,7 +81,7 @@ class SqliteStore:
         if self._broken is not None:
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
-            raise self._broken
+            raise self._broken.with_traceback(None)
         try:
             if self._rows or self._running or self._tokens:
                 rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
@@ -100,16 +107,23 @@ class SqliteStore:
                     raise
                 self._db.execute("COMMIT")
         except BaseException as exc:
-            self._broken = RuntimeError(f"the store could not commit ({type(exc).__name__}: {exc}); restart the server")
+            log.error("the store could not commit (%s); restart the server", type(exc).__name__, exc_info=exc)
+            self._broken = StoreBroken()
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
-            raise
+            for callback in self._on_broken:
+                callback()
+            raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
 
+    def on_broken(self, callback: Callable[[], None]) -> None:
+        """`callback()` runs once, when a commit fails (the health service stops serving)."""
+        self._on_broken.append(callback)
+
     async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
-            raise self._broken
+            raise self._broken.with_traceback(None)
         if not (self._rows or self._running or self._tokens):
             return
         if self._committed is None:
@@ -119,12 +133,33 @@ class SqliteStore:
 
     # ---- writes --------------------------------------------------------------------------
 
-    async def create_runtime(self, runtime_id: str, agents: tuple[AgentSpec, ...], tenant: str = "default") -> None:
+    async def create_runtime(
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        tenant: str = "default",
+        entries: Sequence[Entry] = (),
+        quota: int = 0,
+    ) -> None:
+        rows, _ = journal_rows(runtime_id, 1, entries)
         now = time.time()
-        self._db.execute(  # autocommit: a runtime is created once, and acknowledged at once
-            "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
-            (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
-        )
+        # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if quota and self._db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
+                raise runtimes_quota_reached(tenant, quota)
+            try:
+                self._db.execute(
+                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
+                    (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
+            self._db.executemany(_APPEND, rows)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
@@ -215,7 +250,7 @@ class SqliteStore:
         return [runtime_id for (runtime_id,) in rows]
 
     async def count_runtimes(self, tenant: str) -> int:
-        count: int = self._db.execute("SELECT COUNT(*) FROM runtimes WHERE tenant = ?", (tenant,)).fetchone()[0]
+        count: int = self._db.execute(_COUNT, (tenant,)).fetchone()[0]
         return count
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
@@ -235,7 +270,8 @@ class SqliteStore:
 
     async def close(self) -> None:
         try:
-            self._commit()
+            if self._broken is None:  # broken: nothing more can be written (it was logged then)
+                self._commit()
         finally:
             self._db.close()
 
