@@ -65,3 +65,16 @@ async def test_the_cli_prints_no_terminal_control_from_model_text(tmp_path: Path
     for out in (ran, shown):
         assert "owned" in out  # the text is shown, its control characters escaped
         assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, out
+
+
+async def test_a_watch_allowed_many_retries_waits_a_bounded_time_between_them() -> None:
+    """max_retries is the caller's; the wait between reconnects doubles only up to a cap, so
+    a large max_retries neither waits for ages nor overflows (2**1024 is no float)."""
+    port = free_port()
+    async with Client(f"127.0.0.1:{port}") as client:
+        watching = client.watch("rt", max_retries=1100, backoff=1e-300).__anext__()
+        try:
+            await asyncio.wait_for(watching, 60)
+        except Exception as error:  # every reconnect refused: after the last, the UNAVAILABLE
+            assert type(error).__name__ == "AgentRuntimeError", error
+            assert "UNAVAILABLE" in str(error) or "failed to connect" in str(error), error

@@ -31,6 +31,7 @@ ToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], Awaitable[str] | str]
 WAIT_SLICE = 30.0  # seconds one Wait asks the server for: well under any proxy's idle cut
 WAIT_MARGIN = 10.0  # seconds a Wait's call deadline leaves past its server timeout
 RESUME_ATTEMPTS = 8
+WATCH_MAX_BACKOFF = 30.0  # seconds between Watch reconnects at the most, however many max_retries allows
 # Calls that change nothing when repeated are retried by gRPC itself when the server is
 # unreachable (Wake, Post, Spawn, Interrupt, Close, CreateRuntime and DeleteRuntime are not:
 # a lost answer does not say whether they took effect).
@@ -178,11 +179,16 @@ async def _paged(fetch: Callable[[str], Awaitable[tuple[Sequence[_Item], str]]])
             return
 
 
+def _doubled(base: float, failures: int, cap: float) -> float:
+    """base * 2^failures seconds, at most `cap`. The exponent stops growing long past any cap:
+    at 2^1024 the product is no float, and a caller whose server is away for an hour must not
+    die of OverflowError."""
+    return min(cap, base * 2.0 ** min(failures, 64))
+
+
 def _jittered(base: float, failures: int, cap: float) -> float:
-    """A random wait up to base * 2^failures seconds, at most `cap` (full jitter). The exponent
-    stops growing long past any cap: at 2^1024 the product is no float, and a worker whose
-    server is away for an hour must not die of OverflowError."""
-    return random.uniform(0, min(cap, base * 2 ** min(failures, 64)))
+    """A random wait up to `_doubled` (full jitter)."""
+    return random.uniform(0, _doubled(base, failures, cap))
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -419,7 +425,7 @@ class Client:
         A dropped stream (UNAVAILABLE, or RESOURCE_EXHAUSTED with reason WATCH_LAGGING when
         this consumer fell too far behind) is reopened from the last seq seen, so nothing is
         missed or seen twice. After `max_retries` reconnects in a row with no event between
-        them (waiting `backoff` seconds, doubling, before each), the error is raised."""
+        them (waiting `backoff` seconds, doubling up to 30, before each), the error is raised."""
         seen = after_seq
         failures = 0
         while True:
@@ -436,7 +442,7 @@ class Client:
                 if not (lagging or error.code is grpc.StatusCode.UNAVAILABLE) or failures >= max_retries:
                     raise error from None
                 if not lagging:
-                    await asyncio.sleep(backoff * 2**failures)
+                    await asyncio.sleep(_doubled(backoff, failures, WATCH_MAX_BACKOFF))
                 failures += 1
                 continue
             finally:
@@ -444,7 +450,7 @@ class Client:
             # The server ended the stream (it is shutting down): reopen it like a drop.
             if failures >= max_retries:
                 raise AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
-            await asyncio.sleep(backoff * 2**failures)
+            await asyncio.sleep(_doubled(backoff, failures, WATCH_MAX_BACKOFF))
             failures += 1
 
     async def serve_tools(
