@@ -19,7 +19,10 @@ def _smallest(*values: int | None) -> int | None:
     return min(present) if present else None
 
 
-def carve(own: Budget, parent: Handle | None) -> Budget:
+def carve(own: Budget, parent: Handle | None, delegated: bool = True) -> Budget:
+    """`delegated`: the child does part of the parent's work (a task call), so its turns come
+    out of the parent's; a judge or a summarizer works on the parent's turns instead (a judge
+    of the answer of the parent's last turn would get none)."""
     if parent is None:
         return own
     cap = parent.budget
@@ -28,7 +31,7 @@ def carve(own: Budget, parent: Handle | None) -> Budget:
         return None if limit is None else max(limit - used, 0)
 
     return Budget(
-        max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.usage.turns)),
+        max_turns=_smallest(own.max_turns, left(cap.max_turns, parent.usage.turns)) if delegated else own.max_turns,
         max_tokens=_smallest(own.max_tokens, left(cap.max_tokens, parent.usage.total_tokens)),
         max_tool_calls=_smallest(own.max_tool_calls, left(cap.max_tool_calls, parent.subtree_tool_calls_spent)),
         max_wall_time=own.max_wall_time,  # per run; a child's run deadline is carved from its parent's
@@ -43,9 +46,15 @@ def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
     """The limit that forbids another model turn now, and whose budget sets it."""
     if handle.budget.max_turns is not None and handle.usage.turns >= handle.budget.max_turns:
         return Limit.MAX_TURNS, handle
-    for node in handle.lineage():
-        if node.budget.max_tokens is not None and node.usage.total_tokens >= node.budget.max_tokens:
-            return Limit.MAX_TOKENS, node
+    spent = [
+        node
+        for node in handle.lineage()
+        if node.budget.max_tokens is not None and node.usage.total_tokens >= node.budget.max_tokens
+    ]
+    if spent:
+        # The topmost: while an ancestor's budget is used up too, no extension of the handle's
+        # own could let it go on (the ancestor caps it), so the handle must not ask for one.
+        return Limit.MAX_TOKENS, spent[-1]
     return None
 
 
@@ -71,9 +80,11 @@ def check_raised(handle: Handle, budget: Budget, field: str) -> None:
 
 
 def binding_tool_calls(handle: Handle) -> Handle | None:
-    """The handle of the lineage whose tool-call budget has the fewest calls left."""
+    """The handle of the lineage whose tool-call budget has the fewest calls left; on a tie the
+    topmost (a child carved to its parent's remaining calls uses both up at once, and only
+    the ancestor's could be raised)."""
     capped = [node for node in handle.lineage() if node.budget.max_tool_calls is not None]
-    return min(capped, key=lambda node: (node.budget.max_tool_calls or 0) - node.subtree_tool_calls_spent, default=None)
+    return min(reversed(capped), key=lambda node: (node.budget.max_tool_calls or 0) - node.subtree_tool_calls_spent, default=None)
 
 
 def extended(handle: Handle, fields: dict[str, int]) -> Budget:

@@ -186,7 +186,7 @@ class Runtime:
         return await self.spawn_child(parent, agent, budget_override, key=None)
 
     async def spawn_child(
-        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None
+        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None, delegated: bool = True
     ) -> Handle:
         if parent is not None:
             budgets.check_spawn(parent)
@@ -200,7 +200,7 @@ class Runtime:
         number = counters.get(agent.name, 0) + 1
         handle_id = f"{parent.id if parent else 'root'}/{agent.name}.{number}"
         own = agent.budget.overridden_by(budget_override) if budget_override else agent.budget
-        budget = budgets.carve(own, parent)
+        budget = budgets.carve(own, parent, delegated)
         await self.journal.record(Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number))
         handle = self.handles[handle_id]
         self.arm_heartbeat(handle)

@@ -73,7 +73,7 @@ class RunHost(Protocol):
     draining: bool
 
     async def spawn_child(
-        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None
+        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None, delegated: bool = True
     ) -> Handle: ...
 
     async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run: ...
@@ -236,7 +236,9 @@ class TurnLoop:
         # summarizer, a later turn gets its own, and so does the next run after a rolled-back one
         # (its turn may have the same number: an interrupted turn's reply is never counted).
         key = f"compaction_run_{handle.runs}_turn_{handle.usage.turns + 1}"
-        result = await self.run_child(handle, run, key=key, agent_name=compaction.summarizer_agent, prompt=prompt)
+        result = await self.run_child(
+            handle, run, key=key, agent_name=compaction.summarizer_agent, prompt=prompt, delegated=False
+        )
         if isinstance(result, TaskResult) and result.status is Status.PENDING and result.pending is not None:
             return result.pending
         if isinstance(result, ToolResult) or result.status is not Status.DONE or not result.text.strip():
@@ -518,12 +520,15 @@ class TurnLoop:
             return result.pending
         return ToolResult(prompts.task_output(result), is_error=result.status is not Status.DONE)
 
-    async def run_child(self, handle: Handle, run: Run, key: str, agent_name: str, prompt: str) -> TaskResult | ToolResult:
-        """Runs (or reattaches to) the child keyed by `key`; a refused spawn is an error result."""
+    async def run_child(
+        self, handle: Handle, run: Run, key: str, agent_name: str, prompt: str, delegated: bool = True
+    ) -> TaskResult | ToolResult:
+        """Runs (or reattaches to) the child keyed by `key`; a refused spawn is an error result.
+        Not `delegated`: a judge or a summarizer (budgets.carve)."""
         child = handle.children_by_key.get(key)
         if child is None:
             try:
-                child = await self.host.spawn_child(handle, self.host.tree.agents[agent_name], None, key=key)
+                child = await self.host.spawn_child(handle, self.host.tree.agents[agent_name], None, key=key, delegated=delegated)
             except ResourceExhausted as exc:
                 return ToolResult(f"not spawned: {exc} ({exc.limit.wire_name})", is_error=True)
             await self.host.start_run(child, prompt, parent_run=run)
@@ -554,6 +559,7 @@ class TurnLoop:
                 key=f"judge_turn_{handle.usage.turns}",
                 agent_name=gate.judge_agent,
                 prompt=prompts.judge_prompt(task, text),
+                delegated=False,
             )
             if isinstance(verdict, TaskResult) and verdict.status is Status.PENDING and verdict.pending is not None:
                 return verdict.pending
