@@ -10,8 +10,6 @@ import json
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -25,25 +23,16 @@ from tests.test_security import (
     AUDIENCE,
     ISSUER,
     bearer,
+    jwt_server,
     public_jwk,
     refused,
     rsa_key,
     sign,
+    signer,
     unauthenticated,
 )
 
-
-@pytest.fixture
-def signer() -> rsa.RSAPrivateKey:
-    return rsa_key()
-
-
-@pytest.fixture
-async def jwt_server(tmp_path: Path, signer: rsa.RSAPrivateKey) -> AsyncIterator[Served]:
-    jwks = tmp_path / "jwks.json"
-    jwks.write_text(json.dumps({"keys": [public_jwk(signer, "k1", "RS256")]}))
-    async with serve(auth="jwt", auth_jwks=str(jwks), auth_issuer=ISSUER, auth_audience=AUDIENCE) as served:
-        yield served
+__all__ = ["jwt_server", "signer"]  # test_security's fixtures, used here
 
 
 async def test_each_jwt_refusal_names_its_own_reason(jwt_server: Served, signer: rsa.RSAPrivateKey) -> None:
