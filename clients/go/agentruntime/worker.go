@@ -168,6 +168,10 @@ func reconnectable(err error) bool {
 func backoffDelay(initial, maxDelay time.Duration, failures int) time.Duration {
 	ceiling := initial
 	for i := 0; i < failures && ceiling < maxDelay; i++ {
+		if ceiling > maxDelay/2 { // doubling it would pass the cap, or wrap past MaxInt64 to a busy loop
+			ceiling = maxDelay
+			break
+		}
 		ceiling *= 2
 	}
 	ceiling = min(ceiling, maxDelay)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -342,6 +343,21 @@ func TestBackoffDelayDoublesUpToTheCap(t *testing.T) {
 	}
 	if d := backoffDelay(250*time.Millisecond, 10*time.Second, 1000); d > 10*time.Second {
 		t.Errorf("after 1000 failures: %v", d)
+	}
+}
+
+// A cap of "never mind" (MaxInt64) once let the doubling wrap to a negative or zero delay after
+// about 34 failures: a worker then reconnected in a busy loop through a long outage.
+func TestBackoffDelayWithNoCapNeverWraps(t *testing.T) {
+	for failures := range 100 {
+		ceiling := time.Second << min(failures, 33)
+		if failures > 33 {
+			ceiling = math.MaxInt64
+		}
+		d := backoffDelay(time.Second, math.MaxInt64, failures)
+		if d < ceiling/2 || d > ceiling {
+			t.Fatalf("after %d failures: %v, want between %v and %v", failures, d, ceiling/2, ceiling)
+		}
 	}
 }
 

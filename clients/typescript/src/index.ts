@@ -389,7 +389,7 @@ export class AgentRuntimeClient {
    * stream (UNAVAILABLE; CANCELED or ABORTED from a connection that died; RESOURCE_EXHAUSTED
    * with ErrorInfo reason WATCH_LAGGING when this consumer fell too far behind) or one the
    * server ends is reopened from the last seq seen,
-   * so nothing is missed or seen twice: after a pause of 1 s doubling per failure in a row
+   * so nothing is missed or seen twice: after a pause of 1 s doubling per failure in a row, up to 30 s
    * (`backoffMs`), drawn from its upper half (none when lagging). After `maxRetries` (default 5) reconnections in a row with
    * no event between them, the last error is thrown; any other code is thrown at once.
    * `options.signal` (or leaving the loop) ends it.

@@ -50,6 +50,15 @@ export function jitteredBackoff(policy: RetryPolicy, failures: number): number {
   return Math.random() * ceiling;
 }
 
+/**
+ * `baseMs * 2^failures`, at most `capMs`. The exponent stops growing long past any cap (from
+ * 2^1024 the product is Infinity), and the cap keeps the pause within setTimeout's 2^31-1 ms:
+ * a longer one fires at once, a busy loop through a long outage.
+ */
+export function doubledBackoff(baseMs: number, failures: number, capMs: number): number {
+  return Math.min(capMs, baseMs * 2 ** Math.min(failures, 64));
+}
+
 /** What an abort rejects with: Connect's CANCELED, as an aborted call does. */
 export function abortError(signal: AbortSignal): ConnectError {
   return ConnectError.from(signal.reason ?? new Error("the operation was aborted"), Code.Canceled);

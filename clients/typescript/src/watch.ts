@@ -7,7 +7,7 @@ import { Code, ConnectError, type Client as ConnectClient } from "@connectrpc/co
 
 import { AgentRuntime, type Event } from "./gen/agentruntime/v1/agent_runtime_pb.js";
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
-import { isDropped, pause } from "./retry.js";
+import { doubledBackoff, isDropped, pause } from "./retry.js";
 
 export interface WatchOptions {
   /** Ends the iteration (it returns; no error): the stream is cancelled. */
@@ -16,7 +16,7 @@ export interface WatchOptions {
    * Reconnections in a row with no event between them before the error is thrown (default 5).
    */
   maxRetries?: number;
-  /** The first reconnection delay in ms (default 1000), doubled per failure in a row, jittered. */
+  /** The first reconnection delay in ms (default 1000), doubled per failure in a row up to 30 s, jittered. */
   backoffMs?: number;
   /**
    * Called when the stream dropped (`error`) or the server ended it (`error` undefined), with
@@ -27,6 +27,9 @@ export interface WatchOptions {
 
 /** The default of WatchOptions.maxRetries. */
 export const DEFAULT_WATCH_RETRIES = 5;
+
+/** The longest pause between reconnections, however many `maxRetries` allows (as the Python client's). */
+const WATCH_MAX_BACKOFF_MS = 30_000;
 
 /** RESOURCE_EXHAUSTED with ErrorInfo reason WATCH_LAGGING: this consumer fell too far behind. */
 function isLagging(error: ConnectError): boolean {
@@ -75,8 +78,9 @@ export async function* watch(
       throw dropped ?? new ConnectError("the server ended the Watch stream", Code.Unavailable);
     }
     // A lagging consumer reconnects at once (the server is up); otherwise 1 s doubling per
-    // failure in a row, drawn from its upper half.
-    const ceiling = dropped !== undefined && isLagging(dropped) ? 0 : backoff * 2 ** failures;
+    // failure in a row up to 30 s, drawn from its upper half.
+    const ceiling =
+      dropped !== undefined && isLagging(dropped) ? 0 : doubledBackoff(backoff, failures, WATCH_MAX_BACKOFF_MS);
     const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
     failures += 1;
     options.onDisconnect?.(dropped, delay);
