@@ -166,7 +166,7 @@ class Handle:
         self.tool_answers: dict[str, Answer] = {}
         # Calls that were in flight when the process died and whose tool says ASK.
         self.in_doubt: frozenset[str] = NONE
-        self.last_tick: float | None = None  # when its heartbeat last ticked
+        self.last_tick: float | None = None  # when its heartbeat last ticked (before a first tick: its spawn)
         # Compactions: (the transcript index the model's view resumes at, the summary before it).
         self.compactions: list[tuple[int, Message]] = []
         self.run: Run | None = None  # in memory only: the run in flight

@@ -591,7 +591,15 @@ def events_of(entry: Entry) -> list[Event]:
 def replay(tree: Tree, entries: Sequence[Entry]) -> None:
     """Rebuilds a tree from its journal: the steps applied again, in order."""
     for entry in entries:
-        entry.step.apply(tree)
+        _apply(tree, entry.step, entry.at)
+
+
+def _apply(tree: Tree, step: Step, at: float) -> None:
+    step.apply(tree)
+    if isinstance(step, Spawned) and tree.handles[step.handle_id].agent.heartbeat is not None:
+        # A heartbeat's periods run from the spawn: those missed before a first tick (the
+        # server down meanwhile) come due at the restart, counted, as later ones do.
+        tree.handles[step.handle_id].last_tick = at
 
 
 _Made = tuple[int, str, EventKind, dict[str, object]]  # an event of a step recorded: (seq, handle, kind, fields)
@@ -631,7 +639,7 @@ class Journal:
         made: list[_Made] = []
         event_seq = self.events.last_seq
         for step in steps:
-            step.apply(self.tree)
+            _apply(self.tree, step, now)
             first = event_seq + 1
             for handle_id, kind, fields in step.events():
                 event_seq += 1

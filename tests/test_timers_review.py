@@ -1,0 +1,99 @@
+"""Review of heartbeats, compaction and Requests that expire across a crash: real server
+processes, SIGKILL, then a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from typing import Any
+
+from agentruntime.v1 import agent_runtime_pb2 as pb
+
+from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
+from tests.support.model_server import Reply, ScriptedModelServer, last_user
+from tests.support.poll import until
+from tests.support.process import ServerProcess
+from tests.support.tool_server import ToolServer
+
+CATCH_UP = re.compile(r"\[from heartbeat, (\d+) times: the latest shown\] tick$")
+
+
+async def test_periods_missed_before_a_first_tick_come_due_at_the_restart_counted(
+    process: ServerProcess, model: ScriptedModelServer
+) -> None:
+    """A handle whose heartbeat never ticked yet (spawned just before the server died) missed
+    the periods of the downtime too: they come due at the restart as one tick that counts
+    them, not a period after the restart as if it had just been spawned."""
+    runs: list[tuple[float, str]] = []
+
+    def beater(body: dict[str, Any]) -> Reply:
+        runs.append((time.monotonic(), last_user(body)))
+        return Reply(text="beat", tokens=1)
+
+    model.script("beater", beater)
+    stub = await process.start()
+    runtime_id = await create(stub, agent("beater", heartbeat=pb.Heartbeat(every=duration(2), prompt="tick")))
+    await spawn(stub, runtime_id, "beater")
+    await process.stop(signal.SIGKILL)
+    assert runs == []  # killed before its first period was over
+    await asyncio.sleep(5.5)  # the periods at 2 s and 4 s pass while it is down
+
+    stub = await process.restart()
+    restarted = time.monotonic()
+    await until(lambda: len(runs) >= 1, "the catch-up run after the restart", timeout=6)
+    assert runs[0][0] - restarted < 1.5, "the periods missed waited a whole period more"
+    catch_up = CATCH_UP.search(runs[0][1])
+    assert catch_up is not None, runs[0][1]
+    assert 2 <= int(catch_up.group(1)) <= 5, runs[0][1]
+
+
+STEPS = 6
+
+
+def stepper(body: dict[str, Any]) -> Reply:
+    """One tool call a turn until the tool has run STEPS times, then the answer."""
+    last_tool = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"), None)
+    done = int(last_tool.rsplit("#", 1)[1]) if last_tool else 0
+    if done >= STEPS:
+        return Reply(text="all steps done", tokens=10)
+    return Reply(text=f"step {done + 1}: " + "noting progress " * 12, calls=[("step", {"n": done + 1})], tokens=10)
+
+
+async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_once(
+    process: ServerProcess, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    """Killed while the summarizer's model call is out: after the restart the same summarizer
+    goes on (no second one for that turn), its summary takes effect once, and the handle's
+    total_tokens is its own plus what its summarizers spent, each once."""
+    summarizer_calls: list[float] = []
+
+    def summarize(body: dict[str, Any]) -> Reply:
+        summarizer_calls.append(time.monotonic())
+        delay = 60.0 if len(summarizer_calls) == 1 else 0.0  # the first is cut by the crash
+        return Reply(text="Steps so far all succeeded.", tokens=7, delay=delay)
+
+    model.script("worker", stepper)
+    model.script("summarizer", summarize)
+    stub = await process.start()
+    compaction = pb.Compaction(max_context_tokens=150, keep_last_turns=2, summarizer_agent="summarizer")
+    worker = agent("worker", tools=[http_tool("step", tools.url("step"))], compaction=compaction)
+    runtime_id = await create(stub, worker, agent("summarizer"))
+    handle_id = await spawn(stub, runtime_id, "worker")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="run the steps"))
+    await until(lambda: len(summarizer_calls) >= 1, "the first summarizer call", timeout=10)
+    await process.stop(signal.SIGKILL)
+
+    stub = await process.restart()
+    result = await wait(stub, runtime_id, handle_id)
+    assert (result.status, result.text, result.tool_calls) == (pb.STATUS_DONE, "all steps done", STEPS)
+    assert tools.hits["step"] == STEPS
+    messages = await transcript(stub, runtime_id, handle_id)
+    summaries = [m for m in messages if m.summary]
+    summarizers = [view for view in (await views(stub, runtime_id)).values() if view.agent == "summarizer"]
+    assert summaries and len(summarizers) == len(summaries) == len(summarizer_calls) - 1
+    assert all(view.parent_id == handle_id and view.last_status == pb.STATUS_DONE for view in summarizers)
+    assert [view.turns for view in summarizers] == [1] * len(summarizers)
+    assert result.own_tokens == result.turns * 10
+    assert result.total_tokens == result.own_tokens + 7 * len(summarizers)
