@@ -626,6 +626,9 @@ class Runtime:
         now = time.time()
         due = (handle.last_tick or now) + beat.every
         loop = asyncio.get_running_loop()
+        replaced = self._heartbeats.get(handle.id)
+        if replaced is not None:  # one chain of ticks a handle, however often it is armed
+            replaced.cancel()
         self._heartbeats[handle.id] = loop.call_later(max(due - now, 0.0), lambda: loop.create_task(self._beat(handle)))
 
     async def _beat(self, handle: Handle) -> None:
@@ -650,6 +653,9 @@ class Runtime:
             return
         loop = asyncio.get_running_loop()
         delay = max(request.expires_at - time.time(), at_least)
+        replaced = self._lapses.get(request.id)
+        if replaced is not None:
+            replaced.cancel()
         self._lapses[request.id] = loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
 
     def release_timers(self) -> None:
