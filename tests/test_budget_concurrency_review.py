@@ -6,23 +6,13 @@ budget under children running at once is what the README says: one turn per hand
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.tool_server import ToolServer
-
-
-def delegates(*prompts: str) -> Any:
-    def script(body: dict[str, Any]) -> Reply:
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": prompt.split(":")[0], "prompt": prompt}) for prompt in prompts])
-        return Reply(text="done")
-
-    return script
+from tests.test_budget_workers_review import delegates
 
 
 async def test_a_child_that_asks_stops_at_its_parents_token_budget_used_up_with_its_own(

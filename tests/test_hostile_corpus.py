@@ -21,7 +21,6 @@ so every run has them. 634 cases run: 470 drawn (the sum of the tests' max_examp
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -29,10 +28,8 @@ import logging
 import math
 import re
 import sqlite3
-import threading
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +44,7 @@ from google.protobuf.message import Message as ProtoMessage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.servers import Served, serve
+from tests.support.server_thread import ServerThread
 
 Code = grpc.StatusCode
 ALLOWED = {
@@ -141,38 +138,6 @@ def _describe(record: logging.LogRecord) -> str:
     return line
 
 
-class ServerThread:
-    """The real server on its own event loop, so that test bodies stay synchronous."""
-
-    def __init__(self, **overrides: Any) -> None:
-        self.overrides = overrides
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="hostile-corpus-server", daemon=True)
-        self.serving = AsyncExitStack()
-
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
-
-    def start(self) -> int:
-        self.thread.start()
-        served: Served = self.run(self.serving.enter_async_context(serve(**self.overrides)))
-        return served.port
-
-    def stop(self) -> None:
-        self.run(self.serving.aclose())
-        self.run(_cancel_the_rest())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
-
-
-async def _cancel_the_rest() -> None:
-    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 class StoreReader:
     """A read-only view of the server's SQLite file: every table, every row, sorted."""
 
@@ -248,7 +213,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
     root.addHandler(records)
     root.setLevel(logging.DEBUG)
     path = tmp_path_factory.mktemp("hostile") / "store.db"
-    server = ServerThread(llm_style="scripted", store=f"sqlite:///{path}")
+    server = ServerThread("hostile-corpus-server", llm_style="scripted", store=f"sqlite:///{path}")
     try:
         port = server.start()
         store = StoreReader(path)

@@ -61,6 +61,13 @@ class Replica:
 
 @pytest.fixture
 async def pair(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
+    async with two_replicas(database) as replicas:
+        yield replicas
+
+
+@contextlib.asynccontextmanager
+async def two_replicas(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
+    """Two replicas' stores and leases on one database, driven by the test, and an admin connection."""
     first, second = Replica(database, "127.0.0.1:1001"), Replica(database, "127.0.0.1:1002")
     await first.leases.start()
     await second.leases.start()

@@ -16,16 +16,13 @@ or Wake.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tests.support.build import agent, duration, struct
-from tests.support.servers import Served, serve
+from tests.support.server_thread import ServerThread
 
 Code = grpc.StatusCode
 CLIENT_CODES = {
@@ -130,27 +127,6 @@ PICK = st.integers(0, 2**16)
 # ---- the server, on a thread of its own so that the machine's rules stay synchronous ---------
 
 
-class ServerThread:
-    def __init__(self, **overrides: Any) -> None:
-        self.overrides = overrides
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="stateful-server", daemon=True)
-        self.serving = AsyncExitStack()
-
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(60)
-
-    def start(self) -> int:
-        self.thread.start()
-        served: Served = self.run(self.serving.enter_async_context(serve(**self.overrides)))
-        return served.port
-
-    def stop(self) -> None:
-        self.run(self.serving.aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-
-
 class Errors(logging.Handler):
     """ERROR records and tracebacks the server logs: a bug of ours, whatever the caller did."""
 
@@ -166,7 +142,9 @@ class Errors(logging.Handler):
 class Harness:
     def __init__(self) -> None:
         self.directory = tempfile.TemporaryDirectory()
-        self.server = ServerThread(store=f"sqlite:///{Path(self.directory.name) / 'store.db'}", inbox_capacity=INBOX_CAPACITY)
+        self.server = ServerThread(
+            "stateful-server", store=f"sqlite:///{Path(self.directory.name) / 'store.db'}", inbox_capacity=INBOX_CAPACITY
+        )
         self.errors = Errors()
         logging.getLogger().addHandler(self.errors)
         port = self.server.start()

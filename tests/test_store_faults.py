@@ -31,7 +31,7 @@ from tests.support.postgres import fresh_database
 from tests.support.process import free_port
 from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
-from tests.test_replicas import LEASE, Replica, journal_of
+from tests.test_replicas import LEASE, Replica, journal_of, two_replicas
 from tests.test_replicas_review import Pair, cut_off, pair, settled_at, started_run
 from tests.test_store_contract import AGENTS, story
 
@@ -40,16 +40,8 @@ __all__ = ["pair"]  # the fixture of test_replicas_review, used here
 
 @pytest.fixture
 async def replicas(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
-    """Two replicas' stores and leases on one database, driven by the test, and an admin connection."""
-    first, second = Replica(database, "127.0.0.1:1001"), Replica(database, "127.0.0.1:1002")
-    await first.leases.start()
-    await second.leases.start()
-    admin = await asyncpg.connect(database)
-    yield first, second, admin
-    await admin.close()
-    for replica in (first, second):
-        with contextlib.suppress(Exception):
-            await replica.store.close()
+    async with two_replicas(database) as replicas:
+        yield replicas
 
 
 async def _nothing(after: int) -> list[Any]:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
@@ -20,6 +19,7 @@ from tests.support.build import agent, duration, http_tool, spawn, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.servers import serve
+from tests.test_lapse_review import tool
 from tests.test_lifecycle_more import SignInTool, crm_script
 from tests.test_tenants import ACME, Caller, assert_quota, refused, reply, scripted, tenant_server
 
@@ -31,13 +31,7 @@ WORKER = ("acme", "review-acme-worker-token-9a4b", ["read", "write"], "acme-work
 # at most once a second: past both, a revoked token is refused everywhere.
 REVOKED_EVERYWHERE = 2.2
 
-
-@pytest.fixture
-async def tool() -> AsyncIterator[SignInTool]:
-    server = SignInTool()
-    await server.start()
-    yield server
-    await server.stop()
+__all__ = ["tool"]  # test_lapse_review's fixture, used here
 
 
 def write_tokens(path: Path, *entries: tuple[str, str, list[str], str]) -> None:
