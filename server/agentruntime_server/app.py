@@ -101,9 +101,6 @@ def _not_serving_once_broken(store: Store, health: HealthServicer) -> None:
     """A store whose commit failed acknowledges nothing more until the server is restarted:
     its health checks say NOT_SERVING from then on, so that a load balancer or an
     orchestrator sends callers elsewhere (and restarts it)."""
-    on_broken = getattr(store, "on_broken", None)  # a durable store; memory:// never breaks
-    if on_broken is None:
-        return
     loop = asyncio.get_running_loop()
     setting: set[asyncio.Task[None]] = set()
 
@@ -113,7 +110,7 @@ def _not_serving_once_broken(store: Store, health: HealthServicer) -> None:
             setting.add(task)
             task.add_done_callback(setting.discard)
 
-    on_broken(stop_serving)
+    store.on_broken(stop_serving)
 
 
 async def _retain(service: RuntimeService, retention: float) -> None:

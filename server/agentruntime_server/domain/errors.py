@@ -43,6 +43,11 @@ class AlreadyExists(DomainError):
     pass
 
 
+class RuntimeExists(AlreadyExists):
+    def __init__(self, runtime_id: str) -> None:
+        super().__init__(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+
+
 class FailedPrecondition(DomainError):
     def __init__(self, message: str, reason: str = "FAILED_PRECONDITION") -> None:
         self.reason = reason

@@ -260,6 +260,11 @@ class Store(Protocol):
         accepted (a store shared by replicas raises errors.Fenced once its lease is lost)."""
         ...
 
+    def on_broken(self, callback: Callable[[], None]) -> None:
+        """`callback()` runs once, when a commit fails: from then on the store takes nothing
+        more and raises errors.StoreBroken (the server must be restarted)."""
+        ...
+
     async def close(self) -> None: ...
 
 

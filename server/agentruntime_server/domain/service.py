@@ -13,12 +13,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from .errors import (
-    AlreadyExists,
     FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
     OwnedElsewhere,
+    RuntimeExists,
     Unavailable,
 )
 from .journal import Configured
@@ -112,7 +112,7 @@ class RuntimeService:
 
     async def _check_new(self, key: str, runtime_id: str, tenant: str) -> None:
         if key in self._runtimes or await self.services.store.runtime_exists(key):
-            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+            raise RuntimeExists(runtime_id)
         await self._check_runtimes(tenant)
 
     async def create_runtime(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..domain.errors import AlreadyExists
+from ..domain.errors import RuntimeExists
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
@@ -51,7 +51,7 @@ class MemoryStore:
         quota: int = 0,
     ) -> None:
         if runtime_id in self._runtimes:
-            raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+            raise RuntimeExists(runtime_id)
         if quota and await self.count_runtimes(tenant) >= quota:
             raise runtimes_quota_reached(tenant, quota)
         journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
@@ -121,6 +121,9 @@ class MemoryStore:
 
     async def flush(self, runtime_id: str | None = None) -> None:
         pass
+
+    def on_broken(self, callback: Callable[[], None]) -> None:
+        pass  # nothing to commit, nothing that fails
 
     async def close(self) -> None:
         self._runtimes.clear()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
-from ..domain.errors import AlreadyExists, Fenced, StoreBroken
+from ..domain.errors import Fenced, RuntimeExists, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
@@ -367,7 +367,7 @@ class PostgresStore:
                         await connection.execute("SELECT pg_advisory_xact_lock($1, $2)", _QUOTA_LOCK, _tenant_lock(tenant))
                         created = await connection.fetchval(_CREATE, *parameters)
             except asyncpg.UniqueViolationError:  # created at the same moment through another connection
-                raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
+                raise RuntimeExists(runtime_id) from None
             if not created:
                 raise runtimes_quota_reached(tenant, quota)
             if owner is not None:

@@ -9,16 +9,17 @@ happens inside one, so it is atomic with respect to the runtime's in-memory stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from ..domain.errors import AlreadyExists, StoreBroken
+from ..domain.errors import RuntimeExists, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
@@ -88,24 +89,19 @@ class SqliteStore:
                 self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
                 tokens, self._tokens = self._tokens, {}
                 now = time.time()
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    self._db.executemany(_APPEND, rows)
-                    self._db.executemany("UPDATE runtimes SET running = ? WHERE id = ?", [(v, k) for k, v in running.items()])
-                    self._db.executemany(
+                with self._transaction() as db:
+                    db.executemany(_APPEND, rows)
+                    db.executemany("UPDATE runtimes SET running = ? WHERE id = ?", [(v, k) for k, v in running.items()])
+                    db.executemany(
                         "UPDATE runtimes SET handles = ?, running_handles = ?, suspended_handles = ? WHERE id = ?",
                         [(*value, key) for key, value in counts.items()],
                     )
-                    self._db.executemany("UPDATE runtimes SET updated_at = ? WHERE id = ?", [(now, key) for key in touched])
-                    self._db.executemany(
+                    db.executemany("UPDATE runtimes SET updated_at = ? WHERE id = ?", [(now, key) for key in touched])
+                    db.executemany(
                         "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
                         "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens",
                         [(tenant, minute, value) for (tenant, minute), value in tokens.items()],
                     )
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
         except BaseException as exc:
             log.error("the store could not commit (%s); restart the server", type(exc).__name__, exc_info=exc)
             self._broken = StoreBroken()
@@ -116,6 +112,17 @@ class SqliteStore:
             raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (IMMEDIATE), committed or rolled back whole."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def on_broken(self, callback: Callable[[], None]) -> None:
         """`callback()` runs once, when a commit fails (the health service stops serving)."""
@@ -144,22 +151,17 @@ class SqliteStore:
         rows, _ = journal_rows(runtime_id, 1, entries)
         now = time.time()
         # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            if quota and self._db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
+        with self._transaction() as db:
+            if quota and db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
                 raise runtimes_quota_reached(tenant, quota)
             try:
-                self._db.execute(
+                db.execute(
                     "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
                     (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
                 )
             except sqlite3.IntegrityError:
-                raise AlreadyExists(f"runtime {runtime_id!r} already exists; choose another id or leave it empty") from None
-            self._db.executemany(_APPEND, rows)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+                raise RuntimeExists(runtime_id) from None
+            db.executemany(_APPEND, rows)
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
@@ -219,27 +221,17 @@ class SqliteStore:
 
     async def delete_runtime(self, runtime_id: str) -> None:
         self._commit()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            self._db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-            self._db.execute("DELETE FROM runtimes WHERE id = ?", (runtime_id,))
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._transaction() as db:
+            db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
+            db.execute("DELETE FROM runtimes WHERE id = ?", (runtime_id,))
         self._next_seq.pop(runtime_id, None)
 
     async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
         self._commit()  # an append still buffered is a write: it moves updated_at first
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            deleted = self._db.execute(f"DELETE FROM runtimes WHERE id = ? AND {_IDLE}", (runtime_id, before)).rowcount
+        with self._transaction() as db:
+            deleted = db.execute(f"DELETE FROM runtimes WHERE id = ? AND {_IDLE}", (runtime_id, before)).rowcount
             if deleted:
-                self._db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+                db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
         if deleted:
             self._next_seq.pop(runtime_id, None)
         return bool(deleted)
