@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from .errors import (
     FailedPrecondition,
@@ -361,10 +361,17 @@ class RuntimeService:
         runtime.events.close(deleted=True)
         if self._runtimes.get(key) is runtime:
             del self._runtimes[key]
+        async with self._deciding(key):
+            await self.services.store.delete_runtime(key)
+
+    @contextlib.asynccontextmanager
+    async def _deciding(self, key: str) -> AsyncIterator[None]:
+        """While the store deletes the runtime (or decides not to), a load of it waits
+        (`runtime`), so it cannot write under the delete."""
         decided = asyncio.get_running_loop().create_future()
         self._deleting[key] = decided
         try:
-            await self.services.store.delete_runtime(key)
+            yield
         finally:
             del self._deleting[key]
             decided.set_result(None)
@@ -395,14 +402,11 @@ class RuntimeService:
             reopen = not runtime.journal.closed  # a copy closed already is dead: it stays so
             runtime.journal.closed = True
             del self._runtimes[key]
-        decided = asyncio.get_running_loop().create_future()
-        self._deleting[key] = decided  # a load waits for the decision, so it cannot write under it
         deleted = False
         try:
-            deleted = await self.services.store.delete_if_idle(key, before)
+            async with self._deciding(key):
+                deleted = await self.services.store.delete_if_idle(key, before)
         finally:
-            del self._deleting[key]
-            decided.set_result(None)
             if runtime is not None and reopen and not deleted:  # written since the listing: the copy carries on
                 runtime.journal.closed = False
                 self._remember(runtime)
