@@ -127,7 +127,7 @@ conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the P
 test-go: $(STAMP) ## the Go client: vet, build, unit tests, then the vectors against a fresh server
 	$(MAKE) -C clients/go test
 
-test-typescript: $(STAMP) tools ## the TypeScript client: build, then the vectors against a fresh server
+test-typescript: $(STAMP) tools ## the TypeScript client: build, unit tests (node:test), then the vectors against a fresh server
 	scripts/with-server.sh $(MAKE) -C $(TS_DIR) test
 
 test-java: $(STAMP) ## the Java client (Maven, stubs generated at build): the vectors against a fresh server

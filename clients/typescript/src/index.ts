@@ -54,25 +54,29 @@ import {
   type QuotaFailure,
   type ResourceInfo,
 } from "./gen/google/rpc/error_details_pb.js";
-import { RESUME_RETRY, SAFE_RETRY, WAIT_RETRY, retrying } from "./retry.js";
+import { sessionOptions, type KeepaliveOptions } from "./keepalive.js";
+import { RESUME_RETRY, SAFE_RETRY, WAIT_MARGIN_MS, WAIT_RETRY, deadlineMs, retrying, waitSliceMs } from "./retry.js";
 import { watch, type WatchOptions } from "./watch.js";
 import { serveTools, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 
 export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
-export { RESUME_RETRY, SAFE_RETRY, SAFE_TO_REPEAT, WAIT_RETRY, type RetryPolicy } from "./retry.js";
+export { DEFAULT_KEEPALIVE, type KeepaliveOptions } from "./keepalive.js";
+export {
+  RESUME_RETRY,
+  SAFE_RETRY,
+  SAFE_TO_REPEAT,
+  WAIT_MARGIN_MS,
+  WAIT_RETRY,
+  WAIT_SLICE_MS,
+  type RetryPolicy,
+} from "./retry.js";
 export * from "./gen/agentruntime/v1/agent_runtime_pb.js";
 export * from "./gen/google/rpc/error_details_pb.js";
 export { Code, ConnectError, type Interceptor };
 
 /** The default deadline of every call, as in the Python client (60 s); Wait and Watch have their own. */
 export const DEFAULT_TIMEOUT_MS = 60_000;
-
-/** The longest one Wait RPC asks the server for (WaitRequest.timeout): well under any proxy's idle cut. */
-export const WAIT_SLICE_MS = 30_000;
-
-/** How far a Wait RPC's call deadline lies past its server-side timeout. */
-export const WAIT_MARGIN_MS = 10_000;
 
 /** Options of `wait`. */
 export interface WaitOptions {
@@ -86,22 +90,6 @@ export interface RunOptions extends WaitOptions {
   timeoutMs?: number;
 }
 
-/**
- * HTTP/2 keepalive of the client's connection (Connect's Node session manager): PING frames that
- * find a dead connection (a server that vanished without closing it, a NAT that dropped it)
- * before a call hangs on it.
- */
-export interface KeepaliveOptions {
-  /** Sends a PING after this many ms without a frame received; unset: no PINGs (Connect's default). */
-  pingIntervalMs?: number;
-  /** Closes the connection (and its calls, which fail UNAVAILABLE-like and are retried where safe) when a PING is not answered within this many ms (default 15 000). */
-  pingTimeoutMs?: number;
-  /** Also PINGs while no call is open (default false: an idle connection is checked before its next call). */
-  pingIdleConnection?: boolean;
-  /** Closes a connection no call used for this many ms (default 15 min); the next call reconnects. */
-  idleConnectionTimeoutMs?: number;
-}
-
 export interface ClientOptions {
   /**
    * Connect over TLS (`https://`), verifying the server against Node's bundled CAs. Default
@@ -111,7 +99,8 @@ export interface ClientOptions {
   /** Sent as `authorization: Bearer <token>` on every call (`raw` calls included). */
   token?: string;
   /**
-   * The deadline of each call in ms (default 60 000); 0 means no deadline. It does not bound
+   * The deadline of each call in ms (default 60 000); 0 means no deadline, and one past
+   * setTimeout's longest delay (2^31-1 ms, about 24.8 days; Infinity too) is that long. It does not bound
    * `wait` (each Wait RPC has its own deadline) nor `watch` and `serveTools` (none).
    */
   timeoutMs?: number;
@@ -127,8 +116,12 @@ export interface ClientOptions {
   clientCertificateFile?: string;
   /** `clientKey` read from a PEM file. */
   clientKeyFile?: string;
-  /** HTTP/2 PINGs that detect a dead connection (default: none), see KeepaliveOptions. */
-  keepalive?: KeepaliveOptions;
+  /**
+   * HTTP/2 PINGs that detect a dead connection, see KeepaliveOptions. Default DEFAULT_KEEPALIVE
+   * (a PING after 60 s without a frame while a call or stream is open, 20 s to answer it); the
+   * fields given override it; `false` sends no PINGs.
+   */
+  keepalive?: KeepaliveOptions | false;
   /**
    * Connect interceptors run around every call (`raw` ones, retries' attempts, `watch` and
    * `serveTools` streams included), the first one outermost. The `token`'s interceptor runs
@@ -189,8 +182,11 @@ export class AgentRuntimeClient {
     const secure = options.tls === true || Object.keys(security).length > 0;
     const url = baseUrl(target, secure);
     // The connection (an HTTP/2 session, reopened when it drops), held here so `disconnect` can end it.
-    // KeepaliveOptions names Connect's own session options, so they pass as they are.
-    this.sessions = new Http2SessionManager(url, options.keepalive, Object.keys(security).length > 0 ? security : undefined);
+    this.sessions = new Http2SessionManager(
+      url,
+      sessionOptions(options.keepalive),
+      Object.keys(security).length > 0 ? security : undefined,
+    );
     const transport = createGrpcTransport({ baseUrl: url, interceptors, sessionManager: this.sessions });
     this.raw = createConnectClient(AgentRuntime, transport);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
@@ -205,9 +201,7 @@ export class AgentRuntimeClient {
   }
 
   private call(timeoutMs?: number): CallOptions {
-    const ms = timeoutMs ?? this.timeoutMs;
-    // Connect: timeoutMs <= 0 disables the deadline.
-    return { timeoutMs: ms > 0 ? ms : 0 };
+    return { timeoutMs: deadlineMs(timeoutMs ?? this.timeoutMs) };
   }
 
   /** Creates a runtime (one tree); returns its id (generated when `runtimeId` is empty). */
@@ -250,9 +244,7 @@ export class AgentRuntimeClient {
     for (;;) {
       const response = await retrying(
         () => {
-          // What is left of the caller's timeout, at most one slice (0 once it has passed:
-          // the server then answers at once, STATUS_TIMEOUT if the handle still runs).
-          const slice = end === undefined ? WAIT_SLICE_MS : Math.min(WAIT_SLICE_MS, Math.max(Math.ceil(end - performance.now()), 0));
+          const slice = waitSliceMs(end, performance.now());
           const request = { runtimeId, handleId, timeout: durationFromMs(slice) };
           return this.raw.wait(request, { timeoutMs: slice + WAIT_MARGIN_MS, signal });
         },

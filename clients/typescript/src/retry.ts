@@ -32,6 +32,34 @@ export const RESUME_RETRY: RetryPolicy = { attempts: 8, initialBackoffMs: 100, m
 /** Wait: a restarting server is waited for until the caller's timeout (or abort). */
 export const WAIT_RETRY: RetryPolicy = { attempts: Number.POSITIVE_INFINITY, initialBackoffMs: 100, maxBackoffMs: 5_000 };
 
+/** The longest one Wait RPC asks the server for (WaitRequest.timeout): well under any proxy's idle cut. */
+export const WAIT_SLICE_MS = 30_000;
+
+/** How far a Wait RPC's call deadline lies past its server-side timeout. */
+export const WAIT_MARGIN_MS = 10_000;
+
+/**
+ * The longest delay setTimeout keeps (2^31-1 ms, about 24.8 days). A longer one (Infinity
+ * included) fires at once: a deadline that expires before the call starts, a pause that is none.
+ */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * The timeout of one Wait RPC at `now`: what is left of the caller's timeout (until `end`,
+ * `performance.now()` time; undefined: none), at most one slice, and 0 once it has passed (the
+ * server then answers at once, STATUS_TIMEOUT if the handle still runs).
+ */
+export function waitSliceMs(end: number | undefined, now: number): number {
+  if (end === undefined) return WAIT_SLICE_MS;
+  return Math.min(WAIT_SLICE_MS, Math.max(Math.ceil(end - now), 0));
+}
+
+/** The `timeoutMs` of a call for the client's: 0 (Connect: no deadline) for none, at most MAX_TIMER_MS. */
+export function deadlineMs(timeoutMs: number): number {
+  // NaN fails `> 0`: no deadline, as before this cap.
+  return timeoutMs > 0 ? Math.min(timeoutMs, MAX_TIMER_MS) : 0;
+}
+
 /**
  * Whether a failed call may be made again: the server was unreachable or went away under the
  * call. That is UNAVAILABLE (refused connection, a server shutting down), and also CANCELED and
@@ -51,12 +79,12 @@ export function jitteredBackoff(policy: RetryPolicy, failures: number): number {
 }
 
 /**
- * `baseMs * 2^failures`, at most `capMs`. The exponent stops growing long past any cap (from
- * 2^1024 the product is Infinity), and the cap keeps the pause within setTimeout's 2^31-1 ms:
- * a longer one fires at once, a busy loop through a long outage.
+ * `baseMs * 2^failures`, at most `capMs` and MAX_TIMER_MS: a longer pause would fire at once, a
+ * busy loop through a long outage. The exponent stops growing long past any cap (from 2^1024
+ * the product is Infinity, and 0 * Infinity is NaN).
  */
 export function doubledBackoff(baseMs: number, failures: number, capMs: number): number {
-  return Math.min(capMs, baseMs * 2 ** Math.min(failures, 64));
+  return Math.min(capMs, MAX_TIMER_MS, baseMs * 2 ** Math.min(failures, 64));
 }
 
 /** What an abort rejects with: Connect's CANCELED, as an aborted call does. */

@@ -29,7 +29,7 @@ export interface WatchOptions {
 export const DEFAULT_WATCH_RETRIES = 5;
 
 /** The longest pause between reconnections, however many `maxRetries` allows (as the Python client's). */
-const WATCH_MAX_BACKOFF_MS = 30_000;
+export const WATCH_MAX_BACKOFF_MS = 30_000;
 
 /** RESOURCE_EXHAUSTED with ErrorInfo reason WATCH_LAGGING: this consumer fell too far behind. */
 function isLagging(error: ConnectError): boolean {

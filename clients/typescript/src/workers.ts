@@ -16,7 +16,7 @@ import {
   type ToolOutput,
   type WorkerCall,
 } from "./gen/agentruntime/v1/agent_runtime_pb.js";
-import { pause } from "./retry.js";
+import { doubledBackoff, pause } from "./retry.js";
 
 /**
  * Runs one worker tool call: `args` is the call's arguments (a JSON object), `call` the whole
@@ -214,7 +214,7 @@ export async function serveTools(
     if (signal?.aborted) return;
     // The stream failed or ended (a server restart): reconnect after a jittered pause,
     // 250 ms doubling per failure in a row up to 10 s, drawn from its upper half.
-    const ceiling = Math.min(maxBackoff, backoff * 2 ** failures);
+    const ceiling = doubledBackoff(backoff, failures, maxBackoff);
     const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
     failures += 1;
     options.onDisconnect?.(dropped, delay);
