@@ -40,6 +40,7 @@ from .model import (
     Failure,
     FailureReason,
     GuardrailAction,
+    HandleState,
     HttpExecutor,
     Limit,
     McpExecutor,
@@ -531,6 +532,12 @@ class TurnLoop:
                 child = await self.host.spawn_child(handle, self.host.tree.agents[agent_name], None, key=key, delegated=delegated)
             except ResourceExhausted as exc:
                 return ToolResult(f"not spawned: {exc} ({exc.limit.wire_name})", is_error=True)
+            await self.host.start_run(child, prompt, parent_run=run)
+        elif child.run is None and child.last_result is None and child.state is HandleState.IDLE:
+            # Spawned, but its run never reached the journal (the process died between the two
+            # steps): it never ran, so nothing of it can run twice. It runs now, on the same
+            # prompt (the call's, or one rebuilt from the same transcript), instead of giving
+            # the parent a never-run error.
             await self.host.start_run(child, prompt, parent_run=run)
         if child not in run.children:
             run.children.append(child)
