@@ -177,7 +177,7 @@ class Runtime:
     async def spawn(self, parent_id: str, agent_name: str, budget_override: Budget | None) -> Handle:
         parent = None if parent_id == "root" else self.handle(parent_id)
         if parent is not None and parent.state is HandleState.CLOSED:
-            raise FailedPrecondition(f"parent {parent.id!r} is closed")
+            raise FailedPrecondition(f"parent {parent.id!r} is closed; spawn under an open handle", reason="HANDLE_CLOSED")
         agent = self.agent(agent_name)
         if budget_override is not None:
             violations = check_budget(budget_override, "budget")
@@ -211,7 +211,7 @@ class Runtime:
     ) -> int:
         handle = self.handle(handle_id)
         if handle.state is HandleState.CLOSED:
-            raise FailedPrecondition(f"handle {handle_id!r} is closed; it takes no more messages")
+            raise FailedPrecondition(f"handle {handle_id!r} is closed; it takes no more messages", reason="HANDLE_CLOSED")
         if not text:
             raise InvalidArgument([FieldViolation("text", "post a non-empty message")])
         check_text_size(text, "text", self.services.limits)
