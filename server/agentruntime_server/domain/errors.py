@@ -90,12 +90,31 @@ class OwnedElsewhere(DomainError):
 
 
 class Fenced(Detached, Unavailable):
-    """This process lost a runtime's lease (it was paused or cut off, and another replica
-    took the runtime over): none of its writes for that runtime are accepted any more, so
-    its copy stops at once and the caller retries where the runtime runs now."""
+    """The store takes no more writes of a runtime from this process: another replica took
+    the runtime over (this one was paused or cut off past its lease), or the runtime was
+    deleted under it (DeleteRuntime or retention, elsewhere or while it was cut off). Its
+    copy stops at once and the caller retries: where the runtime runs now, or to be told
+    it is gone (NOT_FOUND).
 
-    def __init__(self, runtime_id: str) -> None:
-        super().__init__(f"runtime {shown(runtime_id)} moved to another replica; retry the call")
+    `gone`: what the store found in the runtime's place, so that the message says what
+    happened: its row deleted (True), held by another replica (False), or not known (None)."""
+
+    def __init__(self, runtime_id: str, gone: bool | None = None) -> None:
+        self.gone = gone
+        name = shown(runtime_id)
+        if gone:
+            message = (
+                f"runtime {name} was deleted (DeleteRuntime, or retention: AGENTRUNTIME_RETENTION)"
+                " before this call's change was written; the change was not kept"
+            )
+        elif gone is False:
+            message = f"runtime {name} moved to another replica; retry the call"
+        else:
+            message = (
+                f"runtime {name} changed under this call (another replica took it over, it was deleted,"
+                " or a write of it failed); retry the call"
+            )
+        super().__init__(message)
 
 
 class NotJournaled(Detached, Unavailable):

@@ -257,7 +257,8 @@ class Store(Protocol):
 
     async def flush(self, runtime_id: str | None = None) -> None:
         """Everything appended so far is durable. `runtime_id`: and that runtime's writes were
-        accepted (a store shared by replicas raises errors.Fenced once its lease is lost)."""
+        accepted (errors.Fenced: a store shared by replicas once its lease is lost; PostgreSQL
+        also once the runtime's row is gone, deleted by another process)."""
         ...
 
     def on_broken(self, callback: Callable[[], None]) -> None:

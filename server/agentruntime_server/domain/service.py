@@ -411,6 +411,7 @@ class RuntimeService:
                 runtime.journal.closed = False
                 self._remember(runtime)
             elif runtime is not None:
+                runtime.journal.deleted = deleted  # a call that still holds the copy is told it was deleted
                 runtime.stop_timers()
                 runtime.events.close(deleted=deleted)
         return deleted

@@ -26,7 +26,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from ..domain.ownership import Claim
 from .postgres import PostgresStore
@@ -69,10 +69,15 @@ class PostgresLeases:
     def on_lost(self, callback: Callable[[str], None]) -> None:
         self._callbacks.append(callback)
 
-    def refused(self, keys: Iterable[str]) -> None:
-        """The store refused writes of these runtimes: their lease was lost."""
+    def refused(self, keys: Iterable[str], gone: Collection[str] = ()) -> None:
+        """The store refused writes of these runtimes: their lease was lost (`gone`: those
+        whose row was deleted, by retention or DeleteRuntime at another replica, while this
+        one was cut off or paused)."""
         for key in keys:
-            log.warning("runtime %s: another replica holds its lease now; this replica's copy stops", key)
+            if key in gone:
+                log.warning("runtime %s: it was deleted while this replica was cut off; this replica's copy stops", key)
+            else:
+                log.warning("runtime %s: another replica holds its lease now; this replica's copy stops", key)
             for callback in self._callbacks:
                 callback(key)
 
@@ -141,7 +146,7 @@ class PostgresLeases:
             epoch = await pool.fetchval(_CLAIM, runtime_id, self.replica_id)
             if epoch is not None:
                 self.store.epochs[runtime_id] = epoch
-                self.store.fenced.discard(runtime_id)
+                self.store.fenced.pop(runtime_id, None)
                 self.store._next_seq.pop(runtime_id, None)  # another replica may have written since
                 return Claim(owned=True)
             holder = await pool.fetchrow(_HOLDER, runtime_id)
@@ -189,11 +194,15 @@ class PostgresLeases:
         await pool.execute(f"DELETE FROM replicas WHERE expires_at < {_NOW} - 3600")
         rows = await pool.fetch("SELECT id, epoch FROM runtimes WHERE owner = $1", self.replica_id)
         owned = {key: epoch for key, epoch in rows}
+        missing = sorted(key for key, epoch in held.items() if owned.get(key) != epoch)
+        present: set[str] = set()
+        if missing:  # rare: whether each was deleted or taken over, for the message its callers get
+            present = {row[0] for row in await pool.fetch("SELECT id FROM runtimes WHERE id = ANY($1::text[])", missing)}
         lost = []
         for key, epoch in held.items():
             if owned.get(key) != epoch and self.store.epochs.get(key) == epoch:  # not claimed again meanwhile
                 del self.store.epochs[key]
-                self.store.fenced.add(key)
+                self.store.fenced[key] = key not in present
                 self.store._next_seq.pop(key, None)
                 lost.append(key)
         # Fresh again only now: had the leases lapsed, what was lost is known before any copy answers.

@@ -13,10 +13,12 @@ asyncpg is asynchronous, so commits overlap the event loop: they run one after a
 appended before them (a store reads its own writes). The pool connects, and the schema is
 migrated, on first use: opening a store (app.open_store) is synchronous.
 
-Replicas (store/pg_leases.py): once a PostgresLeases is attached, every commit first locks
-the rows of the runtimes it writes and keeps only the writes of runtimes this process owns
-at the epoch it appended them under; the rest are refused (fenced), never written, and
-every later append, flush(runtime) or reply for that runtime raises errors.Fenced.
+Every commit first locks the rows of the runtimes it writes, and writes only runtimes whose
+row is there (one deleted meanwhile, by another process, takes no rows). Replicas
+(store/pg_leases.py): once a PostgresLeases is attached, it keeps only the writes of
+runtimes this process owns at the epoch it appended them under. The rest are refused
+(fenced), never written, and every later append or flush(runtime) of that runtime raises
+errors.Fenced, which says whether the runtime was deleted or another replica holds it.
 
 The URL's password is a secret: it is never logged, and `redacted(url)` is what may be."""
 
@@ -85,6 +87,11 @@ SELECT id FROM mine
 # the time, tenant, owner), $6 the tenant's quota of runtimes (0: none), $7-$12 the rows.
 # Under a quota it is inserted only while the tenant has fewer (create_runtime holds the
 # tenant's lock first); the journal rows go only with it.
+# Journal rows already under the id belong to no runtime (its row was just inserted):
+# earlier versions could leave a deleted runtime's journal behind (see delete_runtime). They
+# go with the create, or the new runtime would inherit them (ALREADY_EXISTS, or a commit
+# failing on their seqs): the new rows take the seqs they share (the parts of one statement
+# see one snapshot: a delete and an insert of one key would collide), the rest are deleted.
 _CREATE = """
 WITH created AS (
     INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)
@@ -96,6 +103,10 @@ WITH created AS (
     SELECT j.* FROM unnest($7::text[], $8::bigint[], $9::float8[], $10::bigint[], $11::bigint[], $12::bytea[])
         AS j(runtime_id, seq, at, first_event, last_event, step)
     WHERE EXISTS (SELECT 1 FROM created)
+    ON CONFLICT (runtime_id, seq) DO UPDATE SET
+        at = excluded.at, first_event = excluded.first_event, last_event = excluded.last_event, step = excluded.step
+), orphans AS (
+    DELETE FROM journal WHERE runtime_id = $1::text AND seq <> ALL($8::bigint[]) AND EXISTS (SELECT 1 FROM created)
 )
 SELECT COUNT(*) FROM created
 """
@@ -172,11 +183,12 @@ class PostgresStore:
         self._broken: BaseException | None = None
         self._on_broken: list[Callable[[], None]] = []
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
-        # Replicas: the leases, the epoch of every runtime this process owns, and the
-        # runtimes whose writes were refused since (until claimed again).
+        # Replicas: the leases, and the epoch of every runtime this process owns.
         self.leasing: PostgresLeases | None = None
         self.epochs: dict[str, int] = {}
-        self.fenced: set[str] = set()
+        # The runtimes whose writes were refused since (until claimed, loaded or created
+        # again), each with whether its row was gone (else another replica held it).
+        self.fenced: dict[str, bool] = {}
 
     def __repr__(self) -> str:
         return f"PostgresStore({redacted(self._url)!r})"
@@ -266,9 +278,11 @@ class PostgresStore:
     async def _write(self, connection: Any, batch: _Batch, now: float) -> None:
         """The tick's journal rows and runtime updates in one statement (one round trip, atomic).
 
-        Replicas: only the runtimes this process owns at the epoch their rows were appended
-        under are written; their rows stay locked to the statement, so a claim waits for it
-        and no write of an earlier owner can land after a claim. The rest are refused."""
+        Only runtimes whose row is there are written, and, for replicas, only those this
+        process owns at the epoch their rows were appended under; their rows stay locked to
+        the statement, so a claim or a delete waits for it, and no write of an earlier owner
+        can land after a claim. The rest are refused: never acknowledged (flush(runtime)
+        raises Fenced), as their rows were not written."""
         keys = sorted(batch.touched)
         owner = self.leasing.replica_id if self.leasing is not None else None
         rows = batch.rows
@@ -295,16 +309,22 @@ class PostgresStore:
             list(batch.tokens.values()),
         )
         refused = set(keys) - {row[0] for row in written}
-        if not refused or self.leasing is None:  # no leases: a runtime deleted meanwhile takes no late rows
+        if not refused:
             return
+        if self.leasing is None:  # every runtime is this process's: only one deleted meanwhile is refused
+            gone = refused
+        else:  # a lost lease (rare): read whether the runtime was deleted or taken, for the caller's message
+            present = await connection.fetch("SELECT id FROM runtimes WHERE id = ANY($1::text[])", sorted(refused))
+            gone = refused - {row[0] for row in present}
         lost = []
-        for key in refused:
+        for key in sorted(refused):
             if self.epochs.get(key) == batch.epochs.get(key):  # not claimed again since
                 self.epochs.pop(key, None)
-                self.fenced.add(key)
+                self.fenced[key] = key in gone
                 self._next_seq.pop(key, None)
                 lost.append(key)
-        self.leasing.refused(lost)
+        if self.leasing is not None:
+            self.leasing.refused(lost, gone)
 
     async def _settle(self) -> None:
         """Every entry appended so far is committed (reads see them)."""
@@ -325,7 +345,7 @@ class PostgresStore:
         if waited is not None:
             await asyncio.shield(waited)
         if runtime_id is not None and runtime_id in self.fenced:
-            raise Fenced(runtime_id)
+            raise Fenced(runtime_id, self.fenced[runtime_id])
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -370,9 +390,9 @@ class PostgresStore:
                 raise RuntimeExists(runtime_id) from None
             if not created:
                 raise runtimes_quota_reached(tenant, quota)
+            self.fenced.pop(runtime_id, None)  # a runtime of this id deleted under this process: not this one
             if owner is not None:
                 self.epochs[runtime_id] = 1
-                self.fenced.discard(runtime_id)
         self._next_seq[runtime_id] = next_seq  # so that append never awaits: the journal assigns seqs in order
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -387,6 +407,8 @@ class PostgresStore:
         running: bool | None = None,
         counts: tuple[int, int, int] | None = None,
     ) -> None:
+        if runtime_id in self.fenced:  # refused already: nothing more it writes counts
+            raise Fenced(runtime_id, self.fenced[runtime_id])
         if self.leasing is not None and runtime_id not in self.epochs:
             raise Fenced(runtime_id)  # this process does not own it (any more): nothing it writes counts
         epoch = self.epochs.get(runtime_id)
@@ -399,7 +421,7 @@ class PostgresStore:
             if self.epochs.get(runtime_id) != epoch:
                 # Lost while the seq was read (and maybe claimed again): the read may predate
                 # another replica's writes, and the copy appending is not this epoch's.
-                raise Fenced(runtime_id)
+                raise Fenced(runtime_id, self.fenced.get(runtime_id))
             self._next_seq.setdefault(runtime_id, (last or 0) + 1)  # another append may have come first
         # From here on no await: checked, encoded and buffered at once, all or nothing, so that
         # nothing that reaches the tick's commit can fail.
@@ -429,7 +451,7 @@ class PostgresStore:
             await connection.execute("DELETE FROM journal WHERE runtime_id = $1", runtime_id)
         self._next_seq.pop(runtime_id, None)
         self.epochs.pop(runtime_id, None)
-        self.fenced.discard(runtime_id)
+        self.fenced.pop(runtime_id, None)
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         batch = self._batch()
@@ -453,6 +475,8 @@ class PostgresStore:
         # this replica claimed the runtime (the claim forgets the seq: append reads it again).
         if self.leasing is None or (epoch is not None and self.epochs.get(runtime_id) == epoch):
             self._next_seq.setdefault(runtime_id, (entries[-1].seq if entries else 0) + 1)
+        if self.leasing is None:  # no leases: what is there now is the runtime this process writes to
+            self.fenced.pop(runtime_id, None)
         return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
@@ -492,7 +516,7 @@ class PostgresStore:
             return False
         self._next_seq.pop(runtime_id, None)
         self.epochs.pop(runtime_id, None)
-        self.fenced.discard(runtime_id)
+        self.fenced.pop(runtime_id, None)
         return True
 
     async def count_runtimes(self, tenant: str) -> int:

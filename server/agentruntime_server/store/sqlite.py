@@ -161,7 +161,12 @@ class SqliteStore:
                 )
             except sqlite3.IntegrityError:
                 raise RuntimeExists(runtime_id) from None
+            # Journal rows under the id belong to no runtime (its row was just inserted): its
+            # row was deleted without them (by hand, or by another process on the file while
+            # this one appended). The new runtime must not inherit their seqs and handles.
+            db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
             db.executemany(_APPEND, rows)
+        self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
