@@ -129,8 +129,26 @@ async def test_a_call_a_worker_stream_took_is_in_doubt_when_the_worker_leaves() 
     running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 10.0), CHARGE, KEY, "rt", "root/payer.1"))
     sent = await asyncio.wait_for(first.outbox.get(), 10)
     assert sent is not None and sent.key == KEY
+    assert first.outbox.sending(sent)  # what the stream says before it yields the call to the host
     second = await pool.connect("default", "tools", ["charge"], 1)
     await pool.disconnect(first)
     with pytest.raises(WorkerLost):
         await asyncio.wait_for(running, 10)
     assert second.outbox.empty()
+
+
+async def test_a_call_a_worker_stream_took_but_never_sent_goes_to_the_next_worker() -> None:
+    """Taken off the outbox but not yet sent (the stream checks the credential first), the call
+    never left the process: when the worker leaves, the next worker gets it, not in doubt."""
+    pool = WorkerPool()
+    first = await pool.connect("default", "tools", ["charge"], 1)
+    running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 10.0), CHARGE, KEY, "rt", "root/payer.1"))
+    taken = await asyncio.wait_for(first.outbox.get(), 10)
+    assert taken is not None and taken.key == KEY
+    second = await pool.connect("default", "tools", ["charge"], 1)
+    await pool.disconnect(first)
+    assert not first.outbox.sending(taken)  # taken back: the first stream must not send it
+    again = await asyncio.wait_for(second.outbox.get(), 10)
+    assert again is not None and again.key == KEY and second.outbox.sending(again)
+    assert not running.done()
+    running.cancel()

@@ -24,8 +24,8 @@ from agentruntime_server.domain.journal import Journal, Tree
 from agentruntime_server.domain.ownership import Claim
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support.build import agent, create, status_details
-from tests.support.model_server import ScriptedModelServer
+from tests.support.build import agent, create, http_tool, spawn, status_details
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.postgres import fresh_database
 from tests.support.process import free_port
@@ -200,6 +200,34 @@ async def test_calls_at_another_replica_fail_over_from_an_owner_whose_store_brok
         assert error.code() == grpc.StatusCode.UNAVAILABLE, error
     result = await settled_at(other, runtime_id, handle_id, patience=LEASE * 8)  # retried: UNAVAILABLE only
     assert (result.status, result.text) == (pb.STATUS_DONE, "done")
+
+
+async def test_a_store_that_breaks_while_the_server_recovers_is_never_said_to_be_serving(
+    model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
+) -> None:
+    """The commit that breaks the store is recovery's own (a call in doubt is journaled as such,
+    before the server starts): health checks say NOT_SERVING from the first."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    model.script("payer", lambda body: Reply(calls=[("charge", {})]) if tool_results(body) == 0 else Reply(text="paid"))
+    tools.delays["charge"] = 30
+    charge = http_tool("charge", tools.url("charge"))
+    charge.on_interrupted = pb.ON_INTERRUPTED_ASK
+    async with serve(store=url, llm_style="openai", llm_base_url=model.base_url) as served:
+        runtime_id = await create(served.stub, agent("payer", tools=[charge]))
+        handle_id = await spawn(served.stub, runtime_id, "payer")
+        await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+        await until(lambda: bool(tools.in_flight_keys), "the charge call to be in flight")
+    await break_sqlite(url)  # the server stopped with the charge in doubt
+
+    async with serve(store=url, llm_style="openai", llm_base_url=model.base_url) as served:
+        health = health_pb2_grpc.HealthStub(served.channel)
+        for service in ("", SERVICE_NAME):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING, service
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # a read: the store broke before it
+            await served.stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+        assert "must be restarted" in (refused.value.details() or "")
 
 
 # ---- a store that cannot be opened at startup -------------------------------------------------

@@ -7,6 +7,7 @@ the ServeTools edge drives it: a stream that sends a call takes it off the worke
 from __future__ import annotations
 
 import asyncio
+import time
 
 from agentruntime_server.domain.model import ToolCall, ToolResult, WorkerExecutor
 from agentruntime_server.tools.workers import WorkerPool
@@ -51,3 +52,17 @@ async def test_a_call_whose_turn_stopped_is_never_sent_afterwards() -> None:
     running.cancel()  # an Interrupt, or the runtime closing
     await asyncio.gather(running, return_exceptions=True)
     assert slow.outbox.empty() and slow.in_hand == {}
+
+
+async def test_an_answer_read_in_the_tick_its_deadline_fires_wins_over_the_deadline() -> None:
+    pool = WorkerPool()
+    worker = await pool.connect("default", "tools", ["charge"], 1)
+    running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 0.2), CHARGE, KEY, "rt", "root/payer.1"))
+    dispatch = await asyncio.wait_for(worker.outbox.get(), 10)  # its deadline is timed from before this
+    assert dispatch is not None
+    asyncio.get_running_loop().call_later(0.2, worker.answer, dispatch.id, ToolResult("charged"))
+    # The loop is held past both: when it runs again, the deadline fires and then, in the same
+    # tick, the answer is read (timers due together run in the order they were due).
+    time.sleep(0.3)  # noqa: ASYNC251  # holding the loop is the point
+    assert await asyncio.wait_for(running, 10) == ToolResult("charged")
+    assert (worker.in_hand, dict(worker.missed)) == ({}, {})

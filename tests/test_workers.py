@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,12 +21,17 @@ import pytest
 from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.api import jwt_auth
+from agentruntime_server.api.servicer import STREAM_RECHECK_SECONDS
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.support.build import agent, create, duration, run, spawn, status_details, transcript, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
-from tests.support.servers import Served
+from tests.support.servers import Served, serve
+from tests.test_security import AUDIENCE, ISSUER, JwksServer, bearer, public_jwk, sign
 
 
 def worker_tool(name: str, queue: str = "tools", timeout: float | None = None, **fields: Any) -> pb.ToolDef:
@@ -363,3 +369,104 @@ async def test_a_graceful_stop_ends_the_worker_streams_at_once(process: ServerPr
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class HeldJwks(JwksServer):
+    """While `holding`, each fetch waits until the test releases it (an identity provider slow to answer)."""
+
+    def __init__(self, keys: list[dict[str, Any]]) -> None:
+        super().__init__(keys)
+        self.holding = False
+        self.held: list[asyncio.Future[None]] = []
+
+    async def jwks(self, request: web.Request) -> web.Response:
+        if self.holding:
+            answer = asyncio.get_running_loop().create_future()
+            self.held.append(answer)
+            await answer
+        return await super().jwks(request)
+
+    def release(self) -> None:
+        self.held.pop(0).set_result(None)
+
+
+class HeldModel(ScriptedModelServer):
+    """Every request waits for `go`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = 0
+        self.go = asyncio.Event()
+
+    async def _complete(self, request: web.Request) -> web.Response:
+        self.arrived += 1
+        await self.go.wait()
+        return await super()._complete(request)
+
+
+async def test_a_call_whose_deadline_passes_while_its_stream_checks_the_credential_is_never_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream took the call and verifies its host's credential again before sending it; the
+    identity provider is slow, and the call's deadline passes meanwhile. The call never left the
+    process: it is not in doubt (it fails as taken by none), and the stream never sends it."""
+    monkeypatch.setattr(jwt_auth, "JWKS_LIFESPAN_SECONDS", 1e-6)  # every check fetches the JWKS
+    key = ec.generate_private_key(ec.SECP256R1())
+    jwks, model = HeldJwks([public_jwk(key, "es-1", "ES256")]), HeldModel()
+    await jwks.start()
+    await model.start()
+    model.script("payer", calls_then_answer(("charge", {})))
+    metadata = bearer(sign(key, kid="es-1", alg="ES256"))
+    settings: dict[str, Any] = {"auth_jwks": jwks.url, "auth_issuer": ISSUER, "auth_audience": AUDIENCE}
+    try:
+        async with serve(auth="jwt", llm_style="openai", llm_base_url=model.base_url, **settings) as served:
+            payer = agent("payer", tools=[worker_tool("charge", timeout=3)])
+            await served.stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="pay", agents=[payer]), metadata=metadata)
+            spawned = await served.stub.Spawn(
+                pb.SpawnRequest(runtime_id="pay", parent_id="root", agent="payer"), metadata=metadata
+            )
+            await served.stub.Wake(pb.WakeRequest(runtime_id="pay", handle_id=spawned.handle_id, prompt="pay"), metadata=metadata)
+
+            outputs: asyncio.Queue[pb.ServeToolsRequest | None] = asyncio.Queue()
+            await outputs.put(pb.ServeToolsRequest(registration=pb.WorkerRegistration(queue="tools", tools=["charge"])))
+
+            async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+                while (request := await outputs.get()) is not None:
+                    yield request
+
+            stream = served.stub.ServeTools(requests(), metadata=metadata, timeout=60)
+            received: list[pb.ServeToolsResponse] = []
+
+            async def read() -> bool:
+                response = await stream.read()
+                if isinstance(response, pb.ServeToolsResponse):
+                    received.append(response)
+                return response is not grpc.aio.EOF
+
+            await read()  # registered
+            [worker] = [worker for workers in served.running.workers._queues.values() for worker in workers]  # type: ignore[union-attr]
+            await until(lambda: model.arrived == 1, "the turn to ask the model")
+
+            jwks.holding = True
+            await until(lambda: len(jwks.held) == 1, "the idle stream to check its credential", timeout=10)
+            checking = time.monotonic()  # the stream's last verification began before this
+            model.go.set()
+            await until(lambda: bool(worker.in_hand), "the call to be queued for the worker")
+            await asyncio.sleep(max(0.0, checking + STREAM_RECHECK_SECONDS - time.monotonic()))
+            jwks.release()  # the stream takes the call, and verifies the credential again first
+            await until(lambda: len(jwks.held) == 1, "the stream to check its credential before sending the call")
+            assert worker.outbox.empty() and worker.in_hand, "the stream should hold the call, its deadline to come"
+            await until(lambda: model.calls["payer"] == 2, "the call's result to reach the model", timeout=30)
+            jwks.holding = False
+            jwks.release()
+            await outputs.put(None)  # the host is done: the stream ends
+            while await read():
+                pass
+    finally:
+        await jwks.stop()
+        await model.stop()
+    [output] = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "no worker of queue 'tools' took the call within 3s" in output, output
+    assert f"the stream of worker {worker.id} did not send it" in output, output
+    assert "may or may not" not in output, output
+    assert [response.WhichOneof("message") for response in received] == ["registered"]

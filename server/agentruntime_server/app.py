@@ -311,6 +311,12 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
     workers = WorkerPool()
     service = build_service(settings, http, tools, store, observability, authenticator, leases, workers)
+    # SERVING is set now (nobody asks until the server starts) and the store watched from here:
+    # a commit that fails while leases are taken or runs recovered makes it NOT_SERVING too.
+    health = ListingHealthServicer()
+    for name in (SERVICE_NAME, ""):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    _not_serving_once_broken(store, health)
     if leases is not None:  # replicas: live from here on
         await leases.start()
     observability.start()  # before recovery: the runs it continues are counted
@@ -327,15 +333,11 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         max_text_bytes=settings.max_text_bytes,
     )
     add_to_server(servicer, server)
-    health = ListingHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
     await server.start()
-    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    _not_serving_once_broken(store, health)
     log.info(
         "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s)",
         port,

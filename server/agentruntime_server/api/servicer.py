@@ -517,11 +517,10 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     if reader.done() and not reader.cancelled():
                         reader.result()  # an InvalidArgument of the host's: its status
                     return
-                try:
-                    verified = await self._verified_again(context, "ServeTools", verified)
-                except DomainError:
-                    worker.outbox.put_nowait(dispatch)  # never sent: the pool gives it to another worker
-                    raise
+                # Refused, the call it took is never sent: leaving, the worker gives it back to the pool.
+                verified = await self._verified_again(context, "ServeTools", verified)
+                if not worker.outbox.sending(dispatch):
+                    continue  # withdrawn while the credential was checked (its deadline passed, or its turn stopped)
                 yield pb.ServeToolsResponse(call=convert.worker_call_to_proto(dispatch))
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]

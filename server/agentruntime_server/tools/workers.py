@@ -6,11 +6,13 @@ serves its tool and holds the fewest calls (ties in turn), never past that worke
 With no such worker the call waits for one up to its timeout, then fails as an error
 result. Sent, it has its timeout again to be answered: a worker that goes away, or holds a
 call past that deadline, leaves the call in doubt (WorkerLost), and the turn loop applies
-the tool's `on_interrupted` policy. But a call still queued for a worker's stream never left
-the process and is not in doubt: if the worker goes, the call goes to the next worker as if it
-had just been made; if its deadline passes first (the host reads slowly), it is withdrawn,
-never sent, and goes to another worker free then, or fails as taken by none; if its turn
-stops, it is withdrawn. A call a worker kept past its deadline still counts against that
+the tool's `on_interrupted` policy (an answer in hand when the deadline fires still counts).
+But a call still queued for a worker's stream, or taken by the stream but not yet sent (it
+verifies the host's credential again first), never left the process and is not in doubt: if
+the worker goes, the call goes to the next worker as if it had just been made; if its
+deadline passes first (the host reads slowly, or its identity provider answers slowly), it is
+withdrawn, never sent, and goes to another worker free then, or fails as taken by none; if
+its turn stops, it is withdrawn. A call a worker kept past its deadline still counts against that
 worker's bound until it answers (late: the output is dropped) or goes away, and the call is
 never given to that worker again: another worker gets it, or none does and the result says so."""
 
@@ -49,19 +51,42 @@ class Dispatch:
 
 
 class Outbox(asyncio.Queue["Dispatch | None"]):
-    """The calls a worker's stream has yet to send (None: the stream ends). A call still here
-    never left the process, so it can be taken back."""
+    """The calls a worker's stream has yet to send (None: the stream ends). A call still here,
+    or the one the stream took last but has not said it sends (`sending`), never left the
+    process, so it can be taken back."""
 
     def _init(self, maxsize: int) -> None:
         self._queue: collections.deque[Dispatch | None] = collections.deque()
+        self._taken: Dispatch | None = None
+
+    def _get(self) -> Dispatch | None:
+        self._taken = self._queue.popleft()
+        return self._taken
+
+    def sending(self, dispatch: Dispatch) -> bool:
+        """The stream sends the call it took: False when it was withdrawn meanwhile (never send it)."""
+        if self._taken is not dispatch:
+            return False
+        self._taken = None
+        return True
 
     def withdraw(self, dispatch: Dispatch) -> bool:
-        """False when the stream has taken the call already (it may have reached the host)."""
+        """False when the stream is sending the call (it may have reached the host)."""
+        if self._taken is dispatch:
+            self._taken = None
+            return True
         try:
             self._queue.remove(dispatch)
         except ValueError:
             return False
         return True
+
+    def take_back(self) -> list[Dispatch]:
+        """Every call the stream never sent; the outbox is left empty."""
+        unsent = [dispatch for dispatch in (self._taken, *self._queue) if dispatch is not None]
+        self._taken = None
+        self._queue.clear()
+        return unsent
 
 
 @dataclass(eq=False)
@@ -158,11 +183,7 @@ class WorkerPool:
             workers.remove(worker)
         if not workers:
             self._queues.pop(place, None)
-        unsent = set()
-        while not worker.outbox.empty():
-            dispatch = worker.outbox.get_nowait()
-            if dispatch is not None:
-                unsent.add(dispatch.id)
+        unsent = {dispatch.id for dispatch in worker.outbox.take_back()}
         for dispatch_id, future in list(worker.in_hand.items()):
             if not future.done():
                 lost = WorkerLost(f"worker {worker.id} went away with the call")
@@ -245,11 +266,9 @@ class WorkerPool:
             kept = False
             try:
                 worker.outbox.put_nowait(dispatch)
-                try:
-                    result = await asyncio.wait_for(asyncio.shield(future), executor.timeout)
-                except _Unsent:
-                    continue
-                except TimeoutError:
+                # Not wait_for: an answer that came in the tick the deadline fired is in hand, and wins.
+                await asyncio.wait((future,), timeout=executor.timeout)
+                if not future.done():
                     if worker.outbox.withdraw(dispatch):  # never sent: not taken, so not in doubt
                         passed_over.add(worker)
                         continue
@@ -259,7 +278,11 @@ class WorkerPool:
                         kept = True
                         worker.missed_call(key)
                         future.add_done_callback(functools.partial(self._release, worker, dispatch.id, place))
-                    raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s") from None
+                    raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s")
+                try:
+                    result = future.result()
+                except _Unsent:
+                    continue
                 self._forget(place, key)
                 return result
             finally:
