@@ -321,3 +321,14 @@ async def test_a_heartbeat_period_is_from_one_second_to_thirty_days(every: float
         error = await refused(served.stub.CreateRuntime(request))
         assert error.code() == Code.INVALID_ARGUMENT
         assert [v.field for v in violations(error)] == ["agents[0].heartbeat.every"]
+
+
+async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
+    """Errors table: "`UNAVAILABLE` | the server is shutting down": a CreateRuntime that
+    reaches a server already draining is to be retried at its replacement, like any call
+    a shutdown refuses (it was FAILED_PRECONDITION, which clients do not retry)."""
+    async with serve() as served:
+        await served.running.service.drain(0)
+        error = await refused(served.stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[scripted("a")])))
+        assert error.code() == Code.UNAVAILABLE
+        assert "shutting down" in str(error.details())

@@ -13,7 +13,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from .errors import (
-    FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -326,7 +325,8 @@ class RuntimeService:
 
     def _refuse_while_draining(self) -> None:
         if self.draining:
-            raise FailedPrecondition("the server is shutting down; retry against its replacement", reason="SHUTTING_DOWN")
+            # UNAVAILABLE, as every other call refused by a shutdown: a retry elsewhere succeeds.
+            raise Unavailable("the server is shutting down; retry against its replacement")
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         return await self.services.store.list_runtimes(tenant, after, limit)
