@@ -123,7 +123,9 @@ async def test_interceptors_keepalive_and_page_iterators(served: Served, model: 
     recorder = _Recorder()
     with pytest.raises(ValueError, match="keepalive"):
         Client("127.0.0.1:1", keepalive=0)
-    async with Client(f"127.0.0.1:{served.running.port}", keepalive=1.0, interceptors=[recorder]) as client:
+    async with Client(
+        f"127.0.0.1:{served.running.port}", keepalive=1.0, keepalive_without_calls=True, interceptors=[recorder]
+    ) as client:
         runtime_id = await client.create_runtime([agent("quick")])
         handles = [await client.spawn(runtime_id, "quick") for _ in range(5)]
         result = await client.run(runtime_id, "quick", "hi")
@@ -145,3 +147,30 @@ async def test_interceptors_keepalive_and_page_iterators(served: Served, model: 
 
     sync_listed, sync_runtimes = await asyncio.to_thread(blocking)
     assert sync_listed == listed and runtime_id in sync_runtimes
+
+
+async def test_keepalive_is_on_by_default_while_calls_are_open(served: Served) -> None:
+    """Without pings a Watch or a worker's stream behind a NAT or a proxy that dropped the
+    connection waits forever: by default the channel pings after 60 s without activity, only
+    while a call is open, and drops the connection after 20 s without an answer."""
+    target = f"127.0.0.1:{served.running.port}"
+    keepalive = {
+        "grpc.keepalive_time_ms": 60_000,
+        "grpc.keepalive_timeout_ms": 20_000,
+        "grpc.keepalive_permit_without_calls": 0,
+        "grpc.http2.max_pings_without_data": 0,  # gRPC's default (2) would stop them on a quiet Watch
+    }
+    async with Client(target) as client:
+        assert {name: value for name, value in client.channel_options if name in keepalive} == keepalive
+        assert isinstance(await client.list_runtimes(), list)  # the server takes the channel as it is
+    async with Client(target, keepalive=None) as quiet:
+        assert not [name for name, _ in quiet.channel_options if "ping" in name or "keepalive" in name]
+        assert isinstance(await quiet.list_runtimes(), list)
+
+    def blocking() -> tuple[tuple[str, Any], ...]:  # in a thread: the server runs on this test's loop
+        with SyncClient(target) as sync:
+            sync.list_runtimes()
+            return sync.channel_options
+
+    sync_options = await asyncio.to_thread(blocking)
+    assert {name: value for name, value in sync_options if name in keepalive} == keepalive

@@ -43,6 +43,17 @@ import (
 // context sets one; it matches the Python client.
 const DefaultTimeout = 60 * time.Second
 
+// The connection's keepalive unless WithKeepalive or WithoutKeepalive says otherwise: while
+// a call is open, an HTTP/2 PING after DefaultKeepaliveTime without activity, and the
+// connection closed (its calls fail with UNAVAILABLE; Watch and ServeTools reconnect) when
+// no ack comes within DefaultKeepaliveTimeout. Without it a Watch or a worker's stream
+// behind a NAT or a proxy that dropped the connection waits forever. An idle connection is
+// not pinged.
+const (
+	DefaultKeepaliveTime    = 60 * time.Second
+	DefaultKeepaliveTimeout = 20 * time.Second
+)
+
 // WaitSlice is the longest one Wait RPC asks the server to wait (WaitRequest.timeout):
 // well under any proxy's idle cut-off. Wait and Run repeat the RPC while the handle runs.
 const WaitSlice = 30 * time.Second
@@ -103,18 +114,19 @@ type Client struct {
 }
 
 type options struct {
-	creds    credentials.TransportCredentials
-	tls      *tls.Config // WithTLS (nil: not asked)
-	useTLS   bool
-	caPEM    []byte
-	caFile   string
-	certPEM  []byte
-	keyPEM   []byte
-	certFile string
-	keyFile  string
-	perRPC   []credentials.PerRPCCredentials
-	timeout  time.Duration
-	dialOpts []grpc.DialOption
+	creds     credentials.TransportCredentials
+	tls       *tls.Config // WithTLS (nil: not asked)
+	useTLS    bool
+	caPEM     []byte
+	caFile    string
+	certPEM   []byte
+	keyPEM    []byte
+	certFile  string
+	keyFile   string
+	perRPC    []credentials.PerRPCCredentials
+	timeout   time.Duration
+	keepalive keepalive.ClientParameters // Time 0: no pings
+	dialOpts  []grpc.DialOption
 }
 
 // Option configures Dial.
@@ -186,14 +198,21 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
 
-// WithKeepalive pings the server on an idle connection (keepalive.ClientParameters: Time
-// between pings, Timeout to wait for the ack, PermitWithoutStream to ping with no call
-// in flight), so a dead peer or a NAT that dropped the connection is noticed before the
-// next call; long Waits and Watch streams benefit most. grpc-go raises a Time under 10 s
-// to 10 s; the agentruntime server accepts pings every second or more, with or without a
-// call in flight (a proxy in between may be stricter).
+// WithKeepalive replaces the default keepalive (DefaultKeepaliveTime and
+// DefaultKeepaliveTimeout, only while a call is open): Time without activity before a
+// ping, Timeout to wait for the ack, PermitWithoutStream to ping with no call in flight
+// too; a zero Time sends no pings. A dead peer or a NAT that dropped the connection is
+// noticed within Time + Timeout; long Waits, Watch and ServeTools streams benefit most.
+// grpc-go raises a Time under 10 s to 10 s; the agentruntime server accepts pings every
+// second or more, with or without a call in flight (a proxy in between may be stricter).
 func WithKeepalive(params keepalive.ClientParameters) Option {
-	return func(o *options) { o.dialOpts = append(o.dialOpts, grpc.WithKeepaliveParams(params)) }
+	return func(o *options) { o.keepalive = params }
+}
+
+// WithoutKeepalive sends no keepalive pings (grpc-go's own default): a stream whose
+// connection silently died then waits until its context ends.
+func WithoutKeepalive() Option {
+	return func(o *options) { o.keepalive = keepalive.ClientParameters{} }
 }
 
 // WithUnaryInterceptors adds interceptors around every unary call (all RPCs but Watch
@@ -265,23 +284,32 @@ func (o *options) transportCredentials() (credentials.TransportCredentials, erro
 	return credentials.NewTLS(config), nil
 }
 
+// newOptions applies opts to the defaults.
+func newOptions(opts []Option) options {
+	o := options{timeout: DefaultTimeout, keepalive: keepalive.ClientParameters{Time: DefaultKeepaliveTime, Timeout: DefaultKeepaliveTimeout}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // Dial creates a client for target (host:port, or any gRPC target URI). Like
 // grpc.NewClient it does not connect yet: the first call does. Plaintext unless
 // WithTLS, WithCA(File), WithClientCertificate(Files) or WithCredentials is given; a
 // CA or certificate that cannot be read or parsed is an error here. The connection's
 // default service config has gRPC retry Wait, Resume, Inspect, List, GetTranscript and
 // ListRuntimes on UNAVAILABLE (5 attempts, 0.1 s doubling to 2 s); nothing else is
-// retried.
+// retried. Keepalive is on (see DefaultKeepaliveTime; WithKeepalive, WithoutKeepalive).
 func Dial(target string, opts ...Option) (*Client, error) {
-	o := options{timeout: DefaultTimeout}
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := newOptions(opts)
 	creds, err := o.transportCredentials()
 	if err != nil {
 		return nil, err
 	}
 	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(serviceConfig)}
+	if o.keepalive.Time > 0 { // before WithDialOptions', so that a keepalive given there wins
+		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(o.keepalive))
+	}
 	for _, c := range o.perRPC {
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(c))
 	}

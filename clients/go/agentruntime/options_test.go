@@ -131,3 +131,26 @@ func TestListStopsAtARefusedPage(t *testing.T) {
 		t.Errorf("List = %v, %v, want INVALID_ARGUMENT and no handles", handles, err)
 	}
 }
+
+// Without pings a Watch or a worker's stream behind a NAT or a proxy that dropped the
+// connection waits forever: keepalive is on unless the caller turns it off.
+func TestKeepaliveIsOnByDefaultWhileCallsAreOpen(t *testing.T) {
+	want := keepalive.ClientParameters{Time: 60 * time.Second, Timeout: 20 * time.Second, PermitWithoutStream: false}
+	if got := newOptions(nil).keepalive; got != want {
+		t.Errorf("default keepalive = %+v, want %+v", got, want)
+	}
+	custom := keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+	if got := newOptions([]Option{WithKeepalive(custom)}).keepalive; got != custom {
+		t.Errorf("WithKeepalive: keepalive = %+v, want %+v", got, custom)
+	}
+	if got := newOptions([]Option{WithoutKeepalive()}).keepalive; got.Time != 0 {
+		t.Errorf("WithoutKeepalive: keepalive = %+v, want no pings", got)
+	}
+	// Dialed with the default and without keepalive, the client works all the same.
+	for _, opts := range [][]Option{nil, {WithoutKeepalive()}} {
+		client, _ := dialFake(t, opts...)
+		if _, err := client.ListPage(context.Background(), "rt", 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -32,6 +32,9 @@ WAIT_SLICE = 30.0  # seconds one Wait asks the server for: well under any proxy'
 WAIT_MARGIN = 10.0  # seconds a Wait's call deadline leaves past its server timeout
 RESUME_ATTEMPTS = 8
 WATCH_MAX_BACKOFF = 30.0  # seconds between Watch reconnects at the most, however many max_retries allows
+# Without pings a Watch or a worker's stream behind a NAT or a proxy that silently dropped the
+# connection waits forever; 60 s is well above the server's floor (1 s) and any proxy's.
+KEEPALIVE = 60.0
 # Calls that change nothing when repeated are retried by gRPC itself when the server is
 # unreachable (Wake, Post, Spawn, Interrupt, Close, CreateRuntime and DeleteRuntime are not:
 # a lost answer does not say whether they took effect).
@@ -204,7 +207,10 @@ class Client:
     `root_certificates` (a CA as PEM bytes, or a PEM file's path) against that CA instead;
     `client_cert` and `client_key` (both, PEM bytes or paths) present a client certificate
     (mTLS). Any of the three implies TLS. `token` is sent as `authorization: Bearer <token>`
-    on every call (over TLS, or plaintext to a loopback server)."""
+    on every call (over TLS, or plaintext to a loopback server). While a call is open the
+    connection is pinged after `keepalive` seconds (60) without activity and dropped when no
+    answer comes within `keepalive_timeout` (20); `keepalive=None` sends no pings,
+    `keepalive_without_calls=True` pings an idle connection too."""
 
     def __init__(
         self,
@@ -216,8 +222,9 @@ class Client:
         client_cert: PEM | None = None,
         client_key: PEM | None = None,
         timeout: float | None = 60.0,
-        keepalive: float | None = None,
+        keepalive: float | None = KEEPALIVE,
         keepalive_timeout: float = 20.0,
+        keepalive_without_calls: bool = False,
         interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
     ) -> None:
@@ -227,15 +234,17 @@ class Client:
             raise ValueError("keepalive is the seconds between pings: give a positive number, or None for no pings")
         options = list(_CHANNEL_OPTIONS)
         if keepalive is not None:
-            # Pings on an idle connection too, so a long Wait or a Watch notices a dead peer
-            # (or a proxy that dropped the connection) within keepalive + keepalive_timeout.
+            # A long Wait, a Watch or a worker's stream notices a dead peer (or a proxy that
+            # dropped the connection) within keepalive + keepalive_timeout. gRPC's default of two
+            # pings without data would stop the pings on a quiet Watch: no limit.
             options += [
                 ("grpc.keepalive_time_ms", int(keepalive * 1000)),
                 ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.keepalive_permit_without_calls", int(keepalive_without_calls)),
                 ("grpc.http2.max_pings_without_data", 0),
             ]
         options += list(channel_options)
+        self._channel_options = tuple(options)
         roots = _pem(root_certificates, "root_certificates")
         chain = _pem(client_cert, "client_cert")
         key = _pem(client_key, "client_key")
@@ -258,6 +267,12 @@ class Client:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The metadata every call sends: the bearer token, if any."""
         return self._metadata
+
+    @property
+    def channel_options(self) -> tuple[tuple[str, Any], ...]:
+        """The gRPC channel arguments the channel was made with: the retry policy, the
+        keepalive and then `channel_options`, in that order."""
+        return self._channel_options
 
     async def __aenter__(self) -> Client:
         return self

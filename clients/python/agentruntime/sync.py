@@ -31,7 +31,7 @@ SyncToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], str]
 class SyncClient:
     def __init__(self, target: str, **options: Any) -> None:
         """`options`: as Client's (token, tls, root_certificates, client_cert, client_key, timeout,
-        keepalive, keepalive_timeout, interceptors, channel_options)."""
+        keepalive, keepalive_timeout, keepalive_without_calls, interceptors, channel_options)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentruntime-client", daemon=True)
         self._thread.start()
@@ -76,6 +76,10 @@ class SyncClient:
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return self._client.metadata
+
+    @property
+    def channel_options(self) -> tuple[tuple[str, Any], ...]:
+        return self._client.channel_options
 
     def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "") -> str:
         return self._run(self._client.create_runtime(agents, runtime_id))

@@ -74,8 +74,8 @@ import java.util.stream.Stream;
  *
  * <p>{@link #async()} is the future-based variant of the main calls on the same channel;
  * {@link #listPages}, {@link #listStream} and their transcript and runtime counterparts page
- * lazily; the builder also sets keepalive ({@link Builder#keepAlive}) and interceptors
- * ({@link Builder#intercept(ClientInterceptor...)}).
+ * lazily; the builder also sets keepalive ({@link Builder#keepAlive}; by default a PING after 60 s
+ * without activity while a call is open) and interceptors ({@link Builder#intercept(ClientInterceptor...)}).
  */
 public final class AgentRuntimeClient implements AutoCloseable {
   /** The per-call deadline when the builder sets none; it matches the Python client. */
@@ -87,6 +87,14 @@ public final class AgentRuntimeClient implements AutoCloseable {
   public static final Duration WAIT_MARGIN = Duration.ofSeconds(10);
   /** How many times {@link #resume} tries while the server is unavailable. */
   public static final int RESUME_ATTEMPTS = 8;
+  /**
+   * The keepalive unless the builder says otherwise: while a call is open, an HTTP/2 PING after this
+   * long without activity. Without it a Watch or a worker's stream behind a NAT or a proxy that
+   * silently dropped the connection would wait forever.
+   */
+  public static final Duration DEFAULT_KEEPALIVE_TIME = Duration.ofSeconds(60);
+  /** How long the default keepalive waits for a PING's answer before the connection counts as dead. */
+  public static final Duration DEFAULT_KEEPALIVE_TIMEOUT = Duration.ofSeconds(20);
   /** The first client-side retry (Wait, Resume) waits up to this long; each failure in a row doubles it. */
   static final Duration RETRY_BACKOFF = Duration.ofMillis(100);
   /** The longest wait between client-side retries. */
@@ -160,9 +168,10 @@ public final class AgentRuntimeClient implements AutoCloseable {
     private byte[] clientPrivateKey; // PEM, PKCS#8
     private CallCredentials callCredentials;
     private Duration timeout = DEFAULT_TIMEOUT;
-    private Duration keepAliveTime; // null: no keepalive pings (gRPC's default)
-    private Duration keepAliveTimeout;
-    private boolean keepAliveWithoutCalls;
+    // Package-private for the client's checks (conformance/src/main/java/dev/agentruntime/client).
+    Duration keepAliveTime = DEFAULT_KEEPALIVE_TIME; // null: no keepalive pings
+    Duration keepAliveTimeout = DEFAULT_KEEPALIVE_TIMEOUT;
+    boolean keepAliveWithoutCalls;
     private final List<ClientInterceptor> interceptors = new ArrayList<>();
 
     private Builder(String target) {
@@ -247,13 +256,24 @@ public final class AgentRuntimeClient implements AutoCloseable {
     /**
      * Keepalive: an HTTP/2 PING after {@code time} without activity on the connection, and the
      * connection counted dead (its calls failing UNAVAILABLE, then reconnected) when no answer comes
-     * within {@code timeout}. Off by default. gRPC-java raises a {@code time} under 10 s to 10 s; the
-     * agentruntime server accepts a ping a second. Useful behind NATs and load balancers that drop
-     * idle connections silently, and for long Waits and Watches.
+     * within {@code timeout}. On by default, with {@link #DEFAULT_KEEPALIVE_TIME} (60 s) and
+     * {@link #DEFAULT_KEEPALIVE_TIMEOUT} (20 s), while a call is open; {@link #noKeepAlive()} turns
+     * it off. gRPC-java raises a {@code time} under 10 s to 10 s; the agentruntime server accepts a
+     * ping a second. It matters behind NATs and load balancers that drop connections silently, and
+     * for long Waits, Watches and tool workers.
      */
     public Builder keepAlive(Duration time, Duration timeout) {
       this.keepAliveTime = Objects.requireNonNull(time, "time");
       this.keepAliveTimeout = Objects.requireNonNull(timeout, "timeout");
+      return this;
+    }
+
+    /**
+     * No keepalive pings (gRPC's own default): a stream whose connection silently died then waits
+     * until it is cancelled.
+     */
+    public Builder noKeepAlive() {
+      this.keepAliveTime = null;
       return this;
     }
 

@@ -30,7 +30,7 @@ import java.util.function.Consumer;
  *       stream, as one that shuts down does) is reopened from the last seq seen ({@link #lastSeq()}),
  *       so nothing is missed or seen twice. Before each reconnect but a lagging one it waits the
  *       backoff (1 s by default), doubling per failure in a row, plus up to half again at random
- *       (so that the watchers of a restarted server do not all come back at once).
+ *       (so that the watchers of a restarted server do not all come back at once), 30 s at most.
  *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, the
  *       next failure is thrown by {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
  *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
@@ -49,6 +49,8 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
    * turns get up to 10 s to reach a journal point) and its start again.
    */
   static final Duration BACKOFF = Duration.ofSeconds(1);
+  /** The longest wait before a reconnect, however many {@code maxRetries} allows (as in the other clients). */
+  static final Duration MAX_BACKOFF = Duration.ofSeconds(30);
   /** The reason of the RESOURCE_EXHAUSTED that drops a consumer that fell too far behind. */
   static final String WATCH_LAGGING = "WATCH_LAGGING";
 
@@ -152,7 +154,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         }
         why = "dropped (" + error.getMessage() + ")";
       }
-      long pause = lagging ? 0 : backoffNanos(failures);
+      long pause = lagging ? 0 : backoffNanos(backoff, failures);
       LOG.log(System.Logger.Level.WARNING, "Watch of runtime {0} {1}; reconnecting from seq {2} in {3} ms",
           runtimeId, why, lastSeq, TimeUnit.NANOSECONDS.toMillis(pause));
       if (!lagging) {
@@ -228,13 +230,18 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
     }
   }
 
-  /** {@code backoff} doubled per failure in a row (at most ~1 min), plus up to half of it again at random. */
-  private long backoffNanos(int failures) {
-    long nanos = backoff.toNanos();
-    for (int i = 0; i < failures && nanos < TimeUnit.MINUTES.toNanos(1); i++) {
+  /**
+   * {@code backoff} doubled per failure in a row, plus up to half of it again at random, and at most
+   * {@link #MAX_BACKOFF}.
+   */
+  static long backoffNanos(Duration backoff, int failures) {
+    long cap = MAX_BACKOFF.toNanos();
+    long nanos = backoff.compareTo(MAX_BACKOFF) < 0 ? backoff.toNanos() : cap;
+    for (int i = 0; i < failures && nanos < cap; i++) {
       nanos *= 2;
     }
-    return nanos + ThreadLocalRandom.current().nextLong(nanos / 2 + 1);
+    nanos = Math.min(nanos, cap);
+    return Math.min(cap, nanos + ThreadLocalRandom.current().nextLong(nanos / 2 + 1));
   }
 
   /** Waits, cut short by close(); throws CANCELLED (flag set again) when interrupted. */
