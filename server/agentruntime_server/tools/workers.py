@@ -291,6 +291,8 @@ class WorkerPool:
                     self._drop(worker, dispatch.id)
                     if not future.done():
                         future.cancel()
+                    elif not future.cancelled():
+                        future.exception()  # a WorkerLost set as the turn stopped: nobody reads it, not an error
                     await self._notify(place)
 
     @staticmethod
@@ -298,9 +300,11 @@ class WorkerPool:
         worker.in_hand.pop(dispatch_id, None)
         worker.keys.pop(dispatch_id, None)
 
-    def _release(self, worker: Worker, dispatch_id: str, place: tuple[str, str], _: object = None) -> None:
+    def _release(self, worker: Worker, dispatch_id: str, place: tuple[str, str], future: asyncio.Future[ToolResult]) -> None:
         """A call kept past its deadline is over at last (a late answer, or the worker left):
         the worker's place is free again."""
+        if not future.cancelled():
+            future.exception()  # the WorkerLost of a worker that left: expected, not logged as never retrieved
         self._drop(worker, dispatch_id)
         if self._waiting.get(place):
             task = asyncio.ensure_future(self._notify(place))
