@@ -58,6 +58,7 @@ class RuntimeService:
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
         self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> the store's delete under way
         self._ledger_loaded: set[str] = set()
+        self._ledger_loading: dict[str, asyncio.Future[None]] = {}  # tenant -> its ledger's read under way
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
         self._taking_over: asyncio.Task[None] | None = None  # replicas: the takeover under way
@@ -99,10 +100,26 @@ class RuntimeService:
         await self.services.store.add_tokens(tenant, minute, tokens)
 
     async def _load_ledger(self, tenant: str) -> None:
-        if tenant not in self._ledger_loaded:
-            self._ledger_loaded.add(tenant)
+        """The tenant's spend of the last day, read from the store once. Everyone who asks
+        meanwhile waits for that read (on PostgreSQL it awaits): handles going on together
+        after a restart would otherwise take the ledger as empty and pass a quota used up
+        before it. A read that fails is tried again by the next caller."""
+        if tenant in self._ledger_loaded:
+            return
+        loading = self._ledger_loading.get(tenant)
+        if loading is None:
+            loading = asyncio.ensure_future(self._read_ledger(tenant))
+            loading.add_done_callback(lambda done: done.cancelled() or done.exception())  # its waiters may all be gone
+            self._ledger_loading[tenant] = loading
+        await asyncio.shield(loading)  # one caller cancelled (an Interrupt) stops nobody else's read
+
+    async def _read_ledger(self, tenant: str) -> None:
+        try:
             since = int(time.time() // 60) - DAY_MINUTES
             self._ledger.load(tenant, await self.services.store.tokens_since(tenant, since))
+            self._ledger_loaded.add(tenant)
+        finally:
+            self._ledger_loading.pop(tenant, None)
 
     async def _check_runtimes(self, tenant: str) -> None:
         quota = self.quotas(tenant).runtimes
