@@ -8,6 +8,7 @@ import asyncio
 import io
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -57,6 +58,34 @@ async def test_a_suspended_runtime_deleted_by_retention_leaves_the_pending_gauge
     # Nothing waits on a Request that no longer exists: a gauge that stays up would drift
     # upward for ever on a server with retention.
     assert await observed.value("agentruntime_pending_handles") == 0
+
+
+async def test_an_evicted_suspended_runtime_deleted_by_retention_leaves_the_pending_gauge(
+    tmp_path: Path, model: ScriptedModelServer
+) -> None:
+    """Retention deletes it from the store without loading it: the gauge is told all the same."""
+    model.script("release", lambda body: Reply(calls=[("deploy", {})]) if tool_results(body) == 0 else Reply(text="ok"))
+    deploy = pb.ToolDef(name="deploy", description="the host deploys", relay=pb.RelayTool())
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    async with serve(**settings(model, retention=1.0, runtime_cache=1, store=store)) as served:
+        observed = Observed(served.running, served.stub, InMemorySpanExporter())
+        runtime_id = await create(served.stub, agent("release", tools=[deploy]))
+        _, pending = await run(served.stub, runtime_id, "release", "ship it")
+        assert pending.status == pb.STATUS_PENDING
+        await create(served.stub, agent("release"))  # the cache keeps one runtime: the suspended one leaves memory
+        assert served.running.service.cached == 1
+        assert await observed.value("agentruntime_pending_handles") == 1
+
+        async def deleted() -> bool:
+            listed = await served.stub.ListRuntimes(pb.ListRuntimesRequest())
+            return runtime_id not in {row.runtime_id for row in listed.runtimes}
+
+        for _ in range(200):
+            if await deleted():
+                break
+            await asyncio.sleep(0.05)
+        assert await deleted(), "retention kept the idle suspended runtime"
+        assert await observed.value("agentruntime_pending_handles") == 0
 
 
 async def test_a_strangers_huge_runtime_id_is_clipped_in_the_rpc_span(model: ScriptedModelServer) -> None:

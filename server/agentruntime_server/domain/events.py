@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from .errors import NotFound, ResourceExhausted, Unavailable
@@ -62,6 +62,14 @@ Observer = Callable[[str, Event], None]
 _NO_WATCHERS: set[asyncio.Queue[Event | None]] = set()  # never added to: see follow()
 
 
+def tell_gone(observers: Sequence[Observer], runtime_id: str, last_seq: int = 0) -> None:
+    """Observers drop what they hold of a runtime that left this process (RUNTIME_GONE)."""
+    if observers:
+        gone = Event(seq=last_seq, time=time.time(), handle_id="", kind=EventKind.RUNTIME_GONE)
+        for observe in observers:
+            observe(runtime_id, gone)
+
+
 class EventLog:
     def __init__(
         self,
@@ -111,10 +119,7 @@ class EventLog:
         it is told to reconnect; when the runtime is deleted, that it is gone."""
         self.closing = True
         self.deleted = deleted
-        if self.observers:
-            gone = Event(seq=self.last_seq, time=time.time(), handle_id="", kind=EventKind.RUNTIME_GONE)
-            for observe in self.observers:
-                observe(self.runtime_id, gone)
+        tell_gone(self.observers, self.runtime_id, self.last_seq)
         for queue in list(self._watchers):
             self._watchers.discard(queue)
             while not queue.empty():

@@ -20,6 +20,7 @@ from .errors import (
     RuntimeExists,
     Unavailable,
 )
+from .events import tell_gone
 from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
@@ -431,6 +432,8 @@ class RuntimeService:
                 runtime.journal.deleted = deleted  # a call that still holds the copy is told it was deleted
                 runtime.stop_timers()
                 runtime.events.close(deleted=deleted)
+            elif deleted:  # not in memory (evicted): observers may still count its pending handles
+                tell_gone(self.services.observers, key)
         return deleted
 
     def _remember(self, runtime: Runtime) -> None:
