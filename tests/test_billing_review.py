@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import aiohttp
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.quotas import DAY_MINUTES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.build import agent, create, http_tool, run, spawn, struct, views, wait
@@ -319,3 +321,34 @@ async def test_handles_recovered_together_all_see_the_token_quota_spent_before_t
             result = await wait(second.stub, "rt", handle)
             assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS, 0), result
         assert model.calls["slow"] == 2  # no turn bought past the quota
+
+
+# ---- the ledger keeps the last day only -------------------------------------------------------
+
+
+async def test_token_counts_older_than_a_day_go_at_a_turn_and_the_days_still_count(
+    tmp_path: Path, model: ScriptedModelServer
+) -> None:
+    """A model turn under a token quota deletes the ledger's rows older than a day, every
+    tenant's; the day's rows stay, and a restarted server counts them against the quota."""
+    model.script("spender", lambda body: Reply(text="spent", tokens=50))
+    store = tmp_path / "store.db"
+    now = int(time.time() // 60)
+    day_old, in_the_day = now - DAY_MINUTES - 10, now - DAY_MINUTES + 10  # ten minutes either side of a day
+    async with serve(**settings(model, store, quota_tokens_per_day=100)) as first:
+        with contextlib.closing(sqlite3.connect(store)) as db, db:
+            db.executemany(
+                "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?)",
+                [("default", day_old, 1000), ("default", in_the_day, 50), ("globex", day_old, 1000), ("globex", now - 5, 7)],
+            )
+        await create(first.stub, agent("spender"), runtime_id="rt")
+        _, result = await run(first.stub, "rt", "spender", "spend")
+        assert (result.status, result.own_tokens) == (pb.STATUS_DONE, 50), result  # 50 of 100 spent in the day
+        with contextlib.closing(sqlite3.connect(store)) as db:
+            rows = db.execute("SELECT tenant, minute, tokens FROM tenant_tokens ORDER BY tenant, minute").fetchall()
+        assert [row for row in rows if row[1] < now] == [("default", in_the_day, 50), ("globex", now - 5, 7)], rows
+        assert ledger(store) == 100
+    async with serve(**settings(model, store, quota_tokens_per_day=100)) as second:
+        _, result = await run(second.stub, "rt", "spender", "more")
+        assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS, 0), result
+    assert model.calls["spender"] == 1

@@ -247,6 +247,11 @@ class Store(Protocol):
         """A tenant's (minute, tokens) from `minute` on."""
         ...
 
+    async def forget_tokens_before(self, minute: int) -> None:
+        """Deletes every tenant's counts of minutes before `minute` (tokens added so far
+        included). Harmless when run again, or at once by replicas on one database."""
+        ...
+
     async def load(self, runtime_id: str) -> StoredRuntime | None: ...
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:

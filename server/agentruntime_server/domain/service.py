@@ -60,6 +60,7 @@ class RuntimeService:
         self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> the store's delete under way
         self._ledger_loaded: set[str] = set()
         self._ledger_loading: dict[str, asyncio.Future[None]] = {}  # tenant -> its ledger's read under way
+        self._ledger_pruned = -1  # the minute this process last had the store forget older ledger rows
         self._dropping: set[asyncio.Task[None]] = set()
         self._releasing: set[asyncio.Task[None]] = set()
         self._taking_over: asyncio.Task[None] | None = None  # replicas: the takeover under way
@@ -99,6 +100,18 @@ class RuntimeService:
         await self._load_ledger(tenant)
         minute = self._ledger.spend(tenant, tokens)
         await self.services.store.add_tokens(tenant, minute, tokens)
+        if minute != self._ledger_pruned:
+            self._ledger_pruned = minute
+            await self._prune_ledger(minute)
+
+    async def _prune_ledger(self, minute: int) -> None:
+        """Rows of minutes no quota reads any more go, every tenant's, at most once a minute
+        (one turn a minute pays for it, not every turn). The cutoff is a minute older than the
+        day the ledger reads: a replica whose clock is up to a minute behind still finds its day."""
+        try:
+            await self.services.store.forget_tokens_before(minute - DAY_MINUTES - 1)
+        except Exception:  # housekeeping: the turn stands, and the next minute tries again
+            log.warning("forgetting token counts older than a day failed", exc_info=True)
 
     async def _load_ledger(self, tenant: str) -> None:
         """The tenant's spend of the last day, read from the store once. Everyone who asks

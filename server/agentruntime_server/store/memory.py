@@ -116,6 +116,9 @@ class MemoryStore:
     async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
         return sorted((at, tokens) for (owner, at), tokens in self._tokens.items() if owner == tenant and at >= minute)
 
+    async def forget_tokens_before(self, minute: int) -> None:
+        self._tokens = {key: tokens for key, tokens in self._tokens.items() if key[1] >= minute}
+
     async def runtimes_with_running_handles(self) -> list[str]:
         return sorted(runtime_id for runtime_id, runtime in self._runtimes.items() if runtime.running)
 

@@ -533,6 +533,13 @@ class PostgresStore:
         )
         return [(int(at), int(tokens)) for at, tokens in rows]
 
+    async def forget_tokens_before(self, minute: int) -> None:
+        await self._settle()  # counts still buffered are committed first: the delete sees them too
+        pool = await self._connected()
+        # Replicas may run it at once: the later waits for the earlier's row locks, then finds
+        # those rows gone. A commit's upsert writes the current minute, never one this deletes.
+        await pool.execute("DELETE FROM tenant_tokens WHERE minute < $1", minute)
+
     async def runtimes_with_running_handles(self) -> list[str]:
         await self._settle()
         pool = await self._connected()

@@ -261,6 +261,10 @@ class SqliteStore:
         )
         return [(int(at), int(tokens)) for at, tokens in rows]
 
+    async def forget_tokens_before(self, minute: int) -> None:
+        self._commit()  # counts still buffered are written first: the delete sees them too
+        self._db.execute("DELETE FROM tenant_tokens WHERE minute < ?", (minute,))  # one statement: its own transaction
+
     async def runtimes_with_running_handles(self) -> list[str]:
         self._commit()
         return [runtime_id for (runtime_id,) in self._db.execute("SELECT id FROM runtimes WHERE running = 1 ORDER BY id")]
