@@ -85,6 +85,12 @@ class Run:
     # The parent's run that this run's settling continued (Resume follows the chain up).
     next: Run | None = None
     shutdown: bool = False  # cancelled because the process stops: not settled
+    # A task cancelled before its first step never runs a line of it: a stop before `started`
+    # is left in `stop` for the run to see first. Past its work (`settling`), a stop waits for
+    # it: a cancel landing in its settling (a second Interrupt, a Close racing one) would end
+    # the task. Either way the handle would be left RUNNING, and a Wait on it cancelled.
+    started: bool = False
+    settling: bool = False
 
 
 class Handle:

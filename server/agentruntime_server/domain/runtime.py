@@ -522,10 +522,11 @@ class Runtime:
         run = handle.run
         if run is None or run.task is None:
             return False
-        if run.stop is None:
-            run.stop = stop
         run.quiet = run.quiet or quiet
-        run.task.cancel()
+        if run.stop is None and not run.settling:
+            run.stop = stop
+            if run.started:
+                run.task.cancel()  # once: the run settles on the first stop; a later one waits for that
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(run.task)
         return True
@@ -533,13 +534,18 @@ class Runtime:
     async def _execute(self, handle: Handle, run: Run) -> TaskResult:
         gate = handle.parent.gate if handle.parent else None
         holds_slot = False
+        run.started = True
         try:
+            if run.stop is not None:  # stopped before its first step
+                raise asyncio.CancelledError
             async with asyncio.timeout_at(run.deadline):
                 if gate is not None:
                     await self.queue_for(handle, gate)
                     holds_slot = True
                 result = await self._loop.drive(handle, run)
+                run.settling = True
         except TimeoutError:
+            run.settling = True
             result = handle.result(
                 Status.INCOMPLETE, text=self._last_text(handle, "stopped at max_wall_time"), limit=Limit.MAX_WALL_TIME
             )
@@ -548,6 +554,7 @@ class Runtime:
             handle.run = None
             return handle.result(Status.UNSPECIFIED)
         except asyncio.CancelledError:
+            run.settling = True
             if run.shutdown:
                 # The process is stopping: the run stays RUNNING in the store and goes on
                 # from its journal at the next start.
@@ -557,9 +564,11 @@ class Runtime:
             await self._stop_descendants(run, (status, limit))
             result = handle.result(status, text=self._last_text(handle, status.name.lower()), limit=limit)
         except ProviderError as exc:
+            run.settling = True
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
             result = handle.result(Status.ERROR, text=f"model call failed: {exc}", is_error=True, failure=exc.failure)
         except Exception:
+            run.settling = True
             # A bug of ours must not leave the handle RUNNING forever: settle it loudly.
             log.exception("run of %s/%s failed", self.key, handle.id)
             await self._stop_descendants(run, (Status.INTERRUPTED, Limit.NONE))
