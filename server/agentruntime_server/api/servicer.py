@@ -147,6 +147,17 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
             await self.service.acknowledge(_written(name, request))
             _audit(name, request, "OK")
             return response
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is None or current.cancelling():
+                raise  # this call was cancelled: its deadline passed, its client left, or the server stops
+            # Something it awaited ended cancelled, not the call: grpc would drop a call that
+            # raises this, and leave its client hanging until its deadline. It is answered.
+            if self.service.draining:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry against its replacement")
+            log.error("%s: something it awaited was cancelled", name, exc_info=True)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server; see the server log")
+            raise
         except Relayed as relayed:  # the owner replica's answer to a forwarded call
             _audit(name, request, relayed.code.name)
             await context.abort(relayed.code, relayed.details, relayed.trailing)
