@@ -594,11 +594,20 @@ def server_errors() -> Iterator[ServerErrors]:
     logging.getLogger().removeHandler(errors)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """SQLite writes with no await inside; PostgreSQL awaits in loads, creates and deletes,
+    where calls sent at once can meet."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("database"))
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
 async def test_verbs_sent_at_once_keep_the_documented_invariants(
-    tmp_path: Path, model: ScriptedModelServer, server_errors: ServerErrors
+    store_url: str, model: ScriptedModelServer, server_errors: ServerErrors
 ) -> None:
     settings = {
-        "store": f"sqlite:///{tmp_path / 'store.db'}",
+        "store": store_url,
         "llm_style": "openai",
         "llm_base_url": model.base_url,
         "llm_api_key": "sk-race-hunt",
