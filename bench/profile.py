@@ -9,6 +9,10 @@ modules by package, the HTTP client (aiohttp and its yarl / multidict / propcach
 event loop (asyncio, selectors, and C work run from a loop callback: a task step, a gRPC
 completion), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
 py-spy's collapsed stacks (one line per stack and its count) for a flame graph tool.
+
+py-spy counts a thread blocked in C code as busy, so the poller thread's share of samples
+is not its share of CPU; the CPU each thread used while sampling, read from
+/proc/<pid>/task, is printed below the samples, and is the figure to quote.
 py-spy attaches with ptrace: it needs root or CAP_SYS_PTRACE. Measured, never asserted."""
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from workload import service_run
@@ -51,6 +57,30 @@ def component(frames: list[str]) -> str:
     if top in _EVENT_LOOP:
         return "event loop (asyncio, selectors)"
     return f"other: {top.removesuffix('.py')}"
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread of `pid`, by thread id."""
+    seconds: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        seconds[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
+
+
+def print_thread_split(pid: int, before: dict[str, float], after: dict[str, float]) -> None:
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    total = sum(used.values())
+    if total <= 0:
+        return
+    main = used.get(str(pid), 0.0)
+    print(
+        f"CPU by thread while sampling (/proc): the event loop's thread {main / total:.1%}, "
+        f"the {len(used) - 1} others {(total - main) / total:.1%}"
+    )
 
 
 def summarize(raw: Path, lines: int) -> None:
@@ -93,8 +123,15 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         raw = args.raw or Path(folder) / "stacks.txt"
         recorders: list[subprocess.Popen[bytes]] = []
+        split: list[tuple[int, dict[str, float], dict[str, float]]] = []
+
+        def measure_threads(pid: int) -> None:
+            before = thread_cpu(pid)
+            time.sleep(args.seconds)
+            split.append((pid, before, thread_cpu(pid)))
 
         def record(pid: int) -> None:
+            threading.Thread(target=measure_threads, args=(pid,), daemon=True).start()
             # --nonblocking: the server is never paused, so it runs as it does unprofiled.
             command = [spy, "record", "-p", str(pid), "-d", str(args.seconds), "-r", str(args.rate)]
             command += ["-f", "raw", "-o", str(raw), "--nonblocking"]
@@ -115,6 +152,8 @@ async def main() -> None:
             f"{figures['cpu_us_per_turn']:.0f} µs of server CPU per turn (under the profiler)"
         )
         summarize(raw, args.lines)
+        for pid, before, after in split:
+            print_thread_split(pid, before, after)
 
 
 if __name__ == "__main__":
