@@ -37,7 +37,9 @@ WATCH_MAX_BACKOFF = 30.0  # seconds between Watch reconnects at the most, howeve
 KEEPALIVE = 60.0
 # Calls that change nothing when repeated are retried by gRPC itself when the server is
 # unreachable (Wake, Post, Spawn, Interrupt, Close, CreateRuntime and DeleteRuntime are not:
-# a lost answer does not say whether they took effect).
+# a lost answer does not say whether they took effect). CANCELLED too: grpc-core answers a
+# call that reached a server as it began to shut down, before a handler took it, with
+# CANCELLED (grpc/grpc#41785); the caller's own cancellation is never retried.
 _SAFE_TO_REPEAT = ("Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes")
 _CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 1),
@@ -53,7 +55,7 @@ _CHANNEL_OPTIONS = [
                             "initialBackoff": "0.1s",
                             "maxBackoff": "2s",
                             "backoffMultiplier": 2,
-                            "retryableStatusCodes": ["UNAVAILABLE"],
+                            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
                         },
                     }
                 ]
@@ -70,6 +72,14 @@ _DETAIL_TYPES = (
 )
 _Detail = TypeVar("_Detail", bound=Message)
 _Item = TypeVar("_Item")
+
+
+def _dropped(error: AgentRuntimeError) -> bool:
+    """The server went away under the call: UNAVAILABLE, or CANCELLED, which grpc-core answers
+    for a call that reached a server as it began to shut down, before a handler took it
+    (grpc/grpc#41785). Never the caller's own: a cancelled asyncio task raises CancelledError
+    and a closed channel UsageError, not an RPC error."""
+    return error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 class AgentRuntimeError(Exception):
@@ -310,7 +320,8 @@ class Client:
         `timeout`, after that many seconds at most the server's TIMEOUT result (the handle
         still running). TIMEOUT is the caller's choice, never the transport's: each Wait asks
         the server for at most WAIT_SLICE seconds, under the call's deadline, and is repeated;
-        a server that is restarting (UNAVAILABLE) is waited for, with backoff and jitter."""
+        a server that is restarting (UNAVAILABLE, or CANCELLED: see `_dropped`) is waited for,
+        with backoff and jitter."""
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
         failures = 0
@@ -321,7 +332,7 @@ class Client:
             try:
                 response = await self._call(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
             except AgentRuntimeError as error:
-                if error.code is not grpc.StatusCode.UNAVAILABLE or (end is not None and loop.time() >= end):
+                if not _dropped(error) or (end is not None and loop.time() >= end):
                     raise
                 failures += 1
                 await asyncio.sleep(_jittered(0.1, failures, 5.0))
@@ -340,7 +351,7 @@ class Client:
                 response = await self._call(self._stub.Resume, request)
                 return response.result  # type: ignore[no-any-return]
             except AgentRuntimeError as error:
-                if error.code is not grpc.StatusCode.UNAVAILABLE or failures == RESUME_ATTEMPTS:
+                if not _dropped(error) or failures == RESUME_ATTEMPTS:
                     raise
                 await asyncio.sleep(_jittered(0.1, failures, 5.0))
         raise AssertionError("unreachable")
@@ -437,8 +448,8 @@ class Client:
     ) -> AsyncIterator[pb.Event]:
         """The runtime's events after `after_seq`, in order, once each; never ends by itself.
 
-        A dropped stream (UNAVAILABLE, or RESOURCE_EXHAUSTED with reason WATCH_LAGGING when
-        this consumer fell too far behind) is reopened from the last seq seen, so nothing is
+        A dropped stream (UNAVAILABLE or CANCELLED from the server, or RESOURCE_EXHAUSTED with
+        reason WATCH_LAGGING when this consumer fell too far behind) is reopened from the last seq seen, so nothing is
         missed or seen twice. After `max_retries` reconnects in a row with no event between
         them (waiting `backoff` seconds, doubling up to 30, before each), the error is raised."""
         seen = after_seq
@@ -454,7 +465,7 @@ class Client:
                 error = AgentRuntimeError.from_rpc_error(rpc_error)
                 info = error.detail(error_details_pb2.ErrorInfo)
                 lagging = error.code is grpc.StatusCode.RESOURCE_EXHAUSTED and getattr(info, "reason", "") == "WATCH_LAGGING"
-                if not (lagging or error.code is grpc.StatusCode.UNAVAILABLE) or failures >= max_retries:
+                if not (lagging or _dropped(error)) or failures >= max_retries:
                     raise error from None
                 if not lagging:
                     await asyncio.sleep(_doubled(backoff, failures, WATCH_MAX_BACKOFF))

@@ -64,8 +64,9 @@ export function deadlineMs(timeoutMs: number): number {
  * Whether a failed call may be made again: the server was unreachable or went away under the
  * call. That is UNAVAILABLE (refused connection, a server shutting down), and also CANCELED and
  * ABORTED, which is how Connect's Node transport reports a connection that dies under a call
- * (an HTTP/2 RST_STREAM CANCEL, ECONNRESET) where gRPC's own clients say UNAVAILABLE; this
- * server never sends either code. The caller's own abort is told apart by its signal, checked first.
+ * (an HTTP/2 RST_STREAM CANCEL, ECONNRESET) where gRPC's own clients say UNAVAILABLE, and how
+ * grpc-core answers a call that reached a server as it began to shut down, before a handler took
+ * it (grpc/grpc#41785). The caller's own abort is told apart by its signal, checked first.
  */
 export function isDropped(error: unknown): boolean {
   if (!(error instanceof ConnectError)) return false;
