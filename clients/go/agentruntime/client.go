@@ -29,6 +29,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -62,7 +63,7 @@ const WaitSlice = 30 * time.Second
 // server answers STATUS_TIMEOUT instead of the client cutting the call off.
 const waitMargin = 10 * time.Second
 
-// resumeAttempts is how many times Resume tries a server that answers UNAVAILABLE.
+// resumeAttempts is how many times Resume tries a server that drops the call (dropped).
 const resumeAttempts = 8
 
 // Wait and Resume wait for a restarting server with a delay that starts at retryBackoff
@@ -73,13 +74,16 @@ const (
 )
 
 // safeToRepeat are the RPCs that change nothing when repeated: gRPC retries them on
-// UNAVAILABLE (serviceConfig). Spawn, Wake, Post, Interrupt, Close, CreateRuntime,
-// DeleteRuntime and ServeTools are not retried: a lost answer does not say whether they
-// took effect.
+// UNAVAILABLE and CANCELLED (serviceConfig; see dropped). Spawn, Wake, Post, Interrupt,
+// Close, CreateRuntime, DeleteRuntime and ServeTools are not retried: a lost answer does
+// not say whether they took effect.
 var safeToRepeat = []string{"Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes"}
 
 // serviceConfig is the connection's default service config: a retry policy for the
-// safeToRepeat RPCs, the same as the Python client's.
+// safeToRepeat RPCs, with the Python client's attempts and backoff. CANCELLED is retried
+// as well as UNAVAILABLE: grpc-core answers a call that reached a server as it began to
+// shut down, before a handler took it, with CANCELLED (grpc/grpc#41785). gRPC never
+// retries a call whose caller cancelled it, nor one on a closed connection.
 var serviceConfig = func() string {
 	type name struct {
 		Service string `json:"service"`
@@ -96,7 +100,7 @@ var serviceConfig = func() string {
 			"initialBackoff":       "0.1s",
 			"maxBackoff":           "2s",
 			"backoffMultiplier":    2,
-			"retryableStatusCodes": []string{"UNAVAILABLE"},
+			"retryableStatusCodes": []string{"UNAVAILABLE", "CANCELLED"},
 		},
 	}}}
 	encoded, err := json.Marshal(config)
@@ -298,8 +302,9 @@ func newOptions(opts []Option) options {
 // WithTLS, WithCA(File), WithClientCertificate(Files) or WithCredentials is given; a
 // CA or certificate that cannot be read or parsed is an error here. The connection's
 // default service config has gRPC retry Wait, Resume, Inspect, List, GetTranscript and
-// ListRuntimes on UNAVAILABLE (5 attempts, 0.1 s doubling to 2 s); nothing else is
-// retried. Keepalive is on (see DefaultKeepaliveTime; WithKeepalive, WithoutKeepalive).
+// ListRuntimes on UNAVAILABLE, and on a CANCELLED the caller did not cause (a server
+// shutting down, grpc/grpc#41785), with 5 attempts, 0.1 s doubling to 2 s; nothing else
+// is retried. Keepalive is on (see DefaultKeepaliveTime; WithKeepalive, WithoutKeepalive).
 func Dial(target string, opts ...Option) (*Client, error) {
 	o := newOptions(opts)
 	creds, err := o.transportCredentials()
@@ -388,7 +393,8 @@ func (c *Client) Wake(ctx context.Context, runtimeID, handleID, prompt string) (
 // done. A timeout is the caller's choice, never the transport's: each Wait RPC asks the
 // server for at most WaitSlice, under a deadline of that plus a margin (the client's
 // WithTimeout does not apply), and is repeated while the result is STATUS_TIMEOUT. A
-// server that is restarting (UNAVAILABLE) is waited for, with backoff and jitter.
+// server that is restarting (UNAVAILABLE, or a CANCELLED the caller did not cause: see
+// dropped) is waited for, with backoff and jitter.
 func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout time.Duration) (*v1.TaskResult, error) {
 	var end time.Time
 	if timeout > 0 {
@@ -406,7 +412,7 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 		resp, err := c.stub.Wait(callCtx, req)
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil || status.Code(err) != codes.Unavailable || over() {
+			if !c.dropped(ctx, err) || over() {
 				return nil, wrap(err)
 			}
 			if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
@@ -424,8 +430,9 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 
 // Resume answers a pending Request and returns the root's settled (or again PENDING)
 // result. It is safe to repeat (the server returns the same result for the same answer
-// and runs nothing again), so a server that answers UNAVAILABLE is tried again, with
-// backoff and jitter, up to 8 times in all.
+// and runs nothing again), so a server that drops the call (UNAVAILABLE, or a CANCELLED
+// the caller did not cause: see dropped) is tried again, with backoff and jitter, up to 8
+// times in all.
 func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer) (*v1.TaskResult, error) {
 	req := &v1.ResumeRequest{RuntimeId: runtimeID, Answer: answer}
 	for failures := 0; ; failures++ {
@@ -435,13 +442,26 @@ func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer
 		if err == nil {
 			return resp.GetResult(), nil
 		}
-		if ctx.Err() != nil || status.Code(err) != codes.Unavailable || failures+1 >= resumeAttempts {
+		if !c.dropped(ctx, err) || failures+1 >= resumeAttempts {
 			return nil, wrap(err)
 		}
 		if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
 			return nil, contextError(err)
 		}
 	}
+}
+
+// dropped says whether a call made under ctx failed in a way worth repeating, where that
+// is safe: the server was unreachable or stopping (UNAVAILABLE), or the call ended
+// CANCELLED although neither the caller (ctx) nor CloseConn cut it short. grpc-core ends
+// the calls that reach a server as it begins to shut down, before a handler took them,
+// with CANCELLED instead of UNAVAILABLE (grpc/grpc#41785).
+func (c *Client) dropped(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
+		return false
+	}
+	code := status.Code(err)
+	return code == codes.Unavailable || code == codes.Canceled
 }
 
 // contextError is ctx's error as an *Error (CANCELLED or DEADLINE_EXCEEDED), like the
@@ -635,7 +655,8 @@ func IsResourceExhausted(err error) bool { return status.Code(err) == codes.Reso
 func IsAlreadyExists(err error) bool { return status.Code(err) == codes.AlreadyExists }
 
 // IsUnavailable reports an UNAVAILABLE: the server could not be reached (or is stopping);
-// the client has already retried the calls that are safe to repeat.
+// the client has already retried the calls that are safe to repeat (a CANCELLED the
+// caller did not cause, too).
 func IsUnavailable(err error) bool { return status.Code(err) == codes.Unavailable }
 
 // IsUnauthenticated reports a missing or rejected token.

@@ -14,13 +14,15 @@ import (
 // client's connection (TLS and the token apply as for every call) and has no deadline.
 // (Go 1.22, which cannot range over functions: WatchFunc, the same watch with a callback.)
 //
-// A dropped stream (UNAVAILABLE, the server ending it, or RESOURCE_EXHAUSTED with
-// ErrorInfo reason WATCH_LAGGING when the consumer fell too far behind) is reopened from
-// the last seq seen, so nothing is missed and nothing is seen twice; a lagging consumer
-// reconnects at once, the others after a delay with exponential backoff and jitter
-// (WithWatchBackoff). After WithWatchRetries reconnects in a row (default 5) with no
-// event between them, or on any other refusal (NOT_FOUND, UNAUTHENTICATED, ...), the
-// sequence ends with the error as an *Error; once ctx is done it ends with ctx.Err().
+// A dropped stream (UNAVAILABLE; a CANCELLED the caller did not cause, which grpc-core
+// gives calls at a server's shutdown, grpc/grpc#41785; the server ending it; or
+// RESOURCE_EXHAUSTED with ErrorInfo reason WATCH_LAGGING when the consumer fell too far
+// behind) is reopened from the last seq seen, so nothing is missed and nothing is seen
+// twice; a lagging consumer reconnects at once, the others after a delay with
+// exponential backoff and jitter (WithWatchBackoff). After WithWatchRetries reconnects
+// in a row (default 5) with no event between them, or on any other refusal (NOT_FOUND,
+// UNAUTHENTICATED, ...), the sequence ends with the error as an *Error; once ctx is done
+// it ends with ctx.Err().
 // Breaking out of the loop closes the stream.
 //
 //	for event, err := range client.Watch(ctx, runtimeID, 0) {

@@ -111,7 +111,9 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 		}
 		refused := wrap(err).(*Error)
 		lagging := refused.Code == codes.ResourceExhausted && refused.ErrorInfo().GetReason() == watchLagging
-		if !lagging && refused.Code != codes.Unavailable || failures >= o.maxRetries ||
+		// A drop is UNAVAILABLE, or a CANCELLED the caller did not cause (a server shutting
+		// down, grpc/grpc#41785); dropped says no once CloseConn was called.
+		if !lagging && !c.dropped(ctx, err) || failures >= o.maxRetries ||
 			c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
 			yield(nil, refused)
 			return

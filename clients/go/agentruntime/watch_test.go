@@ -151,3 +151,40 @@ func TestWatchReportsTheErrorAfterRetriesInARow(t *testing.T) {
 		t.Errorf("Watch after cancel = %v, want context.Canceled", last)
 	}
 }
+
+func TestWatchReconnectsAfterAStreamTheServerCancelled(t *testing.T) {
+	client, f := dialFake(t)
+	var mu sync.Mutex
+	var afterSeqs []int64
+	f.watch = func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+		mu.Lock()
+		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+		n := len(afterSeqs)
+		mu.Unlock()
+		if n == 1 { // then the server, shutting down, ends the stream with CANCELLED (grpc/grpc#41785)
+			for seq := int64(1); seq <= 3; seq++ {
+				stream.Send(event(seq))
+			}
+			return status.Error(codes.Canceled, "server shutting down")
+		}
+		stream.Send(event(3)) // a replay the client must drop
+		stream.Send(event(4))
+		<-stream.Context().Done()
+		return nil
+	}
+	var seqs []int64
+	for event, err := range client.Watch(context.Background(), "rt", 0, WithWatchBackoff(time.Millisecond, 10*time.Millisecond)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, event.GetSeq())
+		if event.GetSeq() == 4 {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seqs, []int64{1, 2, 3, 4}) || !slices.Equal(afterSeqs, []int64{0, 3}) {
+		t.Errorf("events %v, after_seq of each stream %v; want [1 2 3 4] and [0 3]", seqs, afterSeqs)
+	}
+}
