@@ -16,7 +16,6 @@ import dev.agentruntime.v1.WaitResponse;
 import dev.agentruntime.v1.WakeResponse;
 import io.grpc.Context;
 import io.grpc.ManagedChannel;
-import io.grpc.Status;
 import io.grpc.stub.StreamObserver;
 import java.time.Duration;
 import java.util.List;
@@ -50,13 +49,14 @@ import java.util.function.BiConsumer;
  *
  * <ul>
  *   <li>{@link #waitFor} keeps waiting exactly as the blocking one does: repeated Waits of at most
- *       30 s each, past any default deadline, and through UNAVAILABLE (a restarting server) with
- *       backoff until the run settles or the caller's {@code timeout} passes; no thread is held
- *       while it waits.
- *   <li>{@link #resume} is retried on UNAVAILABLE like the blocking one; Spawn, Wake, Post and
+ *       30 s each, past any default deadline, and through a dropped call (UNAVAILABLE, or a
+ *       CANCELLED the caller did not cause: a restarting server, grpc/grpc#41785)
+ *       with backoff until the run settles or the caller's {@code timeout} passes; no thread is
+ *       held while it waits.
+ *   <li>{@link #resume} is retried when dropped like the blocking one; Spawn, Wake, Post and
  *       CreateRuntime are not (a lost answer does not say whether they took effect).
  *   <li>Cancelling a returned future cancels its call (and stops a wait's or a retry's next
- *       attempt). Closing the client completes the pending ones with CANCELLED.
+ *       attempt). Closing the client completes the pending ones with CANCELLED (never retried).
  *   <li>The futures complete on gRPC's threads: chain blocking work with the {@code ...Async}
  *       stages and an executor of your own.
  * </ul>
@@ -84,8 +84,7 @@ public final class AgentRuntimeAsyncClient {
   void shutdownScheduler() {
     closed = true;
     scheduler.shutdownNow();
-    AgentRuntimeException cancelled = AgentRuntimeException.fromThrowable(
-        Status.CANCELLED.withDescription("the client was closed").asRuntimeException());
+    AgentRuntimeException cancelled = AgentRuntimeException.cancelledByClient("the client was closed", null);
     for (CompletableFuture<?> future : List.copyOf(pending)) {
       future.completeExceptionally(cancelled);
     }
@@ -163,7 +162,7 @@ public final class AgentRuntimeAsyncClient {
         .thenApply(response -> response.getQueued());
   }
 
-  /** {@link AgentRuntimeClient#inspect}: the handle's view (retried by gRPC on UNAVAILABLE). */
+  /** {@link AgentRuntimeClient#inspect}: the handle's view (retried by gRPC when dropped). */
   public CompletableFuture<HandleView> inspect(String runtimeId, String handleId) {
     return this.<InspectResponse>call((s, o) -> s.inspect(Requests.inspect(runtimeId, handleId), o)).thenApply(response -> response.getHandle());
   }
@@ -177,7 +176,7 @@ public final class AgentRuntimeAsyncClient {
    * {@link AgentRuntimeClient#waitFor(String, String, Duration)} without holding a thread: the
    * handle's settled (or PENDING) result however long the run takes, through a restarting server;
    * with a non-null {@code timeout}, the server's {@code STATUS_TIMEOUT} result once it has passed
-   * (or the UNAVAILABLE, when the server is still away then).
+   * (or the drop's UNAVAILABLE or CANCELLED, when the server is still away then).
    */
   public CompletableFuture<TaskResult> waitFor(String runtimeId, String handleId, Duration timeout) {
     CompletableFuture<TaskResult> result = track(new CompletableFuture<>());
@@ -210,7 +209,8 @@ public final class AgentRuntimeAsyncClient {
 
   /**
    * {@link AgentRuntimeClient#resume}: the result the resumed handles settle on; retried while the
-   * server is unavailable, {@link AgentRuntimeClient#RESUME_ATTEMPTS} times in all, with backoff.
+   * server is unavailable or drops the call, {@link AgentRuntimeClient#RESUME_ATTEMPTS} times in
+   * all, with backoff.
    */
   public CompletableFuture<TaskResult> resume(String runtimeId, Answer answer) {
     CompletableFuture<TaskResult> result = track(new CompletableFuture<>());
@@ -279,14 +279,14 @@ public final class AgentRuntimeAsyncClient {
     pending.add(future);
     future.whenComplete((value, error) -> pending.remove(future));
     if (closed) {
-      future.completeExceptionally(AgentRuntimeException.fromThrowable(
-          Status.CANCELLED.withDescription("the client was closed").asRuntimeException()));
+      future.completeExceptionally(AgentRuntimeException.cancelledByClient("the client was closed", null));
     }
     return future;
   }
 
   /**
-   * A call repeated until {@link #done} says so, and retried on UNAVAILABLE after a pause (100 ms
+   * A call repeated until {@link #done} says so, and retried when dropped (UNAVAILABLE, or a
+   * CANCELLED the caller did not cause: {@link AgentRuntimeClient#isDrop}) after a pause (100 ms
    * doubling up to 5 s, full jitter: the blocking client's), at most {@code attempts} times in a
    * row and never past {@code end}; each retry resets the channel's connection backoff first.
    */
@@ -341,8 +341,8 @@ public final class AgentRuntimeAsyncClient {
         }
         AgentRuntimeException failure = AgentRuntimeException.unwrap(error);
         failures++;
-        if (failure.code() != Status.Code.UNAVAILABLE || failures >= attempts || Requests.passed(end)
-            || closed || channel.isShutdown()) {
+        if (!AgentRuntimeClient.isDrop(failure, closed || channel.isShutdown()) || failures >= attempts
+            || Requests.passed(end)) {
           result.completeExceptionally(failure);
           return;
         }

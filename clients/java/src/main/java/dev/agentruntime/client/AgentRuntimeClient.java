@@ -28,6 +28,7 @@ import io.grpc.CallCredentials;
 import io.grpc.ChannelCredentials;
 import io.grpc.ClientInterceptor;
 import io.grpc.CompositeChannelCredentials;
+import io.grpc.Context;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
@@ -68,8 +69,9 @@ import java.util.stream.Stream;
  * <p>Every call gets the default deadline (60 s unless the builder says otherwise; {@code null}
  * means none), except Wait ({@link #waitFor}: repeated 30 s slices, each with its own deadline)
  * and the streams (Watch, ServeTools: none). Calls that change nothing when repeated (Wait, Resume,
- * Inspect, List, GetTranscript, ListRuntimes) are retried by gRPC on UNAVAILABLE; the others are
- * not, since a lost answer does not say whether they took effect. The client is safe for
+ * Inspect, List, GetTranscript, ListRuntimes) are retried by gRPC when dropped (UNAVAILABLE, or a
+ * CANCELLED the caller did not cause, as a stopping grpc-core server sends: grpc/grpc#41785); the
+ * others are not, since a lost answer does not say whether they took effect. The client is safe for
  * concurrent use; {@link #close()} shuts its channel down.
  *
  * <p>{@link #async()} is the future-based variant of the main calls on the same channel;
@@ -85,7 +87,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
   public static final Duration WAIT_SLICE = Duration.ofSeconds(30);
   /** A Wait's call deadline is its server-side wait plus this much, so the server answers first. */
   public static final Duration WAIT_MARGIN = Duration.ofSeconds(10);
-  /** How many times {@link #resume} tries while the server is unavailable. */
+  /** How many times {@link #resume} tries while the server is unavailable (or drops the call). */
   public static final int RESUME_ATTEMPTS = 8;
   /**
    * The keepalive unless the builder says otherwise: while a call is open, an HTTP/2 PING after this
@@ -101,7 +103,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
   static final Duration MAX_RETRY_BACKOFF = Duration.ofSeconds(5);
 
   /**
-   * The RPCs that change nothing when repeated, which gRPC retries on UNAVAILABLE. Spawn, Wake, Post,
+   * The RPCs that change nothing when repeated, which gRPC retries when dropped. Spawn, Wake, Post,
    * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not retried: a lost answer does
    * not say whether they took effect.
    */
@@ -110,7 +112,10 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /**
    * The channel's default service config: a retry policy (5 attempts, 0.1 s doubling up to 2 s, on
-   * UNAVAILABLE) for {@link #SAFE_TO_REPEAT}. grpc-java reads JSON numbers as {@code Double}.
+   * UNAVAILABLE and CANCELLED) for {@link #SAFE_TO_REPEAT}. CANCELLED because a grpc-core server
+   * answers the calls that reach it as it begins to shut down, before a handler took them, with
+   * CANCELLED rather than UNAVAILABLE (grpc/grpc#41785); gRPC never retries a call the caller
+   * cancelled (an interrupt, a cancelled Context). grpc-java reads JSON numbers as {@code Double}.
    */
   static final Map<String, ?> SERVICE_CONFIG = serviceConfig();
 
@@ -124,8 +129,35 @@ public final class AgentRuntimeClient implements AutoCloseable {
         "initialBackoff", "0.1s",
         "maxBackoff", "2s",
         "backoffMultiplier", 2.0,
-        "retryableStatusCodes", List.of("UNAVAILABLE"));
+        "retryableStatusCodes", List.of("UNAVAILABLE", "CANCELLED"));
     return Map.of("methodConfig", List.of(Map.of("name", List.copyOf(names), "retryPolicy", retryPolicy)));
+  }
+
+  /**
+   * Whether a failed call was dropped on the way, so that a call safe to repeat is tried again (the
+   * Wait and Resume loops, the async client's retries, the Watch's reconnect): UNAVAILABLE, or a
+   * CANCELLED that the caller did not cause. A grpc-core server answers the calls that reach it as
+   * it begins to shut down, before a handler took them, with CANCELLED instead of UNAVAILABLE
+   * (grpc/grpc#41785), so such a CANCELLED is a drop like UNAVAILABLE. The client's own are not:
+   * those it raises itself ({@link AgentRuntimeException#cancelledByClient}: an interrupt, the
+   * client closed, a cancelled future), and any failure once {@code gaveUp}: the caller or the
+   * client stopped wanting the answer (the thread interrupted, its Context cancelled, the client
+   * closed or its channel shut down; see {@link #gaveUp()}).
+   */
+  static boolean isDrop(AgentRuntimeException error, boolean gaveUp) {
+    if (gaveUp || error.isCancelledByClient()) {
+      return false;
+    }
+    return error.code() == Status.Code.UNAVAILABLE || error.code() == Status.Code.CANCELLED;
+  }
+
+  /**
+   * Whether the blocking caller or this client gave up: the calling thread is interrupted (grpc's
+   * blocking stub ends the call CANCELLED then), the caller's Context is cancelled (grpc ends the
+   * calls under it CANCELLED) or the channel is shut down.
+   */
+  private boolean gaveUp() {
+    return Thread.currentThread().isInterrupted() || Context.current().isCancelled() || channel.isShutdown();
   }
 
   private final ManagedChannel channel;
@@ -380,7 +412,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
   /**
    * The generated blocking stub on this client's channel (its TLS and call credentials), for what
    * the thin methods do not cover; no default deadline is applied. The channel's retry policy
-   * applies to its calls too (the safe-to-repeat RPCs are retried on UNAVAILABLE).
+   * applies to its calls too (the safe-to-repeat RPCs are retried when dropped).
    */
   public AgentRuntimeGrpc.AgentRuntimeBlockingStub stub() {
     return stub;
@@ -461,13 +493,14 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * still running). A timeout is the caller's choice, never the transport's: each Wait asks the
    * server for at most {@link #WAIT_SLICE} (30 s), with a call deadline {@link #WAIT_MARGIN} (10 s)
    * past it whatever the client's default timeout, and is repeated while the result is
-   * {@code STATUS_TIMEOUT}. A server that is restarting (UNAVAILABLE) is waited for, with backoff
+   * {@code STATUS_TIMEOUT}. A server that is restarting (UNAVAILABLE, or a CANCELLED the caller did
+   * not cause, as a stopping grpc-core server sends: grpc/grpc#41785) is waited for, with backoff
    * (100 ms doubling up to 5 s, with jitter), until the handle settles or {@code timeout} passes
-   * (then the UNAVAILABLE is thrown).
+   * (then the failure is thrown).
    *
-   * @throws AgentRuntimeException a refusal (NOT_FOUND, ...); UNAVAILABLE once {@code timeout} has
-   *     passed with the server still away; CANCELLED when the calling thread is interrupted (its
-   *     interrupt flag is set again)
+   * @throws AgentRuntimeException a refusal (NOT_FOUND, ...); the drop (UNAVAILABLE, CANCELLED) once
+   *     {@code timeout} has passed with the server still away; CANCELLED when the calling thread
+   *     is interrupted (its interrupt flag is set again) or its Context cancelled
    */
   public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
     Long end = Requests.waitEnd(timeout); // System.nanoTime() when the caller's timeout passes; null: never
@@ -480,8 +513,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
       try {
         result = call(slice.plus(WAIT_MARGIN), s -> s.wait(request)).getResult();
       } catch (AgentRuntimeException e) {
-        if (e.code() != Status.Code.UNAVAILABLE || Thread.currentThread().isInterrupted() || Requests.passed(end)
-            || channel.isShutdown()) {
+        if (!isDrop(e, gaveUp()) || Requests.passed(end)) {
           throw e;
         }
         failures++;
@@ -504,8 +536,9 @@ public final class AgentRuntimeClient implements AutoCloseable {
   /**
    * Answers a pending Request and returns the result the resumed handles settle on. Resume is safe
    * to repeat (the server returns the same result for the same answer and runs nothing again), so
-   * a server that is unavailable is retried, up to {@link #RESUME_ATTEMPTS} times in all, with
-   * backoff (100 ms doubling up to 5 s, with jitter), on top of gRPC's own retries.
+   * a server that is unavailable (or drops the call: a CANCELLED the caller did not cause) is retried, up to
+   * {@link #RESUME_ATTEMPTS} times in all, with backoff (100 ms doubling up to 5 s, with jitter), on
+   * top of gRPC's own retries.
    */
   public TaskResult resume(String runtimeId, Answer answer) {
     ResumeRequest request = Requests.resume(runtimeId, answer);
@@ -514,8 +547,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
       try {
         return call(s -> s.resume(request)).getResult();
       } catch (AgentRuntimeException e) {
-        if (e.code() != Status.Code.UNAVAILABLE || failures >= RESUME_ATTEMPTS
-            || Thread.currentThread().isInterrupted() || channel.isShutdown()) {
+        if (!isDrop(e, gaveUp()) || failures >= RESUME_ATTEMPTS) {
           throw e;
         }
         sleepNanos(Requests.retryBackoffNanos(failures));
@@ -532,8 +564,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   static AgentRuntimeException interrupted(InterruptedException cause) {
-    return AgentRuntimeException.fromThrowable(
-        Status.CANCELLED.withDescription("the calling thread was interrupted").withCause(cause).asRuntimeException());
+    return AgentRuntimeException.cancelledByClient("the calling thread was interrupted", cause);
   }
 
   /** Sleeps, or throws CANCELLED (setting the interrupt flag again) when interrupted. */
@@ -689,7 +720,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * is {@code false} only once the stream is closed. The stream uses this client's channel (its TLS
    * and call credentials) and has no deadline.
    *
-   * <p>A dropped stream (UNAVAILABLE; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason
+   * <p>A dropped stream (UNAVAILABLE, or a CANCELLED the caller did not cause, as a stopping grpc-core
+   * server sends, grpc/grpc#41785; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason
    * {@code WATCH_LAGGING}, when this consumer fell too far behind; or the server ending it, as a
    * restarting one does) is reopened from the last seq seen, so nothing is missed or seen twice.
    * After {@code maxRetries} reconnects in a row with no event between them (waiting

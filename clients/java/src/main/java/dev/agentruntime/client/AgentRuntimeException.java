@@ -35,19 +35,38 @@ public final class AgentRuntimeException extends RuntimeException {
   private final Status.Code code;
   private final String description;
   private final transient List<Message> details;
+  /** A CANCELLED this client raised itself (see {@link #cancelledByClient}), never a dropped call. */
+  private final boolean byClient;
 
   public AgentRuntimeException(Status.Code code, String description, List<? extends Message> details) {
     super(code.name() + ": " + description);
     this.code = code;
     this.description = description;
     this.details = Collections.unmodifiableList(new ArrayList<>(details));
+    this.byClient = false;
   }
 
-  private AgentRuntimeException(Status.Code code, String description, List<Message> details, Throwable cause) {
+  private AgentRuntimeException(Status.Code code, String description, List<Message> details, Throwable cause,
+      boolean byClient) {
     super(code.name() + ": " + description, cause);
     this.code = code;
     this.description = description;
     this.details = Collections.unmodifiableList(details);
+    this.byClient = byClient;
+  }
+
+  /**
+   * The CANCELLED the client raises itself (an interrupt of the calling thread, the client closed,
+   * a cancelled future): marked, so that {@link AgentRuntimeClient#isDrop} never retries it.
+   */
+  static AgentRuntimeException cancelledByClient(String description, Throwable cause) {
+    return new AgentRuntimeException(Status.Code.CANCELLED, description, new ArrayList<>(),
+        Status.CANCELLED.withDescription(description).withCause(cause).asRuntimeException(), true);
+  }
+
+  /** Whether the client raised this CANCELLED itself ({@link #cancelledByClient}). */
+  boolean isCancelledByClient() {
+    return byClient;
   }
 
   /** Wraps a failed call's exception (a {@code StatusRuntimeException} or {@code StatusException}). */
@@ -64,7 +83,7 @@ public final class AgentRuntimeException extends RuntimeException {
         }
       }
     }
-    return new AgentRuntimeException(status.getCode(), description, details, error);
+    return new AgentRuntimeException(status.getCode(), description, details, error, false);
   }
 
   private static Message unpack(Any packed) {
@@ -103,7 +122,7 @@ public final class AgentRuntimeException extends RuntimeException {
       return (AgentRuntimeException) cause;
     }
     if (cause instanceof java.util.concurrent.CancellationException) {
-      return fromThrowable(Status.CANCELLED.withDescription("cancelled").withCause(cause).asRuntimeException());
+      return cancelledByClient("cancelled", cause);
     }
     return fromThrowable(cause);
   }

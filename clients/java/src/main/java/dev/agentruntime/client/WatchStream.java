@@ -25,8 +25,9 @@ import java.util.function.Consumer;
  * <ul>
  *   <li>{@link #hasNext()} blocks until the next event arrives; it is {@code false} only once the
  *       stream is closed (by {@link #close()}, from any thread, or by closing the client).
- *   <li>A dropped stream (UNAVAILABLE; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason
- *       {@code WATCH_LAGGING}, when this consumer fell too far behind; or the server ending the
+ *   <li>A dropped stream (UNAVAILABLE, or a CANCELLED the caller did not cause, which a grpc-core
+ *       server that begins to shut down sends, grpc/grpc#41785; RESOURCE_EXHAUSTED with
+ *       {@code ErrorInfo} reason {@code WATCH_LAGGING}, when this consumer fell too far behind; or the server ending the
  *       stream, as one that shuts down does) is reopened from the last seq seen ({@link #lastSeq()}),
  *       so nothing is missed or seen twice. Before each reconnect but a lagging one it waits the
  *       backoff (1 s by default), doubling per failure in a row, plus up to half again at random
@@ -34,8 +35,8 @@ import java.util.function.Consumer;
  *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, the
  *       next failure is thrown by {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
  *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
- *       of the iterating thread throws CANCELLED (with its interrupt flag set again). The stream is
- *       closed then.
+ *       of the iterating thread throws CANCELLED (with its interrupt flag set again), and so does a
+ *       cancelled Context of the iterating thread. The stream is closed then.
  * </ul>
  *
  * <p>The stream has no deadline. Iterate it from one thread at a time.
@@ -148,7 +149,8 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         }
         lagging = error.code() == Status.Code.RESOURCE_EXHAUSTED
             && error.errorInfo().map(ErrorInfo::getReason).orElse("").equals(WATCH_LAGGING);
-        if (!(lagging || error.code() == Status.Code.UNAVAILABLE) || failures >= maxRetries) {
+        boolean dropped = AgentRuntimeClient.isDrop(error, Context.current().isCancelled());
+        if (!(lagging || dropped) || failures >= maxRetries) {
           close();
           throw error;
         }

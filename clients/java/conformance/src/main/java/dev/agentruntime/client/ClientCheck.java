@@ -5,8 +5,10 @@ import java.time.Duration;
 /**
  * The client's defaults that need no server, from inside its package (this class is in the
  * conformance project, never in the released jar): keepalive is on unless turned off, and a Watch
- * waits at most 30 s before a reconnect, as the other clients do. Prints one line and exits 0, or
- * says what differed and exits 1.
+ * waits at most 30 s before a reconnect, as the other clients do; and, against a stand-in service in
+ * this JVM ({@link DroppedCallCheck}), that a CANCELLED the caller did not cause is retried like
+ * UNAVAILABLE and the client's own is not. Prints one line and exits 0, or says what differed and
+ * exits 1.
  */
 public final class ClientCheck {
   private ClientCheck() {}
@@ -47,10 +49,16 @@ public final class ClientCheck {
       expect(longest == cap, "longest pause: " + Duration.ofNanos(longest) + ", want PT30S");
       long given = WatchStream.backoffNanos(Duration.ofMinutes(10), 3);
       expect(given == cap, "pause with a 10 min backoff: " + Duration.ofNanos(given) + ", want PT30S");
+
+      // A CANCELLED the caller did not cause is retried like UNAVAILABLE; the client's own is not.
+      String dropped = DroppedCallCheck.run();
       System.out.println("client-check: ok (keepalive 60 s / 20 s while calls are open by default, off on request; "
-          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s)");
+          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + ")");
     } catch (IllegalStateException failure) {
       System.out.println("client-check: FAIL " + failure.getMessage());
+      exitCode = 1;
+    } catch (Exception failure) {
+      System.out.println("client-check: FAIL " + failure);
       exitCode = 1;
     }
     System.exit(exitCode);
