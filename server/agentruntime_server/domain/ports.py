@@ -91,14 +91,27 @@ class WorkerLost(Exception):
     """The worker running a call went away, or kept it past its deadline: the call may or
     may not have taken effect (it is in doubt)."""
 
+    def __init__(self, message: str, worker_id: str = "") -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+
 
 class WorkerToolRunner(Protocol):
     async def run(
-        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+        self,
+        tenant: str,
+        executor: WorkerExecutor,
+        call: ToolCall,
+        key: str,
+        runtime_id: str,
+        handle_id: str,
+        lost: Sequence[str] = (),
     ) -> ToolResult:
         """The output of a worker serving the executor's queue (of the tenant); an error
-        result when no worker took the call within its timeout; WorkerLost when the worker
-        that took it did not answer (it may have run it)."""
+        result when no worker took the call within its timeout (one that says the call is in
+        doubt when a worker took it before: `lost` names the workers whose WorkerLost this
+        attempt follows); WorkerLost when the worker that took it did not answer (it may have
+        run it)."""
         ...
 
 
@@ -106,7 +119,14 @@ class NoWorkers:
     """A runtime with no ServeTools edge (tests of the domain): nobody serves any queue."""
 
     async def run(
-        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+        self,
+        tenant: str,
+        executor: WorkerExecutor,
+        call: ToolCall,
+        key: str,
+        runtime_id: str,
+        handle_id: str,
+        lost: Sequence[str] = (),
     ) -> ToolResult:
         return ToolResult(f"no worker serves queue {executor.queue!r}", is_error=True)
 

@@ -441,10 +441,15 @@ class TurnLoop:
         """A worker's output. A worker lost with the call in hand leaves it in doubt: ASK
         suspends on an `in_doubt` Request; otherwise another worker runs it, with the same key."""
         key = self.idempotency_key(handle, call)
+        lost: list[str] = []  # the workers that took it and did not answer: it is in doubt from then on
         for _ in range(WORKER_ATTEMPTS):
             try:
-                return await self.services.workers.run(self.host.tenant, executor, call, key, self.host.id, handle.id)
-            except WorkerLost:
+                return await self.services.workers.run(
+                    self.host.tenant, executor, call, key, self.host.id, handle.id, lost=tuple(lost)
+                )
+            except WorkerLost as error:
+                if error.worker_id and error.worker_id not in lost:
+                    lost.append(error.worker_id)
                 spec = handle.agent.tool(call.name)
                 if spec is not None and spec.asks_when_in_doubt:
                     await self.host.journal.record(InDoubt(handle.id, (call.id,)))

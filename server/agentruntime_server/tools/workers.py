@@ -14,7 +14,9 @@ deadline passes first (the host reads slowly, or its identity provider answers s
 withdrawn, never sent, and goes to another worker free then, or fails as taken by none; if
 its turn stops, it is withdrawn. A call a worker kept past its deadline still counts against that
 worker's bound until it answers (late: the output is dropped) or goes away, and the call is
-never given to that worker again: another worker gets it, or none does and the result says so."""
+never given to that worker again: another worker gets it, or none does and the result says so.
+A call in doubt stays in doubt: when no worker takes its retry, the result names the workers
+that took it (the turn loop passes those that went away) and says it may have taken effect."""
 
 from __future__ import annotations
 
@@ -138,6 +140,18 @@ class _Unsent(Exception):
     """The worker went away before its stream sent the call."""
 
 
+def _taken_and_lost(executor: WorkerExecutor, missed: list[str], gone: list[str]) -> ToolResult:
+    """The result of a call in doubt that no other worker took: who took it, and that it may have run."""
+    if missed:
+        told = f"worker {', '.join(missed)} of queue {executor.queue!r} took the call and did not answer by its deadline"
+        told += f" (worker {', '.join(gone)} went away with it)" if gone else ""
+    else:
+        told = f"worker {', '.join(gone)} of queue {executor.queue!r} took the call and went away without answering"
+    return ToolResult(
+        f"{told}, and no other worker took it within {executor.timeout:g}s: it may or may not have taken effect", is_error=True
+    )
+
+
 class WorkerPool:
     """Every connected worker, by (tenant, queue). Implements the domain's WorkerToolRunner."""
 
@@ -186,7 +200,7 @@ class WorkerPool:
         unsent = {dispatch.id for dispatch in worker.outbox.take_back()}
         for dispatch_id, future in list(worker.in_hand.items()):
             if not future.done():
-                lost = WorkerLost(f"worker {worker.id} went away with the call")
+                lost = WorkerLost(f"worker {worker.id} went away with the call", worker.id)
                 future.set_exception(_Unsent() if dispatch_id in unsent else lost)
         log.info("worker %s left queue %s of tenant %s", worker.id, worker.queue, worker.tenant)
         await self._notify(place)
@@ -216,7 +230,14 @@ class WorkerPool:
             worker.missed.pop(key, None)
 
     async def run(
-        self, tenant: str, executor: WorkerExecutor, call: ToolCall, key: str, runtime_id: str, handle_id: str
+        self,
+        tenant: str,
+        executor: WorkerExecutor,
+        call: ToolCall,
+        key: str,
+        runtime_id: str,
+        handle_id: str,
+        lost: Sequence[str] = (),
     ) -> ToolResult:
         place = (tenant, executor.queue)
         loop = asyncio.get_running_loop()
@@ -230,14 +251,10 @@ class WorkerPool:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         missed = self._missed_by(place, call.name, key)
+                        gone = [worker_id for worker_id in lost if worker_id not in missed]  # took it, then left
                         self._forget(place, key)
-                        if missed:
-                            return ToolResult(
-                                f"worker {', '.join(missed)} of queue {executor.queue!r} took the call and did not answer "
-                                f"by its deadline, and no other worker took it within {executor.timeout:g}s: it may or "
-                                "may not have taken effect",
-                                is_error=True,
-                            )
+                        if missed or gone:  # a worker took the call before: it is in doubt, not taken by none
+                            return _taken_and_lost(executor, missed, gone)
                         why = (
                             f"the stream of worker {', '.join(passed.id for passed in passed_over)} did not send it "
                             "by its deadline: is its host reading its calls?"
@@ -278,7 +295,7 @@ class WorkerPool:
                         kept = True
                         worker.missed_call(key)
                         future.add_done_callback(functools.partial(self._release, worker, dispatch.id, place))
-                    raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s")
+                    raise WorkerLost(f"worker {worker.id} kept the call past its deadline of {executor.timeout:g}s", worker.id)
                 try:
                     result = future.result()
                 except _Unsent:

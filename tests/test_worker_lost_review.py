@@ -1,0 +1,73 @@
+"""A worker call in doubt whose retry no worker takes (found by tests/test_worker_hunt.py).
+
+The README: a worker that disconnects, or misses the deadline, with a call in hand leaves the
+call in doubt, and RETRY gives it to another worker. When no other worker takes it within its
+timeout, the result must still say that a worker took the call and it may or may not have
+taken effect: "no worker took the call" would tell the model the call never ran, and invite
+it to make the call again under a new key (a second charge)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agentruntime.client import Client
+from agentruntime.v1 import agent_runtime_pb2 as pb
+
+from tests.support.build import agent, create, spawn, transcript, wait
+from tests.support.model_server import ScriptedModelServer
+from tests.support.poll import until
+from tests.support.servers import Served
+from tests.test_workers import calls_then_answer, serving, worker_tool
+
+
+async def _lost_call_result(served: Served, model: ScriptedModelServer, timeout: float, leave_when_kept: bool) -> tuple[str, str]:
+    """A worker takes the call and hangs; it leaves (at once, or once the call was kept past its
+    deadline); no other worker comes. The call's result, and the worker's id."""
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    runtime_id = await create(served.stub, agent("payer", tools=[worker_tool("charge", timeout=timeout)]))
+    held: list[str] = []
+    ids: list[str] = []
+
+    async def hangs(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        held.append(call.call.idempotency_key)
+        await asyncio.sleep(3600)
+        return "never"
+
+    pool = served.running.workers
+    async with Client(f"127.0.0.1:{served.port}") as client:
+        async with serving(client, "tools", {"charge": hangs}) as ids:
+            handle_id = await spawn(served.stub, runtime_id, "payer")
+            await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+            await until(lambda: bool(held), "the worker to hold the call")
+            if leave_when_kept:
+                [worker] = [w for workers in pool._queues.values() for w in workers]  # type: ignore[union-attr]
+                await until(lambda: held[0] in worker.missed, "the call to be kept past its deadline", timeout=10)
+        # The worker is gone with the call; the retry waits for another one, and none comes.
+        result = await wait(served.stub, runtime_id, handle_id)
+    assert result.status == pb.STATUS_DONE, result
+    [tool_message] = [m for m in await transcript(served.stub, runtime_id, handle_id) if m.role == "tool"]
+    assert tool_message.is_error
+    return tool_message.content, ids[0]
+
+
+async def test_a_call_whose_worker_went_away_and_no_other_took_says_it_may_have_taken_effect(
+    served: Served, model: ScriptedModelServer
+) -> None:
+    output, worker_id = await _lost_call_result(served, model, 0.5, leave_when_kept=False)
+    assert "no worker of queue" not in output, output
+    assert output == (
+        f"worker {worker_id} of queue 'tools' took the call and went away without answering, and no other "
+        "worker took it within 0.5s: it may or may not have taken effect"
+    ), output
+
+
+async def test_a_call_kept_past_its_deadline_by_a_worker_that_then_left_says_it_may_have_taken_effect(
+    served: Served, model: ScriptedModelServer
+) -> None:
+    output, worker_id = await _lost_call_result(served, model, 1.0, leave_when_kept=True)
+    assert "no worker of queue" not in output, output
+    assert output == (
+        f"worker {worker_id} of queue 'tools' took the call and went away without answering, and no other "
+        "worker took it within 1s: it may or may not have taken effect"
+    ), output
