@@ -71,3 +71,48 @@ async def test_a_call_kept_past_its_deadline_by_a_worker_that_then_left_says_it_
         f"worker {worker_id} of queue 'tools' took the call and went away without answering, and no other "
         "worker took it within 1s: it may or may not have taken effect"
     ), output
+
+
+async def test_a_call_in_doubt_again_after_the_host_had_it_run_again_asks_with_a_new_request(
+    served: Served, model: ScriptedModelServer
+) -> None:
+    """ASK: a worker goes away with the call, the host answers `ok` without an output (run it
+    again), and the next worker goes away with it too. The second in_doubt Request must not
+    reuse the first one's id: a retry of the first Resume (its reply lost on the way) would be
+    read as an answer to the second, and run the call a third time; the README says a retried
+    Resume returns the same result and runs nothing."""
+    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
+    charge = worker_tool("charge", timeout=5, on_interrupted=pb.ON_INTERRUPTED_ASK)
+    runtime_id = await create(served.stub, agent("payer", tools=[charge]))
+    held: list[str] = []
+
+    async def hangs(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        held.append(call.call.idempotency_key)
+        await asyncio.sleep(3600)
+        return "never"
+
+    async with Client(f"127.0.0.1:{served.port}") as client:
+        async with serving(client, "tools", {"charge": hangs}):
+            handle_id = await spawn(served.stub, runtime_id, "payer")
+            await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
+            await until(lambda: len(held) == 1, "the first worker to hold the call")
+        first = await wait(served.stub, runtime_id, handle_id)
+        assert (first.status, first.pending.kind) == (pb.STATUS_PENDING, "in_doubt"), first
+        rerun = pb.ResumeRequest(runtime_id=runtime_id, answer=pb.Answer(id=first.pending.id, ok=True))
+        async with serving(client, "tools", {"charge": hangs}):
+            resuming = asyncio.ensure_future(served.stub.Resume(rerun, timeout=30))
+            await until(lambda: len(held) == 2, "the second worker to hold the call")
+        second = (await resuming).result
+        assert (second.status, second.pending.kind) == (pb.STATUS_PENDING, "in_doubt"), second
+        assert second.pending.id != first.pending.id, second.pending.id
+        # The host retries its first Resume: the same result, and the call is not run again.
+        async with serving(client, "tools", {"charge": hangs}):
+            retried = (await served.stub.Resume(rerun, timeout=30)).result
+            assert (retried.status, retried.pending.id) == (pb.STATUS_PENDING, second.pending.id), retried
+            assert len(held) == 2, held
+            # The second Request, answered with an output, settles the call.
+            output = pb.ToolOutput(call_id=second.pending.calls[0].id, output="it went through")
+            answer = pb.Answer(id=second.pending.id, ok=True, outputs=[output])
+            done = (await served.stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=30)).result
+    assert (done.status, done.text) == (pb.STATUS_DONE, "it went through"), done
+    assert held == [f"{runtime_id}/{handle_id}/call_1_1"] * 2

@@ -380,6 +380,13 @@ class TurnLoop:
             )
         # The kind is part of the id: one call can ask twice (approval, then its relay output).
         request_id = f"{handle.id}/{first.id}:{kind}"
+        if kind == "in_doubt":
+            # In doubt again after the host had it run again: a Request of its own, lest a retry
+            # of the Resume that answered the last one be read as an answer to this one.
+            again = 1
+            while request_id in self.host.tree.answered:
+                again += 1
+                request_id = f"{handle.id}/{first.id}:in_doubt.{again}"
         return PendingRequest(id=request_id, kind=kind, prompt=prompt, data=data, path=handle.path, calls=keyed)
 
     def _tool_request(self, handle: Handle, call: ToolCall, asked: ToolSuspension) -> PendingRequest:
