@@ -9,7 +9,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain.errors import ResourceExhausted
+from agentruntime_server.domain.errors import NotFound, ResourceExhausted, Unavailable
 from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import Journal, Tree, TurnStarted, events_of
 from agentruntime_server.store.memory import MemoryStore
@@ -112,6 +112,33 @@ async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
         await anext(watcher)
     resumed = [event.seq async for event in _take(log.follow(1), 8)]
     assert resumed == list(range(2, 10))
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+async def test_a_watcher_reading_its_history_is_told_at_once_when_the_log_closes(deleted: bool) -> None:
+    """A shutdown (or a delete) ends a stream still sending its history at once, from where it
+    got to: a slow consumer with a long history to read would otherwise be sent all of it
+    first, be cut by the server's grace with CANCELLED (no after_seq to go on from), and the
+    clients, which Watch again on UNAVAILABLE, would stop watching."""
+    store = MemoryStore()
+    await store.create_runtime("tenant:rt", ())
+
+    async def history(after: int) -> list[Event]:
+        entries = await store.entries_after_event("tenant:rt", after)
+        return [event for entry in entries for event in events_of(entry) if event.seq > after]
+
+    log = EventLog("tenant:rt", history, buffer=100)
+    journal = Journal(Tree("tenant:rt", ()), store, log)
+    for turn in range(1, 6):
+        await journal.record(TurnStarted("root/a.1", turn))
+    watcher = log.follow(0)
+    assert (await anext(watcher)).seq == 1
+    log.close(deleted=deleted)
+    with pytest.raises(NotFound if deleted else Unavailable, match="after seq 1" if deleted else "after_seq=1"):
+        await anext(watcher)
+    # A log closed before a watcher came has nothing more for it either: it is not left waiting.
+    with pytest.raises(NotFound if deleted else Unavailable):
+        await asyncio.wait_for(anext(log.follow(5)), 5)  # (not a hang, if it fails)
 
 
 async def _take(events, count: int):  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from .errors import NotFound, ResourceExhausted, Unavailable
+from .errors import DomainError, NotFound, ResourceExhausted, Unavailable
 from .model import HandleState, PendingRequest, TaskResult, ToolCall
 
 
@@ -135,22 +135,28 @@ class EventLog:
         try:
             seen = after_seq
             for event in await self.history(after_seq):
+                if self.closing:  # a shutdown or a delete ends a stream still sending its history, at once
+                    raise self._ended(seen)
                 yield event
                 seen = event.seq
             while True:
-                live = await queue.get()
-                if live is None and self.deleted:  # (the log is named by the key, `tenant:id`)
-                    raise NotFound("runtime", self.runtime_id.rpartition(":")[2], f"it was deleted after seq {seen}")
-                if live is None and self.closing:
-                    raise Unavailable(f"the server is shutting down; Watch again with after_seq={seen}")
+                live = None if self.closing else await queue.get()  # (a log closed before it came has no more)
                 if live is None:
-                    raise ResourceExhausted(
-                        f"this watcher fell more than {self.buffer} events behind at seq {seen}; "
-                        f"Watch again with after_seq={seen}",
-                        reason="WATCH_LAGGING",
-                    )
+                    raise self._ended(seen)
                 if live.seq > seen:
                     yield live
                     seen = live.seq
         finally:
             self._watchers.discard(queue)
+
+    def _ended(self, seen: int) -> DomainError:
+        """Why a watcher's stream ends, after `seen`: its runtime deleted, the log closed (a
+        shutdown, the runtime left this replica), or the watcher fell too far behind."""
+        if self.deleted:  # (the log is named by the key, `tenant:id`)
+            return NotFound("runtime", self.runtime_id.rpartition(":")[2], f"it was deleted after seq {seen}")
+        if self.closing:
+            return Unavailable(f"the server is shutting down; Watch again with after_seq={seen}")
+        return ResourceExhausted(
+            f"this watcher fell more than {self.buffer} events behind at seq {seen}; Watch again with after_seq={seen}",
+            reason="WATCH_LAGGING",
+        )
