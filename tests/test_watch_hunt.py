@@ -114,6 +114,7 @@ class Hunt:
     round: int = 0
     names: int = 0
     grace: float | None = None
+    stopped_at: float = 0.0  # when the last shutdown began (time.monotonic)
     started: float = field(default_factory=time.monotonic)
 
     def flag(self, what: str) -> None:
@@ -179,6 +180,15 @@ class Hunt:
                     if hint is not None:
                         stream.last = int(hint.group(1))  # as a client would: from the seq it names
                     continue
+                early = self.grace is not None and time.monotonic() - self.stopped_at < self.grace / 2
+                if code is Code.CANCELLED and got == 0 and self.ending == "UNAVAILABLE" and early:
+                    # A call that reached the server as it began to stop, before grpc handed it to
+                    # a handler: grpc-core ends such pending calls CANCELLED at once, not UNAVAILABLE
+                    # (grpc/grpc#41785). No handler of ours ran. (A handler of ours stuck until the
+                    # grace ran out would be CANCELLED too, but only at its end: still a finding.)
+                    self.stats["stream ended CANCELLED before a handler ran (grpc/grpc#41785)"] += 1
+                    stream.ended = self.ending  # the shutdown's end, as grpc tells it (the clients retry it)
+                    return
                 if code.name != self.ending:
                     self.flag(
                         f"stream {stream.name} at seq {stream.last} ended {code.name} {reason}: {message!r} "
@@ -429,6 +439,7 @@ class Hunt:
     async def stop(self, served: Served) -> None:
         """A shutdown (as at SIGTERM): every stream is told UNAVAILABLE."""
         self.ending = "UNAVAILABLE"
+        self.stopped_at = time.monotonic()
         # Not 0: a stream's call is then cut at once, with what its client has not read yet
         # (grpc's CANCELLED, however quickly the server ends it).
         self.grace = self.rng.choice([0.5, 2.0])
