@@ -762,7 +762,7 @@ class Hunt:
         if content == self.host_outputs.get(key):
             self.stats["result from the host"] += 1
             return
-        if key in self.host_failed and content == f"failed by the host after a restart: {self.host_failed[key]}":
+        if key in self.host_failed and content == f"failed by the host (it was in doubt): {self.host_failed[key]}":
             self.stats["result failed by the host"] += 1
             return
         if not message.is_error:

@@ -156,7 +156,7 @@ def _in_doubt(call_id: str, answer: Answer) -> AnswerOutcome:
             [FieldViolation("answer.outputs", f"an in_doubt request takes at most one output, for call {call_id!r}")]
         )
     if not answer.ok:
-        failed = ToolResult(f"failed by the host after a restart: {answer.reason or 'no reason given'}", is_error=True)
+        failed = ToolResult(f"failed by the host (it was in doubt): {answer.reason or 'no reason given'}", is_error=True)
         return AnswerOutcome(results=[(call_id, failed)])
     if answer.outputs:
         output = answer.outputs[0]

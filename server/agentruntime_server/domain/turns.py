@@ -374,8 +374,9 @@ class TurnLoop:
             prompt = f"Run {', '.join(call.name for call in calls)} and Resume with one output per call"
         elif kind == "in_doubt":
             prompt = (
-                f"{first.name} {first.arguments_json} was running when the server stopped and may or may not "
-                "have taken effect: answer ok with an output to use it, ok without one to run it again, "
+                f"{first.name} {first.arguments_json} was cut off before it answered (the server stopped, or "
+                "its worker went away) and may or may not have taken effect: answer ok with an output to use "
+                "it, ok without one to run it again, "
                 "or not ok to fail the call"
             )
         # The kind is part of the id: one call can ask twice (approval, then its relay output).
