@@ -267,7 +267,11 @@ class WorkerPool:
                         )
                     self._waiting[place] = self._waiting.get(place, 0) + 1
                     try:
-                        await asyncio.wait_for(condition.wait(), remaining)
+                        # Not wait_for: on Python 3.11 it waits in a task of its own, and a turn stopped
+                        # twice while that task took the lock back left the lock taken for good (every
+                        # later registration and call of the queue hung). Here the wait is this task's.
+                        async with asyncio.timeout(remaining):
+                            await condition.wait()
                     except TimeoutError:
                         continue
                     finally:
