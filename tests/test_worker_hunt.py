@@ -81,7 +81,7 @@ HOST_TAG = re.compile(r"\[h:([^\]]+)\]")
 CHILD_TAG = re.compile(r"\[c:([0-9a-f]+)\]")
 NO_WORKER = re.compile(r"^no worker of queue 'q' took the call within 1s \((.*)\)$")
 TAKEN = re.compile(
-    r"^worker (\S+) of queue 'q' took the call and (did not answer by its deadline(?: \(worker (.+) went away with it\))?"
+    r"^worker ([^ ,]+(?:, [^ ,]+)*) of queue 'q' took the call and (did not answer by its deadline(?: \(worker (.+) went away with it\))?"
     r"|went away without answering), and no other worker took it within 1s: it may or may not have taken effect$"
 )
 INTERRUPTED = "interrupted while running: it may or may not have taken effect"
@@ -776,7 +776,7 @@ class Hunt:
             return
         if found := TAKEN.match(content):
             self.stats["result taken and lost"] += 1
-            named = [found.group(1), *(found.group(3) or "").split(", ")]
+            named = [*found.group(1).split(", "), *(found.group(3) or "").split(", ")]  # (each worker that took it)
             for worker_id in filter(None, named):
                 stream = self.streams.get(worker_id)
                 took = any(r.stream is stream for r in receptions)
