@@ -81,7 +81,8 @@ HOST_TAG = re.compile(r"\[h:([^\]]+)\]")
 CHILD_TAG = re.compile(r"\[c:([0-9a-f]+)\]")
 NO_WORKER = re.compile(r"^no worker of queue 'q' took the call within 1s \((.*)\)$")
 TAKEN = re.compile(
-    r"^worker ([^ ,]+(?:, [^ ,]+)*) of queue 'q' took the call and (did not answer by its deadline(?: \(worker (.+) went away with it\))?"
+    r"^worker ([^ ,]+(?:, [^ ,]+)*) of queue 'q' took the call and "
+    r"(did not answer by its deadline(?: \(worker (.+) went away with it\))?"
     r"|went away without answering), and no other worker took it within 1s: it may or may not have taken effect$"
 )
 INTERRUPTED = "interrupted while running: it may or may not have taken effect"
