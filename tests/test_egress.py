@@ -160,7 +160,7 @@ async def test_a_name_rebound_after_its_check_is_not_connected_to(
     async with Listener("127.0.0.1") as listener, serving(model, tool_egress_deny=["127.0.0.1/32"]) as stub:
         results = await call_tools(stub, model, {"rebound": f"http://{REBOUND}:{listener.port}/"})
     message = results["rebound"]
-    assert message.is_error and "Connect call failed ('127.0.0.3'" in message.content, message.content
+    assert message.is_error and "at 127.0.0.3: " in message.content, message.content
     assert listener.accepted == 0
 
 

@@ -24,7 +24,7 @@ from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
-from .http_session import HttpSession
+from .http_client import HttpClient
 from .observability import Observability
 from .observability import build as build_observability
 from .providers.base import HttpProvider
@@ -61,7 +61,7 @@ class ListingHealthServicer(HealthServicer):  # type: ignore[misc]
 class RunningServer:
     server: grpc.aio.Server
     port: int
-    http: HttpSession
+    http: HttpClient  # model calls
     tools: HttpTools
     health: HealthServicer
     service: RuntimeService
@@ -223,7 +223,7 @@ def _without(text: str, url: str) -> str:
 
 def build_service(
     settings: Settings,
-    http: HttpSession,
+    http: HttpClient,
     tools: HttpTools,
     store: Store,
     observability: Observability,
@@ -269,7 +269,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     authenticator = build_authenticator(settings)  # reads the tokens file or the JWKS file
     store = await opened_store(settings.store)
     observability = build_observability(settings, span_exporter)
-    http = HttpSession(settings.http_pool_size, settings.max_model_reply_bytes)
+    http = HttpClient(settings.http_pool_size)
     tools = HttpTools(
         EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny),
         pool_size=settings.http_pool_size,

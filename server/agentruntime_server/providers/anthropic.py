@@ -8,7 +8,7 @@ from typing import Any
 
 from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
-from ..http_session import HttpSession
+from ..http_client import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
 API_VERSION = "2023-06-01"
@@ -19,7 +19,7 @@ class AnthropicProvider(HttpProvider):
 
     def __init__(
         self,
-        session: HttpSession,
+        http: HttpClient,
         *,
         base_url: str,
         api_key: str,
@@ -34,7 +34,7 @@ class AnthropicProvider(HttpProvider):
             headers["x-api-key"] = api_key
         super().__init__(
             name,
-            session,
+            http,
             url=base_url.rstrip("/") + "/messages",
             headers=headers,
             api_key=api_key,

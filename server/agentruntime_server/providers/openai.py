@@ -7,7 +7,7 @@ from typing import Any
 
 from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest
-from ..http_session import HttpSession
+from ..http_client import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
 
@@ -16,7 +16,7 @@ class OpenAIProvider(HttpProvider):
 
     def __init__(
         self,
-        session: HttpSession,
+        http: HttpClient,
         *,
         base_url: str,
         api_key: str,
@@ -27,7 +27,7 @@ class OpenAIProvider(HttpProvider):
     ) -> None:
         super().__init__(
             name,
-            session,
+            http,
             url=base_url.rstrip("/") + "/chat/completions",
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
             api_key=api_key,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
+from ..domain.handle import FifoGate
 from ..domain.ports import ModelProvider
-from ..http_session import HttpSession
+from ..http_client import HttpClient
 from ..settings import Settings
 from .anthropic import AnthropicProvider
 from .base import CallPolicy
@@ -14,10 +13,11 @@ from .router import ProviderRouter
 from .scripted import ScriptedProvider
 
 
-def build_router(settings: Settings, http: HttpSession) -> ProviderRouter:
+def build_router(settings: Settings, http: HttpClient) -> ProviderRouter:
     scripted = ScriptedProvider()
     policy = CallPolicy(
-        gate=asyncio.Semaphore(settings.max_concurrent_model_calls),
+        gate=FifoGate(settings.max_concurrent_model_calls),
+        max_reply_bytes=settings.max_model_reply_bytes,
         max_retries=settings.llm_max_retries,
         backoff_base=settings.llm_backoff_base,
         backoff_max=settings.llm_backoff_max,

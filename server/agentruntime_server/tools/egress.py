@@ -11,13 +11,10 @@ runtime was created may resolve to a private one later.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import socket
 from collections.abc import Iterable
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
+from ..http_client import Resolver, system_resolver
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -51,8 +48,7 @@ def parse_address(address: str) -> IPAddress:
 async def resolve(host: str, port: int) -> list[str]:
     """The addresses `host` resolves to, each once, in the resolver's order (an IP literal
     resolves to itself). Raises OSError if it does not resolve."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+    return await system_resolver(host, port)
 
 
 class EgressPolicy:
@@ -83,8 +79,8 @@ class EgressPolicy:
 
 
 class EgressDenied(OSError):
-    """Every address a host name resolved to is denied (raised by PolicyResolver: aiohttp
-    reports it as a ClientConnectorDNSError whose os_error is this, and connects nowhere)."""
+    """Every address a host name resolved to is denied (raised by PolicyResolver: the client
+    reports it as a ConnectFailed whose os_error is this, and connects nowhere)."""
 
     def __init__(self, host: str, reasons: list[str]) -> None:
         super().__init__(f"{host} resolves only to denied addresses ({'; '.join(reasons)})")
@@ -92,29 +88,27 @@ class EgressDenied(OSError):
         self.reasons = reasons
 
 
-class PolicyResolver(AbstractResolver):
-    """aiohttp's default resolver with the denied addresses taken out of every answer.
+class PolicyResolver:
+    """The system resolver with the denied addresses taken out of every answer: the client
+    connects only to what is left, so no second lookup can answer differently.
 
-    aiohttp calls the resolver only for host names (with its DNS cache in front), never
-    for IP-literal URL hosts: those are checked by the caller before the request."""
+    The client calls it only for host names, never for IP-literal URL hosts: those are
+    checked by the caller before the request."""
 
-    def __init__(self, policy: EgressPolicy, inner: AbstractResolver | None = None) -> None:
+    def __init__(self, policy: EgressPolicy, inner: Resolver = system_resolver) -> None:
         self._policy = policy
-        self._inner = inner or aiohttp.DefaultResolver()
+        self._inner = inner
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed: list[ResolveResult] = []
+    async def __call__(self, host: str, port: int) -> list[str]:
+        addresses = await self._inner(host, port)
+        allowed: list[str] = []
         reasons: list[str] = []
-        for result in results:
-            reason = self._policy.check(result["host"])
+        for address in addresses:
+            reason = self._policy.check(address)
             if reason is None:
-                allowed.append(result)
+                allowed.append(address)
             elif reason not in reasons:
                 reasons.append(reason)
-        if results and not allowed:
+        if addresses and not allowed:
             raise EgressDenied(host, reasons)
         return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()

@@ -1,8 +1,8 @@
 """HTTP tools: POST the arguments JSON with an Idempotency-Key; a 2xx body is the output.
 
-The calls go through a keep-alive session of their own (not the model providers'),
+The calls go through a keep-alive client of their own (not the model providers'),
 under the egress policy (`tools.egress`): a host name's denied addresses are dropped by
-the session's resolver, an IP-literal host is checked here, and a call that may reach
+the client's resolver, an IP-literal host is checked here, and a call that may reach
 no allowed address fails before any connection is attempted. Redirects are not followed
 (a 3xx is an error result), a 2xx body over `max_text_bytes` is an error result (at most
 that many bytes plus one are read), and an error body is cut to MAX_ERROR_BODY (500)
@@ -11,12 +11,12 @@ characters before the model sees it.
 
 from __future__ import annotations
 
-import aiohttp
-from yarl import URL
+import ipaddress
+from urllib.parse import urlsplit
 
 from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..domain.suspension import tool_answer_header
-from ..http_session import read_at_most
+from ..http_client import ConnectFailed, HttpClient, HttpError, Response
 from .egress import EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
 
@@ -31,36 +31,27 @@ REFUSED = "not allowed by the egress policy: "
 
 
 def _is_ip_literal(host: str) -> bool:
-    """aiohttp's own test (helpers.is_ip_address): such a host is connected to without resolving."""
-    return ":" in host or host.replace(".", "").isdigit()
+    """Such a host is connected to without resolving (the client's own test)."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
 
 
 class HttpTools:
-    """Created outside the event loop; its session is made lazily inside it (like HttpSession)."""
+    """One keep-alive client for every http tool, its resolver under the egress policy."""
 
     def __init__(self, policy: EgressPolicy, *, pool_size: int = 256, max_text_bytes: int = 256 * 1024) -> None:
         self.policy = policy
-        self._pool_size = pool_size
         self._max_text_bytes = max_text_bytes
-        self._session: aiohttp.ClientSession | None = None
+        # The most of a body any answer needs: a 2xx output, a 202's Request, an error's excerpt.
+        self._max_body = max(max_text_bytes, MAX_DATA_BYTES * 2, 4 * MAX_ERROR_BODY)
+        self._client = HttpClient(pool_size, resolver=PolicyResolver(policy))
         self._refusals: dict[str, str | None] = {}
 
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self._pool_size,
-                limit_per_host=self._pool_size,
-                keepalive_timeout=30,
-                resolver=PolicyResolver(self.policy),
-            )
-            # trust_env stays off: an environment proxy would connect for us, past the policy.
-            self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False, trust_env=False)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._client.close()
 
     def refusal(self, url: str) -> str | None:
         """Why a call to `url` may not be made before resolving it (an IP-literal host the
@@ -74,9 +65,9 @@ class HttpTools:
 
     def _judge(self, url: str) -> str | None:
         try:
-            host = URL(url).raw_host
+            host = urlsplit(url).hostname
         except ValueError:
-            return None  # aiohttp reports the bad URL
+            return None  # the client reports the bad URL
         if host and _is_ip_literal(host):
             reason = self.policy.check(host)
             if reason is not None:
@@ -93,57 +84,48 @@ class HttpTools:
         if answer is not None:
             headers[ANSWER_HEADER] = tool_answer_header(answer)
         try:
-            async with self.session().post(
-                executor.url,
-                data=arguments_json.encode(),
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=executor.timeout),
-                allow_redirects=False,
-            ) as response:
-                return await self._result(response)
+            response = await self._client.post(
+                executor.url, arguments_json.encode(), headers, timeout=executor.timeout, max_body=self._max_body
+            )
         except TimeoutError:
             return ToolResult(f"timed out after {executor.timeout:g}s", is_error=True)
-        except aiohttp.ClientConnectorDNSError as exc:
+        except ConnectFailed as exc:
             if isinstance(exc.os_error, EgressDenied):
                 return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
-        except aiohttp.ClientError as exc:
+        except HttpError as exc:
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except ValueError as exc:
-            # aiohttp refuses to build the request (a header it will not send): its words may
+            # The client refuses to build the request (a header it will not send): its words may
             # quote a header's value, a secret, so only the kind of refusal is told.
             return ToolResult(f"request failed: the request could not be built ({type(exc).__name__})", is_error=True)
+        return self._result(response)
 
-    async def _result(self, response: aiohttp.ClientResponse) -> ToolResult | ToolSuspension:
-        status = response.status
+    def _result(self, response: Response) -> ToolResult | ToolSuspension:
+        status, raw = response.status, response.body
         if status == 202:  # the tool needs the host first (tools/pending.py)
-            raw = await read_at_most(response, MAX_DATA_BYTES * 2)
             try:
-                return suspension(raw)
+                return suspension(raw[: MAX_DATA_BYTES * 2])
             except NotAPendingRequest as exc:
                 return ToolResult(f"HTTP 202 without a valid pending Request: {exc}", is_error=True)
         if 300 <= status < 400:
-            location = response.headers.get("Location", "")
+            location = response.headers.get("location", "")
             named = f" (Location: {location[:MAX_LOCATION]})" if location else ""
             return ToolResult(f"HTTP {status}: redirects are not followed{named}", is_error=True)
         if 200 <= status < 300:
             limit = self._max_text_bytes
-            if (response.content_length or 0) > limit:
-                return ToolResult(_too_large(status, limit), is_error=True)
-            raw = await read_at_most(response, limit + 1)
-            if len(raw) > limit:
+            if response.truncated or len(raw) > limit:
                 return ToolResult(_too_large(status, limit), is_error=True)
             return ToolResult(_decode(response, raw))
         # A character is at most 4 bytes in UTF-8: this many bytes hold MAX_ERROR_BODY of them.
-        raw = await read_at_most(response, 4 * MAX_ERROR_BODY)
-        return ToolResult(f"HTTP {status}: {_decode(response, raw)[:MAX_ERROR_BODY]}", is_error=True)
+        return ToolResult(f"HTTP {status}: {_decode(response, raw[: 4 * MAX_ERROR_BODY])[:MAX_ERROR_BODY]}", is_error=True)
 
 
 def _too_large(status: int, limit: int) -> str:
     return f"HTTP {status}: the output exceeds the limit of {limit} bytes (AGENTRUNTIME_MAX_TEXT_BYTES)"
 
 
-def _decode(response: aiohttp.ClientResponse, raw: bytes) -> str:
+def _decode(response: Response, raw: bytes) -> str:
     try:
         return raw.decode(response.charset or "utf-8", errors="replace")
     except LookupError:  # a charset Python does not know
