@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentruntime.cli import command_first
@@ -20,8 +21,11 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
 
-from tests.support.process import free_port
+from tests.support.build import agent, create, http_tool, run
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.process import ServerProcess, free_port
 from tests.support.servers import Served, serve
+from tests.support.tool_server import ToolServer
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "examples" / "agents.json"
@@ -337,3 +341,28 @@ async def test_connection_options_may_come_before_the_command(scripted: RunningS
     assert command_first(["--addr", "h:1", "--tls", "ls", "rt"]) == ["ls", "--addr", "h:1", "--tls", "rt"]
     assert command_first(["ls", "rt", "--addr", "h:1"]) == ["ls", "rt", "--addr", "h:1"]
     assert command_first(["--addr", "h:1"]) == ["--addr", "h:1"]  # no command: argparse says so
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_server_runs_on_the_event_loop_its_settings_name(
+    loop: str, model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
+) -> None:
+    """uvloop by default; AGENTRUNTIME_EVENT_LOOP=asyncio for the standard library's. Either way
+    a model call and an http tool call go through, and the start-up line says which loop it is."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if not tool_results(body):
+            return Reply(calls=[("ping", {})], tokens=3)
+        return Reply(text=f"on {loop}: {body['messages'][-1]['content']}", tokens=4)
+
+    model.script("looper", script)
+    env = {} if loop == "uvloop" else {"AGENTRUNTIME_EVENT_LOOP": "asyncio"}
+    server = ServerProcess(tmp_path / "store.db", model.base_url, tmp_path / "server.log", env)
+    stub = await server.start()
+    try:
+        runtime_id = await create(stub, agent("looper", tools=[http_tool("ping", tools.url("ping"))]))
+        _, result = await run(stub, runtime_id, "looper", "go")
+        assert (result.status, result.text, result.total_tokens) == (pb.STATUS_DONE, f"on {loop}: ping ok #1", 7)
+    finally:
+        await server.stop(signal.SIGTERM)
+    assert f"event loop: {loop})" in (tmp_path / "server.log").read_text()

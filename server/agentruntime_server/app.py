@@ -24,6 +24,7 @@ from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
+from .event_loop import running_loop_kind
 from .http_client import HttpClient
 from .observability import Observability
 from .observability import build as build_observability
@@ -339,12 +340,13 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     )
     await server.start()
     log.info(
-        "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s)",
+        "agentruntime serving on port %d (default provider: %s, store: %s, transport: %s, auth: %s, event loop: %s)",
         port,
         settings.default_name,
         redacted(settings.store),  # a PostgreSQL URL's password is a secret
         secure.mode,
         authenticator.mode,
+        running_loop_kind(),
     )
     return RunningServer(
         server=server,

@@ -13,6 +13,7 @@ from agentruntime.cli import main as client_main
 from pydantic import ValidationError
 
 from .app import start
+from .event_loop import loop_factory
 from .observability.logs import configure_logging
 from .settings import Settings, StartupError
 
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     configure_logging(settings)
     try:
-        asyncio.run(_serve(settings))
+        with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+            runner.run(_serve(settings))
     except StartupError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -8,13 +8,15 @@ import threading
 from contextlib import AsyncExitStack
 from typing import Any
 
+from agentruntime_server.event_loop import loop_factory
+
 from tests.support.servers import Served, serve
 
 
 class ServerThread:
     def __init__(self, name: str, **overrides: Any) -> None:
         self.overrides = overrides
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory("uvloop")()  # the server's own loop
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.serving = AsyncExitStack()
 
