@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
+_TOUCH = (
+    "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
+    "running_handles = coalesce(?, running_handles), suspended_handles = coalesce(?, suspended_handles), "
+    "updated_at = ? WHERE id = ?"
+)
+_UNCHANGED = (None, None, None)
 _IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
 
 
@@ -91,12 +97,12 @@ class SqliteStore:
                 now = time.time()
                 with self._transaction() as db:
                     db.executemany(_APPEND, rows)
-                    db.executemany("UPDATE runtimes SET running = ? WHERE id = ?", [(v, k) for k, v in running.items()])
+                    # One statement per runtime written: its last write, and what changed of its
+                    # running flag and handle counts (NULL: unchanged).
                     db.executemany(
-                        "UPDATE runtimes SET handles = ?, running_handles = ?, suspended_handles = ? WHERE id = ?",
-                        [(*value, key) for key, value in counts.items()],
+                        _TOUCH,
+                        [(running.get(key), *counts.get(key, _UNCHANGED), now, key) for key in touched | running.keys()],
                     )
-                    db.executemany("UPDATE runtimes SET updated_at = ? WHERE id = ?", [(now, key) for key in touched])
                     db.executemany(
                         "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
                         "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens",
