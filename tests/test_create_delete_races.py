@@ -76,7 +76,7 @@ async def committed_steps(url: str, runtime_id: str) -> list[object]:
             rows = await connection.fetch(query.format("$1"), runtime_id)
         finally:
             await connection.close()
-    return [payloads.decode(bytes(step)) for (step,) in rows]
+    return [step for (stored,) in rows for step in payloads.steps_in(bytes(stored))]  # SQLite's rows: a group commit's
 
 
 async def spawn_until_deleted(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, deleted: asyncio.Event) -> list[tuple[bool, str]]:

@@ -79,11 +79,14 @@ async def test_a_runtime_created_over_journal_rows_of_no_runtime_starts_clean(st
         listed = await served.stub.List(pb.ListRequest(runtime_id="reborn"))
         assert [handle.handle_id for handle in listed.handles] == ["root/a.1"]
 
-    rows = await sql(store_url, "SELECT seq, step FROM journal WHERE runtime_id = $1 ORDER BY seq", "reborn")
-    steps = [payloads.decode(bytes(step)) for _, step in rows]
+    rows = await sql(
+        store_url, "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1 ORDER BY seq", "reborn"
+    )
+    entries = [entry for row in rows for entry in payloads.ungrouped(*row[:4], bytes(row[4]))]  # a row: a step, or a group
+    steps = [entry.step for entry in entries]
     expected: list[object] = [Configured(RuntimeOptions(inbox_capacity=7))] if options else []
     expected.append(Spawned("root/a.1", "", "a", Budget(), "", 1))
-    assert [seq for seq, _ in rows] == list(range(1, len(expected) + 1)), "the journal does not start at seq 1"
+    assert [entry.seq for entry in entries] == list(range(1, len(expected) + 1)), "the journal does not start at seq 1"
     assert [type(step) for step in steps] == [type(step) for step in expected]
     assert isinstance(steps[-1], Spawned) and steps[-1].handle_id == "root/a.1"
 

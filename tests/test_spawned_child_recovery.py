@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.journal import RunStarted, Spawned
+from agentruntime_server.store.payloads import grouped, journal_rows
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, http_tool, spawn, transcript, views, wait
@@ -38,8 +39,14 @@ async def _cut_journal(store: Path | str, runtime_id: str, child_id: str, after:
     assert stored is not None
     seq = next(e.seq for e in stored.entries if isinstance(e.step, after) and e.step.handle_id == child_id)
     assert seq < stored.entries[-1].seq, "the kill should land after the child's run had begun"
+    # A row may hold several steps (a group commit's): the kept ones are written back as one.
+    kept, _ = journal_rows(runtime_id, 1, [entry for entry in stored.entries if entry.seq <= seq])
     with contextlib.closing(sqlite3.connect(store)) as db, db:
-        db.execute("DELETE FROM journal WHERE runtime_id = ? AND seq > ?", (runtime_id, seq))
+        db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
+        db.executemany(
+            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            grouped(kept),
+        )
 
 
 @pytest.mark.parametrize("after", [Spawned, RunStarted], ids=["spawned", "run-started"])

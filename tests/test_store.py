@@ -12,9 +12,19 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
-from agentruntime_server.domain.journal import CallFinished, MessagesAppended, ModelReplied, RunStarted, Step
-from agentruntime_server.domain.model import Message
+from agentruntime_server.domain.journal import (
+    CallFinished,
+    Entry,
+    MessagesAppended,
+    ModelReplied,
+    RunStarted,
+    Spawned,
+    Step,
+    TurnStarted,
+)
+from agentruntime_server.domain.model import Budget, Message
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
+from agentruntime_server.store.payloads import journal_rows
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, views
@@ -120,3 +130,36 @@ def test_migrations_are_versioned_and_refuse_a_newer_schema(tmp_path: Path) -> N
         db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
         with pytest.raises(SchemaTooNew, match="upgrade the server"):
             migrate(db)
+
+
+async def test_a_group_commit_writes_one_row_a_runtime_and_rows_of_one_step_still_read(tmp_path: Path) -> None:
+    """Schema 6: a journal row holds the steps one group commit wrote for its runtime. A store
+    written before it (a row a step) opens, reads as it was, and its journal goes on in groups;
+    a read from an event inside a group gets only what follows it."""
+    path = tmp_path / "s.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        for script in MIGRATIONS[:5]:  # the schema of release 0.2.0
+            db.executescript(script) if isinstance(script, str) else script(db)
+        db.execute("PRAGMA user_version = 5")
+        db.execute("INSERT INTO runtimes (id, agents, created_at, updated_at) VALUES ('rt', '[]', 0, 0)")
+        old = [
+            Entry(1, 1.0, 1, 1, Spawned("root/a.1", "", "a", Budget(), "", 1)),
+            Entry(2, 2.0, 2, 1, RunStarted("root/a.1", None)),
+        ]
+        for row in journal_rows("rt", 1, old)[0]:
+            db.execute("INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)", row)
+    store = SqliteStore(str(path))
+    try:
+        later = [Entry(3, 3.0, 3, 1, TurnStarted("root/a.1", 1)), Entry(4, 4.0, 4, 0, TurnStarted("root/a.1", 2))]
+        later.append(Entry(5, 5.0, 4, 1, TurnStarted("root/a.1", 3)))
+        await store.append("rt", later)  # seq 3 follows the rows of one step
+        await store.flush()
+        stored = await store.load("rt")
+        assert stored is not None and stored.entries == [*old, *later]
+        assert [e.seq for e in await store.entries_after_event("rt", 3)] == [5]  # 4 made no event: its last is 3
+        assert [e.seq for e in await store.entries_after_event("rt", 1)] == [2, 3, 4, 5]
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT seq, last_seq FROM journal WHERE runtime_id = 'rt' ORDER BY seq").fetchall()
+    assert rows == [(1, None), (2, None), (3, 5)]

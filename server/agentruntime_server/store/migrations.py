@@ -146,6 +146,10 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ) WITHOUT ROWID
     """,
     _counted,
+    # 6: a journal row holds the steps one group commit wrote for its runtime (a JSON array),
+    # from `seq` to `last_seq`; a row from before holds one step (`last_seq` NULL). A server of
+    # an older schema refuses the store (SchemaTooNew) rather than misread its rows.
+    "ALTER TABLE journal ADD COLUMN last_seq INTEGER",
 ]
 
 

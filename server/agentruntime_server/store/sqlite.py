@@ -1,5 +1,7 @@
 """`sqlite:///path`: the durable default. WAL mode, one writer (this process). A runtime is
-a row of definitions plus its journal: one row per step, appended in order.
+a row of definitions plus its journal, appended in order: a row per group commit and
+runtime, holding the steps it wrote then (`payloads.grouped`; rows written before schema 6
+hold one step each).
 
 Each message is in exactly one step, so storage grows with the transcript and not with
 its square (a model call's prompt is the transcript so far, never a new copy of it).
@@ -24,13 +26,12 @@ from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
-from . import payloads
 from .migrations import migrate
-from .payloads import Row, journal_rows
+from .payloads import Row, grouped, journal_rows, ungrouped
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
-_APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step) VALUES (?, ?, ?, ?, ?, ?)"
+_APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?)"
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _TOUCH = (
     "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
@@ -96,7 +97,7 @@ class SqliteStore:
                 tokens, self._tokens = self._tokens, {}
                 now = time.time()
                 with self._transaction() as db:
-                    db.executemany(_APPEND, rows)
+                    db.executemany(_APPEND, grouped(rows))
                     # One statement per runtime written: its last write, and what changed of its
                     # running flag and handle counts (NULL: unchanged).
                     db.executemany(
@@ -171,7 +172,7 @@ class SqliteStore:
             # row was deleted without them (by hand, or by another process on the file while
             # this one appended). The new runtime must not inherit their seqs and handles.
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-            db.executemany(_APPEND, rows)
+            db.executemany(_APPEND, grouped(rows))
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -187,8 +188,10 @@ class SqliteStore:
         if runtime_id not in self._next_seq:
             if not await self.runtime_exists(runtime_id):
                 raise KeyError(f"no runtime {runtime_id!r} to append to")
-            last = self._db.execute("SELECT MAX(seq) FROM journal WHERE runtime_id = ?", (runtime_id,)).fetchone()[0]
-            self._next_seq[runtime_id] = (last or 0) + 1
+            last = self._db.execute(
+                "SELECT coalesce(last_seq, seq) FROM journal WHERE runtime_id = ? ORDER BY seq DESC LIMIT 1", (runtime_id,)
+            ).fetchone()
+            self._next_seq[runtime_id] = (last[0] if last else 0) + 1
         rows, self._next_seq[runtime_id] = journal_rows(runtime_id, self._next_seq[runtime_id], entries)
         # All or nothing, and checked here: a group commit writes every runtime's rows at once,
         # so nothing that reaches it may fail.
@@ -210,7 +213,7 @@ class SqliteStore:
         rows = self._db.execute(
             "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? ORDER BY seq", (runtime_id,)
         )
-        return StoredRuntime(_AGENTS.validate_json(row[0]), [_entry(*values) for values in rows])
+        return StoredRuntime(_AGENTS.validate_json(row[0]), [entry for values in rows for entry in ungrouped(*values)])
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
         self._commit()
@@ -218,7 +221,7 @@ class SqliteStore:
             "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND last_event > ? ORDER BY seq",
             (runtime_id, after_event),
         )
-        return [_entry(*values) for values in rows]
+        return [entry for values in rows for entry in ungrouped(*values) if entry.last_event > after_event]
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         self._commit()
@@ -281,10 +284,6 @@ class SqliteStore:
                 self._commit()
         finally:
             self._db.close()
-
-
-def _entry(seq: int, at: float, first_event: int, last_event: int, step: bytes) -> Entry:
-    return Entry(seq, at, first_event, last_event - first_event + 1, payloads.decode(step))
 
 
 def _create_private(path: Path) -> None:
