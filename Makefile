@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench profile clean
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -158,10 +158,25 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 
+# Release 0.1.0 (before the journal), served from its own tree and venv under .bench/, and
+# this tree, alternating on the bench workload: issue 10's "a third of the CPU per turn".
+BASELINE_COMMIT := 2c42bb045c38baec1c5e6ed0dd2aff13495f05b3
+BASELINE := .bench/release-0.1.0
+bench-baseline: $(STAMP) $(BASELINE)/.venv/.installed ## CPU per model turn against release 0.1.0's, alternating runs
+	$(BIN)/python bench/workload.py --baseline-python $(BASELINE)/.venv/bin/python
+
+$(BASELINE)/.venv/.installed:
+	rm -rf $(BASELINE) && mkdir -p $(BASELINE)
+	git archive $(BASELINE_COMMIT) | tar -x -C $(BASELINE)
+	$(PYTHON) -m venv $(BASELINE)/.venv
+	$(BASELINE)/.venv/bin/python -m pip install --quiet --upgrade pip==$(PIP_VERSION)
+	$(BASELINE)/.venv/bin/pip install --quiet -e $(BASELINE)/clients/python -e $(BASELINE)/server
+	touch $@
+
 profile: $(STAMP) ## py-spy samples of the server under the bench workload, by component (needs ptrace: root or CAP_SYS_PTRACE)
 	$(BIN)/python bench/profile.py
 
 clean: ## remove the venv, tools and caches
-	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .bench .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

@@ -169,8 +169,10 @@ async def service_run(
     batches: int,
     worker: bool = False,
     on_server: Callable[[int], None] | None = None,
+    python: str = sys.executable,
 ) -> dict[str, float]:
-    """The workload's figures; `on_server` is told the server's pid once it serves (a profiler)."""
+    """The workload's figures; `on_server` is told the server's pid once it serves (a profiler);
+    `python` runs the server (another release's interpreter, for a baseline)."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
@@ -184,9 +186,7 @@ async def service_run(
             "AGENTRUNTIME_METRICS_LISTEN": "off",
         }
         address = f"127.0.0.1:{server_port}"
-        server = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env=env
-        )
+        server = await asyncio.create_subprocess_exec(python, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
         host: multiprocessing.Process | None = None
         try:
             await _wait_healthy(address)
@@ -297,11 +297,36 @@ async def floor_run(concurrency: int, latency: float, roots: int, batches: int) 
         model.join()
 
 
+async def baseline(python: str, runs: int, roots: int, batches: int) -> None:
+    """This server and another release's (its interpreter `python`), alternating, at C=20 with no
+    model latency: each one's median CPU per model turn and turns/s, and the ratio of the two."""
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for _ in range(runs):
+        ours.append(await service_run(20, 0.0, roots, batches))
+        theirs.append(await service_run(20, 0.0, roots, batches, python=python))
+    mine, base = (statistics.median(run["cpu_us_per_turn"] for run in side) for side in (ours, theirs))
+    print(f"{'runner':<34} {'C':>3} {'latency':>8} {'turns/s':>9} {'CPU/turn':>10}  (medians of {runs} alternating runs)")
+    for name, side in (("agentruntime (this tree)", ours), (f"baseline ({python})", theirs)):
+        rate = statistics.median(run["turns_per_s"] for run in side)
+        cpu = statistics.median(run["cpu_us_per_turn"] for run in side)
+        print(f"{name[:34]:<34} {20:>3} {0:>6.0f}ms {rate:>9,.0f} {cpu:>8.0f}µs")
+    print(f"{'':<34} this tree's CPU per turn is {mine / base:.2f}x the baseline's")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--roots", type=int, default=50, help="roots per batch")
     parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument(
+        "--baseline-python",
+        help="another release's interpreter (`make bench-baseline` makes release 0.1.0's): compare CPU per turn with it",
+    )
+    parser.add_argument("--runs", type=int, default=5, help="alternating runs of each side, with --baseline-python")
     args = parser.parse_args()
+    if args.baseline_python:
+        await baseline(args.baseline_python, args.runs, args.roots, args.batches)
+        return
     print(
         f"{'runner':<34} {'C':>3} {'latency':>8} {'turns/s':>9} {'root p50':>9} {'root p99':>9} {'CPU/turn':>10} {'peak RSS':>9}"
     )
