@@ -276,6 +276,28 @@ async def test_a_deadline_covers_the_whole_exchange_and_closes_the_connection() 
         await client.close()
 
 
+async def test_each_exchange_times_out_at_its_own_deadline() -> None:
+    """One timer watches every exchange: a later deadline set first, an earlier one after it,
+    each fails at its own time, and one that answers in time is not touched."""
+    async with raw_server(lambda request: None if b"slow" in request else ok()) as server:
+        client = HttpClient()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def timed(timeout: float) -> float:
+            with pytest.raises(TimeoutError):
+                await post(client, server.port, body=b"slow", timeout=timeout)
+            return loop.time() - started
+
+        late = asyncio.ensure_future(timed(0.6))
+        await asyncio.sleep(0.05)
+        early = asyncio.ensure_future(timed(0.2))
+        assert (await post(client, server.port, timeout=0.3)).status == 200  # type: ignore[attr-defined]
+        assert 0.2 <= await early < 0.5
+        assert 0.6 <= await late < 1.0
+        await client.close()
+
+
 async def test_a_cancelled_exchange_closes_its_connection_and_frees_its_slot() -> None:
     async with raw_server(lambda request: None if b"slow" in request else ok()) as server:
         client = HttpClient(pool_size=1)
