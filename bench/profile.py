@@ -5,9 +5,10 @@ while bench/workload.py drives it, and this prints the samples grouped by compon
     .venv/bin/python bench/profile.py --latency 0.02 --raw /tmp/server.txt
 
 Each sample is counted once, for the frame it was taken in (self time): the server's own
-modules by package, the HTTP client (aiohttp and its yarl / multidict / propcache), the
-event loop (asyncio, selectors, and C work run from a loop callback: a task step, a gRPC
-completion), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
+modules by package, the HTTP client (http_client.py and httptools), the event loop
+(asyncio, selectors, and C work run from a loop callback: a task step, a gRPC completion;
+on uvloop, the loop's own C work is counted under asyncio's Runner.run, the frame it runs
+below), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
 py-spy's collapsed stacks (one line per stack and its count) for a flame graph tool.
 
 py-spy counts a thread blocked in C code as busy, so the poller thread's share of samples
@@ -33,7 +34,7 @@ from pathlib import Path
 from workload import service_run
 
 _FILE = re.compile(r"\((?P<file>[^()]+):\d+\)$")
-_HTTP_CLIENT = ("aiohttp", "yarl", "multidict", "propcache", "aiohappyeyeballs")
+_HTTP_CLIENT = ("httptools",)
 _EVENT_LOOP = ("asyncio", "selectors.py")
 
 
@@ -48,12 +49,14 @@ def component(frames: list[str]) -> str:
         return "event loop: C work in a callback (task steps, gRPC completions)"
     match = _FILE.search(leaf)
     path = re.sub(r"^.*site-packages/", "", match.group("file")) if match else leaf
+    if path.startswith("agentruntime_server/http_client"):
+        return "HTTP client (http_client.py, httptools)"
     if path.startswith("agentruntime_server/"):
         parts = path.split("/")
         return f"server: {parts[1] if len(parts) > 2 else parts[1].removesuffix('.py')}"
     top = path.split("/")[0]
     if top in _HTTP_CLIENT:
-        return "HTTP client (aiohttp)"
+        return "HTTP client (http_client.py, httptools)"
     if top in _EVENT_LOOP:
         return "event loop (asyncio, selectors)"
     return f"other: {top.removesuffix('.py')}"
