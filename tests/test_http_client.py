@@ -11,6 +11,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import trustme
@@ -401,7 +402,7 @@ async def tls_server(ca: trustme.CA) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
-async def test_https_verifies_the_server_certificate() -> None:
+async def test_https_verifies_the_server_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ca = trustme.CA()
     async with tls_server(ca) as port:
         trusting = ssl.create_default_context()
@@ -414,6 +415,13 @@ async def test_https_verifies_the_server_certificate() -> None:
         with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
             await stranger.post(f"https://localhost:{port}/", b"hi", {}, timeout=5, max_body=100)
         await stranger.close()
+        bundle = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(bundle))
+        monkeypatch.setenv("SSL_CERT_FILE", str(bundle))  # a server's private CA, as its README says
+        configured = HttpClient()
+        response = await configured.post(f"https://localhost:{port}/", b"env", {}, timeout=5, max_body=100)
+        assert (response.status, response.body) == (200, b"secure env")
+        await configured.close()
 
 
 async def test_an_aiohttp_server_compressing_anyway_is_read() -> None:
