@@ -264,6 +264,15 @@ def test_named_providers_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         Settings(providers={"openai": {"api_key": ANTHROPIC_KEY}})
 
 
+def test_a_key_with_a_line_break_is_refused_at_start_without_being_shown() -> None:
+    """A key goes in a header, which cannot carry a line break (a key file's last newline)."""
+    for settings in ({"llm_api_key": f"{OPENAI_KEY}\n"}, {"providers": {"other": {"api_key": f"{ANTHROPIC_KEY}\r\n"}}}):
+        with pytest.raises(ValidationError) as refused:
+            Settings(metrics_listen="off", **settings)  # type: ignore[arg-type]
+        assert "the key holds a line break or a NUL" in str(refused.value)
+        assert OPENAI_KEY not in str(refused.value) and ANTHROPIC_KEY not in str(refused.value)
+
+
 def test_retry_after_reads_seconds_dates_and_milliseconds() -> None:
     assert retry_after(CIMultiDict({"Retry-After": "7"})) == 7
     assert retry_after(CIMultiDict({"retry-after": "0.25"})) == 0.25

@@ -17,6 +17,16 @@ MIB = 1024 * KIB
 DEFAULT_EGRESS_DENY = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32")
 
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
+
+
+def _key_on_one_line(value: SecretStr) -> SecretStr:
+    """A key goes in a header: a line break or a NUL in it (a key file's last newline, say)
+    cannot, and is refused at start rather than at every model call."""
+    if re.search(r"[\r\n\0]", value.get_secret_value()):
+        raise ValueError("the key holds a line break or a NUL (a key file's trailing newline?); remove it")
+    return value
+
+
 PROVIDER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 # Used when a provider's base_url or model is left empty.
 STYLE_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com/v1", "scripted": ""}
@@ -40,6 +50,8 @@ class ProviderSettings(BaseModel):
     model: str = Field(default="", description="model used when an AgentDef names none; empty: the style's default")
     timeout: float | None = Field(default=None, gt=0, description="seconds one attempt may take; unset: AGENTRUNTIME_LLM_TIMEOUT")
     max_output_tokens: int = Field(default=4096, ge=1, description="anthropic's required max_tokens for each reply")
+
+    _check_key = field_validator("api_key")(_key_on_one_line)
 
     @property
     def url(self) -> str:
@@ -149,6 +161,8 @@ class Settings(BaseSettings):
     allow_insecure: bool = Field(
         False, description="serve a non-loopback address in plaintext with AUTH=none (anyone reaching the port is 'default')"
     )
+
+    _check_key = field_validator("llm_api_key")(_key_on_one_line)
 
     @field_validator("tool_egress_allow", "tool_egress_deny")
     @classmethod

@@ -90,8 +90,8 @@ class HttpProvider(abc.ABC):
         self.name = name
         self._http = http
         self._url = url
-        # Encoded once: a provider's headers never change. A key the wire cannot carry (a line
-        # break in it) is refused at start, not at the first call.
+        # Encoded once: a provider's headers never change (a key with a line break, which no
+        # header can carry, is refused with the settings).
         self._headers = encode_headers({"Content-Type": "application/json", **headers})
         self._api_key = api_key
         self._default_model = default_model
