@@ -3,10 +3,11 @@ http tools (tools/http.py). Each has its own `HttpClient`: its own keep-alive po
 the tools a resolver under the egress policy.
 
 Why not aiohttp, which this replaced: on the 2-core development machine aiohttp 3.14 spent
-about 100 µs of CPU per request at 20 concurrent requests (65 µs on uvloop), a third of
-the server's whole cost per model turn; this client spends 37 µs (15 µs on uvloop), because
-a request here is one write and one future, with no task, no timer object per phase, no
-cookie jar, tracing hooks or redirect loop (`bench/http_clients.py`; README, Performance).
+70-100 µs of CPU a request at 20 requests in flight, a third of the server's whole cost per
+model turn then; this client spends 20-37 µs, because a request here is one write and one
+future, with no task, no timer of its own, no cookie jar, tracing hooks or redirect loop
+(`bench/http_clients.py`; README, Performance). pyreqwest (Rust) was as cheap in an idle
+loop, and no cheaper than aiohttp in a busy one: its replies cross threads.
 The protocol itself is not ours: responses are parsed by llhttp (Node's parser, through
 MagicStack's `httptools`), TLS is the `ssl` module's, connections are the event loop's.
 
@@ -98,6 +99,15 @@ class _Target:
     head: bytes  # "<METHOD> <path> HTTP/1.1" and the Host header, CRLF-terminated
 
 
+def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a URL's host names when it is an IP address (a zone id aside): such a host
+    is connected to as it is, never resolved."""
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
 def _target(method: str, url: str) -> _Target:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
@@ -109,13 +119,10 @@ def _target(method: str, url: str) -> _Target:
         raise ValueError("the URL carries credentials")
     port = parts.port or (443 if parts.scheme == "https" else 80)  # a bad port raises ValueError
     secure = parts.scheme == "https"
-    try:
-        literal = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        literal = None
+    literal = ip_literal(host)
     if literal is not None:
         connect_host = host
-        shown = f"[{host}]" if literal.version == 6 else host
+        shown = f"[{literal}]" if literal.version == 6 else host  # without a zone id: it names our interface
     else:
         connect_host = host.encode("idna").decode("ascii")  # a UnicodeError is a ValueError
         shown = connect_host

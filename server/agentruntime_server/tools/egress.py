@@ -45,12 +45,6 @@ def parse_address(address: str) -> IPAddress:
     return ipaddress.ip_address(text)
 
 
-async def resolve(host: str, port: int) -> list[str]:
-    """The addresses `host` resolves to, each once, in the resolver's order (an IP literal
-    resolves to itself). Raises OSError if it does not resolve."""
-    return await system_resolver(host, port)
-
-
 class EgressPolicy:
     """allow/deny networks; `check` says whether one address may be reached, and if not why."""
 

@@ -11,12 +11,11 @@ characters before the model sees it.
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..domain.suspension import tool_answer_header
-from ..http_client import ConnectFailed, HttpClient, HttpError, Response
+from ..http_client import ConnectFailed, HttpClient, HttpError, Response, ip_literal
 from .egress import EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
 
@@ -28,15 +27,6 @@ MAX_ERROR_BODY = 500
 MAX_LOCATION = 200
 # How a refused call's result starts; the policy's reason follows.
 REFUSED = "not allowed by the egress policy: "
-
-
-def _is_ip_literal(host: str) -> bool:
-    """Such a host is connected to without resolving (the client's own test)."""
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return True
 
 
 class HttpTools:
@@ -68,7 +58,7 @@ class HttpTools:
             host = urlsplit(url).hostname
         except ValueError:
             return None  # the client reports the bad URL
-        if host and _is_ip_literal(host):
+        if host and ip_literal(host) is not None:
             reason = self.policy.check(host)
             if reason is not None:
                 return f"{REFUSED}{reason}"

@@ -16,7 +16,8 @@ import httpcore2
 import httpx2
 
 from ..domain.ports import McpError
-from .egress import EgressPolicy, resolve
+from ..http_client import system_resolver
+from .egress import EgressPolicy
 
 
 class PolicyNetworkBackend(httpcore2.AsyncNetworkBackend):
@@ -36,7 +37,7 @@ class PolicyNetworkBackend(httpcore2.AsyncNetworkBackend):
         socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
     ) -> httpcore2.AsyncNetworkStream:
         try:
-            addresses = await resolve(host, port)
+            addresses = await system_resolver(host, port)
         except OSError as error:
             raise McpError(f"{host} does not resolve ({error.strerror or type(error).__name__})") from None
         for address in addresses:
