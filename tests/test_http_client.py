@@ -113,6 +113,19 @@ async def test_a_request_goes_out_as_http_1_1_with_its_length_and_headers() -> N
     assert "Accept-Encoding: identity" in lines and any(line.startswith("User-Agent: agentruntime") for line in lines)
 
 
+async def test_an_ipv6_literal_is_connected_to_and_named_in_brackets() -> None:
+    served = RawServer(lambda _: ok())
+    server = await asyncio.start_server(served.handle, "::1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = HttpClient()
+        assert (await client.post(f"http://[::1]:{port}/v6", b"", {}, timeout=5, max_body=10)).body == b"hello"
+        await client.close()
+    finally:
+        server.close()
+    assert f"Host: [::1]:{port}\r\n".encode() in served.requests[0]
+
+
 async def test_a_connection_is_kept_alive_and_reused() -> None:
     async with raw_server(lambda _: ok()) as server:
         client = HttpClient()
