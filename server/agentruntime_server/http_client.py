@@ -158,14 +158,13 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Response] | None = None
-        self.open = True
-        self.retired = False  # its pool slot is given back (closed, or lost)
-        self.reusable = False
+        self.retired = False  # closed (by either side): its pool slot is given back
         self.idle_since = 0.0
         self._reset(0)
 
     def _reset(self, max_body: int) -> None:
         self.max_body = max_body
+        self.reusable = False  # set by a whole reply that keeps the connection alive
         self.done = False  # the reply is read (or failed): anything more from the server is a fault
         self.status = 0
         self.interim = False
@@ -186,7 +185,6 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport's subclasses
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
         self.client._retire(self)
         if self.waiter is None or self.done:
             return
@@ -274,8 +272,6 @@ class _Connection(asyncio.Protocol):
 
     def _finish(self) -> None:
         self.done = True
-        if self.truncated:
-            self.reusable = False
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
@@ -296,11 +292,9 @@ class _Connection(asyncio.Protocol):
 
     async def exchange(self, request: bytes, max_body: int, deadline: float) -> Response:
         client = self.client
-        if not self.open:
-            client._release(self)
+        if self.retired:
             raise ConnectionLost("the connection closed before the request was sent")
         self._reset(max_body)
-        self.reusable = False
         waiter: asyncio.Future[Response] = client.loop.create_future()
         self.waiter = waiter
         assert self.transport is not None
@@ -317,7 +311,6 @@ class _Connection(asyncio.Protocol):
             client._release(self)
 
     def close(self) -> None:
-        self.reusable = False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
         self.client._retire(self)
@@ -448,7 +441,7 @@ class HttpClient:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if connection.open and now - connection.idle_since < self.keepalive:
+            if not connection.retired and now - connection.idle_since < self.keepalive:
                 return connection
             connection.close()  # stale
         return None
@@ -479,7 +472,7 @@ class HttpClient:
                 raise
             finally:
                 self._opening -= 1
-            if connection.open:
+            if not connection.retired:  # not lost already
                 self._live.add(connection)
             return connection
 
@@ -519,7 +512,7 @@ class HttpClient:
 
     def _release(self, connection: _Connection) -> None:
         """An exchange is over: the connection waits in its pool for the next one, or closes."""
-        if not (connection.reusable and connection.open) or self.closed:
+        if not connection.reusable or connection.retired or self.closed:
             connection.close()
             return
         connection.idle_since = self.loop.time()
