@@ -208,6 +208,22 @@ async def test_a_body_over_the_limit_is_cut_not_read_and_its_connection_closed()
         await client.close()
 
 
+async def test_a_body_limit_may_depend_on_the_status() -> None:
+    big = b"y" * 50_000
+    replies = iter([ok(big), b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)])
+    async with raw_server(lambda _: next(replies)) as server:
+        client = HttpClient()
+
+        def limit(status: int) -> int:
+            return 60_000 if status < 300 else 100
+
+        whole = await post(client, server.port, max_body=limit)
+        assert (len(whole.body), whole.truncated) == (50_000, False)  # type: ignore[attr-defined]
+        error = await post(client, server.port, max_body=limit)
+        assert (error.status, error.body, error.truncated) == (500, b"y" * 100, True)  # type: ignore[attr-defined]
+        await client.close()
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
 async def test_compressed_bodies_are_decoded_and_bounded_when_decoded(encoding: str) -> None:
     text = b"the same line again\n" * 5000  # 100 KB, compressing to a few hundred bytes

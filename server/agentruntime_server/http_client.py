@@ -40,6 +40,9 @@ from urllib.parse import quote, urlsplit
 import httptools
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+# The most of a body to read: a number of bytes, or one by the reply's status (a caller that
+# wants an error's first lines but a whole output).
+BodyLimit = int | Callable[[int], int]
 
 MAX_HEADER_BYTES = 64 * 1024  # of a response's header block: a server past it is not speaking HTTP to us
 MAX_HEADERS = 128
@@ -75,7 +78,7 @@ class BadReply(HttpError):
 @dataclass(slots=True)
 class Response:
     """A reply: its status, its headers (names lower-cased, repeated ones joined with ", "),
-    and at most `max_body` bytes of its body, decoded. `truncated`: the body was longer; the
+    and at most `max_body` bytes of its body (for its status), decoded. `truncated`: the body was longer; the
     rest was not read (and the connection was closed)."""
 
     status: int
@@ -162,8 +165,9 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._reset(0)
 
-    def _reset(self, max_body: int) -> None:
-        self.max_body = max_body
+    def _reset(self, limit: BodyLimit) -> None:
+        self.limit = limit
+        self.max_body = limit if isinstance(limit, int) else 0  # known with the status
         self.reusable = False  # set by a whole reply that keeps the connection alive
         self.done = False  # the reply is read (or failed): anything more from the server is a fault
         self.status = 0
@@ -232,6 +236,8 @@ class _Connection(asyncio.Protocol):
             self.headers = {}
             return
         self.status = status
+        if not isinstance(self.limit, int):
+            self.max_body = self.limit(status)
         self.headers_done = True
         headers = self.headers
         self.framed = "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower()
@@ -290,7 +296,7 @@ class _Connection(asyncio.Protocol):
         self._fail(TimeoutError())
         self.close()
 
-    async def exchange(self, request: bytes, max_body: int, deadline: float) -> Response:
+    async def exchange(self, request: bytes, max_body: BodyLimit, deadline: float) -> Response:
         client = self.client
         if self.retired:
             raise ConnectionLost("the connection closed before the request was sent")
@@ -389,7 +395,7 @@ class HttpClient:
         headers: bytes | Mapping[str, str],
         *,
         timeout: float,
-        max_body: int,
+        max_body: BodyLimit,
     ) -> Response:
         """One exchange. `headers` as a mapping, or as `encode_headers` made them once (a
         provider's never change); Host, Content-Length, User-Agent and Accept-Encoding are
@@ -409,7 +415,9 @@ class HttpClient:
             connection = await self._connect(target, deadline)
         return await connection.exchange(request, max_body, deadline)
 
-    async def post(self, url: str, body: bytes, headers: bytes | Mapping[str, str], *, timeout: float, max_body: int) -> Response:
+    async def post(
+        self, url: str, body: bytes, headers: bytes | Mapping[str, str], *, timeout: float, max_body: BodyLimit
+    ) -> Response:
         return await self.request("POST", url, body, headers, timeout=timeout, max_body=max_body)
 
     # ---- deadlines ---------------------------------------------------------------------------

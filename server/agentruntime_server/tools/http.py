@@ -35,8 +35,6 @@ class HttpTools:
     def __init__(self, policy: EgressPolicy, *, pool_size: int = 256, max_text_bytes: int = 256 * 1024) -> None:
         self.policy = policy
         self._max_text_bytes = max_text_bytes
-        # The most of a body any answer needs: a 2xx output, a 202's Request, an error's excerpt.
-        self._max_body = max(max_text_bytes, MAX_DATA_BYTES * 2, 4 * MAX_ERROR_BODY)
         self._client = HttpClient(pool_size, resolver=PolicyResolver(policy))
         self._refusals: dict[str, str | None] = {}
 
@@ -75,15 +73,13 @@ class HttpTools:
             headers[ANSWER_HEADER] = tool_answer_header(answer)
         try:
             response = await self._client.post(
-                executor.url, arguments_json.encode(), headers, timeout=executor.timeout, max_body=self._max_body
+                executor.url, arguments_json.encode(), headers, timeout=executor.timeout, max_body=self._body_limit
             )
         except TimeoutError:
             return ToolResult(f"timed out after {executor.timeout:g}s", is_error=True)
-        except ConnectFailed as exc:
-            if isinstance(exc.os_error, EgressDenied):
-                return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
-            return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except HttpError as exc:
+            if isinstance(exc, ConnectFailed) and isinstance(exc.os_error, EgressDenied):
+                return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except ValueError as exc:
             # The client refuses to build the request (a header it will not send): its words may
@@ -91,11 +87,21 @@ class HttpTools:
             return ToolResult(f"request failed: the request could not be built ({type(exc).__name__})", is_error=True)
         return self._result(response)
 
+    def _body_limit(self, status: int) -> int:
+        """The most of a reply's body any answer reads: a 2xx output (one byte past it tells it is
+        over), a 202's Request, none of a 3xx, an error's excerpt (a character is at most 4 bytes
+        in UTF-8: this many bytes hold MAX_ERROR_BODY of them)."""
+        if status == 202:
+            return MAX_DATA_BYTES * 2
+        if 200 <= status < 300:
+            return self._max_text_bytes
+        return 0 if 300 <= status < 400 else 4 * MAX_ERROR_BODY
+
     def _result(self, response: Response) -> ToolResult | ToolSuspension:
         status, raw = response.status, response.body
         if status == 202:  # the tool needs the host first (tools/pending.py)
             try:
-                return suspension(raw[: MAX_DATA_BYTES * 2])
+                return suspension(raw)
             except NotAPendingRequest as exc:
                 return ToolResult(f"HTTP 202 without a valid pending Request: {exc}", is_error=True)
         if 300 <= status < 400:
@@ -104,11 +110,10 @@ class HttpTools:
             return ToolResult(f"HTTP {status}: redirects are not followed{named}", is_error=True)
         if 200 <= status < 300:
             limit = self._max_text_bytes
-            if response.truncated or len(raw) > limit:
+            if response.truncated:
                 return ToolResult(_too_large(status, limit), is_error=True)
             return ToolResult(_decode(response, raw))
-        # A character is at most 4 bytes in UTF-8: this many bytes hold MAX_ERROR_BODY of them.
-        return ToolResult(f"HTTP {status}: {_decode(response, raw[: 4 * MAX_ERROR_BODY])[:MAX_ERROR_BODY]}", is_error=True)
+        return ToolResult(f"HTTP {status}: {_decode(response, raw)[:MAX_ERROR_BODY]}", is_error=True)
 
 
 def _too_large(status: int, limit: int) -> str:
