@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
-from agentruntime_server.event_loop import LoopFactory, loop_factory
-from agentruntime_server.settings import Settings
+from agentruntime_server.event_loop import DEFAULT_LOOP, LoopFactory, loop_factory
 
 from tests.support.anthropic_server import ScriptedAnthropicServer
 from tests.support.model_server import ScriptedModelServer
@@ -19,8 +18,7 @@ from tests.support.tool_server import ToolServer
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, LoopFactory]:
     """Every test runs on the event loop a server runs on by default (uvloop)."""
-    kind = Settings.model_fields["event_loop"].default
-    return {kind: loop_factory(kind)}
+    return {DEFAULT_LOOP: loop_factory(DEFAULT_LOOP)}
 
 
 @pytest.fixture

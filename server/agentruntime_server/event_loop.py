@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Literal
 
 EventLoopKind = Literal["uvloop", "asyncio"]
+DEFAULT_LOOP: EventLoopKind = "uvloop"
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .event_loop import EventLoopKind
+from .event_loop import DEFAULT_LOOP, EventLoopKind
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
     shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")
     log_level: str = Field("INFO")
-    event_loop: EventLoopKind = Field("uvloop", description="uvloop (libuv) or asyncio (the standard library's)")
+    event_loop: EventLoopKind = Field(DEFAULT_LOOP, description="uvloop (libuv) or asyncio (the standard library's)")
     log_format: Literal["text", "json"] = Field("text", description="text (for people) or json (one object a line)")
     metrics_listen: str = Field(
         "127.0.0.1:9464",

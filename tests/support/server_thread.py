@@ -8,7 +8,7 @@ import threading
 from contextlib import AsyncExitStack
 from typing import Any
 
-from agentruntime_server.event_loop import loop_factory
+from agentruntime_server.event_loop import DEFAULT_LOOP, loop_factory
 
 from tests.support.servers import Served, serve
 
@@ -16,7 +16,7 @@ from tests.support.servers import Served, serve
 class ServerThread:
     def __init__(self, name: str, **overrides: Any) -> None:
         self.overrides = overrides
-        self.loop = loop_factory("uvloop")()  # the server's own loop
+        self.loop = loop_factory(DEFAULT_LOOP)()  # the loop a server runs on by default
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.serving = AsyncExitStack()
 
