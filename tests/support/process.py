@@ -13,6 +13,8 @@ import grpc
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+RECONNECT_QUICKLY = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 250)]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -51,7 +53,9 @@ class ServerProcess:
                 sys.executable, "-m", "agentruntime_server", "serve", "--listen", self.address,
                 env=env, stdout=log, stderr=log,
             )  # fmt: skip
-        self.channel = grpc.aio.insecure_channel(self.address)
+        # A connect refused while the process starts would hold the channel back for grpc's
+        # reconnect backoff (a second and more): the test would meet a server well under way.
+        self.channel = grpc.aio.insecure_channel(self.address, options=RECONNECT_QUICKLY)
         health = health_pb2_grpc.HealthStub(self.channel)
         for _ in range(200):
             try:
