@@ -13,10 +13,6 @@ import asyncio
 import json
 from typing import Any, Protocol
 
-import jsonschema
-import jsonschema.exceptions
-from jsonschema.protocols import Validator
-
 from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, Fenced, ResourceExhausted, shown
@@ -96,7 +92,7 @@ class TurnLoop:
         self.host = host
         self.services = host.services
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
-        self._validators: dict[tuple[str, str], Validator] = {}
+        self._validators: dict[tuple[str, str], schemas.ArgumentsSchema] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
@@ -476,12 +472,12 @@ class TurnLoop:
         key = (handle.agent.name, spec.name)
         validator = self._validators.get(key)
         if validator is None:
-            validator = self._validators[key] = schemas.compile_schema(spec.input_schema)
+            validator = self._validators[key] = schemas.ArgumentsSchema(spec.input_schema)
         try:
-            error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+            problem = validator.problem(arguments)
         except schemas.VALIDATION_FAULTS as exc:
             return f"the schema could not be applied ({type(exc).__name__})"
-        return None if error is None else shown(error.message, 300)
+        return None if problem is None else shown(problem, 300)
 
     @staticmethod
     def find_call(handle: Handle, call_id: str) -> ToolCall | None:

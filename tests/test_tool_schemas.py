@@ -1,0 +1,117 @@
+"""Tool argument checks: a plain schema is decided by jsonschema-rs when it finds the
+arguments valid, by jsonschema otherwise, and the two must never disagree on what is valid
+(domain/schemas.py, ArgumentsSchema). No server: the verdicts are compared directly."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from agentruntime_server.domain import schemas
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+NAMES = ["a", "b", "c"]
+TYPES = ["null", "boolean", "integer", "number", "string", "array", "object"]
+LITERALS = st.one_of(st.none(), st.booleans(), st.text(max_size=3))
+NUMBERS = st.one_of(st.integers(-(2**70), 2**70), st.floats(-1e6, 1e6, allow_nan=False))
+COUNTS = st.integers(0, 4)
+
+
+def _keywords(subschema: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.one_of(st.sampled_from(TYPES), st.lists(st.sampled_from(TYPES), min_size=1, max_size=3, unique=True)),
+            "minimum": NUMBERS,
+            "maximum": NUMBERS,
+            "exclusiveMinimum": NUMBERS,
+            "exclusiveMaximum": NUMBERS,
+            "minLength": COUNTS,
+            "maxLength": COUNTS,
+            "minItems": COUNTS,
+            "maxItems": COUNTS,
+            "minProperties": COUNTS,
+            "maxProperties": COUNTS,
+            "required": st.lists(st.sampled_from(NAMES), max_size=3, unique=True),
+            "enum": st.lists(LITERALS, min_size=1, max_size=3),
+            "const": LITERALS,
+            "format": st.sampled_from(["date-time", "email", "uuid", "ipv4"]),
+            "description": st.text(max_size=5),
+            "properties": st.dictionaries(st.sampled_from(NAMES), subschema, max_size=3),
+            "additionalProperties": subschema,
+            "items": subschema,
+            "prefixItems": st.lists(subschema, min_size=1, max_size=2),
+            "anyOf": st.lists(subschema, min_size=1, max_size=2),
+            "allOf": st.lists(subschema, min_size=1, max_size=2),
+            "oneOf": st.lists(subschema, min_size=1, max_size=2),
+            "not": subschema,
+        },
+    )
+
+
+PLAIN_SCHEMAS = st.recursive(st.one_of(st.booleans(), _keywords(st.booleans())), _keywords, max_leaves=8)
+VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=5),
+        st.sampled_from(["2026-12-04T12:00:00Z", "a@b.example", "10.0.0.1", "\ud800"]),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(NAMES), inner, max_size=3)),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=PLAIN_SCHEMAS, value=VALUES)
+def test_the_fast_check_never_passes_what_jsonschema_refuses(schema: Any, value: Any) -> None:
+    assert schemas.plain(schema)
+    arguments = schemas.ArgumentsSchema(schema if isinstance(schema, dict) else {"not": {"not": schema}})
+    reference = schemas.compile_schema(schema if isinstance(schema, dict) else {"not": {"not": schema}})
+    assert (arguments.problem(value) is None) == reference.is_valid(value)
+
+
+LOOKUP = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}, "unit": {"enum": ["c", "f"]}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
+
+
+def test_a_plain_tool_schema_is_checked_fast_and_refusals_keep_jsonschemas_message() -> None:
+    lookup = schemas.ArgumentsSchema(LOOKUP)
+    assert lookup.fast
+    assert lookup.problem({"n": 3, "unit": "c"}) is None
+    assert lookup.problem({"n": -1}) == "-1 is less than the minimum of 0"
+    assert lookup.problem({"n": 1, "x": 2}) == "additional properties are not allowed ('x' unexpected)"
+    assert lookup.problem({}) == "'n' is a required property"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}},  # patterns run on RE2
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+        {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "integer"}}},
+        {"type": "object", "properties": {"n": {"enum": [1, 2]}}},  # number equality: jsonschema's own
+        {"type": "object", "properties": {"n": {"multipleOf": 0.1}}},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"},
+        {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+    ],
+)
+def test_other_schemas_are_checked_by_jsonschema_alone(schema: dict[str, Any]) -> None:
+    assert not schemas.plain(schema)
+    assert not schemas.ArgumentsSchema(schema).fast
+
+
+def test_values_the_fast_check_cannot_take_are_judged_by_jsonschema() -> None:
+    numbers = schemas.ArgumentsSchema({"type": "object", "properties": {"x": {"type": "number"}, "s": {"type": "string"}}})
+    assert numbers.fast
+    assert numbers.problem({"x": math.nan}) is None  # json.loads reads NaN; jsonschema calls it a number
+    assert numbers.problem({"s": "\ud800"}) is None  # a lone surrogate, which Rust strings cannot hold
+    assert numbers.problem({"x": "1"}) == "'1' is not of type 'number'"
