@@ -13,6 +13,7 @@ from agentruntime.cli import main as client_main
 from pydantic import ValidationError
 
 from .app import start
+from .collector import tune_for_serving
 from .event_loop import loop_factory
 from .observability.logs import configure_logging
 from .settings import Settings, StartupError
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
 async def _serve(settings: Settings) -> None:
     running = await start(settings)
+    tune_for_serving()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
