@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from agentruntime_server.domain.journal import (
 from agentruntime_server.domain.model import Budget, Message
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
 from agentruntime_server.store.payloads import journal_rows
-from agentruntime_server.store.sqlite import SqliteStore
+from agentruntime_server.store.sqlite import COMMIT_PACE, LOOP_BUSY, SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
@@ -163,3 +165,24 @@ async def test_a_group_commit_writes_one_row_a_runtime_and_rows_of_one_step_stil
     with contextlib.closing(sqlite3.connect(path)) as db:
         rows = db.execute("SELECT seq, last_seq FROM journal WHERE runtime_id = 'rt' ORDER BY seq").fetchall()
     assert rows == [(1, None), (2, None), (3, 5)]
+
+
+async def test_a_loop_busy_when_its_commit_comes_due_commits_at_the_pace_and_loses_nothing(tmp_path: Path) -> None:
+    """A commit asked for while the loop has other work queued waits until COMMIT_PACE after
+    the last one, so that more steps share it; what was flushed is then durable, all of it."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(str(path))
+    try:
+        await store.create_runtime("rt", ())
+        await store.append("rt", [Entry(1, 1.0, 1, 1, Spawned("root/a.1", "", "a", Budget(), "", 1))])
+        first_asked = time.monotonic()
+        await store.flush()
+        asyncio.get_running_loop().call_soon(time.sleep, LOOP_BUSY * 1.5)  # work queued ahead of the commit
+        await store.append("rt", [Entry(2, 2.0, 2, 1, RunStarted("root/a.1", None))])
+        await store.flush()
+        # (the loop's timers may fire up to half a millisecond early: libuv's are in whole ms)
+        assert time.monotonic() - first_asked >= COMMIT_PACE * 0.6  # without the pace: about LOOP_BUSY
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            assert db.execute("SELECT coalesce(last_seq, seq) FROM journal ORDER BY seq DESC LIMIT 1").fetchone() == (2,)
+    finally:
+        await store.close()

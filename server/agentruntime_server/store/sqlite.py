@@ -39,6 +39,8 @@ _TOUCH = (
     "updated_at = ? WHERE id = ?"
 )
 _UNCHANGED = (None, None, None)
+COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
+LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
 _IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
 
 
@@ -59,6 +61,8 @@ class SqliteStore:
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
         self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
         self._commit_due = False
+        self._commit_asked = self._last_commit = 0.0
+        self._paced: asyncio.TimerHandle | None = None
         self._committed: asyncio.Future[None] | None = None
         # A commit that failed (a full disk): nothing is acknowledged after it, ever. (Raised
         # without the traceback of its last raise: one exception raised again keeps every frame.)
@@ -73,18 +77,42 @@ class SqliteStore:
     # calls made in the same tick share one commit. A crash can only lose entries whose
     # effects have not left the process, which replay and the in-doubt rules already treat
     # as in flight.
+    #
+    # A loop saturated with work commits at most every COMMIT_PACE: when the commit's turn
+    # comes more than LOOP_BUSY after it was asked for, the loop had that much other work
+    # queued ahead of it, and a commit within COMMIT_PACE of the last one waits for the pace.
+    # More steps then share each commit's fixed cost (its locks, the pages every commit
+    # writes), at no cost to a loop with time to spare. Measured (README, Performance): 13 %
+    # less CPU per model turn at C = 20 with no model latency; the same turns/s at C = 1 and
+    # with 20 ms of latency.
 
     def _schedule_commit(self) -> None:
         if self._commit_due:
             return
         self._commit_due = True
         try:
-            asyncio.get_running_loop().call_soon(self._commit)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a tool or a test): commit now
             self._commit()
+            return
+        self._commit_asked = time.monotonic()
+        loop.call_soon(self._commit_when_paced)
+
+    def _commit_when_paced(self) -> None:
+        if not self._commit_due:  # committed meanwhile (a read commits what is buffered first)
+            return
+        now = time.monotonic()
+        if now - self._commit_asked > LOOP_BUSY and now - self._last_commit < COMMIT_PACE:
+            self._paced = asyncio.get_running_loop().call_later(self._last_commit + COMMIT_PACE - now, self._commit)
+            return
+        self._commit()
 
     def _commit(self) -> None:
         self._commit_due = False
+        self._last_commit = time.monotonic()
+        if self._paced is not None:
+            self._paced.cancel()
+            self._paced = None
         committed, self._committed = self._committed, None
         if self._broken is not None:
             if committed is not None and not committed.done():
