@@ -323,8 +323,9 @@ async def test_each_exchange_times_out_at_its_own_deadline() -> None:
         await asyncio.sleep(0.05)
         early = asyncio.ensure_future(timed(0.2))
         assert (await post(client, server.port, timeout=0.3)).status == 200  # type: ignore[attr-defined]
-        assert 0.2 <= await early < 0.5
-        assert 0.6 <= await late < 1.0
+        # (uvloop's timers count whole milliseconds: one may fire a hair before its time)
+        assert 0.199 <= await early < 0.5
+        assert 0.599 <= await late < 1.0
         await client.close()
 
 
