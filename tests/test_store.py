@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sqlite3
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -186,3 +188,24 @@ async def test_a_loop_busy_when_its_commit_comes_due_commits_at_the_pace_and_los
             assert db.execute("SELECT coalesce(last_seq, seq) FROM journal ORDER BY seq DESC LIMIT 1").fetchone() == (2,)
     finally:
         await store.close()
+
+
+async def test_a_runtime_that_leaves_memory_is_freed_as_it_leaves(
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer
+) -> None:
+    """Nothing a runtime holds refers back to it, so one that leaves the cache is freed then,
+    with the cyclic collector off: idle runtimes do not wait in memory for its next full pass."""
+    running, stub = durable
+    model.script("worker", lambda body: Reply(text="done", tokens=10))
+    gc.disable()
+    try:
+        first = await create(stub, agent("worker"))
+        await run(stub, first, "worker", "go")
+        (key,) = [key for key in running.service._runtimes if key.endswith(first)]
+        left = weakref.ref(running.service._runtimes[key])
+        for _ in range(2):  # the cache holds 2: the first runtime leaves
+            await run(stub, await create(stub, agent("worker")), "worker", "go")
+        assert key not in running.service._runtimes
+        assert left() is None
+    finally:
+        gc.enable()

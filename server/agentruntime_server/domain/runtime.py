@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+import weakref
 
 from . import budget as budgets
 from .errors import (
@@ -56,7 +58,7 @@ from .model import (
     TaskResult,
     Trust,
 )
-from .ports import ProviderError, Services, StoredRuntime
+from .ports import ProviderError, Services, Store, StoredRuntime
 from .prompts import wake_message
 from .quotas import QuotaExceeded, Tenancy
 from .suspension import read_answer
@@ -68,6 +70,12 @@ log = logging.getLogger(__name__)
 LAPSE_RETRY_SECONDS = 1.0  # an expired Request the tenant's running-handles quota holds back lapses this much later
 
 
+async def _stored_events(store: Store, key: str, after_seq: int) -> list[Event]:
+    """A runtime's events after a seq, derived from its stored journal (Watch's history)."""
+    entries = await store.entries_after_event(key, after_seq)
+    return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
+
+
 class Runtime:
     def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], services: Services, key: str = "") -> None:
         self.id = runtime_id  # as its tenant knows it
@@ -76,14 +84,18 @@ class Runtime:
         self.tenancy: Tenancy | None = None  # set by the service: the tenant's quotas
         self.services = services
         self.tree = Tree(self.key, agents)
-        self.events = EventLog(self.key, self._history, buffer=services.watch_buffer, observers=services.observers)
+        # Nothing the runtime holds refers back to it (the history reader is no bound method,
+        # the turn loop holds a weak proxy): a runtime that leaves the cache is freed at once,
+        # not at the cyclic collector's next full pass (bench/store.py's RSS figures).
+        history = functools.partial(_stored_events, services.store, self.key)
+        self.events = EventLog(self.key, history, buffer=services.watch_buffer, observers=services.observers)
         self.journal = Journal(self.tree, services.store, self.events)
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
         self._model_gate: FifoGate | None = None
         self._heartbeats: dict[str, asyncio.TimerHandle] = {}
         self._lapses: dict[str, asyncio.TimerHandle] = {}  # request id -> its expiry
-        self._loop = TurnLoop(self)
+        self._loop = TurnLoop(weakref.proxy(self))
         self.draining = False  # set at shutdown: runs stop at their next journal point
 
     @classmethod
@@ -92,10 +104,6 @@ class Runtime:
         runtime = cls(runtime_id, stored.agents, services, key)
         runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries)
         return runtime
-
-    async def _history(self, after_seq: int) -> list[Event]:
-        entries = await self.services.store.entries_after_event(self.key, after_seq)
-        return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
 
     @property
     def handles(self) -> dict[str, Handle]:
