@@ -10,6 +10,10 @@ modules by package, the HTTP client (http_client.py and httptools), the event lo
 on uvloop, the loop's own C work is counted under asyncio's Runner.run, the frame it runs
 below), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
 py-spy's collapsed stacks (one line per stack and its count) for a flame graph tool.
+`--native` samples C frames too: the cyclic garbage collector, which runs inside whatever
+Python frame allocated, then shows as a component of its own (13-19 % of the CPU before
+it was tuned: collector.py), as do system calls and SQLite; idle threads show as waiting
+in epoll.
 
 py-spy counts a thread blocked in C code as busy, so the poller thread's share of samples
 is not its share of CPU; the CPU each thread used while sampling, read from
@@ -38,17 +42,33 @@ _HTTP_CLIENT = ("httptools",)
 _EVENT_LOOP = ("asyncio", "selectors.py")
 
 
+_LIBRARY = re.compile(r"\((?P<library>[^()/]+\.so[^()]*)\)$")
+_NATIVE = {"libc": "C library (system calls: write, sendmsg, pwrite...)", "libsqlite3": "SQLite", "cygrpc": "gRPC core"}
+
+
 def component(frames: list[str]) -> str:
     """The component a sample's innermost frame belongs to."""
     if not frames:
         return "no Python frame (C code: gRPC core, SQLite, the interpreter)"
     leaf = frames[-1]
+    # With --native: C frames too. The collector runs inside whatever frame allocated, so
+    # it is found anywhere in the stack; a thread waiting in epoll is idle, not working.
+    if any(frame.startswith("gc_collect") for frame in frames):
+        return "cyclic garbage collector (native)"
+    if leaf.startswith(("epoll_wait ", "epoll_pwait ")):
+        return "waiting in epoll: idle (native)"
+    library = _LIBRARY.search(leaf)
+    if library:
+        name = library.group("library").split(".")[0]
+        return f"{_NATIVE.get(name, name)} (native)"
     if leaf.startswith("Thread.run ") and len(frames) <= 3:
         return "gRPC poller thread (a C target under threading)"
     if leaf.startswith("Handle._run "):
         return "event loop: C work in a callback (task steps, gRPC completions)"
     match = _FILE.search(leaf)
     path = re.sub(r"^.*site-packages/", "", match.group("file")) if match else leaf
+    if path.endswith((".c", ".h", ".pyx", ".pxd", ".pxi")):  # --native: C code with its source known
+        return f"{path.split('/')[0] if '/' in path else path} (native)"
     if path.startswith("agentruntime_server/http_client"):
         return "HTTP client (http_client.py, httptools)"
     if path.startswith("agentruntime_server/"):
@@ -119,6 +139,12 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="samples a second")
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--lines", type=int, default=15)
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample C frames too (the process is paused at each sample): shows the garbage collector, "
+        "system calls and SQLite, which Python frames alone attribute to whatever frame ran them",
+    )
     args = parser.parse_args()
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
@@ -137,7 +163,8 @@ async def main() -> None:
             threading.Thread(target=measure_threads, args=(pid,), daemon=True).start()
             # --nonblocking: the server is never paused, so it runs as it does unprofiled.
             command = [spy, "record", "-p", str(pid), "-d", str(args.seconds), "-r", str(args.rate)]
-            command += ["-f", "raw", "-o", str(raw), "--nonblocking"]
+            # --native unwinds C frames too, which needs the process paused at each sample.
+            command += ["-f", "raw", "-o", str(raw), "--native" if args.native else "--nonblocking"]
             recorders.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
         # A warm-up batch and a measured one, each long enough (about 1,800 turns a second
