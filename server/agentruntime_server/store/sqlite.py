@@ -109,7 +109,6 @@ class SqliteStore:
 
     def _commit(self) -> None:
         self._commit_due = False
-        self._last_commit = time.monotonic()
         if self._paced is not None:
             self._paced.cancel()
             self._paced = None
@@ -123,6 +122,7 @@ class SqliteStore:
                 rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
                 self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
                 tokens, self._tokens = self._tokens, {}
+                self._last_commit = time.monotonic()  # the pace spaces transactions, not reads that found nothing to write
                 now = time.time()
                 with self._transaction() as db:
                     db.executemany(_APPEND, grouped(rows))
