@@ -68,7 +68,7 @@ def component(frames: list[str]) -> str:
     match = _FILE.search(leaf)
     path = re.sub(r"^.*site-packages/", "", match.group("file")) if match else leaf
     if path.endswith((".c", ".h", ".pyx", ".pxd", ".pxi")):  # --native: C code with its source known
-        return f"{path.split('/')[0] if '/' in path else path} (native)"
+        return f"{path.split('/')[0]} (native)"
     if path.startswith("agentruntime_server/http_client"):
         return "HTTP client (http_client.py, httptools)"
     if path.startswith("agentruntime_server/"):

@@ -70,8 +70,8 @@ VALUES = st.recursive(
 @given(schema=PLAIN_SCHEMAS, value=VALUES)
 def test_the_fast_check_never_passes_what_jsonschema_refuses(schema: Any, value: Any) -> None:
     assert schemas.plain(schema)
-    arguments = schemas.ArgumentsSchema(schema if isinstance(schema, dict) else {"not": {"not": schema}})
-    reference = schemas.compile_schema(schema if isinstance(schema, dict) else {"not": {"not": schema}})
+    tool_schema = schema if isinstance(schema, dict) else {"not": {"not": schema}}  # a tool's schema is an object
+    arguments, reference = schemas.ArgumentsSchema(tool_schema), schemas.compile_schema(tool_schema)
     assert (arguments.problem(value) is None) == reference.is_valid(value)
 
 

@@ -154,7 +154,7 @@ class ArgumentsSchema:
             try:
                 self._fast = jsonschema_rs.validator_for(schema)
             except Exception:  # what it cannot compile, jsonschema checks alone
-                self._fast = None
+                pass
 
     @property
     def fast(self) -> bool:
