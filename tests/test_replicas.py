@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -413,6 +414,14 @@ async def test_a_forwarded_call_answers_as_the_owner_does_errors_and_details_inc
     waited = await other.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=30)
     assert exact(waited.result) == EXACT
     assert "rpc=Spawn" in cluster.replicas[0].log.read_text()  # the owner served it
+    # Both replicas audit the forwarded Spawn, and each line says which side of the hop it is.
+    owner_log, other_log = cluster.replicas[0].log.read_text(), cluster.replicas[1].log.read_text()
+    [(owner_id, owner_address)] = re.findall(r"replica (\S+) serving at (\S+) ", owner_log)
+    [(other_id, _)] = re.findall(r"replica (\S+) serving at (\S+) ", other_log)
+    spawned = f"rpc=Spawn runtime={runtime_id} handle=- code=OK"
+    assert f"{spawned} forwarded_from={other_id}\n" in owner_log, owner_log
+    assert f"{spawned} forwarded_to={owner_address}\n" in other_log, other_log
+    assert owner_id != other_id
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await other.Post(pb.PostRequest(runtime_id=runtime_id, handle_id="root/nobody.1", text="hi"), timeout=10)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "root/nobody.1" in (missing.value.details() or "")

@@ -735,6 +735,25 @@ async def test_a_denied_mutating_rpc_is_audited_with_the_callers_tenant_and_name
         assert not any(ACME_READER[1] in record.getMessage() + repr(vars(record)) for record in caplog.records)
 
 
+async def test_an_audit_field_escapes_every_unprintable_code_point_so_it_reads_back_as_sent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line separator is written \\u2028 (not \\x2028, which reads as a space and "28"), a
+    right-to-left override and an astral code point each as the one code point they are."""
+    caplog.set_level(logging.INFO)
+    async with tenant_server(tmp_path) as served:
+        acme = Caller(served.stub, ACME)
+        caplog.clear()
+        sent = "a\u2028b\u202ec\U0001f600d\x1be f\\x20"
+        await refused(acme("Post", pb.PostRequest(runtime_id=sent, handle_id="root/x.1", text="hi")))
+        [record] = [r for r in caplog.records if r.name == "agentruntime.audit"]
+        message = record.getMessage()
+        field = message.split(" runtime=", 1)[1].split(" ", 1)[0]
+        assert field == "a\\u2028b\\u202ec\\U0001f600d\\x1be\\x20f\\x5cx20", message
+        assert field.encode().decode("unicode_escape") == sent
+        assert record.runtime_id == sent  # type: ignore[attr-defined]  # the structured field keeps the value
+
+
 async def test_a_tenant_qualified_id_names_nothing_for_any_caller(tmp_path: Path) -> None:
     """The store keys another tenant's runtime `acme:demo`; as a runtime id it is not a slug,
     so no caller (the default tenant least of all, whose keys are bare ids) reaches it."""

@@ -45,6 +45,14 @@ def forwarded(metadata: Metadata) -> bool:
     return any(key == FORWARDED for key, _ in metadata)
 
 
+def forwarded_by(metadata: Metadata) -> str | None:
+    """The id of the replica that forwarded this call, if one did (for the audit line)."""
+    for key, value in metadata:
+        if key == FORWARDED:
+            return value if isinstance(value, str) else value.decode(errors="replace")
+    return None
+
+
 def backoff(attempt: int) -> float:
     """Seconds before the next try: 50 ms doubling to 1 s, with full jitter."""
     return random.uniform(0.0, min(1.0, 0.05 * 2**attempt))

@@ -31,12 +31,13 @@ from ..domain.model import ToolResult, WorkerExecutor
 from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService, runtime_key
 from ..domain.validation import RUNTIME_ID, TOOL_NAME, check_worker
+from ..observability.logs import escaped
 from ..tools.workers import Worker, WorkerPool
 from . import convert, paging
 from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
 from .errors import code_name as _code_name
 from .errors import to_grpc_status
-from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded
+from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded, forwarded_by
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,10 @@ def _decoded(request: Req | Undecodable) -> Req:
 _caller: contextvars.ContextVar[Principal] = contextvars.ContextVar("caller", default=DEFAULT)
 UNKNOWN = Principal(tenant="-", name="-", scopes=frozenset())  # not authenticated (yet)
 audit = logging.getLogger("agentruntime.audit")
+# Replicas: a call one replica forwards to the owner is audited on both; the forwarder's line
+# says where it went (forwarded_to=the owner's address), the owner's which replica sent it
+# (forwarded_from=its replica id), so the two lines are told apart and paired.
+_route: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("route", default=None)
 
 
 def _metadata(context: Context) -> list[tuple[str, str | bytes]]:
@@ -95,9 +100,9 @@ def _tenant() -> str:
 
 
 def _plain(value: str) -> str:
-    """A caller's value as one audit field: anything but id characters escaped, so no value
-    can forge a field or a line of its own."""
-    return "".join(char if char.isalnum() or char in "_.:/-" else f"\\x{ord(char):02x}" for char in value)
+    """A caller's value as one audit field: anything but id characters escaped (each escape
+    reads back as one code point), so no value can forge a field or a line of its own."""
+    return "".join(char if (char.isalnum() and char.isprintable()) or char in "_.:/-" else escaped(char) for char in value)
 
 
 def _audit(method: str, request: Any, code: str) -> None:
@@ -107,14 +112,16 @@ def _audit(method: str, request: Any, code: str) -> None:
     caller = _caller.get()
     runtime_id = str(getattr(request, "runtime_id", ""))[:128]
     handle_id = str(getattr(request, "handle_id", "") or getattr(request, "parent_id", ""))[:256]
+    route = _route.get()
     audit.info(
-        "audit tenant=%s caller=%s rpc=%s runtime=%s handle=%s code=%s",
+        "audit tenant=%s caller=%s rpc=%s runtime=%s handle=%s code=%s%s",
         caller.tenant,
         _plain(caller.name) or "-",
         method,
         _plain(runtime_id) or "-",
         _plain(handle_id) or "-",
         code,
+        f" {route[0]}={_plain(route[1])}" if route else "",
         extra={
             "tenant": caller.tenant,
             "caller": caller.name,
@@ -122,6 +129,7 @@ def _audit(method: str, request: Any, code: str) -> None:
             "runtime_id": runtime_id,
             "handle_id": handle_id,
             "code": code,
+            **({route[0]: route[1]} if route else {}),
         },
     )
 
@@ -134,6 +142,8 @@ def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     async def wrapper(self: Any, request: Req, context: Context) -> Resp:
         name = method.__name__
         _caller.set(UNKNOWN)  # an audit line of a refused stranger names no tenant
+        sender = forwarded_by(_metadata(context)) if self.forwarder is not None else None
+        _route.set(("forwarded_from", sender) if sender is not None else None)
         try:
             _caller.set(await self._authenticate(context, name))
             _refuse_undecodable(request)
@@ -253,6 +263,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                 if self.forwarder is None or forwarded(metadata):
                     raise _moved(getattr(request, "runtime_id", "")) from None
                 if moved.address:
+                    _route.set(("forwarded_to", moved.address))
                     try:
                         answer: Resp = await self.forwarder.unary(
                             name, request, moved.address, metadata, context.time_remaining()

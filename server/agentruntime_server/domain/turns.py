@@ -344,10 +344,14 @@ class TurnLoop:
             rail is not None and rail.action is GuardrailAction.REQUIRE_APPROVAL
         )
         if needs_approval and call.id not in handle.approved:
-            return "approval"
-        if spec is not None and isinstance(spec.executor, RelayExecutor):
-            return "relay"
-        return ""
+            kind = "approval"
+        elif spec is not None and isinstance(spec.executor, RelayExecutor):
+            kind = "relay"
+        else:
+            return ""
+        # Arguments a tool would refuse never reach the host or a person: the call is an
+        # error result for the model now (_prepare gives it), as for a tool that runs here.
+        return "" if isinstance(self._arguments(handle, call), ToolResult) else kind
 
     def _own_request(self, handle: Handle, kind: str, calls: list[ToolCall]) -> PendingRequest:
         keyed = tuple((call, self.idempotency_key(handle, call)) for call in calls)
@@ -496,6 +500,18 @@ class TurnLoop:
         rail = agent.guardrail(call.name)
         if rail is not None and rail.action is GuardrailAction.DENY:
             return ToolResult(f"denied by guardrail: {rail.reason or 'this tool is not allowed'}", is_error=True)
+        arguments = self._arguments(handle, call)
+        if isinstance(arguments, ToolResult) or (call.name == "task" and agent.team):
+            return arguments
+        spec = agent.tool(call.name)
+        assert spec is not None  # _arguments refuses an unknown tool
+        assert not isinstance(spec.executor, RelayExecutor)  # valid relay calls suspend before they get here
+        return spec.executor
+
+    def _arguments(self, handle: Handle, call: ToolCall) -> dict[str, Any] | ToolResult:
+        """The call's arguments, or the error result that refuses them (not JSON, not an object,
+        an unknown tool, or not what the tool's input_schema asks for)."""
+        agent = handle.agent
         try:
             arguments = json.loads(call.arguments_json)
         except (ValueError, RecursionError) as exc:
@@ -512,8 +528,7 @@ class TurnLoop:
             problem = self._schema_problem(handle, spec, arguments)
             if problem is not None:
                 return ToolResult(f"the arguments do not match the tool's schema: {problem}", is_error=True)
-        assert not isinstance(spec.executor, RelayExecutor)  # relay calls suspend before they get here
-        return spec.executor
+        return arguments
 
     # ---- delegation ------------------------------------------------------------------------
 

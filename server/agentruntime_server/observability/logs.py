@@ -53,19 +53,30 @@ class ContextFilter(logging.Filter):
         return True
 
 
-# Control characters (tab aside) and Unicode line breaks, escaped in a text line: a provider's
-# error body, quoted in a message, must not start a forged line of its own or drive the
-# terminal it is read on. JSON lines escape them already.
-_UNPRINTABLE = {
-    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-    for code in (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029)
-    if code != 0x09
-}
+def escaped(char: str) -> str:
+    """One code point as an escape that reads back as exactly that code point: \\xNN, \\uNNNN
+    or \\UNNNNNNNN by its size (a bare \\x2028 would read as \\x20 and "28")."""
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every code point that does not print (controls, format characters such as
+    U+202E, line and paragraph separators, unassigned ones; `keep` aside) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() or char in keep else escaped(char) for char in text)
 
 
 class _TextFormatter(logging.Formatter):
+    """Every code point that does not print is escaped in a text line (tab aside): a provider's
+    error body, quoted in a message, must not start a forged line of its own, reorder what a
+    reader sees or drive the terminal it is read on. JSON lines escape the controls already."""
+
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return super().formatMessage(record).translate(_UNPRINTABLE)  # a traceback, added after, keeps its lines
+        return printable(super().formatMessage(record), keep="\t")  # a traceback, added after, keeps its lines
 
 
 class _JsonFormatter(JsonFormatter):
