@@ -126,8 +126,9 @@ def host_address(host: str) -> IPAddress | None:
 
 def embedded_forms(ip: IPAddress) -> tuple[IPAddress, ...]:
     """The address and every IPv4 address an IPv6 one carries (a socket or a relay reaches
-    that one): IPv4-mapped, IPv4-compatible, NAT64 (64:ff9b::/96; 64:ff9b:1::/48 in its /96
-    and /48 layouts), 6to4 and Teredo (its server and client)."""
+    that one): IPv4-mapped, IPv4-compatible, NAT64 (64:ff9b::/96; 64:ff9b:1::/48 read in its
+    /96 layout, or its /48 one when the last 40 bits are zero), 6to4 and Teredo (its server and
+    client)."""
     if isinstance(ip, ipaddress.IPv4Address):
         return (ip,)
     forms: list[IPAddress] = [ip]
@@ -139,9 +140,10 @@ def embedded_forms(ip: IPAddress) -> tuple[IPAddress, ...]:
     elif ip in _NAT64:
         forms.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
     elif ip in _NAT64_LOCAL:
-        forms.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
-        # RFC 6052's /48 layout: 16 bits after the prefix, the 'u' octet, 16 more.
-        forms.append(ipaddress.IPv4Address(((value >> 64) & 0xFFFF) << 16 | (value >> 40) & 0xFFFF))
+        if value & (1 << 40) - 1:  # the usual /96 layout: the address in the last 32 bits
+            forms.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+        else:  # RFC 6052's /48 layout (its suffix is zero): 16 bits after the prefix, the 'u' octet, 16 more
+            forms.append(ipaddress.IPv4Address(((value >> 64) & 0xFFFF) << 16 | (value >> 40) & 0xFFFF))
     if ip.sixtofour is not None:
         forms.append(ip.sixtofour)
     if ip.teredo is not None:
