@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -490,3 +491,16 @@ async def tool_messages(stub: Any, runtime_id: str) -> list[pb.Message]:
         messages = await transcript(stub, runtime_id, handle_id)
     assert result.status == pb.STATUS_DONE, result
     return [message for message in messages if message.role == "tool"]
+
+
+async def test_the_start_up_log_says_which_default_applies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="agentruntime")
+    async with serve():
+        pass
+    async with tenant_server(tmp_path, tool_egress_allow=["10.1.2.0/24"]):
+        pass
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("egress policy: ")]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("egress policy: local default (AGENTRUNTIME_AUTH=none): loopback and private ranges are open;")
+    assert lines[1].startswith("egress policy: shared-server default (authentication is on): loopback, private, CGNAT,")
+    assert lines[1].endswith("; allow: 10.1.2.0/24; deny: none")
