@@ -101,6 +101,9 @@ LOG=$WORK/server.log
     printf 'export AGENTRUNTIME_TLS_CERT=%q AGENTRUNTIME_TLS_KEY=%q AGENTRUNTIME_TLS_CLIENT_CA=%q\n' \
         "$WORK/server.pem" "$WORK/server.key" "$WORK/ca.pem"
     printf 'export AGENTRUNTIME_AUTH=tokens AGENTRUNTIME_AUTH_TOKENS_FILE=%q\n' "$WORK/tokens.json"
+    # With authentication on, loopback is closed to tools: the vectors aim http tools and MCP
+    # servers at 127.0.0.1:9 (nothing listens there), so the loopback range is opened.
+    printf 'export AGENTRUNTIME_TOOL_EGRESS_ALLOW=%q\n' '["127.0.0.0/8", "::1/128"]'
     printf 'export AGENTRUNTIME_METRICS_LISTEN=%q\n' "${AGENTRUNTIME_METRICS_LISTEN:-off}"
     printf 'export AGENTRUNTIME_STORE=%q\n' "${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db}"
     printf 'exec %q serve --listen %q\n' "$PWD/.venv/bin/agentruntime" "127.0.0.1:$PORT"

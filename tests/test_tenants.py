@@ -351,7 +351,8 @@ async def test_tenants_with_the_same_runtime_id_are_independent_and_send_tools_d
 ) -> None:
     echo = pb.ToolDef(name="echo", description="echoes", http=pb.HttpTool(url=tools.url("echo")))
     caller_agent = scripted("caller", reply(calls=(("echo", '{"n": 1}'),)), reply("called"), tools=(echo,))
-    async with tenant_server(tmp_path) as served:
+    # A server with authentication reaches its own loopback only where ALLOW opens it.
+    async with tenant_server(tmp_path, tool_egress_allow=["127.0.0.0/8", "::1/128"]) as served:
         default, acme = Caller(served.stub, DEFAULT), Caller(served.stub, ACME)
         for who in (default, acme):
             await who("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="demo", agents=[caller_agent]))

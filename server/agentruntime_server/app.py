@@ -256,9 +256,16 @@ def build_service(
         observers=observability.observers,
         leases=leases or SoleOwner(),
         workers=workers or WorkerPool(),
-        mcp=McpTools(EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny), settings.max_text_bytes),
+        mcp=McpTools(tools.policy, settings.max_text_bytes),
+        egress=tools.policy,
     )
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
+
+
+def egress_policy(settings: Settings) -> EgressPolicy:
+    """One policy for every connection a definition makes: http tools, MCP servers, and the
+    URLs CreateRuntime checks. A server with authentication is shared: its own network is closed."""
+    return EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny, shared=settings.auth != "none")
 
 
 async def start(settings: Settings, *, span_exporter: SpanExporter | None = None) -> RunningServer:
@@ -272,7 +279,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     observability = build_observability(settings, span_exporter)
     http = HttpClient(settings.http_pool_size)
     tools = HttpTools(
-        EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny),
+        egress_policy(settings),
         pool_size=settings.http_pool_size,
         max_text_bytes=settings.max_text_bytes,
     )
@@ -348,6 +355,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         authenticator.mode,
         running_loop_kind(),
     )
+    log.info("%s", tools.policy.describe())
     return RunningServer(
         server=server,
         port=port,

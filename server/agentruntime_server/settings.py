@@ -12,9 +12,6 @@ from .event_loop import DEFAULT_LOOP, EventLoopKind
 
 KIB = 1024
 MIB = 1024 * KIB
-# Link-local (where cloud metadata services live) in both families, and the metadata
-# addresses that are not link-local.
-DEFAULT_EGRESS_DENY = ("169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32")
 
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
 
@@ -101,12 +98,15 @@ class Settings(BaseSettings):
     quota_running_handles: int = Field(0, ge=0, description="handles of one tenant running at once (checked at Wake)")
     quota_tokens_per_day: int = Field(0, ge=0, description="model tokens one tenant may spend in any 24 hours")
     retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
+    # The built-in ranges (tools/egress.py) apply whatever these say; README: "Limits and hardening".
     tool_egress_allow: list[str] = Field(
-        default_factory=list, description="networks (CIDR) http tools may reach; empty: any address not denied"
+        default_factory=list,
+        description="networks (CIDR) http tools and MCP servers may reach; empty: any address not refused. "
+        "An entry inside a built-in protected range (127.0.0.1/32, 10.1.2.0/24) opens it",
     )
     tool_egress_deny: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_EGRESS_DENY),
-        description="networks (CIDR) http tools may never reach, checked on the resolved address of every call",
+        default_factory=list,
+        description="networks (CIDR) http tools and MCP servers may never reach, over the built-in ones; wins over ALLOW",
     )
     store: str = Field(
         "sqlite:///agentruntime.db",

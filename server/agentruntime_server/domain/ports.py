@@ -165,6 +165,21 @@ class NoMcp:
         return ToolResult("this server reaches no MCP server", is_error=True)
 
 
+class UrlPolicy(Protocol):
+    def url_refusal(self, url: str) -> str | None:
+        """Why no connection may be made to `url` whatever DNS answers (its host is an IP
+        literal the egress policy refuses), or None. Checked at CreateRuntime for every URL a
+        definition makes the server connect to; host names are judged when resolved."""
+        ...
+
+
+class AnyUrl:
+    """No egress policy (tests of the domain): every URL may be tried."""
+
+    def url_refusal(self, url: str) -> str | None:
+        return None
+
+
 @dataclass(frozen=True)
 class Services:
     """What a runtime needs from outside the domain."""
@@ -180,6 +195,7 @@ class Services:
     leases: Leases = field(default_factory=SoleOwner)  # replicas: who executes which runtime
     workers: WorkerToolRunner = field(default_factory=NoWorkers)  # hosts serving tools over ServeTools
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
+    egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ class RuntimeService:
         else:
             runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
         options = options or RuntimeOptions()
-        check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)])
+        check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)], self.services.egress)
         key = runtime_key(tenant, runtime_id)
         if any(agent.mcp_servers for agent in agents):
             # Only definitions that are otherwise right, for a runtime that may be created,
@@ -169,7 +169,7 @@ class RuntimeService:
             agents, unlisted = await with_mcp_tools(agents, self.services.mcp)
             if unlisted:
                 raise InvalidArgument(unlisted)
-            check_agents(agents, self.services.models.names)  # the listed tools, schemas and all
+            check_agents(agents, self.services.models.names, urls=self.services.egress)  # the listed tools, schemas and all
         await self._check_new(key, runtime_id, tenant)
         runtime = Runtime(runtime_id, agents, self.services, key)
         first = runtime.journal.first(Configured(options)) if options != RuntimeOptions() else []

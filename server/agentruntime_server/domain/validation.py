@@ -16,7 +16,7 @@ from .model import AgentSpec, Budget, HttpExecutor, McpServerSpec, RuntimeOption
 from .patterns import PatternError, compile_pattern
 
 if TYPE_CHECKING:
-    from .ports import Services
+    from .ports import Services, UrlPolicy
 
 RUNTIME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 AGENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
@@ -47,10 +47,14 @@ def check_runtime_id(runtime_id: str) -> None:
 
 
 def check_agents(
-    agents: Sequence[AgentSpec], providers: Collection[str] | None = None, found: Sequence[FieldViolation] = ()
+    agents: Sequence[AgentSpec],
+    providers: Collection[str] | None = None,
+    found: Sequence[FieldViolation] = (),
+    urls: UrlPolicy | None = None,
 ) -> None:
     """`providers`: the provider names this server has (None: not checked). `found`: what the
-    edge already found wrong while decoding (reported together with the rest)."""
+    edge already found wrong while decoding (reported together with the rest). `urls`: the
+    egress policy every URL is checked against before anything connects (None: not checked)."""
     violations: list[FieldViolation] = list(found)
     if not agents:
         violations.append(FieldViolation("agents", "define at least one agent"))
@@ -71,7 +75,7 @@ def check_agents(
         elif agent.name in seen:
             violations.append(FieldViolation(f"{where}.name", f"duplicate agent name {agent.name!r}"))
         seen.add(agent.name)
-        violations.extend(_check_agent(agent, where, names))
+        violations.extend(_check_agent(agent, where, names, urls))
         # A scripted agent runs on the scripted model whatever it names: hosts test offline.
         if providers is not None and agent.provider and not agent.script and agent.provider not in providers:
             violations.append(
@@ -139,14 +143,14 @@ def check_budget(budget: Budget, where: str) -> list[FieldViolation]:
     return violations
 
 
-def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[FieldViolation]:
+def _check_agent(agent: AgentSpec, where: str, agent_names: list[str], urls: UrlPolicy | None) -> list[FieldViolation]:
     violations: list[FieldViolation] = []
     violations.extend(_check_sizes(agent, where))
     if len(agent.mcp_servers) > limits.MAX_MCP_SERVERS:
         violations.append(FieldViolation(f"{where}.mcp_servers", f"names more than {limits.MAX_MCP_SERVERS} servers"))
     server_names: set[str] = set()
     for index, server in enumerate(agent.mcp_servers[: limits.MAX_MCP_SERVERS]):
-        violations.extend(check_mcp_server(server, f"{where}.mcp_servers[{index}]"))
+        violations.extend(check_mcp_server(server, f"{where}.mcp_servers[{index}]", urls))
         if server.name in server_names:
             violations.append(FieldViolation(f"{where}.mcp_servers[{index}].name", f"duplicate server name {server.name!r}"))
         server_names.add(server.name)
@@ -166,7 +170,7 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str]) -> list[F
             violations.append(FieldViolation(f"{at}.description", f"is longer than {limits.MAX_DESCRIPTION_BYTES} bytes"))
         violations.extend(_check_schema(tool.input_schema, f"{at}.input_schema"))
         if isinstance(tool.executor, HttpExecutor):
-            violations.extend(_check_http(tool.executor, f"{at}.http"))
+            violations.extend(_check_http(tool.executor, f"{at}.http", urls))
         elif isinstance(tool.executor, WorkerExecutor):
             violations.extend(check_worker(tool.executor, f"{at}.worker"))
         if len(tool.approval_prompt.encode()) > limits.MAX_DESCRIPTION_BYTES:
@@ -294,8 +298,8 @@ def check_worker(executor: WorkerExecutor, where: str) -> list[FieldViolation]:
     return violations
 
 
-def _check_http(executor: HttpExecutor, where: str) -> list[FieldViolation]:
-    violations = _check_url(executor.url, f"{where}.url")
+def _check_http(executor: HttpExecutor, where: str, urls: UrlPolicy | None = None) -> list[FieldViolation]:
+    violations = _check_url(executor.url, f"{where}.url", urls)
     if not 0 < executor.timeout <= limits.MAX_TOOL_TIMEOUT:
         violations.append(
             FieldViolation(f"{where}.timeout", f"must be a positive duration of at most {limits.MAX_TOOL_TIMEOUT:g}s")
@@ -329,14 +333,14 @@ def _check_headers(headers: dict[str, str], where: str) -> list[FieldViolation]:
     return violations
 
 
-def check_mcp_server(server: McpServerSpec, where: str) -> list[FieldViolation]:
+def check_mcp_server(server: McpServerSpec, where: str, urls: UrlPolicy | None = None) -> list[FieldViolation]:
     """An MCP server's definition, checked before anything connects to it."""
     violations = []
     if not MCP_SERVER_NAME.fullmatch(server.name):
         violations.append(
             FieldViolation(f"{where}.name", f"{shown(server.name)} is not a server name: 1-32 letters, digits, '_', '-'")
         )
-    violations.extend(_check_url(server.url, f"{where}.url"))
+    violations.extend(_check_url(server.url, f"{where}.url", urls))
     violations.extend(_check_headers(server.headers, f"{where}.headers"))
     if not 0 < server.timeout <= limits.MAX_TOOL_TIMEOUT:
         violations.append(
@@ -360,7 +364,7 @@ def _check_schema(schema: dict[str, object], where: str) -> list[FieldViolation]
     return []
 
 
-def _check_url(url: str, where: str) -> list[FieldViolation]:
+def _check_url(url: str, where: str, urls: UrlPolicy | None = None) -> list[FieldViolation]:
     if len(url) > limits.MAX_URL_CHARS or any(ord(char) <= 32 for char in url):
         return [
             FieldViolation(
@@ -380,7 +384,8 @@ def _check_url(url: str, where: str) -> list[FieldViolation]:
     if "@" in parts.netloc:
         # A URL is shown in errors, logs and events; a credential goes in a header.
         return [FieldViolation(where, "must not carry credentials (user:password@); send them in a header")]
-    return []
+    refusal = urls.url_refusal(url) if urls is not None else None
+    return [FieldViolation(where, refusal)] if refusal else []
 
 
 def _without_credentials(url: str) -> str:

@@ -1,9 +1,11 @@
 """HTTP tools: POST the arguments JSON with an Idempotency-Key; a 2xx body is the output.
 
 The calls go through a keep-alive client of their own (not the model providers'),
-under the egress policy (`tools.egress`): a host name's denied addresses are dropped by
-the client's resolver, an IP-literal host is checked here, and a call that may reach
-no allowed address fails before any connection is attempted. Redirects are not followed
+under the egress policy (`tools.egress`): a host name's refused addresses are dropped by
+the client's resolver, an IP-literal host (in any form) is checked here, and a call that may
+reach no allowed address fails before any connection is attempted. An endpoint that cannot be
+reached and one that does not speak HTTP give one error result (the cause is logged), so that
+a tool is no port scanner. Redirects are not followed
 (a 3xx is an error result), a 2xx body over `max_text_bytes` is an error result (at most
 that many bytes plus one are read), and an error body is cut to MAX_ERROR_BODY (500)
 characters before the model sees it.
@@ -11,12 +13,13 @@ characters before the model sees it.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import logging
+import socket
 
 from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..domain.suspension import tool_answer_header
-from ..http_client import ConnectFailed, HttpClient, HttpError, Response, ip_literal
-from .egress import EgressDenied, EgressPolicy, PolicyResolver
+from ..http_client import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, Response
+from .egress import REFUSED, EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
 
 ANSWER_HEADER = "Agentruntime-Answer"  # the host's answer, when a suspended call is made again
@@ -25,8 +28,11 @@ ANSWER_HEADER = "Agentruntime-Answer"  # the host's answer, when a suspended cal
 MAX_ERROR_BODY = 500
 # Characters of a 3xx's Location header named in its error result.
 MAX_LOCATION = 200
-# How a refused call's result starts; the policy's reason follows.
-REFUSED = "not allowed by the egress policy: "
+# The result of a call whose endpoint could not be reached or did not answer HTTP: one text for
+# nothing listening, a reset, a TLS failure and a listener speaking something else.
+UNREACHABLE = "request failed: the endpoint could not be reached or did not answer as an HTTP server"
+
+log = logging.getLogger(__name__)
 
 
 class HttpTools:
@@ -43,24 +49,14 @@ class HttpTools:
 
     def refusal(self, url: str) -> str | None:
         """Why a call to `url` may not be made before resolving it (an IP-literal host the
-        policy denies), or None. Host names are judged by the resolver. The answer for a URL
+        policy refuses: CreateRuntime refused those, but a runtime stored under a looser policy
+        may name one), or None. Host names are judged by the resolver. The answer for a URL
         never changes (no DNS is involved), so it is worked out once per URL."""
         if url not in self._refusals:
             if len(self._refusals) >= 4096:
                 self._refusals.clear()
-            self._refusals[url] = self._judge(url)
+            self._refusals[url] = self.policy.url_refusal(url)
         return self._refusals[url]
-
-    def _judge(self, url: str) -> str | None:
-        try:
-            host = urlsplit(url).hostname
-        except ValueError:
-            return None  # the client reports the bad URL
-        if host and ip_literal(host) is not None:
-            reason = self.policy.check(host)
-            if reason is not None:
-                return f"{REFUSED}{reason}"
-        return None
 
     async def run(
         self, executor: HttpExecutor, arguments_json: str, idempotency_key: str, answer: Answer | None = None
@@ -80,6 +76,9 @@ class HttpTools:
         except HttpError as exc:
             if isinstance(exc, ConnectFailed) and isinstance(exc.os_error, EgressDenied):
                 return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
+            if isinstance(exc, ConnectFailed | ConnectionLost | BadReply) and not _unresolved(exc):
+                log.info("http tool call %s failed: %s: %s", idempotency_key, type(exc).__name__, exc)
+                return ToolResult(UNREACHABLE, is_error=True)
             return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
         except ValueError as exc:
             # The client refuses to build the request (a header it will not send): its words may
@@ -114,6 +113,11 @@ class HttpTools:
                 return ToolResult(_too_large(status, limit), is_error=True)
             return ToolResult(_decode(response, raw))
         return ToolResult(f"HTTP {status}: {_decode(response, raw)[:MAX_ERROR_BODY]}", is_error=True)
+
+
+def _unresolved(error: HttpError) -> bool:
+    """The host name did not resolve: that says nothing of a port, and names a typo."""
+    return isinstance(error, ConnectFailed) and isinstance(error.os_error, socket.gaierror)
 
 
 def _too_large(status: int, limit: int) -> str:

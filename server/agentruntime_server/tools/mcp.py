@@ -6,8 +6,10 @@ request's `_meta` (`idempotency_key`). The http tools' egress policy applies: ev
 the server's host name resolves to must be allowed, judged at each connection on the very
 addresses it then connects to (`mcp_network`). A server that cannot be reached, times out
 or fails gives an McpError at listing (the CreateRuntime is refused, naming the server) and
-an error result at a call (the run goes on). Messages never hold a header value: headers
-are secrets."""
+an error result at a call (the run goes on). Until a server has answered `initialize`, every
+failure but the policy's refusal reads the same (UNREACHABLE; the cause is logged): a closed
+port and a listener speaking something else must not be told apart, or MCP is a port
+scanner. Messages never hold a header value: headers are secrets."""
 
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 MAX_PAGES = 20
 MAX_TOOLS = 1000
+UNREACHABLE = "it could not be reached or did not answer as an MCP server"
+
+
+class _Progress:
+    """How far a session got: past `initialize`, the server has shown it speaks MCP."""
+
+    answered = False
 
 
 class McpTools:
@@ -43,7 +52,9 @@ class McpTools:
         self.max_text_bytes = max_text_bytes
 
     @contextlib.asynccontextmanager
-    async def _session(self, url: str, headers: dict[str, str], timeout: float) -> AsyncIterator[ClientSession]:
+    async def _session(
+        self, url: str, headers: dict[str, str], timeout: float, progress: _Progress
+    ) -> AsyncIterator[ClientSession]:
         import httpx2
         from mcp import ClientSession
         from mcp.client.streamable_http import streamable_http_client
@@ -53,6 +64,9 @@ class McpTools:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise McpError("the url must be an absolute http(s) URL")
+        refusal = self.policy.url_refusal(url)  # a runtime stored under a looser policy may name one
+        if refusal is not None:
+            raise McpError(refusal)
         # The SDK's client over a transport that judges each address it connects to, and never
         # a proxy from the environment (redirects stay off; the SDK follows them only within
         # the server's origin).
@@ -65,14 +79,19 @@ class McpTools:
             ClientSession(read, write, read_timeout_seconds=timeout) as session,
         ):
             await session.initialize()
+            progress.answered = True
             yield session
 
     async def list_tools(self, server: McpServerSpec) -> list[McpTool]:
         from mcp.types import PaginatedRequestParams
 
         tools: list[McpTool] = []
+        progress = _Progress()
         try:
-            async with asyncio.timeout(server.timeout), self._session(server.url, server.headers, server.timeout) as session:
+            async with (
+                asyncio.timeout(server.timeout),
+                self._session(server.url, server.headers, server.timeout, progress) as session,
+            ):
                 cursor: str | None = None
                 for _ in range(MAX_PAGES):
                     page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
@@ -86,16 +105,17 @@ class McpTools:
                         break
         except Exception as error:  # the SDK's and the network's: unreachable, refused, malformed, timed out
             cause = _innermost(error)
-            raise (cause if isinstance(cause, McpError) else McpError(_describe(cause))) from None
+            raise (cause if isinstance(cause, McpError) else McpError(_failure(server.name, cause, progress))) from None
         return tools
 
     async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
         from mcp.types import RequestParamsMeta
 
+        progress = _Progress()
         try:
             async with (
                 asyncio.timeout(executor.timeout),
-                self._session(executor.url, executor.headers, executor.timeout) as session,
+                self._session(executor.url, executor.headers, executor.timeout, progress) as session,
             ):
                 meta: RequestParamsMeta = {"idempotency_key": key}  # type: ignore[typeddict-unknown-key]  # an open map
                 result = await session.call_tool(executor.tool, arguments, meta=meta)
@@ -103,7 +123,8 @@ class McpTools:
             cause = _innermost(error)
             if isinstance(cause, McpError):
                 return ToolResult(f"MCP server {executor.server!r}: {cause}", is_error=True)
-            return ToolResult(f"MCP server {executor.server!r} failed: {_describe(cause)}", is_error=True)
+            failure = _failure(executor.server, cause, progress)
+            return ToolResult(f"MCP server {executor.server!r} failed: {failure}", is_error=True)
         return ToolResult(self._text(result), is_error=bool(getattr(result, "is_error", False)))
 
     def _text(self, result: Any) -> str:
@@ -130,6 +151,15 @@ def _innermost(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
     return error
+
+
+def _failure(server: str, error: BaseException, progress: _Progress) -> str:
+    """What a caller is told of a failure that is not ours: the cause, once the server has
+    spoken MCP; UNREACHABLE before (the cause goes to the log, for the operator)."""
+    if progress.answered:
+        return _describe(error)
+    log.info("MCP server %r could not be reached or did not answer as one: %s", server, _describe(error))
+    return UNREACHABLE
 
 
 def _describe(error: BaseException) -> str:

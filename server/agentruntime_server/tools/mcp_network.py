@@ -10,6 +10,7 @@ Imported with the SDK, when an MCP server is first used."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import httpcore2
@@ -17,7 +18,9 @@ import httpx2
 
 from ..domain.ports import McpError
 from ..http_client import system_resolver
-from .egress import EgressPolicy
+from .egress import REFUSED, EgressPolicy
+
+log = logging.getLogger(__name__)
 
 
 class PolicyNetworkBackend(httpcore2.AsyncNetworkBackend):
@@ -43,7 +46,11 @@ class PolicyNetworkBackend(httpcore2.AsyncNetworkBackend):
         for address in addresses:
             reason = self._policy.check(address)
             if reason is not None:
-                raise McpError(f"{host} is not allowed by the egress policy: {reason}")
+                if addresses == [host]:  # an IP literal: the tenant named the address itself
+                    raise McpError(f"{REFUSED}{reason}")
+                # What a name resolves to is the server's DNS, not the tenant's to learn.
+                log.info("egress: MCP server host %s refused (%s)", host, reason)
+                raise McpError(f"{REFUSED}{host} resolves to an address it refuses")
         failure: Exception = McpError(f"{host} does not resolve")
         for address in addresses:
             try:
