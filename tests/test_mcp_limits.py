@@ -49,10 +49,10 @@ def user_of(server: HugeMcp, **fields: Any) -> pb.AgentDef:
     return agent("user", mcp_servers=[pb.McpServer(name="huge", url=server.url, timeout=duration(20), **fields)])
 
 
-async def refusal(stub: pb_grpc.AgentRuntimeStub, definition: pb.AgentDef) -> tuple[grpc.aio.AioRpcError, float]:
+async def refusal(stub: pb_grpc.AgentRuntimeStub, *definitions: pb.AgentDef) -> tuple[grpc.aio.AioRpcError, float]:
     started = time.monotonic()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await create(stub, definition)
+        await create(stub, *definitions)
     return refused.value, time.monotonic() - started
 
 
@@ -144,6 +144,22 @@ async def test_more_tools_than_an_agent_may_have_are_refused_at_the_server(stub:
             "name the ones to use in allowed_tools"
         )
         await create(stub, user_of(server, allowed_tools=["big0_7"]))  # as allowed_tools would have it
+
+
+async def test_what_a_runtime_keeps_of_its_listings_is_bounded_over_all_its_agents(stub: pb_grpc.AgentRuntimeStub) -> None:
+    """Each listing is under 4 MiB, but three agents listing it would keep 4.7 MiB: as much as
+    one CreateRuntime request may hold is the bound (descriptions cut to 16 KiB count so)."""
+    async with huge_mcp(pages=[100 * 16 * KIB], tools_per_page=100) as server:
+        definitions = [agent(name, mcp_servers=user_of(server).mcp_servers) for name in ("a", "b", "c")]
+        error, _ = await refusal(stub, *definitions)
+        assert server.methods.count("tools/list") == 3
+        await create(stub, *definitions[:2])
+    violation = the_violation(error)
+    assert violation.field == "agents[2].mcp_servers[0]"
+    assert violation.description == (
+        "with MCP server 'huge', the tools MCP servers give this runtime come to more than 4,194,304 bytes "
+        "(descriptions, and input schemas as JSON): name the ones to use in allowed_tools"
+    )
 
 
 # ---- call results ----

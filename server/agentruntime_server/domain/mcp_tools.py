@@ -6,7 +6,9 @@ created with, whatever the server lists later."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from typing import Any
 
 from . import limits, schemas
 from .errors import FieldViolation, shown
@@ -20,10 +22,12 @@ SEPARATOR = "__"
 async def with_mcp_tools(agents: Sequence[AgentSpec], client: McpClient) -> tuple[tuple[AgentSpec, ...], list[FieldViolation]]:
     """The agents with their MCP servers' tools, and what was wrong (a server that could not
     be listed, an allowed tool it does not list, a tool whose name cannot be prefixed or whose
-    schema an AgentDef could not have, more tools than an agent may have). check_agents runs
-    again over the result: every listed tool is held to what an AgentDef's is."""
+    schema an AgentDef could not have, more tools than an agent may have, more bytes of tools
+    than a runtime may keep from its MCP servers). check_agents runs again over the result:
+    every listed tool is held to what an AgentDef's is."""
     found: list[FieldViolation] = []
     expanded = []
+    kept = 0  # bytes of the listed tools kept, over every agent
     for index, agent in enumerate(agents):
         added: list[ToolSpec] = []
         for number, server in enumerate(agent.mcp_servers):
@@ -43,6 +47,18 @@ async def with_mcp_tools(agents: Sequence[AgentSpec], client: McpClient) -> tupl
                     )
                 )
             added.extend(tools)
+            kept += sum(len(tool.description.encode()) + _json_size(tool.input_schema) for tool in tools)
+            if kept > limits.MAX_LISTED_BYTES:
+                # Nothing more is listed: the runtime is refused whatever the other servers say.
+                found.append(
+                    FieldViolation(
+                        where,
+                        f"with MCP server {server.name!r}, the tools MCP servers give this runtime come to more than "
+                        f"{limits.MAX_LISTED_BYTES:,} bytes (descriptions, and input schemas as JSON): "
+                        "name the ones to use in allowed_tools",
+                    )
+                )
+                return tuple(agents), found
         expanded.append(dataclasses.replace(agent, tools=agent.tools + tuple(added)) if added else agent)
     return tuple(expanded), found
 
@@ -83,3 +99,8 @@ def _tools_of(server: McpServerSpec, listed: list[McpTool], where: str, found: l
         executor = McpExecutor(server.name, server.url, tool.name, dict(server.headers), server.timeout)
         tools.append(ToolSpec(name=name, description=description, input_schema=tool.input_schema, executor=executor))
     return tools
+
+
+def _json_size(value: Any) -> int:
+    """Bytes as compact JSON (ASCII: non-ASCII is escaped), as schemas.check counts them."""
+    return len(json.dumps(value, separators=(",", ":")))
