@@ -261,6 +261,14 @@ async def test_50_mb_from_an_mcp_server_keeps_the_server_small_and_another_tenan
                 listing_seconds = time.monotonic() - started
             assert "its listing is larger than the limit" in (refused.value.details() or "")
 
+            # Accepted, near every bound: 3.9 MiB listed, 120 tools of ten properties.
+            properties = {f"p{i}": {"type": "string", "description": "a parameter"} for i in range(10)}
+            schema = {"type": "object", "properties": properties, "required": ["p0"]}
+            async with huge_mcp(pages=[120 * 32 * KIB], tools_per_page=120, schema=schema) as near:
+                started = time.monotonic()
+                await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[user_of(near)]), metadata=acme)
+                near_seconds = time.monotonic() - started
+
             async with huge_mcp(result_bytes=HUGE) as result:
                 created = await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[user_of(result)]), metadata=acme)
                 model.script("user", call_then_answer("huge__big0_0", {"q": "x"}))
@@ -287,7 +295,8 @@ async def test_50_mb_from_an_mcp_server_keeps_the_server_small_and_another_tenan
     growth = (peak - baseline) / 1024
     worst = max(probe.latencies) * 1000
     print(
-        f"\nlisting refused in {listing_seconds:.2f} s, call done in {call_seconds:.2f} s; RSS {baseline / 1024:.0f} MiB, "
+        f"\nlisting refused in {listing_seconds:.2f} s, one near the limits taken in {near_seconds:.2f} s, "
+        f"call done in {call_seconds:.2f} s; RSS {baseline / 1024:.0f} MiB, "
         f"peak +{growth:.1f} MiB; {len(probe.latencies)} Inspects, worst {worst:.1f} ms"
     )
     assert listing_seconds < PROMPTLY and call_seconds < PROMPTLY
