@@ -83,12 +83,23 @@ async def test_a_50_mb_listing_is_refused_at_once_naming_the_server_and_read_no_
     assert not (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes
 
 
-async def test_a_gzip_bomb_of_a_listing_is_counted_decoded(stub: pb_grpc.AgentRuntimeStub) -> None:
-    async with huge_mcp(pages=[HUGE], gzip=True) as server:
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compression_bomb_of_a_listing_is_counted_decoded(stub: pb_grpc.AgentRuntimeStub, encoding: str) -> None:
+    async with huge_mcp(pages=[HUGE], encoding=encoding) as server:
         error, seconds = await refusal(stub, user_of(server))
         assert "its listing is larger than the limit of 4,194,304 bytes" in the_violation(error).description
         assert seconds < PROMPTLY, seconds
-        assert server.sent["tools/list"] < 1 * MIB  # 50 MB of one letter: 50 KB gzipped
+        assert server.sent["tools/list"] < 1 * MIB  # 50 MB of one letter: 50 KB compressed
+
+
+async def test_a_small_compressed_listing_is_read_and_another_encoding_refused(stub: pb_grpc.AgentRuntimeStub) -> None:
+    async with huge_mcp(encoding="gzip") as server:
+        await create(stub, user_of(server))
+    async with huge_mcp(encoding="br") as server:
+        error, _ = await refusal(stub, user_of(server))
+    assert the_violation(error).description == (
+        "MCP server 'huge' could not be listed: it answered in content encoding 'br', which was not asked for"
+    )
 
 
 async def test_the_pages_of_a_listing_count_together(stub: pb_grpc.AgentRuntimeStub) -> None:

@@ -2,7 +2,7 @@
 streamable HTTP (JSON-RPC over POST, no session) for the SDK's client to initialize, list
 tools and call one. A listing page is one tool whose description is as long as the page
 asks; a call's result is one text of the size asked. Bodies are written in chunks (the
-server never holds one), as JSON or as one SSE event, optionally gzipped; `sent` counts
+server never holds one), as JSON or as one SSE event, optionally compressed; `sent` counts
 what each method got onto the socket before the reader went away."""
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ class HugeMcp(Loopback):
         result_bytes: int = 2,
         *,
         sse: bool = False,
-        gzip: bool = False,
+        encoding: str = "",
         schema: dict[str, Any] | None = None,
         tools_per_page: int = 1,
     ) -> None:
         """`pages`: the description bytes of each listing page's tool (one page of 10 by default);
-        `result_bytes`: a call's text; `schema`: the listed tools' input schema."""
+        `result_bytes`: a call's text; `schema`: the listed tools' input schema; `encoding`: the
+        Content-Encoding of every body (gzip and deflate compress it, anything else only says so)."""
         self.pages = pages or [10]
         self.result_bytes = result_bytes
         self.sse = sse
-        self.gzip = gzip
+        self.encoding = encoding
         self.schema = schema or {"type": "object", "properties": {"q": {"type": "string"}}}
         self.tools_per_page = tools_per_page
         self.sent: Counter[str] = Counter()  # bytes written, by method
@@ -84,13 +85,13 @@ class HugeMcp(Loopback):
 
     async def _answer(self, request: web.Request, method: str, body: Iterator[bytes]) -> web.StreamResponse:
         headers = {"Content-Type": "text/event-stream" if self.sse else "application/json"}
-        if self.gzip:
-            headers["Content-Encoding"] = "gzip"
+        if self.encoding:
+            headers["Content-Encoding"] = self.encoding
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         chunks = _sse(body) if self.sse else body
         try:
-            async for chunk in _gzipped(chunks) if self.gzip else _plain(chunks):
+            async for chunk in _compressed(chunks, self.encoding):
                 await response.write(chunk)
                 self.sent[method] += len(chunk)
             await response.write_eof()
@@ -120,13 +121,12 @@ def _sse(body: Iterator[bytes]) -> Iterator[bytes]:
     yield b"\n\n"
 
 
-async def _plain(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
-
-
-async def _gzipped(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    encoder = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+async def _compressed(chunks: Iterator[bytes], encoding: str) -> AsyncIterator[bytes]:
+    if encoding not in ("gzip", "deflate"):
+        for chunk in chunks:
+            yield chunk
+        return
+    encoder = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
     for chunk in chunks:
         if out := encoder.compress(chunk):
             yield out
