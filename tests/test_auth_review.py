@@ -14,6 +14,7 @@ import time
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime_server.api import jwt_auth
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -110,3 +111,43 @@ async def test_a_jwks_url_whose_connection_resets_mid_answer_is_unavailable(sign
     finally:
         jwks.close()
         await jwks.wait_closed()
+
+
+async def test_a_jwks_url_answering_without_end_is_read_to_a_bound_and_a_deadline(
+    signer: rsa.RSAPrivateKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endless answer is read to 1 MiB; one that drips is given the timeout in all, not per read."""
+    monkeypatch.setattr(jwt_auth, "JWKS_TIMEOUT_SECONDS", 1.0)
+    sent = {"endless": 0, "drip": 0}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        kind = "drip" if b"/drip" in head else "endless"
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"keys": [')
+        try:
+            while sent[kind] < 64 * 1024 * 1024:
+                writer.write(b" " * (1 if kind == "drip" else 64 * 1024))
+                await writer.drain()
+                sent[kind] += 1 if kind == "drip" else 64 * 1024
+                if kind == "drip":
+                    await asyncio.sleep(0.05)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    jwks = await asyncio.start_server(answer, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{jwks.sockets[0].getsockname()[1]}"
+    try:
+        for path in ("/endless", "/drip"):
+            async with serve(auth="jwt", auth_jwks=base + path, auth_issuer=ISSUER, auth_audience=AUDIENCE) as served:
+                started = time.monotonic()
+                call = served.stub.List(pb.ListRequest(runtime_id="x"), metadata=bearer(sign(signer)), timeout=10)
+                error = await refused(call)
+                assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+                assert "cannot fetch its JWKS" in (error.details() or ""), error.details()
+                assert time.monotonic() - started < 3.0
+    finally:
+        jwks.close()
+        await jwks.wait_closed()
+    assert sent["endless"] < 16 * 1024 * 1024  # 1 MiB read, and what the sockets' buffers took

@@ -8,7 +8,6 @@ import json
 import logging
 import signal
 import stat
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.build import agent, create, http_tool, run, spawn, status_details, transcript, wait
 from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.probe import InspectProbe
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
@@ -150,42 +150,6 @@ async def test_1_a_local_ref_is_accepted_and_validates_calls(stub: pb_grpc.Agent
 
 
 # ---- 2. catastrophic regexes run in linear time ----
-
-
-class InspectProbe:
-    """Another client, on its own thread (so it measures wall time even if the server's
-    event loop stalls), that loops Inspect on another runtime and keeps every latency."""
-
-    def __init__(self, address: str, runtime_id: str, handle_id: str) -> None:
-        self.address, self.runtime_id, self.handle_id = address, runtime_id, handle_id
-        self.latencies: list[float] = []
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    async def __aenter__(self) -> InspectProbe:
-        self._thread.start()
-        for _ in range(1000):
-            if self._ready.is_set():
-                return self
-            await asyncio.sleep(0.01)
-        raise AssertionError("the probe did not connect")
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._stop.set()
-        await asyncio.to_thread(self._thread.join, 10)
-
-    def _loop(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            other = pb_grpc.AgentRuntimeStub(channel)
-            request = pb.InspectRequest(runtime_id=self.runtime_id, handle_id=self.handle_id)
-            other.Inspect(request, timeout=10)  # the connection is up before timing starts
-            self._ready.set()
-            while not self._stop.is_set():
-                started = time.monotonic()
-                other.Inspect(request, timeout=10)
-                self.latencies.append(time.monotonic() - started)
-                time.sleep(0.002)
 
 
 async def bystander(stub: pb_grpc.AgentRuntimeStub) -> tuple[str, str]:

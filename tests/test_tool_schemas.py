@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jsonschema
 import pytest
 from agentruntime_server.domain import schemas
 from hypothesis import HealthCheck, given, settings
@@ -115,3 +116,56 @@ def test_values_the_fast_check_cannot_take_are_judged_by_jsonschema() -> None:
     assert numbers.problem({"x": math.nan}) is None  # json.loads reads NaN; jsonschema calls it a number
     assert numbers.problem({"s": "\ud800"}) is None  # a lone surrogate, which Rust strings cannot hold
     assert numbers.problem({"x": "1"}) == "'1' is not of type 'number'"
+
+
+# ---- the schema itself: jsonschema-rs decides what its metaschema allows, jsonschema the rest ----
+
+DIALECTS = [
+    None,
+    "https://json-schema.org/draft/2020-12/schema",
+    "https://json-schema.org/draft/2019-09/schema",
+    "http://json-schema.org/draft-07/schema#",
+    "http://json-schema.org/draft-04/schema#",
+]
+KEYWORDS = [
+    "type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
+    "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "required", "dependentRequired", "dependencies", "enum", "const", "format", "properties", "additionalProperties",
+    "propertyNames", "items", "prefixItems", "additionalItems", "unevaluatedItems", "anyOf", "allOf", "oneOf", "not",
+    "if", "then", "else", "dependentSchemas", "$defs", "definitions", "$ref", "$anchor", "$comment", "title",
+    "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
+]  # fmt: skip
+# Values right for some keywords and wrong for others: the metaschema's verdicts are what is compared.
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(-2, 2),
+    st.sampled_from([*TYPES, "nope", "#", "#/$defs/a", "a"]),
+    st.lists(st.one_of(st.sampled_from([*NAMES, *TYPES]), st.integers(0, 2)), max_size=3),
+)
+
+
+def _any_keywords(subschema: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    value = st.one_of(subschema, ANY_VALUE, st.dictionaries(st.sampled_from(NAMES), subschema, max_size=2))
+    return st.dictionaries(st.sampled_from(KEYWORDS), value, max_size=4)
+
+
+ANY_SCHEMAS = st.recursive(st.one_of(st.booleans(), _any_keywords(st.booleans())), _any_keywords, max_leaves=8)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=ANY_SCHEMAS, dialect=st.sampled_from(DIALECTS))
+def test_what_the_fast_metaschema_check_allows_jsonschema_allows(schema: Any, dialect: str | None) -> None:
+    document = schema if isinstance(schema, dict) else {"not": {"not": schema}}
+    if dialect is not None:
+        document = {**document, "$schema": dialect}
+    if schemas.metaschema_allows(document):
+        jsonschema.validators.validator_for(document, default=jsonschema.Draft202012Validator).check_schema(document)
+
+
+def test_the_fast_metaschema_check_allows_and_refuses() -> None:
+    assert schemas.metaschema_allows(LOOKUP)
+    assert not schemas.metaschema_allows({"type": "object", "properties": {"n": {"type": "integr"}}})
+    with pytest.raises(schemas.SchemaProblem, match=r"not a valid JSON Schema: .*'integr' is not valid under any"):
+        schemas.check({"type": "object", "properties": {"n": {"type": "integr"}}})

@@ -4,8 +4,12 @@ or an http(s) URL fetched in a thread and cached). Imported only in that mode.""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 import logging
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +33,8 @@ JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
 JWT_LEEWAY_SECONDS = 30  # clock skew tolerated on exp, nbf and iat
 JWKS_LIFESPAN_SECONDS = 300.0  # a fetched JWKS is used this long before it is fetched again
 JWKS_COOLDOWN_SECONDS = 30.0  # an unknown `kid` refetches the JWKS at most this often
-JWKS_TIMEOUT_SECONDS = 10.0
+JWKS_TIMEOUT_SECONDS = 10.0  # a fetch's, in all
+MAX_JWKS_BYTES = 1024 * 1024  # of a JWKS URL's answer (a JWKS is a few KiB)
 
 
 def _signing_keys(keys: Sequence[jwt.PyJWK]) -> list[jwt.PyJWK]:
@@ -68,14 +73,44 @@ class FileKeys:
         raise Unauthenticated("the JWT's key ('kid') is not in the JWKS")
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 3xx is an answer that is not a JWKS
+
+
 class _JwksClient(jwt.PyJWKClient):
     """An answer of the JWKS URL that is not a JWKS (an error page served with 200, JSON that is
     not an object) is the server's problem, as a JWKS without keys is: never the token's, nor
-    INTERNAL. A connection broken while reading is one the URL cannot be reached over."""
+    INTERNAL. A connection broken while reading is one the URL cannot be reached over, and so
+    is an answer longer than MAX_JWKS_BYTES or slower than JWKS_TIMEOUT_SECONDS in all (it is
+    read no further). PyJWKClient's own fetch reads the whole answer, however long, and gives
+    each read the timeout, however many there are."""
+
+    def _fetch(self) -> Any:
+        deadline = time.monotonic() + self.timeout
+        request = urllib.request.Request(url=self.uri, headers=self.headers)
+        try:
+            with urllib.request.build_opener(_NoRedirects()).open(request, timeout=self.timeout) as response:
+                chunks: list[bytes] = []
+                size = 0
+                while chunk := response.read1(64 * 1024):  # one read of the socket at most
+                    size += len(chunk)
+                    if size > MAX_JWKS_BYTES:
+                        raise jwt.PyJWKClientConnectionError(f"its answer is longer than {MAX_JWKS_BYTES:,} bytes")
+                    if time.monotonic() > deadline:
+                        raise jwt.PyJWKClientConnectionError(f"its answer took longer than {self.timeout:g} s")
+                    chunks.append(chunk)
+        except (urllib.error.URLError, TimeoutError, http.client.HTTPException) as error:
+            if isinstance(error, urllib.error.HTTPError):
+                error.close()
+            raise jwt.PyJWKClientConnectionError(f"it cannot be read ({error})") from None
+        document = json.loads(b"".join(chunks))
+        self._last_successful_fetch = time.monotonic()  # PyJWKClient's cooldown counts from here
+        return self._as_jwk_set_payload(document)  # PyJWKClient.get_jwk_set caches what this returns
 
     def fetch_data(self) -> Any:
         try:
-            return super().fetch_data()
+            return self._fetch()
         except jwt.PyJWKClientConnectionError:
             raise
         except OSError as error:

@@ -27,6 +27,11 @@ MAX_PATTERN_CHARS = 1024  # completion.must_match and every schema pattern
 MAX_URL_CHARS = 2048
 MAX_HEADERS = 32
 MAX_MCP_SERVERS = 8  # per agent
+# What a runtime keeps of its MCP servers' listings, over all its agents (descriptions, and
+# schemas as JSON): as much as a CreateRuntime request holds by default, so listings do not
+# make a runtime's definitions larger than a caller could send them (each listing is also read
+# to 4 MiB at most: tools/mcp_limits.py).
+MAX_LISTED_BYTES = 4 * MIB
 MAX_HEADER_NAME_CHARS = 128
 MAX_HEADER_VALUE_BYTES = 8 * KIB
 MAX_TOOL_TIMEOUT = 600.0  # seconds

@@ -6,9 +6,11 @@ created with, whatever the server lists later."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from typing import Any
 
-from . import limits
+from . import limits, schemas
 from .errors import FieldViolation, shown
 from .model import AgentSpec, McpExecutor, McpServerSpec, ToolSpec
 from .ports import McpClient, McpError, McpTool
@@ -19,9 +21,13 @@ SEPARATOR = "__"
 
 async def with_mcp_tools(agents: Sequence[AgentSpec], client: McpClient) -> tuple[tuple[AgentSpec, ...], list[FieldViolation]]:
     """The agents with their MCP servers' tools, and what was wrong (a server that could not
-    be listed, an allowed tool it does not list, a tool whose name cannot be prefixed)."""
+    be listed, an allowed tool it does not list, a tool whose name cannot be prefixed or whose
+    schema an AgentDef could not have, more tools than an agent may have, more bytes of tools
+    than a runtime may keep from its MCP servers). check_agents runs again over the result:
+    every listed tool is held to what an AgentDef's is."""
     found: list[FieldViolation] = []
     expanded = []
+    kept = 0  # bytes of the listed tools kept, over every agent
     for index, agent in enumerate(agents):
         added: list[ToolSpec] = []
         for number, server in enumerate(agent.mcp_servers):
@@ -31,7 +37,28 @@ async def with_mcp_tools(agents: Sequence[AgentSpec], client: McpClient) -> tupl
             except McpError as error:
                 found.append(FieldViolation(where, f"MCP server {server.name!r} could not be listed: {error}"))
                 continue
-            added.extend(_tools_of(server, listed, where, found))
+            tools = _tools_of(server, listed, where, found)
+            if len(agent.tools) + len(added) + len(tools) > limits.MAX_TOOLS_PER_AGENT:
+                found.append(
+                    FieldViolation(
+                        where,
+                        f"MCP server {server.name!r} gives {len(tools)} tools, more than the agent's limit of "
+                        f"{limits.MAX_TOOLS_PER_AGENT} with its other tools: name the ones to use in allowed_tools",
+                    )
+                )
+            added.extend(tools)
+            kept += sum(len(tool.description.encode()) + _json_size(tool.input_schema) for tool in tools)
+            if kept > limits.MAX_LISTED_BYTES:
+                # Nothing more is listed: the runtime is refused whatever the other servers say.
+                found.append(
+                    FieldViolation(
+                        where,
+                        f"with MCP server {server.name!r}, the tools MCP servers give this runtime come to more than "
+                        f"{limits.MAX_LISTED_BYTES:,} bytes (descriptions, and input schemas as JSON): "
+                        "name the ones to use in allowed_tools",
+                    )
+                )
+                return tuple(agents), found
         expanded.append(dataclasses.replace(agent, tools=agent.tools + tuple(added)) if added else agent)
     return tuple(expanded), found
 
@@ -56,7 +83,24 @@ def _tools_of(server: McpServerSpec, listed: list[McpTool], where: str, found: l
                 )
             )
             continue
+        try:
+            schemas.check(tool.input_schema)  # as an AgentDef's tool schema, here to name the tool
+        except schemas.SchemaProblem as problem:
+            found.append(
+                FieldViolation(
+                    where,
+                    f"tool {shown(tool.name)} of MCP server {server.name!r}: its input schema {problem}: "
+                    "leave it out with allowed_tools",
+                )
+            )
+            continue
+        # A description is prose for the model: cut to the bound an AgentDef's is held to.
         description = tool.description.encode()[: limits.MAX_DESCRIPTION_BYTES].decode(errors="ignore")
         executor = McpExecutor(server.name, server.url, tool.name, dict(server.headers), server.timeout)
         tools.append(ToolSpec(name=name, description=description, input_schema=tool.input_schema, executor=executor))
     return tools
+
+
+def _json_size(value: Any) -> int:
+    """Bytes as compact JSON (ASCII: non-ASCII is escaped), as schemas.check counts them."""
+    return len(json.dumps(value, separators=(",", ":")))

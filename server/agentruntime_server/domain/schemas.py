@@ -203,8 +203,10 @@ def check(schema: dict[str, Any]) -> None:
             uses["unevaluatedProperties"] = True
     if all(uses.values()):
         raise SchemaProblem("unevaluatedProperties together with patternProperties is not supported")
+    dialect = _dialect(schema)
     try:
-        _dialect(schema).check_schema(schema)
+        if not metaschema_allows(schema):
+            dialect.check_schema(schema)  # its verdict, and its message
     except jsonschema.exceptions.SchemaError as exc:
         raise SchemaProblem(f"not a valid JSON Schema: {_cut(exc.message, 200)}") from None
     if schema.get("type") != "object":
@@ -226,6 +228,18 @@ def check(schema: dict[str, Any]) -> None:
         raise SchemaProblem("refers to itself without end (a $ref cycle that never reaches a keyword)") from None
     except referencing.exceptions.Unresolvable as exc:
         raise SchemaProblem(f"has a reference that does not resolve inside the schema: {_cut(str(exc), 200)}") from None
+
+
+def metaschema_allows(schema: dict[str, Any]) -> bool:
+    """Whether jsonschema-rs finds the schema valid against its dialect's metaschema: 1-2 ms
+    for a 60 KiB schema where jsonschema's check_schema takes 300-500 ms (7 ms for ten plain
+    properties: 0.6 s of the event loop for an MCP server's 90 tools). What it allows, jsonschema
+    allows too (tests/test_tool_schemas.py holds them to it), but for `regex` formats, which
+    jsonschema checks with Python's `re` and RE2 has judged already (_check_pattern)."""
+    try:
+        return bool(jsonschema_rs.meta.is_valid(schema))
+    except Exception:  # a value it cannot take (an integer past 64 bits): jsonschema judges
+        return False
 
 
 def _check_pattern(pattern: str) -> None:

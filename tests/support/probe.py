@@ -1,0 +1,49 @@
+"""A bystander's latency: another client, on its own thread (so it measures wall time even if
+the server's event loop stalls), that loops Inspect on another runtime and keeps every latency."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+
+class InspectProbe:
+    """`metadata`: the bystander's credentials, if the server asks for any."""
+
+    def __init__(self, address: str, runtime_id: str, handle_id: str, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        self.address, self.runtime_id, self.handle_id = address, runtime_id, handle_id
+        self.metadata = tuple(metadata)
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    async def __aenter__(self) -> InspectProbe:
+        self._thread.start()
+        for _ in range(1000):
+            if self._ready.is_set():
+                return self
+            await asyncio.sleep(0.01)
+        raise AssertionError("the probe did not connect")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 10)
+
+    def _loop(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            other = pb_grpc.AgentRuntimeStub(channel)
+            request = pb.InspectRequest(runtime_id=self.runtime_id, handle_id=self.handle_id)
+            other.Inspect(request, metadata=self.metadata, timeout=10)  # the connection is up before timing starts
+            self._ready.set()
+            while not self._stop.is_set():
+                started = time.monotonic()
+                other.Inspect(request, metadata=self.metadata, timeout=10)
+                self.latencies.append(time.monotonic() - started)
+                time.sleep(0.002)
