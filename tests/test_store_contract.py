@@ -82,6 +82,7 @@ from agentruntime_server.domain.ports import Store
 from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
+from agentruntime_server.store.payloads import definitions_json, encode
 from agentruntime_server.store.postgres import PostgresStore
 from agentruntime_server.store.sqlite import SqliteStore
 
@@ -448,6 +449,31 @@ async def test_stores_on_one_place_creating_at_once_keep_the_quota(backend: Back
     assert all(outcome is None or isinstance(outcome, QuotaExceeded) for outcome in outcomes), outcomes
     assert sum(outcome is None for outcome in outcomes) == 5
     assert await first.count_runtimes("acme") == await second.count_runtimes("acme") == 5
+
+
+async def test_a_tenants_bytes_are_its_runtimes_definitions_and_steps(backend: Backend) -> None:
+    """What the store-bytes quota reads: per tenant, each runtime's definitions (their JSON) and
+    its steps (their payloads), kept as they are appended, the same figure on every backend."""
+    store = backend.open()
+    assert await store.tenant_bytes("default") == 0
+    tee = Tee(store)
+    await (await created(tee, "rt-1")).run()  # every step kind, over many commits
+    first = [entry(1, Configured(RuntimeOptions(inbox_capacity=10)))]
+    later = [entry(2, Spawned(SPARE, "", "worker", Budget(), "", 1)), entry(3, Posted(SPARE, InboxItem("x" * 5000, "ops", "al")))]
+    await store.create_runtime("acme:rt-1", AGENTS, "acme", first)
+    await store.append("acme:rt-1", later)
+    await store.flush()
+    definitions = len(definitions_json(AGENTS))
+    ours = definitions + sum(len(encode(e.step)) for e in tee.appended["rt-1"])
+    theirs = definitions + sum(len(encode(e.step)) for e in first + later)
+    assert theirs > definitions + 5000
+    assert (await store.tenant_bytes("default"), await store.tenant_bytes("acme")) == (ours, theirs)
+    assert await store.tenant_bytes("nobody") == 0
+    if store.durable:
+        assert await backend.open().tenant_bytes("acme") == theirs  # kept, not counted in memory
+    await store.create_runtime("acme:rt-2", AGENTS, "acme")
+    await store.delete_runtime("acme:rt-1")
+    assert (await store.tenant_bytes("default"), await store.tenant_bytes("acme")) == (ours, definitions)
 
 
 # ---- the journal -------------------------------------------------------------------------
@@ -823,9 +849,11 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
             "legacy-done": {COORDINATOR: (200, 220, HandleState.IDLE), WORKER: (20, 20, HandleState.IDLE)},
         }
         trees = {}
+        taken = 0  # what the runtimes take in the store, their steps encoded as this server encodes them
         for runtime_id, handles in expected.items():
             loaded = await store.load(runtime_id)
             assert loaded is not None
+            taken += len(definitions_json(loaded.agents)) + sum(len(encode(e.step)) for e in loaded.entries)
             assert [a.name for a in loaded.agents] == ["coordinator", "worker"]
             kinds = {type(e.step) for e in loaded.entries}
             assert {Spawned, Imported, EventsImported} <= kinds
@@ -848,6 +876,8 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
         later = await store.entries_after_event("legacy-done", 27)
         assert later == []
         assert await store.runtimes_with_running_handles() == []
+        # The store-bytes quota counts what the migrated runtimes take (their steps as stored then).
+        assert 0.8 * taken < await store.tenant_bytes("default") < 1.2 * taken, taken
     finally:
         await store.close()
     # The migrated store goes on like any other: a reopened store reads the same.

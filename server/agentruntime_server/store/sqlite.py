@@ -27,7 +27,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
 from .migrations import migrate
-from .payloads import Row, grouped, journal_rows, ungrouped
+from .payloads import Row, definitions_json, grouped, journal_rows, payload_bytes, ungrouped
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
@@ -36,7 +36,7 @@ _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _TOUCH = (
     "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
     "running_handles = coalesce(?, running_handles), suspended_handles = coalesce(?, suspended_handles), "
-    "updated_at = ? WHERE id = ?"
+    "bytes = bytes + ?, updated_at = ? WHERE id = ?"
 )
 _UNCHANGED = (None, None, None)
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
@@ -59,6 +59,7 @@ class SqliteStore:
         self._running: dict[str, bool] = {}
         self._counts: dict[str, tuple[int, int, int]] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
+        self._grown: dict[str, int] = {}  # runtime -> the payload bytes appended this tick
         self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
         self._commit_due = False
         self._commit_asked = self._last_commit = 0.0
@@ -119,18 +120,21 @@ class SqliteStore:
             raise self._broken.with_traceback(None)
         try:
             if self._rows or self._running or self._tokens:
-                rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
-                self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
+                rows, running, counts, touched, grown = self._rows, self._running, self._counts, self._touched, self._grown
+                self._rows, self._running, self._counts, self._touched, self._grown = [], {}, {}, set(), {}
                 tokens, self._tokens = self._tokens, {}
                 self._last_commit = time.monotonic()  # the pace spaces transactions, not reads that found nothing to write
                 now = time.time()
                 with self._transaction() as db:
                     db.executemany(_APPEND, grouped(rows))
-                    # One statement per runtime written: its last write, and what changed of its
-                    # running flag and handle counts (NULL: unchanged).
+                    # One statement per runtime written: its last write, its growth, and what changed
+                    # of its running flag and handle counts (NULL: unchanged).
                     db.executemany(
                         _TOUCH,
-                        [(running.get(key), *counts.get(key, _UNCHANGED), now, key) for key in touched | running.keys()],
+                        [
+                            (running.get(key), *counts.get(key, _UNCHANGED), grown.get(key, 0), now, key)
+                            for key in touched | running.keys()
+                        ],
                     )
                     db.executemany(
                         "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
@@ -190,9 +194,10 @@ class SqliteStore:
             if quota and db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
                 raise runtimes_quota_reached(tenant, quota)
             try:
+                definitions = definitions_json(agents)
                 db.execute(
-                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
-                    (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
+                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
+                    (runtime_id, definitions, now, tenant, now, len(definitions) + payload_bytes(rows)),
                 )
             except sqlite3.IntegrityError:
                 raise RuntimeExists(runtime_id) from None
@@ -224,6 +229,7 @@ class SqliteStore:
         # All or nothing, and checked here: a group commit writes every runtime's rows at once,
         # so nothing that reaches it may fail.
         self._rows.extend(rows)
+        self._grown[runtime_id] = self._grown.get(runtime_id, 0) + payload_bytes(rows)
         if running is not None:
             self._running[runtime_id] = running
         if counts is not None:
@@ -286,6 +292,11 @@ class SqliteStore:
     async def count_runtimes(self, tenant: str) -> int:
         count: int = self._db.execute(_COUNT, (tenant,)).fetchone()[0]
         return count
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        # The covering index (tenant, bytes): no runtime's row (with its definitions) is read.
+        used: int = self._db.execute("SELECT coalesce(sum(bytes), 0) FROM runtimes WHERE tenant = ?", (tenant,)).fetchone()[0]
+        return used
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
