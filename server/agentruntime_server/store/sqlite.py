@@ -27,7 +27,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
 from .migrations import migrate
-from .payloads import Row, definitions_json, grouped, journal_rows, payload_bytes, ungrouped
+from .payloads import Row, definitions_json, grouped, journal_rows, ungrouped
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
@@ -59,7 +59,6 @@ class SqliteStore:
         self._running: dict[str, bool] = {}
         self._counts: dict[str, tuple[int, int, int]] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
-        self._grown: dict[str, int] = {}  # runtime -> the payload bytes appended this tick
         self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
         self._commit_due = False
         self._commit_asked = self._last_commit = 0.0
@@ -120,13 +119,15 @@ class SqliteStore:
             raise self._broken.with_traceback(None)
         try:
             if self._rows or self._running or self._tokens:
-                rows, running, counts, touched, grown = self._rows, self._running, self._counts, self._touched, self._grown
-                self._rows, self._running, self._counts, self._touched, self._grown = [], {}, {}, set(), {}
+                rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
+                self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
                 tokens, self._tokens = self._tokens, {}
                 self._last_commit = time.monotonic()  # the pace spaces transactions, not reads that found nothing to write
                 now = time.time()
+                groups = grouped(rows)
+                grown = {group[0]: len(group[5]) for group in groups}  # one group a runtime: the bytes it adds
                 with self._transaction() as db:
-                    db.executemany(_APPEND, grouped(rows))
+                    db.executemany(_APPEND, groups)
                     # One statement per runtime written: its last write, its growth, and what changed
                     # of its running flag and handle counts (NULL: unchanged).
                     db.executemany(
@@ -187,7 +188,7 @@ class SqliteStore:
         entries: Sequence[Entry] = (),
         quota: int = 0,
     ) -> None:
-        rows, _ = journal_rows(runtime_id, 1, entries)
+        groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         now = time.time()
         # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
         with self._transaction() as db:
@@ -197,7 +198,7 @@ class SqliteStore:
                 definitions = definitions_json(agents)
                 db.execute(
                     "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
-                    (runtime_id, definitions, now, tenant, now, len(definitions) + payload_bytes(rows)),
+                    (runtime_id, definitions, now, tenant, now, len(definitions) + sum(len(group[5]) for group in groups)),
                 )
             except sqlite3.IntegrityError:
                 raise RuntimeExists(runtime_id) from None
@@ -205,7 +206,7 @@ class SqliteStore:
             # row was deleted without them (by hand, or by another process on the file while
             # this one appended). The new runtime must not inherit their seqs and handles.
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-            db.executemany(_APPEND, grouped(rows))
+            db.executemany(_APPEND, groups)
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -229,7 +230,6 @@ class SqliteStore:
         # All or nothing, and checked here: a group commit writes every runtime's rows at once,
         # so nothing that reaches it may fail.
         self._rows.extend(rows)
-        self._grown[runtime_id] = self._grown.get(runtime_id, 0) + payload_bytes(rows)
         if running is not None:
             self._running[runtime_id] = running
         if counts is not None:
