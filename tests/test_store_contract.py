@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.errors import AlreadyExists
@@ -83,6 +84,7 @@ from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
 from agentruntime_server.store.payloads import definitions_json, encode
+from agentruntime_server.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
 from agentruntime_server.store.postgres import PostgresStore
 from agentruntime_server.store.sqlite import SqliteStore
 
@@ -894,6 +896,37 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
         assert figures(rebuilt("legacy-done", loaded.agents, loaded.entries)) == figures(trees["legacy-done"])
     finally:
         await again.close()
+
+
+async def test_a_postgres_store_of_an_earlier_schema_counts_what_its_runtimes_take_once_migrated(database: str) -> None:
+    """Migration 3 counts each runtime's definitions and steps, as every later append does."""
+    connection = await asyncpg.connect(database)
+    try:
+        await connection.execute("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (2)")
+        for script in PG_MIGRATIONS[:2]:
+            await connection.execute(script)
+        definitions = definitions_json(AGENTS)
+        for runtime_id, tenant in (("acme:rt", "acme"), ("bolt:rt", "bolt")):
+            await connection.execute(
+                "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES ($1, $2, 1, $3, 1)",
+                runtime_id,
+                definitions.decode(),
+                tenant,
+            )
+        steps = [encode(Spawned(SPARE, "", "worker", Budget(), "", 1)), encode(Posted(SPARE, InboxItem("x" * 900, "c", "s")))]
+        for seq, step in enumerate(steps, start=1):
+            await connection.execute("INSERT INTO journal VALUES ('acme:rt', $1, 1, $1, $1, $2)", seq, step)
+    finally:
+        await connection.close()
+    store = PostgresStore(database)
+    try:
+        assert await store.tenant_bytes("acme") == len(definitions) + sum(map(len, steps))
+        assert await store.tenant_bytes("bolt") == len(definitions)
+        await store.append("acme:rt", [entry(3, Closed(SPARE))])
+        await store.flush()
+        assert await store.tenant_bytes("acme") == len(definitions) + sum(map(len, steps)) + len(encode(Closed(SPARE)))
+    finally:
+        await store.close()
 
 
 # ---- a server on PostgreSQL ---------------------------------------------------------------
