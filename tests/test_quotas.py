@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.quotas import Quotas
@@ -391,9 +393,19 @@ def test_quotas_default_to_none_without_auth_and_to_a_shared_servers_with_it() -
     assert Settings(quota_store_bytes=5).quota("store_bytes") == 5
 
 
-async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_overrides_them_per_tenant(tmp_path: Path) -> None:
+async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_overrides_them_per_tenant(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     tokens = tmp_path / "tokens.json"
     write_tokens(tokens, {"acme": {"handles_per_minute": 3, "running_handles": 0}})
+    with caplog.at_level(logging.INFO, logger="agentruntime"):
+        async with serve(auth="tokens", auth_tokens_file=str(tokens)):
+            pass
+    said = [record.getMessage() for record in caplog.records if "quotas per tenant" in record.getMessage()]
+    assert said == [
+        "quotas per tenant (the tokens file may set a tenant's own): runtimes 1000, running handles 64, "
+        "tokens per day none, handles per minute 600, store bytes 1073741824"
+    ]
     async with serve(auth="tokens", auth_tokens_file=str(tokens)) as served:
         assert served.running.service.services.quotas == Quotas(**SHARED_QUOTAS)
         acme, globex = Caller(served.stub, ACME), Caller(served.stub, GLOBEX)

@@ -254,6 +254,8 @@ def build_service(
         workers=workers or WorkerPool(),
         mcp=McpTools(EgressPolicy(settings.tool_egress_allow, settings.tool_egress_deny), settings.max_text_bytes),
     )
+    quotas = ", ".join(f"{name.replace('_', ' ')} {value or 'none'}" for name, value in vars(services.quotas).items())
+    log.info("quotas per tenant (the tokens file may set a tenant's own): %s", quotas)
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 
 
