@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.errors import AlreadyExists
@@ -82,6 +83,8 @@ from agentruntime_server.domain.ports import Store
 from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
+from agentruntime_server.store.payloads import definitions_json, encode
+from agentruntime_server.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
 from agentruntime_server.store.postgres import PostgresStore
 from agentruntime_server.store.sqlite import SqliteStore
 
@@ -448,6 +451,37 @@ async def test_stores_on_one_place_creating_at_once_keep_the_quota(backend: Back
     assert all(outcome is None or isinstance(outcome, QuotaExceeded) for outcome in outcomes), outcomes
     assert sum(outcome is None for outcome in outcomes) == 5
     assert await first.count_runtimes("acme") == await second.count_runtimes("acme") == 5
+
+
+async def test_a_tenants_bytes_are_its_runtimes_definitions_and_steps(backend: Backend) -> None:
+    """What the store-bytes quota reads: per tenant, each runtime's definitions (their JSON) and
+    its steps (their payloads, and the few bytes a backend frames each in: SQLite's group
+    rows), kept as they are appended and deleted with the runtime."""
+    store = backend.open()
+    assert await store.tenant_bytes("default") == 0
+    tee = Tee(store)
+    await (await created(tee, "rt-1")).run()  # every step kind, over many commits
+    first = [entry(1, Configured(RuntimeOptions(inbox_capacity=10)))]
+    later = [entry(2, Spawned(SPARE, "", "worker", Budget(), "", 1)), entry(3, Posted(SPARE, InboxItem("x" * 5000, "ops", "al")))]
+    await store.create_runtime("acme:rt-1", AGENTS, "acme", first)
+    await store.append("acme:rt-1", later)
+    await store.flush()
+    definitions = len(definitions_json(AGENTS))
+
+    def taken(entries: Sequence[Entry]) -> tuple[int, int]:
+        """At least the definitions and the steps; at most 64 bytes more a step."""
+        steps = definitions + sum(len(encode(e.step)) for e in entries)
+        return steps, steps + 64 * len(entries)
+
+    ours, theirs = await store.tenant_bytes("default"), await store.tenant_bytes("acme")
+    assert taken(tee.appended["rt-1"])[0] <= ours <= taken(tee.appended["rt-1"])[1]
+    assert taken(first + later)[0] <= theirs <= taken(first + later)[1]
+    assert await store.tenant_bytes("nobody") == 0
+    if store.durable:
+        assert await backend.open().tenant_bytes("acme") == theirs  # kept, not counted in memory
+    await store.create_runtime("acme:rt-2", AGENTS, "acme")
+    await store.delete_runtime("acme:rt-1")
+    assert (await store.tenant_bytes("default"), await store.tenant_bytes("acme")) == (ours, definitions)
 
 
 # ---- the journal -------------------------------------------------------------------------
@@ -823,9 +857,11 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
             "legacy-done": {COORDINATOR: (200, 220, HandleState.IDLE), WORKER: (20, 20, HandleState.IDLE)},
         }
         trees = {}
+        taken = 0  # what the runtimes take in the store, their steps encoded as this server encodes them
         for runtime_id, handles in expected.items():
             loaded = await store.load(runtime_id)
             assert loaded is not None
+            taken += len(definitions_json(loaded.agents)) + sum(len(encode(e.step)) for e in loaded.entries)
             assert [a.name for a in loaded.agents] == ["coordinator", "worker"]
             kinds = {type(e.step) for e in loaded.entries}
             assert {Spawned, Imported, EventsImported} <= kinds
@@ -848,6 +884,8 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
         later = await store.entries_after_event("legacy-done", 27)
         assert later == []
         assert await store.runtimes_with_running_handles() == []
+        # The store-bytes quota counts what the migrated runtimes take (their steps as stored then).
+        assert 0.8 * taken < await store.tenant_bytes("default") < 1.2 * taken, taken
     finally:
         await store.close()
     # The migrated store goes on like any other: a reopened store reads the same.
@@ -858,6 +896,37 @@ async def test_a_release_store_opens_migrated_and_replays(tmp_path: Path) -> Non
         assert figures(rebuilt("legacy-done", loaded.agents, loaded.entries)) == figures(trees["legacy-done"])
     finally:
         await again.close()
+
+
+async def test_a_postgres_store_of_an_earlier_schema_counts_what_its_runtimes_take_once_migrated(database: str) -> None:
+    """Migration 3 counts each runtime's definitions and steps, as every later append does."""
+    connection = await asyncpg.connect(database)
+    try:
+        await connection.execute("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (2)")
+        for script in PG_MIGRATIONS[:2]:
+            await connection.execute(script)
+        definitions = definitions_json(AGENTS)
+        for runtime_id, tenant in (("acme:rt", "acme"), ("bolt:rt", "bolt")):
+            await connection.execute(
+                "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES ($1, $2, 1, $3, 1)",
+                runtime_id,
+                definitions.decode(),
+                tenant,
+            )
+        steps = [encode(Spawned(SPARE, "", "worker", Budget(), "", 1)), encode(Posted(SPARE, InboxItem("x" * 900, "c", "s")))]
+        for seq, step in enumerate(steps, start=1):
+            await connection.execute("INSERT INTO journal VALUES ('acme:rt', $1, 1, $1, $1, $2)", seq, step)
+    finally:
+        await connection.close()
+    store = PostgresStore(database)
+    try:
+        assert await store.tenant_bytes("acme") == len(definitions) + sum(map(len, steps))
+        assert await store.tenant_bytes("bolt") == len(definitions)
+        await store.append("acme:rt", [entry(3, Closed(SPARE))])
+        await store.flush()
+        assert await store.tenant_bytes("acme") == len(definitions) + sum(map(len, steps)) + len(encode(Closed(SPARE)))
+    finally:
+        await store.close()
 
 
 # ---- a server on PostgreSQL ---------------------------------------------------------------

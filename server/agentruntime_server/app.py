@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import grpc
@@ -241,11 +241,7 @@ def build_service(
         http_tools=tools,
         store=store,
         inbox_capacity=settings.inbox_capacity,
-        quotas=Quotas(
-            runtimes=settings.quota_runtimes,
-            running_handles=settings.quota_running_handles,
-            tokens_per_day=settings.quota_tokens_per_day,
-        ),
+        quotas=Quotas(**{quota.name: settings.quota(quota.name) for quota in fields(Quotas)}),
         limits=Limits(
             max_text_bytes=settings.max_text_bytes,
             max_inbox_bytes=settings.max_inbox_bytes,
@@ -259,6 +255,8 @@ def build_service(
         mcp=McpTools(tools.policy, settings.max_text_bytes),
         egress=tools.policy,
     )
+    quotas = ", ".join(f"{name.replace('_', ' ')} {value or 'none'}" for name, value in vars(services.quotas).items())
+    log.info("quotas per tenant (the tokens file may set a tenant's own): %s", quotas)
     return RuntimeService(services, cache_size=settings.runtime_cache, quotas_for=authenticator.quotas_for)
 
 

@@ -13,6 +13,17 @@ from .event_loop import DEFAULT_LOOP, EventLoopKind
 KIB = 1024
 MIB = 1024 * KIB
 
+# A shared server's quotas per tenant (AUTH=tokens or jwt) when AGENTRUNTIME_QUOTA_* leaves
+# them unset; with AUTH=none (one trusted caller) none is set. The tokens file overrides them
+# per tenant.
+SHARED_QUOTAS = {
+    "runtimes": 1000,
+    "running_handles": 64,
+    "handles_per_minute": 600,
+    "store_bytes": 1 << 30,  # 1 GiB
+    "tokens_per_day": 0,  # what a model costs is the operator's to bound
+}
+
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
 
 
@@ -93,10 +104,18 @@ class Settings(BaseSettings):
         1 * MIB, ge=64 * KIB, le=2 * MIB, description="largest model API reply body; a larger one is a provider fault"
     )
     max_handles: int = Field(10_000, ge=1, description="handles one runtime may have; past it Spawn and task are refused")
-    # ---- tenants: quotas (0: none) and retention ----
-    quota_runtimes: int = Field(0, ge=0, description="runtimes one tenant may keep (DeleteRuntime frees one)")
-    quota_running_handles: int = Field(0, ge=0, description="handles of one tenant running at once (checked at Wake)")
-    quota_tokens_per_day: int = Field(0, ge=0, description="model tokens one tenant may spend in any 24 hours")
+    # ---- tenants: quotas (0: none; unset: the mode's default, SHARED_QUOTAS with AUTH on) and retention ----
+    quota_runtimes: int | None = Field(None, ge=0, description="runtimes one tenant may keep (DeleteRuntime frees one)")
+    quota_running_handles: int | None = Field(
+        None, ge=0, description="handles of one tenant working at once, delegated children included (the rest QUEUED)"
+    )
+    quota_handles_per_minute: int | None = Field(
+        None, ge=0, description="handles one tenant may create in any minute (Spawn and task delegation)"
+    )
+    quota_store_bytes: int | None = Field(
+        None, ge=0, description="bytes one tenant's runtimes may take in the store (definitions and journals)"
+    )
+    quota_tokens_per_day: int | None = Field(None, ge=0, description="model tokens one tenant may spend in any 24 hours")
     retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
     # The built-in ranges (tools/egress.py) apply whatever these say; README: "Limits and hardening".
     tool_egress_allow: list[str] = Field(
@@ -187,6 +206,13 @@ class Settings(BaseSettings):
         if self.default_name not in known:
             raise ValueError(f"AGENTRUNTIME_DEFAULT_PROVIDER {self.default_name!r} is not a provider; known: {sorted(known)}")
         return self
+
+    def quota(self, name: str) -> int:
+        """A quota of every tenant (0: none): as set, or unset, the mode's default."""
+        value: int | None = getattr(self, f"quota_{name}")
+        if value is not None:
+            return value
+        return SHARED_QUOTAS.get(name, 0) if self.auth != "none" else 0
 
     @property
     def default_name(self) -> str:

@@ -208,7 +208,7 @@ class TokenTable:
 
 
 ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name", "quotas"})
-QUOTA_KEYS = frozenset({"runtimes", "running_handles", "tokens_per_day"})
+QUOTA_KEYS = frozenset({"runtimes", "running_handles", "handles_per_minute", "store_bytes", "tokens_per_day"})
 
 
 def json_file(data: bytes) -> Any:

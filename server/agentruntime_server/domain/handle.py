@@ -11,6 +11,7 @@ import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .model import (
     AgentSpec,
@@ -29,6 +30,9 @@ from .model import (
 )
 from .usage import Usage
 
+if TYPE_CHECKING:
+    from .quotas import RunningSlot
+
 NONE: frozenset[str] = frozenset()
 
 
@@ -39,6 +43,10 @@ class FifoGate:
         self.capacity = capacity
         self.held = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
 
     @property
     def would_wait(self) -> bool:
@@ -60,12 +68,21 @@ class FifoGate:
             raise
 
     def release(self) -> None:
-        while self._waiters:
+        while self.held <= self.capacity and self._waiters:  # past a lowered capacity, a slot goes
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot passes to the waiter: `held` is unchanged
                 return
         self.held -= 1
+
+    def resize(self, capacity: int) -> None:
+        """A new capacity (a quota changed): raised, the waiters it makes room for go in now."""
+        self.capacity = capacity
+        while self.held < self.capacity and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.held += 1
+                waiter.set_result(None)
 
 
 @dataclass
@@ -91,6 +108,7 @@ class Run:
     # the task. Either way the handle would be left RUNNING, and a Wait on it cancelled.
     started: bool = False
     settling: bool = False
+    slot: RunningSlot | None = None  # its hold on a running slot of its tenant's quota, if the tenant has one
 
 
 class Handle:
@@ -323,7 +341,7 @@ class Handle:
     def set_budget(self, budget: Budget) -> None:
         self.budget = budget
         if budget.max_concurrent and self.gate is not None:
-            self.gate.capacity = budget.max_concurrent
+            self.gate.resize(budget.max_concurrent)
         elif budget.max_concurrent:
             self.gate = FifoGate(budget.max_concurrent)
 

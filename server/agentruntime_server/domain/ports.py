@@ -275,6 +275,13 @@ class Store(Protocol):
 
     async def count_runtimes(self, tenant: str) -> int: ...
 
+    async def tenant_bytes(self, tenant: str) -> int:
+        """The bytes the tenant's runtimes take in the store: each one's definitions (their JSON)
+        plus its journal's steps (their payloads, store/payloads.py, and whatever framing the
+        backend stores them in: SQLite's group rows), as of the last flush, or later. Cheap:
+        kept per runtime as it grows, never summed over a journal."""
+        ...
+
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         """A tenant's model tokens, counted in a minute (written with the tick's journal)."""
         ...

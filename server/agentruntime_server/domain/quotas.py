@@ -1,18 +1,24 @@
-"""Per-tenant quotas: live runtimes, running handles, model tokens per rolling day.
+"""Per-tenant quotas: live runtimes, running handles, handles created per minute, bytes in
+the store, model tokens per rolling day.
 
 The edge authenticates the tenant; these count what each tenant uses. Token spend is kept
-per minute for the last day, in memory and in the store (so a restart forgets nothing)."""
+per minute for the last day, in memory and in the store (so a restart forgets nothing).
+Running slots and the handles created in the last minute are counted in memory, per process."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import ResourceExhausted
+from .handle import FifoGate
 
 DAY_MINUTES = 24 * 60
+MINUTE = 60.0
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,8 @@ class Quotas:
     runtimes: int = 0
     running_handles: int = 0
     tokens_per_day: int = 0
+    handles_per_minute: int = 0
+    store_bytes: int = 0
 
 
 class QuotaExceeded(ResourceExhausted):
@@ -39,11 +47,41 @@ def runtimes_quota_reached(tenant: str, quota: int) -> QuotaExceeded:
     )
 
 
+def handles_per_minute_reached(tenant: str, quota: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant,
+        "handles_per_minute",
+        f"tenant {tenant!r} created {quota} handles in the last minute, its quota "
+        "(AGENTRUNTIME_QUOTA_HANDLES_PER_MINUTE); spawn again later",
+    )
+
+
+def store_bytes_reached(tenant: str, used: int, quota: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant,
+        "store_bytes",
+        f"tenant {tenant!r} has {used:,} bytes in the store, at or past its quota of {quota:,} "
+        "(AGENTRUNTIME_QUOTA_STORE_BYTES); DeleteRuntime what it no longer needs",
+    )
+
+
 class Tenancy(Protocol):
     """What a runtime asks of the service about its tenant's quotas."""
 
     def check_running(self, tenant: str) -> None:
         """Raises QuotaExceeded when the tenant may not start another run now."""
+        ...
+
+    def running_gate(self, tenant: str) -> FifoGate | None:
+        """The tenant's running slots (its running-handles quota); None: no quota."""
+        ...
+
+    def count_spawn(self, tenant: str) -> None:
+        """Counts a handle about to be created; QuotaExceeded past the tenant's handles per minute."""
+        ...
+
+    async def check_store(self, tenant: str) -> None:
+        """Raises QuotaExceeded when the tenant's runtimes fill its share of the store."""
         ...
 
     async def tokens_left(self, tenant: str) -> int | None:
@@ -82,3 +120,79 @@ class TokenLedger:
         while buckets and buckets[0][0] <= oldest:
             self._totals[tenant] -= buckets.popleft()[1]
         return self._totals.get(tenant, 0)
+
+
+class SpawnWindow:
+    """Handles created per tenant in the last minute (a rolling window): the times of the
+    latest ones, never more than the quota of them."""
+
+    def __init__(self) -> None:
+        self._times: dict[str, deque[float]] = {}
+
+    def admit(self, tenant: str, quota: int) -> bool:
+        """Counts one more unless `quota` were created in the last minute."""
+        now = time.monotonic()
+        times = self._times.get(tenant)
+        if times is None:
+            times = self._times[tenant] = deque()
+        while times and times[0] <= now - MINUTE:
+            times.popleft()
+        if len(times) >= quota:
+            return False
+        times.append(now)
+        return True
+
+
+class RunningSlot:
+    """A run's hold on one of its tenant's running slots (a FifoGate of the running-handles
+    quota). The run holds a slot while it works: its model turns and its own tool calls. While
+    all it does is wait for its children (task calls, a judge, a summarizer) it lends the slot
+    out, and takes one back (QUEUED if it has to wait) before its next work: a tree's waiting
+    handles hold no slot, so the children they wait for always get one, and no tree deadlocks.
+
+    `busy` counts the run's activities that are not waiting for a child: its loop, or while
+    its loop waits for a phase of tool calls, each of those calls."""
+
+    __slots__ = ("_lock", "busy", "gate", "held", "record")
+
+    def __init__(self, gate: FifoGate, record: Callable[[bool], Awaitable[None]]) -> None:
+        self.gate = gate
+        self.record = record  # journals the handle QUEUED (True) or RUNNING again (False)
+        self.busy = 1  # the run's loop
+        self.held = False
+        self._lock: asyncio.Lock | None = None
+
+    async def hold(self) -> None:
+        """Before work: a slot, unless the run holds one already (its activities share it)."""
+        if self.held:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one activity takes it; the others find it held
+            if self.held:
+                return
+            if not self.gate.would_wait:
+                await self.gate.acquire()
+                self.held = True
+                return
+            await self.record(True)
+            await self.gate.acquire()
+            self.held = True  # before the next await: a cancellation from here on cannot leak it
+            await self.record(False)
+
+    def join(self, activities: int = 1) -> None:
+        self.busy += activities
+
+    def leave(self) -> None:
+        """An activity ends or waits for a child: the last one lends the slot out."""
+        self.busy -= 1
+        if self.busy <= 0 and self.held:
+            self.held = False
+            self.gate.release()
+
+    def close(self) -> None:
+        """The run is over (however it ended)."""
+        self.busy = 0
+        if self.held:
+            self.held = False
+            self.gate.release()

@@ -60,7 +60,7 @@ from .model import (
 )
 from .ports import ProviderError, Services, Store, StoredRuntime
 from .prompts import wake_message
-from .quotas import QuotaExceeded, Tenancy
+from .quotas import QuotaExceeded, RunningSlot, Tenancy
 from .suspension import read_answer
 from .turns import TurnLoop
 from .validation import check_budget, check_text_size
@@ -74,6 +74,10 @@ async def _stored_events(store: Store, key: str, after_seq: int) -> list[Event]:
     """A runtime's events after a seq, derived from its stored journal (Watch's history)."""
     entries = await store.entries_after_event(key, after_seq)
     return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
+
+
+async def _record_queued(journal: Journal, handle_id: str, queued: bool) -> None:
+    await journal.record(Queued(handle_id, queued))
 
 
 class Runtime:
@@ -204,6 +208,9 @@ class Runtime:
                 reason=Limit.MAX_CHILDREN.wire_name,
                 limit=Limit.MAX_CHILDREN,
             )
+        if self.tenancy is not None:
+            await self.tenancy.check_store(self.tenant)
+            self.tenancy.count_spawn(self.tenant)  # last: a spawn refused for another reason is not counted
         counters = parent.spawned_per_agent if parent else self.tree.top_level_per_agent
         number = counters.get(agent.name, 0) + 1
         handle_id = f"{parent.id if parent else 'root'}/{agent.name}.{number}"
@@ -239,6 +246,8 @@ class Runtime:
             )
         check_text_size(channel, "channel", self.services.limits, limit=256)
         check_text_size(sender, "sender", self.services.limits, limit=256)
+        if self.tenancy is not None:
+            await self.tenancy.check_store(self.tenant)
         item = InboxItem(text=text, channel=channel, sender=sender or "host", trust=trust, coalesce_key=coalesce_key)
         await self.journal.record(Posted(handle.id, item))
         return len(handle.inbox)
@@ -251,6 +260,8 @@ class Runtime:
             self.tenancy.check_running(self.tenant)
         if not prompt and not handle.inbox:
             raise InvalidArgument([FieldViolation("prompt", "the prompt is empty and the inbox is empty: nothing to run on")])
+        if self.tenancy is not None:
+            await self.tenancy.check_store(self.tenant)
         await self.start_run(handle, prompt)
         return True
 
@@ -354,13 +365,16 @@ class Runtime:
         if continue_parent:
             await self._continue_waiting_parent(handle)
 
-    async def resume(self, answer: Answer) -> TaskResult:
+    async def resume(self, answer: Answer, lapsed: bool = False) -> TaskResult:
+        """`lapsed`: the Request expired (an error result, however full the tenant's store is)."""
         leaf = self.tree.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
             return await self._retried_resume(answer)
         outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
         if self.tenancy is not None and not outcome.declined:
             self.tenancy.check_running(self.tenant)  # a Resume starts a run, as a Wake does
+            if not lapsed:
+                await self.tenancy.check_store(self.tenant)
         if outcome.declined:
             return await self._stop_at_budget(leaf, answer)
         calls = {call.id: call for call, _ in leaf.pending.calls}
@@ -550,6 +564,10 @@ class Runtime:
                 if gate is not None:
                     await self.queue_for(handle, gate)
                     holds_slot = True
+                running = self.tenancy.running_gate(self.tenant) if self.tenancy is not None else None
+                if running is not None:  # the tenant's running-handles quota: one of its slots
+                    run.slot = RunningSlot(running, functools.partial(_record_queued, self.journal, handle.id))
+                    await run.slot.hold()
                 result = await self._loop.drive(handle, run)
                 run.settling = True
         except TimeoutError:
@@ -589,6 +607,8 @@ class Runtime:
         finally:
             if holds_slot and gate is not None:
                 gate.release()
+            if run.slot is not None:
+                run.slot.close()
         await self._settle(handle, run, result)
         return result
 
@@ -688,7 +708,7 @@ class Runtime:
         self._lapses.pop(request_id, None)
         if request_id in self.tree.requests and not self.draining:
             try:
-                await self.resume(Answer(id=request_id, ok=False, reason="the request expired"))
+                await self.resume(Answer(id=request_id, ok=False, reason="the request expired"), lapsed=True)
             except QuotaExceeded:
                 # The run goes on as after a Resume, so it waits for room in the tenant's quota.
                 leaf = self.tree.requests.get(request_id)

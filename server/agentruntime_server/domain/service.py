@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -21,17 +22,32 @@ from .errors import (
     Unavailable,
 )
 from .events import tell_gone
+from .handle import FifoGate
 from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
 from .ports import Leases, RuntimeRow, Services
-from .quotas import DAY_MINUTES, QuotaExceeded, Quotas, TokenLedger, runtimes_quota_reached
+from .quotas import (
+    DAY_MINUTES,
+    QuotaExceeded,
+    Quotas,
+    SpawnWindow,
+    TokenLedger,
+    handles_per_minute_reached,
+    runtimes_quota_reached,
+    store_bytes_reached,
+)
 from .runtime import Runtime
 from .validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
+# Seconds a tenant's bytes in the store, as last read, are trusted for a check that passes: the
+# store is read at most this often per tenant, not at every Post (one round trip on PostgreSQL).
+# A figure at or past the quota is read again before a call is refused, and a CreateRuntime or
+# a DeleteRuntime of the tenant has it read again at the next check.
+STORE_BYTES_RECHECK = 1.0
 
 
 def runtime_key(tenant: str, runtime_id: str) -> str:
@@ -56,6 +72,10 @@ class RuntimeService:
         self._runtimes: OrderedDict[str, Runtime] = OrderedDict()
         self.draining = False
         self._ledger = TokenLedger()
+        self._merged: dict[str, tuple[dict[str, int], Quotas]] = {}  # tenant -> (its own quotas, merged)
+        self._running_gates: dict[str, FifoGate] = {}  # tenant -> its running slots (running-handles quota)
+        self._spawns = SpawnWindow()
+        self._store_bytes: dict[str, tuple[int, float]] = {}  # tenant -> (bytes, when read: monotonic)
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
         self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> the store's delete under way
         self._ledger_loaded: set[str] = set()
@@ -71,7 +91,12 @@ class RuntimeService:
 
     def quotas(self, tenant: str) -> Quotas:
         own = self.quotas_for(tenant) if self.quotas_for is not None else None
-        return dataclasses.replace(self.services.quotas, **own) if own else self.services.quotas
+        if not own:
+            return self.services.quotas
+        merged = self._merged.get(tenant)
+        if merged is None or merged[0] is not own:  # asked at every run and spawn: merged once per tokens file
+            merged = self._merged[tenant] = (own, dataclasses.replace(self.services.quotas, **own))
+        return merged[1]
 
     def check_running(self, tenant: str) -> None:
         quota = self.quotas(tenant).running_handles
@@ -86,6 +111,44 @@ class RuntimeService:
                 f"tenant {tenant!r} has {running} running handles, its quota (AGENTRUNTIME_QUOTA_RUNNING_HANDLES); "
                 "Wait for some to settle",
             )
+
+    def running_gate(self, tenant: str) -> FifoGate | None:
+        """The tenant's running slots, one gate for all its runtimes in this process, sized to
+        its quota as it is now (a tokens file reloaded with another quota resizes it)."""
+        quota = self.quotas(tenant).running_handles
+        gate = self._running_gates.get(tenant)
+        if not quota:
+            if gate is not None:  # the quota was lifted: whoever still waits goes in
+                del self._running_gates[tenant]
+                gate.resize(sys.maxsize)
+            return None
+        if gate is None:
+            gate = self._running_gates[tenant] = FifoGate(quota)
+        elif gate.capacity != quota:
+            gate.resize(quota)
+        return gate
+
+    def running_slots(self, tenant: str) -> tuple[int, int]:
+        """(slots held, runs waiting for one) of the tenant's running-handles quota, in this process."""
+        gate = self._running_gates.get(tenant)
+        return (gate.held, gate.waiting) if gate is not None else (0, 0)
+
+    def count_spawn(self, tenant: str) -> None:
+        quota = self.quotas(tenant).handles_per_minute
+        if quota and not self._spawns.admit(tenant, quota):
+            raise handles_per_minute_reached(tenant, quota)
+
+    async def check_store(self, tenant: str) -> None:
+        quota = self.quotas(tenant).store_bytes
+        if not quota:
+            return
+        now = time.monotonic()
+        seen = self._store_bytes.get(tenant)
+        if seen is None or seen[0] >= quota or now - seen[1] > STORE_BYTES_RECHECK:
+            seen = (await self.services.store.tenant_bytes(tenant), now)
+            self._store_bytes[tenant] = seen
+        if seen[0] >= quota:
+            raise store_bytes_reached(tenant, seen[0], quota)
 
     async def tokens_left(self, tenant: str) -> int | None:
         quota = self.quotas(tenant).tokens_per_day
@@ -144,6 +207,7 @@ class RuntimeService:
         if key in self._runtimes or await self.services.store.runtime_exists(key):
             raise RuntimeExists(runtime_id)
         await self._check_runtimes(tenant)
+        await self.check_store(tenant)
 
     async def create_runtime(
         self,
@@ -178,6 +242,7 @@ class RuntimeService:
         # counted with the insert (creates at once, here or on other replicas, would each count
         # before the others' inserts: the check above is only the early answer).
         await self.services.store.create_runtime(key, agents, tenant, first, self.quotas(tenant).runtimes)
+        self._store_bytes.pop(tenant, None)  # its definitions count from the next check on
         self._remember(runtime)
         return runtime
 
@@ -394,6 +459,7 @@ class RuntimeService:
             del self._runtimes[key]
         async with self._deciding(key):
             await self.services.store.delete_runtime(key)
+        self._store_bytes.pop(runtime.tenant, None)
 
     @contextlib.asynccontextmanager
     async def _deciding(self, key: str) -> AsyncIterator[None]:
@@ -437,6 +503,8 @@ class RuntimeService:
         try:
             async with self._deciding(key):
                 deleted = await self.services.store.delete_if_idle(key, before)
+                if deleted:
+                    self._store_bytes.pop(split_key(key)[0], None)
         finally:
             if runtime is not None and reopen and not deleted:  # written since the listing: the copy carries on
                 runtime.journal.closed = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from . import budget as budgets
@@ -54,7 +55,9 @@ from .model import (
     WorkerExecutor,
 )
 from .ports import ModelReply, ModelRequest, ProviderError, Services, ToolSchema, WorkerLost
+from .quotas import RunningSlot
 
+EFFECTS = (HttpExecutor, WorkerExecutor, McpExecutor)  # calls that run outside the process
 WORKER_ATTEMPTS = 3  # workers a call is given to, when each goes away with it, before it fails
 
 
@@ -164,6 +167,8 @@ class TurnLoop:
                 return compacted
             if compacted:
                 request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
+        if run.slot is not None:
+            await run.slot.hold()  # the turn is work: it takes a running slot of the tenant's (back)
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
         gate = self.host.model_gate
         if gate is None:
@@ -296,6 +301,11 @@ class TurnLoop:
             if kind in ("relay", "input") and call.id not in handle.calls_out:
                 # Out to the host: its answer is the result, so the call counts from now.
                 starts.append(CallStarted(handle.id, call, announce=False))
+        slot = run.slot
+        if slot is not None and any(isinstance(prepared, EFFECTS) for _, prepared in now):
+            # Its own calls are work: a running slot first (before they are journaled as started,
+            # so none is in doubt for having waited for one).
+            await slot.hold()
         if starts:
             # Journaled together, before any call runs: the budgets of the lineage count every
             # call let through at once (no sibling's phase can slip in between).
@@ -303,13 +313,21 @@ class TurnLoop:
         if len(now) == 1:  # the common case needs no task of its own
             child_requests = [await self._call(handle, run, *now[0])]
         else:
-            tasks = [asyncio.ensure_future(self._call(handle, run, call, prepared)) for call, prepared in now]
+            lent = slot if now else None
+            if lent is not None:
+                lent.join(len(now))  # the calls work now; the loop only waits for them
+                lent.leave()
+            calls = [self._call(handle, run, *call) for call in now]
+            tasks = [asyncio.ensure_future(call if lent is None else self._activity(lent, call)) for call in calls]
             try:
                 child_requests = await asyncio.gather(*tasks)
             except BaseException:
                 for task in tasks:  # one call failed (or the run stops): none outlives the run
                     task.cancel()
                 raise
+            finally:
+                if lent is not None:
+                    lent.join()  # the loop goes on (a slot is taken back before its next work)
         own = ([self._own_request(handle, "tool_call", relay)] if relay else []) + held
         waiting = own + [request for request in child_requests if request is not None]
         if waiting:
@@ -328,6 +346,15 @@ class TurnLoop:
             )
         )
         return Limit.MAX_TOOL_CALLS if refused else None
+
+    @staticmethod
+    async def _activity(slot: RunningSlot | None, call: Awaitable[PendingRequest | None]) -> PendingRequest | None:
+        """One of a phase's calls, counted among its run's activities until it ends."""
+        try:
+            return await call
+        finally:
+            if slot is not None:
+                slot.leave()
 
     def _suspension_kind(self, handle: Handle, call: ToolCall) -> str:
         """Why this call needs the host before it can complete ('' when it can run now)."""
@@ -555,7 +582,9 @@ class TurnLoop:
             try:
                 child = await self.host.spawn_child(handle, self.host.tree.agents[agent_name], None, key=key, delegated=delegated)
             except ResourceExhausted as exc:
-                return ToolResult(f"not spawned: {exc} ({exc.limit.wire_name})", is_error=True)
+                # A budget's limit, or a tenant's quota (QUOTA_EXCEEDED): the model may judge it.
+                why = exc.limit.wire_name if exc.limit is not Limit.NONE else exc.reason
+                return ToolResult(f"not spawned: {exc} ({why})", is_error=True)
             await self.host.start_run(child, prompt, parent_run=run)
         elif child.run is None and child.last_result is None and child.state is HandleState.IDLE:
             # Spawned, but its run never reached the journal (the process died between the two
@@ -566,7 +595,14 @@ class TurnLoop:
         if child not in run.children:
             run.children.append(child)
         if child.run is not None and child.run.task is not None:
-            result = await asyncio.shield(child.run.task)
+            if run.slot is None:
+                result = await asyncio.shield(child.run.task)
+            else:
+                run.slot.leave()  # only waiting: the slot is lent out to the tenant's other handles
+                try:
+                    result = await asyncio.shield(child.run.task)
+                finally:
+                    run.slot.join()
             if result.status is Status.UNSPECIFIED:
                 raise Detached  # the child stopped for shutdown: so does this run, unrecorded
             return result

@@ -12,7 +12,7 @@ from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
-from .payloads import journal_rows
+from .payloads import definitions_json, journal_rows, payload_bytes
 
 
 @dataclass
@@ -25,8 +25,10 @@ class _Runtime:
     entries: list[Entry] = field(default_factory=list)
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
     running: bool = False
+    bytes: int = 0  # its definitions' JSON and its steps' payloads
 
-    def add(self, entries: Sequence[Entry]) -> None:
+    def add(self, entries: Sequence[Entry], size: int) -> None:
+        self.bytes += size
         for entry in entries:
             self.entries.append(entry)
             self.last_events.append(max(entry.last_event, self.last_events[-1] if self.last_events else 0))
@@ -54,10 +56,10 @@ class MemoryStore:
             raise RuntimeExists(runtime_id)
         if quota and await self.count_runtimes(tenant) >= quota:
             raise runtimes_quota_reached(tenant, quota)
-        journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
+        rows, _ = journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
         now = time.time()
         self._runtimes[runtime_id] = _Runtime(agents, tenant, now, updated_at=now)
-        self._runtimes[runtime_id].add(entries)
+        self._runtimes[runtime_id].add(entries, len(definitions_json(agents)) + payload_bytes(rows))
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return runtime_id in self._runtimes
@@ -70,8 +72,8 @@ class MemoryStore:
         counts: tuple[int, int, int] | None = None,
     ) -> None:
         runtime = self._runtimes[runtime_id]
-        journal_rows(runtime_id, len(runtime.entries) + 1, entries)  # held to what a durable store can keep
-        runtime.add(entries)
+        rows, _ = journal_rows(runtime_id, len(runtime.entries) + 1, entries)  # held to what a durable store can keep
+        runtime.add(entries, payload_bytes(rows))
         if running is not None:
             runtime.running = running
         if counts is not None:
@@ -109,6 +111,9 @@ class MemoryStore:
 
     async def count_runtimes(self, tenant: str) -> int:
         return sum(1 for runtime in self._runtimes.values() if runtime.tenant == tenant)
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        return sum(runtime.bytes for runtime in self._runtimes.values() if runtime.tenant == tenant)
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens

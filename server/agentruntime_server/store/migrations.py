@@ -150,6 +150,15 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # from `seq` to `last_seq`; a row from before holds one step (`last_seq` NULL). A server of
     # an older schema refuses the store (SchemaTooNew) rather than misread its rows.
     "ALTER TABLE journal ADD COLUMN last_seq INTEGER",
+    # 7: the bytes each runtime takes (its definitions and its steps), for the tenants' store
+    # quota, read through an index that covers it. Rows written before count whole (a group
+    # row's few bytes of framing with its steps).
+    """
+    ALTER TABLE runtimes ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE runtimes SET bytes = length(CAST(agents AS BLOB))
+        + coalesce((SELECT sum(length(step)) FROM journal WHERE journal.runtime_id = runtimes.id), 0);
+    CREATE INDEX runtimes_bytes ON runtimes (tenant, bytes)
+    """,
 ]
 
 

@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
+from pydantic import TypeAdapter
 
 from ..domain.journal import STEPS, Entry, Step
+from ..domain.model import AgentSpec
 
 PAYLOAD_VERSION = 3
 
@@ -47,6 +49,7 @@ class PayloadTooNew(RuntimeError):
     pass
 
 
+_AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 _encoder = msgspec.json.Encoder()
 _envelope = msgspec.json.Decoder(_Envelope)
 _decoders = {kind.__name__: msgspec.json.Decoder(kind) for kind in STEPS}
@@ -65,6 +68,16 @@ def journal_rows(runtime_id: str, expected: int, entries: Sequence[Entry]) -> tu
     at once, so that nothing reaching a commit can fail; and the seq due next."""
     next_seq = check_sequence(runtime_id, expected, entries)
     return [(runtime_id, e.seq, e.at, e.first_event, e.last_event, encode(e.step)) for e in entries], next_seq
+
+
+def payload_bytes(rows: Sequence[Row]) -> int:
+    """What the rows' steps take in the store, as a tenant's store-bytes quota counts them."""
+    return sum(len(row[5]) for row in rows)
+
+
+def definitions_json(agents: tuple[AgentSpec, ...]) -> bytes:
+    """A runtime's definitions as every store keeps them (and the store-bytes quota counts them)."""
+    return _AGENTS.dump_json(agents)
 
 
 def check_sequence(runtime_id: str, expected: int, entries: Sequence[Entry]) -> int:

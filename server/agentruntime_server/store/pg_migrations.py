@@ -55,6 +55,13 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runtimes ADD COLUMN owner TEXT, ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
     CREATE INDEX runtimes_by_owner ON runtimes (owner) WHERE owner IS NOT NULL;
     """,
+    # 3: the bytes each runtime takes (its definitions and its steps), for the tenants' store
+    # quota (summed over runtimes_by_tenant's rows).
+    """
+    ALTER TABLE runtimes ADD COLUMN bytes BIGINT NOT NULL DEFAULT 0;
+    UPDATE runtimes r SET bytes = octet_length(r.agents::text)
+        + COALESCE((SELECT SUM(octet_length(j.step)) FROM journal j WHERE j.runtime_id = r.id), 0);
+    """,
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

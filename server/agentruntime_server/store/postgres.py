@@ -41,7 +41,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
 from . import payloads
-from .payloads import Row, journal_rows
+from .payloads import Row, definitions_json, journal_rows, payload_bytes
 from .pg_migrations import migrate
 from .urls import redacted
 
@@ -54,7 +54,7 @@ _ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE run
 # One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
 # replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
 # $10-$13 per runtime its running flag and counts (NULL: unchanged), $14 the time, $15-$17
-# the tenants' tokens by minute.
+# the tenants' tokens by minute, $18 per runtime the payload bytes it grew by.
 _COMMIT = """
 WITH mine AS (
     SELECT r.id FROM runtimes r JOIN unnest($1::text[], $2::bigint[]) AS m(id, epoch) ON r.id = m.id
@@ -71,9 +71,10 @@ WITH mine AS (
         handles = COALESCE(u.handles, r.handles),
         running_handles = COALESCE(u.running_handles, r.running_handles),
         suspended_handles = COALESCE(u.suspended_handles, r.suspended_handles),
+        bytes = r.bytes + u.bytes,
         updated_at = $14
-    FROM unnest($1::text[], $10::bool[], $11::int[], $12::int[], $13::int[])
-        AS u(id, running, handles, running_handles, suspended_handles)
+    FROM unnest($1::text[], $10::bool[], $11::int[], $12::int[], $13::int[], $18::bigint[])
+        AS u(id, running, handles, running_handles, suspended_handles, bytes)
     WHERE r.id = u.id AND r.id IN (SELECT id FROM mine)
 ), spent AS (
     INSERT INTO tenant_tokens (tenant, minute, tokens)
@@ -84,7 +85,8 @@ SELECT id FROM mine
 """
 
 # A new runtime and its first journal rows, in one statement: $1-$5 the runtime (id, agents,
-# the time, tenant, owner), $6 the tenant's quota of runtimes (0: none), $7-$12 the rows.
+# the time, tenant, owner), $6 the tenant's quota of runtimes (0: none), $7-$12 the rows, $13
+# the bytes it takes (its definitions and the rows' steps).
 # Under a quota it is inserted only while the tenant has fewer (create_runtime holds the
 # tenant's lock first); the journal rows go only with it.
 # Journal rows already under the id belong to no runtime (its row was just inserted):
@@ -94,8 +96,8 @@ SELECT id FROM mine
 # see one snapshot: a delete and an insert of one key would collide), the rest are deleted.
 _CREATE = """
 WITH created AS (
-    INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch)
-    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1
+    INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch, bytes)
+    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1, $13::bigint
     WHERE $6::int = 0 OR (SELECT COUNT(*) FROM runtimes WHERE tenant = $4::text) < $6::int
     RETURNING id
 ), appended AS (
@@ -149,6 +151,7 @@ class _Batch:
         self.running: dict[str, bool] = {}
         self.counts: dict[str, tuple[int, int, int]] = {}
         self.touched: set[str] = set()  # runtimes written: their updated_at moves
+        self.grown: dict[str, int] = {}  # runtime -> the payload bytes appended
         self.tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens
         self.epochs: dict[str, int] = {}  # replicas: the epoch each runtime's rows were appended under
         self.done: asyncio.Future[None] = loop.create_future()
@@ -156,7 +159,7 @@ class _Batch:
 
     def forget(self, runtime_id: str) -> None:
         self.rows = [row for row in self.rows if row[0] != runtime_id]
-        for table in (self.running, self.counts, self.epochs):
+        for table in (self.running, self.counts, self.epochs, self.grown):
             table.pop(runtime_id, None)
         self.touched.discard(runtime_id)
 
@@ -307,6 +310,7 @@ class PostgresStore:
             [tenant for tenant, _ in batch.tokens],
             [minute for _, minute in batch.tokens],
             list(batch.tokens.values()),
+            [batch.grown.get(key, 0) for key in keys],
         )
         refused = set(keys) - {row[0] for row in written}
         if not refused:
@@ -360,14 +364,16 @@ class PostgresStore:
         rows, next_seq = journal_rows(runtime_id, 1, entries)
         pool = await self._connected()
         owner = self.leasing.replica_id if self.leasing is not None else None
+        definitions = definitions_json(agents)
         parameters = (
             runtime_id,
-            _AGENTS.dump_json(agents).decode(),
+            definitions.decode(),
             time.time(),
             tenant,
             owner,  # replicas: its creator runs it first (no other replica knows it yet)
             quota,
             *([row[n] for row in rows] for n in range(6)),
+            len(definitions) + payload_bytes(rows),
         )
         # Until its epoch is recorded below, a renewal that already reads the new row must not
         # release it as a runtime this replica no longer holds (another would then claim it
@@ -432,6 +438,7 @@ class PostgresStore:
         if epoch is not None:
             batch.epochs[runtime_id] = epoch
         batch.rows.extend(rows)
+        batch.grown[runtime_id] = batch.grown.get(runtime_id, 0) + payload_bytes(rows)
         if running is not None:
             batch.running[runtime_id] = running
         if counts is not None:
@@ -524,6 +531,13 @@ class PostgresStore:
         pool = await self._connected()
         count: int = await pool.fetchval("SELECT COUNT(*) FROM runtimes WHERE tenant = $1", tenant)
         return count
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        # What is committed: no wait for the commit under way (a check at every Post must not
+        # queue behind the group commit; the contract allows any figure from the last flush on).
+        pool = await self._connected()
+        used: int = await pool.fetchval("SELECT COALESCE(SUM(bytes), 0) FROM runtimes WHERE tenant = $1", tenant)
+        return used
 
     async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
         await self._settle()

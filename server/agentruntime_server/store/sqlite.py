@@ -27,7 +27,7 @@ from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
 from .migrations import migrate
-from .payloads import Row, grouped, journal_rows, ungrouped
+from .payloads import Row, definitions_json, grouped, journal_rows, ungrouped
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
@@ -36,7 +36,7 @@ _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _TOUCH = (
     "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
     "running_handles = coalesce(?, running_handles), suspended_handles = coalesce(?, suspended_handles), "
-    "updated_at = ? WHERE id = ?"
+    "bytes = bytes + ?, updated_at = ? WHERE id = ?"
 )
 _UNCHANGED = (None, None, None)
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
@@ -124,13 +124,18 @@ class SqliteStore:
                 tokens, self._tokens = self._tokens, {}
                 self._last_commit = time.monotonic()  # the pace spaces transactions, not reads that found nothing to write
                 now = time.time()
+                groups = grouped(rows)
+                grown = {group[0]: len(group[5]) for group in groups}  # one group a runtime: the bytes it adds
                 with self._transaction() as db:
-                    db.executemany(_APPEND, grouped(rows))
-                    # One statement per runtime written: its last write, and what changed of its
-                    # running flag and handle counts (NULL: unchanged).
+                    db.executemany(_APPEND, groups)
+                    # One statement per runtime written: its last write, its growth, and what changed
+                    # of its running flag and handle counts (NULL: unchanged).
                     db.executemany(
                         _TOUCH,
-                        [(running.get(key), *counts.get(key, _UNCHANGED), now, key) for key in touched | running.keys()],
+                        [
+                            (running.get(key), *counts.get(key, _UNCHANGED), grown.get(key, 0), now, key)
+                            for key in touched | running.keys()
+                        ],
                     )
                     db.executemany(
                         "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
@@ -183,16 +188,17 @@ class SqliteStore:
         entries: Sequence[Entry] = (),
         quota: int = 0,
     ) -> None:
-        rows, _ = journal_rows(runtime_id, 1, entries)
+        groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         now = time.time()
         # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
         with self._transaction() as db:
             if quota and db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
                 raise runtimes_quota_reached(tenant, quota)
             try:
+                definitions = definitions_json(agents)
                 db.execute(
-                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at) VALUES (?, ?, ?, ?, ?)",
-                    (runtime_id, _AGENTS.dump_json(agents), now, tenant, now),
+                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
+                    (runtime_id, definitions, now, tenant, now, len(definitions) + sum(len(group[5]) for group in groups)),
                 )
             except sqlite3.IntegrityError:
                 raise RuntimeExists(runtime_id) from None
@@ -200,7 +206,7 @@ class SqliteStore:
             # row was deleted without them (by hand, or by another process on the file while
             # this one appended). The new runtime must not inherit their seqs and handles.
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-            db.executemany(_APPEND, grouped(rows))
+            db.executemany(_APPEND, groups)
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -286,6 +292,11 @@ class SqliteStore:
     async def count_runtimes(self, tenant: str) -> int:
         count: int = self._db.execute(_COUNT, (tenant,)).fetchone()[0]
         return count
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        # The covering index (tenant, bytes): no runtime's row (with its definitions) is read.
+        used: int = self._db.execute("SELECT coalesce(sum(bytes), 0) FROM runtimes WHERE tenant = ?", (tenant,)).fetchone()[0]
+        return used
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
