@@ -142,6 +142,18 @@ class SpawnWindow:
         times.append(now)
         return True
 
+    @property
+    def tenants(self) -> int:
+        """How many tenants it keeps times for."""
+        return len(self._times)
+
+    def forget_idle(self) -> None:
+        """Tenants with no handle created in the last minute are forgotten (tenants of JWTs are
+        as many as an issuer names: what is kept for each must not outlive its use)."""
+        oldest = time.monotonic() - MINUTE
+        for tenant in [tenant for tenant, times in self._times.items() if not times or times[-1] <= oldest]:
+            del self._times[tenant]
+
 
 class RunningSlot:
     """A run's hold on one of its tenant's running slots (a FifoGate of the running-handles

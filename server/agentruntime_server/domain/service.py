@@ -48,6 +48,7 @@ DEFAULT_TENANT = "default"
 # A figure at or past the quota is read again before a call is refused, and a CreateRuntime or
 # a DeleteRuntime of the tenant has it read again at the next check.
 STORE_BYTES_RECHECK = 1.0
+TENANT_PRUNE_SECONDS = 60.0
 
 
 def runtime_key(tenant: str, runtime_id: str) -> str:
@@ -76,6 +77,7 @@ class RuntimeService:
         self._running_gates: dict[str, FifoGate] = {}  # tenant -> its running slots (running-handles quota)
         self._spawns = SpawnWindow()
         self._store_bytes: dict[str, tuple[int, float]] = {}  # tenant -> (bytes, when read: monotonic)
+        self._tenants_pruned = time.monotonic()
         self._loading: dict[str, asyncio.Future[Runtime]] = {}  # key -> the load under way
         self._deleting: dict[str, asyncio.Future[None]] = {}  # key -> the store's delete under way
         self._ledger_loaded: set[str] = set()
@@ -133,7 +135,23 @@ class RuntimeService:
         gate = self._running_gates.get(tenant)
         return (gate.held, gate.waiting) if gate is not None else (0, 0)
 
+    def _forget_idle_tenants(self) -> None:
+        """At most once a minute, what is kept per tenant for its quotas is dropped for tenants
+        with nothing in flight here: a gate no run of a runtime in memory can hold (a run keeps
+        its runtime in memory), a spawn window with nothing in its minute, a stale byte count."""
+        now = time.monotonic()
+        if now - self._tenants_pruned < TENANT_PRUNE_SECONDS:
+            return
+        self._tenants_pruned = now
+        live = {runtime.tenant for runtime in self._runtimes.values()}
+        for tenant in [t for t, gate in self._running_gates.items() if t not in live and not gate.held and not gate.waiting]:
+            del self._running_gates[tenant]
+        self._spawns.forget_idle()
+        for tenant in [t for t, (_, read) in self._store_bytes.items() if now - read > STORE_BYTES_RECHECK]:
+            del self._store_bytes[tenant]
+
     def count_spawn(self, tenant: str) -> None:
+        self._forget_idle_tenants()
         quota = self.quotas(tenant).handles_per_minute
         if quota and not self._spawns.admit(tenant, quota):
             raise handles_per_minute_reached(tenant, quota)
