@@ -18,9 +18,7 @@ from agentruntime_server.api import jwt_auth
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.support.loopback import Loopback
-from tests.support.servers import Served, serve
-from tests.test_security import (
+from tests.api.test_security import (
     AUDIENCE,
     ISSUER,
     bearer,
@@ -32,6 +30,8 @@ from tests.test_security import (
     signer,
     unauthenticated,
 )
+from tests.support.loopback import Loopback
+from tests.support.servers import Served, serve
 
 __all__ = ["jwt_server", "signer"]  # test_security's fixtures, used here
 

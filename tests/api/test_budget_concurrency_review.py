@@ -9,10 +9,10 @@ from __future__ import annotations
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.api.test_budget_workers_review import delegates
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.tool_server import ToolServer
-from tests.test_budget_workers_review import delegates
 
 
 async def test_a_child_that_asks_stops_at_its_parents_token_budget_used_up_with_its_own(

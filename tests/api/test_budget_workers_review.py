@@ -14,11 +14,11 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
 
+from tests.api.test_workers import serving
 from tests.support.build import agent, create, duration, http_tool, run, transcript, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.servers import Served
 from tests.support.tool_server import ToolServer
-from tests.test_workers import serving
 
 # ---- worker deadlines ---------------------------------------------------------------------
 

@@ -18,10 +18,10 @@ from agentruntime_server.domain.limits import MAX_ID_CHARS
 from agentruntime_server.observability.logs import make_handler
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.api.test_observability import Observed, settings
 from tests.support.build import agent, create, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.servers import Served, serve
-from tests.test_observability import Observed, settings
 
 
 @pytest.fixture

@@ -15,13 +15,13 @@ import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.api.test_lifecycle_more import SignInTool, crm_script
+from tests.api.test_tenants import ACME, Caller, assert_quota, refused, reply, scripted, tenant_server
+from tests.e2e.test_lapse_review import tool
 from tests.support.build import agent, duration, http_tool, spawn, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.servers import serve
-from tests.test_lapse_review import tool
-from tests.test_lifecycle_more import SignInTool, crm_script
-from tests.test_tenants import ACME, Caller, assert_quota, refused, reply, scripted, tenant_server
 
 # (tenant, token, scopes, name), as in test_tenants: the file holds only their hashes.
 DRIVER = ("acme", "review-acme-driver-token-8c1f", ["read", "write"], "acme-driver")

@@ -15,11 +15,11 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.model import ToolCall, WorkerExecutor
 from agentruntime_server.tools.workers import WorkerPool
 
+from tests.api.test_workers import calls_then_answer, serving, worker_tool
 from tests.support.build import agent, create, run
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.servers import Served
-from tests.test_workers import calls_then_answer, serving, worker_tool
 
 CHARGE = ToolCall(id="call_1", name="charge", arguments_json="{}")
 KEY = "rt/root/payer.1/call_1"

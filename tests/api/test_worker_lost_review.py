@@ -14,11 +14,11 @@ from typing import Any
 from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
+from tests.api.test_workers import calls_then_answer, serving, worker_tool
 from tests.support.build import agent, create, spawn, transcript, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.servers import Served
-from tests.test_workers import calls_then_answer, serving, worker_tool
 
 
 async def _lost_call_result(served: Served, model: ScriptedModelServer, timeout: float, leave_when_kept: bool) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from tests.support.process import ServerProcess, free_port
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ROOT / "examples" / "agents.json"
 RELEASE = ROOT / "examples" / "release.json"
 

@@ -12,9 +12,9 @@ from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import json_format
 
+from tests.clients.test_cli import cli
 from tests.support.process import free_port
 from tests.support.servers import serve
-from tests.test_cli import cli
 
 HOSTILE = "done\x1b]0;owned\x07\x1b[2J\x9b31m"
 

@@ -29,11 +29,11 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import open_store
 from agentruntime_server.domain.journal import Tree, replay
 
+from tests.api.test_resume import relay_tool
 from tests.support.build import agent, create, http_tool, views
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.process import ServerProcess
 from tests.support.tool_server import ToolServer
-from tests.test_resume import relay_tool
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_SOAK_ROUNDS", "2"))
 SEED = int(os.environ.get("AGENTRUNTIME_SOAK_SEED", str(random.randrange(1 << 30))))

@@ -13,10 +13,10 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.api.test_lifecycle_more import SignInTool, crm_script
 from tests.support.build import agent, create, http_tool, spawn, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.process import ServerProcess
-from tests.test_lifecycle_more import SignInTool, crm_script
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from tests.support.build import agent, create, duration, run, spawn, status_details, wait
 from tests.support.servers import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 Code = grpc.StatusCode
 
 

@@ -29,14 +29,14 @@ from agentruntime_server.store import payloads
 from agentruntime_server.store.pg_leases import PostgresLeases
 from agentruntime_server.store.postgres import PostgresStore
 
+from tests.api.test_security import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
+from tests.store.test_store_contract import AGENTS, figures, story
 from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
-from tests.test_security import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
-from tests.test_store_contract import AGENTS, figures, story
 
 __all__ = ["pki", "tokens_file"]  # fixtures of test_security, used here
 

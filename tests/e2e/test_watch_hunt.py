@@ -52,10 +52,10 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.e2e.test_race_hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, reason_of
 from tests.support.build import duration, struct
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import Served, serve
-from tests.test_race_hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, reason_of
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_ROUNDS", "24"))
 SEED = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_SEED", str(random.randrange(1 << 30))))

@@ -49,10 +49,10 @@ from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.e2e.test_race_hunt import ServerErrors, reason_of
 from tests.support.build import agent, duration, transcript
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.servers import serve
-from tests.test_race_hunt import ServerErrors, reason_of
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_WORKER_HUNT_ROUNDS", "5"))
 SEED = int(os.environ.get("AGENTRUNTIME_WORKER_HUNT_SEED", str(random.randrange(1 << 30))))

@@ -8,7 +8,7 @@ upgrade from the older version is added to payloads.UPGRADES:
 
 1. bump PAYLOAD_VERSION and add the upgrade;
 2. write the new version's file (the old one stays: its lines must keep decoding, through
-   the upgrades):  .venv/bin/python tests/test_payloads.py
+   the upgrades):  .venv/bin/python tests/store/test_payloads.py
    (it refuses to overwrite an existing file; --force exists for a file never released).
 """
 
@@ -71,7 +71,7 @@ from agentruntime_server.domain.model import (
 from agentruntime_server.domain.usage import Usage
 from agentruntime_server.store import payloads
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / f"journal-payloads-v{payloads.PAYLOAD_VERSION}.jsonl"
 
 HANDLE = "root/coordinator.1/worker.2"
@@ -274,7 +274,7 @@ def test_every_field_of_every_sample_is_set(step: Step) -> None:
 
 
 def test_the_golden_file_has_one_line_per_kind_in_order() -> None:
-    assert GOLDEN.exists(), f"no {GOLDEN.name}: write it with `.venv/bin/python tests/test_payloads.py` (see the docstring)"
+    assert GOLDEN.exists(), f"no {GOLDEN.name}: write it with `.venv/bin/python tests/store/test_payloads.py` (see the docstring)"
     assert [kind_of(line) for line in golden_lines(GOLDEN)] == [kind.__name__ for kind in STEPS]
 
 

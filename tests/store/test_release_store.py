@@ -14,7 +14,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.servers import serve
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v0.1.0.db"
 
 
 @pytest.fixture

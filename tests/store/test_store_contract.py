@@ -93,7 +93,7 @@ from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.postgres import POSTGRES
 from tests.support.servers import serve
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store-v0.1.0.db"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v0.1.0.db"
 
 
 # name -> (a test's tmp_path -> a function opening a store on the same place each call).
