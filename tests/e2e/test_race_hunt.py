@@ -21,26 +21,36 @@ Short in CI; a long hunt locally (each round prints nothing, the seed is in the 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
-import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from google.rpc import error_details_pb2, status_pb2
 
-from tests.support.build import agent, duration, struct
-from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.build import duration, struct
+from tests.support.hunt import (
+    AGENTS,
+    OUTPUT,
+    TOP_AGENTS,
+    Model,
+    ServerErrors,
+    figures,
+    reason_of,
+    server_errors,
+    short,
+    store_url,
+    top_of,
+)
+from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import serve
+
+__all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_RACE_ROUNDS", "45"))
 SEED = int(os.environ.get("AGENTRUNTIME_RACE_SEED", str(random.randrange(1 << 30))))
@@ -68,124 +78,12 @@ ALLOWED: dict[str, set[tuple[Code, str]]] = {
     "DeleteRuntime": {(Code.FAILED_PRECONDITION, "HANDLE_RUNNING")},
 }
 CUTTING = {"Interrupt", "Close", "DeleteRuntime"}  # verbs that may cut a model call in flight
-HOST_TAG = re.compile(r"\[h:(\d+):([^\]]+)\]")  # in every text the host sends a handle: who it is
-CHILD_TAG = re.compile(r"\[c:([0-9a-f]+)\]")  # in every task prompt: which delegation it is
-OUTPUT = re.compile(r"out-[0-9a-f]{12}")
-
-
-def top_of(handle_id: str) -> str:
-    return "/".join(handle_id.split("/")[:2])
-
-
-def figures(item: pb.HandleView | pb.TaskResult) -> tuple[int, int, int, int]:
-    return (item.turns, item.own_tokens, item.total_tokens, item.tool_calls)
-
-
-def relay(name: str) -> pb.ToolDef:
-    tool = pb.ToolDef(name=name, description=f"the {name} tool (the host runs it)", relay=pb.RelayTool())
-    tool.input_schema.update({"type": "object"})
-    return tool
-
-
-AGENTS = [
-    agent("lead", team=["asker", "quick", "worker"]),  # delegates a worker, with an asker or a quick one beside it
-    agent("worker", tools=[relay("deploy")]),  # suspends on a tool_call Request
-    agent("asker"),  # suspends on an input Request (the built-in ask)
-    agent("quick"),
-]
-TOP_AGENTS = ["lead", "lead", "worker", "asker", "quick"]
 
 
 # ---- the model --------------------------------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    """One model call the model server answered, and whose it was."""
-
-    key: str  # `h:<gen>:<handle>` for a handle the host talks to, `c:<nonce>` for a delegated child
-    tokens: int
-    at: float
-
-
-class Model:
-    """The scripts of the four agents, and the books: every call by whose it is. Every user
-    message a handle gets carries its tag (the host's texts and the task prompts), so a call
-    is known by its body alone."""
-
-    def __init__(self, server: ScriptedModelServer, rng: random.Random) -> None:
-        self.rng = rng
-        self.seen: list[Seen] = []
-        self.parent: dict[str, str] = {}  # a child's key -> its parent's key
-        self.outputs_seen: set[str] = set()  # every Resume output any model was shown
-        for name in ("lead", "worker", "asker", "quick"):
-            server.script(name, self._script(name))
-
-    @staticmethod
-    def key(body: dict[str, Any]) -> str:
-        users = [str(m["content"]) for m in body["messages"] if m["role"] == "user"]
-        for text in users:
-            if found := HOST_TAG.search(text):
-                return f"h:{found.group(1)}:{found.group(2)}"
-        for text in users:
-            if found := CHILD_TAG.search(text):
-                return f"c:{found.group(1)}"
-        raise AssertionError(f"a model call with no tag: {body['messages']}")
-
-    def top(self, key: str) -> str:
-        """The `h:` key of the top-level handle a call's handle is in."""
-        while key.startswith("c:"):
-            key = self.parent[key]
-        gen, _, handle = key[2:].partition(":")
-        return f"h:{gen}:{top_of(handle)}"
-
-    def _script(self, name: str) -> Callable[[dict[str, Any]], Reply]:
-        def script(body: dict[str, Any]) -> Reply:
-            key = self.key(body)
-            messages = body["messages"]
-            last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-            results = [str(m["content"]) for m in messages[last_user + 1 :] if m["role"] == "tool"]
-            for message in messages:
-                if message["role"] == "tool":
-                    self.outputs_seen.update(OUTPUT.findall(str(message["content"])))
-            tokens = self.rng.randint(1, 40)
-            delay = self.rng.uniform(0.0, 0.06)
-            self.seen.append(Seen(key, tokens, time.monotonic()))
-            if results:
-                return Reply(text=f"{name} done: {' | '.join(results)[:200]}", tokens=tokens, delay=delay)
-            if name == "lead":
-                calls = [("task", {"agent": "worker", "prompt": self.delegate(key) + " deploy it"})]
-                if self.rng.random() < 0.6:
-                    other = self.rng.choice(["asker", "quick"])
-                    calls.append(("task", {"agent": other, "prompt": self.delegate(key) + " help"}))
-                return Reply(calls=calls, tokens=tokens, delay=delay)
-            if name == "worker":
-                return Reply(calls=[("deploy", {"version": "v2"})], tokens=tokens, delay=delay)
-            if name == "asker":
-                return Reply(calls=[("ask", {"question": "which one?"})], tokens=tokens, delay=delay)
-            return Reply(text="quick answer", tokens=tokens, delay=delay)
-
-        return script
-
-    def delegate(self, parent_key: str) -> str:
-        nonce = f"{self.rng.getrandbits(48):012x}"
-        self.parent[f"c:{nonce}"] = parent_key
-        return f"[c:{nonce}]"
-
-
 # ---- the hunt ---------------------------------------------------------------------------------
-
-
-class ServerErrors(logging.Handler):
-    """ERROR records and tracebacks the server logs: a bug of ours, whatever the callers did."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info is not None:
-            self.records.append(f"{record.name}: {record.getMessage()[:300]}")
 
 
 @dataclass
@@ -558,22 +456,6 @@ class Hunt:
             await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=RUNTIME, agents=AGENTS), timeout=CALL_TIMEOUT)
 
 
-def short(request: Any) -> str:
-    return " ".join(str(request).split())[:160]
-
-
-def reason_of(error: grpc.aio.AioRpcError) -> str:
-    for key, value in error.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)  # type: ignore[arg-type]
-            for detail in status.details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    return info.reason
-    return ""
-
-
 def check_result(hunt: Hunt, result: pb.TaskResult) -> None:
     where = f"result of {result.handle_id}"
     if result.total_tokens < result.own_tokens:
@@ -584,23 +466,6 @@ def check_result(hunt: Hunt, result: pb.TaskResult) -> None:
         hunt.flag(f"{where}: pending iff PENDING: {result}")
     if result.HasField("failure") != (result.status == pb.STATUS_ERROR) or result.status == pb.STATUS_ERROR:
         hunt.flag(f"{where}: a run failed: {result}")
-
-
-@pytest.fixture
-def server_errors() -> Iterator[ServerErrors]:
-    errors = ServerErrors()
-    logging.getLogger().addHandler(errors)
-    yield errors
-    logging.getLogger().removeHandler(errors)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """SQLite writes with no await inside; PostgreSQL awaits in loads, creates and deletes,
-    where calls sent at once can meet."""
-    if request.param == "postgres":
-        return str(request.getfixturevalue("database"))
-    return f"sqlite:///{tmp_path / 'store.db'}"
 
 
 async def test_verbs_sent_at_once_keep_the_documented_invariants(

@@ -36,26 +36,25 @@ Short in CI; a long hunt locally (the seed is in every failure):
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.e2e.test_race_hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, reason_of
 from tests.support.build import duration, struct
+from tests.support.hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, reason_of, server_errors, short, store_url
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import Served, serve
+
+__all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_ROUNDS", "24"))
 SEED = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_SEED", str(random.randrange(1 << 30))))
@@ -524,25 +523,6 @@ def fold(hunt: Hunt, events: list[pb.Event]) -> dict[str, Implied]:
                 hunt.flag(f"{where}: the figures went from {handle.reported} to {reported}")
             handle.reported = tuple(max(a, b) for a, b in zip(reported, handle.reported, strict=True))  # type: ignore[assignment]
     return handles
-
-
-def short(message: Any) -> str:
-    return " ".join(str(message).split())[:200]
-
-
-@pytest.fixture
-def server_errors() -> Iterator[ServerErrors]:
-    errors = ServerErrors()
-    logging.getLogger().addHandler(errors)
-    yield errors
-    logging.getLogger().removeHandler(errors)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return str(request.getfixturevalue("database"))
-    return f"sqlite:///{tmp_path / 'store.db'}"
 
 
 async def test_watch_streams_see_every_event_once_in_order_under_load(

@@ -32,27 +32,26 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import random
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.e2e.test_race_hunt import ServerErrors, reason_of
 from tests.support.build import agent, duration, transcript
+from tests.support.hunt import ServerErrors, figures, reason_of, server_errors, short, store_url
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.servers import serve
+
+__all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_WORKER_HUNT_ROUNDS", "5"))
 SEED = int(os.environ.get("AGENTRUNTIME_WORKER_HUNT_SEED", str(random.randrange(1 << 30))))
@@ -104,10 +103,6 @@ def worker_tool(name: str, on_interrupted: int = pb.ON_INTERRUPTED_UNSPECIFIED) 
 TOOLS = [worker_tool("charge"), worker_tool("audit", pb.ON_INTERRUPTED_ASK)]
 ASKS = {"audit"}
 AGENTS = [agent("lead", tools=TOOLS, team=["helper"]), agent("helper", tools=TOOLS)]
-
-
-def figures(item: pb.HandleView | pb.TaskResult) -> tuple[int, int, int, int]:
-    return (item.turns, item.own_tokens, item.total_tokens, item.tool_calls)
 
 
 # ---- the model --------------------------------------------------------------------------------
@@ -821,25 +816,6 @@ async def watched(round_: Awaitable[None], hunt: Hunt) -> bool:
 
 def ran(receptions: list[Reception]) -> list[str]:
     return [r.where() for r in receptions]
-
-
-def short(request: Any) -> str:
-    return " ".join(str(request).split())[:160]
-
-
-@pytest.fixture
-def server_errors() -> Iterator[ServerErrors]:
-    errors = ServerErrors()
-    logging.getLogger().addHandler(errors)
-    yield errors
-    logging.getLogger().removeHandler(errors)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return str(request.getfixturevalue("database"))
-    return f"sqlite:///{tmp_path / 'store.db'}"
 
 
 async def test_worker_tools_under_cuts_and_host_verbs_keep_the_documented_guarantees(
