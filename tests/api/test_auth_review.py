@@ -18,18 +18,8 @@ from agentruntime_server.api import jwt_auth
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.api.test_security import (
-    AUDIENCE,
-    ISSUER,
-    bearer,
-    jwt_server,
-    public_jwk,
-    refused,
-    rsa_key,
-    sign,
-    signer,
-    unauthenticated,
-)
+from tests.api.test_security import jwt_server, rsa_key, signer
+from tests.support.auth import AUDIENCE, ISSUER, bearer, public_jwk, refused, sign, unauthenticated
 from tests.support.loopback import Loopback
 from tests.support.servers import Served, serve
 

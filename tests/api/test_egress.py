@@ -6,7 +6,6 @@ defaults, are in tests/test_egress_forms.py."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +23,7 @@ from aiohttp import web
 
 from tests.support.build import agent, create, http_tool, run
 from tests.support.dns import REBOUND, RebindingDns
+from tests.support.listener import Listener
 from tests.support.loopback import Loopback
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.servers import serve
@@ -102,30 +102,6 @@ async def call_tools(
     messages = [m for m in transcript.messages if m.role == "tool"]
     assert len(messages) == len(urls)
     return dict(zip(urls, messages, strict=True))
-
-
-class Listener:
-    """A bare TCP listener that counts the connections it accepts (and answers none)."""
-
-    def __init__(self, host: str, port: int = 0) -> None:
-        self.host = host
-        self.accepted = 0
-        self.port = port
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> Listener:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        writer.close()
 
 
 async def test_a_denied_ip_literal_stored_under_a_looser_policy_is_never_connected_to(

@@ -24,14 +24,14 @@ from agentruntime_server.tools.http import UNREACHABLE
 from agentruntime_server.tools.mcp_network import PolicyNetworkBackend
 from aiohttp import web
 
-from tests.api.test_egress import Listener
-from tests.api.test_mcp import Calc
-from tests.api.test_tenants import DEFAULT, Caller, tenant_server
 from tests.support.build import agent, create, duration, http_tool, run, status_details, transcript
+from tests.support.listener import Listener
 from tests.support.loopback import Loopback
+from tests.support.mcp import Calc
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.servers import Served, serve
+from tests.support.tenants import DEFAULT, Caller, tenant_server
 
 REFUSED = "refused by the egress policy: "
 NOT_MCP = "it could not be reached or did not answer as an MCP server"

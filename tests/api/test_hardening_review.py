@@ -15,8 +15,8 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.api.test_hardening import assert_absent, assert_invalid, refused, scripted
-from tests.api.test_mcp import Calc, call_then_answer
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript
+from tests.support.mcp import Calc, call_then_answer
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import serve
 

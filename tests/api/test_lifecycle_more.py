@@ -12,7 +12,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,17 +20,18 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from aiohttp import web
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
 
 from tests.support.build import agent, create, duration, http_tool, spawn, status_details, struct, transcript, views, wait
-from tests.support.loopback import Loopback
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.sdk_servers import openai_error
+from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
+
+__all__ = ["signin"]  # fixtures of tests/support, used here
 
 Stub = pb_grpc.AgentRuntimeStub
 
@@ -271,54 +272,6 @@ async def test_compaction_lets_a_long_run_finish_and_keeps_every_message(
 
 
 # ---- 4. suspending tools -----------------------------------------------------------------------
-
-ANSWER = "Agentruntime-Answer"
-
-
-@dataclass
-class SignInTool(Loopback):
-    """HTTP 202 with an `authorization` Request on a call without an answer; 200 with one."""
-
-    expires_in: float = 3600.0
-    calls: list[tuple[str, str | None]] = field(default_factory=list)  # (Idempotency-Key, answer header)
-    expires_at: str = ""
-
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/signin"
-
-    def routes(self, app: web.Application) -> None:
-        app.router.add_post("/signin", self._hit)
-
-    async def _hit(self, request: web.Request) -> web.Response:
-        answer = request.headers.get(ANSWER)
-        self.calls.append((request.headers.get("Idempotency-Key", ""), answer))
-        if answer is None:
-            when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.expires_in)
-            self.expires_at = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            body = {
-                "kind": "authorization",
-                "prompt": "sign in",
-                "url": "https://example.invalid/login",
-                "expires_at": self.expires_at,
-                "data": {"session": "s1"},
-            }
-            return web.json_response(body, status=202)
-        return web.Response(text="signed in as ada")
-
-
-@pytest.fixture
-async def signin() -> AsyncIterator[SignInTool]:
-    server = SignInTool()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-def crm_script(body: dict[str, Any]) -> Reply:
-    if tool_results(body) == 0:
-        return Reply(calls=[("crm_login", {"user": "ada"})], tokens=10)
-    last_tool = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
-    return Reply(text=f"crm: {last_tool}", tokens=10)
 
 
 async def test_a_suspending_tool_is_answered_after_a_restart(

@@ -10,101 +10,24 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import pytest
 import trustme
-import uvicorn
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.build import agent, create, run, status_details, transcript
 from tests.support.dns import REBOUND, RebindingDns
-from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.mcp import Calc, calc, call_then_answer
+from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import serve
 
-
-class Calc:
-    """An MCP server with a few tools, on a loopback port, that a test can stop."""
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.host = host
-        self.meta: list[Any] = []
-        self.requests = 0  # HTTP requests of any kind
-        self.hosts: set[str] = set()  # their Host headers
-        server = MCPServer("calc")
-
-        @server.tool()
-        def add(a: int, b: int, ctx: Context) -> str:
-            """Adds two integers."""
-            self.meta.append(dict(ctx.request_context.meta or {}))
-            return str(a + b)
-
-        @server.tool()
-        def shout(text: str) -> str:
-            """Upper-cases text."""
-            return text.upper()
-
-        # The SDK's own Host check is off: it would refuse the made-up name the rebinding tests
-        # use, and what a rebound name is really aimed at (a metadata service) checks nothing.
-        self.app = server.streamable_http_app(transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-        if not port:
-            with socket.socket() as sock:
-                sock.bind((host, 0))
-                port = int(sock.getsockname()[1])
-        self.port = port
-        self.server = uvicorn.Server(
-            uvicorn.Config(self._counted, host=host, port=self.port, log_level="warning", interface="asgi3")
-        )
-        self.task: asyncio.Task[None] | None = None
-
-    async def _counted(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.requests += 1
-            self.hosts.add(dict(scope["headers"]).get(b"host", b"").decode())
-        await self.app(scope, receive, send)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}/mcp"
-
-    async def start(self) -> None:
-        self.task = asyncio.ensure_future(self.server.serve())
-        for _ in range(200):
-            if self.server.started:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("the MCP server did not start")
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        if self.task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
-
-@pytest.fixture
-async def calc() -> AsyncIterator[Calc]:
-    made = Calc()
-    await made.start()
-    yield made
-    await made.stop()
+__all__ = ["calc"]  # fixtures of tests/support, used here
 
 
 def mcp_agent(name: str, *servers: pb.McpServer) -> pb.AgentDef:
     return agent(name, mcp_servers=list(servers))
-
-
-def call_then_answer(tool: str, arguments: dict[str, Any]) -> Any:
-    def script(body: dict[str, Any]) -> Reply:
-        if tool_results(body) == 0:
-            return Reply(calls=[(tool, arguments)], tokens=10)
-        return Reply(text="done", tokens=10)
-
-    return script
 
 
 async def test_an_agent_lists_and_calls_an_mcp_servers_tools_with_the_idempotency_key(

@@ -19,9 +19,9 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.api.test_mcp import call_then_answer
 from tests.support.build import agent, create, duration, run, status_details, transcript
 from tests.support.huge_mcp import HugeMcp
+from tests.support.mcp import call_then_answer
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.probe import InspectProbe

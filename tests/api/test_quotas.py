@@ -24,12 +24,12 @@ from agentruntime_server.domain import quotas
 from agentruntime_server.domain.quotas import Quotas, SpawnWindow
 from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
-from tests.api.test_tenants import ACME, ASKER, GLOBEX, Caller, assert_quota, refused
 from tests.support.build import agent, create, duration, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
+from tests.support.tenants import ACME, ASKER, GLOBEX, Caller, assert_quota, refused
 
 IN_FLIGHT = (pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED)
 

@@ -11,29 +11,12 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, http_tool, run, struct, views
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.scripts import relay_tool, stage_approve_commit
 from tests.support.tool_server import ToolServer
-
-RELAY = pb.RelayTool()
-
-
-def relay_tool(name: str) -> pb.ToolDef:
-    return pb.ToolDef(name=name, description=f"the host's {name}", relay=RELAY)
 
 
 def last_tool_output(body: dict) -> str:  # type: ignore[type-arg]
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
-
-
-def stage_approve_commit(body: dict) -> Reply:  # type: ignore[type-arg]
-    """The library's failing plan, chosen by the number k of tool results so far."""
-    k = tool_results(body)
-    if k == 0:
-        return Reply(calls=[("counter", {"step": "stage"})], tokens=50)
-    if k == 1:
-        return Reply(calls=[("approve", {})], tokens=50)
-    if k == 2:
-        return Reply(calls=[("counter", {"step": "commit"})], tokens=50)
-    return Reply(text="committed", tokens=50)
 
 
 async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:

@@ -15,13 +15,12 @@ import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.api.test_lifecycle_more import SignInTool, crm_script
-from tests.api.test_tenants import ACME, Caller, assert_quota, refused, reply, scripted, tenant_server
-from tests.e2e.test_lapse_review import tool
 from tests.support.build import agent, duration, http_tool, spawn, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.servers import serve
+from tests.support.sign_in import SignInTool, crm_script, signin
+from tests.support.tenants import ACME, Caller, assert_quota, refused, reply, scripted, tenant_server
 
 # (tenant, token, scopes, name), as in test_tenants: the file holds only their hashes.
 DRIVER = ("acme", "review-acme-driver-token-8c1f", ["read", "write"], "acme-driver")
@@ -31,7 +30,7 @@ WORKER = ("acme", "review-acme-worker-token-9a4b", ["read", "write"], "acme-work
 # at most once a second: past both, a revoked token is refused everywhere.
 REVOKED_EVERYWHERE = 2.2
 
-__all__ = ["tool"]  # test_lapse_review's fixture, used here
+__all__ = ["signin"]  # the fixture of tests/support/sign_in.py, used here
 
 
 def write_tokens(path: Path, *entries: tuple[str, str, list[str], str]) -> None:
@@ -157,14 +156,14 @@ async def test_a_heartbeat_starts_no_run_past_the_tenants_running_handles_quota(
 
 
 async def test_an_expired_request_lapses_once_the_tenants_running_handles_quota_has_room(
-    model: ScriptedModelServer, tool: SignInTool
+    model: ScriptedModelServer, signin: SignInTool
 ) -> None:
-    tool.expires_in = 1.0
+    signin.expires_in = 1.0
     model.script("crm", crm_script)
     slow = scripted("slow", reply("slow done", delay=4))
     async with serve(llm_style="openai", llm_base_url=model.base_url, quota_running_handles=1) as served:
         stub = served.stub
-        crm = agent("crm", tools=[http_tool("crm_login", tool.url())])
+        crm = agent("crm", tools=[http_tool("crm_login", signin.url())])
         await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="lapse", agents=[crm, slow]))
         asking = await spawn(stub, "lapse", "crm")
         await stub.Wake(pb.WakeRequest(runtime_id="lapse", handle_id=asking, prompt="log in"))

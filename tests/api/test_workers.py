@@ -26,7 +26,7 @@ from agentruntime_server.api.servicer import STREAM_RECHECK_SECONDS
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.api.test_security import AUDIENCE, ISSUER, JwksServer, bearer, public_jwk, sign
+from tests.support.auth import AUDIENCE, ISSUER, JwksServer, bearer, public_jwk, sign
 from tests.support.build import agent, create, duration, run, spawn, status_details, transcript, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until

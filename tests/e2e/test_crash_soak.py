@@ -29,10 +29,10 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import open_store
 from agentruntime_server.domain.journal import Tree, replay
 
-from tests.api.test_resume import relay_tool
 from tests.support.build import agent, create, http_tool, views
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.process import ServerProcess
+from tests.support.scripts import relay_tool
 from tests.support.tool_server import ToolServer
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_SOAK_ROUNDS", "2"))

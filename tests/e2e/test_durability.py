@@ -14,11 +14,11 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
 from agentruntime_server.store.sqlite import SqliteStore
 
-from tests.api.test_resume import relay_tool, stage_approve_commit
 from tests.support.build import agent, create, http_tool, run, views
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
+from tests.support.scripts import relay_tool, stage_approve_commit
 from tests.support.tool_server import ToolServer
 
 

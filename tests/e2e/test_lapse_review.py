@@ -6,25 +6,17 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.api.test_lifecycle_more import SignInTool, crm_script
 from tests.support.build import agent, create, http_tool, spawn, wait
 from tests.support.model_server import ScriptedModelServer
 from tests.support.process import ServerProcess
+from tests.support.sign_in import SignInTool, crm_script, signin
 
-
-@pytest.fixture
-async def tool() -> AsyncIterator[SignInTool]:
-    server = SignInTool()
-    await server.start()
-    yield server
-    await server.stop()
+__all__ = ["signin"]  # the fixture of tests/support/sign_in.py, used here
 
 
 async def _pending_sign_in(stub: pb_grpc.AgentRuntimeStub, tool: SignInTool) -> tuple[str, str]:
@@ -46,26 +38,26 @@ async def _lapses(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, model: Script
 
 
 async def test_an_expiring_request_lapses_after_a_crash_and_a_restart(
-    process: ServerProcess, model: ScriptedModelServer, tool: SignInTool
+    process: ServerProcess, model: ScriptedModelServer, signin: SignInTool
 ) -> None:
-    tool.expires_in = 3.0
+    signin.expires_in = 3.0
     model.script("crm", crm_script)
     stub = await process.start()
-    runtime_id, _ = await _pending_sign_in(stub, tool)
+    runtime_id, _ = await _pending_sign_in(stub, signin)
     await process.stop(signal.SIGKILL)
     stub = await process.restart()
     await _lapses(stub, runtime_id, model, within=10)
 
 
 async def test_an_expiring_request_keeps_its_runtime_in_memory_until_it_lapses(
-    tmp_path: Path, model: ScriptedModelServer, tool: SignInTool
+    tmp_path: Path, model: ScriptedModelServer, signin: SignInTool
 ) -> None:
-    tool.expires_in = 3.0
+    signin.expires_in = 3.0
     model.script("crm", crm_script)
     process = ServerProcess(tmp_path / "s.db", model.base_url, tmp_path / "server.log", env={"AGENTRUNTIME_RUNTIME_CACHE": "1"})
     stub = await process.start()
     try:
-        runtime_id, _ = await _pending_sign_in(stub, tool)
+        runtime_id, _ = await _pending_sign_in(stub, signin)
         await create(stub, agent("other"))  # the cache holds one idle runtime: an idle one would leave memory
         await _lapses(stub, runtime_id, model, within=10)
     finally:

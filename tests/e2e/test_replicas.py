@@ -26,67 +26,28 @@ from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import CallFinished, CallStarted, Journal, Tree, replay
 from agentruntime_server.domain.ownership import Claim
 from agentruntime_server.store import payloads
-from agentruntime_server.store.pg_leases import PostgresLeases
-from agentruntime_server.store.postgres import PostgresStore
 
-from tests.api.test_security import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
-from tests.store.test_store_contract import AGENTS, figures, story
+from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
+from tests.support.replicas import LEASE, Replica, journal_of, no_events, two_replicas
 from tests.support.servers import serve
+from tests.support.story import AGENTS, figures, story
 from tests.support.tool_server import ToolServer
 
-__all__ = ["pki", "tokens_file"]  # fixtures of test_security, used here
+__all__ = ["pki", "tokens_file"]  # fixtures of tests/support/auth.py, used here
 
 T = TypeVar("T")
-LEASE = 3.0  # seconds (the default is 10): a dead replica's runtimes move within a test's patience
 
 # ---- leases and fencing, two stores on one database ------------------------------------------
-
-
-class Replica:
-    """One process's view of the database: its store, its leases, the leases it lost."""
-
-    def __init__(self, url: str, address: str) -> None:
-        self.store = PostgresStore(url)
-        self.leases = PostgresLeases(self.store, address, duration=LEASE)
-        self.lost: list[str] = []
-        self.leases.on_lost(self.lost.append)
-
-    async def lapse(self, admin: Any) -> None:
-        """As if the process had been paused past its lease: it renews nothing."""
-        await admin.execute("UPDATE replicas SET expires_at = 0 WHERE id = $1", self.leases.replica_id)
 
 
 @pytest.fixture
 async def pair(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
     async with two_replicas(database) as replicas:
         yield replicas
-
-
-@contextlib.asynccontextmanager
-async def two_replicas(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
-    """Two replicas' stores and leases on one database, driven by the test, and an admin connection."""
-    first, second = Replica(database, "127.0.0.1:1001"), Replica(database, "127.0.0.1:1002")
-    await first.leases.start()
-    await second.leases.start()
-    admin = await asyncpg.connect(database)
-    yield first, second, admin
-    await admin.close()
-    for replica in (first, second):
-        with contextlib.suppress(Exception):
-            await replica.store.close()
-
-
-def journal_of(replica: Replica, runtime_id: str) -> tuple[Tree, Journal]:
-    tree = Tree(runtime_id, AGENTS)
-    return tree, Journal(tree, replica.store, EventLog(runtime_id, _nothing))  # type: ignore[arg-type]
-
-
-async def _nothing(after: int) -> list[Any]:
-    return []
 
 
 async def test_the_creator_owns_a_runtime_and_the_other_replica_is_sent_to_it(pair: tuple[Replica, Replica, Any]) -> None:
@@ -125,7 +86,7 @@ async def test_a_claim_fences_every_later_write_of_the_previous_owner(pair: tupl
     assert figures(rebuilt) == acknowledged
 
     # b goes on from there, with the next seqs.
-    continued = Journal.restore(rebuilt, b.store, EventLog("rt", _nothing), stored.entries)
+    continued = Journal.restore(rebuilt, b.store, EventLog("rt", no_events), stored.entries)
     await continued.record(*next(story(Tree("rt", AGENTS))))
     await b.store.flush("rt")
     again = await b.store.load("rt")

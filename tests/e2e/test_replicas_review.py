@@ -7,100 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import urllib.parse
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import grpc
-import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.support.build import agent, http_tool
-from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
-from tests.support.process import ServerProcess
+from tests.support.replicas import LEASE, Pair, cut_off, pair, settled_at, started_run
 from tests.support.tool_server import ToolServer
 
-LEASE = 3.0  # seconds: a lapsed lease moves within a test's patience
-
-
-def one_call_then_done(body: dict[str, Any]) -> Reply:
-    return Reply(calls=[("hit", {})], tokens=10) if tool_results(body) == 0 else Reply(text="done", tokens=10)
-
-
-class Pair:
-    """Two replicas on one database: `owner` creates and runs the runtime, `other` is asked."""
-
-    def __init__(self, database: str, owner_role: str, model: ScriptedModelServer, tmp: Path) -> None:
-        env = {"AGENTRUNTIME_LEASE_DURATION": str(LEASE)}
-        # The owner connects as a role of its own: the database can tell its connections apart.
-        parts = urllib.parse.urlsplit(database)
-        as_owner = parts._replace(netloc=f"{owner_role}:@{parts.netloc.rpartition('@')[2]}").geturl()
-        self.owner = ServerProcess(as_owner, model.base_url, tmp / "owner.log", env)
-        self.owner_role = owner_role
-        self.other = ServerProcess(database, model.base_url, tmp / "other.log", env)
-        self.database = database
-
-    async def stop(self) -> None:
-        for replica in (self.owner, self.other):
-            if replica.process is not None and replica.process.returncode is None:
-                replica.process.send_signal(signal.SIGCONT)
-                await replica.stop()
-
-
-@pytest.fixture
-async def pair(database: str, model: ScriptedModelServer, tmp_path: Path) -> AsyncIterator[Pair]:
-    model.script("solo", one_call_then_done)
-    role = f"owner_{tmp_path.name}"[:60]
-    admin = await asyncpg.connect(database)
-    try:
-        await admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
-    finally:
-        await admin.close()
-    made = Pair(database, role, model, tmp_path)
-    try:
-        yield made
-    finally:
-        await made.stop()
-
-
-async def started_run(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> tuple[str, str]:
-    created = await stub.CreateRuntime(
-        pb.CreateRuntimeRequest(agents=[agent("solo", tools=[http_tool("hit", tools.url("hit"))])]), timeout=10
-    )
-    spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=created.runtime_id, agent="solo"), timeout=10)
-    await stub.Wake(pb.WakeRequest(runtime_id=created.runtime_id, handle_id=spawned.handle_id, prompt="go"), timeout=10)
-    return created.runtime_id, spawned.handle_id
-
-
-async def settled_at(
-    stub: pb_grpc.AgentRuntimeStub,
-    runtime_id: str,
-    handle_id: str,
-    patience: float,
-    retried: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED),
-) -> pb.TaskResult:
-    """Wait at one replica until the handle settles; `retried` codes (the owner is being
-    replaced) are asked again, as a client would."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    while True:
-        try:
-            reply = await stub.Wait(
-                pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout={"seconds": 2}),
-                timeout=max(1.0, deadline - loop.time()),
-            )
-            if reply.result.status != pb.STATUS_TIMEOUT:
-                return reply.result
-        except grpc.aio.AioRpcError as error:
-            if error.code() not in retried or loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-        if loop.time() > deadline:
-            raise AssertionError(f"{handle_id} did not settle within {patience}s")
+__all__ = ["pair"]  # the fixture of tests/support/replicas.py, used here
 
 
 async def test_an_owner_woken_after_its_lease_moved_buys_no_model_turn(
@@ -128,19 +45,6 @@ async def test_an_owner_woken_after_its_lease_moved_buys_no_model_turn(
     assert tools.hits["hit"] == 2
     again = await settled_at(owner, runtime_id, handle_id, patience=30)  # and it reads what the new owner wrote
     assert again == result
-
-
-async def cut_off(pair: Pair) -> int:
-    """Terminates every database connection of the owner, as a network fault or a database
-    failover would; how many there were."""
-    connection = await asyncpg.connect(pair.database)
-    try:
-        terminated: int = await connection.fetchval(
-            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1", pair.owner_role
-        )
-        return terminated
-    finally:
-        await connection.close()
 
 
 async def test_an_owner_whose_store_broke_gives_its_runtimes_up(

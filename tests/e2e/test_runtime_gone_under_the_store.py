@@ -24,11 +24,11 @@ from agentruntime_server.domain.model import Budget, RuntimeOptions
 from agentruntime_server.store import payloads
 from agentruntime_server.store.postgres import PostgresStore
 
-from tests.e2e.test_replicas import journal_of, two_replicas
-from tests.store.test_store_contract import AGENTS, story
 from tests.support.build import agent, create
 from tests.support.postgres import fresh_database
+from tests.support.replicas import journal_of, two_replicas
 from tests.support.servers import serve
+from tests.support.story import AGENTS, story
 
 # ---- CreateRuntime over journal rows of no runtime -------------------------------------------
 

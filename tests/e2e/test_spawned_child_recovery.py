@@ -21,11 +21,11 @@ from agentruntime_server.domain.journal import RunStarted, Spawned
 from agentruntime_server.store.payloads import grouped, journal_rows
 from agentruntime_server.store.sqlite import SqliteStore
 
-from tests.e2e.test_timers import STEPS, stepper
 from tests.support.build import agent, create, http_tool, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
+from tests.support.scripts import STEPS, stepper
 from tests.support.tool_server import ToolServer
 
 

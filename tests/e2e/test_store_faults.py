@@ -24,18 +24,17 @@ from agentruntime_server.domain.journal import Journal, Tree
 from agentruntime_server.domain.ownership import Claim
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.e2e.test_replicas import LEASE, Replica, journal_of, two_replicas
-from tests.e2e.test_replicas_review import Pair, cut_off, pair, settled_at, started_run
-from tests.store.test_store_contract import AGENTS, story
 from tests.support.build import agent, create, http_tool, spawn, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.postgres import fresh_database
 from tests.support.process import free_port
+from tests.support.replicas import LEASE, Pair, Replica, cut_off, journal_of, pair, settled_at, started_run, two_replicas
 from tests.support.servers import serve
+from tests.support.story import AGENTS, story
 from tests.support.tool_server import ToolServer
 
-__all__ = ["pair"]  # the fixture of test_replicas_review, used here
+__all__ = ["pair"]  # the fixture of tests/support/replicas.py, used here
 
 
 @pytest.fixture

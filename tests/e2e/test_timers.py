@@ -15,6 +15,7 @@ from tests.support.build import agent, create, duration, http_tool, spawn, trans
 from tests.support.model_server import Reply, ScriptedModelServer, last_user
 from tests.support.poll import until
 from tests.support.process import ServerProcess
+from tests.support.scripts import STEPS, stepper
 from tests.support.tool_server import ToolServer
 
 CATCH_UP = re.compile(r"\[from heartbeat, (\d+) times: the latest shown\] tick$")
@@ -47,18 +48,6 @@ async def test_periods_missed_before_a_first_tick_come_due_at_the_restart_counte
     catch_up = CATCH_UP.search(runs[0][1])
     assert catch_up is not None, runs[0][1]
     assert 2 <= int(catch_up.group(1)) <= 5, runs[0][1]
-
-
-STEPS = 6
-
-
-def stepper(body: dict[str, Any]) -> Reply:
-    """One tool call a turn until the tool has run STEPS times, then the answer."""
-    last_tool = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"), None)
-    done = int(last_tool.rsplit("#", 1)[1]) if last_tool else 0
-    if done >= STEPS:
-        return Reply(text="all steps done", tokens=10)
-    return Reply(text=f"step {done + 1}: " + "noting progress " * 12, calls=[("step", {"n": done + 1})], tokens=10)
 
 
 async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_once(
