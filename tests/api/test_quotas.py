@@ -1,7 +1,8 @@
-"""Issue 27, quotas that hold for trees: delegated children count against the tenant's
-running-handles quota (a handle waiting only for its children lends its slot out; one waiting
-for a slot is QUEUED), a quota of handles created per minute, a quota of bytes in the store,
-and non-zero defaults of all of them once authentication is on. Real servers on loopback; how
+"""Quotas that hold for trees: delegated children count against the tenant's running-handles
+quota (a handle waiting only for its children lends its slot out; one waiting for a slot is
+QUEUED), and so do the runs a tenant's own timers start (a heartbeat, a Request's lapse); a
+quota of handles created per minute, a quota of bytes in the store, and non-zero defaults of
+all of them once authentication is on. Real servers on loopback; how
 many handles work at once is measured outside the server, as the model requests it has in
 flight at the scripted model server, and as List shows the handles' states."""
 
@@ -24,12 +25,15 @@ from agentruntime_server.domain import quotas
 from agentruntime_server.domain.quotas import Quotas, SpawnWindow
 from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
-from tests.support.build import agent, create, duration, spawn, transcript, views, wait
+from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
-from tests.support.tenants import ACME, ASKER, GLOBEX, Caller, assert_quota, refused
+from tests.support.sign_in import SignInTool, crm_script, signin
+from tests.support.tenants import ACME, ASKER, GLOBEX, Caller, assert_quota, refused, reply, scripted, tenant_server
+
+__all__ = ["signin"]  # fixtures of tests/support, used here
 
 IN_FLIGHT = (pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED)
 
@@ -267,6 +271,48 @@ async def test_a_tree_killed_with_queued_handles_goes_on_after_a_restart_within_
         assert model.peak_in_flight == 2
     finally:
         await server.stop()
+
+
+# ---- the runs a tenant's own timers start (a heartbeat, a Request's lapse) keep to its quota --------
+
+
+async def test_a_heartbeat_starts_no_run_past_the_tenants_running_handles_quota(tmp_path: Path) -> None:
+    beating = scripted("beating", reply("slow", delay=20), reply("slow", delay=20))
+    beating.heartbeat.CopyFrom(pb.Heartbeat(every=duration(1), prompt="tick"))
+    async with tenant_server(tmp_path, quota_running_handles=1) as served:
+        acme = Caller(served.stub, ACME)
+        await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="beats", agents=[beating]))
+        spawned = [await acme("Spawn", pb.SpawnRequest(runtime_id="beats", parent_id="root", agent="beating")) for _ in range(3)]
+        await asyncio.sleep(2.5)  # two beats of every handle
+        listed = await acme("List", pb.ListRequest(runtime_id="beats"))
+        states = [view.state for view in listed.handles]
+        assert states.count(pb.HANDLE_STATE_RUNNING) == 1, states
+        # A handle the quota held back keeps its tick and is woken as a Wake would be: refused.
+        held = next(view.handle_id for view in listed.handles if view.state != pb.HANDLE_STATE_RUNNING)
+        assert held in {handle.handle_id for handle in spawned}
+        error = await refused(acme("Wake", pb.WakeRequest(runtime_id="beats", handle_id=held, prompt="now")))
+        assert_quota(error, "acme", "running_handles")
+
+
+async def test_an_expired_request_lapses_once_the_tenants_running_handles_quota_has_room(
+    model: ScriptedModelServer, signin: SignInTool
+) -> None:
+    signin.expires_in = 1.0
+    model.script("crm", crm_script)
+    slow = scripted("slow", reply("slow done", delay=4))
+    async with serve(llm_style="openai", llm_base_url=model.base_url, quota_running_handles=1) as served:
+        stub = served.stub
+        crm = agent("crm", tools=[http_tool("crm_login", signin.url())])
+        await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="lapse", agents=[crm, slow]))
+        asking = await spawn(stub, "lapse", "crm")
+        await stub.Wake(pb.WakeRequest(runtime_id="lapse", handle_id=asking, prompt="log in"))
+        assert (await wait(stub, "lapse", asking)).status == pb.STATUS_PENDING
+        # The tenant's one running handle holds the quota when the Request expires.
+        busy = await spawn(stub, "lapse", "slow")
+        await stub.Wake(pb.WakeRequest(runtime_id="lapse", handle_id=busy, prompt="take your time"))
+        assert (await wait(stub, "lapse", busy)).status == pb.STATUS_DONE
+        await until(lambda: model.calls["crm"] >= 2, timeout=5, what="the expired Request lapsed once the quota had room")
+        assert (await wait(stub, "lapse", asking)).status == pb.STATUS_DONE
 
 
 # ---- handles per minute ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The edge: TLS and mTLS, bearer tokens (revocable without a restart), JWTs from a JWKS file or
-URL, scopes, and the guard against an open plaintext server. Each JWT refusal names its own
+URL, scopes, and the guard against an open plaintext server. A token revoked while its stream
+is open (Watch, ServeTools) gets nothing more on it. Each JWT refusal names its own
 reason, never quoting the token; a JWKS URL whose answer is not a JWKS, resets mid-answer or
 never ends is the server's problem (UNAVAILABLE), not the token's and not INTERNAL. Real
 servers on loopback; certificates made by trustme, keys by cryptography, in the test."""
@@ -57,9 +58,10 @@ from tests.support.auth import (
     unauthenticated,
     write_tokens,
 )
-from tests.support.build import agent, create
+from tests.support.build import agent, create, duration
 from tests.support.loopback import Loopback
 from tests.support.servers import Served, serve, server_settings
+from tests.support.tenants import Caller, reply, scripted
 
 __all__ = ["pki", "tokens_file"]  # fixtures of tests/support, used here
 
@@ -203,6 +205,104 @@ async def test_a_bad_tokens_file_keeps_the_last_good_one_and_warns_once(
     with pytest.raises(Unauthenticated, match="tenant is not a tenant name"):
         await authenticator.authenticate(bearer("odd-token"), "List")
     assert (await authenticator.authenticate(bearer(WRITE_TOKEN), "Wake")).name == "ci-bot"
+
+
+# (tenant, token, scopes, name), as in tests/support/tenants.py: the file holds only their hashes.
+DRIVER = ("acme", "review-acme-driver-token-8c1f", ["read", "write"], "acme-driver")
+WATCHER = ("acme", "review-acme-watcher-token-2d7e", ["read"], "acme-dashboard")
+WORKER = ("acme", "review-acme-worker-token-9a4b", ["read", "write"], "acme-worker")
+# The tokens file is looked at once a second, and an open stream verifies its caller again
+# at most once a second: past both, a revoked token is refused everywhere.
+REVOKED_EVERYWHERE = 2.2
+
+
+async def revoke(path: Path, stub: pb_grpc.AgentRuntimeStub, token: str, *kept: tuple[str, str, list[str], str]) -> None:
+    """Rewrites the file without `token`, and waits until a new call with it is refused."""
+    write_tokens(path, *kept)
+    await asyncio.sleep(REVOKED_EVERYWHERE)
+    error = await refused(stub.List(pb.ListRequest(runtime_id="any"), metadata=bearer(token), timeout=10))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "revoked" in (error.details() or ""), error
+
+
+async def test_a_watch_opened_with_a_token_stops_when_the_token_is_revoked(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    write_tokens(tokens, DRIVER, WATCHER)
+    async with serve(auth="tokens", auth_tokens_file=str(tokens)) as served:
+        driver = Caller(served.stub, DRIVER)
+        await driver("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="watched", agents=[scripted("solo", reply("hi"))]))
+        watch = served.stub.Watch(pb.WatchRequest(runtime_id="watched"), metadata=bearer(WATCHER[1]), timeout=30)
+        seen: list[str] = []
+        ended: list[grpc.StatusCode] = []
+
+        async def follow() -> None:
+            try:
+                async for response in watch:
+                    seen.append(response.event.handle_id)
+            except grpc.aio.AioRpcError as error:
+                ended.append(error.code())
+
+        following = asyncio.ensure_future(follow())
+        try:
+            before_id, result = await driver.run("watched", "solo", "before")
+            assert result.status == pb.STATUS_DONE
+            await asyncio.sleep(0.3)
+            assert before_id in seen, seen  # the stream works while the token is good
+
+            await revoke(tokens, served.stub, WATCHER[1], DRIVER)
+            after_id, result = await driver.run("watched", "solo", "after")
+            assert result.status == pb.STATUS_DONE
+            await asyncio.wait({following}, timeout=5)
+            # The revoked watcher sees nothing of the runtime after its revocation.
+            assert after_id not in seen, seen
+            assert ended == [grpc.StatusCode.UNAUTHENTICATED], ended
+        finally:
+            watch.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_a_worker_whose_token_is_revoked_is_sent_no_more_calls(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    write_tokens(tokens, DRIVER, WORKER)
+    ping = pb.ToolDef(name="ping", description="pings", worker=pb.WorkerTool(queue="work", timeout=duration(2)))
+    pinger = scripted("pinger", reply(calls=(("ping", '{"secret": "for a live worker only"}'),)), reply("pinged"), tools=(ping,))
+    async with serve(auth="tokens", auth_tokens_file=str(tokens)) as served:
+        driver = Caller(served.stub, DRIVER)
+        await driver("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="tools", agents=[pinger]))
+        outputs: asyncio.Queue[pb.ServeToolsRequest] = asyncio.Queue()
+        await outputs.put(pb.ServeToolsRequest(registration=pb.WorkerRegistration(queue="work", tools=["ping"])))
+
+        async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+            while True:
+                yield await outputs.get()
+
+        stream = served.stub.ServeTools(requests(), metadata=bearer(WORKER[1]), timeout=60)
+        received: list[pb.WorkerCall] = []
+        ended: list[grpc.StatusCode] = []
+
+        async def work() -> None:
+            try:
+                async for response in stream:
+                    if response.WhichOneof("message") == "call":
+                        received.append(response.call)
+                        await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=response.call.id, output="pong")))
+            except grpc.aio.AioRpcError as error:
+                ended.append(error.code())
+
+        working = asyncio.ensure_future(work())
+        try:
+            _, result = await driver.run("tools", "pinger", "before")
+            assert result.status == pb.STATUS_DONE and len(received) == 1, (result, received)
+
+            await revoke(tokens, served.stub, WORKER[1], DRIVER)
+            _, result = await driver.run("tools", "pinger", "after")
+            assert result.status != pb.STATUS_UNSPECIFIED
+            await asyncio.wait({working}, timeout=5)
+            # The revoked worker was not given the second call, its arguments included.
+            assert len(received) == 1, received
+            assert ended == [grpc.StatusCode.UNAUTHENTICATED], ended
+        finally:
+            stream.cancel()
+            await asyncio.gather(working, return_exceptions=True)
 
 
 # ---- AUTH=jwt ----
