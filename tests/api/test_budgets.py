@@ -1,16 +1,30 @@
-"""A budget that asks can only be extended past what is used: an extension that leaves the
-exhausted field where it is (another field named, or an ancestor's budget capping it) is
-refused, so the run never asks the same question again in a loop."""
+"""Budgets, carved at spawn and checked live up the ancestor chain. A budget that asks can only
+be extended past what is used: an extension that leaves the exhausted field where it is
+(another field named, or an ancestor's budget capping it) is refused, so the run never asks
+the same question again in a loop. A child whose budget asks, carved to its parent's remaining
+tokens or tool calls, stops with its parent's limit instead of asking a question no extension
+can answer; a judge's turns are its own, so the answer of a handle's last allowed turn is
+judged. A subtree's tool calls never pass an ancestor's max_tool_calls however many children
+run at once (calls count from when they start), and its token budget is passed by at most one
+turn per handle running at once."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.journal import Tree, replay
 from google.rpc import error_details_pb2
 
-from tests.support.build import create, status_details, struct
+from tests.support.build import agent, create, http_tool, run, status_details, struct, transcript, views
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.servers import Served
+from tests.support.tool_server import ToolServer
+
+# ---- a budget that asks, extended ----------------------------------------------------------
 
 ASKER = pb.AgentDef(
     name="asker",
@@ -51,3 +65,196 @@ async def test_an_extension_of_another_field_is_refused_and_changes_nothing(stub
     right = pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_turns": 2}}))
     done = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=right))).result
     assert (done.status, done.text, done.turns) == (pb.STATUS_DONE, "done", 2)
+
+
+# ---- max_tool_calls over a subtree that delegates -------------------------------------------
+
+
+def pings(count: int, delay: float = 0.0) -> Any:
+    def script(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("ping", {})] * count, delay=delay)
+        return Reply(text="pinged")
+
+    return script
+
+
+def delegates(*prompts: str) -> Any:
+    def script(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("task", {"agent": prompt.split(":")[0], "prompt": prompt}) for prompt in prompts])
+        return Reply(text="done")
+
+    return script
+
+
+async def subtree_tool_calls(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> int:
+    return sum(view.tool_calls for view in (await views(stub, runtime_id)).values())
+
+
+async def test_children_running_at_once_never_pass_their_ancestors_tool_call_budget(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    model.script("lead", delegates("w:a", "w:b"))
+    model.script("w", pings(3))
+    tools.delay = 0.2
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["w"], budget=pb.Budget(max_tool_calls=3)),
+        agent("w", tools=[http_tool("ping", tools.url("ping"))]),
+    )
+    handle_id, result = await run(stub, runtime_id, "lead", "go")
+    # The two task calls count from when they start: one ping is left for both children.
+    assert tools.hits["ping"] == 1
+    assert await subtree_tool_calls(stub, runtime_id) == 3
+    assert (result.status, result.tool_calls) == (pb.STATUS_DONE, 2)  # the lead's own figures, as documented
+    children = [view for key, view in (await views(stub, runtime_id)).items() if key != handle_id]
+    # Each child had calls refused (the lead's budget binds): each stops at the limit, and the
+    # lead's model reads both results.
+    assert [view.last_status for view in children] == [pb.STATUS_INCOMPLETE] * 2
+    outputs = [m.content for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert len(outputs) == 2 and all("LIMIT_MAX_TOOL_CALLS" in output for output in outputs), outputs
+
+
+async def test_a_task_call_counts_while_its_child_runs(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    model.script("lead", delegates("w:a"))
+    model.script("w", pings(2))
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["w"], budget=pb.Budget(max_tool_calls=2)),
+        agent("w", tools=[http_tool("ping", tools.url("ping"))]),
+    )
+    handle_id, result = await run(stub, runtime_id, "lead", "go")
+    assert tools.hits["ping"] == 1 and await subtree_tool_calls(stub, runtime_id) == 2
+    child = next(view for key, view in (await views(stub, runtime_id)).items() if key != handle_id)
+    assert (child.budget.max_tool_calls, child.tool_calls, child.last_status) == (1, 1, pb.STATUS_INCOMPLETE)
+    assert (result.status, result.tool_calls) == (pb.STATUS_DONE, 1)
+
+
+async def test_a_call_out_to_the_host_counts_until_answered_and_replay_rebuilds_the_count(
+    served: Served, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    stub = served.stub
+    model.script("lead", delegates("asker:a", "w:b"))
+    model.script("asker", lambda body: Reply(calls=[("fetch", {})]) if tool_results(body) == 0 else Reply(text="fetched"))
+    model.script("w", pings(3, delay=0.3))  # after the asker's call is out to the host
+    relay = pb.ToolDef(name="fetch", description="the host's fetch", relay=pb.RelayTool())
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["asker", "w"], budget=pb.Budget(max_tool_calls=3)),
+        agent("asker", tools=[relay]),
+        agent("w", tools=[http_tool("ping", tools.url("ping"))]),
+    )
+    handle_id, pending = await run(stub, runtime_id, "lead", "go")
+    assert pending.status == pb.STATUS_PENDING and pending.pending.kind == "tool_call"
+    assert tools.hits["ping"] == 0  # two task calls and the relay call out: nothing left
+    # The calls under way are derived from the journal: a replay rebuilds them exactly.
+    runtime = await served.running.service.runtime(runtime_id)
+    stored = await served.running.store.load(runtime_id)
+    assert stored is not None
+    rebuilt = Tree(runtime_id, stored.agents)
+    replay(rebuilt, stored.entries)
+
+    def under_way(tree: Tree) -> dict[str, tuple[frozenset[str], int]]:
+        return {key: (handle.calls_out, handle.subtree_calls_out) for key, handle in tree.handles.items()}
+
+    assert under_way(rebuilt) == under_way(runtime.tree)
+    assert runtime.tree.handles[handle_id].subtree_calls_out == 2  # the task call still waiting, and the relay call
+    answer = pb.Answer(
+        id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=pending.pending.calls[0].id, output="fetched")]
+    )
+    done = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=30)).result
+    assert done.status == pb.STATUS_DONE
+    assert await subtree_tool_calls(stub, runtime_id) == 3
+    assert all(count == 0 for _, count in under_way(runtime.tree).values())
+
+
+# ---- a child whose budget asks, a judge's turns, children at once under a token budget --------------
+
+
+async def test_a_child_that_asks_stops_at_its_parents_token_budget_used_up_with_its_own(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    model.script("lead", delegates("w:a"))  # 10 tokens
+    model.script("w", lambda body: Reply(calls=[("nothing", {})], tokens=30))
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["w"], budget=pb.Budget(max_tokens=50)),
+        agent("w", budget=pb.Budget(on_exhausted=pb.ON_EXHAUSTED_ASK)),
+    )
+    handle_id, result = await run(stub, runtime_id, "lead", "go")
+    # The child was carved the lead's 40 tokens left: when it used them up, so had the lead,
+    # and any extension was refused as capped by the lead's budget. It stops instead.
+    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS), result
+    [child] = [view for key, view in (await views(stub, runtime_id)).items() if key != handle_id]
+    assert (child.budget.max_tokens, child.total_tokens) == (40, 60)
+    assert (child.state, child.last_status, child.pending_kind) == (pb.HANDLE_STATE_IDLE, pb.STATUS_INCOMPLETE, "")
+    assert result.total_tokens == result.own_tokens + child.total_tokens == 70
+
+
+async def test_a_child_that_asks_stops_at_its_parents_tool_call_budget_used_up_with_its_own(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    model.script("lead", delegates("w:a"))
+    model.script("w", lambda body: Reply(calls=[("ping", {})] * 3) if tool_results(body) == 0 else Reply(text="pinged"))
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["w"], budget=pb.Budget(max_tool_calls=3)),
+        agent("w", tools=[http_tool("ping", tools.url("ping"))], budget=pb.Budget(on_exhausted=pb.ON_EXHAUSTED_ASK)),
+    )
+    handle_id, result = await run(stub, runtime_id, "lead", "go")
+    # The task call is under way: the child is carved 2 calls, and its 2 use up the lead's too.
+    assert tools.hits["ping"] == 2
+    assert result.status == pb.STATUS_DONE, result  # the lead's model reads the child's stop
+    [child] = [view for key, view in (await views(stub, runtime_id)).items() if key != handle_id]
+    assert (child.budget.max_tool_calls, child.tool_calls) == (2, 2)
+    assert (child.state, child.last_status, child.pending_kind) == (pb.HANDLE_STATE_IDLE, pb.STATUS_INCOMPLETE, "")
+
+
+async def test_a_child_that_asks_with_room_in_its_parents_budget_still_asks(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    model.script("lead", delegates("w:a"))
+    model.script("w", lambda body: Reply(calls=[("nothing", {})], tokens=30))
+    runtime_id = await create(
+        stub,
+        agent("lead", team=["w"], budget=pb.Budget(max_tokens=500)),
+        agent("w", budget=pb.Budget(max_tokens=40, on_exhausted=pb.ON_EXHAUSTED_ASK)),
+    )
+    _, result = await run(stub, runtime_id, "lead", "go")
+    assert result.status == pb.STATUS_PENDING and result.pending.kind == "budget"
+    assert result.pending.data["limit"] == "LIMIT_MAX_TOKENS" and list(result.pending.path)[-1] == "w.1"
+
+
+async def test_the_answer_of_the_last_allowed_turn_is_judged(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+    model.script("a", lambda body: Reply(text="the answer", tokens=10))
+    model.script("j", lambda body: Reply(text="PASS", tokens=5))
+    runtime_id = await create(
+        stub,
+        agent("a", budget=pb.Budget(max_turns=1), completion=pb.CompletionGate(judge_agent="j", max_attempts=2)),
+        agent("j", budget=pb.Budget(max_turns=3)),
+    )
+    handle_id, result = await run(stub, runtime_id, "a", "go")
+    # The judge was carved the 0 turns the judged handle had left, and never judged.
+    assert (result.status, result.text, result.limit) == (pb.STATUS_DONE, "the answer", pb.LIMIT_UNSPECIFIED), result
+    assert (result.turns, result.own_tokens, result.total_tokens) == (1, 10, 15)
+    [judge] = [view for key, view in (await views(stub, runtime_id)).items() if key != handle_id]
+    assert (judge.budget.max_turns, judge.turns, judge.last_status) == (3, 1, pb.STATUS_DONE)
+
+
+async def test_children_running_at_once_pass_a_token_budget_by_at_most_one_turn_each(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    model.script("lead", delegates("w:a", "w:b", "w:c"))  # 10 tokens
+    model.script("w", lambda body: Reply(calls=[("nothing", {})], tokens=40, delay=0.2))
+    runtime_id = await create(stub, agent("lead", team=["w"], budget=pb.Budget(max_tokens=100)), agent("w"))
+    handle_id, result = await run(stub, runtime_id, "lead", "go")
+    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS)
+    children = [view for key, view in (await views(stub, runtime_id)).items() if key != handle_id]
+    assert result.total_tokens == result.own_tokens + sum(child.total_tokens for child in children)
+    # A turn's tokens are known when it ends: the budget is passed by the turns under way
+    # when it is reached, at most one per handle of the subtree (README, Budgets and stops).
+    assert result.total_tokens < 100 + 40 * len(children)
+    assert all(child.last_status == pb.STATUS_INCOMPLETE for child in children)

@@ -201,6 +201,70 @@ async def test_a_worker_that_goes_away_with_a_call_leaves_it_to_another_with_the
     assert first_keys == second_keys == [f"{runtime_id}/{handle_id}/call_1_1"]
 
 
+def one_call_then_echo(body: dict[str, Any]) -> Reply:
+    if tool_results(body) == 0:
+        return Reply(calls=[("slow", {})])
+    return Reply(text=next(m["content"] for m in body["messages"] if m["role"] == "tool"))
+
+
+async def test_a_worker_that_misses_the_deadline_keeps_the_call_in_hand_and_never_gets_it_again(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("a", one_call_then_echo)
+    running = {"now": 0, "peak": 0, "calls": 0}
+
+    async def slow(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        running["calls"] += 1
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(1.5)
+            return "slow ok"
+        finally:
+            running["now"] -= 1
+
+    runtime_id = await create(stub, agent("a", tools=[worker_tool("slow", timeout=0.3)]))
+    async with serving(client, "tools", {"slow": slow}, limit=1) as ids:
+        handle_id, result = await run(stub, runtime_id, "a", "go")
+    # One worker, bound 1: the call it kept past its deadline is not sent to it again.
+    assert (running["calls"], running["peak"]) == (1, 1)
+    assert result.status == pb.STATUS_DONE
+    assert f"worker {ids[0]} of queue 'tools' took the call and did not answer by its deadline" in result.text
+    assert "may or may not have taken effect" in result.text
+    [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert tool_message.is_error
+
+
+async def test_a_call_a_worker_kept_past_its_deadline_goes_to_another_worker_and_counts_against_the_first(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+) -> None:
+    model.script("a", one_call_then_echo)
+    invoked: list[str] = []
+    release = asyncio.Event()
+
+    def worker(name: str) -> Any:
+        async def work(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+            invoked.append(name)
+            if len(invoked) == 1:
+                await release.wait()  # the first taker misses the deadline, and holds on
+            return f"done by {name}"
+
+        return work
+
+    runtime_id = await create(stub, agent("a", tools=[worker_tool("slow", timeout=0.3)]))
+    async with (
+        serving(client, "tools", {"slow": worker("one")}, limit=1),
+        serving(client, "tools", {"slow": worker("two")}, limit=1),
+    ):
+        _, result = await run(stub, runtime_id, "a", "go")
+        first, second = invoked
+        assert first != second and result.text == f"done by {second}"
+        # The late taker still holds the first call: a second run's call goes to the other one.
+        _, again = await run(stub, runtime_id, "a", "go again")
+        assert again.text == f"done by {second}" and invoked == [first, second, second]
+        release.set()
+
+
 async def test_with_ask_a_lost_call_suspends_in_doubt_and_the_host_decides(
     stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
 ) -> None:
