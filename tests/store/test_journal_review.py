@@ -13,13 +13,10 @@ import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime_server.domain.model import ToolCall, ToolResult, WorkerExecutor
-from agentruntime_server.domain.ports import WorkerLost
-from agentruntime_server.tools.workers import WorkerPool
+from agentruntime_server.domain.model import ToolCall
 
 from tests.support.build import agent, create, spawn
 from tests.support.model_server import ScriptedModelServer
-from tests.support.poll import until
 from tests.support.servers import serve
 
 
@@ -104,51 +101,3 @@ async def test_create_runtime_with_options_answers_only_once_its_options_are_jou
 
 CHARGE = ToolCall(id="call_1", name="charge", arguments_json="{}")
 KEY = "rt/root/payer.1/call_1"
-
-
-async def test_a_call_still_in_the_outbox_of_a_worker_that_leaves_goes_to_the_next_worker() -> None:
-    """The first worker's stream never sent the call (it was still queued for it: a host that
-    reads slowly backs its stream up): the call never left the process, so it is not in
-    doubt; the next worker of the queue runs it."""
-    pool = WorkerPool()
-    first = await pool.connect("default", "tools", ["charge"], 1)
-    running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 10.0), CHARGE, KEY, "rt", "root/payer.1"))
-    await until(lambda: not first.outbox.empty(), "the call to be queued for the first worker")
-    second = await pool.connect("default", "tools", ["charge"], 1)
-    await pool.disconnect(first)
-    dispatch = await asyncio.wait_for(second.outbox.get(), 10)
-    assert dispatch is not None and dispatch.key == KEY
-    second.answer(dispatch.id, ToolResult("charged once"))
-    assert await asyncio.wait_for(running, 10) == ToolResult("charged once")
-
-
-async def test_a_call_a_worker_stream_took_is_in_doubt_when_the_worker_leaves() -> None:
-    """Taken off the outbox by the stream, the call may have reached the host: in doubt."""
-    pool = WorkerPool()
-    first = await pool.connect("default", "tools", ["charge"], 1)
-    running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 10.0), CHARGE, KEY, "rt", "root/payer.1"))
-    sent = await asyncio.wait_for(first.outbox.get(), 10)
-    assert sent is not None and sent.key == KEY
-    assert first.outbox.sending(sent)  # what the stream says before it yields the call to the host
-    second = await pool.connect("default", "tools", ["charge"], 1)
-    await pool.disconnect(first)
-    with pytest.raises(WorkerLost):
-        await asyncio.wait_for(running, 10)
-    assert second.outbox.empty()
-
-
-async def test_a_call_a_worker_stream_took_but_never_sent_goes_to_the_next_worker() -> None:
-    """Taken off the outbox but not yet sent (the stream checks the credential first), the call
-    never left the process: when the worker leaves, the next worker gets it, not in doubt."""
-    pool = WorkerPool()
-    first = await pool.connect("default", "tools", ["charge"], 1)
-    running = asyncio.ensure_future(pool.run("default", WorkerExecutor("tools", 10.0), CHARGE, KEY, "rt", "root/payer.1"))
-    taken = await asyncio.wait_for(first.outbox.get(), 10)
-    assert taken is not None and taken.key == KEY
-    second = await pool.connect("default", "tools", ["charge"], 1)
-    await pool.disconnect(first)
-    assert not first.outbox.sending(taken)  # taken back: the first stream must not send it
-    again = await asyncio.wait_for(second.outbox.get(), 10)
-    assert again is not None and again.key == KEY and second.outbox.sending(again)
-    assert not running.done()
-    running.cancel()
