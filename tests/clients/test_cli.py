@@ -1,7 +1,8 @@
 """The `agentruntime` CLI (run, ls, inspect, transcript, resume, watch, runtimes, rm) as a subprocess against a real server.
 
 Off a terminal `run` prints one line per event and reads the prompt and the answers from
-standard input, so what a person sees in the live tree is checked here line by line."""
+standard input, so what a person sees in the live tree is checked here line by line; model
+output cannot drive the terminal it is printed on."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from agentruntime.cli import command_first
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
+from google.protobuf import json_format
 
 from tests.support.build import agent, create, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
@@ -366,3 +368,19 @@ async def test_the_server_runs_on_the_event_loop_its_settings_name(
     finally:
         await server.stop(signal.SIGTERM)
     assert f"event loop: {loop})" in (tmp_path / "server.log").read_text()
+
+
+HOSTILE = "done\x1b]0;owned\x07\x1b[2J\x9b31m"
+
+
+async def test_the_cli_prints_no_terminal_control_from_model_text(tmp_path: Path) -> None:
+    scripted = pb.AgentDef(name="echo", description="says it", script=pb.Script(replies=[pb.ScriptedReply(text=HOSTILE)]))
+    agents = tmp_path / "agents.json"
+    agents.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(runtime_id="hostile", agents=[scripted])))
+    async with serve() as served:
+        code, ran, _ = await cli(served.running, "run", str(agents), "--runtime-id", "hostile", "--prompt", "go")
+        assert code == 0, ran
+        _, shown, _ = await cli(served.running, "transcript", "hostile", "root/echo.1")
+    for out in (ran, shown):
+        assert "owned" in out  # the text is shown, its control characters escaped
+        assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, out

@@ -1,9 +1,11 @@
-"""The Python client over a real server: waiting past its deadline, and a server restart
-in the middle of `run()` that the caller never sees."""
+"""The Python client over a real server: waiting past its deadline, a server restart in the
+middle of `run()` that the caller never sees, a worker that keeps reconnecting however long
+the server is away, and a Watch allowed many retries that waits a bounded time between them."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 from typing import Any
@@ -17,8 +19,8 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from tests.support.build import agent
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import until
-from tests.support.process import ServerProcess
-from tests.support.servers import Served
+from tests.support.process import ServerProcess, free_port
+from tests.support.servers import Served, serve
 
 
 async def test_wait_outlasts_the_clients_call_deadline_and_timeout_is_the_callers(
@@ -174,3 +176,54 @@ async def test_keepalive_is_on_by_default_while_calls_are_open(served: Served) -
 
     sync_options = await asyncio.to_thread(blocking)
     assert {name: value for name, value in sync_options if name in keepalive} == keepalive
+
+
+# ---- a long outage, and a Watch allowed many retries ------------------------------------------------
+
+
+async def test_a_worker_keeps_reconnecting_through_a_long_outage() -> None:
+    port = free_port()
+    drops = 0
+
+    class Counter(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            nonlocal drops
+            drops += 1
+
+    counter = Counter()
+    worker_log = logging.getLogger("agentruntime.worker")
+    worker_log.addHandler(counter)
+    registered = asyncio.Event()
+    try:
+        async with Client(f"127.0.0.1:{port}") as client:
+            # No wait between attempts: the failures of a long outage, in a moment.
+            serving = asyncio.ensure_future(
+                client.serve_tools(
+                    "q", {"t": lambda arguments, call: "x"}, max_backoff=0.0, registered=lambda _: registered.set()
+                )
+            )
+            for _ in range(3000):
+                if drops > 1100 or serving.done():
+                    break
+                await asyncio.sleep(0.01)
+            # The 1024th failure used to raise OverflowError (2**1024 as a float) and end the worker.
+            assert not serving.done(), serving.exception()
+            assert drops > 1100
+            async with serve(listen=f"127.0.0.1:{port}"):
+                await asyncio.wait_for(registered.wait(), 30)
+            serving.cancel()
+    finally:
+        worker_log.removeHandler(counter)
+
+
+async def test_a_watch_allowed_many_retries_waits_a_bounded_time_between_them() -> None:
+    """max_retries is the caller's; the wait between reconnects doubles only up to a cap, so
+    a large max_retries neither waits for ages nor overflows (2**1024 is no float)."""
+    port = free_port()
+    async with Client(f"127.0.0.1:{port}") as client:
+        watching = client.watch("rt", max_retries=1100, backoff=1e-300).__anext__()
+        try:
+            await asyncio.wait_for(watching, 60)
+        except Exception as error:  # every reconnect refused: after the last, the UNAVAILABLE
+            assert type(error).__name__ == "AgentRuntimeError", error
+            assert "UNAVAILABLE" in str(error) or "failed to connect" in str(error), error
