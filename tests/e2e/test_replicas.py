@@ -1,7 +1,8 @@
-"""Replicas on one PostgreSQL database (issue 13): leases with fencing epochs, forwarding,
-failover, graceful handoff. The store-level tests drive two stores on one database the way
-two processes would; the rest start real server processes on a real PostgreSQL and hurt
-them with signals."""
+"""Replicas on one PostgreSQL database: forwarding, failover, graceful handoff, with real server
+processes on a real PostgreSQL hurt with signals and with the database's own
+pg_terminate_backend: an owner paused past its lease that wakes with work in hand, an owner
+whose database connections break, and calls at the other replica meanwhile. (Leases and
+fencing with two stores driven by the test: tests/store/test_leases.py.)"""
 
 from __future__ import annotations
 
@@ -21,10 +22,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain.errors import Fenced
-from agentruntime_server.domain.events import EventLog
-from agentruntime_server.domain.journal import CallFinished, CallStarted, Journal, Tree, replay
-from agentruntime_server.domain.ownership import Claim
+from agentruntime_server.domain.journal import CallFinished, CallStarted
 from agentruntime_server.store import payloads
 
 from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
@@ -32,161 +30,13 @@ from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
-from tests.support.replicas import LEASE, Replica, journal_of, no_events, two_replicas
+from tests.support.replicas import LEASE, Pair, cut_off, pair, settled_at, started_run
 from tests.support.servers import serve
-from tests.support.story import AGENTS, figures, story
 from tests.support.tool_server import ToolServer
 
-__all__ = ["pki", "tokens_file"]  # fixtures of tests/support/auth.py, used here
+__all__ = ["pair", "pki", "tokens_file"]  # fixtures of tests/support (auth.py, replicas.py), used here
 
 T = TypeVar("T")
-
-# ---- leases and fencing, two stores on one database ------------------------------------------
-
-
-@pytest.fixture
-async def pair(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]:
-    async with two_replicas(database) as replicas:
-        yield replicas
-
-
-async def test_the_creator_owns_a_runtime_and_the_other_replica_is_sent_to_it(pair: tuple[Replica, Replica, Any]) -> None:
-    a, b, _ = pair
-    await a.store.create_runtime("rt", AGENTS)
-    assert a.leases.holds("rt") and not b.leases.holds("rt")
-    assert await b.leases.claim("rt") == Claim(owned=False, address="127.0.0.1:1001")
-    assert await b.leases.claim("missing") == Claim(owned=False, exists=False)
-    assert await b.leases.orphans() == []
-
-
-async def test_a_claim_fences_every_later_write_of_the_previous_owner(pair: tuple[Replica, Replica, Any]) -> None:
-    a, b, admin = pair
-    await a.store.create_runtime("rt", AGENTS)
-    tree, journal = journal_of(a, "rt")
-    groups = story(tree)
-    for _ in range(4):
-        await journal.record(*next(groups))
-    await a.store.flush("rt")
-    acknowledged, last = figures(tree), journal.last_seq
-
-    await a.lapse(admin)  # a is paused past its lease: b takes the runtime over
-    assert await b.leases.claim("rt") == Claim(owned=True)
-
-    await journal.record(*next(groups))  # a wakes up and writes what it was doing
-    with pytest.raises(Fenced):
-        await a.store.flush("rt")
-    assert a.lost == ["rt"] and not a.leases.holds("rt")
-    with pytest.raises(Fenced):  # and nothing it appends later is taken either
-        await journal.record(*next(groups))
-
-    stored = await b.store.load("rt")
-    assert stored is not None and [entry.seq for entry in stored.entries] == list(range(1, last + 1))  # nothing of a's after
-    rebuilt = Tree("rt", AGENTS)
-    replay(rebuilt, stored.entries)
-    assert figures(rebuilt) == acknowledged
-
-    # b goes on from there, with the next seqs.
-    continued = Journal.restore(rebuilt, b.store, EventLog("rt", no_events), stored.entries)
-    await continued.record(*next(story(Tree("rt", AGENTS))))
-    await b.store.flush("rt")
-    again = await b.store.load("rt")
-    assert again is not None and [entry.seq for entry in again.entries] == list(range(1, last + 2))
-
-
-async def test_a_replica_not_renewed_for_a_lease_trusts_its_copy_only_once_it_has_renewed(
-    pair: tuple[Replica, Replica, Any],
-) -> None:
-    a, b, admin = pair
-    for runtime_id in ("kept", "taken"):
-        await a.store.create_runtime(runtime_id, AGENTS)
-    a.leases._renewed -= LEASE  # starved or paused for a lease: by its own clock it may have lost them
-    assert not a.leases.holds("kept") and not a.leases.holds("taken")
-    await a.lapse(admin)
-    assert await b.leases.claim("taken") == Claim(owned=True)
-    await a.leases.confirm()  # what a copy's next reader does first: renew, and learn what was lost
-    assert a.leases.holds("kept") and not a.leases.holds("taken")
-    assert a.lost == ["taken"]
-
-
-async def test_renewal_tells_a_replica_which_leases_it_lost(pair: tuple[Replica, Replica, Any]) -> None:
-    a, b, admin = pair
-    for runtime_id in ("kept", "taken"):
-        await a.store.create_runtime(runtime_id, AGENTS)
-    await a.lapse(admin)
-    assert await b.leases.claim("taken") == Claim(owned=True)
-    assert await a.leases.renew() == ["taken"]  # and a is live again: "kept" stays a's
-    assert a.leases.holds("kept") and not a.leases.holds("taken")
-    assert await b.leases.claim("kept") == Claim(owned=False, address="127.0.0.1:1001")
-
-
-async def test_a_runtime_created_during_a_renewal_stays_its_creators(pair: tuple[Replica, Replica, Any]) -> None:
-    """A renewal that reads a new runtime's row before its creator has recorded the epoch must
-    not give it up: the creator answers from its copy, so nobody else may claim it (found
-    under load: a Spawn at another replica claimed it, and the creator's Wake said NOT_FOUND)."""
-    a, b, _ = pair
-    created: list[str] = []
-
-    async def create_many() -> None:
-        for n in range(150):
-            await a.store.create_runtime(f"new-{n}", AGENTS)
-            created.append(f"new-{n}")
-
-    async def renew_meanwhile() -> None:
-        while len(created) < 150:
-            await a.leases.renew()
-
-    await asyncio.gather(create_many(), renew_meanwhile())
-    assert all(a.leases.holds(runtime_id) for runtime_id in created)
-    taken = [runtime_id for runtime_id in created if (await b.leases.claim(runtime_id)).owned]
-    assert taken == []
-
-
-async def test_orphans_are_running_runtimes_whose_owner_is_gone(pair: tuple[Replica, Replica, Any]) -> None:
-    a, b, admin = pair
-    await a.store.create_runtime("busy", AGENTS)
-    await a.store.create_runtime("idle", AGENTS)
-    tree, journal = journal_of(a, "busy")
-    groups = story(tree)
-    while not tree.active:  # until a handle runs: the runtime is marked running
-        await journal.record(*next(groups))
-    await a.store.flush()
-    assert await b.leases.orphans() == []  # a is live
-    await a.lapse(admin)
-    assert await b.leases.orphans() == ["busy"]  # the idle one needs nobody
-    await a.leases.renew()
-    assert await b.leases.orphans() == []
-
-
-async def test_retention_keeps_a_runtime_another_replica_took_after_the_listing(pair: tuple[Replica, Replica, Any]) -> None:
-    a, b, admin = pair
-    for runtime_id in ("taken", "left"):
-        await a.store.create_runtime(runtime_id, AGENTS)
-        await a.leases.release(runtime_id)  # in no replica's memory: either may delete it once idle
-    await asyncio.sleep(0.01)
-    before = time.time()
-    assert sorted(await b.store.idle_runtimes(before)) == ["left", "taken"]
-    assert await a.leases.claim("taken") == Claim(owned=True)  # a loads it after b's listing
-    assert await b.store.delete_if_idle("taken", before) is False  # not under a live replica's copy
-    assert await b.store.delete_if_idle("left", before) is True
-    await a.lapse(admin)
-    assert await b.store.delete_if_idle("taken", before) is True  # a is gone: its copy with it
-
-
-async def test_a_released_lease_is_taken_at_once_and_a_graceful_stop_releases_all(
-    pair: tuple[Replica, Replica, Any],
-) -> None:
-    a, b, _ = pair
-    for runtime_id in ("one", "two", "three"):
-        await a.store.create_runtime(runtime_id, AGENTS)
-    await a.leases.release("one")
-    assert await b.leases.claim("one") == Claim(owned=True)
-    await a.leases.release_all()
-    assert await b.leases.claim("two") == Claim(owned=True)
-    assert await b.leases.claim("three") == Claim(owned=True)
-    assert not any(a.leases.holds(runtime_id) for runtime_id in ("one", "two", "three"))
-
-
-# ---- real processes ----------------------------------------------------------------------
 
 
 def coordinator(body: dict[str, Any]) -> Reply:
@@ -586,3 +436,128 @@ async def test_replicas_forward_over_mtls_with_the_callers_token(
                 other.Wake(pb.WakeRequest(runtime_id="secure", handle_id=spawned.handle_id), metadata=bearer(READ_TOKEN))
             )
             assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+# ---- an owner paused past its lease, an owner whose database connections break ----------------------
+
+
+async def test_an_owner_woken_after_its_lease_moved_buys_no_model_turn(
+    pair: Pair, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    """The owner is paused with a tool call in flight; the other replica takes the runtime over
+    and finishes it (the call in doubt runs again, the second turn is bought there). The old
+    owner wakes with the tool's answer in hand: it must not buy the next turn a second time."""
+    tools.delays["hit"] = 1.0
+    owner = await pair.owner.start()
+    other = await pair.other.start()
+    runtime_id, handle_id = await started_run(owner, tools)
+    await until(lambda: len(tools.in_flight_keys) == 1, "the tool call in flight at the owner", timeout=20)
+    pair.owner.send(signal.SIGSTOP)
+    # Waited on at the other replica: answered there once it has taken the runtime over.
+    result = await settled_at(other, runtime_id, handle_id, patience=60)
+    assert (result.status, result.text, result.turns) == (pb.STATUS_DONE, "done", 2)
+    assert model.calls["solo"] == 2 and tools.hits["hit"] == 2  # the call in doubt ran again, with its key
+
+    pair.owner.send(signal.SIGCONT)  # it reads the tool's answer it was sent while it slept
+    log = pair.owner.log
+    await until(lambda: "its copy stops" in log.read_text(), "the old owner to notice", timeout=30)
+    await asyncio.sleep(1.0)  # a model call it would make has reached the model server by now
+    assert model.calls["solo"] == 2, "the fenced replica bought a model turn"
+    assert tools.hits["hit"] == 2
+    again = await settled_at(owner, runtime_id, handle_id, patience=30)  # and it reads what the new owner wrote
+    assert again == result
+
+
+async def test_an_owner_whose_store_broke_gives_its_runtimes_up(
+    pair: Pair, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    """The owner's database connections are cut while a tool call is in flight: its next
+    commit fails, and its store takes nothing more (it must be restarted). Its lease must not
+    outlive that: the other replica takes the runtime over and finishes it, rather than the
+    runtime staying with an owner that can write nothing, for good."""
+    tools.delays["hit"] = 1.0
+    owner = await pair.owner.start()
+    other = await pair.other.start()
+    runtime_id, handle_id = await started_run(owner, tools)
+    await until(lambda: len(tools.in_flight_keys) == 1, "the tool call in flight at the owner", timeout=20)
+    assert await cut_off(pair) >= 1
+    # Until its lease lapses the broken owner still answers what is forwarded to it, with an
+    # error of its own (INTERNAL: "see the server log"); then the other replica runs the runtime.
+    retried = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+    result = await settled_at(other, runtime_id, handle_id, patience=LEASE * 8, retried=retried)
+    assert (result.status, result.text, result.turns) == (pb.STATUS_DONE, "done", 2)
+
+
+async def test_a_long_wait_and_watch_at_another_replica_follow_the_runtime_when_its_owner_dies(
+    pair: Pair, tools: ToolServer
+) -> None:
+    """A Wait (no timeout) and a Watch at the other replica, forwarded to the owner for longer
+    than the retry window (three leases) when the owner is killed: both follow the runtime to
+    the replica that takes it over and end with the run's result, rather than an UNAVAILABLE
+    for a retry window counted from when the call began."""
+    tools.delays["hit"] = 60.0  # the run outlasts the window, until the owner dies
+    owner = await pair.owner.start()
+    other = await pair.other.start()
+    runtime_id, handle_id = await started_run(owner, tools)
+    await until(lambda: len(tools.in_flight_keys) == 1, "the tool call in flight at the owner", timeout=20)
+    waiting = asyncio.ensure_future(other.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=90))
+    events: list[pb.Event] = []
+
+    async def watch() -> None:
+        async for response in other.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=90):
+            events.append(response.event)
+            if response.event.handle_id == handle_id and response.event.HasField("result"):
+                return
+
+    watching = asyncio.ensure_future(watch())
+    await until(lambda: bool(events), "the Watch to be forwarded", timeout=20)
+    await asyncio.sleep(3 * LEASE + 1)  # the calls have been forwarded for longer than the retry window
+    assert not waiting.done() and not watching.done()
+    tools.delays["hit"] = 0.0  # the call in doubt is quick when it runs again
+    await pair.owner.stop(signal.SIGKILL)
+    waited = await waiting
+    assert (waited.result.status, waited.result.text, waited.result.turns) == (pb.STATUS_DONE, "done", 2)
+    await watching
+    assert [event.seq for event in events] == list(range(1, len(events) + 1))  # no gap, nothing twice
+
+
+async def test_a_takeover_waiting_on_a_locked_row_holds_up_no_renewal(pair: Pair, tools: ToolServer) -> None:
+    """A takeover's claim waits on the runtime's row for as long as another transaction holds
+    it (a replica paused or cut off inside one, a slow database). Meanwhile the replica taking
+    over goes on renewing its own leases, or it loses every runtime it runs; once the row is
+    free, the takeover completes."""
+    tools.delays["hit"] = 60.0
+    owner = await pair.owner.start()
+    other = await pair.other.start()
+    runtime_id, handle_id = await started_run(owner, tools)
+    await until(lambda: len(tools.in_flight_keys) == 1, "the tool call in flight at the owner", timeout=20)
+    locker, watcher = await asyncpg.connect(pair.database), await asyncpg.connect(pair.database)
+    try:
+        async with locker.transaction():
+            await locker.execute("SELECT 1 FROM runtimes WHERE id = $1 FOR UPDATE", runtime_id)
+            await pair.owner.stop(signal.SIGKILL)
+            for _ in range(int(LEASE * 20)):  # its lease lapses; the other replica's claim then waits on the row
+                waiting = await watcher.fetchval(
+                    "SELECT COUNT(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE runtimes r SET owner%'"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the other replica never claimed the dead owner's runtime")
+            loop = asyncio.get_running_loop()
+            watched_until = loop.time() + 2 * LEASE
+            while loop.time() < watched_until:
+                left = await watcher.fetchval(
+                    "SELECT expires_at - extract(epoch FROM clock_timestamp()) FROM replicas WHERE address = $1",
+                    pair.other.address,
+                )
+                assert left is not None and left > 0, "the replica taking over let its own lease lapse"
+                await asyncio.sleep(0.2)
+            tools.delays["hit"] = 0.0
+    finally:
+        await locker.close()
+        await watcher.close()
+    result = await settled_at(other, runtime_id, handle_id, patience=30)
+    assert (result.status, result.text) == (pb.STATUS_DONE, "done")
