@@ -1,5 +1,7 @@
-"""Review of heartbeats, compaction and Requests that expire across a crash: real server
-processes, SIGKILL, then a restart."""
+"""Timers across a crash: heartbeats (the periods missed while the server was down come due at
+the restart as one tick), a compaction cut by a crash, and Requests that expire (they lapse
+after a crash and a restart too, and while nothing else keeps their runtime in memory). Real
+server processes, SIGKILL, then a restart."""
 
 from __future__ import annotations
 
@@ -7,16 +9,21 @@ import asyncio
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, last_user
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.scripts import STEPS, stepper
+from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
+
+__all__ = ["signin"]  # fixtures of tests/support, used here
 
 CATCH_UP = re.compile(r"\[from heartbeat, (\d+) times: the latest shown\] tick$")
 
@@ -86,3 +93,51 @@ async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_o
     assert [view.turns for view in summarizers] == [1] * len(summarizers)
     assert result.own_tokens == result.turns * 10
     assert result.total_tokens == result.own_tokens + 7 * len(summarizers)
+
+
+# ---- a Request that expires -------------------------------------------------------------------------
+
+
+async def _pending_sign_in(stub: pb_grpc.AgentRuntimeStub, tool: SignInTool) -> tuple[str, str]:
+    runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", tool.url())]))
+    handle_id = await spawn(stub, runtime_id, "crm")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="log in"))
+    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_PENDING
+    return runtime_id, handle_id
+
+
+async def _lapses(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, model: ScriptedModelServer, within: float) -> None:
+    """The Request lapses on its own: the model is called again without any RPC on the runtime."""
+    deadline = time.monotonic() + within
+    while model.calls["crm"] < 2:
+        assert time.monotonic() < deadline, "the expired Request did not lapse"
+        await asyncio.sleep(0.1)
+    rows = (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes
+    assert next(row for row in rows if row.runtime_id == runtime_id).suspended_count == 0
+
+
+async def test_an_expiring_request_lapses_after_a_crash_and_a_restart(
+    process: ServerProcess, model: ScriptedModelServer, signin: SignInTool
+) -> None:
+    signin.expires_in = 3.0
+    model.script("crm", crm_script)
+    stub = await process.start()
+    runtime_id, _ = await _pending_sign_in(stub, signin)
+    await process.stop(signal.SIGKILL)
+    stub = await process.restart()
+    await _lapses(stub, runtime_id, model, within=10)
+
+
+async def test_an_expiring_request_keeps_its_runtime_in_memory_until_it_lapses(
+    tmp_path: Path, model: ScriptedModelServer, signin: SignInTool
+) -> None:
+    signin.expires_in = 3.0
+    model.script("crm", crm_script)
+    process = ServerProcess(tmp_path / "s.db", model.base_url, tmp_path / "server.log", env={"AGENTRUNTIME_RUNTIME_CACHE": "1"})
+    stub = await process.start()
+    try:
+        runtime_id, _ = await _pending_sign_in(stub, signin)
+        await create(stub, agent("other"))  # the cache holds one idle runtime: an idle one would leave memory
+        await _lapses(stub, runtime_id, model, within=10)
+    finally:
+        await process.stop()
