@@ -12,20 +12,19 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf import json_format
-from google.rpc import error_details_pb2
 
-from tests.support.build import agent, create, duration, http_tool, spawn, status_details, struct, transcript, views, wait
+from tests.support.build import agent, create, duration, http_tool, spawn, struct, transcript, views, wait
+from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, is_result_of, resume, wake
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
-from tests.support.poll import until
+from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.sdk_servers import openai_error
 from tests.support.sign_in import SignInTool, crm_script, signin
@@ -33,58 +32,8 @@ from tests.support.tool_server import ToolServer
 
 __all__ = ["signin"]  # fixtures of tests/support, used here
 
-Stub = pb_grpc.AgentRuntimeStub
-
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-async def _wake(stub: Stub, runtime_id: str, handle_id: str, prompt: str = "") -> None:
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt))
-
-
-async def _view(stub: Stub, runtime_id: str, handle_id: str) -> pb.HandleView:
-    return (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
-
-
-async def _resume(stub: Stub, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-    return (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=60)).result
-
-
-async def _eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _fields(error: grpc.aio.AioRpcError) -> list[str]:
-    """The BadRequest field violations' paths an error carries."""
-    return [
-        violation.field
-        for detail in status_details(error)
-        if isinstance(detail, error_details_pb2.BadRequest)
-        for violation in detail.field_violations
-    ]
-
-
-async def _events(stub: Stub, runtime_id: str, stop: Callable[[pb.Event], bool]) -> list[pb.Event]:
-    """A runtime's events from the first, until (and with) the one `stop` accepts."""
-    events: list[pb.Event] = []
-    call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=0))
-    async with asyncio.timeout(20):
-        async for response in call:
-            events.append(response.event)
-            if stop(response.event):
-                call.cancel()
-                break
-    return events
-
-
-def _settled(handle_id: str) -> Callable[[pb.Event], bool]:
-    return lambda event: event.handle_id == handle_id and event.WhichOneof("payload") == "result"
 
 
 # ---- 1. heartbeats across a restart ----------------------------------------------------------
@@ -138,7 +87,7 @@ async def test_heartbeats_wake_an_idle_handle_count_the_downtime_as_one_tick_and
     after_close = len(runs)
     await asyncio.sleep(2.2)
     assert len(runs) == after_close, "a closed handle's heartbeat woke it"
-    assert (await _view(stub, runtime_id, handle_id)).state == pb.HANDLE_STATE_CLOSED
+    assert (await handle_view(stub, runtime_id, handle_id)).state == pb.HANDLE_STATE_CLOSED
 
 
 # ---- 2. coalescing ---------------------------------------------------------------------------
@@ -153,8 +102,8 @@ async def test_coalesced_posts_merge_and_never_refuse_when_they_merge(stub: Stub
             pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text=f"tick {n}", coalesce_key="tick")
         )
         assert (posted.ok, posted.inbox_size) == (True, 1)
-    assert (await _view(stub, runtime_id, handle_id)).inbox_size == 1
-    await _wake(stub, runtime_id, handle_id)
+    assert (await handle_view(stub, runtime_id, handle_id)).inbox_size == 1
+    await wake(stub, runtime_id, handle_id)
     assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_DONE
     assert model.requests[-1]["messages"][-1]["content"] == "Messages received:\n[from host, 5 times: the latest shown] tick 5"
 
@@ -172,7 +121,7 @@ async def test_coalesced_posts_merge_and_never_refuse_when_they_merge(stub: Stub
         with pytest.raises(grpc.aio.AioRpcError) as full:
             await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=other, text="one more", coalesce_key=key))
         assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    await _wake(stub, runtime_id, other)
+    await wake(stub, runtime_id, other)
     assert (await wait(stub, runtime_id, other)).status == pb.STATUS_DONE
     assert model.requests[-1]["messages"][-1]["content"] == (
         "Messages received:\n[from host, 2 times: the latest shown] tick b\n[from host] news\n[from host] plain"
@@ -239,7 +188,7 @@ async def test_compaction_lets_a_long_run_finish_and_keeps_every_message(
     compacting = agent("worker", tools=[http_tool("step", tools.url("stepa"))], compaction=compaction)
     runtime_id = await create(stub, compacting, agent("summarizer"))
     handle_id = await spawn(stub, runtime_id, "worker")
-    await _wake(stub, runtime_id, handle_id, "run the 40 steps")
+    await wake(stub, runtime_id, handle_id, "run the 40 steps")
     result = await wait(stub, runtime_id, handle_id)
 
     assert (result.status, result.text, result.turns, result.tool_calls) == (pb.STATUS_DONE, "all 40 steps done", 41, 40)
@@ -265,7 +214,7 @@ async def test_compaction_lets_a_long_run_finish_and_keeps_every_message(
     plain = agent("plain", model="worker", tools=[http_tool("step", tools.url("stepb"))])
     plain_runtime = await create(stub, plain)
     plain_id = await spawn(stub, plain_runtime, "plain")
-    await _wake(stub, plain_runtime, plain_id, "run the 40 steps")
+    await wake(stub, plain_runtime, plain_id, "run the 40 steps")
     failed = await wait(stub, plain_runtime, plain_id)
     assert (failed.status, failed.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_CONTEXT_LENGTH_EXCEEDED)
     assert failed.turns < STEPS and len(window.refused) == 1
@@ -281,7 +230,7 @@ async def test_a_suspending_tool_is_answered_after_a_restart(
     stub = await process.start()
     runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", signin.url())]))
     handle_id = await spawn(stub, runtime_id, "crm")
-    await _wake(stub, runtime_id, handle_id, "log in to the CRM")
+    await wake(stub, runtime_id, handle_id, "log in to the CRM")
     pending = await wait(stub, runtime_id, handle_id)
     request = pending.pending
     assert (pending.status, request.kind, request.prompt, request.url) == (
@@ -293,13 +242,13 @@ async def test_a_suspending_tool_is_answered_after_a_restart(
     expected = datetime.datetime.fromisoformat(signin.expires_at).timestamp()
     assert request.HasField("expires_at") and abs(request.expires_at.ToNanoseconds() / 1e9 - expected) < 0.01
     assert json_format.MessageToDict(request.data) == {"session": "s1"}
-    assert (await _view(stub, runtime_id, handle_id)).pending_kind == "authorization"
+    assert (await handle_view(stub, runtime_id, handle_id)).pending_kind == "authorization"
 
     await process.stop(signal.SIGKILL)
     stub = await process.restart()
 
     answer = pb.Answer(id=request.id, ok=True, data=struct({"code": "xyz"}))
-    done = await _resume(stub, runtime_id, answer)
+    done = await resume(stub, runtime_id, answer)
     assert (done.status, done.text) == (pb.STATUS_DONE, "crm: signed in as ada")
     assert len(signin.calls) == 2
     (first_key, first_answer), (second_key, second_answer) = signin.calls
@@ -317,14 +266,14 @@ async def test_an_unanswered_suspending_tool_lapses_into_an_error_result(
     model.script("crm", crm_script)
     runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", signin.url())]))
     handle_id = await spawn(stub, runtime_id, "crm")
-    await _wake(stub, runtime_id, handle_id, "log in to the CRM")
+    await wake(stub, runtime_id, handle_id, "log in to the CRM")
     pending = await wait(stub, runtime_id, handle_id)
     assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "authorization")
 
     async def lapsed() -> bool:
-        return (await _view(stub, runtime_id, handle_id)).state != pb.HANDLE_STATE_SUSPENDED
+        return (await handle_view(stub, runtime_id, handle_id)).state != pb.HANDLE_STATE_SUSPENDED
 
-    await _eventually(lapsed, "the request to lapse", timeout=5)
+    await eventually(lapsed, "the request to lapse", timeout=5)
     done = await wait(stub, runtime_id, handle_id)
     assert done.status == pb.STATUS_DONE
     assert done.text.startswith("crm: ") and "expired" in done.text
@@ -332,7 +281,7 @@ async def test_an_unanswered_suspending_tool_lapses_into_an_error_result(
     assert tool.is_error and "expired" in tool.content
     assert len(signin.calls) == 1  # nobody answered: the tool is not called again
     with pytest.raises(grpc.aio.AioRpcError) as late:
-        await _resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, data=struct({"code": "late"})))
+        await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, data=struct({"code": "late"})))
     assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -355,50 +304,50 @@ async def test_a_turn_budget_that_asks_is_extended_declined_or_refused(
     model.script("prober", probe_script)
     runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
     handle_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
-    await _wake(stub, runtime_id, handle_id, "probe")
+    await wake(stub, runtime_id, handle_id, "probe")
     pending = await wait(stub, runtime_id, handle_id)
     request = pending.pending
     assert (pending.status, request.kind, request.data["limit"]) == (pb.STATUS_PENDING, "budget", "LIMIT_MAX_TURNS")
     assert (pending.turns, tools.hits["probe"]) == (1, 1)
 
     answer = pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_turns": 3}}))
-    done = await _resume(stub, runtime_id, answer)
+    done = await resume(stub, runtime_id, answer)
     assert (done.status, done.text, done.turns) == (pb.STATUS_DONE, "finished", 2)
-    assert (await _view(stub, runtime_id, handle_id)).budget.max_turns == 3
-    again = await _resume(stub, runtime_id, answer)
+    assert (await handle_view(stub, runtime_id, handle_id)).budget.max_turns == 3
+    again = await resume(stub, runtime_id, answer)
     assert again == done
     assert (model.calls["prober"], tools.hits["probe"]) == (2, 1)
 
     # Refused before any change: a field that is not a budget's, a negative figure.
     declined_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
-    await _wake(stub, runtime_id, declined_id, "probe")
+    await wake(stub, runtime_id, declined_id, "probe")
     request = (await wait(stub, runtime_id, declined_id)).pending
     for extend in ({"max_bananas": 2}, {"max_turns": -1}):
         with pytest.raises(grpc.aio.AioRpcError) as bad:
-            await _resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": extend})))
+            await resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": extend})))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        [where] = _fields(bad.value)
+        [where] = bad_request_fields(bad.value)
         [name] = extend
         assert where.startswith("answer.data.extend.") and name in where, where
         if name == "max_turns":
             assert where == "answer.data.extend.max_turns"
-    assert (await _view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_SUSPENDED
+    assert (await handle_view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_SUSPENDED
 
-    stopped = await _resume(stub, runtime_id, pb.Answer(id=request.id, ok=False, reason="enough"))
+    stopped = await resume(stub, runtime_id, pb.Answer(id=request.id, ok=False, reason="enough"))
     assert (stopped.status, stopped.limit, stopped.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TURNS, 1)
-    assert (await _view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_IDLE
+    assert (await handle_view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_IDLE
 
 
 async def test_an_unknown_extend_field_is_named_by_its_path(stub: Stub, model: ScriptedModelServer, tools: ToolServer) -> None:
     model.script("prober", probe_script)
     runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
     handle_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
-    await _wake(stub, runtime_id, handle_id, "probe")
+    await wake(stub, runtime_id, handle_id, "probe")
     request = (await wait(stub, runtime_id, handle_id)).pending
     with pytest.raises(grpc.aio.AioRpcError) as bad:
-        await _resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_bananas": 2}})))
+        await resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_bananas": 2}})))
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _fields(bad.value) == ["answer.data.extend.max_bananas"]
+    assert bad_request_fields(bad.value) == ["answer.data.extend.max_bananas"]
 
 
 async def test_a_tool_call_budget_that_asks_runs_the_rest_once_after_the_extension(
@@ -413,7 +362,7 @@ async def test_a_tool_call_budget_that_asks_runs_the_rest_once_after_the_extensi
     model.script("prober", three_calls)
     runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
     handle_id = await spawn(stub, runtime_id, "prober", asking(max_tool_calls=1))
-    await _wake(stub, runtime_id, handle_id, "probe thrice")
+    await wake(stub, runtime_id, handle_id, "probe thrice")
     pending = await wait(stub, runtime_id, handle_id)
     assert (pending.status, pending.pending.kind, pending.pending.data["limit"]) == (
         pb.STATUS_PENDING,
@@ -423,7 +372,7 @@ async def test_a_tool_call_budget_that_asks_runs_the_rest_once_after_the_extensi
     assert (tools.hits["probe"], pending.tool_calls) == (1, 1)
 
     answer = pb.Answer(id=pending.pending.id, ok=True, data=struct({"extend": {"max_tool_calls": 3}}))
-    done = await _resume(stub, runtime_id, answer)
+    done = await resume(stub, runtime_id, answer)
     assert (done.status, done.text, done.tool_calls) == (pb.STATUS_DONE, "probe ok #1 | probe ok #2 | probe ok #3", 3)
     keys = Counter(tools.keys)
     assert sorted(keys) == [f"{runtime_id}/{handle_id}/call_1_{n}" for n in (1, 2, 3)]
@@ -445,20 +394,20 @@ async def test_a_child_waiting_for_max_concurrent_shows_queued(stub: Stub, model
     lead_def = agent("lead", team=["slowpoke"], budget=pb.Budget(max_concurrent=1))
     runtime_id = await create(stub, lead_def, agent("slowpoke"))
     handle_id = await spawn(stub, runtime_id, "lead")
-    await _wake(stub, runtime_id, handle_id, "go")
+    await wake(stub, runtime_id, handle_id, "go")
     second = f"{handle_id}/slowpoke.2"
 
     async def queued() -> bool:
         listed = await views(stub, runtime_id)
         return second in listed and listed[second].state == pb.HANDLE_STATE_QUEUED
 
-    await _eventually(queued, "the second child to show QUEUED")
-    assert (await _view(stub, runtime_id, f"{handle_id}/slowpoke.1")).state == pb.HANDLE_STATE_RUNNING
+    await eventually(queued, "the second child to show QUEUED")
+    assert (await handle_view(stub, runtime_id, f"{handle_id}/slowpoke.1")).state == pb.HANDLE_STATE_RUNNING
     result = await wait(stub, runtime_id, handle_id)
     assert (result.status, result.text) == (pb.STATUS_DONE, "both done")
     assert model.peak_in_flight == 1
 
-    events = await _events(stub, runtime_id, _settled(handle_id))
+    events = await events_until(stub, runtime_id, is_result_of(handle_id))
 
     def states(handle: str) -> list[int]:
         return [e.state_changed.state for e in events if e.handle_id == handle and e.WhichOneof("payload") == "state_changed"]
@@ -472,7 +421,7 @@ async def test_runtime_options_bound_model_calls_and_the_inbox(stub: Stub, model
     options = pb.RuntimeOptions(max_concurrent_model_calls=1)
     runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[agent("slow")], options=options))).runtime_id
     first, second = [await spawn(stub, runtime_id, "slow") for _ in range(2)]
-    await asyncio.gather(_wake(stub, runtime_id, first, "a"), _wake(stub, runtime_id, second, "b"))
+    await asyncio.gather(wake(stub, runtime_id, first, "a"), wake(stub, runtime_id, second, "b"))
     seen: list[tuple[int, int]] = []
 
     async def one_queued() -> bool:
@@ -480,7 +429,7 @@ async def test_runtime_options_bound_model_calls_and_the_inbox(stub: Stub, model
         seen.append((listed[first].state, listed[second].state))
         return sorted(seen[-1]) == [pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED]
 
-    await _eventually(one_queued, "one of the two handles to show QUEUED")
+    await eventually(one_queued, "one of the two handles to show QUEUED")
     results = [await wait(stub, runtime_id, handle) for handle in (first, second)]
     assert [r.status for r in results] == [pb.STATUS_DONE, pb.STATUS_DONE]
     assert model.peak_in_flight == 1
@@ -497,7 +446,7 @@ async def test_runtime_options_bound_model_calls_and_the_inbox(stub: Stub, model
     with pytest.raises(grpc.aio.AioRpcError) as too_big:  # the server's own capacity is 3
         await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[agent("slow")], options=pb.RuntimeOptions(inbox_capacity=4)))
     assert too_big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _fields(too_big.value) == ["options.inbox_capacity"]
+    assert bad_request_fields(too_big.value) == ["options.inbox_capacity"]
 
 
 # ---- 7. Close of root with a grace -------------------------------------------------------------
@@ -509,10 +458,10 @@ async def _two_top_level_handles(stub: Stub, model: ScriptedModelServer, delay: 
     model.script("quick", lambda body: Reply(text="quick one", tokens=1))
     runtime_id = await create(stub, agent("steady"), agent("quick"))
     idle = await spawn(stub, runtime_id, "quick")
-    await _wake(stub, runtime_id, idle, "go")
+    await wake(stub, runtime_id, idle, "go")
     assert (await wait(stub, runtime_id, idle)).status == pb.STATUS_DONE
     busy = await spawn(stub, runtime_id, "steady")
-    await _wake(stub, runtime_id, busy, "go")
+    await wake(stub, runtime_id, busy, "go")
     await until(lambda: bool(model.in_flight_bodies), "the slow model call to be in flight")
     return runtime_id, idle, busy
 
@@ -540,7 +489,7 @@ async def test_close_root_refuses_a_running_tree_and_with_a_grace_lets_the_run_f
     assert (settled.status, settled.text) == (pb.STATUS_DONE, "finished")
     assert model.calls["steady"] == 1 and not model.in_flight_bodies
     # The run settled on its own (DONE, never INTERRUPTED), and then the handle was closed.
-    events = await _events(
+    events = await events_until(
         stub, runtime_id, lambda event: event.handle_id == busy and event.state_changed.state == pb.HANDLE_STATE_CLOSED
     )
     assert _results(events, busy) == [(pb.STATUS_DONE, "finished")]
@@ -576,7 +525,7 @@ async def test_close_root_with_a_short_grace_closes_the_run(stub: Stub, model: S
     # Past the grace the run is stopped as a Close stops it: it settles CLOSED, not INTERRUPTED.
     cut = await waiting
     assert (cut.status, cut.text, cut.turns) == (pb.STATUS_CLOSED, "closed", 0)
-    events = await _events(
+    events = await events_until(
         stub, runtime_id, lambda event: event.handle_id == busy and event.state_changed.state == pb.HANDLE_STATE_CLOSED
     )
     assert _results(events, busy) == [(pb.STATUS_CLOSED, "closed")]
@@ -597,7 +546,7 @@ async def test_an_external_post_reaches_the_model_as_quoted_data(stub: Stub, mod
     await stub.Post(
         pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text=hostile, sender="webhook", trust=pb.TRUST_EXTERNAL)
     )
-    await _wake(stub, runtime_id, handle_id, "summarize the news")
+    await wake(stub, runtime_id, handle_id, "summarize the news")
     assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_DONE
 
     content = model.requests[-1]["messages"][-1]["content"]
@@ -618,4 +567,4 @@ async def test_an_external_post_reaches_the_model_as_quoted_data(stub: Stub, mod
     with pytest.raises(grpc.aio.AioRpcError) as bad:
         await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="x", trust=9))  # type: ignore[arg-type]
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert _fields(bad.value) == ["trust"]
+    assert bad_request_fields(bad.value) == ["trust"]
