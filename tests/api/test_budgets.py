@@ -6,10 +6,12 @@ tokens or tool calls, stops with its parent's limit instead of asking a question
 can answer; a judge's turns are its own, so the answer of a handle's last allowed turn is
 judged. A subtree's tool calls never pass an ancestor's max_tool_calls however many children
 run at once (calls count from when they start), and its token budget is passed by at most one
-turn per handle running at once."""
+turn per handle running at once. A turn or tool-call budget that asks is extended, declined or
+refused, and a child waiting for its parent's max_concurrent shows QUEUED."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import grpc
@@ -19,8 +21,10 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
 from google.rpc import error_details_pb2
 
-from tests.support.build import agent, create, http_tool, run, status_details, struct, transcript, views
+from tests.support.build import agent, create, http_tool, run, spawn, status_details, struct, transcript, views, wait
+from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, is_result_of, resume, wake
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.poll import eventually
 from tests.support.servers import Served
 from tests.support.tool_server import ToolServer
 
@@ -258,3 +262,134 @@ async def test_children_running_at_once_pass_a_token_budget_by_at_most_one_turn_
     # when it is reached, at most one per handle of the subtree (README, Budgets and stops).
     assert result.total_tokens < 100 + 40 * len(children)
     assert all(child.last_status == pb.STATUS_INCOMPLETE for child in children)
+
+
+# ---- budgets that ask -------------------------------------------------------------------------
+
+
+def probe_script(body: dict[str, Any]) -> Reply:
+    if tool_results(body) == 0:
+        return Reply(calls=[("probe", {"what": "disk"})], tokens=10)
+    return Reply(text="finished", tokens=10)
+
+
+def asking(**fields: int) -> pb.Budget:
+    return pb.Budget(on_exhausted=pb.ON_EXHAUSTED_ASK, **fields)
+
+
+async def test_a_turn_budget_that_asks_is_extended_declined_or_refused(
+    stub: Stub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    model.script("prober", probe_script)
+    runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
+    handle_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
+    await wake(stub, runtime_id, handle_id, "probe")
+    pending = await wait(stub, runtime_id, handle_id)
+    request = pending.pending
+    assert (pending.status, request.kind, request.data["limit"]) == (pb.STATUS_PENDING, "budget", "LIMIT_MAX_TURNS")
+    assert (pending.turns, tools.hits["probe"]) == (1, 1)
+
+    answer = pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_turns": 3}}))
+    done = await resume(stub, runtime_id, answer)
+    assert (done.status, done.text, done.turns) == (pb.STATUS_DONE, "finished", 2)
+    assert (await handle_view(stub, runtime_id, handle_id)).budget.max_turns == 3
+    again = await resume(stub, runtime_id, answer)
+    assert again == done
+    assert (model.calls["prober"], tools.hits["probe"]) == (2, 1)
+
+    # Refused before any change: a field that is not a budget's, a negative figure.
+    declined_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
+    await wake(stub, runtime_id, declined_id, "probe")
+    request = (await wait(stub, runtime_id, declined_id)).pending
+    for extend in ({"max_bananas": 2}, {"max_turns": -1}):
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": extend})))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        [where] = bad_request_fields(bad.value)
+        [name] = extend
+        assert where.startswith("answer.data.extend.") and name in where, where
+        if name == "max_turns":
+            assert where == "answer.data.extend.max_turns"
+    assert (await handle_view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_SUSPENDED
+
+    stopped = await resume(stub, runtime_id, pb.Answer(id=request.id, ok=False, reason="enough"))
+    assert (stopped.status, stopped.limit, stopped.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TURNS, 1)
+    assert (await handle_view(stub, runtime_id, declined_id)).state == pb.HANDLE_STATE_IDLE
+
+
+async def test_an_unknown_extend_field_is_named_by_its_path(stub: Stub, model: ScriptedModelServer, tools: ToolServer) -> None:
+    model.script("prober", probe_script)
+    runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
+    handle_id = await spawn(stub, runtime_id, "prober", asking(max_turns=1))
+    await wake(stub, runtime_id, handle_id, "probe")
+    request = (await wait(stub, runtime_id, handle_id)).pending
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await resume(stub, runtime_id, pb.Answer(id=request.id, ok=True, data=struct({"extend": {"max_bananas": 2}})))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(bad.value) == ["answer.data.extend.max_bananas"]
+
+
+async def test_a_tool_call_budget_that_asks_runs_the_rest_once_after_the_extension(
+    stub: Stub, model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    def three_calls(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("probe", {"n": n}) for n in (1, 2, 3)], tokens=10)
+        outputs = sorted(m["content"] for m in body["messages"] if m["role"] == "tool")
+        return Reply(text=" | ".join(outputs), tokens=10)
+
+    model.script("prober", three_calls)
+    runtime_id = await create(stub, agent("prober", tools=[http_tool("probe", tools.url("probe"))]))
+    handle_id = await spawn(stub, runtime_id, "prober", asking(max_tool_calls=1))
+    await wake(stub, runtime_id, handle_id, "probe thrice")
+    pending = await wait(stub, runtime_id, handle_id)
+    assert (pending.status, pending.pending.kind, pending.pending.data["limit"]) == (
+        pb.STATUS_PENDING,
+        "budget",
+        "LIMIT_MAX_TOOL_CALLS",
+    )
+    assert (tools.hits["probe"], pending.tool_calls) == (1, 1)
+
+    answer = pb.Answer(id=pending.pending.id, ok=True, data=struct({"extend": {"max_tool_calls": 3}}))
+    done = await resume(stub, runtime_id, answer)
+    assert (done.status, done.text, done.tool_calls) == (pb.STATUS_DONE, "probe ok #1 | probe ok #2 | probe ok #3", 3)
+    keys = Counter(tools.keys)
+    assert sorted(keys) == [f"{runtime_id}/{handle_id}/call_1_{n}" for n in (1, 2, 3)]
+    assert set(keys.values()) == {1}
+    assert model.calls["prober"] == 2
+
+
+# ---- QUEUED: a child waiting for max_concurrent -----------------------------------------------
+
+
+async def test_a_child_waiting_for_max_concurrent_shows_queued(stub: Stub, model: ScriptedModelServer) -> None:
+    def lead(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("task", {"agent": "slowpoke", "prompt": f"part {n}"}) for n in (1, 2)], tokens=10)
+        return Reply(text="both done", tokens=10)
+
+    model.script("lead", lead)
+    model.script("slowpoke", lambda body: Reply(text="done", tokens=5, delay=0.6))
+    lead_def = agent("lead", team=["slowpoke"], budget=pb.Budget(max_concurrent=1))
+    runtime_id = await create(stub, lead_def, agent("slowpoke"))
+    handle_id = await spawn(stub, runtime_id, "lead")
+    await wake(stub, runtime_id, handle_id, "go")
+    second = f"{handle_id}/slowpoke.2"
+
+    async def queued() -> bool:
+        listed = await views(stub, runtime_id)
+        return second in listed and listed[second].state == pb.HANDLE_STATE_QUEUED
+
+    await eventually(queued, "the second child to show QUEUED")
+    assert (await handle_view(stub, runtime_id, f"{handle_id}/slowpoke.1")).state == pb.HANDLE_STATE_RUNNING
+    result = await wait(stub, runtime_id, handle_id)
+    assert (result.status, result.text) == (pb.STATUS_DONE, "both done")
+    assert model.peak_in_flight == 1
+
+    events = await events_until(stub, runtime_id, is_result_of(handle_id))
+
+    def states(handle: str) -> list[int]:
+        return [e.state_changed.state for e in events if e.handle_id == handle and e.WhichOneof("payload") == "state_changed"]
+
+    assert states(second) == [pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED, pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_IDLE]
+    assert pb.HANDLE_STATE_QUEUED not in states(f"{handle_id}/slowpoke.1")

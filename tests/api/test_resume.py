@@ -1,4 +1,5 @@
-"""Suspension and Resume: the checkpoint is replayed, nothing already done runs or is bought again."""
+"""Suspension and Resume: the checkpoint is replayed, nothing already done runs or is bought again;
+a suspending tool nobody answers lapses into an error result."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.support.build import agent, create, http_tool, run, struct, views
+from tests.support.build import agent, create, http_tool, run, spawn, struct, transcript, views
+from tests.support.calls import Stub, handle_view, wake
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.poll import eventually
 from tests.support.scripts import relay_tool, stage_approve_commit
+from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
+
+__all__ = ["signin"]  # fixtures of tests/support, used here
 
 
 def last_tool_output(body: dict) -> str:  # type: ignore[type-arg]
@@ -300,3 +306,32 @@ async def test_a_call_that_asks_twice_has_one_request_per_question(
         stub, runtime_id, pb.Answer(id=relay.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="shipped")])
     )
     assert (done.status, done.text, done.tool_calls) == (pb.STATUS_DONE, "shipped", 1)
+
+
+# ---- a suspending tool nobody answers ---------------------------------------------------------------
+
+
+async def test_an_unanswered_suspending_tool_lapses_into_an_error_result(
+    stub: Stub, model: ScriptedModelServer, signin: SignInTool
+) -> None:
+    signin.expires_in = 1.0
+    model.script("crm", crm_script)
+    runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", signin.url())]))
+    handle_id = await spawn(stub, runtime_id, "crm")
+    await wake(stub, runtime_id, handle_id, "log in to the CRM")
+    pending = await wait(stub, runtime_id, handle_id)
+    assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "authorization")
+
+    async def lapsed() -> bool:
+        return (await handle_view(stub, runtime_id, handle_id)).state != pb.HANDLE_STATE_SUSPENDED
+
+    await eventually(lapsed, "the request to lapse", timeout=5)
+    done = await wait(stub, runtime_id, handle_id)
+    assert done.status == pb.STATUS_DONE
+    assert done.text.startswith("crm: ") and "expired" in done.text
+    [tool] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert tool.is_error and "expired" in tool.content
+    assert len(signin.calls) == 1  # nobody answered: the tool is not called again
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, data=struct({"code": "late"})))
+    assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION

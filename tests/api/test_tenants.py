@@ -102,7 +102,7 @@ def shape(error: grpc.aio.AioRpcError, runtime_id: str) -> tuple[Any, ...]:
     return error.code(), text, tuple(rest)
 
 
-# ---- 1. another tenant's runtime is a missing one ----
+# ---- another tenant's runtime is a missing one ----
 
 
 def requests_naming(runtime_id: str, handle_id: str, request_id: str, call_id: str) -> dict[str, list[ProtoMessage]]:
@@ -208,7 +208,7 @@ async def test_another_tenants_runtime_answers_every_rpc_as_a_missing_one_and_ch
         assert mine.handle == before[1].handle  # untouched by globex's run on its own "demo"
 
 
-# ---- 2. the same runtime id in two tenants ----
+# ---- the same runtime id in two tenants ----
 
 
 async def test_a_worker_serves_only_its_tenants_queue(tmp_path: Path) -> None:
@@ -291,7 +291,7 @@ async def test_tenants_with_the_same_runtime_id_are_independent_and_send_tools_d
         assert await Caller(served.stub, GLOBEX).runtimes() == {}
 
 
-# ---- 3. ListRuntimes pages ----
+# ---- ListRuntimes pages ----
 
 
 async def test_list_runtimes_pages_are_stable_and_complete(tmp_path: Path) -> None:
@@ -347,7 +347,7 @@ async def test_list_runtimes_pages_are_stable_and_complete(tmp_path: Path) -> No
         assert len((await acme("ListRuntimes", pb.ListRuntimesRequest())).runtimes) == 100  # 0: 100
 
 
-# ---- 4. DeleteRuntime ----
+# ---- DeleteRuntime ----
 
 
 async def test_delete_runtime_refuses_a_running_one_and_with_force_leaves_no_row(tmp_path: Path) -> None:
@@ -407,7 +407,7 @@ async def test_delete_runtime_refuses_a_running_one_and_with_force_leaves_no_row
             assert [event.seq for event in events] == list(range(1, len(events) + 1))
 
 
-# ---- 5. retention ----
+# ---- retention ----
 
 
 async def test_retention_deletes_idle_and_suspended_runtimes_and_keeps_running_ones(tmp_path: Path) -> None:
@@ -449,7 +449,7 @@ async def test_retention_deletes_idle_and_suspended_runtimes_and_keeps_running_o
         assert "busy" not in await acme.runtimes()  # once settled, it is idle like the others
 
 
-# ---- 6. quotas ----
+# ---- quotas ----
 
 
 async def test_quota_runtimes(tmp_path: Path) -> None:
@@ -538,7 +538,7 @@ async def test_quota_tokens_per_day_stops_the_next_turn_and_survives_a_restart(
         await server.stop()
 
 
-# ---- 7. audit ----
+# ---- audit ----
 
 
 def audit_records(records: list[logging.LogRecord]) -> list[tuple[str, str, str, str, str, str]]:

@@ -1,8 +1,11 @@
-"""Acknowledged means persisted: a real server process on a SQLite file, killed and restarted."""
+"""Acknowledged means persisted: a real server process on a SQLite file, killed and restarted. A
+run pending on a Request resumes after it, one in a turn recovers, a call in doubt asks, and
+a suspending tool's Request is answered after it."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import signal
 import sqlite3
@@ -13,13 +16,18 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
 from agentruntime_server.store.sqlite import SqliteStore
+from google.protobuf import json_format
 
-from tests.support.build import agent, create, http_tool, run, views
+from tests.support.build import agent, create, http_tool, run, spawn, struct, views
+from tests.support.calls import handle_view, resume, wake
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import until
 from tests.support.process import ServerProcess
 from tests.support.scripts import relay_tool, stage_approve_commit
+from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
+
+__all__ = ["signin"]  # fixtures of tests/support, used here
 
 
 async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
@@ -181,6 +189,45 @@ async def test_in_doubt_call_with_ask_policy_suspends_after_a_crash(
     assert (done.status, done.text) == (pb.STATUS_DONE, "charge: charge ok #2")
     assert tools.keys == [call.idempotency_key, call.idempotency_key]
     assert model.calls["payer"] == 2  # the reply that made the call was not bought again
+
+
+# ---- suspending tools -----------------------------------------------------------------------
+
+
+async def test_a_suspending_tool_is_answered_after_a_restart(
+    process: ServerProcess, model: ScriptedModelServer, signin: SignInTool
+) -> None:
+    model.script("crm", crm_script)
+    stub = await process.start()
+    runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", signin.url())]))
+    handle_id = await spawn(stub, runtime_id, "crm")
+    await wake(stub, runtime_id, handle_id, "log in to the CRM")
+    pending = await wait(stub, runtime_id, handle_id)
+    request = pending.pending
+    assert (pending.status, request.kind, request.prompt, request.url) == (
+        pb.STATUS_PENDING,
+        "authorization",
+        "sign in",
+        "https://example.invalid/login",
+    )
+    expected = datetime.datetime.fromisoformat(signin.expires_at).timestamp()
+    assert request.HasField("expires_at") and abs(request.expires_at.ToNanoseconds() / 1e9 - expected) < 0.01
+    assert json_format.MessageToDict(request.data) == {"session": "s1"}
+    assert (await handle_view(stub, runtime_id, handle_id)).pending_kind == "authorization"
+
+    await process.stop(signal.SIGKILL)
+    stub = await process.restart()
+
+    answer = pb.Answer(id=request.id, ok=True, data=struct({"code": "xyz"}))
+    done = await resume(stub, runtime_id, answer)
+    assert (done.status, done.text) == (pb.STATUS_DONE, "crm: signed in as ada")
+    assert len(signin.calls) == 2
+    (first_key, first_answer), (second_key, second_answer) = signin.calls
+    assert first_answer is None and first_key == second_key == f"{runtime_id}/{handle_id}/call_1_1"
+    assert second_answer is not None
+    sent = json.loads(second_answer)
+    assert (sent["ok"], sent["data"], sent["id"]) == (True, {"code": "xyz"}, request.id)
+    assert model.calls["crm"] == 2
 
 
 async def test_sigterm_drains_and_the_run_goes_on_after_restart(process: ServerProcess, model: ScriptedModelServer) -> None:

@@ -16,6 +16,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
+from tests.support.calls import handle_view
 from tests.support.model_server import Reply, ScriptedModelServer, last_user
 from tests.support.poll import until
 from tests.support.process import ServerProcess
@@ -55,6 +56,55 @@ async def test_periods_missed_before_a_first_tick_come_due_at_the_restart_counte
     catch_up = CATCH_UP.search(runs[0][1])
     assert catch_up is not None, runs[0][1]
     assert 2 <= int(catch_up.group(1)) <= 5, runs[0][1]
+
+
+async def test_heartbeats_wake_an_idle_handle_count_the_downtime_as_one_tick_and_stop_at_close(
+    process: ServerProcess, model: ScriptedModelServer
+) -> None:
+    runs: list[tuple[float, str]] = []  # (when, the run's last user message), per model call
+
+    def beater(body: dict[str, Any]) -> Reply:
+        runs.append((time.monotonic(), last_user(body)))
+        return Reply(text="beat", tokens=1)
+
+    model.script("beater", beater)
+    stub = await process.start()
+    runtime_id = await create(stub, agent("beater", heartbeat=pb.Heartbeat(every=duration(1), prompt="tick")))
+    spawned = time.monotonic()
+    handle_id = await spawn(stub, runtime_id, "beater")
+
+    # Never woken by the host: the ticks wake it, once a period.
+    await until(lambda: len(runs) >= 2, "two heartbeat runs", timeout=2.8)
+    assert runs[1][0] - spawned <= 2.8
+    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_DONE
+    users = [m.content for m in await transcript(stub, runtime_id, handle_id) if m.role == "user"]
+    assert len(users) >= 2
+    assert all(content == "Messages received:\n[from heartbeat] tick" for content in users), users
+
+    await process.stop(signal.SIGKILL)
+    before = len(runs)
+    await asyncio.sleep(3.5)
+    restarted = time.monotonic()
+    stub = await process.restart()
+
+    # The periods missed while the server was down come due as ONE tick that counts them.
+    await until(lambda: len(runs) > before, "the catch-up run after the restart", timeout=5)
+    catch_up = CATCH_UP.search(runs[before][1])
+    assert catch_up is not None, runs[before][1]
+    assert 2 <= int(catch_up.group(1)) <= 10, runs[before][1]
+    # No burst: the next run is the next period's own tick, a period later.
+    await until(lambda: len(runs) > before + 1, "the next period's run", timeout=5)
+    assert runs[before + 1][0] - runs[before][0] >= 0.5, [when - restarted for when, _ in runs[before:]]
+    assert runs[before + 1][1] == "Messages received:\n[from heartbeat] tick"
+    messages = await transcript(stub, runtime_id, handle_id)
+    assert [m.content for m in messages if m.role == "user" and "times: the latest shown" in m.content] == [runs[before][1]]
+
+    closed = await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, force=True))
+    assert list(closed.closed_handle_ids) == [handle_id]
+    after_close = len(runs)
+    await asyncio.sleep(2.2)
+    assert len(runs) == after_close, "a closed handle's heartbeat woke it"
+    assert (await handle_view(stub, runtime_id, handle_id)).state == pb.HANDLE_STATE_CLOSED
 
 
 async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_once(
