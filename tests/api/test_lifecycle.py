@@ -1,6 +1,8 @@
 """Interrupt, Close (of root too, with a grace), Wait timeouts, the inbox (its posts coalesced, an
 external post quoted as data), runtime options that bound model calls and the inbox, and
-compaction on a long run, over a real server."""
+compaction on a long run, over a real server. A closed handle's result carries no limit, a
+Close with a grace closes what was spawned during it, nothing runs under a closed ancestor,
+and an Interrupt withdraws the whole subtree."""
 
 from __future__ import annotations
 
@@ -9,18 +11,22 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.journal import Closed
+from google.rpc import error_details_pb2
 
-from tests.support.build import agent, create, duration, http_tool, run, spawn, transcript, views, wait
-from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, wake
-from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.build import agent, create, duration, http_tool, run, spawn, status_details, transcript, views, wait
+from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, resume, state_of, until_state, wake
+from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import eventually, until
+from tests.support.scripts import delegates_to_worker, relay_answer
 from tests.support.sdk_servers import openai_error
+from tests.support.servers import Served
 from tests.support.tool_server import ToolServer
 
 
@@ -438,3 +444,132 @@ async def test_an_external_post_reaches_the_model_as_quoted_data(stub: Stub, mod
         await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="x", trust=9))  # type: ignore[arg-type]
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_request_fields(bad.value) == ["trust"]
+
+
+RELAY = pb.ToolDef(name="fetch", description="the host's fetch", relay=pb.RelayTool())
+
+
+# ---- a closed handle's result carries no limit -----------------------------------------
+
+
+async def test_a_closed_handles_result_has_no_limit(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
+    model.script("looper", lambda body: Reply(calls=[("nothing", {})], tokens=10))
+    runtime_id = await create(stub, agent("looper"))
+    handle_id, result = await run(stub, runtime_id, "looper", "go", budget=pb.Budget(max_turns=1))
+    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TURNS)
+
+    await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id))
+    closed = await wait(stub, runtime_id, handle_id)
+    # `limit` is set iff INCOMPLETE; the text and the figures of the last run stay.
+    assert (closed.status, closed.limit, closed.is_error) == (pb.STATUS_CLOSED, pb.LIMIT_UNSPECIFIED, False)
+    assert (closed.text, closed.turns, closed.own_tokens) == (result.text, 1, 10)
+    assert not closed.HasField("pending") and not closed.HasField("failure")
+
+
+# ---- Close with a grace closes what was spawned during the grace -------------------------
+
+
+async def test_close_with_a_grace_closes_children_spawned_during_it(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    model.script("coordinator", delegates_to_worker("w", delay=0.3))  # it delegates only once the grace began
+    model.script("worker", lambda body: Reply(text="worked", tokens=5))
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker"))
+    handle_id = await spawn(stub, runtime_id, "coordinator")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+
+    closed = await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, grace=duration(5)))
+    worker = f"{handle_id}/worker.1"
+    assert set(closed.closed_handle_ids) == {handle_id, worker}
+    listed = await views(stub, runtime_id)
+    assert {listed[h].state for h in (handle_id, worker)} == {pb.HANDLE_STATE_CLOSED}
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=worker, prompt="again"))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert model.calls["worker"] == 1
+
+
+async def test_wake_under_a_closed_ancestor_is_refused(served: Served, model: ScriptedModelServer) -> None:
+    """A child left open under a closed parent (a store written before Close re-listed the
+    subtree after its grace) cannot be woken to run under it."""
+    stub = cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
+    model.script("coordinator", lambda body: Reply(text="coordinated", tokens=10))
+    model.script("worker", lambda body: Reply(text="worked", tokens=5))
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker"))
+    parent = await spawn(stub, runtime_id, "coordinator")
+    child = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id=parent, agent="worker"))).handle_id
+    runtime = await served.running.service.runtime(runtime_id)
+    await runtime.journal.record(Closed(parent))  # the parent alone, as such a store holds it
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=child, prompt="work"))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"closed subtree of {parent!r}" in (refused.value.details() or "")
+    infos = [d for d in status_details(refused.value) if isinstance(d, error_details_pb2.ErrorInfo)]
+    assert [info.reason for info in infos] == ["HANDLE_CLOSED"]
+    assert model.calls["worker"] == 0
+
+
+# ---- Interrupt withdraws the whole subtree ------------------------------------------
+
+
+async def test_interrupting_a_running_parent_withdraws_its_suspended_child(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    def worker(body: dict[str, Any]) -> Reply:
+        if last_user(body) == "fast" and tool_results(body) == 0:
+            return Reply(calls=[("fetch", {})], tokens=5)
+        return Reply(text="w", tokens=5, delay=30 if last_user(body) == "slow" else 0)
+
+    model.script("coordinator", delegates_to_worker("fast", "slow"))
+    model.script("worker", worker)
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[RELAY]))
+    handle_id = await spawn(stub, runtime_id, "coordinator")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+    fast, slow = f"{handle_id}/worker.1", f"{handle_id}/worker.2"
+    await until_state(stub, runtime_id, fast, pb.HANDLE_STATE_SUSPENDED)
+    pending = (await wait(stub, runtime_id, fast)).pending
+
+    assert (await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))).interrupted
+    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_INTERRUPTED
+    listed = await views(stub, runtime_id)
+    assert {h: listed[h].state for h in (handle_id, fast, slow)} == dict.fromkeys((handle_id, fast, slow), pb.HANDLE_STATE_IDLE)
+    withdrawn = await wait(stub, runtime_id, fast)
+    assert (withdrawn.status, withdrawn.text) == (pb.STATUS_INTERRUPTED, "the pending tool_call request was cancelled")
+    # Its Request is no longer live: nothing could continue it under a rolled-back task call.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await resume(stub, runtime_id, relay_answer(pending))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    messages = await transcript(stub, runtime_id, fast)
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]  # the fetch call has its answer
+
+
+async def test_interrupting_a_suspended_parent_stops_the_child_a_resume_continues(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    def worker(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("fetch", {})], tokens=5)
+        return Reply(text="worker finished", tokens=5, delay=30)
+
+    model.script("coordinator", delegates_to_worker("w"))
+    model.script("worker", worker)
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[RELAY]))
+    handle_id, pending = await run(stub, runtime_id, "coordinator", "go")
+    assert pending.status == pb.STATUS_PENDING
+    worker_id = f"{handle_id}/worker.1"
+    resuming = stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=relay_answer(pending.pending)), timeout=60)
+    await until(lambda: model.in_flight == 1, "the worker's resumed turn at the model")
+    assert (await state_of(stub, runtime_id, worker_id), await state_of(stub, runtime_id, handle_id)) == (
+        pb.HANDLE_STATE_RUNNING,
+        pb.HANDLE_STATE_SUSPENDED,
+    )
+
+    assert (await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))).interrupted
+    listed = await views(stub, runtime_id)
+    assert (listed[worker_id].state, listed[handle_id].state) == (pb.HANDLE_STATE_IDLE, pb.HANDLE_STATE_IDLE)
+    resumed = (await resuming).result  # the topmost handle it continued: the worker, interrupted
+    assert (resumed.handle_id, resumed.status) == (worker_id, pb.STATUS_INTERRUPTED)
+    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_INTERRUPTED
+    assert (await wait(stub, runtime_id, worker_id)).status == pb.STATUS_INTERRUPTED
+    assert model.calls["coordinator"] == 1  # the coordinator was not continued on the interrupted result

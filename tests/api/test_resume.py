@@ -1,20 +1,27 @@
 """Suspension and Resume: the checkpoint is replayed, nothing already done runs or is bought again;
-a suspending tool nobody answers lapses into an error result."""
+a suspending tool nobody answers lapses into an error result. A judge or a summarizer that
+asks suspends the handle it serves; a retried Resume (after a restart too) returns what the
+first returned; the completion gate counts its rejections over a Resume; a compaction after
+a rolled-back run is written again."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.journal import Tree, replay
 
 from tests.support.build import agent, create, http_tool, run, spawn, struct, transcript, views
-from tests.support.calls import Stub, handle_view, wake
+from tests.support.calls import Stub, handle_view, resume, state_of, until_state, wake
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
-from tests.support.poll import eventually
-from tests.support.scripts import relay_tool, stage_approve_commit
+from tests.support.poll import eventually, until
+from tests.support.scripts import delegates_to_worker, relay_answer, relay_tool, stage_approve_commit
+from tests.support.servers import serve
 from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
 
@@ -27,10 +34,6 @@ def last_tool_output(body: dict) -> str:  # type: ignore[type-arg]
 
 async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-
-
-async def resume(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-    return (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
 
 
 async def start_scenario_c(
@@ -335,3 +338,208 @@ async def test_an_unanswered_suspending_tool_lapses_into_an_error_result(
     with pytest.raises(grpc.aio.AioRpcError) as late:
         await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, data=struct({"code": "late"})))
     assert late.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+RELAY = pb.ToolDef(name="fetch", description="the host's fetch", relay=pb.RelayTool())
+BIG = "x" * 2400
+
+
+# ---- a judge or a summarizer that suspends suspends its handle -------------------------
+
+
+async def test_a_judge_that_asks_suspends_the_handle_it_judges(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    model.script("writer", lambda body: Reply(text="draft", tokens=10))
+    model.script(
+        "judge",
+        lambda body: (
+            Reply(calls=[("ask", {"question": "Is a draft enough?"})], tokens=5)
+            if tool_results(body) == 0
+            else Reply(text="PASS" if "yes" in body["messages"][-1]["content"] else "FAIL", tokens=5)
+        ),
+    )
+    writer = agent("writer", completion=pb.CompletionGate(judge_agent="judge", max_attempts=1))
+    runtime_id = await create(stub, writer, agent("judge"))
+    handle_id, result = await run(stub, runtime_id, "writer", "write")
+    judge = f"{handle_id}/judge.1"
+    assert result.status == pb.STATUS_PENDING
+    assert (result.pending.kind, result.pending.prompt, "/".join(result.pending.path)) == ("input", "Is a draft enough?", judge)
+    assert (await state_of(stub, runtime_id, handle_id)) == pb.HANDLE_STATE_SUSPENDED
+
+    done = await resume(stub, runtime_id, pb.Answer(id=result.pending.id, ok=True, reason="yes"))
+    assert (done.handle_id, done.status, done.text) == (handle_id, pb.STATUS_DONE, "draft")
+    assert (model.calls["writer"], model.calls["judge"], done.turns, done.total_tokens) == (1, 2, 1, 20)
+    assert (await wait(stub, runtime_id, judge)).status == pb.STATUS_DONE
+
+
+async def test_a_summarizer_that_asks_suspends_the_handle_it_compacts(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    def worker(body: dict[str, Any]) -> Reply:
+        # A big call, a small one (the request is too big now, but its one turn is kept), then
+        # the request that is compacted: the summarizer asks the host first.
+        # (By the summary, not the tool results: compaction shortens what the model is sent.)
+        if any("SUMMARY" in (m["content"] or "") for m in body["messages"]):
+            return Reply(text="done", tokens=10)
+        return Reply(calls=[("noop", {"blob": BIG} if tool_results(body) == 0 else {})], tokens=10)
+
+    model.script("w", worker)
+    model.script(
+        "sum",
+        lambda body: (
+            Reply(calls=[("ask", {"question": "Keep the blob?"})], tokens=3)
+            if tool_results(body) == 0
+            else Reply(text="SUMMARY: a blob was sent", tokens=3)
+        ),
+    )
+    compaction = pb.Compaction(max_context_tokens=500, keep_last_turns=1, summarizer_agent="sum")
+    runtime_id = await create(stub, agent("w", compaction=compaction), agent("sum"))
+    # (A turn cap: a handle that went on without its summary would never be shown one.)
+    handle_id, result = await run(stub, runtime_id, "w", "zero", budget=pb.Budget(max_turns=5))
+    assert result.status == pb.STATUS_PENDING
+    assert ("/".join(result.pending.path), result.pending.prompt) == (f"{handle_id}/sum.1", "Keep the blob?")
+    assert model.calls["w"] == 2  # no third call without the summary it waits for
+
+    done = await resume(stub, runtime_id, pb.Answer(id=result.pending.id, ok=True, reason="no"))
+    assert (done.handle_id, done.status, done.text) == (handle_id, pb.STATUS_DONE, "done")
+    sent = model.requests[-1]["messages"]
+    assert any(m["role"] == "user" and "SUMMARY: a blob was sent" in m["content"] for m in sent)
+    assert (model.calls["w"], model.calls["sum"]) == (3, 2)
+
+
+# ---- a retried Resume answers what the first answered -----------------------------------
+
+
+def fast_and_slow_worker(body: dict[str, Any]) -> Reply:
+    if last_user(body) == "fast" and tool_results(body) == 0:
+        return Reply(calls=[("fetch", {})], tokens=5)
+    return Reply(text=f"worker {last_user(body)} done", tokens=5, delay=30 if last_user(body) == "slow" else 0)
+
+
+async def _answered_under_a_running_parent(stub: pb_grpc.AgentRuntimeAsyncStub) -> tuple[str, str, pb.Answer, pb.TaskResult]:
+    """The fast worker's Request answered while its coordinator still runs (the slow one is busy)."""
+    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[RELAY]))
+    handle_id = await spawn(stub, runtime_id, "coordinator")
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
+    fast = f"{handle_id}/worker.1"
+    await until_state(stub, runtime_id, fast, pb.HANDLE_STATE_SUSPENDED)
+    answer = relay_answer((await wait(stub, runtime_id, fast)).pending)
+    first = await resume(stub, runtime_id, answer)
+    assert (first.handle_id, first.status, first.text) == (fast, pb.STATUS_DONE, "worker fast done")
+    return runtime_id, handle_id, answer, first
+
+
+async def test_a_retried_resume_returns_what_the_first_returned(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    model.script("coordinator", delegates_to_worker("fast", "slow"))
+    model.script("worker", fast_and_slow_worker)
+    runtime_id, handle_id, answer, first = await _answered_under_a_running_parent(stub)
+
+    again = await resume(stub, runtime_id, answer, timeout=5)  # not the coordinator's result, after its slow child
+    assert (again.handle_id, again.status, again.text, again.total_tokens) == (
+        first.handle_id,
+        first.status,
+        first.text,
+        first.total_tokens,
+    )
+    await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))
+
+
+async def test_a_retried_resume_after_a_restart_returns_what_the_first_returned(
+    tmp_path: Path, model: ScriptedModelServer
+) -> None:
+    model.script("coordinator", delegates_to_worker("fast", "slow"))
+    model.script("worker", fast_and_slow_worker)
+    settings: dict[str, Any] = {
+        "llm_style": "openai",
+        "llm_base_url": model.base_url,
+        "llm_api_key": "sk-test",
+        "store": f"sqlite:///{tmp_path / 'store.db'}",
+    }
+    async with serve(**settings) as served:
+        runtime_id, handle_id, answer, first = await _answered_under_a_running_parent(
+            cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
+        )
+        live = (await served.running.service.runtime(runtime_id)).tree.resumed_top
+        stored = await served.running.store.load(runtime_id)
+        assert stored is not None
+        rebuilt = Tree(runtime_id, stored.agents)
+        replay(rebuilt, stored.entries)
+        assert rebuilt.resumed_top == live == {answer.id: first.handle_id}
+    async with serve(**settings) as served:  # the coordinator goes on from its journal
+        stub = cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
+        again = await resume(stub, runtime_id, answer, timeout=5)
+        assert (again.handle_id, again.status, again.text) == (first.handle_id, first.status, first.text)
+        await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))
+
+
+# ---- the completion gate counts its rejections over a Resume ----------------------------
+
+
+async def test_the_completion_gate_counts_rejections_over_a_resume(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    def sloppy(body: dict[str, Any]) -> Reply:
+        # A rejected answer, then a relay call, then rejected answers for ever.
+        if sum(m["role"] == "assistant" for m in body["messages"]) == 1:
+            return Reply(calls=[("fetch", {})], tokens=10)
+        return Reply(text="nope", tokens=10)
+
+    model.script("sloppy", sloppy)
+    gate = pb.CompletionGate(must_match="^VERIFIED", max_attempts=2)
+    runtime_id = await create(stub, agent("sloppy", completion=gate, tools=[RELAY]))
+    _, first = await run(stub, runtime_id, "sloppy", "verify it")
+    assert (first.status, first.turns) == (pb.STATUS_PENDING, 2)  # rejected once, then the relay call
+
+    done = await resume(stub, runtime_id, relay_answer(first.pending))
+    # The second rejection (turn 3) is the last one max_attempts allows: no fourth turn is bought.
+    assert (done.status, done.limit, done.turns, model.calls["sloppy"]) == (pb.STATUS_INCOMPLETE, pb.LIMIT_COMPLETION, 3, 3)
+
+
+# ---- a compaction after a rolled-back run gets a summarizer of its own ------------------
+
+
+async def test_a_compaction_after_a_rolled_back_run_is_written_again(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
+    phase = {"run": 0, "one": 0}
+
+    def worker(body: dict[str, Any]) -> Reply:
+        if phase["run"] == 0:
+            return Reply(calls=[("noop", {})], tokens=10) if tool_results(body) == 0 else Reply(text="r0", tokens=10)
+        if phase["run"] == 1:
+            phase["one"] += 1
+            if phase["one"] == 1:
+                return Reply(calls=[("noop", {"blob": BIG})], tokens=10)
+            return Reply(text="late", tokens=10, delay=30)  # interrupted at the model
+        return Reply(text="r2", tokens=10)
+
+    asked: list[str] = []
+
+    def summarizer(body: dict[str, Any]) -> Reply:
+        asked.append(last_user(body))
+        return Reply(text=f"SUMMARY#{len(asked)} mentions-one={'user: one' in asked[-1]}", tokens=3)
+
+    model.script("w", worker)
+    model.script("sum", summarizer)
+    compaction = pb.Compaction(max_context_tokens=500, keep_last_turns=1, summarizer_agent="sum")
+    runtime_id = await create(stub, agent("w", compaction=compaction), agent("sum"))
+    handle_id, zero = await run(stub, runtime_id, "w", "zero")
+    assert zero.status == pb.STATUS_DONE
+
+    phase["run"] = 1
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="one"))
+    await until(lambda: len(asked) == 1 and model.in_flight == 1, "the turn after the first compaction at the model")
+    await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))
+    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_INTERRUPTED  # run one is rolled back
+
+    phase["run"] = 2
+    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="two " + BIG))
+    assert (await wait(stub, runtime_id, handle_id)).text == "r2"
+    assert len(asked) == 2 and "user: one" not in asked[1]  # summarized again, without the rolled-back run
+    summaries = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user" and "SUMMARY#" in m["content"]]
+    assert summaries == ["Summary of the conversation so far:\nSUMMARY#2 mentions-one=False"]
+    listed = await views(stub, runtime_id)
+    assert sorted(h for h in listed if h.startswith(f"{handle_id}/")) == [f"{handle_id}/sum.1", f"{handle_id}/sum.2"]

@@ -1,6 +1,6 @@
 """One verb and what it tells, for tests that drive a runtime call by call: Wake, a handle's view
 (Inspect), Resume's result, the BadRequest fields of a refusal, and a runtime's events from the
-first until one a predicate accepts."""
+first until one a predicate accepts; a handle's state, and a bounded wait for one."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ async def handle_view(stub: Stub, runtime_id: str, handle_id: str) -> pb.HandleV
     return (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
 
 
-async def resume(stub: Stub, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-    return (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=60)).result
+async def resume(stub: Stub, runtime_id: str, answer: pb.Answer, timeout: float = 60) -> pb.TaskResult:
+    return (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer), timeout=timeout)).result
 
 
 def bad_request_fields(error: grpc.aio.AioRpcError) -> list[str]:
@@ -54,3 +54,16 @@ async def events_until(stub: Stub, runtime_id: str, stop: Callable[[pb.Event], b
 
 def is_result_of(handle_id: str) -> Callable[[pb.Event], bool]:
     return lambda event: event.handle_id == handle_id and event.WhichOneof("payload") == "result"
+
+
+async def state_of(stub: Stub, runtime_id: str, handle_id: str) -> pb.HandleState.ValueType:
+    return (await stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle.state
+
+
+async def until_state(stub: Stub, runtime_id: str, handle_id: str, state: pb.HandleState.ValueType) -> None:
+    """Polls Inspect (an RPC: `until` takes a plain condition) until the handle is in `state`."""
+    for _ in range(2000):
+        if await state_of(stub, runtime_id, handle_id) == state:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{handle_id} never reached {pb.HandleState.Name(state)}")

@@ -1,5 +1,6 @@
-"""Model scripts and tools that tests of several subjects share: the relay tool (the host runs it),
-the library's failing plan (stage, approve, commit) and a stepper that calls a tool once a turn."""
+"""Model scripts and tools that tests of several subjects share: the relay tool (the host runs it)
+and an answer to its Request, the library's failing plan (stage, approve, commit), a stepper
+that calls a tool once a turn, and a coordinator that delegates one task per prompt."""
 
 from __future__ import annotations
 
@@ -38,3 +39,18 @@ def stepper(body: dict[str, Any]) -> Reply:
     if done >= STEPS:
         return Reply(text="all steps done", tokens=10)
     return Reply(text=f"step {done + 1}: " + "noting progress " * 12, calls=[("step", {"n": done + 1})], tokens=10)
+
+
+def relay_answer(request: pb.Request, output: str = "fetched") -> pb.Answer:
+    return pb.Answer(id=request.id, ok=True, outputs=[pb.ToolOutput(call_id=request.calls[0].id, output=output)])
+
+
+def delegates_to_worker(*prompts: str, delay: float = 0.0) -> Any:
+    """A coordinator that delegates one task per prompt to `worker`, then says it is done."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("task", {"agent": "worker", "prompt": p}) for p in prompts], tokens=10, delay=delay)
+        return Reply(text="coordinated", tokens=10)
+
+    return script
