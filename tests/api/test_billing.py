@@ -98,7 +98,7 @@ async def check_tree(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> dict[st
     return listed
 
 
-# ---- (a) a restart that replays journals -----------------------------------------------------
+# ---- a restart that replays journals -----------------------------------------------------
 
 
 async def test_a_restart_bills_only_the_turns_bought_after_it(
@@ -129,10 +129,10 @@ async def test_a_restart_bills_only_the_turns_bought_after_it(
         await check_tree(second.stub, "rt")
 
 
-# ---- (b) an idle runtime evicted and loaded again ---------------------------------------------
+# ---- an idle runtime evicted and loaded again ---------------------------------------------
 
 
-async def test_b_an_evicted_runtime_loaded_again_bills_nothing_twice(tmp_path: Path, model: ScriptedModelServer) -> None:
+async def test_an_evicted_runtime_loaded_again_bills_nothing_twice(tmp_path: Path, model: ScriptedModelServer) -> None:
     relay = pb.ToolDef(name="deploy", description="deploys", relay=pb.RelayTool())
     model.script("lead", lambda body: Reply(calls=[("deploy", {})], tokens=50) if tool_results(body) == 0
                  else Reply(text="deployed", tokens=60))  # fmt: skip
@@ -154,10 +154,10 @@ async def test_b_an_evicted_runtime_loaded_again_bills_nothing_twice(tmp_path: P
         await check_tree(stub, "one")
 
 
-# ---- (c) Resume of a suspended child under a coordinator --------------------------------------
+# ---- Resume of a suspended child under a coordinator --------------------------------------
 
 
-async def test_c_a_resumed_tree_bills_its_replayed_turns_once(tmp_path: Path, model: ScriptedModelServer) -> None:
+async def test_a_resumed_tree_bills_its_replayed_turns_once(tmp_path: Path, model: ScriptedModelServer) -> None:
     relay = pb.ToolDef(name="deploy", description="deploys", relay=pb.RelayTool())
     model.script("coordinator", lambda body: Reply(calls=[("task", {"agent": "release", "prompt": "go"})], tokens=100)
                  if tool_results(body) == 0 else Reply(text="released", tokens=100))  # fmt: skip
@@ -186,10 +186,10 @@ async def test_c_a_resumed_tree_bills_its_replayed_turns_once(tmp_path: Path, mo
         assert ledger(store) == 220
 
 
-# ---- (d) delegation with judges and summarizers ----------------------------------------------
+# ---- delegation with judges and summarizers ----------------------------------------------
 
 
-async def test_d_judges_and_summarizers_bill_to_the_tree_and_the_ledger(tmp_path: Path, model: ScriptedModelServer) -> None:
+async def test_judges_and_summarizers_bill_to_the_tree_and_the_ledger(tmp_path: Path, model: ScriptedModelServer) -> None:
     calls = {"writer": 0}
 
     def writer(body: dict[str, Any]) -> Reply:
@@ -228,10 +228,10 @@ async def test_d_judges_and_summarizers_bill_to_the_tree_and_the_ledger(tmp_path
         assert ledger(store) == spent
 
 
-# ---- (e) estimated usage; a provider error past its retries -------------------------------------
+# ---- estimated usage; a provider error past its retries -------------------------------------
 
 
-async def test_e_estimated_usage_is_billed_as_reported_and_a_failed_call_not_at_all(
+async def test_estimated_usage_is_billed_as_reported_and_a_failed_call_not_at_all(
     tmp_path: Path, model: ScriptedModelServer
 ) -> None:
     bare = '{"choices": [{"index": 0, "message": {"role": "assistant", "content": "no usage here"}, "finish_reason": "stop"}]}'
@@ -253,12 +253,10 @@ async def test_e_estimated_usage_is_billed_as_reported_and_a_failed_call_not_at_
         await check_tree(stub, "rt")
 
 
-# ---- (f) a SIGKILL with a turn in flight ----------------------------------------------------
+# ---- a SIGKILL with a turn in flight ----------------------------------------------------
 
 
-async def test_f_a_turn_bought_again_after_a_sigkill_is_billed_once_everywhere(
-    tmp_path: Path, model: ScriptedModelServer
-) -> None:
+async def test_a_turn_bought_again_after_a_sigkill_is_billed_once_everywhere(tmp_path: Path, model: ScriptedModelServer) -> None:
     slow = {"first": True}
 
     def lead(body: dict[str, Any]) -> Reply:
