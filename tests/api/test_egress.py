@@ -2,7 +2,7 @@
 
 Everything here stays on loopback: the "forbidden" addresses the server is aimed at are
 loopback addresses denied by the test's own settings. Every form of an address, and both
-defaults, are in tests/test_egress_forms.py."""
+defaults, are in tests/api/test_egress_forms.py."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ async def call_tools(
 async def test_a_denied_ip_literal_stored_under_a_looser_policy_is_never_connected_to(
     model: ScriptedModelServer, tmp_path: Path
 ) -> None:
-    # CreateRuntime refuses a denied IP literal (tests/test_egress_forms.py); a runtime created
+    # CreateRuntime refuses a denied IP literal (tests/api/test_egress_forms.py); a runtime created
     # before the deny was added still holds one, and its calls are refused before connecting.
     store = f"sqlite:///{tmp_path / 'store.db'}"
     urls = {"plain": "http://127.0.0.2:{port}/x", "mapped": "http://[::ffff:127.0.0.2]:{port}/x"}

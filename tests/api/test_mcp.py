@@ -186,7 +186,7 @@ async def test_tls_to_an_mcp_server_names_its_host_not_the_checked_address(
         listener.close()
         await listener.wait_closed()
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    # A TLS listener says no more than a closed port (tests/test_egress_forms.py); the log has the cause.
+    # A TLS listener says no more than a closed port (tests/api/test_egress_forms.py); the log has the cause.
     assert "it could not be reached or did not answer as an MCP server" in (refused.value.details() or "")
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
     assert names == ["localhost"]

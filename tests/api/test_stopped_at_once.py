@@ -2,7 +2,7 @@
 first step, or while the run settles. A task cancelled before its first step runs none of
 its code, and a cancel landing in a run's settling ends it there: either way the handle was
 left RUNNING for good and a Wait on it was dropped (the client hung to its deadline). Found
-by tests/test_race_hunt.py on PostgreSQL, where calls sent at once meet more often."""
+by tests/e2e/test_race_hunt.py on PostgreSQL, where calls sent at once meet more often."""
 
 from __future__ import annotations
 

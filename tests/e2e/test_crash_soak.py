@@ -5,7 +5,7 @@ no model reply journaled at a kill is bought again, no call recorded at a kill r
 no figure a host read ever goes down.
 
 Short by default; a long hunt locally:
-    AGENTRUNTIME_SOAK_ROUNDS=50 AGENTRUNTIME_SOAK_SEED=7 pytest tests/test_crash_soak.py -s
+    AGENTRUNTIME_SOAK_ROUNDS=50 AGENTRUNTIME_SOAK_SEED=7 pytest tests/e2e/test_crash_soak.py -s
 Every round prints its seed and kill delays, so a failure reproduces (as far as timing does)."""
 
 from __future__ import annotations

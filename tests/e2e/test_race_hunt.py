@@ -1,6 +1,6 @@
 """A race hunt: random batches of verbs sent at the same moment to one runtime.
 
-tests/test_stateful.py sends one verb at a time; here each round fires a seeded random batch
+tests/e2e/test_stateful.py sends one verb at a time; here each round fires a seeded random batch
 (asyncio.gather) of Spawn, Wake, Post, Interrupt, Close (plain, force, grace), Resume (the
 right answer, a wrong id, the same answer twice, two different answers), Wait with short
 timeouts, Inspect, List and, rarely, DeleteRuntime (then CreateRuntime again) at a few
@@ -16,7 +16,7 @@ Interrupt or a Close cut), and a restart on the same store shows the same handle
 figures.
 
 Short in CI; a long hunt locally (each round prints nothing, the seed is in the failure):
-    AGENTRUNTIME_RACE_ROUNDS=400 AGENTRUNTIME_RACE_SEED=7 pytest tests/test_race_hunt.py"""
+    AGENTRUNTIME_RACE_ROUNDS=400 AGENTRUNTIME_RACE_SEED=7 pytest tests/e2e/test_race_hunt.py"""
 
 from __future__ import annotations
 

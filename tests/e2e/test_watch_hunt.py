@@ -1,11 +1,11 @@
 """A Watch hunt: several Watch streams open at once on one runtime while seeded random batches
 of verbs run on it.
 
-The verbs and the model are the race hunt's (tests/test_race_hunt.py): Spawn, Wake, Post,
-Interrupt, Close (plain, force, grace), Resume and Wait at a few handles of one runtime on a
-real server (SQLite file store, and PostgreSQL) whose OpenAI-shaped model answers after
-small random delays; a `lead` delegates through the `task` tool to children that suspend on
-a relay call or on `ask`. Meanwhile a few Watch streams follow the runtime: opened from 0,
+The verbs and the model are the race hunt's (tests/e2e/test_race_hunt.py, the model in
+tests/support/hunt.py): Spawn, Wake, Post, Interrupt, Close (plain, force, grace), Resume and
+Wait at a few handles of one runtime on a real server (SQLite file store, and PostgreSQL)
+whose OpenAI-shaped model answers after small random delays; a `lead` delegates through the
+`task` tool to children that suspend on a relay call or on `ask`. Meanwhile a few Watch streams follow the runtime: opened from 0,
 from a seq in the middle or from the latest seq seen; some read slowly, so that with a small
 AGENTRUNTIME_WATCH_BUFFER they fall behind and are told WATCH_LAGGING; some are cancelled and
 opened again from the last seq they saw; every few rounds the server restarts on the same
@@ -31,7 +31,7 @@ What is checked, each as the README and the proto say it:
 - Watch past the last event is INVALID_ARGUMENT.
 
 Short in CI; a long hunt locally (the seed is in every failure):
-    AGENTRUNTIME_WATCH_HUNT_ROUNDS=300 AGENTRUNTIME_WATCH_HUNT_SEED=7 pytest tests/test_watch_hunt.py"""
+    AGENTRUNTIME_WATCH_HUNT_ROUNDS=300 AGENTRUNTIME_WATCH_HUNT_SEED=7 pytest tests/e2e/test_watch_hunt.py"""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ rest, against the README (Tools, Worker tools; Suspension and resume; Durability
   without a status (a half-closed one ends OK), and nothing hung.
 
 Short in CI; a long hunt locally (the seed is in every failure):
-    AGENTRUNTIME_WORKER_HUNT_ROUNDS=60 AGENTRUNTIME_WORKER_HUNT_SEED=7 pytest tests/test_worker_hunt.py"""
+    AGENTRUNTIME_WORKER_HUNT_ROUNDS=60 AGENTRUNTIME_WORKER_HUNT_SEED=7 pytest tests/e2e/test_worker_hunt.py"""
 
 from __future__ import annotations
 
