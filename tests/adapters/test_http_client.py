@@ -18,6 +18,8 @@ import trustme
 from agentruntime_server.http_client import BadReply, ConnectFailed, ConnectionLost, HttpClient
 from aiohttp import web
 
+from tests.support.poll import until
+
 Answer = Callable[[bytes], bytes | None]  # a request's head and body -> the bytes to send (None: nothing)
 
 
@@ -299,7 +301,7 @@ async def test_a_deadline_covers_the_whole_exchange_and_closes_the_connection() 
         with pytest.raises(TimeoutError):
             await post(client, server.port, body=b"slow", timeout=0.2)
         assert asyncio.get_running_loop().time() - started < 2
-        await asyncio.sleep(0.05)
+        await until(lambda: server.eofs == 1, "the server to see the client go", timeout=5)
         assert server.eofs == 1  # the server saw the client go
         assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
         assert server.connections == 2 and client.connections == 1
@@ -333,11 +335,11 @@ async def test_a_cancelled_exchange_closes_its_connection_and_frees_its_slot() -
     async with raw_server(lambda request: None if b"slow" in request else ok()) as server:
         client = HttpClient(pool_size=1)
         call = asyncio.ensure_future(post(client, server.port, body=b"slow"))
-        await asyncio.sleep(0.1)
+        await until(lambda: len(server.requests) == 1, "the request to reach the server", timeout=5)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        await asyncio.sleep(0.05)
+        await until(lambda: server.eofs == 1, "the server to see the client go", timeout=5)
         assert server.eofs == 1 and client.connections == 0
         assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
         await client.close()
@@ -349,7 +351,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> 
         await post(client, server.port)
         server.close_after = True  # the next reply, then the server hangs up
         await post(client, server.port)
-        await asyncio.sleep(0.05)  # the close reaches the client while its connection is idle
+        await until(lambda: client.connections == 0, "the close to reach the client while its connection is idle", timeout=5)
         assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
         assert server.connections == 2
         await client.close()
@@ -389,7 +391,7 @@ async def test_the_pool_size_caps_connections_and_the_rest_wait_their_turn() -> 
 
         server.handle = slow_handle  # type: ignore[method-assign]
         calls = [asyncio.ensure_future(post(client, server.port, body=b"%d" % i)) for i in range(6)]
-        await asyncio.sleep(0.1)
+        await until(lambda: client.connections == 2, "two connections to open", timeout=5)
         assert client.connections == 2
         gate.set()
         bodies = [response.body for response in await asyncio.gather(*calls)]  # type: ignore[attr-defined]
@@ -402,7 +404,7 @@ async def test_a_waiter_whose_deadline_passes_gives_up_without_a_connection() ->
     async with raw_server(lambda request: None) as server:
         client = HttpClient(pool_size=1)
         first = asyncio.ensure_future(post(client, server.port, timeout=1.0))
-        await asyncio.sleep(0.05)
+        await until(lambda: len(server.requests) == 1, "the first request to hold the one connection", timeout=5)
         with pytest.raises(TimeoutError):
             await post(client, server.port, timeout=0.1)
         with pytest.raises(TimeoutError):

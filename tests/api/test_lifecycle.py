@@ -31,11 +31,7 @@ from tests.support.tool_server import ToolServer
 
 
 async def _until_model_called(model: ScriptedModelServer, name: str, times: int = 1) -> None:
-    for _ in range(500):
-        if model.calls[name] >= times:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"model {name} was never called {times} times")
+    await until(lambda: model.calls[name] >= times, f"model {name} to be called {times} times", timeout=5)
 
 
 async def test_interrupt_running_turn_restores_the_inbox(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:

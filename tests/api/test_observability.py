@@ -6,7 +6,6 @@ body cannot split or colour."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -33,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.build import agent, create, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.poll import eventually
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
@@ -224,10 +224,7 @@ async def test_watch_streams_through_the_interceptor(observed: Observed, model: 
             break
     assert payloads[:1] == ["spawned"] and "turn_ended" in payloads
     cancelled = grpc_labels("Watch", "CANCELLED", kind="server_stream")
-    for _ in range(500):
-        if await observed.value("grpc_server_handled_total", **cancelled):
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: observed.value("grpc_server_handled_total", **cancelled), "the cancelled Watch counted", timeout=5)
     assert await observed.value("grpc_server_handled_total", **cancelled) == 1
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         async for _ in observed.stub.Watch(pb.WatchRequest(runtime_id="nope")):
@@ -402,10 +399,7 @@ async def test_a_suspended_runtime_deleted_by_retention_leaves_the_pending_gauge
             return True
         return False
 
-    for _ in range(200):
-        if await deleted():
-            break
-        await asyncio.sleep(0.05)
+    await eventually(deleted, "retention to delete the idle suspended runtime")
     assert await deleted(), "retention kept the idle suspended runtime"
     # Nothing waits on a Request that no longer exists: a gauge that stays up would drift
     # upward for ever on a server with retention.
@@ -432,10 +426,7 @@ async def test_an_evicted_suspended_runtime_deleted_by_retention_leaves_the_pend
             listed = await served.stub.ListRuntimes(pb.ListRuntimesRequest())
             return runtime_id not in {row.runtime_id for row in listed.runtimes}
 
-        for _ in range(200):
-            if await deleted():
-                break
-            await asyncio.sleep(0.05)
+        await eventually(deleted, "retention to delete the idle suspended runtime")
         assert await deleted(), "retention kept the idle suspended runtime"
         assert await observed.value("agentruntime_pending_handles") == 0
 

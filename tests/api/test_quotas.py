@@ -27,7 +27,7 @@ from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
-from tests.support.poll import until
+from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
 from tests.support.sign_in import SignInTool, crm_script, signin
@@ -176,14 +176,13 @@ async def test_an_interrupt_or_close_of_a_tree_with_queued_handles_settles_it_an
             runtime_id = await create(stub, *dag_team(size, stop))
             root = await spawn(stub, runtime_id, f"{stop}1")
             await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=root, prompt="build it"))
-            for _ in range(2000):  # until the two slots are taken by leaves and others queue behind them
+
+            async def queued_behind_leaves(runtime_id: str = runtime_id, stop: str = stop) -> bool:
                 listed = await views(stub, runtime_id)
                 queued = sum(view.state == pb.HANDLE_STATE_QUEUED for view in listed.values())
-                if service.running_slots("default")[1] > 0 and in_flight(model, stop) == 2 and queued > 0:
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("no handle ever queued")
+                return service.running_slots("default")[1] > 0 and in_flight(model, stop) == 2 and queued > 0
+
+            await eventually(queued_behind_leaves, "the two slots taken by leaves and others queued behind them", timeout=20)
             assert service.running_slots("default")[0] == 2
             if stop == "interrupt":
                 await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=root))
@@ -254,13 +253,12 @@ async def test_a_tree_killed_with_queued_handles_goes_on_after_a_restart_within_
         runtime_id = await create(stub, *dag_team(size))
         root = await spawn(stub, runtime_id, "a1")
         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=root, prompt="build it"))
-        for _ in range(2000):
+
+        async def two_queued() -> bool:
             listed = await views(stub, runtime_id)
-            if sum(view.state == pb.HANDLE_STATE_QUEUED for view in listed.values()) >= 2:
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("no handle ever queued")
+            return sum(view.state == pb.HANDLE_STATE_QUEUED for view in listed.values()) >= 2
+
+        await eventually(two_queued, "two handles to queue", timeout=20)
         await server.stop()  # SIGKILL, with handles working and others QUEUED
         await until(lambda: model.in_flight == 0, what="the killed server's model calls to end")
         model.peak_in_flight = 0

@@ -60,6 +60,7 @@ from tests.support.auth import (
 )
 from tests.support.build import agent, create, duration
 from tests.support.loopback import Loopback
+from tests.support.poll import until
 from tests.support.servers import Served, serve, server_settings
 from tests.support.tenants import Caller, reply, scripted
 
@@ -245,7 +246,7 @@ async def test_a_watch_opened_with_a_token_stops_when_the_token_is_revoked(tmp_p
         try:
             before_id, result = await driver.run("watched", "solo", "before")
             assert result.status == pb.STATUS_DONE
-            await asyncio.sleep(0.3)
+            await until(lambda: before_id in seen, "the watcher to see the run before the revocation", timeout=10)
             assert before_id in seen, seen  # the stream works while the token is good
 
             await revoke(tokens, served.stub, WATCHER[1], DRIVER)

@@ -12,6 +12,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from tests.support.build import agent, create, spawn
 from tests.support.model_server import Reply, ScriptedModelServer
+from tests.support.poll import until
 from tests.support.servers import Served
 
 
@@ -40,7 +41,7 @@ async def test_stops_sent_together_stop_the_run_once(served: Served, model: Scri
     runtime = await served.running.service.runtime(runtime_id)
     for handle_id in handles:
         await runtime.wake(handle_id, "go")
-    await asyncio.sleep(0.2)  # every run is in its model call
+    await until(lambda: model.in_flight == len(handles), "every run to be in its model call")
     stops = []
     for handle_id in handles:
         stops += [runtime.interrupt(handle_id), runtime.close(handle_id, True), runtime.interrupt(handle_id)]

@@ -22,6 +22,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf.message import Message as ProtoMessage
 from google.rpc import error_details_pb2
 
+from tests.support.poll import eventually
 from tests.support.process import ServerProcess
 from tests.support.tenants import (
     ACME,
@@ -442,10 +443,11 @@ async def test_retention_deletes_idle_and_suspended_runtimes_and_keeps_running_o
 
         waited = await acme("Wait", pb.WaitRequest(runtime_id="busy", handle_id=busy.handle_id))
         assert waited.result.status == pb.STATUS_DONE
-        for _ in range(50):
-            if "busy" not in await acme.runtimes():
-                break
-            await asyncio.sleep(0.1)
+
+        async def busy_deleted() -> bool:
+            return "busy" not in await acme.runtimes()
+
+        await eventually(busy_deleted, "retention to delete the settled runtime", timeout=5)
         assert "busy" not in await acme.runtimes()  # once settled, it is idle like the others
 
 

@@ -28,7 +28,7 @@ from agentruntime_server.store import payloads
 from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.support.build import agent, create, http_tool, run, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
-from tests.support.poll import until
+from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.replicas import LEASE, Pair, cut_off, pair, settled_at, started_run
 from tests.support.servers import serve
@@ -536,16 +536,16 @@ async def test_a_takeover_waiting_on_a_locked_row_holds_up_no_renewal(pair: Pair
         async with locker.transaction():
             await locker.execute("SELECT 1 FROM runtimes WHERE id = $1 FOR UPDATE", runtime_id)
             await pair.owner.stop(signal.SIGKILL)
-            for _ in range(int(LEASE * 20)):  # its lease lapses; the other replica's claim then waits on the row
-                waiting = await watcher.fetchval(
-                    "SELECT COUNT(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE runtimes r SET owner%'"
+
+            async def claim_waits() -> bool:  # its lease lapses; the other replica's claim then waits on the row
+                return bool(
+                    await watcher.fetchval(
+                        "SELECT COUNT(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE runtimes r SET owner%'"
+                    )
                 )
-                if waiting:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("the other replica never claimed the dead owner's runtime")
+
+            await eventually(claim_waits, "the other replica to claim the dead owner's runtime", timeout=LEASE * 2)
             loop = asyncio.get_running_loop()
             watched_until = loop.time() + 2 * LEASE
             while loop.time() < watched_until:

@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.build import agent, create, http_tool, spawn, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
-from tests.support.poll import until
+from tests.support.poll import eventually, until
 from tests.support.postgres import fresh_database
 from tests.support.process import free_port
 from tests.support.replicas import LEASE, Pair, Replica, cut_off, journal_of, pair, settled_at, started_run, two_replicas
@@ -49,14 +49,15 @@ async def _nothing(after: int) -> list[Any]:
 
 async def blocked(admin: Any, query: str) -> None:
     """Until a statement starting with `query` waits on a lock."""
-    for _ in range(1000):
-        waiting = await admin.fetchval(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1", query + "%"
+
+    async def waiting() -> bool:
+        return bool(
+            await admin.fetchval(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1", query + "%"
+            )
         )
-        if waiting:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {query!r} to wait on a lock")
+
+    await eventually(waiting, f"{query!r} to wait on a lock")
 
 
 async def test_a_read_from_before_the_last_owners_commit_that_ends_after_a_claim_spoils_no_append(
@@ -183,12 +184,12 @@ async def test_calls_at_another_replica_fail_over_from_an_owner_whose_store_brok
     assert await cut_off(pair) >= 1
     assert pair.owner.channel is not None
     health = health_pb2_grpc.HealthStub(pair.owner.channel)
-    for _ in range(200):
+
+    async def not_serving() -> bool:
         checked = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-        if checked.status == health_pb2.HealthCheckResponse.NOT_SERVING:
-            break
-        await asyncio.sleep(0.05)
-    assert checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        return checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+    await eventually(not_serving, "the owner's health service to say NOT_SERVING")
 
     with pytest.raises(grpc.aio.AioRpcError) as refused:  # at the owner itself: retry elsewhere
         await owner.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="more"), timeout=10)

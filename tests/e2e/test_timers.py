@@ -158,10 +158,7 @@ async def _pending_sign_in(stub: pb_grpc.AgentRuntimeStub, tool: SignInTool) -> 
 
 async def _lapses(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, model: ScriptedModelServer, within: float) -> None:
     """The Request lapses on its own: the model is called again without any RPC on the runtime."""
-    deadline = time.monotonic() + within
-    while model.calls["crm"] < 2:
-        assert time.monotonic() < deadline, "the expired Request did not lapse"
-        await asyncio.sleep(0.1)
+    await until(lambda: model.calls["crm"] >= 2, "the expired Request to lapse", timeout=within)
     rows = (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes
     assert next(row for row in rows if row.runtime_id == runtime_id).suspended_count == 0
 

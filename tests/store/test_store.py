@@ -37,6 +37,7 @@ from agentruntime_server.store.sqlite import COMMIT_PACE, LOOP_BUSY, SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, spawn, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.poll import eventually
 from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
@@ -258,7 +259,15 @@ async def test_a_refusal_that_tells_of_another_calls_write_leaves_only_once_that
             await lock.start()
             await admin.execute("SELECT 1 FROM runtimes WHERE id = $1 FOR UPDATE", runtime_id)
             closing = asyncio.ensure_future(served.stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id)))
-            await asyncio.sleep(0.3)
+
+            async def commit_waits() -> bool:
+                return bool(
+                    await admin.fetchval(
+                        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                )
+
+            await eventually(commit_waits, "the Close's commit to wait on the locked row")
             posting = asyncio.ensure_future(
                 served.stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="hi"))
             )

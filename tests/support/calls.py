@@ -13,6 +13,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.rpc import error_details_pb2
 
 from tests.support.build import status_details
+from tests.support.poll import eventually
 
 Stub = pb_grpc.AgentRuntimeStub
 
@@ -62,8 +63,8 @@ async def state_of(stub: Stub, runtime_id: str, handle_id: str) -> pb.HandleStat
 
 async def until_state(stub: Stub, runtime_id: str, handle_id: str, state: pb.HandleState.ValueType) -> None:
     """Polls Inspect (an RPC: `until` takes a plain condition) until the handle is in `state`."""
-    for _ in range(2000):
-        if await state_of(stub, runtime_id, handle_id) == state:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{handle_id} never reached {pb.HandleState.Name(state)}")
+
+    async def reached() -> bool:
+        return await state_of(stub, runtime_id, handle_id) == state
+
+    await eventually(reached, f"{handle_id} to reach {pb.HandleState.Name(state)}", timeout=20)

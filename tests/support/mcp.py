@@ -15,6 +15,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.model_server import Reply, tool_results
+from tests.support.poll import until
 
 
 class Calc:
@@ -63,11 +64,7 @@ class Calc:
 
     async def start(self) -> None:
         self.task = asyncio.ensure_future(self.server.serve())
-        for _ in range(200):
-            if self.server.started:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("the MCP server did not start")
+        await until(lambda: self.server.started, "the MCP server to start", timeout=4)
 
     async def stop(self) -> None:
         self.server.should_exit = True

@@ -14,7 +14,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0) -> None:
+async def eventually(check: Callable[[], Awaitable[object]], what: str, timeout: float = 10.0) -> None:
     """`until` for a condition only a call can read (an RPC: Inspect, List, a query)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
