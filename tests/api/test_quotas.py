@@ -21,8 +21,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain import quotas
-from agentruntime_server.domain.quotas import Quotas, SpawnWindow
+from agentruntime_server.domain.quotas import Quotas
 from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
@@ -483,19 +482,3 @@ async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_override
         service = served.running.service
         assert service.running_gate("globex") is not None and service.running_gate("globex").capacity == 64  # type: ignore[union-attr]
         assert service.running_gate("acme") is None
-
-
-def test_a_tenants_spawn_window_is_forgotten_a_minute_after_its_last_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tenants of JWTs are as many as an issuer names: nothing kept for one outlives its use."""
-    now = [1000.0]
-    monkeypatch.setattr(quotas.time, "monotonic", lambda: now[0])
-    window = SpawnWindow()
-    assert window.admit("acme", 2) and window.admit("acme", 2) and not window.admit("acme", 2)
-    assert window.admit("globex", 2)
-    now[0] += 30
-    window.forget_idle()
-    assert window.tenants == 2 and not window.admit("acme", 2)  # within the minute: kept, and still counting
-    now[0] += 31
-    window.forget_idle()
-    assert window.tenants == 0
-    assert window.admit("acme", 2)
