@@ -1,4 +1,5 @@
-"""README claims no other test pins: each test quotes the sentence it checks.
+"""Claims of README.md and the docs/ pages that no other test pins: each test quotes the sentence it
+checks and names its page.
 
 Servers run in process on loopback (embedded scripted model, memory store) and are called
 through the generated stubs, except the configuration table, which is checked against
@@ -26,6 +27,7 @@ from tests.support.build import agent, create, duration, run, spawn, status_deta
 from tests.support.servers import serve
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 Code = grpc.StatusCode
 
 
@@ -62,7 +64,7 @@ async def from_example(stub: pb_grpc.AgentRuntimeStub, name: str) -> str:
 
 
 def _configuration_rows() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+    text = (DOCS / "configuration.md").read_text()
     table = text.split("| flag ", 1)[1].split("\n\n", 1)[0]
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
 
@@ -85,7 +87,7 @@ def _documented(cell: str, value: Any) -> Any:
 
 
 def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFixture[str]) -> None:
-    """README: "Flags override `AGENTRUNTIME_*` environment variables, which override the defaults
+    """docs/configuration.md: "Flags override `AGENTRUNTIME_*` environment variables, which override the defaults
     (one settings model: `server/agentruntime_server/settings.py`)." Every setting is in the
     table under its variable, with the default the table states and the flag it names."""
     with pytest.raises(SystemExit):
@@ -100,15 +102,15 @@ def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFix
         fields = [fields[0].rsplit("_", 1)[0] + field if field.startswith("_") else field for field in fields]
         cells = default_cell.split(", ") if len(fields) > 1 and default_cell.count(", ") == len(fields) - 1 else [default_cell]
         for field, cell in zip(fields, cells * len(fields), strict=False):
-            assert field in Settings.model_fields, f"the README documents AGENTRUNTIME_{field.upper()}, which is no setting"
+            assert field in Settings.model_fields, f"configuration.md documents AGENTRUNTIME_{field.upper()}, which is no setting"
             documented.add(field)
             value = getattr(defaults, field)
             value = value.get_secret_value() if isinstance(value, SecretStr) else value
             stated = _documented(cell, value)
             if stated is not None:
-                assert stated == value, f"AGENTRUNTIME_{field.upper()}: the README says {cell}, the default is {value!r}"
+                assert stated == value, f"AGENTRUNTIME_{field.upper()}: configuration.md says {cell}, the default is {value!r}"
         for flag in re.findall(r"`(--[a-z-]+)`", flags_cell):
-            assert flag in serve_flags, f"the README documents `serve {flag}`, which serve does not take"
+            assert flag in serve_flags, f"configuration.md documents `serve {flag}`, which serve does not take"
             assert flag[2:].replace("-", "_") in fields, f"{flag} is documented on the row of {names}"
     assert documented == set(Settings.model_fields), f"undocumented: {set(Settings.model_fields) - documented}"
 
@@ -117,7 +119,7 @@ def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFix
 
 
 async def test_the_grpcurl_walkthrough_figures_are_the_server_s() -> None:
-    """README: "The coordinator spent 184 tokens itself over 2 turns; the bill for the whole tree is
+    """docs/walkthrough.md: "The coordinator spent 184 tokens itself over 2 turns; the bill for the whole tree is
     296, because its two children spent 57 and 55 (184 + 57 + 55 = 296)." and "The
     children's budgets were carved from what the coordinator had left when it spawned them"
     (9 turns, 19945 tokens)."""
@@ -144,7 +146,7 @@ async def test_the_grpcurl_walkthrough_figures_are_the_server_s() -> None:
 
 
 async def test_the_suspension_walkthrough_is_the_server_s() -> None:
-    """README: "every tool call carries the key `{runtime}/{handle}/{call_id}`: ... relay calls carry
+    """docs/suspension.md: "every tool call carries the key `{runtime}/{handle}/{call_id}`: ... relay calls carry
     it in `pending.calls[].idempotency_key`", and "The lead's first turn was not bought again
     (2 turns, 200 own tokens: one before the suspension, one after)"."""
     async with serve() as served:
@@ -184,7 +186,7 @@ async def test_the_suspension_walkthrough_is_the_server_s() -> None:
 
 
 async def test_each_failed_precondition_names_its_reason() -> None:
-    """README: "`FAILED_PRECONDITION` | ... Wait on a handle never woken; ... Wake on a closed, suspended
+    """docs/errors.md: "`FAILED_PRECONDITION` | ... Wait on a handle never woken; ... Wake on a closed, suspended
     or running handle; Close of a running handle without `force` ...; Resume with ... another
     answer to one already answered | `ErrorInfo.reason`: `HANDLE_CLOSED`, `HANDLE_SUSPENDED`,
     `HANDLE_RUNNING`, `NEVER_RUN`, `NO_SUCH_REQUEST`, `ALREADY_ANSWERED`"."""
@@ -220,7 +222,7 @@ async def test_each_failed_precondition_names_its_reason() -> None:
 
 
 async def test_a_closed_handle_refuses_posts_and_children_as_handle_closed() -> None:
-    """README: "`FAILED_PRECONDITION` | ... Post to a closed handle or Spawn under one ... |
+    """docs/errors.md: "`FAILED_PRECONDITION` | ... Post to a closed handle or Spawn under one ... |
     `ErrorInfo.reason`: `HANDLE_CLOSED`, ...": the reason a host branches on, whichever call
     met the closed handle."""
     async with serve() as served:
@@ -235,7 +237,7 @@ async def test_a_closed_handle_refuses_posts_and_children_as_handle_closed() -> 
 
 
 async def test_an_error_is_bounded_whatever_the_request_holds() -> None:
-    """README: "an error | 600 characters of message and at most 10 field violations of 200
+    """docs/limits.md: "an error | 600 characters of message and at most 10 field violations of 200
     characters: a bad id always gets its real code"."""
     async with serve() as served:
         bad = [pb.AgentDef(name=f"{n} {'x' * 300}", description="d") for n in range(15)]
@@ -248,7 +250,7 @@ async def test_an_error_is_bounded_whatever_the_request_holds() -> None:
 
 
 async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> None:
-    """README: "`AGENTRUNTIME_WATCH_BUFFER` | `1000` | events a Watch consumer may fall behind before it
+    """docs/configuration.md: "`AGENTRUNTIME_WATCH_BUFFER` | `1000` | events a Watch consumer may fall behind before it
     is told to reconnect" (`RESOURCE_EXHAUSTED`, `WATCH_LAGGING`), and a Watch from the seq it
     names gets the rest, no gap."""
     async with serve(watch_buffer=1) as served:
@@ -281,7 +283,7 @@ async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> Non
 
 
 async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
-    """README: "A `Budget` ... has seven optional fields; unset means unlimited, and unset is not 0."
+    """docs/budgets.md: "A `Budget` ... has seven optional limits (below); unset means unlimited, and unset is not 0."
     with "`max_turns` ... before every model call | `INCOMPLETE` + `LIMIT_MAX_TURNS`"."""
     async with serve() as served:
         runtime_id = await create(served.stub, scripted("a", pb.ScriptedReply(text="paid", tokens=5)))
@@ -297,7 +299,7 @@ async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
 
 
 async def test_a_close_grace_is_at_most_ten_minutes() -> None:
-    """README: "`grace` (a Duration, at most 10 minutes) lets running handles settle on their own for
+    """docs/lifecycle.md: "`grace` (a Duration, at most 10 minutes) lets running handles settle on their own for
     that long, then interrupts the rest"."""
     async with serve() as served:
         runtime_id = await create(served.stub, scripted("a", pb.ScriptedReply(text="ok")))
@@ -311,7 +313,7 @@ async def test_a_close_grace_is_at_most_ten_minutes() -> None:
 
 @pytest.mark.parametrize(("every", "accepted"), [(0.999, False), (1, True), (30 * 86400, True), (30 * 86400 + 1, False)])
 async def test_a_heartbeat_period_is_from_one_second_to_thirty_days(every: float, accepted: bool) -> None:
-    """README: "`AgentDef.heartbeat {every, prompt}` (every 1 s to 30 days)"."""
+    """docs/lifecycle.md: "`AgentDef.heartbeat {every, prompt}` (every 1 s to 30 days)"."""
     beating = scripted("a", pb.ScriptedReply(text="ok"), heartbeat=pb.Heartbeat(every=duration(every), prompt="tick"))
     async with serve() as served:
         request = pb.CreateRuntimeRequest(runtime_id="beats", agents=[beating])
@@ -324,7 +326,7 @@ async def test_a_heartbeat_period_is_from_one_second_to_thirty_days(every: float
 
 
 async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
-    """Errors table: "`UNAVAILABLE` | the server is shutting down": a CreateRuntime that
+    """docs/errors.md: "`UNAVAILABLE` | the server is shutting down": a CreateRuntime that
     reaches a server already draining is to be retried at its replacement, like any call
     a shutdown refuses (it was FAILED_PRECONDITION, which clients do not retry)."""
     async with serve() as served:
