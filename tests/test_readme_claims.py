@@ -3,12 +3,15 @@ checks and names its page.
 
 Servers run in process on loopback (embedded scripted model, memory store) and are called
 through the generated stubs, except the configuration table, which is checked against
-the one settings model and the `serve` parser it documents."""
+the one settings model and the `serve` parser it documents, and the pages' links, which must
+all resolve. The README's Python program runs as a process of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -334,3 +337,96 @@ async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
         error = await refused(served.stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[scripted("a")])))
         assert error.code() == Code.UNAVAILABLE
         assert "shutting down" in str(error.details())
+
+
+# ---- The pages themselves --------------------------------------------------------------
+
+PAGES = [
+    ROOT / "README.md",
+    *sorted(DOCS.glob("*.md")),
+    *sorted((ROOT / "clients").glob("*/README.md")),
+    ROOT / "tests" / "vectors" / "README.md",
+]
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _prose(page: Path) -> str:
+    """A page without its code: a link or a heading inside a code block is no link or heading."""
+    return CODE_SPAN.sub("", FENCE.sub("", page.read_text()))
+
+
+def _anchors(page: Path) -> set[str]:
+    """The fragments GitHub gives a page: a slug per heading (a repeated one numbered), and every explicit id."""
+    text = FENCE.sub("", page.read_text())
+    anchors = set(re.findall(r'<a id="([^"]+)"', text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_relative_link_of_the_pages_resolves() -> None:
+    """Every link from README.md, a docs/ page, a client's README or the vectors' README to a file
+    of the repository names one that exists, and its #fragment a heading or an id of that page."""
+    broken: list[str] = []
+    for page in PAGES:
+        for target in LINK.findall(_prose(page)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: ({target})"
+            if not resolved.exists():
+                broken.append(f"{where}: no such file")
+            elif fragment and (resolved.suffix != ".md" or fragment not in _anchors(resolved)):
+                broken.append(f"{where}: no such anchor")
+    assert not broken, "\n".join(broken)
+
+
+FILE_NAMED = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|sh|db|json|proto|binpb))`")
+PACKAGE = ROOT / "server" / "agentruntime_server"
+
+
+def test_every_file_the_pages_name_exists() -> None:
+    """A file README.md or a docs/ page names in code (`tests/test_quotas.py`, `store/sqlite.py`) is in
+    the repository, from its root or from the server's package: a file moved or renamed takes its
+    mentions along."""
+    missing: list[str] = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for name in FILE_NAMED.findall(FENCE.sub("", page.read_text())):
+            if "/" in name or name.endswith(".py"):
+                if not (ROOT / name).exists() and not (PACKAGE / name).exists():
+                    missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_readme_is_short_and_links_every_docs_page() -> None:
+    """README.md is at most 250 lines; everything else is one docs/ page a topic, each linked from it."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    linked = {(ROOT / target).resolve() for target in LINK.findall(_prose(ROOT / "README.md"))}
+    assert {page.resolve() for page in DOCS.glob("*.md")} <= linked
+
+
+async def test_the_readme_python_program_prints_what_the_readme_says() -> None:
+    """README.md: "the coordinator delegates the prompt to `explore` and answers with what it got:
+    2 turns, 47 tokens of its own, 73 for the tree", run as written (its address aside) in a
+    process of its own, against a server on the embedded scripted model."""
+    readme = (ROOT / "README.md").read_text()
+    program = readme.split("**Python**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"127.0.0.1:50051"' in program
+    async with serve() as served:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            program.replace('"127.0.0.1:50051"', f'"127.0.0.1:{served.port}"'),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(child.communicate(), timeout=60)
+    assert child.returncode == 0, err.decode()
+    assert out.decode().split() == ["STATUS_DONE", "2", "47", "73"]
