@@ -15,8 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from .api.auth import Authenticator, build_authenticator
+from .api.auth import build_authenticator
 from .api.forward import Forwarder
+from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
 from .domain.limits import Limits

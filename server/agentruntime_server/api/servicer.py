@@ -34,10 +34,10 @@ from ..domain.validation import RUNTIME_ID, TOOL_NAME, check_worker
 from ..observability.logs import escaped
 from ..tools.workers import Worker, WorkerPool
 from . import convert, paging
-from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
 from .errors import code_name as _code_name
 from .errors import to_grpc_status
 from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded, forwarded_by
+from .principals import DEFAULT, READ_METHODS, Authenticator, Principal
 
 log = logging.getLogger(__name__)
 
