@@ -32,12 +32,12 @@ from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService, runtime_key
 from ..domain.validation import RUNTIME_ID, TOOL_NAME, check_worker
 from ..observability.logs import escaped
-from ..tools.workers import Worker, WorkerPool
 from . import convert, paging
-from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
 from .errors import code_name as _code_name
 from .errors import to_grpc_status
 from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded, forwarded_by
+from .principals import DEFAULT, READ_METHODS, Authenticator, Principal
+from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         authenticator: Authenticator | None = None,
         forwarder: Forwarder | None = None,
         retry_for: float = 30.0,
-        workers: WorkerPool | None = None,
+        *,
+        workers: WorkerHub[Any],  # (of whatever stream type it connects: app.py's WorkerPool)
         max_text_bytes: int = 256 << 10,
     ) -> None:
         self.service = service
@@ -230,7 +231,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         # long a call with no deadline waits for a dead owner's runtimes to be taken over.
         self.forwarder = forwarder
         self.retry_for = retry_for
-        self.workers = workers or WorkerPool()
+        self.workers = workers
         self.max_text_bytes = max_text_bytes
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
@@ -512,7 +513,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     ) -> AsyncIterator[pb.ServeToolsResponse]:
         """A host serving worker tools (tools/workers.py): its registration, then the calls of
         its queue as agents make them, while its outputs are read alongside."""
-        worker: Worker | None = None
+        worker: WorkerStream | None = None
         reader: asyncio.Task[None] | None = None
         try:
             _caller.set(await self._authenticate(context, "ServeTools"))
@@ -552,7 +553,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if worker is not None:
                 await self.workers.disconnect(worker)  # what it still holds is in doubt
 
-    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: Worker) -> None:
+    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: WorkerStream) -> None:
         async for received in requests:
             request = _decoded(received)
             if request.WhichOneof("message") != "output":

@@ -23,7 +23,8 @@ from .errors import (
     shown,
 )
 from .events import Event, EventLog
-from .handle import FifoGate, Handle, Run
+from .gate import FifoGate
+from .handle import Handle, Run
 from .journal import (
     Answered,
     BudgetSet,

@@ -22,7 +22,7 @@ from .errors import (
     Unavailable,
 )
 from .events import tell_gone
-from .handle import FifoGate
+from .gate import FifoGate
 from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from . import budget as budgets
 from . import patterns, prompts, schemas
 from .errors import Detached, Fenced, ResourceExhausted, shown
-from .handle import FifoGate, Handle, Run
+from .gate import FifoGate
+from .handle import Handle, Run
 from .journal import (
     CallFinished,
     CallStarted,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..domain.handle import FifoGate
+from ..domain.gate import FifoGate
 from ..domain.ports import ModelProvider
 from ..http_client import HttpClient
 from ..settings import Settings
