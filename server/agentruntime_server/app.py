@@ -25,10 +25,10 @@ from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
-from .event_loop import running_loop_kind
-from .http_client import HttpClient
+from .http import HttpClient
 from .observability import Observability
 from .observability import build as build_observability
+from .process.event_loop import running_loop_kind
 from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings, StartupError

@@ -23,7 +23,7 @@ from tenacity.asyncio import AsyncRetrying
 from ..domain.gate import FifoGate
 from ..domain.model import Failure, FailureReason
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
-from ..http_client import HttpClient, HttpError, encode_headers
+from ..http import HttpClient, HttpError, encode_headers
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..domain.gate import FifoGate
 from ..domain.ports import ModelProvider
-from ..http_client import HttpClient
+from ..http import HttpClient
 from ..settings import Settings
 from .anthropic import AnthropicProvider
 from .base import CallPolicy
