@@ -86,6 +86,7 @@ class Runtime:
         self.timers = Timers(host)
         self.turns = TurnLoop(host)
         self.draining = False  # set at shutdown: runs stop at their next journal point
+        self.taken_over = False  # set by take_over: this process runs it (timers armed, runs continued)
         self._taking_over: asyncio.Task[int] | None = None
 
     @classmethod
@@ -96,10 +97,6 @@ class Runtime:
         runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries)
         return runtime
 
-    @property
-    def taken_over(self) -> bool:
-        return self._taking_over is not None
-
     async def take_over(self) -> int:
         """This process runs the runtime from now on: every heartbeat is armed, every live
         Request that expires lapses on time, and the handles that were RUNNING when its last
@@ -107,6 +104,7 @@ class Runtime:
         comes while the first one's take-over is under way waits for it. Returns how many
         handles went on (0 to every caller but the first)."""
         if self._taking_over is None:
+            self.taken_over = True
             self._taking_over = asyncio.get_running_loop().create_task(self._take_over())
             # Its callers may all be gone (a cancelled call): the task goes on, its outcome is read.
             self._taking_over.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -257,6 +255,8 @@ class Runtime:
         return True
 
     async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
+        """The result of the handle's run in flight, once it settles (TIMEOUT past `timeout`);
+        with none (always so in a copy not taken over), its settled result as stored."""
         handle = self.handle(handle_id)
         run = self.runs.get(handle.id)
         if run is not None and run.task is not None:

@@ -155,9 +155,10 @@ class RuntimeService:
         runs (none of a runtime taken over: a store its last server left mid-run, unlisted at
         the start) goes on only if its runtime is taken over, so a Wait on it takes it over."""
         runtime = await self.loaded(runtime_id, tenant)
-        handle = runtime.tree.handles.get(handle_id)
-        if handle is not None and handle.state.in_flight and not runtime.taken_over:
-            await self.take_over(runtime)
+        if not runtime.taken_over:
+            handle = runtime.tree.handles.get(handle_id)
+            if handle is not None and handle.state.in_flight:
+                await self.take_over(runtime)
         return runtime
 
     async def readable(self, runtime_id: str, tenant: str = DEFAULT_TENANT) -> Runtime:
