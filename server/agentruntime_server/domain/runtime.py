@@ -103,21 +103,24 @@ class Runtime:
         process stopped go on from their journal (recovery.py). Once per copy: a caller that
         comes while the first one's take-over is under way waits for it. Returns how many
         handles went on (0 to every caller but the first)."""
-        if self._taking_over is None:
+        if not self.taken_over:
             self.taken_over = True
-            self._taking_over = asyncio.get_running_loop().create_task(self._take_over())
+            taking_over = self._taking_over = asyncio.get_running_loop().create_task(self._take_over())
             # Its callers may all be gone (a cancelled call): the task goes on, its outcome is read.
-            self._taking_over.add_done_callback(lambda done: done.cancelled() or done.exception())
-            return await asyncio.shield(self._taking_over)
-        if not self._taking_over.done():
+            taking_over.add_done_callback(lambda done: done.cancelled() or done.exception())
+            return await asyncio.shield(taking_over)
+        if self._taking_over is not None:
             await asyncio.shield(self._taking_over)
         return 0
 
     async def _take_over(self) -> int:
-        if self.draining:
-            return 0
-        self.timers.arm_all()
-        return await continue_interrupted(self)
+        try:
+            if self.draining:
+                return 0
+            self.timers.arm_all()
+            return await continue_interrupted(self)
+        finally:
+            self._taking_over = None  # done: nothing of it is kept
 
     @property
     def handles(self) -> dict[str, Handle]:
