@@ -81,10 +81,9 @@ class Runtime:
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
         self._model_gate: FifoGate | None = None
-        host = weakref.proxy(self)
-        self.runs = RunDriver(host)
-        self.timers = Timers(host)
-        self.turns = TurnLoop(host)
+        self._host = weakref.proxy(self)
+        self.runs = RunDriver(self._host)
+        self.timers = Timers(self._host)
         self.draining = False  # set at shutdown: runs stop at their next journal point
         self.taken_over = False  # set by take_over: this process runs it (timers armed, runs continued)
         self._taking_over: asyncio.Task[int] | None = None
@@ -121,6 +120,11 @@ class Runtime:
             return await continue_interrupted(self)
         finally:
             self._taking_over = None  # done: nothing of it is kept
+
+    @functools.cached_property
+    def turns(self) -> TurnLoop:
+        """Built for the first run: a copy that is only read has none."""
+        return TurnLoop(self._host)
 
     @property
     def handles(self) -> dict[str, Handle]:
