@@ -350,7 +350,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                 found.append(FieldViolation("timeout", f"must be at most {MAX_WAIT_TIMEOUT / 3600:g} hours; Wait again after it"))
             if found:
                 raise InvalidArgument(found)
-        runtime = await self._handle_target(request)
+        _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+        runtime = await self.service.awaitable(request.runtime_id, _tenant(), request.handle_id)
         result = await runtime.wait(request.handle_id, timeout)
         return pb.WaitResponse(result=convert.result_to_proto(result))
 
@@ -454,7 +455,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             attempt = 0
             while True:
                 try:
-                    runtime = await self._runtime(request.runtime_id)
+                    runtime = await self.service.loaded(request.runtime_id, _tenant())
                     if seen < 0:
                         raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
                     if seen > runtime.events.last_seq:  # a seq from elsewhere would wait for ever

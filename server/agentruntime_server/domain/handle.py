@@ -1,4 +1,5 @@
-"""One agent in a tree: its state, usage, transcript and current run.
+"""One agent in a tree: its state, usage and transcript, as the journal replays them (its
+run in flight, if any, is no part of it: runs.py).
 
 The state changes only through the transition methods below, and only the journal
 (journal/steps.py) calls them: every change is a journal step, applied here and appended to
@@ -6,11 +7,8 @@ the store together."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .gate import FifoGate
 from .model import (
@@ -30,36 +28,7 @@ from .model import (
 )
 from .usage import Usage
 
-if TYPE_CHECKING:
-    from .quotas import RunningSlot
-
 NONE: frozenset[str] = frozenset()
-
-
-@dataclass
-class Run:
-    """One Wake (or task call) of a handle, until it settles."""
-
-    drained: list[InboxItem]
-    transcript_mark: int
-    deadline: float | None  # event-loop time
-    task: asyncio.Task[TaskResult] | None = None
-    # Set by whoever cancels the run, so the run knows how to settle.
-    stop: tuple[Status, Limit] | None = None
-    # Stopped with an ancestor (its Interrupt or Close): settling does not continue the
-    # suspended parent, which is being stopped too.
-    quiet: bool = False
-    children: list[Handle] = field(default_factory=list)
-    # The parent's run that this run's settling continued (Resume follows the chain up).
-    next: Run | None = None
-    shutdown: bool = False  # cancelled because the process stops: not settled
-    # A task cancelled before its first step never runs a line of it: a stop before `started`
-    # is left in `stop` for the run to see first. Past its work (`settling`), a stop waits for
-    # it: a cancel landing in its settling (a second Interrupt, a Close racing one) would end
-    # the task. Either way the handle would be left RUNNING, and a Wait on it cancelled.
-    started: bool = False
-    settling: bool = False
-    slot: RunningSlot | None = None  # its hold on a running slot of its tenant's quota, if the tenant has one
 
 
 class Handle:
@@ -82,7 +51,6 @@ class Handle:
         "mark",
         "parent",
         "pending",
-        "run",
         "run_start",
         "runs",
         "seq",
@@ -144,7 +112,6 @@ class Handle:
         self.last_tick: float | None = None  # when its heartbeat last ticked (before a first tick: its spawn)
         # Compactions: (the transcript index the model's view resumes at, the summary before it).
         self.compactions: list[tuple[int, Message]] = []
-        self.run: Run | None = None  # in memory only: the run in flight
         # Derived from the journal (replay rebuilds them): the runs started on a message (a
         # Wake, a task call), and where in the transcript the latest one started.
         self.runs = 0
