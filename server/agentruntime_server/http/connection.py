@@ -6,20 +6,32 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
 from .wire import MAX_HEADER_BYTES, MAX_HEADERS, BadReply, BodyLimit, ConnectionLost, HttpError, Origin, Response
 
-if TYPE_CHECKING:
-    from .client import HttpClient
+
+class Pool(Protocol):
+    """What a connection tells the pool that owns it (`client.HttpClient`)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def watch(self, connection: Connection, deadline: float) -> None: ...
+
+    def unwatch(self, connection: Connection) -> None: ...
+
+    def release(self, connection: Connection) -> None: ...
+
+    def retire(self, connection: Connection) -> None: ...
 
 
 class Connection(asyncio.Protocol):
     """One keep-alive connection, and the reply it is reading (one at a time)."""
 
-    def __init__(self, client: HttpClient, origin: Origin) -> None:
+    def __init__(self, client: Pool, origin: Origin) -> None:
         self.client = client
         self.origin = origin
         self.transport: asyncio.Transport | None = None
