@@ -144,10 +144,10 @@ conformance-secure: $(STAMP) $(TS_DIR)/node_modules/.installed ## every client's
 
 # --- running -----------------------------------------------------------------
 
-run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see README)
+run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see docs/configuration.md)
 	$(BIN)/agentruntime serve
 
-smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk the README with grpcurl
+smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk docs/walkthrough.md with grpcurl
 	scripts/smoke.sh
 
 bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, replicas

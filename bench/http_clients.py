@@ -1,4 +1,4 @@
-"""Model-call transport benchmark: the server's own client (http_client.py) against aiohttp
+"""Model-call transport benchmark: the server's own client (agentruntime_server/http/) against aiohttp
 and httpx's default transport, on asyncio's event loop and on uvloop, same loopback server.
 
 Runs a stateless OpenAI-shaped server in a child process (on uvloop, so that it is not the
@@ -23,7 +23,7 @@ from contextlib import AsyncExitStack
 import aiohttp
 import httpx
 import uvloop
-from agentruntime_server.http_client import HttpClient
+from agentruntime_server.http import HttpClient
 from aiohttp import web
 
 REPLY = json.dumps(

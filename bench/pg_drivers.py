@@ -1,7 +1,7 @@
 """asyncpg against psycopg 3 on the journal's write pattern (issue 13: which driver, and why).
 
 The pattern is PostgresStore's: commits one after another over one kept connection, each
-one statement (store/postgres.py `_COMMIT`) carrying a tick's journal rows for several
+one statement (store/pg_statements.py `COMMIT`) carrying a tick's journal rows for several
 runtimes as arrays, with the fencing check, the runtime updates and the tenants' tokens;
 and a runtime's whole journal read back (a restore). Both drivers run the same SQL on an
 embedded PostgreSQL, asynchronously, with binary parameters and a prepared statement.
@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentruntime_server.store.postgres import _COMMIT, _ENTRIES, PostgresStore
+from agentruntime_server.store.pg_statements import COMMIT, ENTRIES
+from agentruntime_server.store.postgres import PostgresStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.postgres import embedded_postgres, fresh_database
@@ -57,7 +58,7 @@ def _arguments(commit: int) -> list[Any]:
 async def _prepare(url: str) -> None:
     store = PostgresStore(url)
     try:
-        pool = await store._connected()  # migrates
+        pool = await store.pool()  # migrates
         for n in range(RUNTIMES_PER_COMMIT):
             await pool.execute(
                 "INSERT INTO runtimes (id, agents, created_at, updated_at, owner, epoch) VALUES ($1, '[]', 0, 0, 'bench', 1)",
@@ -73,8 +74,8 @@ async def asyncpg_run(url: str) -> tuple[float, float, float]:
     connection = await asyncpg.connect(url)
     try:
         return await _measure(
-            lambda commit: connection.fetch(_COMMIT, *_arguments(commit)),
-            lambda: connection.fetch(_ENTRIES + " ORDER BY seq LIMIT $2", "rt-0", LOADED_ENTRIES),
+            lambda commit: connection.fetch(COMMIT, *_arguments(commit)),
+            lambda: connection.fetch(ENTRIES + " ORDER BY seq LIMIT $2", "rt-0", LOADED_ENTRIES),
         )
     finally:
         await connection.close()
@@ -83,8 +84,8 @@ async def asyncpg_run(url: str) -> tuple[float, float, float]:
 async def psycopg_run(url: str) -> tuple[float, float, float]:
     import psycopg
 
-    commit_sql = re.sub(r"\$(\d+)", r"%(p\1)s", _COMMIT)
-    entries_sql = re.sub(r"\$(\d+)", r"%(p\1)s", _ENTRIES + " ORDER BY seq LIMIT $2")
+    commit_sql = re.sub(r"\$(\d+)", r"%(p\1)s", COMMIT)
+    entries_sql = re.sub(r"\$(\d+)", r"%(p\1)s", ENTRIES + " ORDER BY seq LIMIT $2")
     connection = await psycopg.AsyncConnection.connect(url, autocommit=True)
     try:
 

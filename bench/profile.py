@@ -5,14 +5,14 @@ while bench/workload.py drives it, and this prints the samples grouped by compon
     .venv/bin/python bench/profile.py --latency 0.02 --raw /tmp/server.txt
 
 Each sample is counted once, for the frame it was taken in (self time): the server's own
-modules by package, the HTTP client (http_client.py and httptools), the event loop
+modules by package, the HTTP client (http/ and httptools), the event loop
 (asyncio, selectors, and C work run from a loop callback: a task step, a gRPC completion;
 on uvloop, the loop's own C work is counted under asyncio's Runner.run, the frame it runs
 below), gRPC's poller thread, and everything else by top-level module. `--raw` keeps
 py-spy's collapsed stacks (one line per stack and its count) for a flame graph tool.
 `--native` samples C frames too: the cyclic garbage collector, which runs inside whatever
 Python frame allocated, then shows as a component of its own (13-19 % of the CPU before
-it was tuned: collector.py), as do system calls and SQLite; idle threads show as waiting
+it was tuned: process/collector.py), as do system calls and SQLite; idle threads show as waiting
 in epoll.
 
 py-spy counts a thread blocked in C code as busy, so the poller thread's share of samples
@@ -69,14 +69,14 @@ def component(frames: list[str]) -> str:
     path = re.sub(r"^.*site-packages/", "", match.group("file")) if match else leaf
     if path.endswith((".c", ".h", ".pyx", ".pxd", ".pxi")):  # --native: C code with its source known
         return f"{path.split('/')[0]} (native)"
-    if path.startswith("agentruntime_server/http_client"):
-        return "HTTP client (http_client.py, httptools)"
+    if path.startswith("agentruntime_server/http/"):
+        return "HTTP client (http/, httptools)"
     if path.startswith("agentruntime_server/"):
         parts = path.split("/")
         return f"server: {parts[1] if len(parts) > 2 else parts[1].removesuffix('.py')}"
     top = path.split("/")[0]
     if top in _HTTP_CLIENT:
-        return "HTTP client (http_client.py, httptools)"
+        return "HTTP client (http/, httptools)"
     if top in _EVENT_LOOP:
         return "event loop (asyncio, selectors)"
     return f"other: {top.removesuffix('.py')}"

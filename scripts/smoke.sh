@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Smoke test: serve agentruntime on a free loopback port and walk the README's grpcurl
-# walkthrough against it (list, describe, CreateRuntime, Spawn, Wake, Wait, List,
-# Inspect, GetTranscript), checking each answer. Run it with `make smoke`.
+# Smoke test: serve agentruntime on a free loopback port and walk the grpcurl walkthrough of
+# docs/walkthrough.md against it (list, describe, CreateRuntime, Spawn, Wake, Wait, List,
+# Inspect, GetTranscript), then the one of docs/suspension.md (Wait PENDING, Resume, Resume
+# again), checking each answer. Run it with `make smoke`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -126,7 +127,7 @@ final_text=$("$PY" -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["
 check "GetTranscript: user, 2 task calls, 2 tool results, the final answer" "$out" \
   "[m['role'] for m in r['messages']] == ['user', 'assistant', 'tool', 'tool', 'assistant'] and r['messages'][-1]['content'] == $final_text"
 
-# --- suspension and resume (README "Suspension and resume") ------------------
+# --- suspension and resume (docs/suspension.md) -------------------------------
 out=$("$GRPCURL" -plaintext -max-time 60 -d @ "$ADDR" "$SERVICE/CreateRuntime" <examples/release.json 2>&1) ||
   fail "CreateRuntime from examples/release.json returned an error" "$out"
 out=$(call Spawn '{"runtime_id": "release", "parent_id": "root", "agent": "lead"}') || fail "Spawn lead" "$out"

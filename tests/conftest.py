@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
-from agentruntime_server.event_loop import DEFAULT_LOOP, LoopFactory, loop_factory
+from agentruntime_server.process.event_loop import DEFAULT_LOOP, LoopFactory, loop_factory
 
 from tests.support.anthropic_server import ScriptedAnthropicServer
 from tests.support.model_server import ScriptedModelServer

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from .api.auth import Authenticator, build_authenticator
+from .api.auth import build_authenticator
 from .api.forward import Forwarder
+from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
 from .domain.limits import Limits
@@ -24,10 +25,10 @@ from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
-from .event_loop import running_loop_kind
-from .http_client import HttpClient
+from .http import HttpClient
 from .observability import Observability
 from .observability import build as build_observability
+from .process.event_loop import running_loop_kind
 from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings, StartupError
@@ -47,7 +48,7 @@ log = logging.getLogger("agentruntime")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentRuntime"].full_name
 
 
-class ListingHealthServicer(HealthServicer):  # type: ignore[misc]
+class ListingHealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
     """The standard health service, with the List method its proto declares (reflection
     advertises it; the library's servicer leaves it unimplemented and logs a traceback)."""
 
@@ -64,7 +65,7 @@ class RunningServer:
     port: int
     http: HttpClient  # model calls
     tools: HttpTools
-    health: HealthServicer
+    health: health_aio.HealthServicer
     service: RuntimeService
     store: Store
     observability: Observability = field(default_factory=Observability)
@@ -98,7 +99,7 @@ class RunningServer:
         await self.observability.stop()
 
 
-def _not_serving_once_broken(store: Store, health: HealthServicer) -> None:
+def _not_serving_once_broken(store: Store, health: health_aio.HealthServicer) -> None:
     """A store whose commit failed acknowledges nothing more until the server is restarted:
     its health checks say NOT_SERVING from then on, so that a load balancer or an
     orchestrator sends callers elsewhere (and restarts it)."""

@@ -13,9 +13,9 @@ from agentruntime.cli import main as client_main
 from pydantic import ValidationError
 
 from .app import start
-from .collector import tune_for_serving
-from .event_loop import loop_factory
 from .observability.logs import configure_logging
+from .process.collector import tune_for_serving
+from .process.event_loop import loop_factory
 from .settings import Settings, StartupError
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .event_loop import DEFAULT_LOOP, EventLoopKind
+from .process.event_loop import DEFAULT_LOOP, EventLoopKind
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     max_concurrent_model_calls: int = Field(64, ge=1, description="HTTP model calls in flight at once, over all providers")
     http_pool_size: int = Field(256, ge=1, description="keep-alive connections for model calls, and as many for http tools")
     inbox_capacity: int = Field(100, ge=1, description="messages a handle's inbox holds before Post is refused")
-    # ---- limits and hardening (README: "Limits and hardening") ----
+    # ---- limits and hardening (docs/limits.md) ----
     max_message_bytes: int = Field(
         4 * MIB, ge=256 * KIB, le=64 * MIB, description="largest gRPC request the server accepts and reply it sends"
     )
@@ -117,7 +117,7 @@ class Settings(BaseSettings):
     )
     quota_tokens_per_day: int | None = Field(None, ge=0, description="model tokens one tenant may spend in any 24 hours")
     retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
-    # The built-in ranges (tools/egress.py) apply whatever these say; README: "Limits and hardening".
+    # The built-in ranges (tools/egress.py) apply whatever these say; docs/security.md#egress.
     tool_egress_allow: list[str] = Field(
         default_factory=list,
         description="networks (CIDR) http tools and MCP servers may reach; empty: any address not refused. "
@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         description="sqlite:///relative/path.db, sqlite:////absolute/path.db, "
         "postgresql://user:password@host:port/db, or memory:// (nothing survives)",
     )
-    # ---- replicas (README: "Replicas"): only with a postgresql:// store ----
+    # ---- replicas (docs/replicas.md): only with a postgresql:// store ----
     advertise: str = Field(
         "",
         pattern=r"^(|[A-Za-z0-9_.-]+:[0-9]{1,5}|\[[0-9A-Fa-f:.]+\]:[0-9]{1,5})$",
@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     otel_endpoint: str = Field(
         "", description="OTLP/gRPC collector for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing"
     )
-    # ---- transport security and authentication (README: "Security") ----
+    # ---- transport security and authentication (docs/security.md) ----
     tls_cert: str = Field("", description="PEM certificate chain to serve TLS with (with TLS_KEY); empty: plaintext")
     tls_key: str = Field("", description="PEM private key of TLS_CERT, unencrypted; read at start, never logged")
     tls_client_ca: str = Field(

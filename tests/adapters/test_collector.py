@@ -1,4 +1,4 @@
-"""The server process tunes the cyclic garbage collector once it is built (collector.py)."""
+"""The server process tunes the cyclic garbage collector once it is built (process/collector.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from agentruntime_server.collector import THRESHOLDS, tune_for_serving
+from agentruntime_server.process.collector import THRESHOLDS, tune_for_serving
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 client of model calls and http tools (server/agentruntime_server/http_client.py),
+"""The HTTP/1.1 client of model calls and http tools (server/agentruntime_server/http/),
 against real loopback servers: a raw asyncio server that answers each request with the
 bytes a test scripts (framing, encodings, faults), and aiohttp for TLS and compression."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from agentruntime_server.http_client import BadReply, ConnectFailed, ConnectionLost, HttpClient
+from agentruntime_server.http import BadReply, ConnectFailed, ConnectionLost, HttpClient
 from aiohttp import web
 
 from tests.support.poll import until

@@ -27,7 +27,7 @@ import pytest
 import trustme
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.api import auth, jwt_auth
+from agentruntime_server.api import jwt_auth, watched_file
 from agentruntime_server.api.auth import build_authenticator
 from agentruntime_server.api.tls import is_loopback, transport
 from agentruntime_server.app import start
@@ -188,7 +188,7 @@ async def test_a_token_removed_from_the_file_is_revoked_without_a_restart(token_
 async def test_a_bad_tokens_file_keeps_the_last_good_one_and_warns_once(
     tokens_file: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(auth, "RECHECK_SECONDS", 0.0)
+    monkeypatch.setattr(watched_file, "RECHECK_SECONDS", 0.0)
     authenticator = build_authenticator(server_settings(auth="tokens", auth_tokens_file=str(tokens_file)))
     principal = await authenticator.authenticate(bearer(READ_TOKEN), "List")
     assert (principal.tenant, principal.name, principal.scopes) == ("acme", "dashboard", frozenset({"read"}))

@@ -1,13 +1,17 @@
-"""README claims no other test pins: each test quotes the sentence it checks.
+"""Claims of README.md and the docs/ pages that no other test pins: each test quotes the sentence it
+checks and names its page.
 
 Servers run in process on loopback (embedded scripted model, memory store) and are called
 through the generated stubs, except the configuration table, which is checked against
-the one settings model and the `serve` parser it documents."""
+the one settings model and the `serve` parser it documents, and the pages' links, which must
+all resolve. The README's Python program runs as a process of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from tests.support.build import agent, create, duration, run, spawn, status_deta
 from tests.support.servers import serve
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 Code = grpc.StatusCode
 
 
@@ -62,7 +67,7 @@ async def from_example(stub: pb_grpc.AgentRuntimeStub, name: str) -> str:
 
 
 def _configuration_rows() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+    text = (DOCS / "configuration.md").read_text()
     table = text.split("| flag ", 1)[1].split("\n\n", 1)[0]
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table.splitlines()[2:]]
 
@@ -85,7 +90,7 @@ def _documented(cell: str, value: Any) -> Any:
 
 
 def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFixture[str]) -> None:
-    """README: "Flags override `AGENTRUNTIME_*` environment variables, which override the defaults
+    """docs/configuration.md: "Flags override `AGENTRUNTIME_*` environment variables, which override the defaults
     (one settings model: `server/agentruntime_server/settings.py`)." Every setting is in the
     table under its variable, with the default the table states and the flag it names."""
     with pytest.raises(SystemExit):
@@ -100,15 +105,15 @@ def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFix
         fields = [fields[0].rsplit("_", 1)[0] + field if field.startswith("_") else field for field in fields]
         cells = default_cell.split(", ") if len(fields) > 1 and default_cell.count(", ") == len(fields) - 1 else [default_cell]
         for field, cell in zip(fields, cells * len(fields), strict=False):
-            assert field in Settings.model_fields, f"the README documents AGENTRUNTIME_{field.upper()}, which is no setting"
+            assert field in Settings.model_fields, f"configuration.md documents AGENTRUNTIME_{field.upper()}, which is no setting"
             documented.add(field)
             value = getattr(defaults, field)
             value = value.get_secret_value() if isinstance(value, SecretStr) else value
             stated = _documented(cell, value)
             if stated is not None:
-                assert stated == value, f"AGENTRUNTIME_{field.upper()}: the README says {cell}, the default is {value!r}"
+                assert stated == value, f"AGENTRUNTIME_{field.upper()}: configuration.md says {cell}, the default is {value!r}"
         for flag in re.findall(r"`(--[a-z-]+)`", flags_cell):
-            assert flag in serve_flags, f"the README documents `serve {flag}`, which serve does not take"
+            assert flag in serve_flags, f"configuration.md documents `serve {flag}`, which serve does not take"
             assert flag[2:].replace("-", "_") in fields, f"{flag} is documented on the row of {names}"
     assert documented == set(Settings.model_fields), f"undocumented: {set(Settings.model_fields) - documented}"
 
@@ -117,7 +122,7 @@ def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFix
 
 
 async def test_the_grpcurl_walkthrough_figures_are_the_server_s() -> None:
-    """README: "The coordinator spent 184 tokens itself over 2 turns; the bill for the whole tree is
+    """docs/walkthrough.md: "The coordinator spent 184 tokens itself over 2 turns; the bill for the whole tree is
     296, because its two children spent 57 and 55 (184 + 57 + 55 = 296)." and "The
     children's budgets were carved from what the coordinator had left when it spawned them"
     (9 turns, 19945 tokens)."""
@@ -144,7 +149,7 @@ async def test_the_grpcurl_walkthrough_figures_are_the_server_s() -> None:
 
 
 async def test_the_suspension_walkthrough_is_the_server_s() -> None:
-    """README: "every tool call carries the key `{runtime}/{handle}/{call_id}`: ... relay calls carry
+    """docs/suspension.md: "every tool call carries the key `{runtime}/{handle}/{call_id}`: ... relay calls carry
     it in `pending.calls[].idempotency_key`", and "The lead's first turn was not bought again
     (2 turns, 200 own tokens: one before the suspension, one after)"."""
     async with serve() as served:
@@ -184,7 +189,7 @@ async def test_the_suspension_walkthrough_is_the_server_s() -> None:
 
 
 async def test_each_failed_precondition_names_its_reason() -> None:
-    """README: "`FAILED_PRECONDITION` | ... Wait on a handle never woken; ... Wake on a closed, suspended
+    """docs/errors.md: "`FAILED_PRECONDITION` | ... Wait on a handle never woken; ... Wake on a closed, suspended
     or running handle; Close of a running handle without `force` ...; Resume with ... another
     answer to one already answered | `ErrorInfo.reason`: `HANDLE_CLOSED`, `HANDLE_SUSPENDED`,
     `HANDLE_RUNNING`, `NEVER_RUN`, `NO_SUCH_REQUEST`, `ALREADY_ANSWERED`"."""
@@ -220,7 +225,7 @@ async def test_each_failed_precondition_names_its_reason() -> None:
 
 
 async def test_a_closed_handle_refuses_posts_and_children_as_handle_closed() -> None:
-    """README: "`FAILED_PRECONDITION` | ... Post to a closed handle or Spawn under one ... |
+    """docs/errors.md: "`FAILED_PRECONDITION` | ... Post to a closed handle or Spawn under one ... |
     `ErrorInfo.reason`: `HANDLE_CLOSED`, ...": the reason a host branches on, whichever call
     met the closed handle."""
     async with serve() as served:
@@ -235,7 +240,7 @@ async def test_a_closed_handle_refuses_posts_and_children_as_handle_closed() -> 
 
 
 async def test_an_error_is_bounded_whatever_the_request_holds() -> None:
-    """README: "an error | 600 characters of message and at most 10 field violations of 200
+    """docs/limits.md: "an error | 600 characters of message and at most 10 field violations of 200
     characters: a bad id always gets its real code"."""
     async with serve() as served:
         bad = [pb.AgentDef(name=f"{n} {'x' * 300}", description="d") for n in range(15)]
@@ -248,7 +253,7 @@ async def test_an_error_is_bounded_whatever_the_request_holds() -> None:
 
 
 async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> None:
-    """README: "`AGENTRUNTIME_WATCH_BUFFER` | `1000` | events a Watch consumer may fall behind before it
+    """docs/configuration.md: "`AGENTRUNTIME_WATCH_BUFFER` | `1000` | events a Watch consumer may fall behind before it
     is told to reconnect" (`RESOURCE_EXHAUSTED`, `WATCH_LAGGING`), and a Watch from the seq it
     names gets the rest, no gap."""
     async with serve(watch_buffer=1) as served:
@@ -281,7 +286,7 @@ async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> Non
 
 
 async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
-    """README: "A `Budget` ... has seven optional fields; unset means unlimited, and unset is not 0."
+    """docs/budgets.md: "A `Budget` ... has seven optional limits (below); unset means unlimited, and unset is not 0."
     with "`max_turns` ... before every model call | `INCOMPLETE` + `LIMIT_MAX_TURNS`"."""
     async with serve() as served:
         runtime_id = await create(served.stub, scripted("a", pb.ScriptedReply(text="paid", tokens=5)))
@@ -297,7 +302,7 @@ async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
 
 
 async def test_a_close_grace_is_at_most_ten_minutes() -> None:
-    """README: "`grace` (a Duration, at most 10 minutes) lets running handles settle on their own for
+    """docs/lifecycle.md: "`grace` (a Duration, at most 10 minutes) lets running handles settle on their own for
     that long, then interrupts the rest"."""
     async with serve() as served:
         runtime_id = await create(served.stub, scripted("a", pb.ScriptedReply(text="ok")))
@@ -311,7 +316,7 @@ async def test_a_close_grace_is_at_most_ten_minutes() -> None:
 
 @pytest.mark.parametrize(("every", "accepted"), [(0.999, False), (1, True), (30 * 86400, True), (30 * 86400 + 1, False)])
 async def test_a_heartbeat_period_is_from_one_second_to_thirty_days(every: float, accepted: bool) -> None:
-    """README: "`AgentDef.heartbeat {every, prompt}` (every 1 s to 30 days)"."""
+    """docs/lifecycle.md: "`AgentDef.heartbeat {every, prompt}` (every 1 s to 30 days)"."""
     beating = scripted("a", pb.ScriptedReply(text="ok"), heartbeat=pb.Heartbeat(every=duration(every), prompt="tick"))
     async with serve() as served:
         request = pb.CreateRuntimeRequest(runtime_id="beats", agents=[beating])
@@ -324,7 +329,7 @@ async def test_a_heartbeat_period_is_from_one_second_to_thirty_days(every: float
 
 
 async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
-    """Errors table: "`UNAVAILABLE` | the server is shutting down": a CreateRuntime that
+    """docs/errors.md: "`UNAVAILABLE` | the server is shutting down": a CreateRuntime that
     reaches a server already draining is to be retried at its replacement, like any call
     a shutdown refuses (it was FAILED_PRECONDITION, which clients do not retry)."""
     async with serve() as served:
@@ -332,3 +337,96 @@ async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
         error = await refused(served.stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[scripted("a")])))
         assert error.code() == Code.UNAVAILABLE
         assert "shutting down" in str(error.details())
+
+
+# ---- The pages themselves --------------------------------------------------------------
+
+PAGES = [
+    ROOT / "README.md",
+    *sorted(DOCS.glob("*.md")),
+    *sorted((ROOT / "clients").glob("*/README.md")),
+    ROOT / "tests" / "vectors" / "README.md",
+]
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _prose(page: Path) -> str:
+    """A page without its code: a link or a heading inside a code block is no link or heading."""
+    return CODE_SPAN.sub("", FENCE.sub("", page.read_text()))
+
+
+def _anchors(page: Path) -> set[str]:
+    """The fragments GitHub gives a page: a slug per heading (a repeated one numbered), and every explicit id."""
+    text = FENCE.sub("", page.read_text())
+    anchors = set(re.findall(r'<a id="([^"]+)"', text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_relative_link_of_the_pages_resolves() -> None:
+    """Every link from README.md, a docs/ page, a client's README or the vectors' README to a file
+    of the repository names one that exists, and its #fragment a heading or an id of that page."""
+    broken: list[str] = []
+    for page in PAGES:
+        for target in LINK.findall(_prose(page)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, fragment = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: ({target})"
+            if not resolved.exists():
+                broken.append(f"{where}: no such file")
+            elif fragment and (resolved.suffix != ".md" or fragment not in _anchors(resolved)):
+                broken.append(f"{where}: no such anchor")
+    assert not broken, "\n".join(broken)
+
+
+FILE_NAMED = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.(?:py|sh|db|json|proto|binpb))`")
+PACKAGE = ROOT / "server" / "agentruntime_server"
+
+
+def test_every_file_the_pages_name_exists() -> None:
+    """A file README.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
+    the repository, from its root or from the server's package: a file moved or renamed takes its
+    mentions along."""
+    missing: list[str] = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for name in FILE_NAMED.findall(FENCE.sub("", page.read_text())):
+            if "/" in name or name.endswith(".py"):
+                if not (ROOT / name).exists() and not (PACKAGE / name).exists():
+                    missing.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_readme_is_short_and_links_every_docs_page() -> None:
+    """README.md is at most 250 lines; everything else is one docs/ page a topic, each linked from it."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    linked = {(ROOT / target).resolve() for target in LINK.findall(_prose(ROOT / "README.md"))}
+    assert {page.resolve() for page in DOCS.glob("*.md")} <= linked
+
+
+async def test_the_readme_python_program_prints_what_the_readme_says() -> None:
+    """README.md: "the coordinator delegates the prompt to `explore` and answers with what it got:
+    2 turns, 47 tokens of its own, 73 for the tree", run as written (its address aside) in a
+    process of its own, against a server on the embedded scripted model."""
+    readme = (ROOT / "README.md").read_text()
+    program = readme.split("**Python**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"127.0.0.1:50051"' in program
+    async with serve() as served:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            program.replace('"127.0.0.1:50051"', f'"127.0.0.1:{served.port}"'),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(child.communicate(), timeout=60)
+    assert child.returncode == 0, err.decode()
+    assert out.decode().split() == ["STATUS_DONE", "2", "47", "73"]

@@ -207,11 +207,11 @@ async def test_a_runtime_that_leaves_memory_is_freed_as_it_leaves(
     try:
         first = await create(stub, agent("worker"))
         await run(stub, first, "worker", "go")
-        (key,) = [key for key in running.service._runtimes if key.endswith(first)]
-        left = weakref.ref(running.service._runtimes[key])
+        (key,) = [key for key in running.service.cache.runtimes if key.endswith(first)]
+        left = weakref.ref(running.service.cache.runtimes[key])
         for _ in range(2):  # the cache holds 2: the first runtime leaves
             await run(stub, await create(stub, agent("worker")), "worker", "go")
-        assert key not in running.service._runtimes
+        assert key not in running.service.cache.runtimes
         assert left() is None
     finally:
         gc.enable()

@@ -8,7 +8,7 @@ import threading
 from contextlib import AsyncExitStack
 from typing import Any
 
-from agentruntime_server.event_loop import DEFAULT_LOOP, loop_factory
+from agentruntime_server.process.event_loop import DEFAULT_LOOP, loop_factory
 
 from tests.support.servers import Served, serve
 

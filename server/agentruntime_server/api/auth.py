@@ -19,173 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
-import os
 import re
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
 
-from ..domain.errors import PermissionDenied, Unauthenticated, shown
+from ..domain.errors import Unauthenticated, shown
 from ..settings import Settings, StartupError
+from .principals import SCOPES, TENANT_NAME, TENANT_RULE, Authenticator, BearerAuthenticator, Principal
+from .watched_file import WatchedFile, json_file
 
 log = logging.getLogger(__name__)
-
-# RPCs a `read` scope may call; every other RPC needs `write`.
-READ_METHODS = frozenset({"Inspect", "List", "ListRuntimes", "Wait", "Watch", "GetTranscript"})
-SCOPES = frozenset({"read", "write"})
-TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-TENANT_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit, at most 64"
-# Asymmetric algorithms only: a JWT is verified with a public key, so never `none`, and never
-# HS* (whose secret would be a public key anyone can read, so anyone could sign).
-RECHECK_SECONDS = 1.0  # a watched file is looked at (stat) at most this often
-MAX_FILE_BYTES = 4 << 20
-MAX_TOKEN_CHARS = 16 << 10  # a longer credential is refused unread
-BEARER_HINT = "send the metadata 'authorization: Bearer <token>'"
-
-
-@dataclass(frozen=True)
-class Principal:
-    tenant: str
-    name: str = ""  # the token's or subject's name, for the audit log (never the credential)
-    scopes: frozenset[str] = frozenset({"read", "write"})
-
-    def describe(self) -> str:
-        who = f"caller {shown(self.name)}" if self.name else "the caller"
-        return f"{who} of tenant {shown(self.tenant)}"
-
-
-DEFAULT = Principal("default")
-
-
-def required_scope(method: str) -> str:
-    return "read" if method in READ_METHODS else "write"
-
-
-def authorize(principal: Principal, method: str) -> None:
-    """PermissionDenied unless the principal's scopes allow `method` (`write` allows everything)."""
-    needed = required_scope(method)
-    if needed in principal.scopes or "write" in principal.scopes:
-        return
-    has = f"only the scope(s) {', '.join(sorted(principal.scopes))}" if principal.scopes else "no scope"
-    refused = PermissionDenied(f"{method} needs the {needed!r} scope; {principal.describe()} has {has}")
-    refused.principal = principal  # type: ignore[attr-defined]  # the audit line names who was refused
-    raise refused
-
-
-def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
-    """The token of the one `authorization: Bearer <token>` metadata entry."""
-    values = [value for key, value in metadata if key.lower() == "authorization"]
-    if not values:
-        raise Unauthenticated(f"missing credentials: {BEARER_HINT}")
-    if len(values) > 1:
-        raise Unauthenticated("more than one 'authorization' metadata entry: send exactly one")
-    value = values[0]
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    scheme, _, token = text.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        raise Unauthenticated(f"the 'authorization' metadata is not a bearer token: {BEARER_HINT}")
-    token = token.strip()
-    if not token:
-        raise Unauthenticated(f"the bearer token is empty: {BEARER_HINT}")
-    if len(token) > MAX_TOKEN_CHARS:
-        raise Unauthenticated(f"the bearer token is longer than {MAX_TOKEN_CHARS} characters: not a valid token")
-    return token
-
-
-class Authenticator:
-    """AGENTRUNTIME_AUTH=none: everyone is the default tenant."""
-
-    mode = "none"
-
-    async def authenticate(self, metadata: Sequence[tuple[str, str | bytes]], method: str) -> Principal:
-        return DEFAULT
-
-    def quotas_for(self, tenant: str) -> dict[str, int] | None:
-        """A tenant's own quotas (the tokens file's `quotas`), over the server's; None: the server's."""
-        return None
-
-
-class BearerAuthenticator(Authenticator):
-    """A bearer credential verified into a Principal, then its scopes checked against the method."""
-
-    async def authenticate(self, metadata: Sequence[tuple[str, str | bytes]], method: str) -> Principal:
-        principal = await self.verify(bearer_token(metadata))
-        authorize(principal, method)
-        return principal
-
-    async def verify(self, token: str) -> Principal:
-        raise NotImplementedError
-
-
-# ---- files watched for changes ----
-
-T = TypeVar("T")
-Signature = tuple[int, int, int, int]
-
-
-def _signature(path: str) -> Signature:
-    status = os.stat(path)
-    return (status.st_mtime_ns, status.st_size, status.st_ino, status.st_dev)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        data = file.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"is larger than {MAX_FILE_BYTES} bytes")
-    return data
-
-
-class WatchedFile(Generic[T]):
-    """A file parsed at start (a failure is a StartupError) and parsed again when it changes
-    (its mtime, size or inode; looked at once every RECHECK_SECONDS at most). A version that
-    cannot be read or parsed keeps the last good value and logs one warning.
-    `parse` raises ValueError with a message that never quotes the content."""
-
-    def __init__(self, path: str, setting: str, parse: Callable[[bytes], T]) -> None:
-        self.path = path
-        self.setting = setting
-        self.parse = parse
-        try:
-            signature = _signature(path)
-            self.value = parse(_read(path))
-        except OSError as error:
-            raise StartupError(f"{setting}: cannot read {path}: {error.strerror or type(error).__name__}") from None
-        except ValueError as error:
-            raise StartupError(f"{setting}: {path} {error}") from None
-        self.signature = signature
-        self.checked = time.monotonic()
-        self.warned: object = None  # the bad version last warned about: one warning each
-
-    def current(self) -> T:
-        now = time.monotonic()
-        if now - self.checked < RECHECK_SECONDS:
-            return self.value
-        self.checked = now
-        try:
-            signature = _signature(self.path)
-            if signature == self.signature:
-                self.warned = None  # back as it was: a new problem warns again
-                return self.value
-            value = self.parse(_read(self.path))
-        except OSError as error:
-            self._warn(("unreadable", error.errno), f"cannot read it ({error.strerror or type(error).__name__})")
-            return self.value
-        except ValueError as error:
-            self._warn(signature, str(error))
-            return self.value
-        self.value, self.signature, self.warned = value, signature, None
-        log.info("%s: %s changed; reloaded", self.setting, self.path)
-        return value
-
-    def _warn(self, version: object, problem: str) -> None:
-        if version != self.warned:
-            self.warned = version
-            log.warning("%s: %s %s; still using the version read before", self.setting, self.path, problem)
-
 
 # ---- AUTH=tokens ----
 
@@ -209,16 +52,6 @@ class TokenTable:
 
 ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name", "quotas"})
 QUOTA_KEYS = frozenset({"runtimes", "running_handles", "handles_per_minute", "store_bytes", "tokens_per_day"})
-
-
-def json_file(data: bytes) -> Any:
-    """A watched file's JSON; ValueError says why it is not (for the tokens file and a JWKS)."""
-    try:
-        return json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ValueError("is not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"is not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
 
 
 def parse_tokens(data: bytes) -> TokenTable:

@@ -12,9 +12,8 @@ from google.protobuf import duration_pb2, json_format, struct_pb2
 from ..domain import model as m
 from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
-from ..domain.ports import RuntimeRow
+from ..domain.ports import Dispatch, RuntimeRow
 from ..domain.usage import Usage
-from ..tools.workers import Dispatch
 
 # google.protobuf.Duration's documented range (about 10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000

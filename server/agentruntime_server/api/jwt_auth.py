@@ -17,18 +17,13 @@ import jwt
 
 from ..domain.errors import Unauthenticated, Unavailable
 from ..settings import StartupError
-from .auth import (
-    SCOPES,
-    TENANT_NAME,
-    TENANT_RULE,
-    BearerAuthenticator,
-    Principal,
-    WatchedFile,
-    json_file,
-)
+from .principals import SCOPES, TENANT_NAME, TENANT_RULE, BearerAuthenticator, Principal
+from .watched_file import WatchedFile, json_file
 
 log = logging.getLogger("agentruntime_server.api.auth")
 
+# Asymmetric algorithms only: a JWT is verified with a public key, so never `none`, and never
+# HS* (whose secret would be a public key anyone can read, so anyone could sign).
 JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 JWT_LEEWAY_SECONDS = 30  # clock skew tolerated on exp, nbf and iat
 JWKS_LIFESPAN_SECONDS = 300.0  # a fetched JWKS is used this long before it is fetched again

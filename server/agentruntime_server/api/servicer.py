@@ -1,15 +1,13 @@
-"""The gRPC edge: decode, check required fields, convert, hand off to the domain, convert back."""
+"""The gRPC service: each RPC checks its required fields, converts, hands off to the domain and
+converts back; what every RPC goes through around that is the edge (edge.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -26,191 +24,41 @@ from ..domain.errors import (
     Unavailable,
     shown,
 )
-from ..domain.limits import MAX_CLOSE_GRACE, MAX_ID_CHARS, MAX_WAIT_TIMEOUT
+from ..domain.limits import MAX_CLOSE_GRACE, MAX_WAIT_TIMEOUT
 from ..domain.model import ToolResult, WorkerExecutor
 from ..domain.runtime import Runtime
-from ..domain.service import RuntimeService, runtime_key
-from ..domain.validation import RUNTIME_ID, TOOL_NAME, check_worker
-from ..observability.logs import escaped
-from ..tools.workers import Worker, WorkerPool
+from ..domain.service import RuntimeService
+from ..domain.validation import TOOL_NAME, check_worker
 from . import convert, paging
-from .auth import DEFAULT, READ_METHODS, Authenticator, Principal
-from .errors import code_name as _code_name
+from .edge import (
+    Context,
+    Handler,
+    Req,
+    Resp,
+    Undecodable,
+    audit_call,
+    current_caller,
+    decoded,
+    decoder,
+    edge,
+    metadata_of,
+    moving_between_replicas,
+    refuse_undecodable,
+    require,
+    route,
+    tenant,
+)
 from .errors import to_grpc_status
-from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded, forwarded_by
+from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded
+from .principals import DEFAULT, Authenticator, Principal
+from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
 
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Context = grpc.aio.ServicerContext[Any, Any]
-Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
 MAX_WORKER_TOOLS = 100  # tool names one worker registration may list
 MAX_WORKER_CALLS = 1000  # calls one worker may hold at once
 STREAM_RECHECK_SECONDS = 1.0  # an open stream verifies its caller's credential again at most this often
-
-
-@dataclass(frozen=True)
-class Undecodable:
-    """What a request that is not a valid message of its type decodes to: the edge refuses it."""
-
-    type_name: str
-
-
-def _decoder(message_type: type[ProtoMessage]) -> Callable[[bytes], ProtoMessage | Undecodable]:
-    def decode(data: bytes) -> ProtoMessage | Undecodable:
-        try:
-            return message_type.FromString(data)
-        except Exception:  # DecodeError, invalid UTF-8, nesting past protobuf's limit: the caller's bytes
-            return Undecodable(message_type.DESCRIPTOR.full_name)
-
-    return decode
-
-
-def _refuse_undecodable(request: object) -> None:
-    if isinstance(request, Undecodable):
-        raise InvalidArgument(
-            [FieldViolation("request", f"is not a valid {request.type_name} message (malformed protobuf or invalid UTF-8)")]
-        )
-
-
-def _decoded(request: Req | Undecodable) -> Req:
-    _refuse_undecodable(request)
-    assert not isinstance(request, Undecodable)
-    return request
-
-
-# The caller of the RPC being served (set by _edge, in the RPC's own task).
-_caller: contextvars.ContextVar[Principal] = contextvars.ContextVar("caller", default=DEFAULT)
-UNKNOWN = Principal(tenant="-", name="-", scopes=frozenset())  # not authenticated (yet)
-audit = logging.getLogger("agentruntime.audit")
-# Replicas: a call one replica forwards to the owner is audited on both; the forwarder's line
-# says where it went (forwarded_to=the owner's address), the owner's which replica sent it
-# (forwarded_from=its replica id), so the two lines are told apart and paired.
-_route: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("route", default=None)
-
-
-def _metadata(context: Context) -> list[tuple[str, str | bytes]]:
-    return [(str(key), value) for key, value in context.invocation_metadata() or ()]
-
-
-def _tenant() -> str:
-    return _caller.get().tenant
-
-
-def _plain(value: str) -> str:
-    """A caller's value as one audit field: anything but id characters escaped (each escape
-    reads back as one code point), so no value can forge a field or a line of its own."""
-    return "".join(char if (char.isalnum() and char.isprintable()) or char in "_.:/-" else escaped(char) for char in value)
-
-
-def _audit(method: str, request: Any, code: str) -> None:
-    """One line per mutating RPC: who (tenant, token name; never the token), what, the outcome."""
-    if method in READ_METHODS:
-        return
-    caller = _caller.get()
-    runtime_id = str(getattr(request, "runtime_id", ""))[:128]
-    handle_id = str(getattr(request, "handle_id", "") or getattr(request, "parent_id", ""))[:256]
-    route = _route.get()
-    audit.info(
-        "audit tenant=%s caller=%s rpc=%s runtime=%s handle=%s code=%s%s",
-        caller.tenant,
-        _plain(caller.name) or "-",
-        method,
-        _plain(runtime_id) or "-",
-        _plain(handle_id) or "-",
-        code,
-        f" {route[0]}={_plain(route[1])}" if route else "",
-        extra={
-            "tenant": caller.tenant,
-            "caller": caller.name,
-            "rpc": method,
-            "runtime_id": runtime_id,
-            "handle_id": handle_id,
-            "code": code,
-            **({route[0]: route[1]} if route else {}),
-        },
-    )
-
-
-def _edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Authenticates, then maps a refused request to its canonical status; nothing else
-    escapes as INTERNAL quietly."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
-        name = method.__name__
-        _caller.set(UNKNOWN)  # an audit line of a refused stranger names no tenant
-        sender = forwarded_by(_metadata(context)) if self.forwarder is not None else None
-        _route.set(("forwarded_from", sender) if sender is not None else None)
-        try:
-            _caller.set(await self._authenticate(context, name))
-            _refuse_undecodable(request)
-            try:
-                response: Resp = await self._serve(method, request, context)
-            except DomainError:
-                # A refusal may tell of another call's write (a handle closed, running): like
-                # any answer, it leaves only once what was written so far is durable.
-                await self.service.acknowledge()
-                raise
-            await self.service.acknowledge(_written(name, request))
-            _audit(name, request, "OK")
-            return response
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is None or current.cancelling():
-                raise  # this call was cancelled: its deadline passed, its client left, or the server stops
-            # Something it awaited ended cancelled, not the call: grpc would drop a call that
-            # raises this, and leave its client hanging until its deadline. It is answered.
-            if self.service.draining:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry against its replacement")
-            log.error("%s: something it awaited was cancelled", name, exc_info=True)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server; see the server log")
-            raise
-        except Relayed as relayed:  # the owner replica's answer to a forwarded call
-            _audit(name, request, relayed.code.name)
-            await context.abort(relayed.code, relayed.details, relayed.trailing)
-            raise  # unreachable: abort raises
-        except DomainError as error:
-            status = to_grpc_status(error)
-            refused_caller = getattr(error, "principal", None)
-            if isinstance(refused_caller, Principal):
-                _caller.set(refused_caller)
-            _audit(name, request, _code_name(error))
-            await context.abort_with_status(status)  # type: ignore[arg-type]
-            raise  # unreachable: abort raises
-        except Exception:
-            # Our bug, not the caller's: log it whole, answer INTERNAL without internals.
-            log.exception("%s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed inside the server; see the server log")
-            raise
-
-    return wrapper
-
-
-def _written(method: str, request: Any) -> str | None:
-    """The store key of the runtime a mutating call wrote to (its writes must have been
-    accepted before the reply leaves), if any."""
-    runtime_id = getattr(request, "runtime_id", "")
-    if method in READ_METHODS or not runtime_id or not RUNTIME_ID.fullmatch(runtime_id):
-        return None
-    return runtime_key(_tenant(), runtime_id)
-
-
-def _moved(runtime_id: str) -> Unavailable:
-    return Unavailable(f"runtime {runtime_id[:64]!r} is moving between replicas; retry the call")
-
-
-def _require(**fields: str) -> None:
-    missing = [FieldViolation(name, "is required") for name, value in fields.items() if not value]
-    too_long = [
-        FieldViolation(name, f"is longer than {MAX_ID_CHARS} characters: no such id exists")
-        for name, value in fields.items()
-        if len(value) > MAX_ID_CHARS
-    ]
-    if missing or too_long:
-        raise InvalidArgument(missing + too_long)
 
 
 class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
@@ -221,7 +69,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         authenticator: Authenticator | None = None,
         forwarder: Forwarder | None = None,
         retry_for: float = 30.0,
-        workers: WorkerPool | None = None,
+        *,
+        workers: WorkerHub[Any],  # (of whatever stream type it connects: app.py's WorkerPool)
         max_text_bytes: int = 256 << 10,
     ) -> None:
         self.service = service
@@ -230,15 +79,15 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         # long a call with no deadline waits for a dead owner's runtimes to be taken over.
         self.forwarder = forwarder
         self.retry_for = retry_for
-        self.workers = workers or WorkerPool()
+        self.workers = workers
         self.max_text_bytes = max_text_bytes
         # A page stays well under the send limit, whatever one message holds (each is bounded).
         self.page_bytes = max_message_bytes // 2
 
-    async def _authenticate(self, context: Context, method: str) -> Principal:
+    async def authenticate(self, context: Context, method: str) -> Principal:
         if self.authenticator.mode == "none":  # everyone is the default tenant: no metadata to read
             return DEFAULT
-        return await self.authenticator.authenticate(_metadata(context), method)
+        return await self.authenticator.authenticate(metadata_of(context), method)
 
     async def _verified_again(self, context: Context, method: str, verified_at: float) -> float:
         """Streams outlive credentials: before a stream sends more, a credential revoked or
@@ -246,11 +95,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         now = time.monotonic()
         if now - verified_at < STREAM_RECHECK_SECONDS:
             return verified_at
-        if (await self._authenticate(context, method)).tenant != _tenant():
+        if (await self.authenticate(context, method)).tenant != tenant():
             raise Unauthenticated("the credential now names another tenant; open the stream again")
         return now
 
-    async def _serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
+    async def serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
         """Serves the call here, or where its runtime runs (see api/forward.py)."""
         name = method.__name__
         missed: float | None = None  # when the owner was first missed (not when the call began)
@@ -259,11 +108,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             try:
                 return await method(self, request, context)
             except OwnedElsewhere as moved:
-                metadata = _metadata(context)
+                metadata = metadata_of(context)
                 if self.forwarder is None or forwarded(metadata):
-                    raise _moved(getattr(request, "runtime_id", "")) from None
+                    raise moving_between_replicas(getattr(request, "runtime_id", "")) from None
                 if moved.address:
-                    _route.set(("forwarded_to", moved.address))
+                    route.set(("forwarded_to", moved.address))
                     try:
                         answer: Resp = await self.forwarder.unary(
                             name, request, moved.address, metadata, context.time_remaining()
@@ -271,7 +120,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                         return answer
                     except PeerUnavailable:
                         if name not in RETRIED:
-                            raise _moved(getattr(request, "runtime_id", "")) from None
+                            raise moving_between_replicas(getattr(request, "runtime_id", "")) from None
             missed = time.monotonic() if missed is None else missed
             await self._pause(attempt, missed, context, getattr(request, "runtime_id", ""))
             attempt += 1
@@ -283,36 +132,36 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         delay = backoff(attempt)
         remaining = context.time_remaining()
         if (remaining is not None and remaining < delay) or time.monotonic() - missed + delay > self.retry_for:
-            raise _moved(runtime_id)
+            raise moving_between_replicas(runtime_id)
         await asyncio.sleep(delay)
 
     async def _runtime(self, runtime_id: str) -> Runtime:
-        _require(runtime_id=runtime_id)
-        return await self.service.runtime(runtime_id, _tenant())
+        require(runtime_id=runtime_id)
+        return await self.service.runtime(runtime_id, tenant())
 
     async def _handle_target(self, request: Any) -> Runtime:
-        _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
-        return await self.service.runtime(request.runtime_id, _tenant())
+        require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+        return await self.service.runtime(request.runtime_id, tenant())
 
     async def _readable(self, request: Any, handle: bool = True) -> Runtime:
         """For reads: replicas read a runtime another replica runs from the database."""
         if handle:
-            _require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+            require(runtime_id=request.runtime_id, handle_id=request.handle_id)
         else:
-            _require(runtime_id=request.runtime_id)
-        return await self.service.readable(request.runtime_id, _tenant())
+            require(runtime_id=request.runtime_id)
+        return await self.service.readable(request.runtime_id, tenant())
 
-    @_edge
+    @edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
         agents, found = convert.agents_from_proto(request.agents)
         options = convert.options_from_proto(request.options)
-        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options, _tenant())
+        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options, tenant())
         return pb.CreateRuntimeResponse(runtime_id=runtime.id)
 
-    @_edge
+    @edge
     async def Spawn(self, request: pb.SpawnRequest, context: Context) -> pb.SpawnResponse:
         runtime = await self._runtime(request.runtime_id)
-        _require(agent=request.agent)
+        require(agent=request.agent)
         budget = None
         if request.HasField("budget"):
             found: list[FieldViolation] = []
@@ -322,7 +171,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         handle = await runtime.spawn(request.parent_id or "root", request.agent, budget)
         return pb.SpawnResponse(handle_id=handle.id)
 
-    @_edge
+    @edge
     async def Post(self, request: pb.PostRequest, context: Context) -> pb.PostResponse:
         found: list[FieldViolation] = []
         trust = convert.trust_from_proto(request.trust, "trust", found)
@@ -332,12 +181,12 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         size = await runtime.post(request.handle_id, request.text, request.channel, request.sender, trust, request.coalesce_key)
         return pb.PostResponse(ok=True, inbox_size=size)
 
-    @_edge
+    @edge
     async def Wake(self, request: pb.WakeRequest, context: Context) -> pb.WakeResponse:
         runtime = await self._handle_target(request)
         return pb.WakeResponse(queued=await runtime.wake(request.handle_id, request.prompt))
 
-    @_edge
+    @edge
     async def Wait(self, request: pb.WaitRequest, context: Context) -> pb.WaitResponse:
         timeout = None
         if request.HasField("timeout"):
@@ -349,23 +198,24 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                 found.append(FieldViolation("timeout", f"must be at most {MAX_WAIT_TIMEOUT / 3600:g} hours; Wait again after it"))
             if found:
                 raise InvalidArgument(found)
-        runtime = await self._handle_target(request)
+        require(runtime_id=request.runtime_id, handle_id=request.handle_id)
+        runtime = await self.service.awaitable(request.runtime_id, tenant(), request.handle_id)
         result = await runtime.wait(request.handle_id, timeout)
         return pb.WaitResponse(result=convert.result_to_proto(result))
 
-    @_edge
+    @edge
     async def Resume(self, request: pb.ResumeRequest, context: Context) -> pb.ResumeResponse:
         runtime = await self._runtime(request.runtime_id)
-        _require(**{"answer.id": request.answer.id})
+        require(**{"answer.id": request.answer.id})
         result = await runtime.resume(convert.answer_from_proto(request.answer))
         return pb.ResumeResponse(result=convert.result_to_proto(result))
 
-    @_edge
+    @edge
     async def Interrupt(self, request: pb.InterruptRequest, context: Context) -> pb.InterruptResponse:
         runtime = await self._handle_target(request)
         return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id))
 
-    @_edge
+    @edge
     async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
         grace = None
         if request.HasField("grace"):
@@ -378,12 +228,12 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         runtime = await self._handle_target(request)
         return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force, grace))
 
-    @_edge
+    @edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
         runtime = await self._readable(request)
         return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
 
-    @_edge
+    @edge
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
         runtime = await self._readable(request, handle=False)
         views = [convert.handle_to_proto(snapshot) for snapshot in runtime.list_handles()]
@@ -397,7 +247,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         )
         return pb.ListResponse(handles=handles, next_page_token=next_token)
 
-    @_edge
+    @edge
     async def GetTranscript(self, request: pb.GetTranscriptRequest, context: Context) -> pb.GetTranscriptResponse:
         runtime = await self._readable(request)
         transcript = runtime.transcript(request.handle_id)
@@ -418,24 +268,24 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         )
         return pb.GetTranscriptResponse(messages=[proto(index) for index in indexes], next_page_token=next_token)
 
-    @_edge
+    @edge
     async def ListRuntimes(self, request: pb.ListRuntimesRequest, context: Context) -> pb.ListRuntimesResponse:
         if request.page_size < 0:
             raise InvalidArgument([FieldViolation("page_size", "must be >= 0 (0: 100)")])
         limit = min(request.page_size or 100, 1000)
-        after = paging.cursor(request.page_token, ("ListRuntimes", _tenant()))
-        rows = await self.service.list_runtimes(_tenant(), after, limit + 1)
+        after = paging.cursor(request.page_token, ("ListRuntimes", tenant()))
+        rows = await self.service.list_runtimes(tenant(), after, limit + 1)
         page = rows[:limit]
         response = pb.ListRuntimesResponse(runtimes=[convert.runtime_summary(row) for row in page])
         if len(rows) > limit:
             last = page[-1]
-            response.next_page_token = paging.cursor_token((last.created_at, last.runtime_id), ("ListRuntimes", _tenant()))
+            response.next_page_token = paging.cursor_token((last.created_at, last.runtime_id), ("ListRuntimes", tenant()))
         return response
 
-    @_edge
+    @edge
     async def DeleteRuntime(self, request: pb.DeleteRuntimeRequest, context: Context) -> pb.DeleteRuntimeResponse:
-        _require(runtime_id=request.runtime_id)
-        await self.service.delete_runtime(request.runtime_id, request.force, _tenant())
+        require(runtime_id=request.runtime_id)
+        await self.service.delete_runtime(request.runtime_id, request.force, tenant())
         return pb.DeleteRuntimeResponse()
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:
@@ -444,16 +294,16 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         runtime over, it goes on from the last event sent, so the caller sees no gap and no
         event twice."""
         try:
-            _caller.set(await self._authenticate(context, "Watch"))
+            current_caller.set(await self.authenticate(context, "Watch"))
             verified = time.monotonic()
-            _refuse_undecodable(request)
-            _require(runtime_id=request.runtime_id)
+            refuse_undecodable(request)
+            require(runtime_id=request.runtime_id)
             seen = request.after_seq
             missed: float | None = None
             attempt = 0
             while True:
                 try:
-                    runtime = await self._runtime(request.runtime_id)
+                    runtime = await self.service.loaded(request.runtime_id, tenant())
                     if seen < 0:
                         raise InvalidArgument([FieldViolation("after_seq", "must be >= 0")])
                     if seen > runtime.events.last_seq:  # a seq from elsewhere would wait for ever
@@ -474,9 +324,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                         yield pb.WatchResponse(event=convert.event_to_proto(event))
                     return
                 except OwnedElsewhere as moved:
-                    metadata = _metadata(context)
+                    metadata = metadata_of(context)
                     if self.forwarder is None or forwarded(metadata):
-                        raise _moved(request.runtime_id) from None
+                        raise moving_between_replicas(request.runtime_id) from None
                     if moved.address:
                         onward = pb.WatchRequest(runtime_id=request.runtime_id, after_seq=seen)
                         try:
@@ -495,7 +345,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                         isinstance(error, StoreBroken)  # this replica serves nothing more: the caller goes elsewhere
                         or self.service.draining
                         or not self.service.leases.shared
-                        or forwarded(_metadata(context))
+                        or forwarded(metadata_of(context))
                     ):
                         raise
                     # This replica's copy stopped (its lease moved): follow the runtime to its new owner.
@@ -512,19 +362,19 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     ) -> AsyncIterator[pb.ServeToolsResponse]:
         """A host serving worker tools (tools/workers.py): its registration, then the calls of
         its queue as agents make them, while its outputs are read alongside."""
-        worker: Worker | None = None
+        worker: WorkerStream | None = None
         reader: asyncio.Task[None] | None = None
         try:
-            _caller.set(await self._authenticate(context, "ServeTools"))
+            current_caller.set(await self.authenticate(context, "ServeTools"))
             verified = time.monotonic()
             first = await anext(aiter(requests), None)
             if first is None:
                 return
-            registration = _registration(_decoded(first))
+            registration = _registration(decoded(first))
             worker = await self.workers.connect(
-                _tenant(), registration.queue, list(registration.tools), registration.max_concurrent_calls or 1
+                tenant(), registration.queue, list(registration.tools), registration.max_concurrent_calls or 1
             )
-            _audit("ServeTools", registration, "OK")
+            audit_call("ServeTools", registration, "OK")
             yield pb.ServeToolsResponse(registered=pb.WorkerRegistered(worker_id=worker.id))
             reader = asyncio.ensure_future(self._read_outputs(requests, worker))
             # When the host's side ends (or breaks a rule), the send loop is told like a shutdown.
@@ -552,9 +402,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if worker is not None:
                 await self.workers.disconnect(worker)  # what it still holds is in doubt
 
-    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: Worker) -> None:
+    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: WorkerStream) -> None:
         async for received in requests:
-            request = _decoded(received)
+            request = decoded(received)
             if request.WhichOneof("message") != "output":
                 raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
             output = request.output
@@ -597,6 +447,6 @@ def add_to_server(servicer: AgentRuntimeServicer, server: grpc.aio.Server) -> No
         else:
             make = grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
-            behaviour, request_deserializer=_decoder(request_type), response_serializer=response_type.SerializeToString
+            behaviour, request_deserializer=decoder(request_type), response_serializer=response_type.SerializeToString
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))

@@ -1,5 +1,5 @@
 """A runtime's event log: every change, numbered per runtime, persisted before anyone sees it.
-Events are derived from journal steps (journal.py); the store keeps the steps.
+Events are derived from journal steps (journal/entry.py); the store keeps the steps.
 
 Watchers read the history from the store, then follow live events through a bounded
 queue; a watcher whose queue fills is dropped and told so, and resumes from the store
@@ -8,50 +8,13 @@ with the last seq it saw: a slow consumer never slows the runtime."""
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from .errors import DomainError, NotFound, ResourceExhausted, Unavailable
-from .model import HandleState, PendingRequest, TaskResult, ToolCall
+from .journal.events import Event, EventKind
 
-
-class EventKind(enum.Enum):
-    SPAWNED = 1
-    STATE_CHANGED = 2
-    TURN_STARTED = 3
-    TURN_ENDED = 4
-    TOOL_CALL_STARTED = 5
-    TOOL_CALL_ENDED = 6
-    PENDING = 7
-    RESULT = 8
-    # Told to observers only, never stored or watched: the runtime left this process (deleted,
-    # its lease moved, a shutdown), so what an observer holds of it must go.
-    RUNTIME_GONE = 9
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    time: float
-    handle_id: str
-    kind: EventKind
-    parent_id: str = ""
-    agent: str = ""
-    state: HandleState | None = None
-    turn: int = 0
-    tokens: int = 0
-    own_tokens: int = 0
-    total_tokens: int = 0
-    tool_calls: int = 0
-    usage_estimated: bool = False
-    call: ToolCall | None = None
-    call_id: str = ""
-    output: str = ""
-    is_error: bool = False
-    pending: PendingRequest | None = None
-    result: TaskResult | None = None
+__all__ = ["Event", "EventKind", "EventLog", "Observer", "tell_gone"]  # Event and EventKind: journal/events.py
 
 
 # Called synchronously with every event once it is persisted (metrics, logs, traces), and

@@ -1,18 +1,16 @@
-"""One agent in a tree: its state, usage, transcript and current run.
+"""One agent in a tree: its state, usage and transcript, as the journal replays them (its
+run in flight, if any, is no part of it: runs.py).
 
 The state changes only through the transition methods below, and only the journal
-(journal.py) calls them: every change is a journal step, applied here and appended to
+(journal/steps.py) calls them: every change is a journal step, applied here and appended to
 the store together."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from .gate import FifoGate
 from .model import (
     AgentSpec,
     Answer,
@@ -30,85 +28,7 @@ from .model import (
 )
 from .usage import Usage
 
-if TYPE_CHECKING:
-    from .quotas import RunningSlot
-
 NONE: frozenset[str] = frozenset()
-
-
-class FifoGate:
-    """At most `capacity` holders; waiters enter strictly in arrival order."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.held = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    @property
-    def would_wait(self) -> bool:
-        return self.held >= self.capacity or bool(self._waiters)
-
-    async def acquire(self) -> None:
-        if self.held < self.capacity and not self._waiters:
-            self.held += 1
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot was handed over just as we were cancelled
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def release(self) -> None:
-        while self.held <= self.capacity and self._waiters:  # past a lowered capacity, a slot goes
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the slot passes to the waiter: `held` is unchanged
-                return
-        self.held -= 1
-
-    def resize(self, capacity: int) -> None:
-        """A new capacity (a quota changed): raised, the waiters it makes room for go in now."""
-        self.capacity = capacity
-        while self.held < self.capacity and self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.held += 1
-                waiter.set_result(None)
-
-
-@dataclass
-class Run:
-    """One Wake (or task call) of a handle, until it settles."""
-
-    drained: list[InboxItem]
-    transcript_mark: int
-    deadline: float | None  # event-loop time
-    task: asyncio.Task[TaskResult] | None = None
-    # Set by whoever cancels the run, so the run knows how to settle.
-    stop: tuple[Status, Limit] | None = None
-    # Stopped with an ancestor (its Interrupt or Close): settling does not continue the
-    # suspended parent, which is being stopped too.
-    quiet: bool = False
-    children: list[Handle] = field(default_factory=list)
-    # The parent's run that this run's settling continued (Resume follows the chain up).
-    next: Run | None = None
-    shutdown: bool = False  # cancelled because the process stops: not settled
-    # A task cancelled before its first step never runs a line of it: a stop before `started`
-    # is left in `stop` for the run to see first. Past its work (`settling`), a stop waits for
-    # it: a cancel landing in its settling (a second Interrupt, a Close racing one) would end
-    # the task. Either way the handle would be left RUNNING, and a Wait on it cancelled.
-    started: bool = False
-    settling: bool = False
-    slot: RunningSlot | None = None  # its hold on a running slot of its tenant's quota, if the tenant has one
 
 
 class Handle:
@@ -131,7 +51,6 @@ class Handle:
         "mark",
         "parent",
         "pending",
-        "run",
         "run_start",
         "runs",
         "seq",
@@ -193,7 +112,6 @@ class Handle:
         self.last_tick: float | None = None  # when its heartbeat last ticked (before a first tick: its spawn)
         # Compactions: (the transcript index the model's view resumes at, the summary before it).
         self.compactions: list[tuple[int, Message]] = []
-        self.run: Run | None = None  # in memory only: the run in flight
         # Derived from the journal (replay rebuilds them): the runs started on a message (a
         # Wake, a task call), and where in the transcript the latest one started.
         self.runs = 0

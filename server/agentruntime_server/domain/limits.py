@@ -1,5 +1,5 @@
 """Every bound the runtime puts on what it is sent: the fixed ones as constants, the ones an
-operator may change as `Limits` (filled from the settings). README: "Limits and hardening"."""
+operator may change as `Limits` (filled from the settings). docs/limits.md."""
 
 from __future__ import annotations
 

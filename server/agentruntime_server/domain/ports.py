@@ -115,6 +115,19 @@ class WorkerToolRunner(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """A call on its way to a worker (the WorkerToolRunner hands it to the host serving its queue):
+    what the edge sends as a WorkerCall."""
+
+    id: str
+    call: ToolCall
+    key: str
+    runtime_id: str
+    handle_id: str
+    deadline: float  # time.time()
+
+
 class NoWorkers:
     """A runtime with no ServeTools edge (tests of the domain): nobody serves any queue."""
 

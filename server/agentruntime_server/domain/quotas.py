@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import ResourceExhausted
-from .handle import FifoGate
+from .gate import FifoGate
 
 DAY_MINUTES = 24 * 60
 MINUTE = 60.0

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
-from ..http_client import HttpClient
+from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
 API_VERSION = "2023-06-01"

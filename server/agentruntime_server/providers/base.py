@@ -20,10 +20,10 @@ import msgspec
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 from tenacity.asyncio import AsyncRetrying
 
-from ..domain.handle import FifoGate
+from ..domain.gate import FifoGate
 from ..domain.model import Failure, FailureReason
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
-from ..http_client import HttpClient, HttpError, encode_headers
+from ..http import HttpClient, HttpError, encode_headers
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500

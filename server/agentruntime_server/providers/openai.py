@@ -7,7 +7,7 @@ from typing import Any
 
 from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest
-from ..http_client import HttpClient
+from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
 

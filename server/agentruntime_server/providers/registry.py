@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..domain.handle import FifoGate
+from ..domain.gate import FifoGate
 from ..domain.ports import ModelProvider
-from ..http_client import HttpClient
+from ..http import HttpClient
 from ..settings import Settings
 from .anthropic import AnthropicProvider
 from .base import CallPolicy

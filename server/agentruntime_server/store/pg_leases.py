@@ -6,9 +6,9 @@ database is the coordinator; no consensus of our own, no broker).
   not expired, by the database's clock (replicas' clocks never matter).
 - A runtime's `owner` is the replica executing it, or NULL. `claim` takes a runtime whose
   owner is NULL, itself, or not live, and raises its `epoch` in the same statement.
-- The store (PostgresStore._write) accepts a journal write only from the owner at the epoch
-  it claimed, under a row lock a claim waits for: a replica that was paused or cut off past
-  its lease can never write again once another replica has claimed.
+- The store (PostgresStore, as it commits) accepts a journal write only from the owner at
+  the epoch it claimed, under a row lock a claim waits for: a replica that was paused or cut
+  off past its lease can never write again once another replica has claimed.
 - A replica that has not renewed for a lease by its own clock (starved, paused) renews
   before any copy of it answers (`confirm`): it never answers from a copy another
   replica may have run on since.
@@ -90,9 +90,8 @@ class PostgresLeases:
         """Pushes this replica's expiry on; the monotonic time it was sent at. Not once its store
         broke: it commits nothing more until restarted, so its leases lapse and the other
         replicas take its runtimes over (its pool still connects: it would hold them for good)."""
-        if self.store._broken is not None:
-            raise self.store._broken.with_traceback(None)
-        pool = await self.store._connected()
+        self.store.raise_if_broken()
+        pool = await self.store.pool()
         sent = time.monotonic()
         await pool.execute(
             f"INSERT INTO replicas (id, address, expires_at) VALUES ($1, $2, {_NOW} + $3)"
@@ -141,13 +140,11 @@ class PostgresLeases:
             self._claiming.discard(runtime_id)
 
     async def _claim(self, runtime_id: str) -> Claim:
-        pool = await self.store._connected()
+        pool = await self.store.pool()
         for _ in range(3):  # the holder may release between the two statements
             epoch = await pool.fetchval(_CLAIM, runtime_id, self.replica_id)
             if epoch is not None:
-                self.store.epochs[runtime_id] = epoch
-                self.store.fenced.pop(runtime_id, None)
-                self.store._next_seq.pop(runtime_id, None)  # another replica may have written since
+                self.store.claimed(runtime_id, epoch)
                 return Claim(owned=True)
             holder = await pool.fetchrow(_HOLDER, runtime_id)
             if holder is None:
@@ -164,9 +161,8 @@ class PostgresLeases:
         await self.store.flush()  # the journal first: nothing of this epoch may land after
         if self.store.epochs.get(runtime_id) != epoch:
             return  # claimed again meanwhile
-        del self.store.epochs[runtime_id]
-        self.store._next_seq.pop(runtime_id, None)
-        pool = await self.store._connected()
+        self.store.released(runtime_id)
+        pool = await self.store.pool()
         await pool.execute(
             "UPDATE runtimes SET owner = NULL WHERE id = $1 AND owner = $2 AND epoch = $3",
             runtime_id,
@@ -176,9 +172,8 @@ class PostgresLeases:
 
     async def release_all(self) -> None:
         await self.store.flush()
-        self.store.epochs.clear()
-        self.store._next_seq.clear()
-        pool = await self.store._connected()
+        self.store.released()
+        pool = await self.store.pool()
         async with pool.acquire() as connection, connection.transaction():
             await connection.execute("UPDATE runtimes SET owner = NULL WHERE owner = $1", self.replica_id)
             await connection.execute("DELETE FROM replicas WHERE id = $1", self.replica_id)
@@ -189,7 +184,7 @@ class PostgresLeases:
         it no longer holds (its copy stopped: see PostgresStore.flush) is given up."""
         sent = await self._heartbeat()
         held = dict(self.store.epochs)
-        pool = await self.store._connected()
+        pool = await self.store.pool()
         # Replicas gone for an hour (killed, not stopped): their rows only name dead owners.
         await pool.execute(f"DELETE FROM replicas WHERE expires_at < {_NOW} - 3600")
         rows = await pool.fetch("SELECT id, epoch FROM runtimes WHERE owner = $1", self.replica_id)
@@ -201,9 +196,7 @@ class PostgresLeases:
         lost = []
         for key, epoch in held.items():
             if owned.get(key) != epoch and self.store.epochs.get(key) == epoch:  # not claimed again meanwhile
-                del self.store.epochs[key]
-                self.store.fenced[key] = key not in present
-                self.store._next_seq.pop(key, None)
+                self.store.lost(key, key not in present)
                 lost.append(key)
         # Fresh again only now: had the leases lapsed, what was lost is known before any copy answers.
         self._renewed = sent
@@ -216,7 +209,7 @@ class PostgresLeases:
 
     async def orphans(self) -> list[str]:
         """Random order and a bound: replicas taking over together spread the work."""
-        pool = await self.store._connected()
+        pool = await self.store.pool()
         rows = await pool.fetch(
             f"SELECT r.id FROM runtimes r WHERE r.running AND (r.owner IS NULL OR NOT {_LIVE_OWNER}) ORDER BY random() LIMIT 100"
         )

@@ -3,9 +3,9 @@
 The same logical tables and the same semantics as SqliteStore (store/sqlite.py): a runtime
 is a row of definitions plus its journal, one row per step, appended in order; an append is
 checked (its seqs) and encoded when it is made, all or nothing, and buffered; the rows every
-runtime appended are written by one statement (`_COMMIT`: one round trip, atomic) over one
-kept connection, when the tick ends or, while a commit is under way, as soon as it ends (the
-next commit gathers everything appended meanwhile); `flush` awaits that commit, and a commit
+runtime appended are written by one statement (pg_statements.COMMIT: one round trip,
+atomic) over one kept connection, when the tick ends or, while a commit is under way, as
+soon as it ends (the next commit gathers everything appended meanwhile); `flush` awaits that commit, and a commit
 that failed leaves the store broken (every later flush and read raises errors.StoreBroken,
 which callers get as UNAVAILABLE: nothing is acknowledged after it).
 
@@ -28,9 +28,8 @@ import asyncio
 import contextlib
 import logging
 import time
-import zlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
@@ -40,128 +39,27 @@ from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime
 from ..domain.quotas import runtimes_quota_reached
-from . import payloads
-from .payloads import Row, definitions_json, journal_rows, payload_bytes
+from . import pg_statements as sql
+from .payloads import definitions_json, journal_rows, payload_bytes
+from .pg_batch import Batch
 from .pg_migrations import migrate
 from .urls import redacted
 
-if TYPE_CHECKING:
-    from .pg_leases import PostgresLeases
-
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
-_ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
-# One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
-# replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
-# $10-$13 per runtime its running flag and counts (NULL: unchanged), $14 the time, $15-$17
-# the tenants' tokens by minute, $18 per runtime the payload bytes it grew by.
-_COMMIT = """
-WITH mine AS (
-    SELECT r.id FROM runtimes r JOIN unnest($1::text[], $2::bigint[]) AS m(id, epoch) ON r.id = m.id
-    WHERE $3::text IS NULL OR (r.owner = $3 AND r.epoch = m.epoch)
-    ORDER BY r.id COLLATE "C" FOR UPDATE OF r
-), appended AS (
-    INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step)
-    SELECT j.* FROM unnest($4::text[], $5::bigint[], $6::float8[], $7::bigint[], $8::bigint[], $9::bytea[])
-        AS j(runtime_id, seq, at, first_event, last_event, step)
-    WHERE j.runtime_id IN (SELECT id FROM mine)
-), updated AS (
-    UPDATE runtimes r SET
-        running = COALESCE(u.running, r.running),
-        handles = COALESCE(u.handles, r.handles),
-        running_handles = COALESCE(u.running_handles, r.running_handles),
-        suspended_handles = COALESCE(u.suspended_handles, r.suspended_handles),
-        bytes = r.bytes + u.bytes,
-        updated_at = $14
-    FROM unnest($1::text[], $10::bool[], $11::int[], $12::int[], $13::int[], $18::bigint[])
-        AS u(id, running, handles, running_handles, suspended_handles, bytes)
-    WHERE r.id = u.id AND r.id IN (SELECT id FROM mine)
-), spent AS (
-    INSERT INTO tenant_tokens (tenant, minute, tokens)
-    SELECT * FROM unnest($15::text[], $16::bigint[], $17::bigint[])
-    ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tenant_tokens.tokens + excluded.tokens
-)
-SELECT id FROM mine
-"""
-
-# A new runtime and its first journal rows, in one statement: $1-$5 the runtime (id, agents,
-# the time, tenant, owner), $6 the tenant's quota of runtimes (0: none), $7-$12 the rows, $13
-# the bytes it takes (its definitions and the rows' steps).
-# Under a quota it is inserted only while the tenant has fewer (create_runtime holds the
-# tenant's lock first); the journal rows go only with it.
-# Journal rows already under the id belong to no runtime (its row was just inserted):
-# earlier versions could leave a deleted runtime's journal behind (see delete_runtime). They
-# go with the create, or the new runtime would inherit them (ALREADY_EXISTS, or a commit
-# failing on their seqs): the new rows take the seqs they share (the parts of one statement
-# see one snapshot: a delete and an insert of one key would collide), the rest are deleted.
-_CREATE = """
-WITH created AS (
-    INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch, bytes)
-    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1, $13::bigint
-    WHERE $6::int = 0 OR (SELECT COUNT(*) FROM runtimes WHERE tenant = $4::text) < $6::int
-    RETURNING id
-), appended AS (
-    INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step)
-    SELECT j.* FROM unnest($7::text[], $8::bigint[], $9::float8[], $10::bigint[], $11::bigint[], $12::bytea[])
-        AS j(runtime_id, seq, at, first_event, last_event, step)
-    WHERE EXISTS (SELECT 1 FROM created)
-    ON CONFLICT (runtime_id, seq) DO UPDATE SET
-        at = excluded.at, first_event = excluded.first_event, last_event = excluded.last_event, step = excluded.step
-), orphans AS (
-    DELETE FROM journal WHERE runtime_id = $1::text AND seq <> ALL($8::bigint[]) AND EXISTS (SELECT 1 FROM created)
-)
-SELECT COUNT(*) FROM created
-"""
-# pg_advisory_xact_lock's first key for a tenant's creates (the second: the tenant's). The
-# two-key locks are apart from migrate's one-key lock.
-_QUOTA_LOCK = 0x71756F74  # "quot"
 
 
-def _tenant_lock(tenant: str) -> int:
-    """The tenant as an int4 (tenants that collide share a lock: they only wait on each other)."""
-    return zlib.crc32(tenant.encode()) - (1 << 31)
+class Leasing(Protocol):
+    """What the store needs of the leases attached to it (store/pg_leases.py): the replica
+    whose writes it keeps, whom to tell of the writes it refused (`gone`: their runtime's row
+    was deleted), and the runtime it creates for this replica meanwhile."""
 
+    @property
+    def replica_id(self) -> str: ...
 
-# Retention's test of a runtime `r`: not written since $1, nothing running, and held by no
-# live replica but this one, $2 (another live one has it in its memory: not deleted under it).
-_IDLE = (
-    "r.updated_at < $1 AND NOT r.running AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS"
-    " (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > extract(epoch FROM clock_timestamp())))"
-)
-_DELETE_IF_IDLE = f"""
-WITH gone AS (
-    DELETE FROM runtimes r WHERE r.id = $3 AND {_IDLE} RETURNING r.id
-), emptied AS (
-    DELETE FROM journal WHERE runtime_id IN (SELECT id FROM gone)
-)
-SELECT id FROM gone
-"""
+    def refused(self, keys: Iterable[str], gone: Collection[str] = ()) -> None: ...
 
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # a failed commit nobody flushed is not "never retrieved"
-
-
-class _Batch:
-    """What one tick appended, by every runtime, and the commit that writes it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.rows: list[Row] = []
-        self.running: dict[str, bool] = {}
-        self.counts: dict[str, tuple[int, int, int]] = {}
-        self.touched: set[str] = set()  # runtimes written: their updated_at moves
-        self.grown: dict[str, int] = {}  # runtime -> the payload bytes appended
-        self.tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens
-        self.epochs: dict[str, int] = {}  # replicas: the epoch each runtime's rows were appended under
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.done.add_done_callback(_retrieved)
-
-    def forget(self, runtime_id: str) -> None:
-        self.rows = [row for row in self.rows if row[0] != runtime_id]
-        for table in (self.running, self.counts, self.epochs, self.grown):
-            table.pop(runtime_id, None)
-        self.touched.discard(runtime_id)
+    def creating(self, runtime_id: str) -> contextlib.AbstractContextManager[None]: ...
 
 
 class PostgresStore:
@@ -175,7 +73,7 @@ class PostgresStore:
         self._pool_size = pool_size
         self._pool: Any = None
         self._connecting = asyncio.Lock()
-        self._open: _Batch | None = None  # appended, not yet handed to a commit
+        self._open: Batch | None = None  # appended, not yet handed to a commit
         self._cut_due = False
         self._committing = False  # a commit is under way (one at a time)
         self._writer_connection: Any = None
@@ -187,7 +85,7 @@ class PostgresStore:
         self._on_broken: list[Callable[[], None]] = []
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
         # Replicas: the leases, and the epoch of every runtime this process owns.
-        self.leasing: PostgresLeases | None = None
+        self.leasing: Leasing | None = None
         self.epochs: dict[str, int] = {}
         # The runtimes whose writes were refused since (until claimed, loaded or created
         # again), each with whether its row was gone (else another replica held it).
@@ -198,9 +96,10 @@ class PostgresStore:
 
     async def connect(self) -> None:
         """Connects and migrates now, rather than at first use (a server's start fails at once)."""
-        await self._connected()
+        await self.pool()
 
-    async def _connected(self) -> Any:
+    async def pool(self) -> Any:
+        """The connection pool (connected, and the schema migrated, at the first call)."""
         if self._pool is None:
             async with self._connecting:
                 if self._pool is None:
@@ -219,9 +118,9 @@ class PostgresStore:
 
     # ---- group commit --------------------------------------------------------------------
 
-    def _batch(self) -> _Batch:
+    def _batch(self) -> Batch:
         if self._open is None:
-            self._open = _Batch(asyncio.get_running_loop())
+            self._open = Batch(asyncio.get_running_loop())
         if not self._cut_due and not self._committing:
             self._cut_due = True
             asyncio.get_running_loop().call_soon(self._cut)
@@ -241,10 +140,9 @@ class PostgresStore:
         self._writing.add(task)
         task.add_done_callback(self._writing.discard)
 
-    async def _commit(self, batch: _Batch) -> None:
+    async def _commit(self, batch: Batch) -> None:
         try:
-            if self._broken is not None:
-                raise self._broken.with_traceback(None)
+            self.raise_if_broken()
             if batch.touched or batch.tokens:
                 await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
@@ -270,15 +168,45 @@ class PostgresStore:
         """`callback()` runs once, when a commit fails (the health service stops serving)."""
         self._on_broken.append(callback)
 
+    def raise_if_broken(self) -> None:
+        """StoreBroken once a commit failed: nothing is acknowledged after it, ever."""
+        if self._broken is not None:
+            raise self._broken.with_traceback(None)
+
+    # ---- ownership (replicas: what the leases claimed, gave up or lost) ------------------
+
+    def claimed(self, runtime_id: str, epoch: int) -> None:
+        """This process owns the runtime from this epoch on: its writes are no longer refused,
+        and its next seq is read again (another replica may have written since)."""
+        self.epochs[runtime_id] = epoch
+        self.fenced.pop(runtime_id, None)
+        self._next_seq.pop(runtime_id, None)
+
+    def released(self, runtime_id: str | None = None) -> None:
+        """This process no longer owns the runtime (None: any runtime, as it stops)."""
+        if runtime_id is None:
+            self.epochs.clear()
+            self._next_seq.clear()
+        else:
+            self.epochs.pop(runtime_id, None)
+            self._next_seq.pop(runtime_id, None)
+
+    def lost(self, runtime_id: str, deleted: bool) -> None:
+        """Another replica holds the runtime now, or (`deleted`) its row is gone: every later
+        write of it is refused (Fenced)."""
+        self.epochs.pop(runtime_id, None)
+        self.fenced[runtime_id] = deleted
+        self._next_seq.pop(runtime_id, None)
+
     async def _writer(self) -> Any:
         """The connection commits go through: one, kept (commits run one at a time anyway,
         and a pool's release would cost a round trip of its own each time)."""
         if self._writer_connection is None:
-            pool = await self._connected()
+            pool = await self.pool()
             self._writer_connection = await pool.acquire()
         return self._writer_connection
 
-    async def _write(self, connection: Any, batch: _Batch, now: float) -> None:
+    async def _write(self, connection: Any, batch: Batch, now: float) -> None:
         """The tick's journal rows and runtime updates in one statement (one round trip, atomic).
 
         Only runtimes whose row is there are written, and, for replicas, only those this
@@ -292,7 +220,7 @@ class PostgresStore:
         running = [batch.running.get(key) for key in keys]
         counts = [batch.counts.get(key) for key in keys]
         written = await connection.fetch(
-            _COMMIT,
+            sql.COMMIT,
             keys,
             [batch.epochs.get(key, 0) for key in keys],
             owner,
@@ -323,25 +251,21 @@ class PostgresStore:
         lost = []
         for key in sorted(refused):
             if self.epochs.get(key) == batch.epochs.get(key):  # not claimed again since
-                self.epochs.pop(key, None)
-                self.fenced[key] = key in gone
-                self._next_seq.pop(key, None)
+                self.lost(key, key in gone)
                 lost.append(key)
         if self.leasing is not None:
             self.leasing.refused(lost, gone)
 
     async def _settle(self) -> None:
         """Every entry appended so far is committed (reads see them)."""
-        if self._broken is not None:
-            raise self._broken.with_traceback(None)
+        self.raise_if_broken()
         waited = self._open.done if self._open is not None else self._last
         self._cut()  # at once, if no commit is under way
         if waited is not None:
             await asyncio.shield(waited)
 
     async def flush(self, runtime_id: str | None = None) -> None:
-        if self._broken is not None:
-            raise self._broken.with_traceback(None)
+        self.raise_if_broken()
         if self._open is not None:  # committed when the tick ends, or when the commit under way does
             waited: asyncio.Future[None] | None = self._open.done
         else:
@@ -362,7 +286,7 @@ class PostgresStore:
         quota: int = 0,
     ) -> None:
         rows, next_seq = journal_rows(runtime_id, 1, entries)
-        pool = await self._connected()
+        pool = await self.pool()
         owner = self.leasing.replica_id if self.leasing is not None else None
         definitions = definitions_json(agents)
         parameters = (
@@ -382,7 +306,7 @@ class PostgresStore:
         with creating:
             try:  # its own transaction, not the group commit's: a runtime is created once, and acknowledged at once
                 if not quota:
-                    created = await pool.fetchval(_CREATE, *parameters)
+                    created = await pool.fetchval(sql.CREATE, *parameters)
                 else:
                     async with pool.acquire() as connection, connection.transaction():
                         # Creates of one tenant, from any process, one at a time: each counts
@@ -390,8 +314,8 @@ class PostgresStore:
                         # COMMITTED reads as of the start of a statement, so the count cannot
                         # share a statement with the wait; and without the lock, two creates
                         # at once would each count before the other's insert, and both pass).
-                        await connection.execute("SELECT pg_advisory_xact_lock($1, $2)", _QUOTA_LOCK, _tenant_lock(tenant))
-                        created = await connection.fetchval(_CREATE, *parameters)
+                        await connection.execute("SELECT pg_advisory_xact_lock($1, $2)", sql.QUOTA_LOCK, sql.tenant_lock(tenant))
+                        created = await connection.fetchval(sql.CREATE, *parameters)
             except asyncpg.UniqueViolationError:  # created at the same moment through another connection
                 raise RuntimeExists(runtime_id) from None
             if not created:
@@ -403,7 +327,7 @@ class PostgresStore:
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         return await pool.fetchval("SELECT 1 FROM runtimes WHERE id = $1", runtime_id) is not None
 
     async def append(
@@ -419,7 +343,7 @@ class PostgresStore:
             raise Fenced(runtime_id)  # this process does not own it (any more): nothing it writes counts
         epoch = self.epochs.get(runtime_id)
         if runtime_id not in self._next_seq:
-            pool = await self._connected()
+            pool = await self.pool()
             async with pool.acquire() as connection:
                 if await connection.fetchval("SELECT 1 FROM runtimes WHERE id = $1", runtime_id) is None:
                     raise KeyError(f"no runtime {runtime_id!r} to append to")
@@ -447,7 +371,7 @@ class PostgresStore:
 
     async def delete_runtime(self, runtime_id: str) -> None:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         async with pool.acquire() as connection, connection.transaction():
             # The runtime's row first: a commit that locked it first is waited for, and its rows
             # are seen by the journal's delete (a statement of its own, read after it); a
@@ -468,14 +392,14 @@ class PostgresStore:
 
     async def load(self, runtime_id: str) -> StoredRuntime | None:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         epoch = self.epochs.get(runtime_id)  # replicas: the lease this read may speak for
         async with pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
             agents = await connection.fetchval("SELECT agents FROM runtimes WHERE id = $1", runtime_id)
             if agents is None:
                 return None
-            rows = await connection.fetch(_ENTRIES + " ORDER BY seq", runtime_id)
-        entries = [_entry(*row) for row in rows]
+            rows = await connection.fetch(sql.ENTRIES + " ORDER BY seq", runtime_id)
+        entries = [sql.entry(*row) for row in rows]
         # Appends of this runtime follow from here without an await (two could race otherwise).
         # Replicas: only a read made under a lease held throughout knows the last seq; one of a
         # runtime another replica runs may predate that replica's last commit, and end after
@@ -488,13 +412,13 @@ class PostgresStore:
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
         await self._settle()
-        pool = await self._connected()
-        rows = await pool.fetch(_ENTRIES + " AND last_event > $2 ORDER BY seq", runtime_id, after_event)
-        return [_entry(*row) for row in rows]
+        pool = await self.pool()
+        rows = await pool.fetch(sql.ENTRIES + " AND last_event > $2 ORDER BY seq", runtime_id, after_event)
+        return [sql.entry(*row) for row in rows]
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         # COLLATE "C": ids order by their bytes, as in SQLite, whatever the database's locale.
         query = (
             "SELECT id, tenant, created_at, handles, running_handles, suspended_handles FROM runtimes WHERE tenant = $1"
@@ -506,19 +430,19 @@ class PostgresStore:
 
     async def idle_runtimes(self, before: float) -> list[str]:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
-        query = f'SELECT r.id FROM runtimes r WHERE {_IDLE} ORDER BY r.updated_at, r.id COLLATE "C"'
+        query = f'SELECT r.id FROM runtimes r WHERE {sql.IDLE} ORDER BY r.updated_at, r.id COLLATE "C"'
         rows = await pool.fetch(query, before, mine)
         return [row[0] for row in rows]
 
     async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
         await self._settle()  # an append still buffered is a write: it moves updated_at first
-        pool = await self._connected()
+        pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
         # One statement: a commit or a claim of the runtime that lands first holds its row
         # lock, and the DELETE checks the row again as that left it.
-        deleted = await pool.fetchval(_DELETE_IF_IDLE, before, mine, runtime_id)
+        deleted = await pool.fetchval(sql.DELETE_IF_IDLE, before, mine, runtime_id)
         if deleted is None:
             return False
         self._next_seq.pop(runtime_id, None)
@@ -528,20 +452,20 @@ class PostgresStore:
 
     async def count_runtimes(self, tenant: str) -> int:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         count: int = await pool.fetchval("SELECT COUNT(*) FROM runtimes WHERE tenant = $1", tenant)
         return count
 
     async def tenant_bytes(self, tenant: str) -> int:
         # What is committed: no wait for the commit under way (a check at every Post must not
         # queue behind the group commit; the contract allows any figure from the last flush on).
-        pool = await self._connected()
+        pool = await self.pool()
         used: int = await pool.fetchval("SELECT COALESCE(SUM(bytes), 0) FROM runtimes WHERE tenant = $1", tenant)
         return used
 
     async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         rows = await pool.fetch(
             "SELECT minute, tokens FROM tenant_tokens WHERE tenant = $1 AND minute >= $2 ORDER BY minute", tenant, minute
         )
@@ -549,14 +473,14 @@ class PostgresStore:
 
     async def forget_tokens_before(self, minute: int) -> None:
         await self._settle()  # counts still buffered are committed first: the delete sees them too
-        pool = await self._connected()
+        pool = await self.pool()
         # Replicas may run it at once: the later waits for the earlier's row locks, then finds
         # those rows gone. A commit's upsert writes the current minute, never one this deletes.
         await pool.execute("DELETE FROM tenant_tokens WHERE minute < $1", minute)
 
     async def runtimes_with_running_handles(self) -> list[str]:
         await self._settle()
-        pool = await self._connected()
+        pool = await self.pool()
         return [row[0] for row in await pool.fetch('SELECT id FROM runtimes WHERE running ORDER BY id COLLATE "C"')]
 
     async def close(self) -> None:
@@ -572,7 +496,3 @@ class PostgresStore:
                     writer, self._writer_connection = self._writer_connection, None
                     await pool.release(writer)
                 await pool.close()
-
-
-def _entry(seq: int, at: float, first_event: int, last_event: int, step: bytes) -> Entry:
-    return Entry(seq, at, first_event, last_event - first_event + 1, payloads.decode(step))

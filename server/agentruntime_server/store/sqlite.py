@@ -82,7 +82,7 @@ class SqliteStore:
     # comes more than LOOP_BUSY after it was asked for, the loop had that much other work
     # queued ahead of it, and a commit within COMMIT_PACE of the last one waits for the pace.
     # More steps then share each commit's fixed cost (its locks, the pages every commit
-    # writes), at no cost to a loop with time to spare. Measured (README, Performance): 13 %
+    # writes), at no cost to a loop with time to spare. Measured (docs/performance.md): 13 %
     # less CPU per model turn at C = 20 with no model latency; the same turns/s at C = 1 and
     # with 20 ms of latency.
 

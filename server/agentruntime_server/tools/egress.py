@@ -32,7 +32,7 @@ import socket
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from ..http_client import Resolver, system_resolver
+from ..http import Resolver, system_resolver
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import socket
 
 from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..domain.suspension import tool_answer_header
-from ..http_client import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, Response
+from ..http import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, Response
 from .egress import REFUSED, EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
 

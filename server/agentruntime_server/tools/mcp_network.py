@@ -18,7 +18,7 @@ import httpcore2
 import httpx2
 
 from ..domain.ports import McpError
-from ..http_client import system_resolver
+from ..http import system_resolver
 from .egress import REFUSED, EgressPolicy
 
 log = logging.getLogger(__name__)

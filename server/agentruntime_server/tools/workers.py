@@ -33,23 +33,11 @@ from dataclasses import dataclass, field
 
 from ..domain.errors import Unavailable
 from ..domain.model import ToolCall, ToolResult, WorkerExecutor
-from ..domain.ports import WorkerLost
+from ..domain.ports import Dispatch, WorkerLost
 
 log = logging.getLogger(__name__)
 
 MISSED_KEPT = 1024  # per worker: the calls it missed that it is not given again
-
-
-@dataclass(frozen=True)
-class Dispatch:
-    """A call on its way to a worker: what the edge sends as a WorkerCall."""
-
-    id: str
-    call: ToolCall
-    key: str
-    runtime_id: str
-    handle_id: str
-    deadline: float  # time.time()
 
 
 class Outbox(asyncio.Queue["Dispatch | None"]):

@@ -3,7 +3,7 @@
 
 Measured under the bench workload (C = 20, no model latency, 8 alternating runs): uvloop
 takes 7 % off the server's CPU per model turn (220 against 236 µs), all of it in the loop's
-own scheduling and socket work (README, Performance)."""
+own scheduling and socket work (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ suit short scripts. A server holds every live runtime's handles and transcripts,
 turn makes and drops thousands of short-lived frames, futures and dicts: with the defaults,
 objects that would die a moment later are traced and promoted, and the older generations
 are traced again and again. Measured under the bench workload (C = 20, no model latency,
-alternating runs; README, Performance): 13-19 % of the server's CPU was `gc_collect_main`
+alternating runs; docs/performance.md): 13-19 % of the server's CPU was `gc_collect_main`
 and its visitors, and these thresholds take 12-14 % off the CPU per model turn (209 against
 242 µs with 1,200 roots' handles in memory). Cycles are still collected, in larger batches."""
 

@@ -1,0 +1,46 @@
+"""What a watcher sees: the events a journaled step yields (steps.py names them, entry.py
+numbers them). Values only: the log that hands them to watchers is domain/events.py."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..model import HandleState, PendingRequest, TaskResult, ToolCall
+
+
+class EventKind(enum.Enum):
+    SPAWNED = 1
+    STATE_CHANGED = 2
+    TURN_STARTED = 3
+    TURN_ENDED = 4
+    TOOL_CALL_STARTED = 5
+    TOOL_CALL_ENDED = 6
+    PENDING = 7
+    RESULT = 8
+    # Told to observers only, never stored or watched: the runtime left this process (deleted,
+    # its lease moved, a shutdown), so what an observer holds of it must go.
+    RUNTIME_GONE = 9
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    time: float
+    handle_id: str
+    kind: EventKind
+    parent_id: str = ""
+    agent: str = ""
+    state: HandleState | None = None
+    turn: int = 0
+    tokens: int = 0
+    own_tokens: int = 0
+    total_tokens: int = 0
+    tool_calls: int = 0
+    usage_estimated: bool = False
+    call: ToolCall | None = None
+    call_id: str = ""
+    output: str = ""
+    is_error: bool = False
+    pending: PendingRequest | None = None
+    result: TaskResult | None = None

@@ -1,0 +1,55 @@
+"""The state the journal builds from its steps (replay.py applies them)."""
+
+from __future__ import annotations
+
+from ..handle import Handle
+from ..model import AgentSpec, Answer, HandleState, RuntimeOptions
+
+
+class Tree:
+    """The state the journal builds: every handle, and the indexes over them."""
+
+    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
+        self.runtime_id = runtime_id
+        self.agents = {agent.name: agent for agent in agents}
+        self.handles: dict[str, Handle] = {}
+        self.top_level_per_agent: dict[str, int] = {}
+        # Live Requests by id -> the handle that made them.
+        self.requests: dict[str, Handle] = {}
+        # Answered Requests by id -> (the answer, the id of the handle it answered).
+        self.answered: dict[str, tuple[Answer, str]] = {}
+        # Answered Requests by id -> the topmost handle its Resume continued so far (a retried
+        # Resume answers with that handle's result). Derived, with Handle.mark, from the steps:
+        # `clock` orders the Answered and Settled steps applied.
+        self.resumed_top: dict[str, str] = {}
+        self.clock = 0
+        self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
+        self.beating = 0  # open handles with a heartbeat
+        self.suspended = 0
+        self.options = RuntimeOptions()
+
+    def changed_state(self, before: HandleState, after: HandleState, beats: bool = False) -> None:
+        """Keeps the counts the store indexes: handles in flight (runtimes to recover),
+        suspended ones, and open handles with a heartbeat (`beats`: this one has one)."""
+        self.running += after.in_flight - before.in_flight
+        self.suspended += (after is HandleState.SUSPENDED) - (before is HandleState.SUSPENDED)
+        if beats:
+            self.beating -= (after is HandleState.CLOSED) - (before is HandleState.CLOSED)
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """(handles, running, suspended): what ListRuntimes shows of a runtime."""
+        return len(self.handles), self.running, self.suspended
+
+    @property
+    def active(self) -> bool:
+        """The runtime needs a process: a run is in flight, a heartbeat is due or a live
+        Request lapses (the store's `running` flag, by which a starting server finds the
+        runtimes to load)."""
+        return self.running > 0 or self.beating > 0 or self.expiring
+
+    @property
+    def expiring(self) -> bool:
+        """A live Request has an expiry: when it passes unanswered, the call's result is an
+        error and the run goes on, which takes a process."""
+        return any(handle.pending is not None and handle.pending.expires_at is not None for handle in self.requests.values())
