@@ -12,6 +12,8 @@ import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
+from tests.support.poll import until
+
 
 class InspectProbe:
     """`metadata`: the bystander's credentials, if the server asks for any."""
@@ -26,11 +28,8 @@ class InspectProbe:
 
     async def __aenter__(self) -> InspectProbe:
         self._thread.start()
-        for _ in range(1000):
-            if self._ready.is_set():
-                return self
-            await asyncio.sleep(0.01)
-        raise AssertionError("the probe did not connect")
+        await until(self._ready.is_set, "the probe to connect", timeout=10)
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()

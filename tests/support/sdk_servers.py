@@ -5,7 +5,7 @@ and validators that hold every request body the runtime sends to the SDKs' reque
 (`CompletionCreateParamsNonStreaming`, `MessageCreateParamsNonStreaming`).
 
 The validators are stricter than a bare `TypeAdapter(...).validate_python(strict=True)`,
-which (checked in tests/test_provider_stops.py) lets both of these through:
+which (checked in tests/api/test_provider_stops.py) lets both of these through:
 
 - extra keys: pydantic ignores keys a TypedDict does not declare (and the Anthropic SDK's
   reply models, which its params accept as content blocks, allow extras);

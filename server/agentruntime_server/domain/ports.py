@@ -231,7 +231,7 @@ class Store(Protocol):
     """Where the journal goes: the source of truth after a restart.
 
     The contract is small on purpose (a second backend implements it, and one
-    conformance suite, tests/test_store_contract.py, holds every backend to it): a runtime
+    conformance suite, tests/store/test_store_contract.py, holds every backend to it): a runtime
     is its definitions plus its journal, appended in order and read back whole. Appends
     may be grouped into one transaction; `flush` makes everything appended so far durable,
     and runs before an effect leaves the process (an RPC's reply, a watched event, a

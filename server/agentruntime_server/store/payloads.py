@@ -5,7 +5,7 @@
 `v` is the payload version. Any change to a step's fields (even a new field with a default:
 an older server would drop it unseen) bumps PAYLOAD_VERSION and adds an upgrade from the
 older version to UPGRADES, so that a store written by an older release always replays and
-an older server refuses a newer store; tests/test_payloads.py pins the bytes
+an older server refuses a newer store; tests/store/test_payloads.py pins the bytes
 of every step kind at the current version so that no such change goes unnoticed. msgspec,
 not pydantic: measured at 0.7 µs to encode and 1.4 µs to decode a model reply, against
 1.5 and 3.0 µs (bench/encoders.py)."""

@@ -1,0 +1,386 @@
+"""The `agentruntime` CLI (run, ls, inspect, transcript, resume, watch, runtimes, rm) as a subprocess against a real server.
+
+Off a terminal `run` prints one line per event and reads the prompt and the answers from
+standard input, so what a person sees in the live tree is checked here line by line; model
+output cannot drive the terminal it is printed on."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentruntime.cli import command_first
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.app import RunningServer
+from google.protobuf import json_format
+
+from tests.support.build import agent, create, http_tool, run
+from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.process import ServerProcess, free_port
+from tests.support.servers import Served, serve
+from tests.support.tool_server import ToolServer
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS = ROOT / "examples" / "agents.json"
+RELEASE = ROOT / "examples" / "release.json"
+
+
+@pytest.fixture
+async def scripted_served() -> AsyncIterator[Served]:
+    """A server on the embedded scripted model (the `make run` default): the examples run offline."""
+    async with serve() as served:
+        yield served
+
+
+@pytest.fixture
+def scripted(scripted_served: Served) -> RunningServer:
+    return scripted_served.running
+
+
+@pytest.fixture
+def stub(scripted_served: Served) -> pb_grpc.AgentRuntimeStub:
+    return scripted_served.stub
+
+
+def _env(server: RunningServer | None) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AGENTRUNTIME_")}
+    if server is not None:
+        env["AGENTRUNTIME_ADDR"] = f"127.0.0.1:{server.port}"
+    return env
+
+
+async def cli(
+    server: RunningServer | None, *args: str, stdin: str = "", module: str = "agentruntime_server"
+) -> tuple[int, str, str]:
+    """Runs `python -m agentruntime_server ARGS` (the console script) without blocking the server's loop."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=_env(server), cwd=ROOT,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def block(text: str, title: str) -> dict[str, str]:
+    """The `key  value` lines under `--- title`."""
+    lines = text.splitlines()
+    start = lines.index(f"--- {title}") + 1
+    rows: dict[str, str] = {}
+    for line in lines[start:]:
+        if line.startswith("--- "):
+            break
+        key, _, value = line.partition("  ")
+        rows[key] = value.strip()
+    return rows
+
+
+def runtime_of(stdout: str) -> str:
+    first = stdout.splitlines()[0]
+    assert first.startswith("runtime "), stdout
+    return first.split()[1]
+
+
+async def test_run_shows_every_event_and_ends_done_with_the_tree_bill(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+) -> None:
+    prompt = "How does the Python GIL affect CPU-bound threads?"
+    code, out, err = await cli(scripted, "run", str(AGENTS), "--prompt", prompt)
+    assert (code, err) == (0, ""), out + err
+    runtime_id = runtime_of(out)
+    assert runtime_id.startswith("demo-")  # the file's id plus a suffix: the file can run again
+    assert "#1 root/coordinator.1 spawned agent=coordinator parent=root" in out
+    assert "root/coordinator.1/explore.1 spawned agent=explore" in out
+    assert "root/coordinator.1/summarize.1 turn 1 ended" in out
+    result = block(out, "result")
+    assert result["status"] == "DONE"
+    assert result["turns"] == "2"
+    own, total = int(result["own tokens"]), int(result["total tokens"])
+    listed = {view.handle_id: view for view in (await stub.List(pb.ListRequest(runtime_id=runtime_id))).handles}
+    root = listed["root/coordinator.1"]
+    assert (own, total) == (root.own_tokens, root.total_tokens)
+    children = [view.total_tokens for handle_id, view in listed.items() if handle_id != root.handle_id]
+    assert total == own + sum(children) > own
+
+    again, second, _ = await cli(scripted, "run", str(AGENTS), "--prompt", prompt)
+    assert again == 0 and runtime_of(second) != runtime_id
+
+
+async def test_run_asks_for_the_relay_output_on_stdin_and_resumes_to_done(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+) -> None:
+    code, out, err = await cli(scripted, "run", str(RELEASE), "--prompt", "Ship v2.", stdin="deployed v2 at 12:00\n")
+    assert (code, err) == (0, ""), out + err
+    request = block(out, "the run waits for you")
+    assert request["kind"] == "tool_call"
+    assert request["path"] == "root/lead.1/release.1"
+    assert request["call call_1_1"] == 'deploy {"version": "v2"}'
+    assert 'output of deploy call_1_1 ({"version": "v2"}): deployed v2 at 12:00' in out
+    result = block(out, "result")
+    assert (result["status"], result["turns"], result["own tokens"], result["total tokens"]) == ("DONE", "2", "200", "220")
+    assert result["text"] == "Release finished: v2 is live."
+    # The answer was the deploy call's result, and the suspended turn was not bought again.
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_of(out), handle_id="root/lead.1/release.1"))
+    assert [m.content for m in transcript.messages if m.role == "tool"] == ["deployed v2 at 12:00"]
+
+
+async def test_a_run_left_pending_is_finished_by_resume(scripted: RunningServer) -> None:
+    code, out, _ = await cli(scripted, "run", str(RELEASE), "--runtime-id", "rel", "--prompt", "Ship v2.")
+    assert code == 1  # stdin ended before the answer: the run waits, and says how to answer
+    assert runtime_of(out) == "rel"
+    assert block(out, "result")["status"] == "PENDING"
+    assert "agentruntime resume rel --id root/lead.1/release.1/call_1_1:tool_call" in out
+
+    request_id = "root/lead.1/release.1/call_1_1:tool_call"
+    code, out, err = await cli(scripted, "resume", "rel", "--id", request_id, "--output", "call_1_1=deployed")
+    assert (code, err) == (0, ""), out + err
+    result = block("--- result\n" + out, "result")
+    assert (result["status"], result["own tokens"], result["total tokens"]) == ("DONE", "200", "220")
+
+
+async def test_run_asks_for_approval_and_input(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub, tmp_path: Path) -> None:
+    ask = {"name": "ask", "arguments_json": json.dumps({"question": "Which table?"})}
+    drop = {"name": "drop", "arguments_json": json.dumps({"table": "users"})}
+    ops = {
+        "name": "ops",
+        "tools": [{"name": "drop", "relay": {}, "approval": {"required": True, "prompt": "Drop it?"}}],
+        "script": {"replies": [{"tool_calls": [ask]}, {"tool_calls": [drop]}, {"text": "left it alone"}]},
+    }
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"runtime_id": "ops", "agents": [ops]}))
+    code, out, err = await cli(scripted, "run", str(path), "--prompt", "clean up", stdin="users\nn too risky\n")
+    assert (code, err) == (0, ""), out + err
+    assert "your answer: users" in out
+    assert "approve? [y/n, or 'n REASON']: n too risky" in out
+    assert block(out, "result")["text"] == "left it alone"
+    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_of(out), handle_id="root/ops.1"))
+    tool_messages = [m.content for m in transcript.messages if m.role == "tool"]
+    assert json.loads(tool_messages[0]) == {"answer": "users"}
+    assert "too risky" in tool_messages[1]
+
+
+async def test_ls_inspect_and_transcript(scripted: RunningServer) -> None:
+    code, out, _ = await cli(scripted, "run", str(AGENTS), "--runtime-id", "team", "--prompt", "Compare GIL and no-GIL builds.")
+    assert code == 0
+
+    code, out, err = await cli(scripted, "ls", "team")
+    assert (code, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split() == ["handle", "agent", "state", "turns", "own", "total", "tools", "last", "pending"]
+    table = {row.split()[0]: row.split() for row in rows}
+    assert list(table) == ["root/coordinator.1", "root/coordinator.1/explore.1", "root/coordinator.1/summarize.1"]
+    assert table["root/coordinator.1"][1:4] == ["coordinator", "IDLE", "2"]
+    assert table["root/coordinator.1"][7:] == ["DONE", "-"]
+
+    code, out, _ = await cli(scripted, "inspect", "team", "root/coordinator.1")
+    view = block("--- handle\n" + out, "handle")
+    assert code == 0 and view["state"] == "IDLE" and view["budget"] == "max_turns=10, max_tokens=20000"
+    assert view["total tokens"] == table["root/coordinator.1"][5]
+
+    code, out, _ = await cli(scripted, "transcript", "team", "root/coordinator.1")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "user: Compare GIL and no-GIL builds."
+    assert lines[1] == "assistant (turn 1):"
+    assert lines[2].startswith("  → task call_1_1 ") and '"agent": "explore"' in lines[2]
+    assert lines[-1].startswith("assistant (turn 2): coordinator: explore on")
+
+    code, out, _ = await cli(scripted, "transcript", "team", "root/coordinator.1", "--json")
+    assert code == 0 and json.loads(out)["messages"][0]["role"] == "user"
+
+    # The client alone (no server package) runs the same commands.
+    code, out, _ = await cli(scripted, "ls", "team", module="agentruntime.cli")
+    assert code == 0 and out.splitlines()[0].startswith("handle")
+
+
+async def test_watch_prints_the_history_then_follows_until_interrupted(scripted: RunningServer) -> None:
+    code, _, _ = await cli(scripted, "run", str(AGENTS), "--runtime-id", "watched", "--prompt", "hi")
+    assert code == 0
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentruntime_server", "watch", "watched", "--after", "2",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(scripted), cwd=ROOT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not (lines and " result DONE" in lines[-1] and lines[-1].startswith("#") and "root/coordinator.1 " in lines[-1]):
+        lines.append((await asyncio.wait_for(process.stdout.readline(), timeout=30)).decode().rstrip("\n"))
+    assert lines[0].startswith("#3 root/coordinator.1 turn 1 started")
+    process.send_signal(signal.SIGTERM)  # as Ctrl-C (which a test run in the background may ignore)
+    assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+
+
+async def test_errors_are_one_line_with_the_code_never_a_traceback(scripted: RunningServer, tmp_path: Path) -> None:
+    code, out, err = await cli(scripted, "ls", "nope")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: NOT_FOUND: runtime 'nope' not found")
+
+    code, _, err = await cli(scripted, "resume", "nope-either", "--id", "x")
+    assert code == 2 and err.startswith("error: NOT_FOUND:")
+
+    await cli(scripted, "run", str(RELEASE), "--runtime-id", "rel", "--prompt", "Ship v2.")
+    code, _, err = await cli(scripted, "resume", "rel", "--id", "nope")
+    assert code == 2
+    assert err.splitlines() == [
+        "error: FAILED_PRECONDITION: no live request has id 'nope' in runtime 'rel';"
+        " Wait on the root handle to see its pending request",
+        "  reason: NO_SUCH_REQUEST",
+    ]
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"agents": [{"name": "lead", "team": ["ghost"]}]}))
+    code, _, err = await cli(scripted, "run", str(broken), "--prompt", "go")
+    assert code == 2 and err.startswith("error: INVALID_ARGUMENT:")
+    assert "  agents[0].team[0]: " in err  # the field violation, under the message
+
+    code, _, err = await cli(scripted, "run", str(tmp_path / "missing.json"), "--prompt", "go")
+    assert (code, err) == (2, f"error: cannot read {tmp_path / 'missing.json'}: No such file or directory\n")
+
+    code, _, err = await cli(None, "ls", "rt", "--addr", f"127.0.0.1:{free_port()}")
+    assert code == 2 and err.startswith("error: UNAVAILABLE: ")
+    assert "Traceback" not in err
+
+
+async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub) -> None:
+    for runtime_id in ("older", "newer"):
+        code, _, err = await cli(scripted, "run", str(AGENTS), "--runtime-id", runtime_id, "--prompt", "hi")
+        assert (code, err) == (0, "")
+    slow = pb.AgentDef(name="slow", description="thinks", script=pb.Script(replies=[pb.ScriptedReply(text="done")]))
+    slow.script.replies[0].delay.FromSeconds(30)
+    await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="busy", agents=[slow]))
+    handle = (await stub.Spawn(pb.SpawnRequest(runtime_id="busy", parent_id="root", agent="slow"))).handle_id
+    await stub.Wake(pb.WakeRequest(runtime_id="busy", handle_id=handle, prompt="go"))
+
+    code, out, err = await cli(scripted, "runtimes")
+    assert (code, err) == (0, ""), out + err
+    header, *rows = out.splitlines()
+    assert header.split() == ["runtime", "created", "handles", "running", "suspended"]
+    table = {row.split()[0]: row.split() for row in rows}
+    assert list(table) == ["busy", "newer", "older"]  # newest first
+    assert table["older"][3:] == table["newer"][3:] == ["3", "0", "0"]  # [1:3]: the created date and time
+    assert table["busy"][3:] == ["1", "1", "0"]
+    assert table["older"][1].count("-") == 2 and table["older"][2].endswith("Z")
+
+    code, out, _ = await cli(scripted, "runtimes", "--json")
+    assert code == 0 and [r["runtime_id"] for r in json.loads(out)["runtimes"]] == ["busy", "newer", "older"]
+
+    code, out, err = await cli(scripted, "rm", "older")
+    assert (code, out, err) == (0, "deleted runtime older\n", "")
+    code, _, err = await cli(scripted, "ls", "older")
+    assert code == 2 and err.startswith("error: NOT_FOUND:")
+
+    code, out, err = await cli(scripted, "rm", "busy")  # a handle is running: refused without --force
+    assert (code, out) == (2, "") and err.startswith("error: FAILED_PRECONDITION:"), err
+    code, out, err = await cli(scripted, "rm", "busy", "--force")
+    assert (code, out, err) == (0, "deleted runtime busy\n", "")
+
+    code, out, _ = await cli(scripted, "runtimes")
+    assert code == 0 and [row.split()[0] for row in out.splitlines()[1:]] == ["newer"]
+
+
+async def test_cert_and_key_go_together(scripted: RunningServer, tmp_path: Path) -> None:
+    code, out, err = await cli(scripted, "runtimes", "--cert", str(tmp_path / "client.pem"))
+    assert (code, out, err) == (2, "", "error: --cert and --key go together (mTLS): give both, or neither\n")
+    code, _, err = await cli(scripted, "runtimes", "--ca", str(tmp_path / "ca.pem"))
+    assert (code, err) == (2, f"error: cannot read --ca {tmp_path / 'ca.pem'}: No such file or directory\n")
+
+
+async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    server_cert, client_cert = ca.issue_cert("localhost", "127.0.0.1"), ca.issue_cert("cli")
+    files = {
+        "ca.pem": ca.cert_pem.bytes(),
+        "server.pem": server_cert.cert_chain_pems[0].bytes(),
+        "server.key": server_cert.private_key_pem.bytes(),
+        "client.pem": client_cert.cert_chain_pems[0].bytes(),
+        "client.key": client_cert.private_key_pem.bytes(),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    token = "cli-test-token"
+    entry = {"tenant": "acme", "token_sha256": hashlib.sha256(token.encode()).hexdigest(), "scopes": ["read"], "name": "cli"}
+    (tmp_path / "tokens.json").write_text(json.dumps([entry]))
+    security = {
+        "tls_cert": str(tmp_path / "server.pem"),
+        "tls_key": str(tmp_path / "server.key"),
+        "tls_client_ca": str(tmp_path / "ca.pem"),
+        "auth": "tokens",
+        "auth_tokens_file": str(tmp_path / "tokens.json"),
+    }
+    async with serve(**security) as served:
+        addr = ["--addr", f"localhost:{served.port}", "--ca", str(tmp_path / "ca.pem")]
+        mtls = ["--cert", str(tmp_path / "client.pem"), "--key", str(tmp_path / "client.key")]
+        code, out, err = await cli(None, "runtimes", *addr, *mtls, "--token", token)
+        assert (code, out.split(), err) == (0, ["runtime", "created", "handles", "running", "suspended"], "")
+
+        code, _, err = await cli(None, "runtimes", *addr, *mtls)
+        assert code == 2 and err.startswith("error: UNAUTHENTICATED:"), err
+        code, _, err = await cli(None, "rm", "any", *addr, *mtls, "--token", token)  # a read token
+        assert code == 2 and err.startswith("error: PERMISSION_DENIED:"), err
+        code, _, err = await cli(None, "runtimes", *addr, "--token", token)  # no client certificate
+        assert code == 2 and err.startswith("error: UNAVAILABLE:"), err
+
+
+async def test_connection_options_may_come_before_the_command(scripted: RunningServer) -> None:
+    code, _, err = await cli(scripted, "run", str(AGENTS), "--runtime-id", "early", "--prompt", "hi")
+    assert (code, err) == (0, "")
+    address = f"127.0.0.1:{scripted.port}"
+    code, out, err = await cli(None, "--addr", address, "runtimes")  # no AGENTRUNTIME_ADDR: only the flag
+    assert (code, err) == (0, ""), out + err
+    assert "early" in out
+    code, out, err = await cli(None, "--addr=" + address, "--tls", "runtimes")  # a TLS flag first: the handshake fails
+    assert code == 2 and "UNAVAILABLE" in err
+    assert command_first(["--addr", "h:1", "--tls", "ls", "rt"]) == ["ls", "--addr", "h:1", "--tls", "rt"]
+    assert command_first(["ls", "rt", "--addr", "h:1"]) == ["ls", "rt", "--addr", "h:1"]
+    assert command_first(["--addr", "h:1"]) == ["--addr", "h:1"]  # no command: argparse says so
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_server_runs_on_the_event_loop_its_settings_name(
+    loop: str, model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
+) -> None:
+    """uvloop by default; AGENTRUNTIME_EVENT_LOOP=asyncio for the standard library's. Either way
+    a model call and an http tool call go through, and the start-up line says which loop it is."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if not tool_results(body):
+            return Reply(calls=[("ping", {})], tokens=3)
+        return Reply(text=f"on {loop}: {body['messages'][-1]['content']}", tokens=4)
+
+    model.script("looper", script)
+    env = {} if loop == "uvloop" else {"AGENTRUNTIME_EVENT_LOOP": "asyncio"}
+    server = ServerProcess(tmp_path / "store.db", model.base_url, tmp_path / "server.log", env)
+    stub = await server.start()
+    try:
+        runtime_id = await create(stub, agent("looper", tools=[http_tool("ping", tools.url("ping"))]))
+        _, result = await run(stub, runtime_id, "looper", "go")
+        assert (result.status, result.text, result.total_tokens) == (pb.STATUS_DONE, f"on {loop}: ping ok #1", 7)
+    finally:
+        await server.stop(signal.SIGTERM)
+    assert f"event loop: {loop})" in (tmp_path / "server.log").read_text()
+
+
+HOSTILE = "done\x1b]0;owned\x07\x1b[2J\x9b31m"
+
+
+async def test_the_cli_prints_no_terminal_control_from_model_text(tmp_path: Path) -> None:
+    scripted = pb.AgentDef(name="echo", description="says it", script=pb.Script(replies=[pb.ScriptedReply(text=HOSTILE)]))
+    agents = tmp_path / "agents.json"
+    agents.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(runtime_id="hostile", agents=[scripted])))
+    async with serve() as served:
+        code, ran, _ = await cli(served.running, "run", str(agents), "--runtime-id", "hostile", "--prompt", "go")
+        assert code == 0, ran
+        _, shown, _ = await cli(served.running, "transcript", "hostile", "root/echo.1")
+    for out in (ran, shown):
+        assert "owned" in out  # the text is shown, its control characters escaped
+        assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, out

@@ -1,0 +1,67 @@
+"""A store written by the first release (tests/fixtures/store-v0.1.0.db, made by
+tests/fixtures/make_release_store.py at that release) opens in this version and carries
+on: its pending handle resumes with the exact figures, its transcripts and events read."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+
+from tests.support.servers import serve
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store-v0.1.0.db"
+
+
+@pytest.fixture
+async def stub(tmp_path: Path) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+    store = tmp_path / "store.db"
+    shutil.copyfile(FIXTURE, store)
+    async with serve(store=f"sqlite:///{store}") as served:
+        yield served.stub
+
+
+async def test_a_pending_handle_of_the_release_resumes_with_exact_figures(stub: pb_grpc.AgentRuntimeStub) -> None:
+    waited = await stub.Wait(pb.WaitRequest(runtime_id="legacy-pending", handle_id="root/coordinator.1"))
+    pending = waited.result.pending
+    assert waited.result.status == pb.STATUS_PENDING
+    assert list(pending.path) == ["root", "coordinator.1", "worker.1"] and [c.name for c in pending.calls] == ["fetch"]
+    answer = pb.Answer(id=pending.id, ok=True, outputs=[pb.ToolOutput(call_id=pending.calls[0].id, output="42")])
+    resumed = (await stub.Resume(pb.ResumeRequest(runtime_id="legacy-pending", answer=answer))).result
+    assert (resumed.status, resumed.text, resumed.turns, resumed.own_tokens, resumed.total_tokens) == (
+        pb.STATUS_DONE,
+        "all done",
+        2,
+        200,
+        220,
+    )
+    worker = await stub.Wait(pb.WaitRequest(runtime_id="legacy-pending", handle_id="root/coordinator.1/worker.1"))
+    assert (worker.result.turns, worker.result.own_tokens, worker.result.tool_calls) == (2, 20, 1)
+
+
+async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntimeStub) -> None:
+    transcript = await stub.GetTranscript(
+        pb.GetTranscriptRequest(runtime_id="legacy-done", handle_id="root/coordinator.1/worker.1")
+    )
+    assert [m.role for m in transcript.messages] == ["user", "assistant", "tool", "assistant"]
+    assert transcript.messages[2].content == "42" and transcript.messages[3].content == "fetched"
+    listed = await stub.List(pb.ListRequest(runtime_id="legacy-done"))
+    assert [(v.handle_id, v.state, v.total_tokens) for v in listed.handles] == [
+        ("root/coordinator.1", pb.HANDLE_STATE_IDLE, 220),
+        ("root/coordinator.1/worker.1", pb.HANDLE_STATE_IDLE, 20),
+    ]
+    stream = stub.Watch(pb.WatchRequest(runtime_id="legacy-done"))
+    first = await stream.read()
+    assert first.event.seq == 1 and first.event.spawned.agent == "coordinator"
+    stream.cancel()
+
+
+async def test_list_runtimes_counts_the_release_runtimes_handles(stub: pb_grpc.AgentRuntimeStub) -> None:
+    """The schema migration replays each release runtime once for what ListRuntimes shows."""
+    listed = {row.runtime_id: row for row in (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+    figures = {key: (row.handle_count, row.running_count, row.suspended_count) for key, row in listed.items()}
+    assert figures == {"legacy-done": (2, 0, 0), "legacy-pending": (2, 0, 2)}, figures
