@@ -23,10 +23,25 @@ from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.build import agent, create, http_tool, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
-from tests.support.poll import until
+from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.scripts import STEPS, stepper
 from tests.support.tool_server import ToolServer
+
+
+async def _durable_past(store: Path | str, runtime_id: str, child_id: str, after: type[Spawned | RunStarted]) -> bool:
+    """Whether the store holds the child's first `after` step and a step past it: a model call
+    is no effect the journal must be durable before (only a reply or a side effect is), so the
+    child's first call can be out before the group commit that holds its Spawned."""
+    sqlite = SqliteStore(str(store))
+    try:
+        stored = await sqlite.load(runtime_id)
+    finally:
+        await sqlite.close()
+    if stored is None:
+        return False
+    seqs = [e.seq for e in stored.entries if isinstance(e.step, after) and e.step.handle_id == child_id]
+    return bool(seqs) and seqs[0] < stored.entries[-1].seq
 
 
 async def _cut_journal(store: Path | str, runtime_id: str, child_id: str, after: type[Spawned | RunStarted]) -> None:
@@ -73,6 +88,7 @@ async def test_a_task_child_spawned_before_a_crash_runs_once_after_it(
     child_id = f"{handle_id}/worker.1"
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="count"))
     await until(lambda: len(worker_calls) == 1, "the child's first model call")
+    await eventually(lambda: _durable_past(process.store, runtime_id, child_id, after), "the child's steps committed")
     await process.stop(signal.SIGKILL)
     await _cut_journal(process.store, runtime_id, child_id, after)
 
@@ -106,8 +122,10 @@ async def test_a_summarizer_spawned_before_a_crash_runs_once_after_it(
     handle_id = await spawn(stub, runtime_id, "worker")
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="run the steps"))
     await until(lambda: len(summarizer_calls) == 1, "the first summarizer's model call", timeout=10)
+    summarizer = f"{handle_id}/summarizer.1"
+    await eventually(lambda: _durable_past(process.store, runtime_id, summarizer, Spawned), "the summarizer's steps committed")
     await process.stop(signal.SIGKILL)
-    await _cut_journal(process.store, runtime_id, f"{handle_id}/summarizer.1", Spawned)
+    await _cut_journal(process.store, runtime_id, summarizer, Spawned)
 
     stub = await process.restart()
     result = await wait(stub, runtime_id, handle_id)
