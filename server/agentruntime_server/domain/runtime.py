@@ -105,6 +105,13 @@ class Runtime:
         handles went on (0 to every caller but the first)."""
         if not self.taken_over:
             self.taken_over = True
+            if not self.tree.running:
+                # Nothing to continue: the timers are armed in this step, with no await between
+                # the load and the call that takes it over (a retention pass that came between
+                # would find the copy idle, delete it, and refuse the call as changed under it).
+                if not self.draining:
+                    self.timers.arm_all()
+                return 0
             taking_over = self._taking_over = asyncio.get_running_loop().create_task(self._take_over())
             # Its callers may all be gone (a cancelled call): the task goes on, its outcome is read.
             taking_over.add_done_callback(lambda done: done.cancelled() or done.exception())
