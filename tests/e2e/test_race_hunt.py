@@ -41,6 +41,7 @@ from tests.support.hunt import (
     Model,
     ServerErrors,
     figures,
+    random_answer,
     reason_of,
     server_errors,
     short,
@@ -192,13 +193,7 @@ class Hunt:
         return f"[h:{self.gen}:{handle_id}] {what} {self.rng.randrange(1000)}"
 
     def answer(self, request: pb.Request) -> pb.Answer:
-        output = f"out-{self.rng.getrandbits(48):012x}"
-        answer = pb.Answer(id=request.id, ok=True)
-        if request.kind == "tool_call":
-            answer.outputs.extend(pb.ToolOutput(call_id=call.id, output=output) for call in request.calls)
-        else:
-            answer.data.CopyFrom(struct({"answer": output}))
-        return answer
+        return random_answer(self.rng, request)
 
     def plan(self) -> tuple[list[Callable[[], Awaitable[Outcome]]], list[tuple[str, bool, int, int]]]:
         """A batch of calls to start at once; the Resume races among them (request, same, i, j)."""

@@ -49,8 +49,8 @@ import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.support.build import duration, struct
-from tests.support.hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, reason_of, server_errors, short, store_url
+from tests.support.build import duration
+from tests.support.hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, random_answer, reason_of, server_errors, short, store_url
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import Served, serve
 
@@ -271,13 +271,7 @@ class Hunt:
         return f"[h:0:{handle_id}] {what} {self.rng.randrange(1000)}"
 
     def answer(self, request: pb.Request) -> pb.Answer:
-        output = f"out-{self.rng.getrandbits(48):012x}"
-        answer = pb.Answer(id=request.id, ok=True)
-        if request.kind == "tool_call":
-            answer.outputs.extend(pb.ToolOutput(call_id=call.id, output=output) for call in request.calls)
-        else:
-            answer.data.CopyFrom(struct({"answer": output}))
-        return answer
+        return random_answer(self.rng, request)
 
     def plan(self) -> list[Callable[[], Awaitable[Any]]]:
         rt = RUNTIME

@@ -23,7 +23,7 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.rpc import error_details_pb2, status_pb2
 
-from tests.support.build import agent
+from tests.support.build import agent, struct
 from tests.support.model_server import Reply, ScriptedModelServer
 
 HOST_TAG = re.compile(r"\[h:(\d+):([^\]]+)\]")  # in every text the host sends a handle: who it is
@@ -138,6 +138,18 @@ class ServerErrors(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR or record.exc_info is not None:
             self.records.append(f"{record.name}: {record.getMessage()[:300]}")
+
+
+def random_answer(rng: random.Random, request: pb.Request) -> pb.Answer:
+    """An answer to `request` with a random output: one per call of a tool_call Request, else
+    as `data`."""
+    output = f"out-{rng.getrandbits(48):012x}"
+    answer = pb.Answer(id=request.id, ok=True)
+    if request.kind == "tool_call":
+        answer.outputs.extend(pb.ToolOutput(call_id=call.id, output=output) for call in request.calls)
+    else:
+        answer.data.CopyFrom(struct({"answer": output}))
+    return answer
 
 
 def short(request: Any) -> str:
