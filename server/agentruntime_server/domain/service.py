@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 
 from .errors import FieldViolation, InvalidArgument, NotFound, OwnedElsewhere, RuntimeExists, Unavailable
 from .events import tell_gone
-from .gate import FifoGate
 from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
@@ -71,9 +70,6 @@ class RuntimeService:
     def timers_armed(self) -> int:
         """Heartbeats and expiries armed over every runtime in memory (what taking over arms)."""
         return sum(runtime.timers.armed for runtime in self.cache.runtimes.values())
-
-    def running_gate(self, tenant: str) -> FifoGate | None:
-        return self.tenancy.running_gate(tenant)
 
     def running_slots(self, tenant: str) -> tuple[int, int]:
         return self.tenancy.running_slots(tenant)

@@ -22,7 +22,7 @@ at most `pool_size` connections open. No redirects are followed, no proxy is use
 cookie is kept: none of them belongs on these paths."""
 
 from .client import HttpClient, system_resolver
-from .wire import BadReply, BodyLimit, ConnectFailed, ConnectionLost, HttpError, Resolver, Response, encode_headers, ip_literal
+from .wire import BadReply, BodyLimit, ConnectFailed, ConnectionLost, HttpError, Resolver, Response, encode_headers
 
 __all__ = [
     "BadReply",
@@ -34,6 +34,5 @@ __all__ = [
     "Resolver",
     "Response",
     "encode_headers",
-    "ip_literal",
     "system_resolver",
 ]
