@@ -2624,9 +2624,16 @@ func (x *Thinking) GetRedactedData() string {
 type CreateRuntimeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional: a slug (letters, digits, `_`, `-`, `.`; at most 64). Generated when empty.
-	RuntimeId     string          `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	Agents        []*AgentDef     `protobuf:"bytes,2,rep,name=agents,proto3" json:"agents,omitempty"`
-	Options       *RuntimeOptions `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
+	RuntimeId string          `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	Agents    []*AgentDef     `protobuf:"bytes,2,rep,name=agents,proto3" json:"agents,omitempty"`
+	Options   *RuntimeOptions `protobuf:"bytes,3,opt,name=options,proto3" json:"options,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2682,6 +2689,13 @@ func (x *CreateRuntimeRequest) GetOptions() *RuntimeOptions {
 	return nil
 }
 
+func (x *CreateRuntimeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type CreateRuntimeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
@@ -2733,7 +2747,14 @@ type SpawnRequest struct {
 	ParentId string `protobuf:"bytes,2,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
 	Agent    string `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
 	// Overrides the agent's budget; carved by the parent's remaining budget either way.
-	Budget        *Budget `protobuf:"bytes,4,opt,name=budget,proto3" json:"budget,omitempty"`
+	Budget *Budget `protobuf:"bytes,4,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2796,6 +2817,13 @@ func (x *SpawnRequest) GetBudget() *Budget {
 	return nil
 }
 
+func (x *SpawnRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type SpawnResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	HandleId      string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
@@ -2855,7 +2883,14 @@ type PostRequest struct {
 	Trust Trust `protobuf:"varint,6,opt,name=trust,proto3,enum=agentruntime.v1.Trust" json:"trust,omitempty"`
 	// Messages with the same key waiting in the inbox merge into one, with a count: the
 	// latest text is kept (periodic ticks, repeated notifications).
-	CoalesceKey   string `protobuf:"bytes,7,opt,name=coalesce_key,json=coalesceKey,proto3" json:"coalesce_key,omitempty"`
+	CoalesceKey string `protobuf:"bytes,7,opt,name=coalesce_key,json=coalesceKey,proto3" json:"coalesce_key,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2939,6 +2974,13 @@ func (x *PostRequest) GetCoalesceKey() string {
 	return ""
 }
 
+func (x *PostRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type PostResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ok            bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
@@ -2996,7 +3038,14 @@ type WakeRequest struct {
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
 	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
 	// At most the server's text limit (256 KiB by default).
-	Prompt        string `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	Prompt string `protobuf:"bytes,3,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3048,6 +3097,13 @@ func (x *WakeRequest) GetHandleId() string {
 func (x *WakeRequest) GetPrompt() string {
 	if x != nil {
 		return x.Prompt
+	}
+	return ""
+}
+
+func (x *WakeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -3204,9 +3260,16 @@ func (x *WaitResponse) GetResult() *TaskResult {
 }
 
 type ResumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	Answer        *Answer                `protobuf:"bytes,2,opt,name=answer,proto3" json:"answer,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	Answer    *Answer                `protobuf:"bytes,2,opt,name=answer,proto3" json:"answer,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3255,6 +3318,13 @@ func (x *ResumeRequest) GetAnswer() *Answer {
 	return nil
 }
 
+func (x *ResumeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type ResumeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *TaskResult            `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
@@ -3300,9 +3370,16 @@ func (x *ResumeResponse) GetResult() *TaskResult {
 }
 
 type InterruptRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuntimeId     string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
-	HandleId      string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	HandleId  string                 `protobuf:"bytes,2,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3347,6 +3424,13 @@ func (x *InterruptRequest) GetRuntimeId() string {
 func (x *InterruptRequest) GetHandleId() string {
 	if x != nil {
 		return x.HandleId
+	}
+	return ""
+}
+
+func (x *InterruptRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -3406,7 +3490,14 @@ type CloseRequest struct {
 	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
 	// Running handles get this long to settle on their own, then are interrupted (at most
 	// 10 minutes). Unset: as `force` says.
-	Grace         *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
+	Grace *durationpb.Duration `protobuf:"bytes,4,opt,name=grace,proto3" json:"grace,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3467,6 +3558,13 @@ func (x *CloseRequest) GetGrace() *durationpb.Duration {
 		return x.Grace
 	}
 	return nil
+}
+
+func (x *CloseRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type CloseResponse struct {
@@ -4680,7 +4778,14 @@ type DeleteRuntimeRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
 	// Interrupt running handles; without it a runtime with running handles is refused.
-	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4727,6 +4832,13 @@ func (x *DeleteRuntimeRequest) GetForce() bool {
 		return x.Force
 	}
 	return false
+}
+
+func (x *DeleteRuntimeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type DeleteRuntimeResponse struct {
@@ -5322,23 +5434,27 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\bThinking\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\tR\tsignature\x12#\n" +
-	"\rredacted_data\x18\x03 \x01(\tR\fredactedData\"\xa3\x01\n" +
+	"\rredacted_data\x18\x03 \x01(\tR\fredactedData\"\xc2\x01\n" +
 	"\x14CreateRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x121\n" +
 	"\x06agents\x18\x02 \x03(\v2\x19.agentruntime.v1.AgentDefR\x06agents\x129\n" +
-	"\aoptions\x18\x03 \x01(\v2\x1f.agentruntime.v1.RuntimeOptionsR\aoptions\"6\n" +
+	"\aoptions\x18\x03 \x01(\v2\x1f.agentruntime.v1.RuntimeOptionsR\aoptions\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"6\n" +
 	"\x15CreateRuntimeResponse\x12\x1d\n" +
 	"\n" +
-	"runtime_id\x18\x01 \x01(\tR\truntimeId\"\x91\x01\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\"\xb0\x01\n" +
 	"\fSpawnRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\tparent_id\x18\x02 \x01(\tR\bparentId\x12\x14\n" +
 	"\x05agent\x18\x03 \x01(\tR\x05agent\x12/\n" +
-	"\x06budget\x18\x04 \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\",\n" +
+	"\x06budget\x18\x04 \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\",\n" +
 	"\rSpawnResponse\x12\x1b\n" +
-	"\thandle_id\x18\x01 \x01(\tR\bhandleId\"\xe0\x01\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\"\xff\x01\n" +
 	"\vPostRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
@@ -5347,16 +5463,20 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\achannel\x18\x04 \x01(\tR\achannel\x12\x16\n" +
 	"\x06sender\x18\x05 \x01(\tR\x06sender\x12,\n" +
 	"\x05trust\x18\x06 \x01(\x0e2\x16.agentruntime.v1.TrustR\x05trust\x12!\n" +
-	"\fcoalesce_key\x18\a \x01(\tR\vcoalesceKey\"=\n" +
+	"\fcoalesce_key\x18\a \x01(\tR\vcoalesceKey\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\b \x01(\tR\trequestId\"=\n" +
 	"\fPostResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x1d\n" +
 	"\n" +
-	"inbox_size\x18\x02 \x01(\x05R\tinboxSize\"a\n" +
+	"inbox_size\x18\x02 \x01(\x05R\tinboxSize\"\x80\x01\n" +
 	"\vWakeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x16\n" +
-	"\x06prompt\x18\x03 \x01(\tR\x06prompt\"&\n" +
+	"\x06prompt\x18\x03 \x01(\tR\x06prompt\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"&\n" +
 	"\fWakeResponse\x12\x16\n" +
 	"\x06queued\x18\x01 \x01(\bR\x06queued\"~\n" +
 	"\vWaitRequest\x12\x1d\n" +
@@ -5365,25 +5485,31 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x123\n" +
 	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"C\n" +
 	"\fWaitResponse\x123\n" +
-	"\x06result\x18\x01 \x01(\v2\x1b.agentruntime.v1.TaskResultR\x06result\"_\n" +
+	"\x06result\x18\x01 \x01(\v2\x1b.agentruntime.v1.TaskResultR\x06result\"~\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12/\n" +
-	"\x06answer\x18\x02 \x01(\v2\x17.agentruntime.v1.AnswerR\x06answer\"E\n" +
+	"\x06answer\x18\x02 \x01(\v2\x17.agentruntime.v1.AnswerR\x06answer\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"E\n" +
 	"\x0eResumeResponse\x123\n" +
-	"\x06result\x18\x01 \x01(\v2\x1b.agentruntime.v1.TaskResultR\x06result\"N\n" +
+	"\x06result\x18\x01 \x01(\v2\x1b.agentruntime.v1.TaskResultR\x06result\"m\n" +
 	"\x10InterruptRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
-	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"5\n" +
+	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"5\n" +
 	"\x11InterruptResponse\x12 \n" +
-	"\vinterrupted\x18\x01 \x01(\bR\vinterrupted\"\x91\x01\n" +
+	"\vinterrupted\x18\x01 \x01(\bR\vinterrupted\"\xb0\x01\n" +
 	"\fCloseRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x02 \x01(\tR\bhandleId\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\x12/\n" +
-	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\";\n" +
+	"\x05grace\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\";\n" +
 	"\rCloseResponse\x12*\n" +
 	"\x11closed_handle_ids\x18\x01 \x03(\tR\x0fclosedHandleIds\"L\n" +
 	"\x0eInspectRequest\x12\x1d\n" +
@@ -5469,11 +5595,13 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"createTime\x12!\n" +
 	"\fhandle_count\x18\x03 \x01(\x05R\vhandleCount\x12#\n" +
 	"\rrunning_count\x18\x04 \x01(\x05R\frunningCount\x12'\n" +
-	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\"K\n" +
+	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\"j\n" +
 	"\x14DeleteRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"\x17\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\x17\n" +
 	"\x15DeleteRuntimeResponse\"\xa0\x01\n" +
 	"\x11ServeToolsRequest\x12I\n" +
 	"\fregistration\x18\x01 \x01(\v2#.agentruntime.v1.WorkerRegistrationH\x00R\fregistration\x125\n" +

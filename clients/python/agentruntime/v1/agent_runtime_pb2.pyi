@@ -1344,8 +1344,17 @@ class CreateRuntimeRequest(_message.Message):
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     AGENTS_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     """Optional: a slug (letters, digits, `_`, `-`, `.`; at most 64). Generated when empty."""
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     @_builtins.property
     def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentDef]: ...
     @_builtins.property
@@ -1356,10 +1365,11 @@ class CreateRuntimeRequest(_message.Message):
         runtime_id: _builtins.str = ...,
         agents: _abc.Iterable[Global___AgentDef] | None = ...,
         options: Global___RuntimeOptions | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "options", b"options", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "options", b"options", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1392,10 +1402,19 @@ class SpawnRequest(_message.Message):
     PARENT_ID_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     parent_id: _builtins.str
     """`root` or an existing handle id."""
     agent: _builtins.str
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     @_builtins.property
     def budget(self) -> Global___Budget:
         """Overrides the agent's budget; carved by the parent's remaining budget either way."""
@@ -1407,10 +1426,11 @@ class SpawnRequest(_message.Message):
         parent_id: _builtins.str = ...,
         agent: _builtins.str = ...,
         budget: Global___Budget | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "parent_id", b"parent_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "parent_id", b"parent_id", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1446,6 +1466,7 @@ class PostRequest(_message.Message):
     SENDER_FIELD_NUMBER: _builtins.int
     TRUST_FIELD_NUMBER: _builtins.int
     COALESCE_KEY_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
     text: _builtins.str
@@ -1463,6 +1484,14 @@ class PostRequest(_message.Message):
     """Messages with the same key waiting in the inbox merge into one, with a count: the
     latest text is kept (periodic ticks, repeated notifications).
     """
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     def __init__(
         self,
         *,
@@ -1473,10 +1502,11 @@ class PostRequest(_message.Message):
         sender: _builtins.str = ...,
         trust: Global___Trust.ValueType = ...,
         coalesce_key: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "coalesce_key", b"coalesce_key", "handle_id", b"handle_id", "runtime_id", b"runtime_id", "sender", b"sender", "text", b"text", "trust", b"trust"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "coalesce_key", b"coalesce_key", "handle_id", b"handle_id", "request_id", b"request_id", "runtime_id", b"runtime_id", "sender", b"sender", "text", b"text", "trust", b"trust"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1511,20 +1541,30 @@ class WakeRequest(_message.Message):
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     HANDLE_ID_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
     prompt: _builtins.str
     """At most the server's text limit (256 KiB by default)."""
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         handle_id: _builtins.str = ...,
         prompt: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "prompt", b"prompt", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "prompt", b"prompt", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1606,7 +1646,16 @@ class ResumeRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     ANSWER_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     @_builtins.property
     def answer(self) -> Global___Answer: ...
     def __init__(
@@ -1614,10 +1663,11 @@ class ResumeRequest(_message.Message):
         *,
         runtime_id: _builtins.str = ...,
         answer: Global___Answer | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1649,17 +1699,27 @@ class InterruptRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     HANDLE_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         handle_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1693,6 +1753,7 @@ class CloseRequest(_message.Message):
     HANDLE_ID_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     GRACE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_id: _builtins.str
     """A handle id, or `root` to close the whole runtime (every top-level handle's subtree,
@@ -1700,6 +1761,14 @@ class CloseRequest(_message.Message):
     """
     force: _builtins.bool
     """Interrupt running handles in the subtree instead of refusing."""
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     @_builtins.property
     def grace(self) -> _duration_pb2.Duration:
         """Running handles get this long to settle on their own, then are interrupted (at most
@@ -1713,10 +1782,11 @@ class CloseRequest(_message.Message):
         handle_id: _builtins.str = ...,
         force: _builtins.bool = ...,
         grace: _duration_pb2.Duration | _datetime.timedelta | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["grace", b"grace"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "grace", b"grace", "handle_id", b"handle_id", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "grace", b"grace", "handle_id", b"handle_id", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2238,18 +2308,28 @@ class DeleteRuntimeRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     force: _builtins.bool
     """Interrupt running handles; without it a runtime with running handles is refused."""
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         force: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "request_id", b"request_id", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
