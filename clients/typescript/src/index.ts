@@ -1,10 +1,12 @@
 /**
  * A thin client over the generated AgentRuntime stubs: one method per verb, errors as
- * ConnectError with their gRPC code and google.rpc details. The calls that change nothing when
- * repeated (Wait, Resume, Inspect, List, GetTranscript, ListRuntimes) are retried on UNAVAILABLE
- * and on a connection that died under the call (see retry.ts `isDropped`); Spawn, Wake, Post,
- * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not: a lost answer does
- * not say whether they took effect.
+ * ConnectError with their gRPC code and google.rpc details. Every call is retried by the
+ * client's own loop (retry.ts `withRetries`) on UNAVAILABLE, a connection that died under it, its
+ * attempt's own deadline and any error carrying google.rpc.RetryInfo, with backoff and full
+ * jitter, until the call's deadline or the client's retry window; each mutating call (Spawn,
+ * Post, Wake, Resume, Interrupt, Close, CreateRuntime, DeleteRuntime) carries one request id on
+ * every attempt (the caller's, or a random UUID drawn once per call), so that the server answers
+ * a repeat with the first answer and does nothing twice.
  *
  * ```ts
  * const client = createClient("127.0.0.1:50051");
@@ -13,6 +15,7 @@
  * ```
  */
 
+import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
@@ -49,13 +52,24 @@ import {
   ErrorInfoSchema,
   QuotaFailureSchema,
   ResourceInfoSchema,
+  RetryInfoSchema,
   type BadRequest,
   type ErrorInfo,
   type QuotaFailure,
   type ResourceInfo,
+  type RetryInfo,
 } from "./gen/google/rpc/error_details_pb.js";
 import { sessionOptions, type KeepaliveOptions } from "./keepalive.js";
-import { RESUME_RETRY, SAFE_RETRY, WAIT_MARGIN_MS, WAIT_RETRY, deadlineMs, retrying, waitSliceMs } from "./retry.js";
+import {
+  DEFAULT_RETRY_WINDOW_MS,
+  WAIT_MARGIN_MS,
+  abortError,
+  isRetryable,
+  pause,
+  retryPauseMs,
+  waitSliceMs,
+  withRetries,
+} from "./retry.js";
 import { watch, type WatchOptions } from "./watch.js";
 import { serveTools, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 
@@ -63,7 +77,9 @@ export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler 
 export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
 export { DEFAULT_KEEPALIVE, type KeepaliveOptions } from "./keepalive.js";
 export {
+  DEFAULT_RETRY_WINDOW_MS,
   RESUME_RETRY,
+  RETRY_BACKOFF,
   SAFE_RETRY,
   SAFE_TO_REPEAT,
   WAIT_MARGIN_MS,
@@ -78,6 +94,33 @@ export { Code, ConnectError, type Interceptor };
 /** The default deadline of every call, as in the Python client (60 s); Wait and Watch have their own. */
 export const DEFAULT_TIMEOUT_MS = 60_000;
 
+/** Options of one call of a method that reads (Inspect, List, GetTranscript, ListRuntimes). */
+export interface RequestOptions {
+  /**
+   * This call's deadline in ms, its retries and the pauses between them included; in its place
+   * the client's `retryWindowMs` bounds them. A number that is not positive is none given.
+   */
+  timeoutMs?: number;
+  /**
+   * Cancels the call: the attempt under way is cancelled, no retry follows, and the call
+   * rejects with a ConnectError of code `Canceled`.
+   */
+  signal?: AbortSignal;
+}
+
+/** Options of one call of a mutating method (CreateRuntime, Spawn, Post, Wake, Resume, Interrupt, Close, DeleteRuntime). */
+export interface MutationOptions extends RequestOptions {
+  /**
+   * The request id every attempt of this call carries: up to 64 characters of
+   * `[A-Za-z0-9_-]`. The server answers a repeat (same id, same request) with the first
+   * answer and does nothing again; the same id with another request is INVALID_ARGUMENT with
+   * ErrorInfo reason `REQUEST_ID_REUSED`. Default: a random UUID, drawn once per call. Pass
+   * your own to make a call safe to repeat across your own retries (a restarted process, a
+   * queue's redelivery).
+   */
+  requestId?: string;
+}
+
 /** Options of `wait`. */
 export interface WaitOptions {
   /** Stops waiting: the call rejects with a ConnectError of code `Canceled` (the run goes on). */
@@ -88,6 +131,10 @@ export interface WaitOptions {
 export interface RunOptions extends WaitOptions {
   /** As `wait`'s `timeoutMs`: after it, the server's STATUS_TIMEOUT result (the handle still running). */
   timeoutMs?: number;
+  /** The request id of run's Spawn (default: a random UUID), see MutationOptions.requestId. */
+  spawnRequestId?: string;
+  /** The request id of run's Wake (default: a random UUID), see MutationOptions.requestId. */
+  wakeRequestId?: string;
 }
 
 export interface ClientOptions {
@@ -99,11 +146,25 @@ export interface ClientOptions {
   /** Sent as `authorization: Bearer <token>` on every call (`raw` calls included). */
   token?: string;
   /**
-   * The deadline of each call in ms (default 60 000); 0 means no deadline, and one past
-   * setTimeout's longest delay (2^31-1 ms, about 24.8 days; Infinity too) is that long. It does not bound
+   * The deadline of each attempt of a call in ms (default 60 000), within what is left of the
+   * call's own deadline or retry window; 0 means none but those, and one past setTimeout's
+   * longest delay (2^31-1 ms, about 24.8 days; Infinity too) is that long. It does not bound
    * `wait` (each Wait RPC has its own deadline) nor `watch` and `serveTools` (none).
    */
   timeoutMs?: number;
+  /**
+   * `false` turns the client's retries off: each call is made once (Wait's failures are thrown
+   * at once too; `watch` and `serveTools` keep reopening their streams). Mutating calls still
+   * carry a request id. Default true: see `retryWindowMs`.
+   */
+  retry?: boolean;
+  /**
+   * How long a call is retried when the caller gives it no `timeoutMs` of its own: no retry
+   * starts, and no attempt runs, past this many ms from the call's start. It also bounds a run
+   * of failures in a row of `wait` and `watch` (a success starts it again). Default 60 000, or
+   * `timeoutMs` when that is longer (so the first attempt keeps its whole deadline).
+   */
+  retryWindowMs?: number;
   /** PEM CA certificates to verify the server with, instead of Node's bundled CAs. */
   rootCertificates?: string | Buffer;
   /** `rootCertificates` read from a PEM file. */
@@ -167,7 +228,11 @@ export class AgentRuntimeClient {
   /** The generated client: every RPC with the transport's interceptors. */
   readonly raw: RawClient;
   private readonly timeoutMs: number;
+  private readonly retry: boolean;
+  private readonly retryWindowMs: number;
   private readonly sessions: Http2SessionManager;
+  /** Aborted by `disconnect`: a call in flight is not retried after it. */
+  private readonly closing = new AbortController();
 
   constructor(target: string, options: ClientOptions = {}) {
     const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
@@ -190,6 +255,10 @@ export class AgentRuntimeClient {
     const transport = createGrpcTransport({ baseUrl: url, interceptors, sessionManager: this.sessions });
     this.raw = createConnectClient(AgentRuntime, transport);
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.retry = options.retry ?? true;
+    const window = options.retryWindowMs ?? Math.max(DEFAULT_RETRY_WINDOW_MS, this.timeoutMs > 0 ? this.timeoutMs : 0);
+    if (!(window >= 0)) throw new RangeError(`retryWindowMs must be a number of ms >= 0, got ${String(window)}`);
+    this.retryWindowMs = window;
   }
 
   /**
@@ -197,34 +266,71 @@ export class AgentRuntimeClient {
    * process whose clients are closed (or idle) can exit.
    */
   disconnect(): void {
+    this.closing.abort(new ConnectError("the client was disconnected", Code.Canceled));
     this.sessions.abort();
   }
 
-  private call(timeoutMs?: number): CallOptions {
-    return { timeoutMs: deadlineMs(timeoutMs ?? this.timeoutMs) };
+  /**
+   * Makes one call of `rpc` (with each attempt's Connect options) through the retry loop: until
+   * `options.timeoutMs` (or the retry window) has passed, each attempt under the client's
+   * `timeoutMs` at most; once, under `options.timeoutMs` or `timeoutMs`, when retries are off.
+   */
+  private unary<T>(options: RequestOptions, rpc: (attempt: CallOptions) => Promise<T>): Promise<T> {
+    const given = options.timeoutMs !== undefined && options.timeoutMs > 0 ? options.timeoutMs : undefined;
+    const each = this.timeoutMs > 0 ? this.timeoutMs : 0;
+    return withRetries(rpc, {
+      retry: this.retry,
+      signal: options.signal,
+      closed: this.closing.signal,
+      deadline: performance.now() + (given ?? (this.retry ? this.retryWindowMs : Number.POSITIVE_INFINITY)),
+      // Retries off: the one attempt has the call's deadline if given, else the client's.
+      attemptTimeoutMs: this.retry || given === undefined ? each : given,
+    });
   }
 
-  /** Creates a runtime (one tree); returns its id (generated when `runtimeId` is empty). */
-  async createRuntime(agents: AgentDefInit[], runtimeId = ""): Promise<string> {
-    const response = await this.raw.createRuntime({ runtimeId, agents }, this.call());
+  /**
+   * Creates a runtime (one tree); returns its id (generated when `runtimeId` is empty). A
+   * repeat with the same request id returns the runtime the first call made.
+   */
+  async createRuntime(agents: AgentDefInit[], runtimeId = "", options: MutationOptions = {}): Promise<string> {
+    const requestId = options.requestId ?? randomUUID();
+    const response = await this.unary(options, (call) => this.raw.createRuntime({ runtimeId, agents, requestId }, call));
     return response.runtimeId;
   }
 
   /** Spawns a handle of `agent` under `parent` (`root` or a handle id); returns its id. */
-  async spawn(runtimeId: string, agent: string, parent = "root", budget?: BudgetInit): Promise<string> {
-    const response = await this.raw.spawn({ runtimeId, parentId: parent, agent, budget }, this.call());
+  async spawn(
+    runtimeId: string,
+    agent: string,
+    parent = "root",
+    budget?: BudgetInit,
+    options: MutationOptions = {},
+  ): Promise<string> {
+    const requestId = options.requestId ?? randomUUID();
+    const request = { runtimeId, parentId: parent, agent, budget, requestId };
+    const response = await this.unary(options, (call) => this.raw.spawn(request, call));
     return response.handleId;
   }
 
   /** Posts a message into the handle's inbox; returns the inbox size. */
-  async post(runtimeId: string, handleId: string, text: string, channel = "", sender = ""): Promise<number> {
-    const response = await this.raw.post({ runtimeId, handleId, text, channel, sender }, this.call());
+  async post(
+    runtimeId: string,
+    handleId: string,
+    text: string,
+    channel = "",
+    sender = "",
+    options: MutationOptions = {},
+  ): Promise<number> {
+    const requestId = options.requestId ?? randomUUID();
+    const request = { runtimeId, handleId, text, channel, sender, requestId };
+    const response = await this.unary(options, (call) => this.raw.post(request, call));
     return response.inboxSize;
   }
 
   /** Starts a run on `prompt` plus the inbox; returns at once (true when accepted). */
-  async wake(runtimeId: string, handleId: string, prompt = ""): Promise<boolean> {
-    const response = await this.raw.wake({ runtimeId, handleId, prompt }, this.call());
+  async wake(runtimeId: string, handleId: string, prompt = "", options: MutationOptions = {}): Promise<boolean> {
+    const requestId = options.requestId ?? randomUUID();
+    const response = await this.unary(options, (call) => this.raw.wake({ runtimeId, handleId, prompt, requestId }, call));
     return response.queued;
   }
 
@@ -234,69 +340,98 @@ export class AgentRuntimeClient {
    * (`WAIT_SLICE_MS`) under a deadline 10 s longer, and is repeated while the result is
    * STATUS_TIMEOUT. With `timeoutMs`, the server's STATUS_TIMEOUT result (the handle still
    * running) comes back once it has passed: a timeout is the caller's choice, never the
-   * transport's. A server that is restarting (UNAVAILABLE, or the connection dropped) is
-   * waited for, with backoff and jitter (100 ms doubling, at most 5 s), until `timeoutMs`.
+   * transport's. A failed Wait RPC that may be retried (UNAVAILABLE, a dropped connection, its
+   * own deadline, an error with RetryInfo: as every call's) is repeated after a pause with full
+   * jitter (0 to 100 ms doubling, at most 5 s; at least RetryInfo's retry_delay), so a server
+   * that restarts or a runtime that moves between replicas is waited for; a run of failures in
+   * a row longer than the client's `retryWindowMs` (or past `timeoutMs`) throws the last one.
    * `options.signal` stops waiting (a ConnectError of code `Canceled`).
    */
   async wait(runtimeId: string, handleId: string, timeoutMs?: number, options: WaitOptions = {}): Promise<TaskResult> {
     const signal = options.signal;
+    const closed = this.closing.signal;
     const end = timeoutMs === undefined ? undefined : performance.now() + Math.max(timeoutMs, 0);
+    let failures = 0; // failed Wait RPCs in a row
+    let failingSince = 0; // when the first of them failed
     for (;;) {
-      const response = await retrying(
-        () => {
-          const slice = waitSliceMs(end, performance.now());
-          const request = { runtimeId, handleId, timeout: durationFromMs(slice) };
-          return this.raw.wait(request, { timeoutMs: slice + WAIT_MARGIN_MS, signal });
-        },
-        WAIT_RETRY,
-        { signal, until: end },
-      );
+      const stop = signal?.aborted ? signal : closed.aborted ? closed : undefined;
+      if (stop !== undefined) throw abortError(stop);
+      const slice = waitSliceMs(end, performance.now());
+      const attemptMs = slice + WAIT_MARGIN_MS;
+      const request = { runtimeId, handleId, timeout: durationFromMs(slice) };
+      const started = performance.now();
+      let response;
+      try {
+        response = await this.raw.wait(request, { timeoutMs: attemptMs, signal });
+      } catch (error) {
+        const stop = signal?.aborted ? signal : closed.aborted ? closed : undefined;
+        if (stop !== undefined) throw abortError(stop);
+        const now = performance.now();
+        if (!this.retry || !isRetryable(error, now - started, attemptMs)) throw error;
+        if (failures === 0) failingSince = now;
+        const delay = retryPauseMs(error, failures);
+        failures += 1;
+        const limit = Math.min(failingSince + this.retryWindowMs, end ?? Number.POSITIVE_INFINITY);
+        if (now + delay >= limit) throw error;
+        await pause(delay, signal, closed);
+        continue;
+      }
+      failures = 0;
       const result = response.result ?? create(TaskResultSchema);
       if (result.status !== Status.TIMEOUT || (end !== undefined && performance.now() >= end)) return result;
     }
   }
 
   /**
-   * Answers a pending Request and continues the suspended handles. Safe to repeat (the server
-   * returns the same result for the same answer and runs nothing again), so UNAVAILABLE (or a
-   * dropped connection) is retried: 8 attempts, 100 ms doubling to 5 s, jittered.
+   * Answers a pending Request and continues the suspended handles; returns the next result
+   * (the server returns the same result for the same answer and runs nothing again).
    */
-  async resume(runtimeId: string, answer: AnswerInit): Promise<TaskResult> {
-    const response = await retrying(() => this.raw.resume({ runtimeId, answer }, this.call()), RESUME_RETRY);
+  async resume(runtimeId: string, answer: AnswerInit, options: MutationOptions = {}): Promise<TaskResult> {
+    const requestId = options.requestId ?? randomUUID();
+    const response = await this.unary(options, (call) => this.raw.resume({ runtimeId, answer, requestId }, call));
     return response.result ?? create(TaskResultSchema);
   }
 
   /**
    * Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle, however long it
-   * takes (see `wait`; `options.timeoutMs` and `options.signal` are passed on to it).
+   * takes (see `wait`; `options.timeoutMs` and `options.signal` are passed on to it, the signal
+   * to the Spawn and the Wake too). The Spawn and the Wake each carry one request id on every
+   * attempt (`options.spawnRequestId`, `options.wakeRequestId`, or random UUIDs), so retrying
+   * them makes no second handle and no second run.
    */
   async run(runtimeId: string, agent: string, prompt: string, parent = "root", options: RunOptions = {}): Promise<TaskResult> {
-    const handleId = await this.spawn(runtimeId, agent, parent);
-    await this.wake(runtimeId, handleId, prompt);
-    return this.wait(runtimeId, handleId, options.timeoutMs, { signal: options.signal });
+    const signal = options.signal;
+    const handleId = await this.spawn(runtimeId, agent, parent, undefined, { requestId: options.spawnRequestId, signal });
+    await this.wake(runtimeId, handleId, prompt, { requestId: options.wakeRequestId, signal });
+    return this.wait(runtimeId, handleId, options.timeoutMs, { signal });
   }
 
   /** Cancels the handle's run and its subtree's; false when there was nothing to interrupt. */
-  async interrupt(runtimeId: string, handleId: string): Promise<boolean> {
-    const response = await this.raw.interrupt({ runtimeId, handleId }, this.call());
+  async interrupt(runtimeId: string, handleId: string, options: MutationOptions = {}): Promise<boolean> {
+    const requestId = options.requestId ?? randomUUID();
+    const response = await this.unary(options, (call) => this.raw.interrupt({ runtimeId, handleId, requestId }, call));
     return response.interrupted;
   }
 
   /** Closes the handle and its subtree; returns the closed ids, leaf first. */
-  async close(runtimeId: string, handleId: string, force = false): Promise<string[]> {
-    const response = await this.raw.close({ runtimeId, handleId, force }, this.call());
+  async close(runtimeId: string, handleId: string, force = false, options: MutationOptions = {}): Promise<string[]> {
+    const requestId = options.requestId ?? randomUUID();
+    const response = await this.unary(options, (call) => this.raw.close({ runtimeId, handleId, force, requestId }, call));
     return response.closedHandleIds;
   }
 
   /** One handle's view. */
-  async inspect(runtimeId: string, handleId: string): Promise<HandleView> {
-    const response = await retrying(() => this.raw.inspect({ runtimeId, handleId }, this.call()), SAFE_RETRY);
+  async inspect(runtimeId: string, handleId: string, options: RequestOptions = {}): Promise<HandleView> {
+    const response = await this.unary(options, (call) => this.raw.inspect({ runtimeId, handleId }, call));
     return response.handle ?? create(HandleViewSchema);
   }
 
-  /** Every handle of the runtime, in spawn order (it follows the pages of List to the last). */
-  async list(runtimeId: string): Promise<HandleView[]> {
-    return collect(this.iterateList(runtimeId));
+  /**
+   * Every handle of the runtime, in spawn order (it follows the pages of List to the last);
+   * `options` apply to each page's call.
+   */
+  async list(runtimeId: string, options: RequestOptions = {}): Promise<HandleView[]> {
+    return collect(this.iterateList(runtimeId, 0, options));
   }
 
   /**
@@ -304,9 +439,9 @@ export class AgentRuntimeClient {
    * server's default) whenever the previous one is used up: `for await (const view of
    * client.iterateList(runtimeId)) ...`. Leaving the loop early fetches no more pages.
    */
-  iterateList(runtimeId: string, pageSize = 0): AsyncGenerator<HandleView, void, undefined> {
+  iterateList(runtimeId: string, pageSize = 0, options: RequestOptions = {}): AsyncGenerator<HandleView, void, undefined> {
     return paged(async (pageToken) => {
-      const response = await this.listPage(runtimeId, pageSize, pageToken);
+      const response = await this.listPage(runtimeId, pageSize, pageToken, options);
       return [response.handles, response.nextPageToken];
     });
   }
@@ -315,22 +450,30 @@ export class AgentRuntimeClient {
    * One page of List: at most `pageSize` handles (0: the server's default) from `pageToken` on
    * (empty for the first page); its `nextPageToken` is empty on the last page.
    */
-  async listPage(runtimeId: string, pageSize = 0, pageToken = ""): Promise<ListResponse> {
-    return retrying(() => this.raw.list({ runtimeId, pageSize, pageToken }, this.call()), SAFE_RETRY);
+  async listPage(runtimeId: string, pageSize = 0, pageToken = "", options: RequestOptions = {}): Promise<ListResponse> {
+    return this.unary(options, (call) => this.raw.list({ runtimeId, pageSize, pageToken }, call));
   }
 
-  /** The handle's whole stored transcript (it follows the pages of GetTranscript to the last). */
-  async transcript(runtimeId: string, handleId: string): Promise<Message[]> {
-    return collect(this.iterateTranscript(runtimeId, handleId));
+  /**
+   * The handle's whole stored transcript (it follows the pages of GetTranscript to the last);
+   * `options` apply to each page's call.
+   */
+  async transcript(runtimeId: string, handleId: string, options: RequestOptions = {}): Promise<Message[]> {
+    return collect(this.iterateTranscript(runtimeId, handleId, 0, options));
   }
 
   /**
    * The handle's transcript one message at a time, oldest first, fetching a page of `pageSize`
    * (0: the server's default) whenever the previous one is used up.
    */
-  iterateTranscript(runtimeId: string, handleId: string, pageSize = 0): AsyncGenerator<Message, void, undefined> {
+  iterateTranscript(
+    runtimeId: string,
+    handleId: string,
+    pageSize = 0,
+    options: RequestOptions = {},
+  ): AsyncGenerator<Message, void, undefined> {
     return paged(async (pageToken) => {
-      const response = await this.transcriptPage(runtimeId, handleId, pageSize, pageToken);
+      const response = await this.transcriptPage(runtimeId, handleId, pageSize, pageToken, options);
       return [response.messages, response.nextPageToken];
     });
   }
@@ -339,22 +482,31 @@ export class AgentRuntimeClient {
    * One page of GetTranscript: at most `pageSize` messages (0: the server's default) from
    * `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
    */
-  async transcriptPage(runtimeId: string, handleId: string, pageSize = 0, pageToken = ""): Promise<GetTranscriptResponse> {
-    return retrying(() => this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, this.call()), SAFE_RETRY);
+  async transcriptPage(
+    runtimeId: string,
+    handleId: string,
+    pageSize = 0,
+    pageToken = "",
+    options: RequestOptions = {},
+  ): Promise<GetTranscriptResponse> {
+    return this.unary(options, (call) => this.raw.getTranscript({ runtimeId, handleId, pageSize, pageToken }, call));
   }
 
-  /** Every runtime of the caller's tenant, newest first (it follows the pages of ListRuntimes to the last). */
-  async listRuntimes(): Promise<RuntimeSummary[]> {
-    return collect(this.iterateRuntimes());
+  /**
+   * Every runtime of the caller's tenant, newest first (it follows the pages of ListRuntimes to
+   * the last); `options` apply to each page's call.
+   */
+  async listRuntimes(options: RequestOptions = {}): Promise<RuntimeSummary[]> {
+    return collect(this.iterateRuntimes(0, options));
   }
 
   /**
    * The caller's tenant's runtimes one at a time, newest first, fetching a page of `pageSize`
    * (0: the server's default) whenever the previous one is used up.
    */
-  iterateRuntimes(pageSize = 0): AsyncGenerator<RuntimeSummary, void, undefined> {
+  iterateRuntimes(pageSize = 0, options: RequestOptions = {}): AsyncGenerator<RuntimeSummary, void, undefined> {
     return paged(async (pageToken) => {
-      const response = await this.listRuntimesPage(pageSize, pageToken);
+      const response = await this.listRuntimesPage(pageSize, pageToken, options);
       return [response.runtimes, response.nextPageToken];
     });
   }
@@ -363,28 +515,31 @@ export class AgentRuntimeClient {
    * One page of ListRuntimes: at most `pageSize` runtimes (0: the server's default), newest first,
    * from `pageToken` on (empty for the first page); its `nextPageToken` is empty on the last page.
    */
-  async listRuntimesPage(pageSize = 0, pageToken = ""): Promise<ListRuntimesResponse> {
-    return retrying(() => this.raw.listRuntimes({ pageSize, pageToken }, this.call()), SAFE_RETRY);
+  async listRuntimesPage(pageSize = 0, pageToken = "", options: RequestOptions = {}): Promise<ListRuntimesResponse> {
+    return this.unary(options, (call) => this.raw.listRuntimes({ pageSize, pageToken }, call));
   }
 
   /**
    * Closes the runtime and deletes everything stored of it; `force` interrupts running handles
-   * (without it a runtime with running handles is refused).
+   * (without it a runtime with running handles is refused). A repeat with the same request id
+   * gets the first answer, not NOT_FOUND.
    */
-  async deleteRuntime(runtimeId: string, force = false): Promise<void> {
-    await this.raw.deleteRuntime({ runtimeId, force }, this.call());
+  async deleteRuntime(runtimeId: string, force = false, options: MutationOptions = {}): Promise<void> {
+    const requestId = options.requestId ?? randomUUID();
+    await this.unary(options, (call) => this.raw.deleteRuntime({ runtimeId, force, requestId }, call));
   }
 
   /**
    * The runtime's events after `afterSeq` (0: its whole history), in order, once each; it never
    * ends by itself. It uses this client's connection (TLS, token) and no deadline. A dropped
    * stream (UNAVAILABLE; CANCELED or ABORTED from a connection that died; RESOURCE_EXHAUSTED
-   * with ErrorInfo reason WATCH_LAGGING when this consumer fell too far behind) or one the
-   * server ends is reopened from the last seq seen,
-   * so nothing is missed or seen twice: after a pause of 1 s doubling per failure in a row, up to 30 s
-   * (`backoffMs`), drawn from its upper half (none when lagging). After `maxRetries` (default 5) reconnections in a row with
-   * no event between them, the last error is thrown; any other code is thrown at once.
-   * `options.signal` (or leaving the loop) ends it.
+   * with ErrorInfo reason WATCH_LAGGING when this consumer fell too far behind; any error with
+   * RetryInfo) or one the server ends is reopened from the last seq seen, so nothing is missed
+   * or seen twice: after a pause of 1 s doubling per failure in a row, up to 30 s (`backoffMs`),
+   * drawn from its upper half (none when lagging), at least RetryInfo's retry_delay. After
+   * `maxRetries` (default 5) reconnections in a row with no event between them, or failures in a
+   * row for longer than the client's `retryWindowMs`, the last error is thrown; any other code is
+   * thrown at once. `options.signal` (or leaving the loop) ends it.
    *
    * ```ts
    * const stop = new AbortController();
@@ -394,7 +549,7 @@ export class AgentRuntimeClient {
    * ```
    */
   watch(runtimeId: string, afterSeq: bigint | number = 0, options?: WatchOptions): AsyncGenerator<Event, void, undefined> {
-    return watch(this.raw, runtimeId, BigInt(afterSeq), options);
+    return watch(this.raw, runtimeId, BigInt(afterSeq), { ...options, retryWindowMs: options?.retryWindowMs ?? this.retryWindowMs });
   }
 
   /**
@@ -485,6 +640,12 @@ export interface ErrorDetails {
   resourceInfo?: ResourceInfo;
   /** A tenant quota that a RESOURCE_EXHAUSTED hit: its violations' subject (`tenant:acme`). */
   quotaFailure?: QuotaFailure;
+  /**
+   * How long to wait before trying again (`retryInfo.retryDelay`): on every UNAVAILABLE the
+   * server sends without having acted (ErrorInfo reason RUNTIME_MOVING, SERVER_DRAINING,
+   * STORE_UNAVAILABLE, ...). The client's retries honour it already.
+   */
+  retryInfo?: RetryInfo;
 }
 
 /**
@@ -498,6 +659,7 @@ export function errorDetails(error: unknown): ErrorDetails {
     badRequest: error.findDetails(BadRequestSchema)[0],
     resourceInfo: error.findDetails(ResourceInfoSchema)[0],
     quotaFailure: error.findDetails(QuotaFailureSchema)[0],
+    retryInfo: error.findDetails(RetryInfoSchema)[0],
   };
 }
 
@@ -519,7 +681,7 @@ export const isFailedPrecondition = (error: unknown): error is ConnectError => h
 export const isResourceExhausted = (error: unknown): error is ConnectError => hasCode(error, Code.ResourceExhausted);
 /** ALREADY_EXISTS: CreateRuntime with an id in use. */
 export const isAlreadyExists = (error: unknown): error is ConnectError => hasCode(error, Code.AlreadyExists);
-/** UNAVAILABLE: the server could not be reached; calls safe to repeat were retried already. */
+/** UNAVAILABLE: the server could not be reached, or refused for now (`errorDetails(err).errorInfo.reason`), and the retries ran out. */
 export const isUnavailable = (error: unknown): error is ConnectError => hasCode(error, Code.Unavailable);
 /** UNAUTHENTICATED: a missing or rejected token. */
 export const isUnauthenticated = (error: unknown): error is ConnectError => hasCode(error, Code.Unauthenticated);

@@ -14,7 +14,7 @@ import type { Http2SessionOptions } from "@connectrpc/connect-node";
 export interface KeepaliveOptions {
   /** Sends a PING after this many ms without a frame received (default 60 000; `Infinity`: no PINGs). */
   pingIntervalMs?: number;
-  /** Closes the connection (and its calls, which fail UNAVAILABLE and are retried where safe) when a PING is not answered within this many ms (default 20 000). */
+  /** Closes the connection (and its calls, which fail UNAVAILABLE and are retried) when a PING is not answered within this many ms (default 20 000). */
   pingTimeoutMs?: number;
   /** Also PINGs while no call is open (default false: an idle connection is checked before its next call). */
   pingIdleConnection?: boolean;

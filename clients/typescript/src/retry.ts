@@ -1,12 +1,17 @@
 /**
- * Retries of the calls that are safe to repeat, with exponential backoff and full jitter.
- * Connect has no service-config retry policy (grpc's `retryPolicy`), so the client does it here:
- * one helper, used by every method whose RPC changes nothing when repeated.
+ * The client's one retry layer. Connect has no service-config retry policy (grpc's
+ * `retryPolicy`), so the client retries itself: every unary RPC goes through `withRetries`
+ * (mutating ones carry a request id that stays the same on every attempt, so a repeat returns
+ * the first answer), with backoff and full jitter, until the caller's deadline or the client's
+ * retry window. Wait and Watch keep their own loops, which use the same rules for a failure.
  */
 
-import { Code, ConnectError } from "@connectrpc/connect";
+import { durationMs } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, type CallOptions } from "@connectrpc/connect";
 
-/** How a call is retried: `attempts` in all (Infinity: until `until` or an abort). */
+import { RetryInfoSchema } from "./gen/google/rpc/error_details_pb.js";
+
+/** How a call is retried: `attempts` in all (Infinity: until its deadline or an abort). */
 export interface RetryPolicy {
   /** Attempts in all, the first included. */
   readonly attempts: number;
@@ -17,19 +22,36 @@ export interface RetryPolicy {
 }
 
 /**
- * The RPCs that change nothing when repeated: retried on UNAVAILABLE. Spawn, Wake, Post,
- * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not: a lost answer does not
- * say whether they took effect.
+ * The RPCs that change nothing when repeated. Since request ids (a repeated mutating call
+ * returns the first answer) every unary RPC is retried, these and the mutating ones alike.
+ * @deprecated kept for compatibility; nothing reads it.
  */
 export const SAFE_TO_REPEAT = ["Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes"] as const;
 
-/** Inspect, List, GetTranscript, ListRuntimes: 5 attempts, 100 ms doubling to 2 s (gRPC's policy in the Python client). */
+/**
+ * Inspect, List, GetTranscript, ListRuntimes were retried so before request ids.
+ * @deprecated every call is now retried with RETRY_BACKOFF within the retry window.
+ */
 export const SAFE_RETRY: RetryPolicy = { attempts: 5, initialBackoffMs: 100, maxBackoffMs: 2_000 };
 
-/** Resume: the server returns the same result for the same answer, so it is retried longer. */
+/**
+ * Resume was retried so before request ids.
+ * @deprecated every call is now retried with RETRY_BACKOFF within the retry window.
+ */
 export const RESUME_RETRY: RetryPolicy = { attempts: 8, initialBackoffMs: 100, maxBackoffMs: 5_000 };
 
-/** Wait: a restarting server is waited for until the caller's timeout (or abort). */
+/**
+ * The backoff of every retry (Wait's and Watch's loops aside): the pause before retry n (from
+ * 0) is drawn uniformly from [0, min(5 s, 100 ms * 2^n)] (full jitter), at least a RetryInfo's
+ * retry_delay. The attempts are bounded by time (the caller's deadline or the retry window),
+ * not by a count.
+ */
+export const RETRY_BACKOFF: RetryPolicy = { attempts: Number.POSITIVE_INFINITY, initialBackoffMs: 100, maxBackoffMs: 5_000 };
+
+/**
+ * Wait's backoff after a failed Wait RPC, the same as RETRY_BACKOFF.
+ * @deprecated Wait uses RETRY_BACKOFF (a run of failures bounded by the retry window).
+ */
 export const WAIT_RETRY: RetryPolicy = { attempts: Number.POSITIVE_INFINITY, initialBackoffMs: 100, maxBackoffMs: 5_000 };
 
 /** The longest one Wait RPC asks the server for (WaitRequest.timeout): well under any proxy's idle cut. */
@@ -61,16 +83,27 @@ export function deadlineMs(timeoutMs: number): number {
 }
 
 /**
- * Whether a failed call may be made again: the server was unreachable or went away under the
- * call. That is UNAVAILABLE (refused connection, a server shutting down), and also CANCELED and
- * ABORTED, which is how Connect's Node transport reports a connection that dies under a call
- * (an HTTP/2 RST_STREAM CANCEL, ECONNRESET) where gRPC's own clients say UNAVAILABLE, and how
- * grpc-core answers a call that reached a server as it began to shut down, before a handler took
- * it (grpc/grpc#41785). The caller's own abort is told apart by its signal, checked first.
+ * Whether a failed call met a server that was unreachable or went away under it: UNAVAILABLE
+ * (a refused connection, a server shutting down); CANCELED, which is how Connect's Node
+ * transport reports a connection that dies under a call (an HTTP/2 RST_STREAM CANCEL) and how
+ * grpc-core answers a call that reached a server as it began to shut down, before a handler
+ * took it (grpc/grpc#41785); and ABORTED raised by the transport itself (a connection reset,
+ * ECONNRESET: Connect's code for what gRPC's own clients call UNAVAILABLE), not one a server
+ * sent. The caller's own abort is told apart by its signal, checked before this.
  */
 export function isDropped(error: unknown): boolean {
   if (!(error instanceof ConnectError)) return false;
-  return error.code === Code.Unavailable || error.code === Code.Canceled || error.code === Code.Aborted;
+  if (error.code === Code.Aborted) return error.cause instanceof Error && !(error.cause instanceof ConnectError);
+  return error.code === Code.Unavailable || error.code === Code.Canceled;
+}
+
+/** The `retry_delay` in ms of the google.rpc.RetryInfo in a failed call's details (undefined: none). */
+export function retryDelayMs(error: unknown): number | undefined {
+  if (!(error instanceof ConnectError)) return undefined;
+  const info = error.findDetails(RetryInfoSchema)[0];
+  if (info === undefined) return undefined;
+  const delay = info.retryDelay === undefined ? 0 : durationMs(info.retryDelay);
+  return Number.isFinite(delay) ? Math.min(Math.max(delay, 0), MAX_TIMER_MS) : 0;
 }
 
 /** The pause before retry number `failures` (1 for the first): uniform in [0, ceiling]. */
@@ -93,50 +126,95 @@ export function abortError(signal: AbortSignal): ConnectError {
   return ConnectError.from(signal.reason ?? new Error("the operation was aborted"), Code.Canceled);
 }
 
-/** Waits `ms`; resolves early when `signal` aborts (the caller checks it). */
-export function pause(ms: number, signal?: AbortSignal): Promise<void> {
+/** Waits `ms`; resolves early when one of the `signals` aborts (the caller checks it). */
+export function pause(ms: number, ...signals: (AbortSignal | undefined)[]): Promise<void> {
+  const watched = signals.filter((signal): signal is AbortSignal => signal !== undefined);
   return new Promise((done) => {
-    if (signal?.aborted) return done();
-    const onAbort = () => {
+    if (watched.some((signal) => signal.aborted)) return done();
+    const finish = () => {
       clearTimeout(timer);
+      for (const signal of watched) signal.removeEventListener("abort", finish);
       done();
     };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      done();
-    }, ms);
-    signal?.addEventListener("abort", onAbort, { once: true });
+    const timer = setTimeout(finish, ms);
+    for (const signal of watched) signal.addEventListener("abort", finish, { once: true });
   });
 }
 
-export interface RetryOptions {
-  /** Stops retrying: the pending pause ends and the call rejects with CANCELED. */
+/** The default of ClientOptions.retryWindowMs: how long a call (or Wait's run of failures) is retried. */
+export const DEFAULT_RETRY_WINDOW_MS = 60_000;
+
+/**
+ * How much earlier than an attempt's deadline a DEADLINE_EXCEEDED may come and still be that
+ * deadline's (timers and the server's own clock of the grpc-timeout are not exact).
+ */
+const DEADLINE_SLACK_MS = 25;
+
+/** How `withRetries` makes a call. */
+export interface RetryLoopOptions {
+  /** False: one attempt, its error thrown as it is. */
+  retry: boolean;
+  /** The caller's cancellation: passed to every attempt; after it nothing is retried (CANCELED). */
   signal?: AbortSignal;
-  /** `performance.now()` after which no retry starts (the last error is thrown). */
-  until?: number;
+  /** The client's own end (`disconnect`): after it nothing is retried either (CANCELED). */
+  closed?: AbortSignal;
+  /**
+   * `performance.now()` time after which no attempt starts, no pause ends and every attempt's
+   * deadline falls (the caller's deadline, or the retry window from the call's start).
+   */
+  deadline: number;
+  /** Each attempt's own deadline in ms (0: none but `deadline`). */
+  attemptTimeoutMs: number;
 }
 
 /**
- * Makes `call` until it succeeds, fails otherwise than by a dropped connection (`isDropped`), or has failed
- * `policy.attempts` times (or `until` has passed); between attempts it pauses a jittered
- * `initialBackoffMs * 2^(n-1)` (at most `maxBackoffMs`, and never past `until`).
+ * Whether `error`, from an attempt that ran `elapsedMs` under a deadline of `timeoutMs` (0:
+ * none), may be retried: a dropped connection (`isDropped`), the attempt's own deadline
+ * (DEADLINE_EXCEEDED after it), or any status whose details carry google.rpc.RetryInfo. The
+ * caller's own cancellation is told apart before this, by its signal.
  */
-export async function retrying<T>(call: () => Promise<T>, policy: RetryPolicy, options: RetryOptions = {}): Promise<T> {
-  const { signal, until } = options;
-  for (let failures = 1; ; failures++) {
-    if (signal?.aborted) throw abortError(signal);
+export function isRetryable(error: unknown, elapsedMs: number, timeoutMs: number): boolean {
+  if (!(error instanceof ConnectError)) return false;
+  if (isDropped(error) || retryDelayMs(error) !== undefined) return true;
+  return error.code === Code.DeadlineExceeded && timeoutMs > 0 && elapsedMs >= timeoutMs - DEADLINE_SLACK_MS;
+}
+
+/**
+ * The pause before retry `n` (from 0) after `error`: RETRY_BACKOFF's full jitter, at least the
+ * error's RetryInfo retry_delay.
+ */
+export function retryPauseMs(error: unknown, n: number): number {
+  return Math.max(jitteredBackoff(RETRY_BACKOFF, n + 1), retryDelayMs(error) ?? 0);
+}
+
+/**
+ * Makes `call` (given each attempt's Connect options: its deadline and the caller's signal)
+ * until it succeeds or fails in a way not to retry (`isRetryable`), or no time is left before
+ * `options.deadline`; between attempts it pauses `retryPauseMs`. A pause that would end past
+ * the deadline is not taken: the last error is thrown instead. After the caller's signal
+ * aborts, nothing is retried and the call rejects with CANCELED.
+ */
+export async function withRetries<T>(call: (attempt: CallOptions) => Promise<T>, options: RetryLoopOptions): Promise<T> {
+  const { retry, signal, closed, deadline, attemptTimeoutMs } = options;
+  const stopped = (): AbortSignal | undefined => (signal?.aborted ? signal : closed?.aborted ? closed : undefined);
+  for (let n = 0; ; n++) {
+    const stop = stopped();
+    if (stop !== undefined) throw abortError(stop);
+    const started = performance.now();
+    const left = deadline - started;
+    // A whole number of ms (Connect writes it into grpc-timeout as it is), at least 1: Connect
+    // takes 0 for no deadline. Only the first attempt can start with none left.
+    const timeoutMs = Math.max(1, Math.ceil(attemptTimeoutMs > 0 ? Math.min(attemptTimeoutMs, left) : left));
     try {
-      return await call();
+      return await call({ timeoutMs: deadlineMs(timeoutMs), signal });
     } catch (error) {
-      if (signal?.aborted) throw abortError(signal);
-      if (!isDropped(error) || failures >= policy.attempts) throw error;
-      let delay = jitteredBackoff(policy, failures);
-      if (until !== undefined) {
-        const left = until - performance.now();
-        if (left <= 0) throw error;
-        delay = Math.min(delay, left);
-      }
-      await pause(delay, signal);
+      const stop = stopped();
+      if (stop !== undefined) throw abortError(stop);
+      const now = performance.now();
+      if (!retry || !isRetryable(error, now - started, Math.min(timeoutMs, MAX_TIMER_MS))) throw error;
+      const delay = retryPauseMs(error, n);
+      if (now + delay >= deadline) throw error;
+      await pause(delay, signal, closed);
     }
   }
 }

@@ -7,7 +7,7 @@ import { Code, ConnectError, type Client as ConnectClient } from "@connectrpc/co
 
 import { AgentRuntime, type Event } from "./gen/agentruntime/v1/agent_runtime_pb.js";
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
-import { doubledBackoff, isDropped, pause } from "./retry.js";
+import { DEFAULT_RETRY_WINDOW_MS, doubledBackoff, isDropped, pause, retryDelayMs } from "./retry.js";
 
 export interface WatchOptions {
   /** Ends the iteration (it returns; no error): the stream is cancelled. */
@@ -18,6 +18,13 @@ export interface WatchOptions {
   maxRetries?: number;
   /** The first reconnection delay in ms (default 1000), doubled per failure in a row up to 30 s, jittered. */
   backoffMs?: number;
+  /**
+   * How long the pauses of reconnections in a row (no event between them) may add up to before
+   * the last error is thrown, in ms (default: the client's `retryWindowMs`, 60 000 unless set;
+   * Infinity for none). Time spent on an open stream does not count: with no event to show it,
+   * an idle runtime's stream looks the same as one that is about to fail.
+   */
+  retryWindowMs?: number;
   /**
    * Called when the stream dropped (`error`) or the server ended it (`error` undefined), with
    * the pause before the reconnection, e.g. to log it.
@@ -45,9 +52,11 @@ export async function* watch(
 ): AsyncGenerator<Event, void, undefined> {
   const maxRetries = options.maxRetries ?? DEFAULT_WATCH_RETRIES;
   const backoff = options.backoffMs ?? 1000;
+  const window = options.retryWindowMs ?? DEFAULT_RETRY_WINDOW_MS;
   const signal = options.signal;
   let seen = afterSeq; // the last seq yielded: a reconnection asks for what follows it
   let failures = 0; // reconnections in a row with no event between them
+  let pausedMs = 0; // the pauses before them, added up
   while (!signal?.aborted) {
     // This stream's own cancellation: the caller's abort, or leaving the generator (a `break`).
     const stream = new AbortController();
@@ -60,13 +69,14 @@ export async function* watch(
         const event = response.event;
         if (event === undefined || event.seq <= seen) continue; // never the same event twice
         failures = 0;
+        pausedMs = 0;
         seen = event.seq;
         yield event;
       }
     } catch (error) {
       if (signal?.aborted) return; // our own cancellation, whatever code it surfaced as
       const failure = ConnectError.from(error);
-      if (!isDropped(failure) && !isLagging(failure)) throw failure;
+      if (!isDropped(failure) && !isLagging(failure) && retryDelayMs(failure) === undefined) throw failure;
       dropped = failure;
     } finally {
       signal?.removeEventListener("abort", onAbort);
@@ -78,10 +88,14 @@ export async function* watch(
       throw dropped ?? new ConnectError("the server ended the Watch stream", Code.Unavailable);
     }
     // A lagging consumer reconnects at once (the server is up); otherwise 1 s doubling per
-    // failure in a row up to 30 s, drawn from its upper half.
+    // failure in a row up to 30 s, drawn from its upper half; at least RetryInfo's retry_delay.
     const ceiling =
       dropped !== undefined && isLagging(dropped) ? 0 : doubledBackoff(backoff, failures, WATCH_MAX_BACKOFF_MS);
-    const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
+    const delay = Math.max(ceiling / 2 + (Math.random() * ceiling) / 2, retryDelayMs(dropped) ?? 0);
+    if (pausedMs + delay > window) {
+      throw dropped ?? new ConnectError("the server ended the Watch stream", Code.Unavailable);
+    }
+    pausedMs += delay;
     failures += 1;
     options.onDisconnect?.(dropped, delay);
     await pause(delay, signal);

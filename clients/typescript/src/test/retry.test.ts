@@ -4,16 +4,24 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { RetryInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 import {
   MAX_TIMER_MS,
   RESUME_RETRY,
+  RETRY_BACKOFF,
   SAFE_RETRY,
   WAIT_MARGIN_MS,
   WAIT_RETRY,
   WAIT_SLICE_MS,
   deadlineMs,
   doubledBackoff,
+  isDropped,
+  isRetryable,
   jitteredBackoff,
+  retryDelayMs,
   waitSliceMs,
 } from "../retry.js";
 import { WATCH_MAX_BACKOFF_MS } from "../watch.js";
@@ -50,9 +58,9 @@ describe("doubledBackoff (the Watch and serveTools reconnect pauses)", () => {
   });
 });
 
-describe("jitteredBackoff (retries of the safe calls)", () => {
+describe("jitteredBackoff (the pauses between retries)", () => {
   it("draws from [0, initial * 2^(n-1)] up to maxBackoffMs, for any number of failures", (t) => {
-    for (const policy of [SAFE_RETRY, RESUME_RETRY, WAIT_RETRY]) {
+    for (const policy of [RETRY_BACKOFF, SAFE_RETRY, RESUME_RETRY, WAIT_RETRY]) {
       t.mock.method(Math, "random", () => 0);
       assert.equal(jitteredBackoff(policy, 1), 0);
       // Just under 1, Math.random's largest: the ceiling itself, to the float.
@@ -102,5 +110,47 @@ describe("deadlineMs (a call's deadline from ClientOptions.timeoutMs)", () => {
     assert.equal(deadlineMs(2 ** 31), MAX_TIMER_MS);
     assert.equal(deadlineMs(30 * 24 * 3_600_000), MAX_TIMER_MS); // 30 days
     assert.equal(deadlineMs(Number.POSITIVE_INFINITY), MAX_TIMER_MS);
+  });
+});
+
+const retryInfo = (code: Code, ms: number) =>
+  new ConnectError("refused", code, undefined, [{ desc: RetryInfoSchema, value: { retryDelay: durationFromMs(ms) } }]);
+
+describe("retryDelayMs (RetryInfo's retry_delay)", () => {
+  it("is the delay in ms, undefined without RetryInfo or for another error", () => {
+    assert.equal(retryDelayMs(retryInfo(Code.Unavailable, 1_500)), 1_500);
+    assert.equal(retryDelayMs(new ConnectError("no", Code.Unavailable)), undefined);
+    assert.equal(retryDelayMs(new Error("no")), undefined);
+  });
+
+  it("is 0 for an empty or negative delay, at most setTimeout's 2^31-1 ms", () => {
+    const empty = new ConnectError("refused", Code.Unavailable, undefined, [{ desc: RetryInfoSchema, value: {} }]);
+    assert.equal(retryDelayMs(empty), 0);
+    assert.equal(retryDelayMs(retryInfo(Code.Unavailable, -5_000)), 0);
+    assert.equal(retryDelayMs(retryInfo(Code.Unavailable, 2 ** 40)), MAX_TIMER_MS);
+  });
+});
+
+describe("isRetryable (what the retry loop retries)", () => {
+  it("UNAVAILABLE, CANCELED (not the caller's: told apart before), any code with RetryInfo", () => {
+    assert.ok(isRetryable(new ConnectError("x", Code.Unavailable), 0, 0));
+    assert.ok(isRetryable(new ConnectError("x", Code.Canceled), 0, 0));
+    assert.ok(isRetryable(retryInfo(Code.InvalidArgument, 0), 0, 0));
+    assert.ok(!isRetryable(new ConnectError("x", Code.InvalidArgument), 0, 0));
+    assert.ok(!isRetryable(new Error("not a status"), 0, 0));
+  });
+
+  it("ABORTED only from the transport (a reset connection), never one a server sent", () => {
+    const reset = new ConnectError("read ECONNRESET", Code.Aborted, undefined, undefined, new Error("read ECONNRESET"));
+    assert.ok(isDropped(reset) && isRetryable(reset, 0, 0));
+    assert.ok(!isRetryable(new ConnectError("conflict", Code.Aborted), 0, 0));
+  });
+
+  it("DEADLINE_EXCEEDED only once the attempt's own deadline has passed", () => {
+    const late = new ConnectError("the operation timed out", Code.DeadlineExceeded);
+    assert.ok(isRetryable(late, 1_000, 1_000));
+    assert.ok(isRetryable(late, 990, 1_000)); // a timer a little early
+    assert.ok(!isRetryable(late, 500, 1_000)); // the server's own, not the attempt's
+    assert.ok(!isRetryable(late, 5_000, 0)); // an attempt with no deadline of its own
   });
 });
