@@ -199,6 +199,9 @@ export type AnswerInit = MessageInitShape<typeof AnswerSchema>;
 /** The generated Connect client, for what the thin methods do not cover. */
 export type RawClient = ConnectClient<typeof AgentRuntime>;
 
+/** The unary RPCs of the generated client, by their method names (`spawn`, `post`, ...): what `call` takes. */
+export type UnaryMethod = Exclude<keyof RawClient, "watch" | "serveTools">;
+
 /** Turns `host:port` into a base URL; a target that already has a scheme is kept. */
 export function baseUrl(target: string, tls = false): string {
   if (/^https?:\/\//.test(target)) return target;
@@ -286,6 +289,28 @@ export class AgentRuntimeClient {
       // Retries off: the one attempt has the call's deadline if given, else the client's.
       attemptTimeoutMs: this.retry || given === undefined ? each : given,
     });
+  }
+
+  /**
+   * Any unary RPC with a request of your own (fields the thin methods do not take: a Post's
+   * `trust` or `coalesceKey`, a Close's `grace`), retried like the thin methods: the request of
+   * a mutating RPC is sent with `options.requestId`, else its own `requestId`, else one random
+   * UUID for the call, the same on every attempt. Returns the whole response.
+   *
+   * ```ts
+   * const { inboxSize } = await client.call("post", { runtimeId, handleId, text, trust: Trust.EXTERNAL });
+   * ```
+   */
+  async call<M extends UnaryMethod>(
+    method: M,
+    request: Parameters<RawClient[M]>[0],
+    options: MutationOptions = {},
+  ): Promise<Awaited<ReturnType<RawClient[M]>>> {
+    const takesId = AgentRuntime.method[method].input.fields.some((field) => field.localName === "requestId");
+    const own = (request as { requestId?: string }).requestId;
+    const sent = takesId ? { ...request, requestId: options.requestId ?? (own || randomUUID()) } : request;
+    const rpc = this.raw[method] as (request: unknown, options: CallOptions) => Promise<Awaited<ReturnType<RawClient[M]>>>;
+    return this.unary(options, (attempt) => rpc(sent, attempt));
   }
 
   /**

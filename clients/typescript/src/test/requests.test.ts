@@ -10,6 +10,7 @@ import {
   createClient,
   errorDetails,
   Status,
+  Trust,
   type AgentRuntimeClient,
   type ClientOptions,
   type MutationOptions,
@@ -107,6 +108,31 @@ describe("retries and request ids (a loopback gRPC server)", () => {
         );
       });
     }
+
+    it("call(): a request of your own, retried with one id: options.requestId, else the request's, else a UUID", async (t) => {
+      noJitter(t);
+      const c = client();
+      peer.fail("Post", unavailable()).fail("Close", unavailable()).fail("Spawn", unavailable());
+      const posted = await c.call("post", { runtimeId: "rt-1", handleId: "root/worker.1", text: "x", trust: Trust.EXTERNAL });
+      assert.equal(posted.inboxSize, 1);
+      const closed = await c.call("close", { runtimeId: "rt-1", handleId: "root/worker.1", requestId: "its-own" });
+      assert.deepEqual(closed.closedHandleIds, ["root/worker.1"]);
+      await c.call("spawn", { runtimeId: "rt-1", parentId: "root", agent: "worker", requestId: "its-own" }, { requestId: "given" });
+      const [post, close, spawn] = ["Post", "Close", "Spawn"].map((method) => peer.of(method).map((attempt) => attempt.requestId));
+      assert.equal(post?.length, 2);
+      assert.match(post?.[0] as string, UUID_V4);
+      assert.equal(post?.[1], post?.[0]);
+      assert.deepEqual(close, ["its-own", "its-own"]);
+      assert.deepEqual(spawn, ["given", "given"]);
+    });
+
+    it("call(): a read is retried and sent as it is", async (t) => {
+      noJitter(t);
+      peer.fail("Inspect", unavailable());
+      const response = await client().call("inspect", { runtimeId: "rt-1", handleId: "root/worker.1" });
+      assert.equal(response.handle?.handleId, "root/worker.1");
+      assert.equal(peer.of("Inspect").length, 2);
+    });
 
     it("run(): its Spawn and its Wake each keep one id (the caller's) through their retries, and its Wait is retried", async (t) => {
       noJitter(t);
