@@ -8,23 +8,35 @@
  */
 
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { create, fromJson, type DescEnum, type JsonObject, type JsonValue } from "@bufbuild/protobuf";
+import {
+  create,
+  equals,
+  fromJson,
+  type DescEnum,
+  type DescMessage,
+  type JsonObject,
+  type JsonValue,
+  type Message as ProtoMessage,
+} from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
-import { ConnectError } from "@connectrpc/connect";
+import { ConnectError, type Interceptor } from "@connectrpc/connect";
 
 import {
   AgentDefSchema,
   AnswerSchema,
   BadRequestSchema,
   BudgetSchema,
+  CloseResponseSchema,
   ErrorInfoSchema,
   FailureReasonSchema,
   HandleStateSchema,
   LimitSchema,
+  PostResponseSchema,
   ResourceInfoSchema,
   Status,
   StatusSchema,
@@ -75,8 +87,15 @@ const VERBS = [
   "list_runtimes",
   "delete_runtime",
   "create_runtime",
+  "interrupt",
   "watch",
 ] as const;
+
+/** The verbs that may carry `request_id` and `repeat` (README: Request ids and repeats). */
+const MUTATING = ["spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime"];
+
+/** A step's `request_id`: at most 40 characters of [A-Za-z0-9_-], sent after the run's token. */
+const REQUEST_ID = /^[A-Za-z0-9_-]{0,40}$/;
 
 /** The arguments a wait step may carry (README: Waiting, restarts and watching). */
 const WAIT_OPTIONS = ["handle", "client_timeout_ms", "restart_server_after_ms"];
@@ -625,9 +644,131 @@ function checkDetails(where: string, error: ConnectError, want: { [key: string]:
   }
 }
 
+/**
+ * The response messages of the runner's client, recorded by an interceptor: a repeated step
+ * compares the whole responses of its two calls (README: Request ids and repeats), which the thin
+ * methods reduce to one field. Only unary calls are recorded (never a worker's or a watch's stream).
+ */
+class Responses {
+  private readonly last = new Map<string, { schema: DescMessage; message: ProtoMessage }>();
+
+  readonly interceptor: Interceptor = (next) => async (request) => {
+    const response = await next(request);
+    if (!response.stream) this.last.set(request.method.name, { schema: request.method.output, message: response.message });
+    return response;
+  };
+
+  /** The response of the last successful `method` call (its last attempt's), taken once. */
+  take(method: string): { schema: DescMessage; message: ProtoMessage } {
+    const found = this.last.get(method);
+    if (found === undefined) throw new Error(`no ${method} response was recorded`);
+    this.last.delete(method);
+    return found;
+  }
+}
+
+const responses = new Responses();
+
+/**
+ * What a step's call produced: `outcome` keyed like `expect`, the whole `response` (a mutating
+ * call's), the runtime a create_runtime made, the Request a resume left pending.
+ */
+interface Sent {
+  outcome: Actual;
+  response?: { schema: DescMessage; message: ProtoMessage };
+  created?: string;
+  pending?: Request;
+}
+
+/** A step's call answered: what it produced, or the error it failed with. */
+type Answer = ({ ok: true } & Sent) | { ok: false; error: ConnectError };
+
+/** Makes `call` once; a ConnectError is an answer too, anything else (a Mismatch) is thrown. */
+async function answer(call: () => Promise<Sent>): Promise<Answer> {
+  try {
+    return { ok: true, ...(await call()) };
+  } catch (error) {
+    if (!(error instanceof ConnectError)) throw error;
+    return { ok: false, error };
+  }
+}
+
+/**
+ * A step's `request_id` (as sent: `<token>-<request_id>`) and `repeat`; either on a verb that is
+ * not mutating, a `repeat` without a `request_id`, or a value of another type is a broken vector.
+ */
+function requestIdArgs(where: string, step: Step, verb: string, token: string): { requestId?: string; repeat: boolean } {
+  const hasId = "request_id" in step;
+  const hasRepeat = "repeat" in step;
+  if ((hasId || hasRepeat) && !MUTATING.includes(verb)) {
+    throw new Mismatch(`${where}: request_id and repeat go with a mutating verb, not ${show(verb)}`);
+  }
+  let requestId: string | undefined;
+  if (hasId) {
+    const given = step.request_id;
+    if (typeof given !== "string" || !REQUEST_ID.test(given)) {
+      throw new Mismatch(`${where}: request_id must be a string of at most 40 of [A-Za-z0-9_-], got ${show(given)}`);
+    }
+    requestId = `${token}-${given}`;
+  }
+  if (!hasRepeat) return { requestId, repeat: false };
+  if (typeof step.repeat !== "boolean") throw new Mismatch(`${where}: repeat must be a bool, got ${show(step.repeat)}`);
+  if (!hasId) throw new Mismatch(`${where}: repeat needs a request_id`);
+  return { requestId, repeat: step.repeat };
+}
+
+/** The two answers of a repeated step must be alike: equal whole responses, or one code and message. */
+function checkAlike(where: string, first: Answer, second: Answer): void {
+  if (first.ok && second.ok) {
+    const [a, b] = [first.response, second.response];
+    if (a === undefined || b === undefined || a.schema !== b.schema || !equals(a.schema, a.message, b.message)) {
+      throw new Mismatch(`${where}: the repeat was answered ${show(second.outcome)}, the first call ${show(first.outcome)}`);
+    }
+    return;
+  }
+  if (!first.ok && !second.ok) {
+    if (first.error.code !== second.error.code || first.error.rawMessage !== second.error.rawMessage) {
+      throw new Mismatch(
+        `${where}: the repeat failed with ${describeError(second.error)}, the first call with ${describeError(first.error)}`,
+      );
+    }
+    return;
+  }
+  const said = (one: Answer) => (one.ok ? "succeeded" : `failed with ${describeError(one.error)}`);
+  throw new Mismatch(`${where}: the first call ${said(first)}, its repeat ${said(second)}`);
+}
+
+/** A step's expect (or expect_error) checked on one answer (tests/vectors/README.md, Expectations). */
+function checkAnswer(where: string, step: Step, got: Answer): void {
+  if (!got.ok) {
+    const error = got.error;
+    if (!("expect_error" in step)) throw new Mismatch(`${where}: unexpected error ${describeError(error)}`);
+    const want = args(step, "expect_error");
+    if (grpcCodeName(error.code) !== want.code) {
+      throw new Mismatch(`${where}: expected ${str(want.code)}, got ${describeError(error)}`);
+    }
+    if ("limit" in want) {
+      const info = error.findDetails(ErrorInfoSchema)[0];
+      const limit = info?.metadata["limit"];
+      if (limit !== want.limit) {
+        throw new Mismatch(`${where}: expected ErrorInfo limit ${str(want.limit)}, got ${limit ?? "None"}`);
+      }
+    }
+    checkDetails(where, error, want);
+    return;
+  }
+  if ("expect_error" in step) {
+    throw new Mismatch(`${where}: expected ${str(args(step, "expect_error").code)}, but the call succeeded`);
+  }
+  if ("expect" in step) check(where, got.outcome, args(step, "expect"));
+}
+
 async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
   const runtimeId = await client.createRuntime(agents);
+  // The prefix of this run's request ids: the server is shared, and a CreateRuntime's request
+  // id is recorded per tenant, so no two runs may share one.
+  const token = randomBytes(8).toString("hex");
   let lastPending: Request | undefined;
   // The next_page_token of the last list / transcript step that succeeded, for "$next".
   let nextList: string | undefined;
@@ -636,118 +777,175 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
     const where = `step ${index + 1}`;
     const verbs = VERBS.filter((verb) => verb in step);
     if (verbs.length !== 1) throw new Mismatch(`${where}: a step has exactly one verb, got ${show(verbs)}`);
-    let outcome: Actual = {};
-    try {
-      if ("spawn" in step) {
-        const a = args(step, "spawn");
-        const budget = "budget" in a ? fromJson(BudgetSchema, a.budget as JsonValue) : undefined;
-        outcome = { handle_id: await client.spawn(runtimeId, str(a.agent), str(a.parent), budget) };
-      } else if ("wake" in step) {
-        const a = args(step, "wake");
-        await client.wake(runtimeId, str(a.handle), str(a.prompt));
-      } else if ("wait" in step) {
+    const verb = verbs[0] as string;
+    const { requestId, repeat } = requestIdArgs(where, step, verb, token);
+    // The request id of a mutating call: the step's, or (as the client does by default) a fresh one.
+    const options = { requestId };
+    if (MUTATING.includes(verb)) {
+      const call = prepareMutation(client, runtimeId, where, step, verb, options, lastPending);
+      const first = await answer(call);
+      const answers = [first];
+      if (repeat) answers.push(await answer(call));
+      // Leave no runtime behind that a create_runtime step made (once, after both answers).
+      const created = new Set(answers.flatMap((one) => (one.ok && one.created !== undefined ? [one.created] : [])));
+      for (const id of created) {
+        try {
+          await client.deleteRuntime(id, false);
+        } catch (error) {
+          throw new Mismatch(`${where}: deleting the runtime it created: ${describeError(error)}`);
+        }
+      }
+      if (answers.length === 2) checkAlike(where, first, answers[1] as Answer);
+      for (const one of answers) checkAnswer(where, step, one);
+      if (first.ok && first.pending !== undefined) lastPending = first.pending;
+      continue;
+    }
+    const got = await answer(async () => {
+      if ("wait" in step) {
         const result = await waitStep(client, runtimeId, where, step);
-        outcome = resultFields(result);
         if (result.status === Status.PENDING) lastPending = result.pending;
-      } else if ("resume" in step) {
-        const a = args(step, "resume");
-        const calls = lastPending?.calls ?? [];
-        const outputs = Array.isArray(a.outputs) ? a.outputs : [];
-        if ("data" in a && !isObject(a.data)) throw new Mismatch(`${where}: data must be an object, got ${show(a.data)}`);
-        const answer = create(AnswerSchema, {
-          id: str(a.id) || (lastPending?.id ?? ""),
-          ok: a.ok === true,
-          reason: str(a.reason),
-          ...(isObject(a.data) ? { data: a.data as JsonObject } : {}),
-          outputs: outputs.map((text, i) => {
-            const call = calls[i];
-            if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
-            return create(ToolOutputSchema, { callId: call.id, output: str(text) });
-          }),
-        });
-        const result = await client.resume(runtimeId, answer);
-        outcome = resultFields(result);
-        if (result.status === Status.PENDING) lastPending = result.pending;
-      } else if ("list" in step) {
+        return { outcome: resultFields(result) };
+      }
+      if ("list" in step) {
         const [pageSize, pageToken] = pageArgs(where, step.list, nextList);
         const page = await client.listPage(runtimeId, pageSize, pageToken);
         nextList = page.nextPageToken;
         const byId: Actual = Object.create(null) as Actual;
         for (const view of page.handles) byId[view.handleId] = viewFields(view);
-        outcome = { count: page.handles.length, handles: byId, next_page_token_empty: page.nextPageToken === "" };
-      } else if ("transcript" in step) {
+        return { outcome: { count: page.handles.length, handles: byId, next_page_token_empty: page.nextPageToken === "" } };
+      }
+      if ("transcript" in step) {
         const [pageSize, pageToken] = pageArgs(where, step.transcript, nextTranscript);
         const a = args(step, "transcript");
         const page = await client.transcriptPage(runtimeId, str(a.handle), pageSize, pageToken);
         nextTranscript = page.nextPageToken;
-        outcome = {
-          count: page.messages.length,
-          roles: page.messages.map((message) => message.role),
-          messages: page.messages.map(messageFields),
-          next_page_token_empty: page.nextPageToken === "",
+        return {
+          outcome: {
+            count: page.messages.length,
+            roles: page.messages.map((message) => message.role),
+            messages: page.messages.map(messageFields),
+            next_page_token_empty: page.nextPageToken === "",
+          },
         };
-      } else if ("post" in step) {
-        // The generated client: the thin one's post takes no trust or coalesce_key.
-        const a = objectArgs(where, step, "post");
-        const request = {
-          runtimeId,
-          handleId: strArg(where, a, "handle"),
-          text: strArg(where, a, "text"),
-          sender: strArg(where, a, "sender", ""),
-          channel: strArg(where, a, "channel", ""),
-          trust: trustArg(where, a),
-          coalesceKey: strArg(where, a, "coalesce_key", ""),
+      }
+      if ("list_runtimes" in step) return { outcome: await listRuntimes(client, runtimeId, where, step) };
+      if ("watch" in step) return { outcome: await watchStep(client, runtimeId, where, step) };
+      return { outcome: await inspect(client, runtimeId, where, step) };
+    });
+    checkAnswer(where, step, got);
+  }
+}
+
+/**
+ * The call of a mutating step, its arguments read (a broken one is a Mismatch now) and its request
+ * built once, so that a repeat sends the same request: `request_id` (README: Request ids and
+ * repeats) or, without one, a fresh id per call, as the client draws by default.
+ */
+function prepareMutation(
+  client: AgentRuntimeClient,
+  runtimeId: string,
+  where: string,
+  step: Step,
+  verb: string,
+  options: { requestId?: string },
+  lastPending: Request | undefined,
+): () => Promise<Sent> {
+  switch (verb) {
+    case "spawn": {
+      const a = args(step, "spawn");
+      const budget = "budget" in a ? fromJson(BudgetSchema, a.budget as JsonValue) : undefined;
+      return async () => {
+        const handleId = await client.spawn(runtimeId, str(a.agent), str(a.parent), budget, options);
+        return { outcome: { handle_id: handleId }, response: responses.take("Spawn") };
+      };
+    }
+    case "wake": {
+      const a = args(step, "wake");
+      return async () => {
+        await client.wake(runtimeId, str(a.handle), str(a.prompt), options);
+        return { outcome: {}, response: responses.take("Wake") };
+      };
+    }
+    case "resume": {
+      const a = args(step, "resume");
+      const calls = lastPending?.calls ?? [];
+      const outputs = Array.isArray(a.outputs) ? a.outputs : [];
+      if ("data" in a && !isObject(a.data)) throw new Mismatch(`${where}: data must be an object, got ${show(a.data)}`);
+      const reply = create(AnswerSchema, {
+        id: str(a.id) || (lastPending?.id ?? ""),
+        ok: a.ok === true,
+        reason: str(a.reason),
+        ...(isObject(a.data) ? { data: a.data as JsonObject } : {}),
+        outputs: outputs.map((text, i) => {
+          const call = calls[i];
+          if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
+          return create(ToolOutputSchema, { callId: call.id, output: str(text) });
+        }),
+      });
+      return async () => {
+        const result = await client.resume(runtimeId, reply, options);
+        const pending = result.status === Status.PENDING ? result.pending : undefined;
+        return { outcome: resultFields(result), response: responses.take("Resume"), ...(pending ? { pending } : {}) };
+      };
+    }
+    case "post": {
+      // Through client.call: the thin post takes no trust or coalesce_key.
+      const a = objectArgs(where, step, "post");
+      const request = {
+        runtimeId,
+        handleId: strArg(where, a, "handle"),
+        text: strArg(where, a, "text"),
+        sender: strArg(where, a, "sender", ""),
+        channel: strArg(where, a, "channel", ""),
+        trust: trustArg(where, a),
+        coalesceKey: strArg(where, a, "coalesce_key", ""),
+      };
+      return async () => {
+        const response = await client.call("post", request, options);
+        return { outcome: { inbox_size: response.inboxSize }, response: { schema: PostResponseSchema, message: response } };
+      };
+    }
+    case "close": {
+      // Through client.call: the thin close takes no grace.
+      const a = objectArgs(where, step, "close");
+      const request = { runtimeId, handleId: strArg(where, a, "handle"), force: boolArg(where, a, "force") };
+      const graceMs = "grace_ms" in a ? a.grace_ms : undefined;
+      if (graceMs !== undefined && (typeof graceMs !== "number" || !Number.isSafeInteger(graceMs))) {
+        throw new Mismatch(`${where}: grace_ms must be an integer, got ${show(graceMs)}`);
+      }
+      const grace = typeof graceMs === "number" ? durationFromMs(graceMs) : undefined;
+      return async () => {
+        const response = await client.call("close", { ...request, grace }, options);
+        return {
+          outcome: { closed: [...response.closedHandleIds], count: response.closedHandleIds.length },
+          response: { schema: CloseResponseSchema, message: response },
         };
-        const response = await client.raw.post(request, { timeoutMs: CALL_TIMEOUT_MS });
-        outcome = { inbox_size: response.inboxSize };
-      } else if ("close" in step) {
-        // The generated client: the thin one's close takes no grace.
-        const a = objectArgs(where, step, "close");
-        const request = { runtimeId, handleId: strArg(where, a, "handle"), force: boolArg(where, a, "force") };
-        let grace;
-        if ("grace_ms" in a) {
-          if (typeof a.grace_ms !== "number" || !Number.isSafeInteger(a.grace_ms)) {
-            throw new Mismatch(`${where}: grace_ms must be an integer, got ${show(a.grace_ms)}`);
-          }
-          grace = durationFromMs(a.grace_ms);
-        }
-        const response = await client.raw.close({ ...request, grace }, { timeoutMs: CALL_TIMEOUT_MS });
-        outcome = { closed: [...response.closedHandleIds], count: response.closedHandleIds.length };
-      } else if ("list_runtimes" in step) {
-        outcome = await listRuntimes(client, runtimeId, where, step);
-      } else if ("delete_runtime" in step) {
-        const a = objectArgs(where, step, "delete_runtime");
-        await client.deleteRuntime(runtimeId, boolArg(where, a, "force"));
-      } else if ("create_runtime" in step) {
-        const a = objectArgs(where, step, "create_runtime");
-        const created = await client.createRuntime(agentDefs(where, a));
-        await client.deleteRuntime(created, false); // another runtime than the vector's: leave none behind
-      } else if ("watch" in step) {
-        outcome = await watchStep(client, runtimeId, where, step);
-      } else {
-        outcome = await inspect(client, runtimeId, where, step);
-      }
-    } catch (error) {
-      if (!(error instanceof ConnectError)) throw error;
-      if (!("expect_error" in step)) throw new Mismatch(`${where}: unexpected error ${describeError(error)}`);
-      const want = args(step, "expect_error");
-      if (grpcCodeName(error.code) !== want.code) {
-        throw new Mismatch(`${where}: expected ${str(want.code)}, got ${describeError(error)}`);
-      }
-      if ("limit" in want) {
-        const info = error.findDetails(ErrorInfoSchema)[0];
-        const limit = info?.metadata["limit"];
-        if (limit !== want.limit) {
-          throw new Mismatch(`${where}: expected ErrorInfo limit ${str(want.limit)}, got ${limit ?? "None"}`);
-        }
-      }
-      checkDetails(where, error, want);
-      continue;
+      };
     }
-    if ("expect_error" in step) {
-      throw new Mismatch(`${where}: expected ${str(args(step, "expect_error").code)}, but the call succeeded`);
+    case "interrupt": {
+      const handle = strArg(where, objectArgs(where, step, "interrupt"), "handle");
+      return async () => {
+        const interrupted = await client.interrupt(runtimeId, handle, options);
+        return { outcome: { interrupted }, response: responses.take("Interrupt") };
+      };
     }
-    if ("expect" in step) check(where, outcome, args(step, "expect"));
+    case "delete_runtime": {
+      const force = boolArg(where, objectArgs(where, step, "delete_runtime"), "force");
+      return async () => {
+        await client.deleteRuntime(runtimeId, force, options);
+        return { outcome: {}, response: responses.take("DeleteRuntime") };
+      };
+    }
+    case "create_runtime": {
+      const defs = agentDefs(where, objectArgs(where, step, "create_runtime"));
+      // Another runtime than the vector's, deleted once the step has its answers.
+      return async () => {
+        const created = await client.createRuntime(defs, "", options);
+        return { outcome: {}, response: responses.take("CreateRuntime"), created };
+      };
+    }
+    default:
+      throw new Error(`not a mutating verb: ${verb}`);
   }
 }
 
@@ -788,6 +986,7 @@ async function main(): Promise<number> {
       clientCertificateFile: env("AGENTRUNTIME_CLIENT_CERT_FILE"),
       clientKeyFile: env("AGENTRUNTIME_CLIENT_KEY_FILE"),
       token: env("AGENTRUNTIME_TOKEN"),
+      interceptors: [responses.interceptor],
     };
     client = createClient(address, options);
     connection = { address, options };
