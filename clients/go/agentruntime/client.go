@@ -382,10 +382,11 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 			slice = max(min(slice, time.Until(end)), 0)
 		}
 		req := &v1.WaitRequest{RuntimeId: runtimeID, HandleId: handleID, Timeout: durationpb.New(slice)}
-		callCtx, cancel := context.WithTimeout(ownLoop, slice+waitMargin)
+		deadline := time.Now().Add(slice + waitMargin)
+		callCtx, cancel := context.WithDeadline(ownLoop, deadline)
 		resp, err := c.stub.Wait(callCtx, req)
-		expired := callCtx.Err() == context.DeadlineExceeded
 		cancel()
+		expired := !time.Now().Before(deadline) // the RPC's own deadline passed (see retrying)
 		if err != nil {
 			if failures == 0 {
 				failingSince = time.Now()

@@ -155,8 +155,10 @@ func (c *Client) retrying(ctx context.Context, method string, req, reply any, cc
 		}
 		attemptCtx, cancel := context.WithDeadline(ctx, deadline)
 		err := invoker(attemptCtx, method, req, reply, cc, opts...)
-		expired := attemptCtx.Err() == context.DeadlineExceeded
 		cancel()
+		// Its own deadline has passed (the DEADLINE_EXCEEDED may be the server's answer to
+		// the propagated deadline, come before attemptCtx's own timer fired).
+		expired := !time.Now().Before(deadline)
 		if err == nil {
 			return nil
 		}
