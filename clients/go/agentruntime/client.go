@@ -46,8 +46,8 @@ import (
 	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
 )
 
-// DefaultTimeout is the per-call deadline when neither WithTimeout nor the caller's
-// context sets one; it matches the Python client.
+// DefaultTimeout is the deadline of each attempt of a call unless WithTimeout says
+// otherwise (within the caller's context's deadline); it matches the Python client.
 const DefaultTimeout = 60 * time.Second
 
 // The connection's keepalive unless WithKeepalive or WithoutKeepalive says otherwise: while
