@@ -247,6 +247,8 @@ def build_service(
             max_text_bytes=settings.max_text_bytes,
             max_inbox_bytes=settings.max_inbox_bytes,
             max_handles=settings.max_handles,
+            request_id_ttl=settings.request_id_ttl,
+            request_ids_kept=settings.request_ids_kept,
             max_concurrent_model_calls=settings.max_concurrent_model_calls,
         ),
         watch_buffer=settings.watch_buffer,
@@ -338,6 +340,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         retry_for=3 * settings.lease_duration,
         workers=workers,
         max_text_bytes=settings.max_text_bytes,
+        kill_after_commit=frozenset(settings.test_kill_after_commit),
     )
     add_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import sqlite3
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime_server.domain.errors import AlreadyExists
+from agentruntime_server.domain.errors import AlreadyExists, RequestIdTaken
 from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import (
     STEPS,
@@ -51,7 +52,7 @@ from agentruntime_server.domain.model import (
     RuntimeOptions,
     TaskResult,
 )
-from agentruntime_server.domain.ports import Store
+from agentruntime_server.domain.ports import Store, TenantReply
 from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
@@ -494,6 +495,31 @@ async def test_token_counts_before_the_cutoff_go_for_every_tenant_and_later_ones
         for reader in (store, other):
             assert await reader.tokens_since("acme", 0) == [(260, 14)]
             assert await reader.tokens_since("globex", 0) == [(230, 6)]
+
+
+async def test_a_create_or_delete_keeps_its_answer_with_its_effect_per_tenant_and_scope(store: Store) -> None:
+    """CreateRuntime's and DeleteRuntime's answers (request ids) are kept in the transaction of
+    the create or delete: a second answer for the same id and scope is refused, and with it the
+    create or the delete, which changes nothing."""
+    made = TenantReply("acme", "", "id-1", "CreateRuntime", "d1", "rt-1", time.time())
+    await store.create_runtime("acme:rt-1", AGENTS, "acme", reply=made)
+    assert await store.reply("acme", "", "id-1") == made
+    assert await store.reply("globex", "", "id-1") is None and await store.reply("acme", "rt-1", "id-1") is None
+    with pytest.raises(RequestIdTaken):
+        await store.create_runtime("acme:rt-2", AGENTS, "acme", reply=dataclasses.replace(made, runtime_id="rt-2"))
+    assert await store.runtime_exists("acme:rt-2") is False
+    await store.create_runtime("globex:rt-1", AGENTS, "globex", reply=dataclasses.replace(made, tenant="globex"))
+
+    gone = TenantReply("acme", "rt-1", "id-1", "DeleteRuntime", "d2", "rt-1", time.time())
+    await store.delete_runtime("acme:rt-1", reply=gone)
+    assert await store.runtime_exists("acme:rt-1") is False
+    assert await store.reply("acme", "rt-1", "id-1") == gone  # it outlives the runtime
+    with pytest.raises(RequestIdTaken):
+        await store.delete_runtime("globex:rt-1", reply=dataclasses.replace(gone, tenant="acme"))
+    assert await store.runtime_exists("globex:rt-1") is True
+
+    await store.forget_replies_before(time.time() + 1)
+    assert await store.reply("acme", "", "id-1") is None and await store.reply("acme", "rt-1", "id-1") is None
 
 
 # ---- durability --------------------------------------------------------------------------
