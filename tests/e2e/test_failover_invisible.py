@@ -46,7 +46,7 @@ def worker(body: dict[str, Any]) -> Reply:
     return Reply(text="worked", tokens=10)
 
 
-EXACT = {"status": pb.STATUS_DONE, "text": "merged", "turns": 2, "own_tokens": 200, "total_tokens": 240, "tool_calls": 2}
+EXACT = {"status": pb.STATUS_DONE, "text": "merged", "turns": 2, "own_tokens": 200, "total_tokens": 260, "tool_calls": 2}
 
 
 @pytest.fixture
