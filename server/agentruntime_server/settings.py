@@ -116,7 +116,17 @@ class Settings(BaseSettings):
         None, ge=0, description="bytes one tenant's runtimes may take in the store (definitions and journals)"
     )
     quota_tokens_per_day: int | None = Field(None, ge=0, description="model tokens one tenant may spend in any 24 hours")
-    retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
+    retention: float = Field(
+        30 * 86400.0,
+        ge=0,
+        description="seconds: runtimes with no handle running or suspended, not written for this long, are deleted; 0: never",
+    )
+    suspended_retention: float = Field(
+        0.0,
+        ge=0,
+        description="seconds: runtimes waiting on a host (a handle SUSPENDED, none running), not written for this long,"
+        " are deleted; 0: never",
+    )
     request_id_ttl: float = Field(
         86400.0, ge=60, le=30 * 86400, description="seconds a call's request id answers its repeats with its first answer"
     )

@@ -477,6 +477,52 @@ async def test_a_runtime_written_after_the_listing_is_not_deleted(store: Store) 
     assert await store.delete_if_idle("running", time.time() + 1) is False  # a handle runs: never idle
 
 
+async def test_a_suspended_runtime_is_idle_only_by_its_own_cutoff(store: Store) -> None:
+    """Retention's two cutoffs: one for runtimes with nothing running or suspended, one for
+    those a Request keeps waiting on a host (a handle SUSPENDED, by the counts of append). A
+    cutoff of None keeps its kind for ever; a runtime with a run in flight (or an expiring
+    Request: the running flag) is never idle."""
+    spawned = entry(1, Spawned(SPARE, "", "worker", Budget(), "", 1))
+    shapes = {
+        "settled": (False, (1, 0, 0)),
+        "suspended": (False, (2, 0, 2)),
+        "running": (True, (1, 1, 0)),
+        "suspended-expiring": (True, (1, 0, 1)),
+    }
+    for runtime_id, (running, counts) in shapes.items():
+        await store.create_runtime(runtime_id, AGENTS)
+        await store.append(runtime_id, [spawned], running, counts)
+    await store.flush()
+    await asyncio.sleep(0.01)
+    before = time.time()
+    earlier = before - 3600  # before any of them was written
+
+    assert await store.idle_runtimes(before) == ["settled"]  # suspended ones kept for ever
+    assert await store.idle_runtimes(None, before) == ["suspended"]
+    assert sorted(await store.idle_runtimes(before, before)) == ["settled", "suspended"]
+    assert await store.idle_runtimes(earlier, before) == ["suspended"]
+    assert await store.idle_runtimes(before, earlier) == ["settled"]
+    assert await store.idle_runtimes(None, None) == []
+
+    assert await store.delete_if_idle("suspended", before) is False
+    assert await store.delete_if_idle("suspended", before, earlier) is False
+    assert await store.delete_if_idle("settled", None, before) is False
+    for runtime_id in ("running", "suspended-expiring"):
+        assert await store.delete_if_idle(runtime_id, before, before) is False, runtime_id
+    assert await store.delete_if_idle("suspended", None, before) is True
+    assert await store.delete_if_idle("settled", before, None) is True
+    assert sorted(await store.idle_runtimes(before, before)) == []
+    assert await store.runtime_exists("suspended") is False and await store.runtime_exists("running") is True
+
+    # Answered and settled (its counts say nothing is suspended now): the settled cutoff is its own.
+    await store.append("suspended-expiring", [entry(2, Closed(SPARE))], False, (1, 0, 0))
+    await store.flush()
+    await asyncio.sleep(0.01)
+    later = time.time()
+    assert await store.idle_runtimes(None, later) == []
+    assert await store.idle_runtimes(later) == ["suspended-expiring"]
+
+
 async def test_token_counts_before_the_cutoff_go_for_every_tenant_and_later_ones_stay(backend: Backend) -> None:
     store = backend.open()
     counted = [("acme", 100, 1), ("acme", 199, 2), ("acme", 200, 3), ("acme", 260, 4), ("globex", 150, 5), ("globex", 230, 6)]

@@ -304,14 +304,18 @@ class Store(Protocol):
         """Deletes every tenant's answers kept before `at`. Harmless when run again, or at once."""
         ...
 
-    async def idle_runtimes(self, before: float) -> list[str]:
-        """Runtimes not written since `before` (for retention), of every tenant."""
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        """The runtimes retention may delete, of every tenant: nothing running (the `running`
+        flag of append is false), and not written since `before` if no handle is SUSPENDED,
+        or since `suspended_before` if one is (its counts say so). A cutoff of None: that
+        kind is never idle."""
         ...
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
-        """Deletes the runtime as delete_runtime does, but only if idle_runtimes(before) would
-        list it now: checked and deleted in one step, and an append not yet committed counts
-        as a write. A runtime written after a listing is kept. True: it was deleted."""
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
+        """Deletes the runtime as delete_runtime does, but only if idle_runtimes would list it
+        now, with the same cutoffs: checked and deleted in one step, and an append not yet
+        committed counts as a write. A runtime written after a listing is kept. True: it was
+        deleted."""
         ...
 
     async def count_runtimes(self, tenant: str) -> int: ...

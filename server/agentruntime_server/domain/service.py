@@ -355,17 +355,21 @@ class RuntimeService:
             await self.services.store.delete_runtime(key, reply)
         self.tenancy.store_changed(runtime.tenant)
 
-    async def delete_idle(self, retention: float) -> int:
-        """Retention: every runtime no step was written to for `retention` seconds goes."""
-        before = time.time() - retention
+    async def delete_idle(self, retention: float, suspended_retention: float = 0.0) -> int:
+        """Retention: every runtime with nothing running that no step was written to for
+        `retention` seconds goes, or for `suspended_retention` if a handle waits on a Request
+        (0: that kind stays for ever)."""
+        now = time.time()
+        before = now - retention if retention else None
+        suspended_before = now - suspended_retention if suspended_retention else None
         deleted = 0
-        for key in await self.services.store.idle_runtimes(before):
-            deleted += await self._delete_if_idle(key, before)
+        for key in await self.services.store.idle_runtimes(before, suspended_before):
+            deleted += await self._delete_if_idle(key, before, suspended_before)
         if deleted:
             log.info("retention deleted %d idle runtimes", deleted)
         return deleted
 
-    async def _delete_if_idle(self, key: str, before: float) -> bool:
+    async def _delete_if_idle(self, key: str, before: float | None, suspended_before: float | None) -> bool:
         """The pass awaits between runtimes, so its listing may be stale by the time it gets to
         one: a call may have loaded it since, or written to it. Such a runtime is kept."""
         if self.cache.pending(key):
@@ -384,7 +388,7 @@ class RuntimeService:
         deleted = False
         try:
             async with self.cache.deciding(key):
-                deleted = await self.services.store.delete_if_idle(key, before)
+                deleted = await self.services.store.delete_if_idle(key, before, suspended_before)
                 if deleted:
                     self.tenancy.store_changed(split_key(key)[0])
         finally:

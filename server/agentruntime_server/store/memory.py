@@ -33,8 +33,9 @@ class _Runtime:
             self.entries.append(entry)
             self.last_events.append(max(entry.last_event, self.last_events[-1] if self.last_events else 0))
 
-    def idle(self, before: float) -> bool:
-        return self.updated_at < before and not self.running
+    def idle(self, before: float | None, suspended_before: float | None) -> bool:
+        cutoff = suspended_before if self.counts[2] else before  # counts: (handles, running, suspended)
+        return cutoff is not None and self.updated_at < cutoff and not self.running
 
 
 class MemoryStore:
@@ -116,12 +117,12 @@ class MemoryStore:
     async def forget_replies_before(self, at: float) -> None:
         self._replies = {key: reply for key, reply in self._replies.items() if reply.at >= at}
 
-    async def idle_runtimes(self, before: float) -> list[str]:
-        return [key for key, runtime in self._runtimes.items() if runtime.idle(before)]
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        return [key for key, runtime in self._runtimes.items() if runtime.idle(before, suspended_before)]
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         runtime = self._runtimes.get(runtime_id)
-        if runtime is None or not runtime.idle(before):
+        if runtime is None or not runtime.idle(before, suspended_before):
             return False
         del self._runtimes[runtime_id]
         return True

@@ -450,21 +450,21 @@ class PostgresStore:
         parameters = (tenant, after[0], after[1], limit) if after else (tenant, limit)
         return [RuntimeRow(*row) for row in await pool.fetch(query, *parameters)]
 
-    async def idle_runtimes(self, before: float) -> list[str]:
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
         await self._settle()
         pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
         query = f'SELECT r.id FROM runtimes r WHERE {sql.IDLE} ORDER BY r.updated_at, r.id COLLATE "C"'
-        rows = await pool.fetch(query, before, mine)
+        rows = await pool.fetch(query, before, suspended_before, mine)
         return [row[0] for row in rows]
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         await self._settle()  # an append still buffered is a write: it moves updated_at first
         pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
         # One statement: a commit or a claim of the runtime that lands first holds its row
         # lock, and the DELETE checks the row again as that left it.
-        deleted = await pool.fetchval(sql.DELETE_IF_IDLE, before, mine, runtime_id)
+        deleted = await pool.fetchval(sql.DELETE_IF_IDLE, before, suspended_before, mine, runtime_id)
         if deleted is None:
             return False
         self._next_seq.pop(runtime_id, None)

@@ -41,7 +41,9 @@ _TOUCH = (
 _UNCHANGED = (None, None, None)
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
 LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
-_IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
+# Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
+# cutoff of its kind (NULL: never idle); `latest`, the later cutoff, bounds the index scan.
+_IDLE = "updated_at < :latest AND running = 0 AND updated_at < CASE WHEN suspended_handles = 0 THEN :settled ELSE :suspended END"
 
 
 class SqliteStore:
@@ -287,19 +289,25 @@ class SqliteStore:
     async def forget_replies_before(self, at: float) -> None:
         self._db.execute("DELETE FROM replies WHERE at < ?", (at,))  # one statement: its own transaction
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
+        cutoffs = _cutoffs(before, suspended_before)
+        if cutoffs is None:
+            return False
         self._commit()  # an append still buffered is a write: it moves updated_at first
         with self._transaction() as db:
-            deleted = db.execute(f"DELETE FROM runtimes WHERE id = ? AND {_IDLE}", (runtime_id, before)).rowcount
+            deleted = db.execute(f"DELETE FROM runtimes WHERE id = :id AND {_IDLE}", {"id": runtime_id, **cutoffs}).rowcount
             if deleted:
                 db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
         if deleted:
             self._next_seq.pop(runtime_id, None)
         return bool(deleted)
 
-    async def idle_runtimes(self, before: float) -> list[str]:
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        cutoffs = _cutoffs(before, suspended_before)
+        if cutoffs is None:
+            return []
         self._commit()
-        rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", (before,))
+        rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", cutoffs)
         return [runtime_id for (runtime_id,) in rows]
 
     async def count_runtimes(self, tenant: str) -> int:
@@ -336,6 +344,12 @@ class SqliteStore:
                 self._commit()
         finally:
             self._db.close()
+
+
+def _cutoffs(settled: float | None, suspended: float | None) -> dict[str, float | None] | None:
+    """_IDLE's parameters; None when both kinds are kept for ever."""
+    given = [cutoff for cutoff in (settled, suspended) if cutoff is not None]
+    return {"latest": max(given), "settled": settled, "suspended": suspended} if given else None
 
 
 def _keep(db: sqlite3.Connection, reply: TenantReply | None) -> None:
