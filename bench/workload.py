@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,9 +171,11 @@ async def service_run(
     worker: bool = False,
     on_server: Callable[[int], None] | None = None,
     python: str = sys.executable,
+    request_ids: bool = False,
 ) -> dict[str, float]:
     """The workload's figures; `on_server` is told the server's pid once it serves (a profiler);
-    `python` runs the server (another release's interpreter, for a baseline)."""
+    `python` runs the server (another release's interpreter, for a baseline); `request_ids`:
+    Spawn and Wake carry one each, as every client sends them."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
@@ -203,8 +206,10 @@ async def service_run(
 
                 async def root() -> None:
                     started = time.perf_counter()
-                    handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
-                    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
+                    spawn_id, wake_id = (str(uuid.uuid4()), str(uuid.uuid4())) if request_ids else ("", "")
+                    spawn = pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator", request_id=spawn_id)
+                    handle = (await stub.Spawn(spawn)).handle_id
+                    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go", request_id=wake_id))
                     result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
                     if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
                         raise RuntimeError(f"unexpected result: {result}")
@@ -314,6 +319,22 @@ async def baseline(python: str, runs: int, roots: int, batches: int) -> None:
     print(f"{'':<34} this tree's CPU per turn is {mine / base:.2f}x the baseline's")
 
 
+async def request_id_cost(runs: int, roots: int, batches: int) -> None:
+    """CPU per model turn with and without request ids on Spawn and Wake, alternating, at C=20
+    with no model latency (issue #29: the aim is under 5 % more)."""
+    without: list[float] = []
+    with_ids: list[float] = []
+    for _ in range(runs):
+        without.append((await service_run(20, 0.0, roots, batches))["cpu_us_per_turn"])
+        with_ids.append((await service_run(20, 0.0, roots, batches, request_ids=True))["cpu_us_per_turn"])
+    plain, keyed = statistics.median(without), statistics.median(with_ids)
+    pairs = ", ".join(f"{b / a:.2f}" for a, b in zip(without, with_ids, strict=True))
+    print(
+        f"{'request ids (Spawn, Wake)':<34} {20:>3} {0:>6.0f}ms without {plain:.0f}µs, with {keyed:.0f}µs CPU/turn: "
+        f"{keyed / plain - 1:+.1%} (medians of {runs} alternating runs; pairs {pairs})"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--roots", type=int, default=50, help="roots per batch")
@@ -323,7 +344,11 @@ async def main() -> None:
         help="another release's interpreter (`make bench-baseline` makes release 0.1.0's): compare CPU per turn with it",
     )
     parser.add_argument("--runs", type=int, default=5, help="alternating runs of each side, with --baseline-python")
+    parser.add_argument("--request-ids", action="store_true", help="only the cost of request ids (alternating runs)")
     args = parser.parse_args()
+    if args.request_ids:
+        await request_id_cost(args.runs, args.roots, args.batches)
+        return
     if args.baseline_python:
         await baseline(args.baseline_python, args.runs, args.roots, args.batches)
         return
@@ -347,6 +372,7 @@ async def main() -> None:
             f"{'':<34} {'':>3} {'':>8} {figures['turns_per_s'] / floor['turns_per_s']:>8.0%} of the floor, "
             f"{figures['cpu_us_per_turn'] / floor['cpu_us_per_turn']:.1f}x its CPU per turn"
         )
+    await request_id_cost(3, args.roots, args.batches)
     # The same workload with the lookup tool served by a worker over ServeTools instead of HTTP.
     for concurrency, latency in ((20, 0.0), (20, 0.02)):
         figures = await service_run(concurrency, latency, args.roots, args.batches, worker=True)

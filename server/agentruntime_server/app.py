@@ -115,13 +115,14 @@ def _not_serving_once_broken(store: Store, health: health_aio.HealthServicer) ->
     store.on_broken(stop_serving)
 
 
-async def _retain(service: RuntimeService, retention: float) -> None:
-    """AGENTRUNTIME_RETENTION: runtimes idle longer than it are deleted, checked every minute
-    (or every tenth of the retention, if that is shorter)."""
+async def _retain(service: RuntimeService, retention: float, suspended_retention: float) -> None:
+    """AGENTRUNTIME_RETENTION and AGENTRUNTIME_SUSPENDED_RETENTION: runtimes idle longer than
+    them are deleted, checked every minute (or every tenth of the shorter one, if less)."""
+    shortest = min(seconds for seconds in (retention, suspended_retention) if seconds)
     while True:
-        await asyncio.sleep(min(60.0, max(retention / 10, 0.5)))
+        await asyncio.sleep(min(60.0, max(shortest / 10, 0.5)))
         try:
-            await service.delete_idle(retention)
+            await service.delete_idle(retention, suspended_retention)
         except Exception:  # a store error must not end retention for good
             log.exception("retention failed")
 
@@ -247,6 +248,8 @@ def build_service(
             max_text_bytes=settings.max_text_bytes,
             max_inbox_bytes=settings.max_inbox_bytes,
             max_handles=settings.max_handles,
+            request_id_ttl=settings.request_id_ttl,
+            request_ids_kept=settings.request_ids_kept,
             max_concurrent_model_calls=settings.max_concurrent_model_calls,
         ),
         watch_buffer=settings.watch_buffer,
@@ -328,7 +331,9 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         await leases.start()
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
-    retention = asyncio.ensure_future(_retain(service, settings.retention)) if settings.retention else None
+    retention = None
+    if settings.retention or settings.suspended_retention:
+        retention = asyncio.ensure_future(_retain(service, settings.retention, settings.suspended_retention))
     upkeep = asyncio.ensure_future(_keep_leases(service, settings.lease_duration / 3)) if leases else None
     servicer = AgentRuntimeServicer(
         service,
@@ -338,6 +343,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         retry_for=3 * settings.lease_duration,
         workers=workers,
         max_text_bytes=settings.max_text_bytes,
+        kill_after_commit=frozenset(settings.test_kill_after_commit),
     )
     add_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

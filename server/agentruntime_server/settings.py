@@ -116,7 +116,28 @@ class Settings(BaseSettings):
         None, ge=0, description="bytes one tenant's runtimes may take in the store (definitions and journals)"
     )
     quota_tokens_per_day: int | None = Field(None, ge=0, description="model tokens one tenant may spend in any 24 hours")
-    retention: float = Field(0.0, ge=0, description="seconds: runtimes idle longer than this are deleted; 0: never")
+    retention: float = Field(
+        30 * 86400.0,
+        ge=0,
+        description="seconds: runtimes with no handle running or suspended, not written for this long, are deleted; 0: never",
+    )
+    suspended_retention: float = Field(
+        0.0,
+        ge=0,
+        description="seconds: runtimes waiting on a host (a handle SUSPENDED, none running), not written for this long,"
+        " are deleted; 0: never",
+    )
+    request_id_ttl: float = Field(
+        86400.0, ge=60, le=30 * 86400, description="seconds a call's request id answers its repeats with its first answer"
+    )
+    request_ids_kept: int = Field(
+        1000, ge=10, le=100_000, description="answers of calls with request ids one runtime keeps (the oldest go first)"
+    )
+    test_kill_after_commit: list[str] = Field(
+        default_factory=list,
+        description="testing only: RPC names whose server process SIGKILLs itself once their effect is committed,"
+        " before the answer leaves (a fault point for tests of retries)",
+    )
     # The built-in ranges (tools/egress.py) apply whatever these say; docs/security.md#egress.
     tool_egress_allow: list[str] = Field(
         default_factory=list,

@@ -78,6 +78,7 @@ EXISTING_HANDLE = re.compile(r"root/worker\.[1-4]")
 # The documented grammar of names (fullmatch: no trailing newline slips through).
 AGENT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 RUNTIME_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a request id, as the proto documents it
 
 HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 # Hypothesis reprs each drawn call; texts past the server's limits make those reprs large.
@@ -829,6 +830,13 @@ def _runtime_id(value: str) -> Mutation:
     return Mutation(f"runtime_id = {_show(value)}", apply)
 
 
+def _request_id(value: str) -> Mutation:
+    def apply(request: pb.CreateRuntimeRequest) -> None:
+        request.request_id = value
+
+    return Mutation(f"request_id = {_show(value)}", apply)
+
+
 def _provider(name: str) -> Mutation:
     # An agent with a script is not checked against the providers: this one has none.
     return Mutation(
@@ -952,6 +960,11 @@ MUTATIONS = st.one_of(
     st.builds(_judge, UNKNOWN_AGENT_NAMES.filter(bool)),
     st.builds(_max_attempts, st.integers(-(2**31), -1)),
     st.builds(_provider, st.text(min_size=1, max_size=40).filter(lambda name: name != "scripted")),
+    st.builds(
+        _request_id,
+        st.sampled_from(["has space", "a" * 65, "x" * 10_000, "名前", "id\n", "a.b", "a/b"])
+        | st.text(min_size=1, max_size=80).filter(lambda value: not REQUEST_ID.fullmatch(value)),
+    ),
     st.builds(
         _runtime_id,
         st.one_of(

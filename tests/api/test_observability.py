@@ -376,7 +376,7 @@ def test_log_format_text_by_default_json_on_request() -> None:
 @pytest.fixture
 async def observed_with_retention(model: ScriptedModelServer) -> AsyncIterator[Observed]:
     exporter = InMemorySpanExporter()
-    async with serve(span_exporter=exporter, **settings(model, retention=1.0)) as served:
+    async with serve(span_exporter=exporter, **settings(model, suspended_retention=1.0)) as served:
         yield Observed(served.running, served.stub, exporter)
 
 
@@ -413,7 +413,7 @@ async def test_an_evicted_suspended_runtime_deleted_by_retention_leaves_the_pend
     model.script("release", lambda body: Reply(calls=[("deploy", {})]) if tool_results(body) == 0 else Reply(text="ok"))
     deploy = pb.ToolDef(name="deploy", description="the host deploys", relay=pb.RelayTool())
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    async with serve(**settings(model, retention=1.0, runtime_cache=1, store=store)) as served:
+    async with serve(**settings(model, suspended_retention=1.0, runtime_cache=1, store=store)) as served:
         observed = Observed(served.running, served.stub, InMemorySpanExporter())
         runtime_id = await create(served.stub, agent("release", tools=[deploy]))
         _, pending = await run(served.stub, runtime_id, "release", "ship it")

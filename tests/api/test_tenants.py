@@ -19,11 +19,13 @@ import grpc
 import pytest
 from agentruntime.client import Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime_server.settings import Settings
 from google.protobuf.message import Message as ProtoMessage
 from google.rpc import error_details_pb2
 
 from tests.support.poll import eventually
 from tests.support.process import ServerProcess
+from tests.support.servers import serve
 from tests.support.tenants import (
     ACME,
     ACME_READER,
@@ -411,7 +413,7 @@ async def test_delete_runtime_refuses_a_running_one_and_with_force_leaves_no_row
 # ---- retention ----
 
 
-async def test_retention_deletes_idle_and_suspended_runtimes_and_keeps_running_ones(tmp_path: Path) -> None:
+async def test_retention_deletes_settled_runtimes_and_keeps_suspended_and_running_ones(tmp_path: Path) -> None:
     slow = scripted("slow", reply("slow done", delay=3.5))
     async with tenant_server(tmp_path, retention=1.0) as served:
         acme = Caller(served.stub, ACME)
@@ -425,30 +427,63 @@ async def test_retention_deletes_idle_and_suspended_runtimes_and_keeps_running_o
         await acme("Wake", pb.WakeRequest(runtime_id="busy", handle_id=busy.handle_id, prompt="run long"))
         woke = time.monotonic()
 
-        # What delete_idle does: every runtime whose store row is not `running` and was not written
-        # for `retention` is deleted (DeleteRuntime without force), so a SUSPENDED one goes too: its
-        # pending Request is withdrawn with it. A running one is kept.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            listed = await acme.runtimes()
-            if "idle" not in listed and "waiting" not in listed:
-                break
-            await asyncio.sleep(0.1)
-        assert sorted(listed) == ["busy"], listed
-        await asyncio.sleep(max(0.0, woke + 2.5 - time.monotonic()))  # over twice the retention since busy's last write
+        # A runtime with nothing running and nothing suspended that no step was written to for
+        # the retention is deleted. A SUSPENDED one waits on its host (its Request may still be
+        # answered): kept, AGENTRUNTIME_SUSPENDED_RETENTION being 0 (for ever). A running one is kept.
+        async def idle_deleted() -> bool:
+            return "idle" not in await acme.runtimes()
+
+        await eventually(idle_deleted, "retention to delete the settled runtime", timeout=5)
+        await asyncio.sleep(max(0.0, woke + 2.5 - time.monotonic()))  # over twice the retention since the others' last writes
         listed = await acme.runtimes()
-        assert sorted(listed) == ["busy"] and listed["busy"].running_count == 1, listed
-        error = await refused(acme("List", pb.ListRequest(runtime_id="waiting")))
+        assert sorted(listed) == ["busy", "waiting"], listed
+        assert listed["busy"].running_count == 1 and listed["waiting"].suspended_count == 1, listed
+        error = await refused(acme("List", pb.ListRequest(runtime_id="idle")))
         assert error.code() == grpc.StatusCode.NOT_FOUND
 
+        # The host answers long after: its Request is still there, and the run goes on.
+        call = waiting.pending.calls[0]
+        answer = pb.Answer(id=waiting.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, output="42")])
+        resumed = await acme("Resume", pb.ResumeRequest(runtime_id="waiting", answer=answer))
+        assert resumed.result.status == pb.STATUS_DONE and resumed.result.text == "answered", resumed
         waited = await acme("Wait", pb.WaitRequest(runtime_id="busy", handle_id=busy.handle_id))
         assert waited.result.status == pb.STATUS_DONE
 
-        async def busy_deleted() -> bool:
-            return "busy" not in await acme.runtimes()
+        async def both_deleted() -> bool:
+            return not await acme.runtimes()
 
-        await eventually(busy_deleted, "retention to delete the settled runtime", timeout=5)
-        assert "busy" not in await acme.runtimes()  # once settled, it is idle like the others
+        await eventually(both_deleted, "retention to delete the runtimes once settled", timeout=5)
+        assert await acme.runtimes() == {}  # once settled, they are idle like the others
+
+
+async def test_suspended_retention_deletes_runtimes_left_waiting_on_their_host(tmp_path: Path) -> None:
+    """AGENTRUNTIME_SUSPENDED_RETENTION on its own: a runtime whose host never answers goes
+    after it (its Request withdrawn with it), while RETENTION 0 keeps settled ones for ever."""
+    async with tenant_server(tmp_path, retention=0.0, suspended_retention=1.0) as served:
+        acme = Caller(served.stub, ACME)
+        for runtime_id in ("settled", "waiting"):
+            await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=[SOLO, ASKER]))
+        _, settled = await acme.run("settled", "solo", "done at once")
+        assert settled.status == pb.STATUS_DONE
+        _, waiting = await acme.run("waiting", "asker", "suspend")
+        assert waiting.status == pb.STATUS_PENDING
+
+        async def waiting_deleted() -> bool:
+            return "waiting" not in await acme.runtimes()
+
+        await eventually(waiting_deleted, "retention to delete the suspended runtime", timeout=5)
+        # Written to before the other, it would have gone first in the same pass.
+        assert sorted(await acme.runtimes()) == ["settled"]
+        answer = pb.Answer(id=waiting.pending.id, ok=True)
+        error = await refused(acme("Resume", pb.ResumeRequest(runtime_id="waiting", answer=answer)))
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_retention_is_on_by_default_for_settled_runtimes_only() -> None:
+    defaults = Settings.model_construct()  # (not the environment's)
+    assert (defaults.retention, defaults.suspended_retention) == (30 * 86400, 0)
+    async with serve() as served:  # the test defaults leave retention as it is
+        assert served.running.retention is not None and not served.running.retention.done()
 
 
 # ---- quotas ----

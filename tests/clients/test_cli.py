@@ -245,9 +245,29 @@ async def test_errors_are_one_line_with_the_code_never_a_traceback(scripted: Run
     code, _, err = await cli(scripted, "run", str(tmp_path / "missing.json"), "--prompt", "go")
     assert (code, err) == (2, f"error: cannot read {tmp_path / 'missing.json'}: No such file or directory\n")
 
-    code, _, err = await cli(None, "ls", "rt", "--addr", f"127.0.0.1:{free_port()}")
-    assert code == 2 and err.startswith("error: UNAVAILABLE: ")
+    code, _, err = await cli(None, "ls", "rt", "--addr", f"127.0.0.1:{free_port()}", "--retry-window", "0.5")
+    assert code == 2 and err.startswith("error: UNAVAILABLE: ")  # after half a second of retries
     assert "Traceback" not in err
+    code, _, err = await cli(None, "ls", "rt", "--retry-window", "-1")
+    assert code == 2 and "--retry-window: expected a number of seconds >= 0, got '-1'" in err
+
+
+async def test_a_command_sent_while_the_server_is_away_gets_through_when_it_is_back(tmp_path: Path) -> None:
+    """Every call is retried on UNAVAILABLE for --retry-window seconds (10 by default): a
+    server restarting under a command is waited for, and `rm` removes the runtime once."""
+    address = f"127.0.0.1:{free_port()}"
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    async with serve(listen=address, store=store) as served:
+        await served.stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="kept", agents=[agent("a")]))
+    listing = asyncio.ensure_future(cli(None, "runtimes", "--addr", address))
+    removing = asyncio.ensure_future(cli(None, "rm", "kept", "--addr", address))
+    await asyncio.sleep(1.0)  # away for a while: both commands are refused and retry
+    async with serve(listen=address, store=store):
+        code, out, err = await listing
+        assert (code, err) == (0, ""), out + err
+        assert out.split()[:5] == ["runtime", "created", "handles", "running", "suspended"]
+        code, out, err = await removing
+        assert (code, out, err) == (0, "deleted runtime kept\n", "")
 
 
 async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub) -> None:
@@ -327,7 +347,7 @@ async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
         assert code == 2 and err.startswith("error: UNAUTHENTICATED:"), err
         code, _, err = await cli(None, "rm", "any", *addr, *mtls, "--token", token)  # a read token
         assert code == 2 and err.startswith("error: PERMISSION_DENIED:"), err
-        code, _, err = await cli(None, "runtimes", *addr, "--token", token)  # no client certificate
+        code, _, err = await cli(None, "runtimes", *addr, "--token", token, "--retry-window", "0")  # no client certificate
         assert code == 2 and err.startswith("error: UNAVAILABLE:"), err
 
 
@@ -338,9 +358,10 @@ async def test_connection_options_may_come_before_the_command(scripted: RunningS
     code, out, err = await cli(None, "--addr", address, "runtimes")  # no AGENTRUNTIME_ADDR: only the flag
     assert (code, err) == (0, ""), out + err
     assert "early" in out
-    code, out, err = await cli(None, "--addr=" + address, "--tls", "runtimes")  # a TLS flag first: the handshake fails
+    code, out, err = await cli(None, "--addr=" + address, "--tls", "--retry-window", "0", "runtimes")  # the handshake fails
     assert code == 2 and "UNAVAILABLE" in err
     assert command_first(["--addr", "h:1", "--tls", "ls", "rt"]) == ["ls", "--addr", "h:1", "--tls", "rt"]
+    assert command_first(["--retry-window", "0", "ls", "rt"]) == ["ls", "--retry-window", "0", "rt"]
     assert command_first(["ls", "rt", "--addr", "h:1"]) == ["ls", "rt", "--addr", "h:1"]
     assert command_first(["--addr", "h:1"]) == ["--addr", "h:1"]  # no command: argparse says so
 

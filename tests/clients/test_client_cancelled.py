@@ -1,5 +1,6 @@
-"""The Python client retries a CANCELLED the caller did not cause, like UNAVAILABLE, on the
-calls that are safe to repeat (Wait, Resume, Watch, Inspect ...) and on no other.
+"""The Python client retries a CANCELLED the caller did not cause, like UNAVAILABLE, on every
+call (a mutating one with the same request id, which makes the repeat safe), and never the
+caller's own cancellation.
 
 grpc-core answers a call that reached a server just as it began to shut down, before a
 handler took it, with CANCELLED (grpc/grpc#41785): against our server, Watch and Wait calls
@@ -30,6 +31,7 @@ class Stopping(pb_grpc.AgentRuntimeServicer):
         self.cancelled = cancelled
         self.calls: Counter[str] = Counter()
         self.watched_from: list[int] = []
+        self.posted_ids: list[str] = []
         self.waiting = asyncio.Event()
 
     async def _maybe_cancel(self, method: str, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
@@ -53,6 +55,7 @@ class Stopping(pb_grpc.AgentRuntimeServicer):
         return pb.InspectResponse(handle=pb.HandleView(handle_id=request.handle_id))
 
     async def Post(self, request: pb.PostRequest, context: grpc.aio.ServicerContext) -> pb.PostResponse:  # type: ignore[type-arg]
+        self.posted_ids.append(request.request_id)
         await self._maybe_cancel("Post", context)
         return pb.PostResponse(inbox_size=1)
 
@@ -94,16 +97,24 @@ async def test_wait_and_resume_are_retried_after_a_cancelled_from_the_server(sto
     assert (servicer.calls["Wait"], servicer.calls["Resume"]) == (2, 2)
 
 
-async def test_a_cancelled_from_the_server_is_retried_on_the_calls_safe_to_repeat_only(
+async def test_a_cancelled_from_the_server_is_retried_on_a_read_and_on_a_post_with_its_request_id(
     stopping: tuple[Stopping, str],
 ) -> None:
     servicer, address = stopping
     async with Client(address) as client:
-        assert (await client.inspect("rt", "root/a.1")).handle_id == "root/a.1"  # gRPC's retry policy
+        assert (await client.inspect("rt", "root/a.1")).handle_id == "root/a.1"
+        assert await client.post("rt", "root/a.1", "hello") == 1  # the repeat carries the first's request id
+    assert (servicer.calls["Inspect"], servicer.calls["Post"]) == (2, 2)
+    assert len(set(servicer.posted_ids)) == 1 and servicer.posted_ids[0]
+
+
+async def test_a_cancelled_from_the_server_is_not_retried_with_retries_off(stopping: tuple[Stopping, str]) -> None:
+    servicer, address = stopping
+    async with Client(address, retries=False) as client:
         with pytest.raises(AgentRuntimeError) as refused:
-            await client.post("rt", "root/a.1", "hello")  # a lost answer does not say whether it was taken
+            await client.post("rt", "root/a.1", "hello")
     assert refused.value.code is grpc.StatusCode.CANCELLED
-    assert (servicer.calls["Inspect"], servicer.calls["Post"]) == (2, 1)
+    assert servicer.calls["Post"] == 1
 
 
 async def test_a_watch_cut_cancelled_by_the_server_reconnects_from_its_last_seq(stopping: tuple[Stopping, str]) -> None:

@@ -163,7 +163,8 @@ async def test_a_broken_store_answers_unavailable_and_the_health_service_stops_s
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
             assert "must be restarted" in (error.details() or "")
             assert not any(word in (error.details() or "") for word in ("secret", "INSERT", "terminat", "SQL"))
-            assert [d.reason for d in status_details(error)] == ["STORE_BROKEN"]
+            assert [type(d).__name__ for d in status_details(error)] == ["ErrorInfo", "RetryInfo"]
+            assert status_details(error)[0].reason == "STORE_BROKEN"
 
         health = health_pb2_grpc.HealthStub(served.channel)
         for service in ("", SERVICE_NAME):

@@ -1,7 +1,8 @@
 """Leases and fencing, two stores on one PostgreSQL database driven the way two processes would:
 the creator owns a runtime, a claim fences every later write of the previous owner,
 a lapsed replica trusts its copy only once it has renewed, renewal tells which leases were lost,
-orphans are running runtimes whose owner is gone, and a released lease is taken at once."""
+orphans are running runtimes whose owner is gone, a released lease is taken at once, and the row
+of a replica gone long ago is pruned with fencing intact."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from agentruntime_server.domain.errors import Fenced
 from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Tree, replay
 from agentruntime_server.domain.ownership import Claim
+from agentruntime_server.store.pg_leases import PRUNE_AFTER
 
 from tests.support.replicas import LEASE, Replica, journal_of, no_events, two_replicas
 from tests.support.story import AGENTS, figures, story
@@ -160,3 +162,55 @@ async def test_a_released_lease_is_taken_at_once_and_a_graceful_stop_releases_al
     assert await b.leases.claim("two") == Claim(owned=True)
     assert await b.leases.claim("three") == Claim(owned=True)
     assert not any(a.leases.holds(runtime_id) for runtime_id in ("one", "two", "three"))
+
+
+async def expire(admin: Any, replica: Replica, ago: float) -> None:
+    """As if the replica's last renewal had been `ago` seconds before its lease ran out."""
+    await admin.execute(
+        "UPDATE replicas SET expires_at = extract(epoch FROM clock_timestamp()) - $2 WHERE id = $1",
+        replica.leases.replica_id,
+        ago,
+    )
+
+
+async def test_a_replica_gone_long_ago_loses_its_row_and_fencing_holds(pair: tuple[Replica, Replica, Any], database: str) -> None:
+    """A renewal deletes the rows of replicas expired over PRUNE_AFTER ago, never a live one's
+    nor one lapsed lately. A runtime whose owner's row is gone is taken over like any dead
+    replica's, and its old owner's writes are fenced; a replica paused that long comes back with
+    its row and keeps what nobody claimed meanwhile."""
+    a, b, admin = pair
+    killed, paused, lately = (Replica(database, f"127.0.0.1:{port}") for port in (1003, 1004, 1005))
+    try:
+        for replica in (killed, paused, lately):
+            await replica.leases.start()
+        await paused.store.create_runtime("kept", AGENTS)
+        await killed.store.create_runtime("busy", AGENTS)
+        tree, journal = journal_of(killed, "busy")
+        groups = story(tree)
+        while not tree.active:  # a handle runs: the runtime is an orphan once its owner is dead
+            await journal.record(*next(groups))
+        await killed.store.flush()
+        for replica in (killed, paused):
+            await expire(admin, replica, PRUNE_AFTER + 60)
+        paused.leases._renewed -= PRUNE_AFTER + 60  # by its own clock too: it has not run since
+        await expire(admin, lately, LEASE)
+
+        await b.leases.renew()
+        rows = {row[0] for row in await admin.fetch("SELECT id FROM replicas")}
+        assert rows == {r.leases.replica_id for r in (a, b, lately)}
+
+        assert await b.leases.orphans() == ["busy"]
+        assert await b.leases.claim("busy") == Claim(owned=True)
+        await journal.record(*next(groups))  # the killed replica's last write lands late
+        with pytest.raises(Fenced):
+            await killed.store.flush("busy")
+
+        assert not paused.leases.holds("kept")  # it wakes up: nothing answers before it renews
+        assert await paused.leases.renew() == []
+        assert paused.leases.holds("kept")
+        assert await b.leases.claim("kept") == Claim(owned=False, address="127.0.0.1:1004")
+        rows = {row[0] for row in await admin.fetch("SELECT id FROM replicas")}
+        assert rows == {r.leases.replica_id for r in (a, b, lately, paused)}
+    finally:
+        for replica in (killed, paused, lately):
+            await replica.store.close()

@@ -41,6 +41,7 @@ from agentruntime_server.domain.journal import (
     ModelReplied,
     Posted,
     Queued,
+    Replied,
     RunStarted,
     Settled,
     Spawned,
@@ -209,6 +210,7 @@ SAMPLES: tuple[Step, ...] = (
         in_doubt=("call_2_9",),
     ),
     EventsImported((EVENT,)),
+    Replied("0b0e6f8c-4e52-4c8e-9a55-7a4f3f0b9d21", "Close", "9f2c1d", (HANDLE, "root/worker.2"), 2),
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import sqlite3
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime_server.domain.errors import AlreadyExists
+from agentruntime_server.domain.errors import AlreadyExists, RequestIdTaken
 from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import (
     STEPS,
@@ -51,7 +52,7 @@ from agentruntime_server.domain.model import (
     RuntimeOptions,
     TaskResult,
 )
-from agentruntime_server.domain.ports import Store
+from agentruntime_server.domain.ports import Store, TenantReply
 from agentruntime_server.domain.quotas import QuotaExceeded
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
@@ -476,6 +477,52 @@ async def test_a_runtime_written_after_the_listing_is_not_deleted(store: Store) 
     assert await store.delete_if_idle("running", time.time() + 1) is False  # a handle runs: never idle
 
 
+async def test_a_suspended_runtime_is_idle_only_by_its_own_cutoff(store: Store) -> None:
+    """Retention's two cutoffs: one for runtimes with nothing running or suspended, one for
+    those a Request keeps waiting on a host (a handle SUSPENDED, by the counts of append). A
+    cutoff of None keeps its kind for ever; a runtime with a run in flight (or an expiring
+    Request: the running flag) is never idle."""
+    spawned = entry(1, Spawned(SPARE, "", "worker", Budget(), "", 1))
+    shapes = {
+        "settled": (False, (1, 0, 0)),
+        "suspended": (False, (2, 0, 2)),
+        "running": (True, (1, 1, 0)),
+        "suspended-expiring": (True, (1, 0, 1)),
+    }
+    for runtime_id, (running, counts) in shapes.items():
+        await store.create_runtime(runtime_id, AGENTS)
+        await store.append(runtime_id, [spawned], running, counts)
+    await store.flush()
+    await asyncio.sleep(0.01)
+    before = time.time()
+    earlier = before - 3600  # before any of them was written
+
+    assert await store.idle_runtimes(before) == ["settled"]  # suspended ones kept for ever
+    assert await store.idle_runtimes(None, before) == ["suspended"]
+    assert sorted(await store.idle_runtimes(before, before)) == ["settled", "suspended"]
+    assert await store.idle_runtimes(earlier, before) == ["suspended"]
+    assert await store.idle_runtimes(before, earlier) == ["settled"]
+    assert await store.idle_runtimes(None, None) == []
+
+    assert await store.delete_if_idle("suspended", before) is False
+    assert await store.delete_if_idle("suspended", before, earlier) is False
+    assert await store.delete_if_idle("settled", None, before) is False
+    for runtime_id in ("running", "suspended-expiring"):
+        assert await store.delete_if_idle(runtime_id, before, before) is False, runtime_id
+    assert await store.delete_if_idle("suspended", None, before) is True
+    assert await store.delete_if_idle("settled", before, None) is True
+    assert sorted(await store.idle_runtimes(before, before)) == []
+    assert await store.runtime_exists("suspended") is False and await store.runtime_exists("running") is True
+
+    # Answered and settled (its counts say nothing is suspended now): the settled cutoff is its own.
+    await store.append("suspended-expiring", [entry(2, Closed(SPARE))], False, (1, 0, 0))
+    await store.flush()
+    await asyncio.sleep(0.01)
+    later = time.time()
+    assert await store.idle_runtimes(None, later) == []
+    assert await store.idle_runtimes(later) == ["suspended-expiring"]
+
+
 async def test_token_counts_before_the_cutoff_go_for_every_tenant_and_later_ones_stay(backend: Backend) -> None:
     store = backend.open()
     counted = [("acme", 100, 1), ("acme", 199, 2), ("acme", 200, 3), ("acme", 260, 4), ("globex", 150, 5), ("globex", 230, 6)]
@@ -494,6 +541,31 @@ async def test_token_counts_before_the_cutoff_go_for_every_tenant_and_later_ones
         for reader in (store, other):
             assert await reader.tokens_since("acme", 0) == [(260, 14)]
             assert await reader.tokens_since("globex", 0) == [(230, 6)]
+
+
+async def test_a_create_or_delete_keeps_its_answer_with_its_effect_per_tenant_and_scope(store: Store) -> None:
+    """CreateRuntime's and DeleteRuntime's answers (request ids) are kept in the transaction of
+    the create or delete: a second answer for the same id and scope is refused, and with it the
+    create or the delete, which changes nothing."""
+    made = TenantReply("acme", "", "id-1", "CreateRuntime", "d1", "rt-1", time.time())
+    await store.create_runtime("acme:rt-1", AGENTS, "acme", reply=made)
+    assert await store.reply("acme", "", "id-1") == made
+    assert await store.reply("globex", "", "id-1") is None and await store.reply("acme", "rt-1", "id-1") is None
+    with pytest.raises(RequestIdTaken):
+        await store.create_runtime("acme:rt-2", AGENTS, "acme", reply=dataclasses.replace(made, runtime_id="rt-2"))
+    assert await store.runtime_exists("acme:rt-2") is False
+    await store.create_runtime("globex:rt-1", AGENTS, "globex", reply=dataclasses.replace(made, tenant="globex"))
+
+    gone = TenantReply("acme", "rt-1", "id-1", "DeleteRuntime", "d2", "rt-1", time.time())
+    await store.delete_runtime("acme:rt-1", reply=gone)
+    assert await store.runtime_exists("acme:rt-1") is False
+    assert await store.reply("acme", "rt-1", "id-1") == gone  # it outlives the runtime
+    with pytest.raises(RequestIdTaken):
+        await store.delete_runtime("globex:rt-1", reply=dataclasses.replace(gone, tenant="acme"))
+    assert await store.runtime_exists("globex:rt-1") is True
+
+    await store.forget_replies_before(time.time() + 1)
+    assert await store.reply("acme", "", "id-1") is None and await store.reply("acme", "rt-1", "id-1") is None
 
 
 # ---- durability --------------------------------------------------------------------------

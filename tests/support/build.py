@@ -77,7 +77,12 @@ def status_details(error: grpc.aio.AioRpcError) -> list[Any]:
             status = status_pb2.Status.FromString(value)  # type: ignore[arg-type]
             found: list[Any] = []
             for detail in status.details:
-                for kind in (error_details_pb2.BadRequest, error_details_pb2.ErrorInfo, error_details_pb2.ResourceInfo):
+                for kind in (
+                    error_details_pb2.BadRequest,
+                    error_details_pb2.ErrorInfo,
+                    error_details_pb2.ResourceInfo,
+                    error_details_pb2.RetryInfo,
+                ):
                     if detail.Is(kind.DESCRIPTOR):
                         unpacked = kind()
                         detail.Unpack(unpacked)

@@ -22,6 +22,7 @@ from agentruntime_server.domain.journal import (
     ModelReplied,
     Posted,
     Queued,
+    Replied,
     RunStarted,
     Settled,
     Spawned,
@@ -113,7 +114,7 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     first_note, second_note = InboxItem("first note", "ops", "alice"), InboxItem("second note", "ops", "bob")
     yield (Configured(RuntimeOptions(inbox_capacity=10, max_concurrent_model_calls=2)),)
     yield (Spawned(COORDINATOR, "", "coordinator", budget, "", 1),)
-    yield Posted(COORDINATOR, first_note), Posted(COORDINATOR, second_note)
+    yield Posted(COORDINATOR, first_note), Posted(COORDINATOR, second_note), Replied("req-post-2", "Post", "d2", number=2)
     yield (RunStarted(COORDINATOR, Message("user", "go\n\n[ops from alice] first note"), drained=1),)
     yield (Queued(COORDINATOR, True),)
     yield (Queued(COORDINATOR, False),)
@@ -153,6 +154,7 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
         Answered(request.id, answer, WORKER, approved=("call_1_1",)),
         BudgetSet(WORKER, Budget(max_turns=6, max_tokens=900, on_exhausted=OnExhausted.ASK)),
         CallFinished(WORKER, fetch, ToolResult("42")),
+        Replied("req-resume-1", "Resume", "d3"),
     )
     yield (RunStarted(WORKER, None),)
     yield (Compacted(WORKER, 1, Message("user", "Summary of the conversation so far:\nfetching", summary=True)),)

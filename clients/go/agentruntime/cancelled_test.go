@@ -3,6 +3,7 @@ package agentruntime
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,14 +15,15 @@ import (
 
 // The tests of this file answer calls with the CANCELLED grpc-core gives the calls that
 // reach a server as it begins to shut down, before a handler took them
-// (grpc/grpc#41785): a dropped call, retried like UNAVAILABLE where that is safe.
+// (grpc/grpc#41785): a dropped call, retried like UNAVAILABLE (every call is safe to
+// repeat: the mutating ones carry a request id).
 
 // shutdownCancelled is that CANCELLED, as the fake answers it.
 func shutdownCancelled() error { return status.Error(codes.Canceled, "server shutting down") }
 
 func TestWaitRetriesACancelledTheCallerDidNotCause(t *testing.T) {
 	client, f := dialFake(t)
-	for _, cancelled := range []int{1, 7} { // 7: more than gRPC's own 5 attempts
+	for _, cancelled := range []int{1, 4} {
 		var calls counter
 		f.wait = func(context.Context, *v1.WaitRequest) (*v1.WaitResponse, error) {
 			if calls.next() <= cancelled {
@@ -39,7 +41,7 @@ func TestWaitRetriesACancelledTheCallerDidNotCause(t *testing.T) {
 
 func TestResumeRetriesACancelledTheCallerDidNotCause(t *testing.T) {
 	client, f := dialFake(t)
-	for _, cancelled := range []int{1, 6} { // 6: more than gRPC's own 5 attempts
+	for _, cancelled := range []int{1, 4} {
 		var calls counter
 		f.resume = func(_ context.Context, req *v1.ResumeRequest) (*v1.ResumeResponse, error) {
 			if calls.next() <= cancelled {
@@ -55,9 +57,8 @@ func TestResumeRetriesACancelledTheCallerDidNotCause(t *testing.T) {
 	}
 }
 
-func TestServiceConfigRetriesCancelledOnlyOnCallsSafeToRepeat(t *testing.T) {
+func TestEveryCallRetriesACancelledTheCallerDidNotCause(t *testing.T) {
 	client, f := dialFake(t)
-	// gRPC retries Inspect (its service config).
 	var inspects counter
 	f.inspect = func(context.Context, *v1.InspectRequest) (*v1.InspectResponse, error) {
 		if inspects.next() <= 2 {
@@ -70,14 +71,24 @@ func TestServiceConfigRetriesCancelledOnlyOnCallsSafeToRepeat(t *testing.T) {
 		t.Errorf("Inspect = %v, %v after %d calls, want the handle after 3", view, err, inspects.count())
 	}
 
-	// Post is not retried: a lost answer does not say whether it took effect.
+	// Post too: its request id, the same on every attempt, makes a repeat harmless.
 	var posts counter
-	f.post = func(context.Context, *v1.PostRequest) (*v1.PostResponse, error) {
-		posts.next()
-		return nil, shutdownCancelled()
+	var mu sync.Mutex
+	var ids []string
+	f.post = func(_ context.Context, req *v1.PostRequest) (*v1.PostResponse, error) {
+		mu.Lock()
+		ids = append(ids, req.GetRequestId())
+		mu.Unlock()
+		if posts.next() <= 2 {
+			return nil, shutdownCancelled()
+		}
+		return &v1.PostResponse{Ok: true, InboxSize: 1}, nil
 	}
-	if _, err := client.Post(context.Background(), "rt", "root/a.1", "hi", "", ""); status.Code(err) != codes.Canceled || posts.count() != 1 {
-		t.Errorf("Post = %v after %d calls, want CANCELLED after 1", err, posts.count())
+	size, err := client.Post(context.Background(), "rt", "root/a.1", "hi", "", "")
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || size != 1 || len(ids) != 3 || ids[0] == "" || ids[0] != ids[1] || ids[1] != ids[2] {
+		t.Errorf("Post = %d, %v with request ids %q, want 1 after 3 attempts with one request id", size, err, ids)
 	}
 }
 

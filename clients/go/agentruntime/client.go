@@ -13,13 +13,20 @@
 //		agentruntime.WithCAFile("ca.pem"),
 //		agentruntime.WithClientCertificateFiles("client.pem", "client.key"),
 //		agentruntime.WithToken(token))
+//
+// Every call is retried when the server refused it without acting or could not be
+// reached (see Dial), and every mutating call carries a request id, generated once per
+// call unless WithRequestID gives one, so that a repeat gets the first answer and
+// nothing happens twice:
+//
+//	handleID, err := client.Spawn(ctx, runtimeID, "worker", "root", nil,
+//		agentruntime.WithRequestID(orderID)) // the same handle, however often it is sent
 package agentruntime
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -29,7 +36,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -40,8 +46,8 @@ import (
 	v1 "github.com/agentruntime/agentruntime/clients/go/agentruntime/v1"
 )
 
-// DefaultTimeout is the per-call deadline when neither WithTimeout nor the caller's
-// context sets one; it matches the Python client.
+// DefaultTimeout is the deadline of each attempt of a call unless WithTimeout says
+// otherwise (within the caller's context's deadline); it matches the Python client.
 const DefaultTimeout = 60 * time.Second
 
 // The connection's keepalive unless WithKeepalive or WithoutKeepalive says otherwise: while
@@ -63,58 +69,13 @@ const WaitSlice = 30 * time.Second
 // server answers STATUS_TIMEOUT instead of the client cutting the call off.
 const waitMargin = 10 * time.Second
 
-// resumeAttempts is how many times Resume tries a server that drops the call (dropped).
-const resumeAttempts = 8
-
-// Wait and Resume wait for a restarting server with a delay that starts at retryBackoff
-// and doubles, with jitter, up to retryMaxBackoff.
-const (
-	retryBackoff    = 100 * time.Millisecond
-	retryMaxBackoff = 5 * time.Second
-)
-
-// safeToRepeat are the RPCs that change nothing when repeated: gRPC retries them on
-// UNAVAILABLE and CANCELLED (serviceConfig; see dropped). Spawn, Wake, Post, Interrupt,
-// Close, CreateRuntime, DeleteRuntime and ServeTools are not retried: a lost answer does
-// not say whether they took effect.
-var safeToRepeat = []string{"Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes"}
-
-// serviceConfig is the connection's default service config: a retry policy for the
-// safeToRepeat RPCs, with the Python client's attempts and backoff. CANCELLED is retried
-// as well as UNAVAILABLE: grpc-core answers a call that reached a server as it began to
-// shut down, before a handler took it, with CANCELLED (grpc/grpc#41785). gRPC never
-// retries a call whose caller cancelled it, nor one on a closed connection.
-var serviceConfig = func() string {
-	type name struct {
-		Service string `json:"service"`
-		Method  string `json:"method"`
-	}
-	names := make([]name, 0, len(safeToRepeat))
-	for _, method := range safeToRepeat {
-		names = append(names, name{"agentruntime.v1.AgentRuntime", method})
-	}
-	config := map[string]any{"methodConfig": []any{map[string]any{
-		"name": names,
-		"retryPolicy": map[string]any{
-			"maxAttempts":          5,
-			"initialBackoff":       "0.1s",
-			"maxBackoff":           "2s",
-			"backoffMultiplier":    2,
-			"retryableStatusCodes": []string{"UNAVAILABLE", "CANCELLED"},
-		},
-	}}}
-	encoded, err := json.Marshal(config)
-	if err != nil {
-		panic(err)
-	}
-	return string(encoded)
-}()
-
 // Client talks to one AgentRuntime server. It is safe for concurrent use.
 type Client struct {
-	conn    *grpc.ClientConn
-	stub    v1.AgentRuntimeClient
-	timeout time.Duration
+	conn        *grpc.ClientConn
+	stub        v1.AgentRuntimeClient
+	timeout     time.Duration
+	retries     bool
+	retryWindow time.Duration
 }
 
 type options struct {
@@ -131,6 +92,9 @@ type options struct {
 	timeout   time.Duration
 	keepalive keepalive.ClientParameters // Time 0: no pings
 	dialOpts  []grpc.DialOption
+	retries   bool
+	// retryWindow bounds the retries of a call whose ctx has no deadline.
+	retryWindow time.Duration
 }
 
 // Option configures Dial.
@@ -191,7 +155,9 @@ func WithPerRPCCredentials(creds credentials.PerRPCCredentials) Option {
 	return func(o *options) { o.perRPC = append(o.perRPC, creds) }
 }
 
-// WithTimeout sets the deadline of calls whose context has none; 0 means no deadline.
+// WithTimeout sets the deadline of each attempt of a call (DefaultTimeout; 0: none), capped
+// by the context's deadline or, when it has none, by what is left of the retry window
+// (WithRetryWindow). Wait, Watch and ServeTools are not bounded by it, nor Stub()'s calls.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
@@ -221,8 +187,8 @@ func WithoutKeepalive() Option {
 
 // WithUnaryInterceptors adds interceptors around every unary call (all RPCs but Watch
 // and ServeTools, Stub()'s included), chained in the order given: the first is the
-// outermost. They see each attempt the client's own retries make (Wait's and Resume's)
-// as a call of its own.
+// outermost. They see each attempt the client's retries make as a call of its own, with
+// the request id it carries.
 func WithUnaryInterceptors(interceptors ...grpc.UnaryClientInterceptor) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, grpc.WithChainUnaryInterceptor(interceptors...)) }
 }
@@ -290,7 +256,10 @@ func (o *options) transportCredentials() (credentials.TransportCredentials, erro
 
 // newOptions applies opts to the defaults.
 func newOptions(opts []Option) options {
-	o := options{timeout: DefaultTimeout, keepalive: keepalive.ClientParameters{Time: DefaultKeepaliveTime, Timeout: DefaultKeepaliveTimeout}}
+	o := options{
+		timeout: DefaultTimeout, keepalive: keepalive.ClientParameters{Time: DefaultKeepaliveTime, Timeout: DefaultKeepaliveTimeout},
+		retries: true, retryWindow: DefaultRetryWindow,
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -300,18 +269,26 @@ func newOptions(opts []Option) options {
 // Dial creates a client for target (host:port, or any gRPC target URI). Like
 // grpc.NewClient it does not connect yet: the first call does. Plaintext unless
 // WithTLS, WithCA(File), WithClientCertificate(Files) or WithCredentials is given; a
-// CA or certificate that cannot be read or parsed is an error here. The connection's
-// default service config has gRPC retry Wait, Resume, Inspect, List, GetTranscript and
-// ListRuntimes on UNAVAILABLE, and on a CANCELLED the caller did not cause (a server
-// shutting down, grpc/grpc#41785), with 5 attempts, 0.1 s doubling to 2 s; nothing else
-// is retried. Keepalive is on (see DefaultKeepaliveTime; WithKeepalive, WithoutKeepalive).
+// CA or certificate that cannot be read or parsed is an error here.
+//
+// Every unary call (Stub()'s too) is retried by the client, never by gRPC: on
+// UNAVAILABLE, on a CANCELLED the caller did not cause (a server shutting down,
+// grpc/grpc#41785), on an attempt's own deadline and on any status carrying
+// google.rpc.RetryInfo, with full-jitter backoff, until ctx's deadline or the retry
+// window (DefaultRetryWindow; WithRetryWindow, WithoutRetries). A mutating call carries
+// a request id, generated once per call unless WithRequestID gives one, the same on
+// every attempt: the server answers a repeat with the first answer and does not act
+// twice. Keepalive is on (see DefaultKeepaliveTime; WithKeepalive, WithoutKeepalive).
 func Dial(target string, opts ...Option) (*Client, error) {
 	o := newOptions(opts)
 	creds, err := o.transportCredentials()
 	if err != nil {
 		return nil, err
 	}
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultServiceConfig(serviceConfig)}
+	c := &Client{timeout: o.timeout, retries: o.retries, retryWindow: o.retryWindow}
+	// The retrying interceptor first, so that it is the outermost: the interceptors of
+	// WithUnaryInterceptors, which come after it, see each attempt.
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithChainUnaryInterceptor(c.retrying)}
 	if o.keepalive.Time > 0 { // before WithDialOptions', so that a keepalive given there wins
 		dialOpts = append(dialOpts, grpc.WithKeepaliveParams(o.keepalive))
 	}
@@ -322,30 +299,25 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, stub: v1.NewAgentRuntimeClient(conn), timeout: o.timeout}, nil
+	c.conn, c.stub = conn, v1.NewAgentRuntimeClient(conn)
+	return c, nil
 }
 
 // CloseConn closes the connection (Close is the RPC that closes a handle).
 func (c *Client) CloseConn() error { return c.conn.Close() }
 
 // Stub returns the generated client, for what the thin methods do not cover. Its
-// calls carry the token too; the default deadline is not applied.
+// calls carry the token too and are retried like the client's own (a mutating request
+// without a request id is sent, as a copy, with a generated one); the default per-call
+// deadline is not applied: ctx's deadline, or the retry window, bounds them.
 func (c *Client) Stub() v1.AgentRuntimeClient { return c.stub }
 
-// call prepares a context: the default deadline when the caller gave none.
-func (c *Client) call(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok || timeout <= 0 {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, timeout)
-}
-
 // CreateRuntime creates a runtime with the given agents; an empty runtimeID lets the
-// server generate one. It returns the runtime's id.
-func (c *Client) CreateRuntime(ctx context.Context, agents []*v1.AgentDef, runtimeID string) (string, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.CreateRuntime(ctx, &v1.CreateRuntimeRequest{RuntimeId: runtimeID, Agents: agents})
+// server generate one. It returns the runtime's id. A repeat with the same request id
+// (WithRequestID) returns the runtime the first call created, the generated id included.
+func (c *Client) CreateRuntime(ctx context.Context, agents []*v1.AgentDef, runtimeID string, opts ...CallOption) (string, error) {
+	req := &v1.CreateRuntimeRequest{RuntimeId: runtimeID, Agents: agents, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.CreateRuntime(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return "", wrap(err)
 	}
@@ -354,10 +326,9 @@ func (c *Client) CreateRuntime(ctx context.Context, agents []*v1.AgentDef, runti
 
 // Spawn creates a handle of agent under parent ("root", or "" for root, or a handle
 // id); a non-nil budget overrides the agent's. It returns the handle id.
-func (c *Client) Spawn(ctx context.Context, runtimeID, agent, parent string, budget *v1.Budget) (string, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Spawn(ctx, &v1.SpawnRequest{RuntimeId: runtimeID, ParentId: parent, Agent: agent, Budget: budget})
+func (c *Client) Spawn(ctx context.Context, runtimeID, agent, parent string, budget *v1.Budget, opts ...CallOption) (string, error) {
+	req := &v1.SpawnRequest{RuntimeId: runtimeID, ParentId: parent, Agent: agent, Budget: budget, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Spawn(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return "", wrap(err)
 	}
@@ -366,10 +337,9 @@ func (c *Client) Spawn(ctx context.Context, runtimeID, agent, parent string, bud
 
 // Post puts text into the handle's inbox (channel and sender may be empty) and
 // returns the inbox size.
-func (c *Client) Post(ctx context.Context, runtimeID, handleID, text, channel, sender string) (int, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Post(ctx, &v1.PostRequest{RuntimeId: runtimeID, HandleId: handleID, Text: text, Channel: channel, Sender: sender})
+func (c *Client) Post(ctx context.Context, runtimeID, handleID, text, channel, sender string, opts ...CallOption) (int, error) {
+	req := &v1.PostRequest{RuntimeId: runtimeID, HandleId: handleID, Text: text, Channel: channel, Sender: sender, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Post(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return 0, wrap(err)
 	}
@@ -377,10 +347,9 @@ func (c *Client) Post(ctx context.Context, runtimeID, handleID, text, channel, s
 }
 
 // Wake starts a run of the handle and returns at once; the bool says it was accepted.
-func (c *Client) Wake(ctx context.Context, runtimeID, handleID, prompt string) (bool, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Wake(ctx, &v1.WakeRequest{RuntimeId: runtimeID, HandleId: handleID, Prompt: prompt})
+func (c *Client) Wake(ctx context.Context, runtimeID, handleID, prompt string, opts ...CallOption) (bool, error) {
+	req := &v1.WakeRequest{RuntimeId: runtimeID, HandleId: handleID, Prompt: prompt, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Wake(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return false, wrap(err)
 	}
@@ -393,8 +362,11 @@ func (c *Client) Wake(ctx context.Context, runtimeID, handleID, prompt string) (
 // done. A timeout is the caller's choice, never the transport's: each Wait RPC asks the
 // server for at most WaitSlice, under a deadline of that plus a margin (the client's
 // WithTimeout does not apply), and is repeated while the result is STATUS_TIMEOUT. A
-// server that is restarting (UNAVAILABLE, or a CANCELLED the caller did not cause: see
-// dropped) is waited for, with backoff and jitter.
+// failed RPC that the client retries (UNAVAILABLE, a CANCELLED the caller did not cause,
+// an RPC's own deadline, a status carrying RetryInfo: see Dial) is repeated with
+// full-jitter backoff, at least the RetryInfo's retry_delay, while the failures in a row
+// last less than the retry window (WithRetryWindow; a result starts it over): a server
+// that restarts is waited for, one that refuses for ever is reported after the window.
 func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout time.Duration) (*v1.TaskResult, error) {
 	var end time.Time
 	if timeout > 0 {
@@ -402,20 +374,31 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 	}
 	over := func() bool { return timeout > 0 && !time.Now().Before(end) }
 	failures := 0
+	var failingSince time.Time // the first of the failures in a row
+	ownLoop := context.WithValue(ctx, ownLoopKey{}, true)
 	for {
 		slice := WaitSlice
 		if timeout > 0 {
 			slice = max(min(slice, time.Until(end)), 0)
 		}
 		req := &v1.WaitRequest{RuntimeId: runtimeID, HandleId: handleID, Timeout: durationpb.New(slice)}
-		callCtx, cancel := context.WithTimeout(ctx, slice+waitMargin)
+		deadline := time.Now().Add(slice + waitMargin)
+		callCtx, cancel := context.WithDeadline(ownLoop, deadline)
 		resp, err := c.stub.Wait(callCtx, req)
 		cancel()
+		expired := !time.Now().Before(deadline) // the RPC's own deadline passed (see retrying)
 		if err != nil {
-			if !c.dropped(ctx, err) || over() {
+			if failures == 0 {
+				failingSince = time.Now()
+			}
+			if !c.retries || !c.retryable(ctx, err, expired) || over() {
 				return nil, wrap(err)
 			}
-			if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
+			delay := retryDelay(failures, err)
+			if time.Since(failingSince)+delay >= c.retryWindow {
+				return nil, wrap(err)
+			}
+			if err := sleep(ctx, delay); err != nil {
 				return nil, contextError(err)
 			}
 			failures++
@@ -429,39 +412,15 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 }
 
 // Resume answers a pending Request and returns the root's settled (or again PENDING)
-// result. It is safe to repeat (the server returns the same result for the same answer
-// and runs nothing again), so a server that drops the call (UNAVAILABLE, or a CANCELLED
-// the caller did not cause: see dropped) is tried again, with backoff and jitter, up to 8
-// times in all.
-func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer) (*v1.TaskResult, error) {
-	req := &v1.ResumeRequest{RuntimeId: runtimeID, Answer: answer}
-	for failures := 0; ; failures++ {
-		callCtx, cancel := c.call(ctx, c.timeout)
-		resp, err := c.stub.Resume(callCtx, req)
-		cancel()
-		if err == nil {
-			return resp.GetResult(), nil
-		}
-		if !c.dropped(ctx, err) || failures+1 >= resumeAttempts {
-			return nil, wrap(err)
-		}
-		if err := sleep(ctx, backoffDelay(retryBackoff, retryMaxBackoff, failures)); err != nil {
-			return nil, contextError(err)
-		}
+// result. A repeat with the same request id (the one generated for this call, on each of
+// its attempts, or WithRequestID's) gets the first answer and runs nothing again.
+func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer, opts ...CallOption) (*v1.TaskResult, error) {
+	req := &v1.ResumeRequest{RuntimeId: runtimeID, Answer: answer, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Resume(c.withAttemptTimeout(ctx), req)
+	if err != nil {
+		return nil, wrap(err)
 	}
-}
-
-// dropped says whether a call made under ctx failed in a way worth repeating, where that
-// is safe: the server was unreachable or stopping (UNAVAILABLE), or the call ended
-// CANCELLED although neither the caller (ctx) nor CloseConn cut it short. grpc-core ends
-// the calls that reach a server as it begins to shut down, before a handler took them,
-// with CANCELLED instead of UNAVAILABLE (grpc/grpc#41785).
-func (c *Client) dropped(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
-		return false
-	}
-	code := status.Code(err)
-	return code == codes.Unavailable || code == codes.Canceled
+	return resp.GetResult(), nil
 }
 
 // contextError is ctx's error as an *Error (CANCELLED or DEADLINE_EXCEEDED), like the
@@ -481,23 +440,34 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Run spawns agent under root, wakes it on prompt and waits for its result, however
-// long the run takes (Wait with no timeout; ctx bounds it).
-func (c *Client) Run(ctx context.Context, runtimeID, agent, prompt string) (*v1.TaskResult, error) {
-	handleID, err := c.Spawn(ctx, runtimeID, agent, "root", nil)
+// long the run takes (Wait with no timeout; ctx bounds it). Its Spawn and its Wake each
+// carry a request id, generated unless WithRunRequestIDs gives them, so that their
+// retries neither spawn a second handle nor run it twice.
+func (c *Client) Run(ctx context.Context, runtimeID, agent, prompt string, opts ...RunOption) (*v1.TaskResult, error) {
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.spawnRequestID == "" {
+		o.spawnRequestID = NewRequestID()
+	}
+	if o.wakeRequestID == "" {
+		o.wakeRequestID = NewRequestID()
+	}
+	handleID, err := c.Spawn(ctx, runtimeID, agent, "root", nil, WithRequestID(o.spawnRequestID))
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Wake(ctx, runtimeID, handleID, prompt); err != nil {
+	if _, err := c.Wake(ctx, runtimeID, handleID, prompt, WithRequestID(o.wakeRequestID)); err != nil {
 		return nil, err
 	}
 	return c.Wait(ctx, runtimeID, handleID, 0)
 }
 
 // Interrupt cancels the handle's run and its subtree's; false means nothing ran.
-func (c *Client) Interrupt(ctx context.Context, runtimeID, handleID string) (bool, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Interrupt(ctx, &v1.InterruptRequest{RuntimeId: runtimeID, HandleId: handleID})
+func (c *Client) Interrupt(ctx context.Context, runtimeID, handleID string, opts ...CallOption) (bool, error) {
+	req := &v1.InterruptRequest{RuntimeId: runtimeID, HandleId: handleID, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Interrupt(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return false, wrap(err)
 	}
@@ -506,10 +476,9 @@ func (c *Client) Interrupt(ctx context.Context, runtimeID, handleID string) (boo
 
 // Close closes the handle and its subtree, leaf first, and returns the closed ids;
 // force interrupts running handles instead of refusing.
-func (c *Client) Close(ctx context.Context, runtimeID, handleID string, force bool) ([]string, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Close(ctx, &v1.CloseRequest{RuntimeId: runtimeID, HandleId: handleID, Force: force})
+func (c *Client) Close(ctx context.Context, runtimeID, handleID string, force bool, opts ...CallOption) ([]string, error) {
+	req := &v1.CloseRequest{RuntimeId: runtimeID, HandleId: handleID, Force: force, RequestId: requestIDOf(opts)}
+	resp, err := c.stub.Close(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -518,9 +487,7 @@ func (c *Client) Close(ctx context.Context, runtimeID, handleID string, force bo
 
 // Inspect returns one handle's view.
 func (c *Client) Inspect(ctx context.Context, runtimeID, handleID string) (*v1.HandleView, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.Inspect(ctx, &v1.InspectRequest{RuntimeId: runtimeID, HandleId: handleID})
+	resp, err := c.stub.Inspect(c.withAttemptTimeout(ctx), &v1.InspectRequest{RuntimeId: runtimeID, HandleId: handleID})
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -537,9 +504,7 @@ func (c *Client) List(ctx context.Context, runtimeID string) ([]*v1.HandleView, 
 // default) from pageToken on ("" for the first page). Its NextPageToken is empty on the
 // last page.
 func (c *Client) ListPage(ctx context.Context, runtimeID string, pageSize int32, pageToken string) (*v1.ListResponse, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.List(ctx, &v1.ListRequest{RuntimeId: runtimeID, PageSize: pageSize, PageToken: pageToken})
+	resp, err := c.stub.List(c.withAttemptTimeout(ctx), &v1.ListRequest{RuntimeId: runtimeID, PageSize: pageSize, PageToken: pageToken})
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -556,10 +521,8 @@ func (c *Client) Transcript(ctx context.Context, runtimeID, handleID string) ([]
 // server's default) from pageToken on ("" for the first page). Its NextPageToken is
 // empty on the last page.
 func (c *Client) TranscriptPage(ctx context.Context, runtimeID, handleID string, pageSize int32, pageToken string) (*v1.GetTranscriptResponse, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
 	req := &v1.GetTranscriptRequest{RuntimeId: runtimeID, HandleId: handleID, PageSize: pageSize, PageToken: pageToken}
-	resp, err := c.stub.GetTranscript(ctx, req)
+	resp, err := c.stub.GetTranscript(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -576,9 +539,7 @@ func (c *Client) ListRuntimes(ctx context.Context) ([]*v1.RuntimeSummary, error)
 // server's default), newest first, from pageToken on ("" for the first page). Its
 // NextPageToken is empty on the last page.
 func (c *Client) ListRuntimesPage(ctx context.Context, pageSize int32, pageToken string) (*v1.ListRuntimesResponse, error) {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	resp, err := c.stub.ListRuntimes(ctx, &v1.ListRuntimesRequest{PageSize: pageSize, PageToken: pageToken})
+	resp, err := c.stub.ListRuntimes(c.withAttemptTimeout(ctx), &v1.ListRuntimesRequest{PageSize: pageSize, PageToken: pageToken})
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -587,10 +548,10 @@ func (c *Client) ListRuntimesPage(ctx context.Context, pageSize int32, pageToken
 
 // DeleteRuntime closes the runtime and deletes everything stored of it; force
 // interrupts running handles (without it a runtime with running handles is refused).
-func (c *Client) DeleteRuntime(ctx context.Context, runtimeID string, force bool) error {
-	ctx, cancel := c.call(ctx, c.timeout)
-	defer cancel()
-	if _, err := c.stub.DeleteRuntime(ctx, &v1.DeleteRuntimeRequest{RuntimeId: runtimeID, Force: force}); err != nil {
+// A repeat with the same request id (WithRequestID) gets the first answer, not NOT_FOUND.
+func (c *Client) DeleteRuntime(ctx context.Context, runtimeID string, force bool, opts ...CallOption) error {
+	req := &v1.DeleteRuntimeRequest{RuntimeId: runtimeID, Force: force, RequestId: requestIDOf(opts)}
+	if _, err := c.stub.DeleteRuntime(c.withAttemptTimeout(ctx), req); err != nil {
 		return wrap(err)
 	}
 	return nil
@@ -598,7 +559,7 @@ func (c *Client) DeleteRuntime(ctx context.Context, runtimeID string, force bool
 
 // Error is a refused call: the gRPC code, the server's message and the google.rpc
 // details it attached (*errdetails.BadRequest, *errdetails.ErrorInfo,
-// *errdetails.ResourceInfo, *errdetails.QuotaFailure). The Is* functions below test an
+// *errdetails.ResourceInfo, *errdetails.QuotaFailure, *errdetails.RetryInfo). The Is* functions below test an
 // error's code.
 type Error struct {
 	Code    codes.Code
@@ -629,6 +590,11 @@ func (e *Error) ErrorInfo() *errdetails.ErrorInfo { return detail[*errdetails.Er
 // BadRequest returns the field violations of an INVALID_ARGUMENT, or nil.
 func (e *Error) BadRequest() *errdetails.BadRequest { return detail[*errdetails.BadRequest](e) }
 
+// RetryInfo says how long the server asked to wait before trying again (an UNAVAILABLE
+// it sent without acting: a runtime moving between replicas, a draining server, ...), or
+// nil.
+func (e *Error) RetryInfo() *errdetails.RetryInfo { return detail[*errdetails.RetryInfo](e) }
+
 // ResourceInfo names what a NOT_FOUND did not find, or nil.
 func (e *Error) ResourceInfo() *errdetails.ResourceInfo { return detail[*errdetails.ResourceInfo](e) }
 
@@ -654,9 +620,10 @@ func IsResourceExhausted(err error) bool { return status.Code(err) == codes.Reso
 // IsAlreadyExists reports an ALREADY_EXISTS (CreateRuntime with an id in use).
 func IsAlreadyExists(err error) bool { return status.Code(err) == codes.AlreadyExists }
 
-// IsUnavailable reports an UNAVAILABLE: the server could not be reached (or is stopping);
-// the client has already retried the calls that are safe to repeat (a CANCELLED the
-// caller did not cause, too).
+// IsUnavailable reports an UNAVAILABLE: the server could not be reached (or is stopping,
+// or the runtime is moving: ErrorInfo's reason says which), and went on so until the
+// call's deadline or the retry window passed (the client retries every call; unless
+// WithoutRetries).
 func IsUnavailable(err error) bool { return status.Code(err) == codes.Unavailable }
 
 // IsUnauthenticated reports a missing or rejected token.
@@ -686,7 +653,7 @@ func wrap(err error) error {
 	st := status.Convert(err)
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
 	// Details that fail to decode (a type this binary does not link) come back as
-	// errors and are skipped; importing errdetails registers the three the server sends.
+	// errors and are skipped; importing errdetails registers those the server sends.
 	for _, d := range st.Details() {
 		if m, ok := d.(proto.Message); ok {
 			e.Details = append(e.Details, m)

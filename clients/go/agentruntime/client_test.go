@@ -345,8 +345,9 @@ func TestMutualTLSWithCustomCAAndToken(t *testing.T) {
 		}
 	}
 
-	// Without the client certificate the handshake fails; a CA that is not PEM fails Dial.
-	client, _ := dialFakeServer(t, serverOpts, WithCA(caPEM), authority)
+	// Without the client certificate the handshake fails (made once: no retries); a CA that
+	// is not PEM fails Dial.
+	client, _ := dialFakeServer(t, serverOpts, WithCA(caPEM), authority, WithoutRetries())
 	if _, err := client.ListRuntimesPage(context.Background(), 0, ""); status.Code(err) != codes.Unavailable {
 		t.Errorf("without a client certificate: %v, want UNAVAILABLE", err)
 	}

@@ -19,10 +19,12 @@ import (
 // RESOURCE_EXHAUSTED with ErrorInfo reason WATCH_LAGGING when the consumer fell too far
 // behind) is reopened from the last seq seen, so nothing is missed and nothing is seen
 // twice; a lagging consumer reconnects at once, the others after a delay with
-// exponential backoff and jitter (WithWatchBackoff). After WithWatchRetries reconnects
-// in a row (default 5) with no event between them, or on any other refusal (NOT_FOUND,
-// UNAUTHENTICATED, ...), the sequence ends with the error as an *Error; once ctx is done
-// it ends with ctx.Err().
+// exponential backoff and jitter (WithWatchBackoff), at least the RetryInfo's retry_delay
+// when the refusal carries one (any refusal with RetryInfo is reconnected after). After
+// WithWatchRetries reconnects in a row (default 5; 0 on a client dialed WithoutRetries)
+// with no event between them, once such failures in a row have lasted the retry window
+// (WithRetryWindow), or on any other refusal (NOT_FOUND, UNAUTHENTICATED, ...), the
+// sequence ends with the error as an *Error; once ctx is done it ends with ctx.Err().
 // Breaking out of the loop closes the stream.
 //
 //	for event, err := range client.Watch(ctx, runtimeID, 0) {

@@ -135,7 +135,7 @@ func TestWaitWaitsForARestartingServer(t *testing.T) {
 	client, f := dialFake(t)
 	var calls counter
 	f.wait = func(context.Context, *v1.WaitRequest) (*v1.WaitResponse, error) {
-		// More failures than gRPC's own 5 attempts: the client's loop has to go on.
+		// Wait's own loop goes on through failures in a row shorter than the retry window.
 		if calls.next() <= 7 {
 			return nil, status.Error(codes.Unavailable, "restarting")
 		}
@@ -171,9 +171,8 @@ func TestWaitWaitsForARestartingServer(t *testing.T) {
 	}
 }
 
-func TestRetriesOnlyCallsSafeToRepeat(t *testing.T) {
+func TestRetriesEveryCallOnUnavailableButNoOtherCode(t *testing.T) {
 	client, f := dialFake(t)
-	// gRPC retries Inspect (its service config).
 	var inspects counter
 	f.inspect = func(context.Context, *v1.InspectRequest) (*v1.InspectResponse, error) {
 		if inspects.next() <= 2 {
@@ -186,30 +185,39 @@ func TestRetriesOnlyCallsSafeToRepeat(t *testing.T) {
 		t.Errorf("Inspect = %v, %v after %d calls, want the handle after 3", view, err, inspects.count())
 	}
 
-	// Post is not retried: a lost answer does not say whether it took effect.
+	// Post is retried too, with one request id on every attempt.
 	var posts counter
-	f.post = func(context.Context, *v1.PostRequest) (*v1.PostResponse, error) {
-		posts.next()
-		return nil, status.Error(codes.Unavailable, "restarting")
+	var mu sync.Mutex
+	var ids []string
+	f.post = func(_ context.Context, req *v1.PostRequest) (*v1.PostResponse, error) {
+		mu.Lock()
+		ids = append(ids, req.GetRequestId())
+		mu.Unlock()
+		if posts.next() <= 2 {
+			return nil, status.Error(codes.Unavailable, "restarting")
+		}
+		return &v1.PostResponse{Ok: true, InboxSize: 3}, nil
 	}
-	if _, err := client.Post(context.Background(), "rt", "root/a.1", "hi", "", ""); status.Code(err) != codes.Unavailable || posts.count() != 1 {
-		t.Errorf("Post = %v after %d calls, want UNAVAILABLE after 1", err, posts.count())
+	size, err := client.Post(context.Background(), "rt", "root/a.1", "hi", "", "")
+	mu.Lock()
+	if err != nil || size != 3 || len(ids) != 3 || ids[0] == "" || ids[0] != ids[2] || ids[1] != ids[2] {
+		t.Errorf("Post = %d, %v with request ids %q, want 3 after 3 attempts with one id", size, err, ids)
 	}
+	mu.Unlock()
 
-	// Resume is retried by gRPC, then by the client past gRPC's 5 attempts.
 	var resumes counter
 	f.resume = func(_ context.Context, req *v1.ResumeRequest) (*v1.ResumeResponse, error) {
-		if resumes.next() <= 6 {
+		if resumes.next() <= 3 {
 			return nil, status.Error(codes.Unavailable, "restarting")
 		}
 		return &v1.ResumeResponse{Result: &v1.TaskResult{Status: v1.Status_STATUS_DONE, Text: req.GetAnswer().GetId()}}, nil
 	}
 	result, err := client.Resume(context.Background(), "rt", &v1.Answer{Id: "req-1", Ok: true})
-	if err != nil || result.GetStatus() != v1.Status_STATUS_DONE || result.GetText() != "req-1" || resumes.count() != 7 {
-		t.Errorf("Resume = %v, %v after %d calls, want DONE after 7", result, err, resumes.count())
+	if err != nil || result.GetStatus() != v1.Status_STATUS_DONE || result.GetText() != "req-1" || resumes.count() != 4 {
+		t.Errorf("Resume = %v, %v after %d calls, want DONE after 4", result, err, resumes.count())
 	}
 
-	// A refusal other than UNAVAILABLE is not retried.
+	// A refusal other than UNAVAILABLE (with no RetryInfo) is not retried.
 	resumes = counter{}
 	f.resume = func(context.Context, *v1.ResumeRequest) (*v1.ResumeResponse, error) {
 		resumes.next()

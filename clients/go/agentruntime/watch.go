@@ -38,7 +38,8 @@ type watchOptions struct {
 type WatchOption func(*watchOptions)
 
 // WithWatchRetries sets how many reconnects in a row, with no event between them, Watch
-// makes before it reports the error (default DefaultWatchRetries; 0: none).
+// makes before it reports the error (default DefaultWatchRetries, or 0 on a client dialed
+// WithoutRetries; 0: none).
 func WithWatchRetries(n int) WatchOption {
 	return func(o *watchOptions) { o.maxRetries = max(n, 0) }
 }
@@ -87,10 +88,14 @@ func (c *Client) WatchFunc(ctx context.Context, runtimeID string, afterSeq int64
 // nil error) until yield returns false, or the final error (with a nil event).
 func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, opts []WatchOption, yield func(*v1.Event, error) bool) {
 	o := watchOptions{maxRetries: DefaultWatchRetries, backoff: defaultWatchBackoff, maxBackoff: defaultWatchMaxBackoff}
+	if !c.retries {
+		o.maxRetries = 0
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	seen, failures := afterSeq, 0
+	var failingSince time.Time // the first of the failures in a row
 	for {
 		stopped, err := c.watchOnce(ctx, runtimeID, seen, func(event *v1.Event) bool {
 			if event.GetSeq() <= seen {
@@ -111,9 +116,13 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 		}
 		refused := wrap(err).(*Error)
 		lagging := refused.Code == codes.ResourceExhausted && refused.ErrorInfo().GetReason() == watchLagging
-		// A drop is UNAVAILABLE, or a CANCELLED the caller did not cause (a server shutting
-		// down, grpc/grpc#41785); dropped says no once CloseConn was called.
-		if !lagging && !c.dropped(ctx, err) || failures >= o.maxRetries ||
+		if failures == 0 {
+			failingSince = time.Now()
+		}
+		// A drop is UNAVAILABLE, a CANCELLED the caller did not cause (a server shutting
+		// down, grpc/grpc#41785) or a refusal with RetryInfo; retryable says no once
+		// CloseConn was called.
+		if !lagging && !c.retryable(ctx, err, false) || failures >= o.maxRetries ||
 			c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
 			yield(nil, refused)
 			return
@@ -121,6 +130,13 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 		var delay time.Duration
 		if !lagging { // the consumer was slow, not the server: reconnect at once
 			delay = backoffDelay(o.backoff, o.maxBackoff, failures)
+			if wait, ok := retryInfo(err); ok {
+				delay = max(delay, wait)
+			}
+			if time.Since(failingSince)+delay >= c.retryWindow { // failing for as long as the window
+				yield(nil, refused)
+				return
+			}
 		}
 		failures++
 		if err := sleep(ctx, delay); err != nil {

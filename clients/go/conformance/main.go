@@ -10,6 +10,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -154,7 +157,7 @@ type expectedResource struct {
 
 var verbs = []string{
 	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-	"list_runtimes", "delete_runtime", "create_runtime", "watch",
+	"list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch",
 }
 
 func main() {
@@ -336,50 +339,191 @@ func runSteps(ctx context.Context, client *agentruntime.Client, v *vector) error
 	if err != nil {
 		return fmt.Errorf("CreateRuntime: %w", err)
 	}
+	token, err := runToken()
+	if err != nil {
+		return err
+	}
 	var st state
 	for i, step := range v.Steps {
 		where := fmt.Sprintf("step %d", i+1)
-		outcome, err := do(ctx, client, runtimeID, step, &st)
-		var callErr *agentruntime.Error
-		if errors.As(err, &callErr) {
-			if err := checkError(step, callErr); err != nil {
-				return fmt.Errorf("%s: %w", where, err)
-			}
-			continue
-		}
-		if err != nil {
+		if err := runStep(ctx, client, runtimeID, token, step, &st); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
-		}
-		if raw, ok := step["expect_error"]; ok {
-			want, err := parseExpectedError(raw)
-			if err != nil {
-				return fmt.Errorf("%s: bad expect_error: %w", where, err)
-			}
-			return fmt.Errorf("%s: expected %s, but the call succeeded", where, want.Code)
-		}
-		if raw, ok := step["expect"]; ok {
-			if outcome == nil {
-				return fmt.Errorf("%s: this verb has nothing to expect", where)
-			}
-			var want map[string]any
-			if err := json.Unmarshal(raw, &want); err != nil {
-				return fmt.Errorf("%s: bad expect: %w", where, err)
-			}
-			if err := check(where, normalize(outcome), want); err != nil {
-				return err
-			}
 		}
 	}
 	return nil
 }
 
-// do runs one step's RPC and returns what its expect is checked against (nil for wake).
-// A refused call comes back as an *agentruntime.Error; any other error is the vector's.
-func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step map[string]json.RawMessage, st *state) (map[string]any, error) {
-	lastPending := &st.lastPending
+// runStep runs one step and checks its expect or expect_error; a mutating verb's step
+// with "repeat" is sent twice (README: Request ids and repeats) and each answer checked.
+func runStep(ctx context.Context, client *agentruntime.Client, runtimeID, token string, step map[string]json.RawMessage, st *state) error {
 	verb, args, err := verbOf(step)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	requestID, repeat, err := requestOptions(step, verb, token)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(mutatingVerbs, verb) {
+		outcome, err := do(ctx, client, runtimeID, verb, args, step, st)
+		return checkOutcome(step, outcome, err)
+	}
+	send, err := prepare(ctx, client, runtimeID, verb, args, st)
+	if err != nil {
+		return err
+	}
+	answers := []answer{send(requestID)}
+	if repeat {
+		answers = append(answers, send(requestID))
+	}
+	if verb == "create_runtime" { // the runtime it created, deleted once after every answer
+		for _, a := range answers {
+			if created := a.response.(*v1.CreateRuntimeResponse).GetRuntimeId(); a.err == nil && created != "" {
+				if err := client.DeleteRuntime(ctx, created, false); err != nil {
+					return fmt.Errorf("deleting the runtime the step created: %v", err)
+				}
+				break
+			}
+		}
+	}
+	if repeat {
+		if err := sameAnswers(answers[0], answers[1]); err != nil {
+			return err
+		}
+	}
+	for i, a := range answers {
+		if err := checkOutcome(step, a.outcome, a.err); err != nil {
+			if repeat {
+				return fmt.Errorf("answer %d of 2: %w", i+1, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// answer is one call of a mutating verb's step: what its expect is checked against (nil
+// for wake, delete_runtime and create_runtime), the whole response message, or the error.
+type answer struct {
+	outcome  map[string]any
+	response proto.Message
+	err      error
+}
+
+// sameAnswers says whether a repeat was answered as the first call was: both succeeded
+// with equal responses (protobuf equality of the whole message), or both were refused
+// with the same code and message.
+func sameAnswers(first, repeat answer) error {
+	e1, refused1 := first.err.(*agentruntime.Error)
+	e2, refused2 := repeat.err.(*agentruntime.Error)
+	for _, err := range []error{first.err, repeat.err} {
+		if _, refused := err.(*agentruntime.Error); err != nil && !refused {
+			return err // the vector's own error
+		}
+	}
+	switch {
+	case refused1 && refused2:
+		if e1.Code != e2.Code || e1.Message != e2.Message {
+			return fmt.Errorf("the repeat was refused with %v, the first call with %v", e2, e1)
+		}
+	case refused1 || refused2:
+		return fmt.Errorf("the first call answered %v, the repeat %v", describe(first), describe(repeat))
+	case !proto.Equal(first.response, repeat.response):
+		return fmt.Errorf("the repeat answered %v, the first call %v", describe(repeat), describe(first))
+	}
+	return nil
+}
+
+func describe(a answer) string {
+	if a.err != nil {
+		return a.err.Error()
+	}
+	text, _ := protojson.Marshal(a.response)
+	return fmt.Sprintf("%s %s", a.response.ProtoReflect().Descriptor().Name(), text)
+}
+
+// checkOutcome checks a call's outcome or refusal against the step's expect or
+// expect_error. A refusal comes as an *agentruntime.Error; any other error is the vector's.
+func checkOutcome(step map[string]json.RawMessage, outcome map[string]any, err error) error {
+	var callErr *agentruntime.Error
+	if errors.As(err, &callErr) {
+		return checkError(step, callErr)
+	}
+	if err != nil {
+		return err
+	}
+	if raw, ok := step["expect_error"]; ok {
+		want, err := parseExpectedError(raw)
+		if err != nil {
+			return fmt.Errorf("bad expect_error: %w", err)
+		}
+		return fmt.Errorf("expected %s, but the call succeeded", want.Code)
+	}
+	if raw, ok := step["expect"]; ok {
+		if outcome == nil {
+			return errors.New("this verb has nothing to expect")
+		}
+		var want map[string]any
+		if err := json.Unmarshal(raw, &want); err != nil {
+			return fmt.Errorf("bad expect: %w", err)
+		}
+		return check("expect", normalize(outcome), want)
+	}
+	return nil
+}
+
+// mutatingVerbs are the verbs whose step may carry request_id and repeat.
+var mutatingVerbs = []string{"spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime"}
+
+// requestIDPattern is a step's request_id: at most 40 characters of [A-Za-z0-9_-].
+var requestIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,40}$`)
+
+// runToken is the 16 random hex digits a vector run puts before its steps' request ids
+// (the server is shared, and a CreateRuntime's request id is recorded per tenant).
+func runToken() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// requestOptions reads a step's request_id (sent as "<token>-<request_id>"; "" when
+// absent: the client generates one) and repeat. Either on a verb that is not mutating, a
+// repeat without a request_id, or either of another JSON type is a broken vector.
+func requestOptions(step map[string]json.RawMessage, verb, token string) (requestID string, repeat bool, err error) {
+	rawID, hasID := step["request_id"]
+	rawRepeat, hasRepeat := step["repeat"]
+	if !hasID && !hasRepeat {
+		return "", false, nil
+	}
+	if !slices.Contains(mutatingVerbs, verb) {
+		return "", false, fmt.Errorf("request_id and repeat are for the verbs %v, not %s (a broken vector)", mutatingVerbs, verb)
+	}
+	if hasRepeat {
+		if !hasID {
+			return "", false, errors.New("repeat without a request_id (a broken vector)")
+		}
+		if err := json.Unmarshal(rawRepeat, &repeat); err != nil || bytes.Equal(bytes.TrimSpace(rawRepeat), []byte("null")) {
+			return "", false, fmt.Errorf("repeat must be a boolean, got %s (a broken vector)", rawRepeat)
+		}
+	}
+	var id *string
+	if err := json.Unmarshal(rawID, &id); err != nil || id == nil || !requestIDPattern.MatchString(*id) {
+		return "", false, fmt.Errorf("request_id must be a string of 1 to 40 of [A-Za-z0-9_-], got %s (a broken vector)", rawID)
+	}
+	return token + "-" + *id, repeat, nil
+}
+
+// prepare reads a mutating verb's arguments and builds its request once; send makes the
+// call with the request id (or, for "", a generated one), each time with the same request.
+func prepare(ctx context.Context, client *agentruntime.Client, runtimeID, verb string, args json.RawMessage, st *state) (send func(requestID string) answer, err error) {
+	// The step's request id, when it gives one (else the client's own generated one).
+	with := func(requestID string) []agentruntime.CallOption {
+		if requestID == "" {
+			return nil
+		}
+		return []agentruntime.CallOption{agentruntime.WithRequestID(requestID)}
 	}
 	switch verb {
 	case "spawn":
@@ -394,56 +538,163 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 				return nil, fmt.Errorf("budget: %w", err)
 			}
 		}
-		id, err := client.Spawn(ctx, runtimeID, a.Agent, a.Parent, budget)
-		if err != nil {
-			return nil, err
-		}
-		return map[string]any{"handle_id": id}, nil
+		return func(requestID string) answer {
+			id, err := client.Spawn(ctx, runtimeID, a.Agent, a.Parent, budget, with(requestID)...)
+			return answer{map[string]any{"handle_id": id}, &v1.SpawnResponse{HandleId: id}, err}
+		}, nil
 	case "wake":
 		var a wakeArgs
 		if err := json.Unmarshal(args, &a); err != nil {
 			return nil, err
 		}
-		_, err := client.Wake(ctx, runtimeID, a.Handle, a.Prompt)
-		return nil, err
-	case "wait":
-		result, err := wait(ctx, client, runtimeID, args)
-		if err != nil {
-			return nil, err
-		}
-		return resultFields(result, lastPending), nil
-	case "watch":
-		return watch(ctx, client, runtimeID, args)
+		return func(requestID string) answer {
+			queued, err := client.Wake(ctx, runtimeID, a.Handle, a.Prompt, with(requestID)...)
+			return answer{nil, &v1.WakeResponse{Queued: queued}, err}
+		}, nil
 	case "resume":
 		var a resumeArgs
 		if err := json.Unmarshal(args, &a); err != nil {
 			return nil, err
 		}
-		answer := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
+		reply := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
 		if len(a.Data) > 0 {
 			if !bytes.HasPrefix(bytes.TrimSpace(a.Data), []byte("{")) {
 				return nil, fmt.Errorf("data must be an object, got %s", a.Data)
 			}
-			answer.Data = &structpb.Struct{}
-			if err := protojson.Unmarshal(a.Data, answer.Data); err != nil {
+			reply.Data = &structpb.Struct{}
+			if err := protojson.Unmarshal(a.Data, reply.Data); err != nil {
 				return nil, fmt.Errorf("data: %w", err)
 			}
 		}
-		if answer.Id == "" {
-			answer.Id = (*lastPending).GetId()
+		if reply.Id == "" {
+			reply.Id = st.lastPending.GetId()
 		}
-		calls := (*lastPending).GetCalls()
+		calls := st.lastPending.GetCalls()
 		if len(a.Outputs) > len(calls) {
 			return nil, fmt.Errorf("resume gives %d outputs, the pending Request has %d calls", len(a.Outputs), len(calls))
 		}
 		for i, text := range a.Outputs {
-			answer.Outputs = append(answer.Outputs, &v1.ToolOutput{CallId: calls[i].GetId(), Output: text})
+			reply.Outputs = append(reply.Outputs, &v1.ToolOutput{CallId: calls[i].GetId(), Output: text})
 		}
-		result, err := client.Resume(ctx, runtimeID, answer)
+		return func(requestID string) answer {
+			result, err := client.Resume(ctx, runtimeID, reply, with(requestID)...)
+			if err != nil {
+				return answer{err: err}
+			}
+			return answer{resultFields(result, &st.lastPending), &v1.ResumeResponse{Result: result}, nil}
+		}, nil
+	case "interrupt":
+		var a struct {
+			Handle *string `json:"handle"`
+		}
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil {
+			return nil, errors.New("interrupt needs handle")
+		}
+		return func(requestID string) answer {
+			interrupted, err := client.Interrupt(ctx, runtimeID, *a.Handle, with(requestID)...)
+			return answer{map[string]any{"interrupted": interrupted}, &v1.InterruptResponse{Interrupted: interrupted}, err}
+		}, nil
+	case "post":
+		var a postArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil || a.Text == nil {
+			return nil, errors.New("post needs handle and text")
+		}
+		trust := v1.Trust_TRUST_UNSPECIFIED
+		if a.Trust != nil {
+			number, ok := v1.Trust_value[*a.Trust]
+			if !ok {
+				return nil, fmt.Errorf("trust %q is not a value of Trust", *a.Trust)
+			}
+			trust = v1.Trust(number)
+		}
+		// Through Stub() (the thin Post has no trust nor coalesce_key): the client's retries
+		// and, when the step gives none, its generated request id apply all the same.
+		return func(requestID string) answer {
+			req := &v1.PostRequest{
+				RuntimeId: runtimeID, HandleId: *a.Handle, Text: *a.Text, Sender: a.Sender, Channel: a.Channel,
+				Trust: trust, CoalesceKey: a.CoalesceKey, RequestId: requestID,
+			}
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			resp, err := client.Stub().Post(ctx, req)
+			if err != nil {
+				return answer{err: asError(err)}
+			}
+			return answer{map[string]any{"inbox_size": resp.GetInboxSize()}, resp, nil}
+		}, nil
+	case "close":
+		var a closeArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Handle == nil {
+			return nil, errors.New("close needs handle")
+		}
+		// Through Stub() (the thin Close has no grace), as post.
+		return func(requestID string) answer {
+			req := &v1.CloseRequest{RuntimeId: runtimeID, HandleId: *a.Handle, Force: a.Force, RequestId: requestID}
+			if a.GraceMs != nil {
+				req.Grace = durationpb.New(time.Duration(*a.GraceMs) * time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(ctx, callTimeout)
+			defer cancel()
+			resp, err := client.Stub().Close(ctx, req)
+			if err != nil {
+				return answer{err: asError(err)}
+			}
+			closed := append([]string{}, resp.GetClosedHandleIds()...)
+			return answer{map[string]any{"closed": closed, "count": len(closed)}, resp, nil}
+		}, nil
+	case "delete_runtime":
+		var a deleteRuntimeArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		return func(requestID string) answer {
+			err := client.DeleteRuntime(ctx, runtimeID, a.Force, with(requestID)...)
+			return answer{nil, &v1.DeleteRuntimeResponse{}, err}
+		}, nil
+	default: // create_runtime: another runtime (generated id), deleted by runStep
+		var a createRuntimeArgs
+		if err := strictArgs(args, &a); err != nil {
+			return nil, err
+		}
+		if a.Agents == nil {
+			return nil, errors.New("create_runtime needs agents, a list")
+		}
+		agents := make([]*v1.AgentDef, len(*a.Agents))
+		for i, raw := range *a.Agents {
+			agents[i] = &v1.AgentDef{}
+			if err := protojson.Unmarshal(raw, agents[i]); err != nil {
+				return nil, fmt.Errorf("agents[%d]: %w", i, err)
+			}
+		}
+		return func(requestID string) answer {
+			created, err := client.CreateRuntime(ctx, agents, "", with(requestID)...)
+			return answer{nil, &v1.CreateRuntimeResponse{RuntimeId: created}, err}
+		}, nil
+	}
+}
+
+// do runs one step of a verb that changes nothing (wait, watch, list, transcript, inspect,
+// list_runtimes) and returns what its expect is checked against. A refused call comes back
+// as an *agentruntime.Error; any other error is the vector's.
+func do(ctx context.Context, client *agentruntime.Client, runtimeID, verb string, args json.RawMessage, step map[string]json.RawMessage, st *state) (map[string]any, error) {
+	switch verb {
+	case "wait":
+		result, err := wait(ctx, client, runtimeID, args)
 		if err != nil {
 			return nil, err
 		}
-		return resultFields(result, lastPending), nil
+		return resultFields(result, &st.lastPending), nil
+	case "watch":
+		return watch(ctx, client, runtimeID, args)
 	case "list":
 		a, err := parsePageArgs(args, st.nextList)
 		if err != nil {
@@ -461,53 +712,6 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			views[h.GetHandleId()] = viewFields(h)
 		}
 		return map[string]any{"count": len(handles), "handles": views, "next_page_token_empty": next == ""}, nil
-	case "post":
-		var a postArgs
-		if err := strictArgs(args, &a); err != nil {
-			return nil, err
-		}
-		if a.Handle == nil || a.Text == nil {
-			return nil, errors.New("post needs handle and text")
-		}
-		trust := v1.Trust_TRUST_UNSPECIFIED
-		if a.Trust != nil {
-			number, ok := v1.Trust_value[*a.Trust]
-			if !ok {
-				return nil, fmt.Errorf("trust %q is not a value of Trust", *a.Trust)
-			}
-			trust = v1.Trust(number)
-		}
-		req := &v1.PostRequest{
-			RuntimeId: runtimeID, HandleId: *a.Handle, Text: *a.Text, Sender: a.Sender, Channel: a.Channel,
-			Trust: trust, CoalesceKey: a.CoalesceKey,
-		}
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		resp, err := client.Stub().Post(ctx, req)
-		if err != nil {
-			return nil, asError(err)
-		}
-		return map[string]any{"inbox_size": resp.GetInboxSize()}, nil
-	case "close":
-		var a closeArgs
-		if err := strictArgs(args, &a); err != nil {
-			return nil, err
-		}
-		if a.Handle == nil {
-			return nil, errors.New("close needs handle")
-		}
-		req := &v1.CloseRequest{RuntimeId: runtimeID, HandleId: *a.Handle, Force: a.Force}
-		if a.GraceMs != nil {
-			req.Grace = durationpb.New(time.Duration(*a.GraceMs) * time.Millisecond)
-		}
-		ctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		resp, err := client.Stub().Close(ctx, req)
-		if err != nil {
-			return nil, asError(err)
-		}
-		closed := append([]string{}, resp.GetClosedHandleIds()...)
-		return map[string]any{"closed": closed, "count": len(closed)}, nil
 	case "inspect":
 		var a inspectArgs
 		if err := strictArgs(args, &a); err != nil {
@@ -530,14 +734,6 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID string, step
 			return nil, err
 		}
 		return listRuntimes(ctx, client, runtimeID, a.PageSize)
-	case "delete_runtime":
-		var a deleteRuntimeArgs
-		if err := strictArgs(args, &a); err != nil {
-			return nil, err
-		}
-		return nil, client.DeleteRuntime(ctx, runtimeID, a.Force)
-	case "create_runtime":
-		return nil, createRuntime(ctx, client, args)
 	default: // transcript
 		a, err := parsePageArgs(args, st.nextTranscript)
 		if err != nil {
@@ -717,30 +913,6 @@ func watch(ctx context.Context, client *agentruntime.Client, runtimeID string, a
 		}
 	}
 	return map[string]any{"count": len(events), "events": events}, nil
-}
-
-// createRuntime creates another runtime (generated id) of the step's agents and, when it
-// is created, deletes it at once (not forced), so the step leaves none behind.
-func createRuntime(ctx context.Context, client *agentruntime.Client, args json.RawMessage) error {
-	var a createRuntimeArgs
-	if err := strictArgs(args, &a); err != nil {
-		return err
-	}
-	if a.Agents == nil {
-		return errors.New("create_runtime needs agents, a list")
-	}
-	agents := make([]*v1.AgentDef, len(*a.Agents))
-	for i, raw := range *a.Agents {
-		agents[i] = &v1.AgentDef{}
-		if err := protojson.Unmarshal(raw, agents[i]); err != nil {
-			return fmt.Errorf("agents[%d]: %w", i, err)
-		}
-	}
-	created, err := client.CreateRuntime(ctx, agents, "")
-	if err != nil {
-		return err
-	}
-	return client.DeleteRuntime(ctx, created, false)
 }
 
 // listRuntimes follows every page of ListRuntimes (of pageSize each) and says whether this

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import logging
+import math
 import os
 import random
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,56 +33,98 @@ ToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], Awaitable[str] | str]
 
 WAIT_SLICE = 30.0  # seconds one Wait asks the server for: well under any proxy's idle cut
 WAIT_MARGIN = 10.0  # seconds a Wait's call deadline leaves past its server timeout
-RESUME_ATTEMPTS = 8
 WATCH_MAX_BACKOFF = 30.0  # seconds between Watch reconnects at the most, however many max_retries allows
 # Without pings a Watch or a worker's stream behind a NAT or a proxy that silently dropped the
 # connection waits forever; 60 s is well above the server's floor (1 s) and any proxy's.
 KEEPALIVE = 60.0
-# Calls that change nothing when repeated are retried by gRPC itself when the server is
-# unreachable (Wake, Post, Spawn, Interrupt, Close, CreateRuntime and DeleteRuntime are not:
-# a lost answer does not say whether they took effect). CANCELLED too: grpc-core answers a
-# call that reached a server as it began to shut down, before a handler took it, with
-# CANCELLED (grpc/grpc#41785); the caller's own cancellation is never retried.
-_SAFE_TO_REPEAT = ("Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes")
-_CHANNEL_OPTIONS = [
-    ("grpc.enable_retries", 1),
-    (
-        "grpc.service_config",
-        json.dumps(
-            {
-                "methodConfig": [
-                    {
-                        "name": [{"service": "agentruntime.v1.AgentRuntime", "method": name} for name in _SAFE_TO_REPEAT],
-                        "retryPolicy": {
-                            "maxAttempts": 5,
-                            "initialBackoff": "0.1s",
-                            "maxBackoff": "2s",
-                            "backoffMultiplier": 2,
-                            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
-                        },
-                    }
-                ]
-            }
-        ),
-    ),
-]
+# Retries (README: "Retries and request ids"): a failed attempt of any call is tried again
+# after a pause of full jitter, uniform(0, min(RETRY_CAP, RETRY_BASE * 2^n)) for the n-th
+# retry (from 0), at least the RetryInfo's retry_delay when the server sends one, for as long
+# as a run of failures lasts at most RETRY_WINDOW seconds (the client's `retry_window`).
+RETRY_WINDOW = 60.0
+RETRY_BASE = 0.1
+RETRY_CAP = 5.0
+_UNARY = (
+    "CreateRuntime",
+    "Spawn",
+    "Post",
+    "Wake",
+    "Wait",
+    "Resume",
+    "Interrupt",
+    "Close",
+    "Inspect",
+    "List",
+    "GetTranscript",
+    "ListRuntimes",
+    "DeleteRuntime",
+)
+# The requests that change something: each carries a request id (the caller's, or a fresh one).
+_MUTATING = (
+    pb.CreateRuntimeRequest,
+    pb.SpawnRequest,
+    pb.PostRequest,
+    pb.WakeRequest,
+    pb.ResumeRequest,
+    pb.InterruptRequest,
+    pb.CloseRequest,
+    pb.DeleteRuntimeRequest,
+)
 
 _DETAIL_TYPES = (
     error_details_pb2.BadRequest,
     error_details_pb2.ErrorInfo,
     error_details_pb2.ResourceInfo,
     error_details_pb2.QuotaFailure,
+    error_details_pb2.RetryInfo,
 )
 _Detail = TypeVar("_Detail", bound=Message)
 _Item = TypeVar("_Item")
 
 
-def _dropped(error: AgentRuntimeError) -> bool:
-    """The server went away under the call: UNAVAILABLE, or CANCELLED, which grpc-core answers
-    for a call that reached a server as it began to shut down, before a handler took it
-    (grpc/grpc#41785). Never the caller's own: a cancelled asyncio task raises CancelledError
-    and a closed channel UsageError, not an RPC error."""
-    return error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+def _retryable(error: AgentRuntimeError, own_deadline: bool = False) -> bool:
+    """Worth another attempt: UNAVAILABLE (the server is away, or refused without acting);
+    CANCELLED, which grpc-core answers for a call that reached a server as it began to shut
+    down, before a handler took it (grpc/grpc#41785); DEADLINE_EXCEEDED of the attempt's own
+    deadline (`own_deadline`: it had passed; not one the server sent); and any error that
+    carries RetryInfo. Never the caller's own cancellation: a cancelled asyncio task raises
+    CancelledError and a closed channel UsageError, not an RPC error."""
+    if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return True
+    if error.code is grpc.StatusCode.DEADLINE_EXCEEDED and own_deadline:
+        return True
+    return error.retry_info is not None
+
+
+class _Failures:
+    """A run of consecutive failed attempts of one call (or of one Wait or Watch loop, which
+    `reset` when an attempt succeeds): how many, and whether another attempt may start."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.count = 0
+        self._since: float | None = None
+
+    def reset(self) -> None:
+        self.count = 0
+        self._since = None
+
+    def pause(self, error: AgentRuntimeError, now: float, wait: float, end: float | None = None) -> float | None:
+        """Counts a failure at `now`; the seconds to wait before the next attempt (`wait`, or
+        the error's RetryInfo.retry_delay when longer), or None when the next attempt would
+        start after the window from this run's first failure, or after `end`."""
+        if self._since is None:
+            self._since = now
+        info = error.retry_info
+        if info is not None:
+            wait = max(wait, info.retry_delay.ToNanoseconds() / 1e9)
+        limit = self._since + self.window
+        if end is not None:
+            limit = min(limit, end)
+        if now + wait >= limit:
+            return None
+        self.count += 1
+        return wait
 
 
 class AgentRuntimeError(Exception):
@@ -116,6 +161,12 @@ class AgentRuntimeError(Exception):
     def quota_failure(self) -> error_details_pb2.QuotaFailure | None:
         """RESOURCE_EXHAUSTED by a tenant's quota."""
         return self.detail(error_details_pb2.QuotaFailure)
+
+    @property
+    def retry_info(self) -> error_details_pb2.RetryInfo | None:
+        """How long to wait before trying again (`retry_delay`): the server sends it with every
+        UNAVAILABLE it answers without having acted (a runtime moving, a draining server)."""
+        return self.detail(error_details_pb2.RetryInfo)
 
     @property
     def reason(self) -> str:
@@ -204,6 +255,11 @@ def _jittered(base: float, failures: int, cap: float) -> float:
     return random.uniform(0, _doubled(base, failures, cap))
 
 
+def _request_id(given: str | None) -> str:
+    """The caller's request id, or a fresh one (a random UUID) when it gave none."""
+    return given or str(uuid.uuid4())
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
     value.FromNanoseconds(int(seconds * 1e9))
@@ -220,7 +276,14 @@ class Client:
     on every call (over TLS, or plaintext to a loopback server). While a call is open the
     connection is pinged after `keepalive` seconds (60) without activity and dropped when no
     answer comes within `keepalive_timeout` (20); `keepalive=None` sends no pings,
-    `keepalive_without_calls=True` pings an idle connection too."""
+    `keepalive_without_calls=True` pings an idle connection too.
+
+    Every call is retried when an attempt fails with UNAVAILABLE (and the other failures
+    `_retryable` names), with backoff and full jitter, for up to `retry_window` seconds (60)
+    from the first failure; each mutating call carries a request id (`request_id=`, or a
+    fresh UUID), the same on every attempt, so that a repeat takes effect once.
+    `retries=False` makes one attempt of every call (the request id is still sent).
+    `timeout` is each attempt's deadline."""
 
     def __init__(
         self,
@@ -237,12 +300,18 @@ class Client:
         keepalive_without_calls: bool = False,
         interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
         channel_options: Sequence[tuple[str, Any]] = (),
+        retries: bool = True,
+        retry_window: float = RETRY_WINDOW,
     ) -> None:
         if (client_cert is None) != (client_key is None):
             raise ValueError("client_cert and client_key go together: give both for mTLS, or neither")
         if keepalive is not None and keepalive <= 0:
             raise ValueError("keepalive is the seconds between pings: give a positive number, or None for no pings")
-        options = list(_CHANNEL_OPTIONS)
+        if math.isnan(retry_window) or retry_window < 0:
+            raise ValueError("retry_window is the seconds a run of failures is retried for: give a number >= 0")
+        self._retries = retries
+        self._retry_window = retry_window
+        options: list[tuple[str, Any]] = []
         if keepalive is not None:
             # A long Wait, a Watch or a worker's stream notices a dead peer (or a proxy that
             # dropped the connection) within keepalive + keepalive_timeout. gRPC's default of two
@@ -280,8 +349,8 @@ class Client:
 
     @property
     def channel_options(self) -> tuple[tuple[str, Any], ...]:
-        """The gRPC channel arguments the channel was made with: the retry policy, the
-        keepalive and then `channel_options`, in that order."""
+        """The gRPC channel arguments the channel was made with: the keepalive and then
+        `channel_options`, in that order."""
         return self._channel_options
 
     async def __aenter__(self) -> Client:
@@ -293,81 +362,148 @@ class Client:
     async def close_channel(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+    @property
+    def retries(self) -> bool:
+        """Whether failed attempts are retried (the constructor's `retries`)."""
+        return self._retries
+
+    @property
+    def retry_window(self) -> float:
+        """The seconds a run of failed attempts is retried for (the constructor's `retry_window`)."""
+        return self._retry_window
+
+    def _failures(self) -> _Failures:
+        return _Failures(self._retry_window)
+
+    async def _attempt(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        """One attempt of a unary call; `timeout` is its deadline (default: the client's)."""
         try:
             return await method(request, timeout=timeout or self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as error:
             raise AgentRuntimeError.from_rpc_error(error) from None
 
-    async def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "") -> str:
-        response = await self._call(self._stub.CreateRuntime, pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=agents))
+    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        """A unary call, attempted again after a failure `_retryable` names while the retry
+        window allows (never after the caller cancelled: CancelledError is no RPC error);
+        the same request, request id included, every time."""
+        loop = asyncio.get_running_loop()
+        deadline = timeout or self._timeout
+        failures = self._failures()
+        while True:
+            started = loop.time()
+            try:
+                return await self._attempt(method, request, timeout)
+            except AgentRuntimeError as error:
+                own_deadline = deadline is not None and loop.time() - started >= deadline
+                if not self._retries or not _retryable(error, own_deadline):
+                    raise
+                pause = failures.pause(error, loop.time(), _jittered(RETRY_BASE, failures.count, RETRY_CAP))
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+
+    async def call(self, method: str, request: Message, *, timeout: float | None = None) -> Any:
+        """Any unary RPC by its name (`"Post"`, `"Close"`, ...) with a request message the thin
+        methods do not build (Post's `trust`, Close's `grace`), retried as they are; a request
+        that has a `request_id` and leaves it empty is sent with a fresh one (the caller's
+        message is not changed). Returns the whole response message; `timeout` is each
+        attempt's deadline (default: the client's).
+
+            response = await client.call("Post", pb.PostRequest(runtime_id=rt, handle_id=h, text=t, trust=pb.TRUST_EXTERNAL))"""
+        if method not in _UNARY:
+            raise ValueError(f"{method!r} is no unary RPC of AgentRuntime: one of {', '.join(_UNARY)}")
+        if isinstance(request, _MUTATING) and not request.request_id:
+            fresh = copy.deepcopy(request)
+            fresh.request_id = _request_id(None)
+            request = fresh
+        return await self._call(getattr(self._stub, method), request, timeout)
+
+    async def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "", *, request_id: str | None = None) -> str:
+        request = pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=agents, request_id=_request_id(request_id))
+        response = await self._call(self._stub.CreateRuntime, request)
         return str(response.runtime_id)
 
-    async def spawn(self, runtime_id: str, agent: str, parent: str = "root", budget: pb.Budget | None = None) -> str:
-        request = pb.SpawnRequest(runtime_id=runtime_id, parent_id=parent, agent=agent, budget=budget)
+    async def spawn(
+        self, runtime_id: str, agent: str, parent: str = "root", budget: pb.Budget | None = None, *, request_id: str | None = None
+    ) -> str:
+        request = pb.SpawnRequest(
+            runtime_id=runtime_id, parent_id=parent, agent=agent, budget=budget, request_id=_request_id(request_id)
+        )
         return str((await self._call(self._stub.Spawn, request)).handle_id)
 
-    async def post(self, runtime_id: str, handle_id: str, text: str, channel: str = "", sender: str = "") -> int:
+    async def post(
+        self, runtime_id: str, handle_id: str, text: str, channel: str = "", sender: str = "", *, request_id: str | None = None
+    ) -> int:
         request = pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text=text, channel=channel, sender=sender)
+        request.request_id = _request_id(request_id)
         return int((await self._call(self._stub.Post, request)).inbox_size)
 
-    async def wake(self, runtime_id: str, handle_id: str, prompt: str = "") -> bool:
-        request = pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt)
+    async def wake(self, runtime_id: str, handle_id: str, prompt: str = "", *, request_id: str | None = None) -> bool:
+        request = pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt=prompt, request_id=_request_id(request_id))
         return bool((await self._call(self._stub.Wake, request)).queued)
 
     async def wait(self, runtime_id: str, handle_id: str, timeout: float | None = None) -> pb.TaskResult:
         """The handle's settled (or PENDING) result, however long the run takes; with
         `timeout`, after that many seconds at most the server's TIMEOUT result (the handle
         still running). TIMEOUT is the caller's choice, never the transport's: each Wait asks
-        the server for at most WAIT_SLICE seconds, under the call's deadline, and is repeated;
-        a server that is restarting (UNAVAILABLE, or CANCELLED: see `_dropped`) is waited for,
-        with backoff and jitter."""
+        the server for at most WAIT_SLICE seconds, under the call's deadline, and is repeated.
+        A failed Wait is retried as every call is (`_retryable`, with backoff and jitter, at
+        least the RetryInfo's delay), for a run of failures of at most the retry window and
+        never past `timeout`: a server that is restarting is waited for, one that keeps
+        failing (UNAVAILABLE STORE_BROKEN) fails the wait after the window."""
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
-        failures = 0
+        failures = self._failures()
         while True:
             remaining = None if end is None else max(end - loop.time(), 0.0)
             slice_ = WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
             request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=_duration(slice_))
+            started = loop.time()
             try:
-                response = await self._call(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
+                response = await self._attempt(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
             except AgentRuntimeError as error:
-                if not _dropped(error) or (end is not None and loop.time() >= end):
+                own_deadline = loop.time() - started >= slice_ + WAIT_MARGIN
+                if not self._retries or not _retryable(error, own_deadline):
                     raise
-                failures += 1
-                await asyncio.sleep(_jittered(0.1, failures, 5.0))
+                pause = failures.pause(error, loop.time(), _jittered(RETRY_BASE, failures.count, RETRY_CAP), end)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
                 continue
-            failures = 0
+            failures.reset()
             result: pb.TaskResult = response.result
             if result.status != pb.STATUS_TIMEOUT or (end is not None and loop.time() >= end):
                 return result
 
-    async def resume(self, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-        """Answers a pending Request. Safe to repeat (the server returns the same result and
-        runs nothing again), so a restarting server (UNAVAILABLE) is retried, with backoff."""
-        request = pb.ResumeRequest(runtime_id=runtime_id, answer=answer)
-        for failures in range(1, RESUME_ATTEMPTS + 1):
-            try:
-                response = await self._call(self._stub.Resume, request)
-                return response.result  # type: ignore[no-any-return]
-            except AgentRuntimeError as error:
-                if not _dropped(error) or failures == RESUME_ATTEMPTS:
-                    raise
-                await asyncio.sleep(_jittered(0.1, failures, 5.0))
-        raise AssertionError("unreachable")
+    async def resume(self, runtime_id: str, answer: pb.Answer, *, request_id: str | None = None) -> pb.TaskResult:
+        """Answers a pending Request and returns the next result (settled, or PENDING again)."""
+        request = pb.ResumeRequest(runtime_id=runtime_id, answer=answer, request_id=_request_id(request_id))
+        response = await self._call(self._stub.Resume, request)
+        return response.result  # type: ignore[no-any-return]
 
-    async def run(self, runtime_id: str, agent: str, prompt: str, parent: str = "root") -> pb.TaskResult:
-        """Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle."""
-        handle_id = await self.spawn(runtime_id, agent, parent)
-        await self.wake(runtime_id, handle_id, prompt)
+    async def run(
+        self,
+        runtime_id: str,
+        agent: str,
+        prompt: str,
+        parent: str = "root",
+        *,
+        spawn_request_id: str | None = None,
+        wake_request_id: str | None = None,
+    ) -> pb.TaskResult:
+        """Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle. The Spawn
+        and the Wake each carry a request id (the caller's, or a fresh one), so a retried one
+        spawns one handle and runs it once."""
+        handle_id = await self.spawn(runtime_id, agent, parent, request_id=_request_id(spawn_request_id))
+        await self.wake(runtime_id, handle_id, prompt, request_id=_request_id(wake_request_id))
         return await self.wait(runtime_id, handle_id)
 
-    async def interrupt(self, runtime_id: str, handle_id: str) -> bool:
-        request = pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id)
+    async def interrupt(self, runtime_id: str, handle_id: str, *, request_id: str | None = None) -> bool:
+        request = pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id, request_id=_request_id(request_id))
         return bool((await self._call(self._stub.Interrupt, request)).interrupted)
 
-    async def close(self, runtime_id: str, handle_id: str, force: bool = False) -> list[str]:
-        request = pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, force=force)
+    async def close(self, runtime_id: str, handle_id: str, force: bool = False, *, request_id: str | None = None) -> list[str]:
+        request = pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, force=force, request_id=_request_id(request_id))
         return list((await self._call(self._stub.Close, request)).closed_handle_ids)
 
     async def inspect(self, runtime_id: str, handle_id: str) -> pb.HandleView:
@@ -438,46 +574,47 @@ class Client:
         """Every runtime of the caller's tenant, newest first (all pages)."""
         return [runtime async for runtime in self.iter_runtimes()]
 
-    async def delete_runtime(self, runtime_id: str, force: bool = False) -> None:
+    async def delete_runtime(self, runtime_id: str, force: bool = False, *, request_id: str | None = None) -> None:
         """Closes the runtime and deletes everything stored of it; `force` interrupts running
         handles (without it a runtime with running handles is refused)."""
-        await self._call(self._stub.DeleteRuntime, pb.DeleteRuntimeRequest(runtime_id=runtime_id, force=force))
+        request = pb.DeleteRuntimeRequest(runtime_id=runtime_id, force=force, request_id=_request_id(request_id))
+        await self._call(self._stub.DeleteRuntime, request)
 
     async def watch(
         self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0
     ) -> AsyncIterator[pb.Event]:
         """The runtime's events after `after_seq`, in order, once each; never ends by itself.
 
-        A dropped stream (UNAVAILABLE or CANCELLED from the server, or RESOURCE_EXHAUSTED with
-        reason WATCH_LAGGING when this consumer fell too far behind) is reopened from the last seq seen, so nothing is
-        missed or seen twice. After `max_retries` reconnects in a row with no event between
-        them (waiting `backoff` seconds, doubling up to 30, before each), the error is raised."""
+        A dropped stream (an error `_retryable` names, such as UNAVAILABLE or CANCELLED from the
+        server, or RESOURCE_EXHAUSTED with reason WATCH_LAGGING when this consumer fell too far
+        behind) is reopened from the last seq seen, so nothing is missed or seen twice. The
+        error is raised after `max_retries` reconnects in a row with no event between them
+        (waiting `backoff` seconds, doubling up to 30, or the RetryInfo's delay when longer,
+        before each), or when such a run of failures would outlast the retry window; at once
+        with `retries=False`."""
+        loop = asyncio.get_running_loop()
         seen = after_seq
-        failures = 0
+        failures = self._failures()
         while True:
             call = self._stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=seen), metadata=self._metadata)
             try:
                 async for response in call:
-                    failures = 0
+                    failures.reset()
                     seen = response.event.seq
                     yield response.event
+                # The server ended the stream (it is shutting down): reopen it like a drop.
+                error = AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
             except grpc.aio.AioRpcError as rpc_error:
                 error = AgentRuntimeError.from_rpc_error(rpc_error)
-                info = error.detail(error_details_pb2.ErrorInfo)
-                lagging = error.code is grpc.StatusCode.RESOURCE_EXHAUSTED and getattr(info, "reason", "") == "WATCH_LAGGING"
-                if not (lagging or _dropped(error)) or failures >= max_retries:
-                    raise error from None
-                if not lagging:
-                    await asyncio.sleep(_doubled(backoff, failures, WATCH_MAX_BACKOFF))
-                failures += 1
-                continue
             finally:
                 call.cancel()
-            # The server ended the stream (it is shutting down): reopen it like a drop.
-            if failures >= max_retries:
-                raise AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
-            await asyncio.sleep(_doubled(backoff, failures, WATCH_MAX_BACKOFF))
-            failures += 1
+            lagging = error.code is grpc.StatusCode.RESOURCE_EXHAUSTED and error.reason == "WATCH_LAGGING"
+            if not self._retries or not (lagging or _retryable(error)) or failures.count >= max_retries:
+                raise error
+            pause = failures.pause(error, loop.time(), 0.0 if lagging else _doubled(backoff, failures.count, WATCH_MAX_BACKOFF))
+            if pause is None:
+                raise error
+            await asyncio.sleep(pause)
 
     async def serve_tools(
         self,

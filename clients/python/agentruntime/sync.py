@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from types import TracebackType
 from typing import Any, TypeVar
 
+from google.protobuf.message import Message
+
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from .client import Client
@@ -31,7 +33,8 @@ SyncToolHandler = Callable[[dict[str, Any], "pb.WorkerCall"], str]
 class SyncClient:
     def __init__(self, target: str, **options: Any) -> None:
         """`options`: as Client's (token, tls, root_certificates, client_cert, client_key, timeout,
-        keepalive, keepalive_timeout, keepalive_without_calls, interceptors, channel_options)."""
+        keepalive, keepalive_timeout, keepalive_without_calls, interceptors, channel_options,
+        retries, retry_window)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentruntime-client", daemon=True)
         self._thread.start()
@@ -81,32 +84,58 @@ class SyncClient:
     def channel_options(self) -> tuple[tuple[str, Any], ...]:
         return self._client.channel_options
 
-    def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "") -> str:
-        return self._run(self._client.create_runtime(agents, runtime_id))
+    @property
+    def retries(self) -> bool:
+        return self._client.retries
 
-    def spawn(self, runtime_id: str, agent: str, parent: str = "root", budget: pb.Budget | None = None) -> str:
-        return self._run(self._client.spawn(runtime_id, agent, parent, budget))
+    @property
+    def retry_window(self) -> float:
+        return self._client.retry_window
 
-    def post(self, runtime_id: str, handle_id: str, text: str, channel: str = "", sender: str = "") -> int:
-        return self._run(self._client.post(runtime_id, handle_id, text, channel, sender))
+    def call(self, method: str, request: Message, *, timeout: float | None = None) -> Any:
+        """Any unary RPC by its name, retried, with a request id when it takes one (Client.call)."""
+        return self._run(self._client.call(method, request, timeout=timeout))
 
-    def wake(self, runtime_id: str, handle_id: str, prompt: str = "") -> bool:
-        return self._run(self._client.wake(runtime_id, handle_id, prompt))
+    def create_runtime(self, agents: Sequence[pb.AgentDef], runtime_id: str = "", *, request_id: str | None = None) -> str:
+        return self._run(self._client.create_runtime(agents, runtime_id, request_id=request_id))
+
+    def spawn(
+        self, runtime_id: str, agent: str, parent: str = "root", budget: pb.Budget | None = None, *, request_id: str | None = None
+    ) -> str:
+        return self._run(self._client.spawn(runtime_id, agent, parent, budget, request_id=request_id))
+
+    def post(
+        self, runtime_id: str, handle_id: str, text: str, channel: str = "", sender: str = "", *, request_id: str | None = None
+    ) -> int:
+        return self._run(self._client.post(runtime_id, handle_id, text, channel, sender, request_id=request_id))
+
+    def wake(self, runtime_id: str, handle_id: str, prompt: str = "", *, request_id: str | None = None) -> bool:
+        return self._run(self._client.wake(runtime_id, handle_id, prompt, request_id=request_id))
 
     def wait(self, runtime_id: str, handle_id: str, timeout: float | None = None) -> pb.TaskResult:
         return self._run(self._client.wait(runtime_id, handle_id, timeout))
 
-    def resume(self, runtime_id: str, answer: pb.Answer) -> pb.TaskResult:
-        return self._run(self._client.resume(runtime_id, answer))
+    def resume(self, runtime_id: str, answer: pb.Answer, *, request_id: str | None = None) -> pb.TaskResult:
+        return self._run(self._client.resume(runtime_id, answer, request_id=request_id))
 
-    def run(self, runtime_id: str, agent: str, prompt: str, parent: str = "root") -> pb.TaskResult:
-        return self._run(self._client.run(runtime_id, agent, prompt, parent))
+    def run(
+        self,
+        runtime_id: str,
+        agent: str,
+        prompt: str,
+        parent: str = "root",
+        *,
+        spawn_request_id: str | None = None,
+        wake_request_id: str | None = None,
+    ) -> pb.TaskResult:
+        ids = {"spawn_request_id": spawn_request_id, "wake_request_id": wake_request_id}
+        return self._run(self._client.run(runtime_id, agent, prompt, parent, **ids))
 
-    def interrupt(self, runtime_id: str, handle_id: str) -> bool:
-        return self._run(self._client.interrupt(runtime_id, handle_id))
+    def interrupt(self, runtime_id: str, handle_id: str, *, request_id: str | None = None) -> bool:
+        return self._run(self._client.interrupt(runtime_id, handle_id, request_id=request_id))
 
-    def close(self, runtime_id: str, handle_id: str, force: bool = False) -> list[str]:
-        return self._run(self._client.close(runtime_id, handle_id, force))
+    def close(self, runtime_id: str, handle_id: str, force: bool = False, *, request_id: str | None = None) -> list[str]:
+        return self._run(self._client.close(runtime_id, handle_id, force, request_id=request_id))
 
     def inspect(self, runtime_id: str, handle_id: str) -> pb.HandleView:
         return self._run(self._client.inspect(runtime_id, handle_id))
@@ -131,8 +160,8 @@ class SyncClient:
     def list_runtimes(self) -> list[pb.RuntimeSummary]:
         return self._run(self._client.list_runtimes())
 
-    def delete_runtime(self, runtime_id: str, force: bool = False) -> None:
-        self._run(self._client.delete_runtime(runtime_id, force))
+    def delete_runtime(self, runtime_id: str, force: bool = False, *, request_id: str | None = None) -> None:
+        self._run(self._client.delete_runtime(runtime_id, force, request_id=request_id))
 
     def iter_handles(self, runtime_id: str, page_size: int = 0) -> Iterator[pb.HandleView]:
         return self._iterate(self._client.iter_handles(runtime_id, page_size))

@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import secrets
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from google.protobuf import duration_pb2, json_format, struct_pb2
+from google.protobuf import duration_pb2, json_format, struct_pb2, text_format
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2
 
 DEFAULT_VECTORS = Path(__file__).resolve().parents[3] / "tests" / "vectors"
@@ -38,7 +42,11 @@ VERBS = (
     "delete_runtime",
     "create_runtime",
     "watch",
+    "interrupt",
 )
+# The verbs whose step may carry "request_id" and "repeat" (README: Request ids and repeats).
+MUTATING = ("spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime")
+REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{0,40}")
 WAIT_OPTIONS = ("handle", "client_timeout_ms", "restart_server_after_ms")
 
 
@@ -165,21 +173,6 @@ def _trust(where: str, name: str) -> pb.Trust.ValueType:
         return pb.Trust.Value(name)
     except ValueError:
         raise Mismatch(f"{where}: trust {name!r} is not a value of Trust") from None
-
-
-class Raw:
-    """The generated stub, for the fields the thin client does not take (Post's trust and
-    coalesce_key, Close's grace); refusals come back as AgentRuntimeError, as the client's do."""
-
-    def __init__(self, client: Client) -> None:
-        self.stub = client.stub  # the client's channel: its TLS and its token
-        self.metadata = client.metadata
-
-    async def call(self, method: Any, request: Any) -> Any:
-        try:
-            return await method(request, timeout=CALL_TIMEOUT, metadata=self.metadata)
-        except grpc.aio.AioRpcError as error:
-            raise AgentRuntimeError.from_rpc_error(error) from None
 
 
 def _check_details(where: str, error: AgentRuntimeError, want: dict[str, Any]) -> None:
@@ -342,134 +335,251 @@ async def start_workers(client: Client, entries: list[dict[str, Any]]) -> list[a
     return started
 
 
-async def run_vector(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
+async def run_vector(client: Client, vector: dict[str, Any]) -> None:
     workers = await start_workers(client, vector.get("workers", []))
     try:
-        await run_steps(client, raw, vector)
+        await run_steps(client, vector)
     finally:
         for worker in workers:
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
 
 
-async def run_steps(client: Client, raw: Raw, vector: dict[str, Any]) -> None:
+async def run_steps(client: Client, vector: dict[str, Any]) -> None:
     agents = [json_format.ParseDict(agent, pb.AgentDef()) for agent in vector["agents"]]
-    runtime_id = await client.create_runtime(agents)
-    last_pending: pb.Request | None = None
-    # The next_page_token of the last list / transcript step that succeeded, for "$next".
-    next_list: str | None = None
-    next_transcript: str | None = None
+    run = VectorRun(client, await client.create_runtime(agents), secrets.token_hex(8))
     for index, step in enumerate(vector["steps"]):
-        where = f"step {index + 1}"
+        await run.step(f"step {index + 1}", step)
+
+
+@dataclass
+class Reply:
+    """One answer to a step's call: what the call returned (compared between a call and its
+    repeat), or its refusal."""
+
+    response: Any = None
+    error: AgentRuntimeError | None = None
+
+    def __str__(self) -> str:
+        if self.error is not None:
+            return f"the error {self.error}"
+        if isinstance(self.response, Message):
+            return f"the answer {{{text_format.MessageToString(self.response, as_one_line=True)}}}"
+        return f"the answer {self.response!r}"
+
+
+async def _reply(send: Callable[[], Awaitable[Any]]) -> Reply:
+    try:
+        return Reply(response=await send())
+    except AgentRuntimeError as error:
+        return Reply(error=error)
+
+
+def _request_options(where: str, step: dict[str, Any], verb: str, token: str) -> tuple[str | None, bool]:
+    """The request id to send (`<token>-<request_id>`; None: the client's own) and whether to
+    send the call again (README: Request ids and repeats)."""
+    if ("request_id" in step or "repeat" in step) and verb not in MUTATING:
+        raise Mismatch(f"{where}: request_id and repeat go with a mutating verb ({', '.join(MUTATING)}), not {verb}")
+    request_id = step.get("request_id")
+    if "request_id" in step and (type(request_id) is not str or not REQUEST_ID.fullmatch(request_id)):
+        raise Mismatch(f"{where}: request_id must be a string of at most 40 of [A-Za-z0-9_-], got {request_id!r}")
+    repeat = step.get("repeat", False)
+    if type(repeat) is not bool:
+        raise Mismatch(f"{where}: repeat must be a boolean, got {repeat!r}")
+    if repeat and request_id is None:
+        raise Mismatch(f"{where}: repeat needs a request_id")
+    return (None if request_id is None else f"{token}-{request_id}"), repeat
+
+
+class VectorRun:
+    """A vector's steps on its runtime, and what a step hands on to later ones: the last pending
+    Request (for resume) and each paged verb's last next_page_token (for "$next")."""
+
+    def __init__(self, client: Client, runtime_id: str, token: str) -> None:
+        self.client = client
+        self.runtime_id = runtime_id
+        self.token = token  # drawn once per vector run: the prefix of its request ids
+        self.last_pending: pb.Request | None = None
+        self.next_list: str | None = None
+        self.next_transcript: str | None = None
+
+    async def step(self, where: str, step: dict[str, Any]) -> None:
         verbs = [verb for verb in VERBS if verb in step]
         if len(verbs) != 1:
             raise Mismatch(f"{where}: a step has exactly one verb, got {verbs}")
+        verb = verbs[0]
+        request_id, repeat = _request_options(where, step, verb, self.token)
+        send, outcome = self.prepare(where, step, verb, request_id)
+        replies = [await _reply(send)]
+        if repeat:
+            replies.append(await _reply(send))
         try:
-            outcome: Any = None
-            if "spawn" in step:
-                args = step["spawn"]
-                budget = json_format.ParseDict(args["budget"], pb.Budget()) if "budget" in args else None
-                outcome = {"handle_id": await client.spawn(runtime_id, args["agent"], args["parent"], budget)}
-            elif "wake" in step:
-                await client.wake(runtime_id, step["wake"]["handle"], step["wake"].get("prompt", ""))
-            elif "wait" in step:
-                result = await _wait(client, runtime_id, where, step)
-                outcome = _result_fields(result)
-                last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
-            elif "resume" in step:
-                args = step["resume"]
-                calls = list(last_pending.calls) if last_pending else []
-                answer = pb.Answer(
-                    id=args.get("id") or (last_pending.id if last_pending else ""),
-                    ok=args.get("ok", False),
-                    reason=args.get("reason", ""),
-                    outputs=[pb.ToolOutput(call_id=calls[i].id, output=text) for i, text in enumerate(args.get("outputs", []))],
-                )
-                if "data" in args:
-                    if not isinstance(args["data"], dict):
-                        raise Mismatch(f"{where}: data must be an object, got {args['data']!r}")
-                    answer.data.CopyFrom(json_format.ParseDict(args["data"], struct_pb2.Struct()))
-                result = await client.resume(runtime_id, answer)
-                outcome = _result_fields(result)
-                last_pending = result.pending if result.status == pb.STATUS_PENDING else last_pending
-            elif "list" in step:
-                size, token = _page_args(where, step["list"], next_list)
-                listed = await client.list_page(runtime_id, size, token)
-                next_list = listed.next_page_token
-                outcome = {
-                    "count": len(listed.handles),
-                    "handles": {view.handle_id: _view_fields(view) for view in listed.handles},
-                    "next_page_token_empty": not listed.next_page_token,
-                }
-            elif "transcript" in step:
-                args = step["transcript"]
-                size, token = _page_args(where, args, next_transcript)
-                page = await client.transcript_page(runtime_id, args["handle"], size, token)
-                next_transcript = page.next_page_token
-                outcome = {
-                    "count": len(page.messages),
-                    "roles": [message.role for message in page.messages],
-                    "messages": [_message_fields(message) for message in page.messages],
-                    "next_page_token_empty": not page.next_page_token,
-                }
-            elif "post" in step:
-                args = _args(where, step, "post")
-                post = pb.PostRequest(
-                    runtime_id=runtime_id,
-                    handle_id=_arg(where, args, "handle", str),
-                    text=_arg(where, args, "text", str),
-                    sender=_arg(where, args, "sender", str, ""),
-                    channel=_arg(where, args, "channel", str, ""),
-                    trust=_trust(where, _arg(where, args, "trust", str, "TRUST_UNSPECIFIED")),
-                    coalesce_key=_arg(where, args, "coalesce_key", str, ""),
-                )
-                outcome = {"inbox_size": (await raw.call(raw.stub.Post, post)).inbox_size}
-            elif "close" in step:
-                args = _args(where, step, "close")
-                close = pb.CloseRequest(runtime_id=runtime_id, handle_id=_arg(where, args, "handle", str))
-                close.force = _arg(where, args, "force", bool, False)
-                if "grace_ms" in args:
-                    grace_ms = args["grace_ms"]
-                    if type(grace_ms) is not int:
-                        raise Mismatch(f"{where}: grace_ms must be an integer, got {grace_ms!r}")
-                    grace = duration_pb2.Duration()
-                    grace.FromMilliseconds(grace_ms)
-                    close.grace.CopyFrom(grace)
-                closed = list((await raw.call(raw.stub.Close, close)).closed_handle_ids)
-                outcome = {"closed": closed, "count": len(closed)}
-            elif "inspect" in step:
-                outcome = await _inspect(client, runtime_id, where, step)
-            elif "list_runtimes" in step:
-                outcome = await _list_runtimes(client, runtime_id, where, step)
-            elif "delete_runtime" in step:
-                args = _args(where, step, "delete_runtime")
-                await client.delete_runtime(runtime_id, _arg(where, args, "force", bool, False))
-            elif "create_runtime" in step:
-                args = _args(where, step, "create_runtime")
-                definitions = _arg(where, args, "agents", list)
-                created = await client.create_runtime([json_format.ParseDict(d, pb.AgentDef()) for d in definitions])
-                await client.delete_runtime(created)  # another runtime than the vector's: leave none behind
-            elif "watch" in step:
-                outcome = await _watch(client, runtime_id, where, step)
-            else:
-                raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
-        except AgentRuntimeError as error:
-            if "expect_error" not in step:
-                raise Mismatch(f"{where}: unexpected error {error}") from None
-            want = step["expect_error"]
-            if error.code.name != want["code"]:
-                raise Mismatch(f"{where}: expected {want['code']}, got {error}") from None
-            if "limit" in want:
-                info = error.detail(error_details_pb2.ErrorInfo)
-                limit = info.metadata.get("limit") if info else None
-                if limit != want["limit"]:
-                    raise Mismatch(f"{where}: expected ErrorInfo limit {want['limit']}, got {limit}") from None
-            _check_details(where, error, want)
-            continue
-        if "expect_error" in step:
-            raise Mismatch(f"{where}: expected {step['expect_error']['code']}, but the call succeeded")
-        if "expect" in step:
-            _check(where, outcome, step["expect"])
+            if repeat:
+                _alike(where, replies[0], replies[1])
+            for reply in replies:
+                _expect(where, step, reply, outcome)
+        finally:
+            if verb == "create_runtime":  # another runtime than the vector's: leave none behind
+                for created in {reply.response for reply in replies if reply.error is None}:
+                    await self.client.delete_runtime(created)
+
+    def _pending(self, result: pb.TaskResult) -> pb.TaskResult:
+        if result.status == pb.STATUS_PENDING:
+            self.last_pending = result.pending
+        return result
+
+    def prepare(
+        self, where: str, step: dict[str, Any], verb: str, request_id: str | None
+    ) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Any]]:
+        """The step's call, made once (or twice, with `repeat`: the same request), and what a
+        successful answer gives the step's `expect` to check."""
+        client, runtime_id = self.client, self.runtime_id
+        if verb == "spawn":
+            args = step["spawn"]
+            budget = json_format.ParseDict(args["budget"], pb.Budget()) if "budget" in args else None
+            agent, parent = args["agent"], args["parent"]
+            return (
+                lambda: client.spawn(runtime_id, agent, parent, budget, request_id=request_id),
+                lambda handle: {"handle_id": handle},
+            )
+        if verb == "wake":
+            handle, prompt = step["wake"]["handle"], step["wake"].get("prompt", "")
+            return lambda: client.wake(runtime_id, handle, prompt, request_id=request_id), lambda queued: None
+        if verb == "wait":
+            return lambda: _wait(client, runtime_id, where, step), lambda result: _result_fields(self._pending(result))
+        if verb == "resume":
+            answer = self._answer(where, step["resume"])
+            return (
+                lambda: client.resume(runtime_id, answer, request_id=request_id),
+                lambda result: _result_fields(self._pending(result)),
+            )
+        if verb == "interrupt":
+            handle = _arg(where, _args(where, step, "interrupt"), "handle", str)
+            return (
+                lambda: client.interrupt(runtime_id, handle, request_id=request_id),
+                lambda interrupted: {"interrupted": interrupted},
+            )
+        if verb == "list":
+            size, token = _page_args(where, step["list"], self.next_list)
+            return lambda: client.list_page(runtime_id, size, token), self._listed
+        if verb == "transcript":
+            args = step["transcript"]
+            size, token = _page_args(where, args, self.next_transcript)
+            handle = args["handle"]
+            return lambda: client.transcript_page(runtime_id, handle, size, token), self._transcribed
+        if verb == "post":
+            args = _args(where, step, "post")
+            post = pb.PostRequest(
+                runtime_id=runtime_id,
+                handle_id=_arg(where, args, "handle", str),
+                text=_arg(where, args, "text", str),
+                sender=_arg(where, args, "sender", str, ""),
+                channel=_arg(where, args, "channel", str, ""),
+                trust=_trust(where, _arg(where, args, "trust", str, "TRUST_UNSPECIFIED")),
+                coalesce_key=_arg(where, args, "coalesce_key", str, ""),
+                request_id=request_id or "",  # empty: the client draws one, the same for every attempt
+            )
+            return lambda: client.call("Post", post), lambda response: {"inbox_size": response.inbox_size}
+        if verb == "close":
+            args = _args(where, step, "close")
+            close = pb.CloseRequest(runtime_id=runtime_id, handle_id=_arg(where, args, "handle", str))
+            close.force = _arg(where, args, "force", bool, False)
+            close.request_id = request_id or ""
+            if "grace_ms" in args:
+                grace_ms = args["grace_ms"]
+                if type(grace_ms) is not int:
+                    raise Mismatch(f"{where}: grace_ms must be an integer, got {grace_ms!r}")
+                grace = duration_pb2.Duration()
+                grace.FromMilliseconds(grace_ms)
+                close.grace.CopyFrom(grace)
+
+            def closed(response: pb.CloseResponse) -> dict[str, Any]:
+                return {"closed": list(response.closed_handle_ids), "count": len(response.closed_handle_ids)}
+
+            return lambda: client.call("Close", close), closed
+        if verb == "inspect":
+            return lambda: _inspect(client, runtime_id, where, step), lambda outcome: outcome
+        if verb == "list_runtimes":
+            return lambda: _list_runtimes(client, runtime_id, where, step), lambda outcome: outcome
+        if verb == "delete_runtime":
+            force = _arg(where, _args(where, step, "delete_runtime"), "force", bool, False)
+            return lambda: client.delete_runtime(runtime_id, force, request_id=request_id), lambda response: None
+        if verb == "create_runtime":
+            definitions = _arg(where, _args(where, step, "create_runtime"), "agents", list)
+            agents = [json_format.ParseDict(d, pb.AgentDef()) for d in definitions]
+            return lambda: client.create_runtime(agents, request_id=request_id), lambda created: None
+        if verb == "watch":
+            return lambda: _watch(client, runtime_id, where, step), lambda outcome: outcome
+        raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
+
+    def _answer(self, where: str, args: dict[str, Any]) -> pb.Answer:
+        """The Answer to the last pending Request (README: resume)."""
+        pending = self.last_pending
+        calls = list(pending.calls) if pending else []
+        answer = pb.Answer(
+            id=args.get("id") or (pending.id if pending else ""),
+            ok=args.get("ok", False),
+            reason=args.get("reason", ""),
+            outputs=[pb.ToolOutput(call_id=calls[i].id, output=text) for i, text in enumerate(args.get("outputs", []))],
+        )
+        if "data" in args:
+            if not isinstance(args["data"], dict):
+                raise Mismatch(f"{where}: data must be an object, got {args['data']!r}")
+            answer.data.CopyFrom(json_format.ParseDict(args["data"], struct_pb2.Struct()))
+        return answer
+
+    def _listed(self, listed: pb.ListResponse) -> dict[str, Any]:
+        self.next_list = listed.next_page_token
+        return {
+            "count": len(listed.handles),
+            "handles": {view.handle_id: _view_fields(view) for view in listed.handles},
+            "next_page_token_empty": not listed.next_page_token,
+        }
+
+    def _transcribed(self, page: pb.GetTranscriptResponse) -> dict[str, Any]:
+        self.next_transcript = page.next_page_token
+        return {
+            "count": len(page.messages),
+            "roles": [message.role for message in page.messages],
+            "messages": [_message_fields(message) for message in page.messages],
+            "next_page_token_empty": not page.next_page_token,
+        }
+
+
+def _alike(where: str, first: Reply, second: Reply) -> None:
+    """A call and its repeat (same request, same request id) answered alike: equal responses
+    (protobuf equality), or the same code and message."""
+    if first.error is None and second.error is None:
+        same = first.response == second.response
+    elif first.error is not None and second.error is not None:
+        same = (first.error.code, first.error.message) == (second.error.code, second.error.message)
+    else:
+        same = False
+    if not same:
+        raise Mismatch(f"{where}: the repeat was answered otherwise: {first}, then {second}")
+
+
+def _expect(where: str, step: dict[str, Any], reply: Reply, outcome: Callable[[Any], Any]) -> None:
+    """The step's `expect` (on what `outcome` makes of the answer) or `expect_error`."""
+    error = reply.error
+    if error is not None:
+        if "expect_error" not in step:
+            raise Mismatch(f"{where}: unexpected error {error}")
+        want = step["expect_error"]
+        if error.code.name != want["code"]:
+            raise Mismatch(f"{where}: expected {want['code']}, got {error}")
+        if "limit" in want:
+            info = error.detail(error_details_pb2.ErrorInfo)
+            limit = info.metadata.get("limit") if info else None
+            if limit != want["limit"]:
+                raise Mismatch(f"{where}: expected ErrorInfo limit {want['limit']}, got {limit}")
+        _check_details(where, error, want)
+        return
+    checked = outcome(reply.response)  # also what a later step reads (a pending Request, a page token)
+    if "expect_error" in step:
+        raise Mismatch(f"{where}: expected {step['expect_error']['code']}, but the call succeeded")
+    if "expect" in step:
+        _check(where, checked, step["expect"])
 
 
 def server_address() -> str:
@@ -494,11 +604,10 @@ def connection_options() -> dict[str, Any]:
 async def run_all(address: str, vectors: list[tuple[str, str]]) -> int:
     passed = failed = 0
     async with Client(address, timeout=CALL_TIMEOUT, **connection_options()) as client:
-        raw = Raw(client)
         for name, text in vectors:
             try:
                 vector = json.loads(text)
-                await run_vector(client, raw, vector)
+                await run_vector(client, vector)
             except (Mismatch, AgentRuntimeError, json_format.ParseError, KeyError, IndexError, TypeError, ValueError) as problem:
                 failed += 1
                 print(f"FAIL {name}: {type(problem).__name__}: {problem}")

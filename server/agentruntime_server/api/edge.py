@@ -8,6 +8,8 @@ import asyncio
 import contextvars
 import functools
 import logging
+import os
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -37,6 +39,7 @@ class Served(Protocol):
 
     service: RuntimeService
     forwarder: object | None
+    kill_after_commit: frozenset[str]  # testing only: AGENTRUNTIME_TEST_KILL_AFTER_COMMIT
 
     async def authenticate(self, context: Context, method: str) -> Principal: ...
 
@@ -147,6 +150,9 @@ def edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
                 await self.service.acknowledge()
                 raise
             await self.service.acknowledge(written(name, request))
+            if name in self.kill_after_commit and not route.get():
+                # A fault a test arms: the call's effect is committed and its answer never leaves.
+                os.kill(os.getpid(), signal.SIGKILL)
             audit_call(name, request, "OK")
             return response
         except asyncio.CancelledError:
@@ -156,7 +162,8 @@ def edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
             # Something it awaited ended cancelled, not the call: grpc would drop a call that
             # raises this, and leave its client hanging until its deadline. It is answered.
             if self.service.draining:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry against its replacement")
+                refusal = Unavailable("the server is shutting down; retry against its replacement")
+                await context.abort_with_status(to_grpc_status(refusal))  # type: ignore[arg-type]
             log.error("%s: something it awaited was cancelled", name, exc_info=True)
             await context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server; see the server log")
             raise
@@ -191,7 +198,7 @@ def written(method: str, request: Any) -> str | None:
 
 
 def moving_between_replicas(runtime_id: str) -> Unavailable:
-    return Unavailable(f"runtime {runtime_id[:64]!r} is moving between replicas; retry the call")
+    return Unavailable(f"runtime {runtime_id[:64]!r} is moving between replicas; retry the call", "RUNTIME_MOVING")
 
 
 def require(**fields: str) -> None:

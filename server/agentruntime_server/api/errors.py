@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from google.protobuf import any_pb2
+import datetime
+
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -26,6 +28,8 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
     details: list[object] = []
     if isinstance(error, e.InvalidArgument):
         code = code_pb2.INVALID_ARGUMENT
+        if error.reason:
+            details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
         details.append(
             error_details_pb2.BadRequest(
                 field_violations=[
@@ -45,9 +49,12 @@ def to_status(error: e.DomainError) -> status_pb2.Status:
         code = code_pb2.FAILED_PRECONDITION
         details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
     elif isinstance(error, e.Unavailable):
+        # Refused without acting: why, and when to try again (a client retries on RetryInfo).
         code = code_pb2.UNAVAILABLE
-        if isinstance(error, e.StoreBroken):  # not a moment's trouble: this server needs a restart
-            details.append(error_details_pb2.ErrorInfo(reason="STORE_BROKEN", domain=DOMAIN))
+        details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
+        delay = duration_pb2.Duration()
+        delay.FromTimedelta(datetime.timedelta(seconds=error.retry_after))
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
     elif isinstance(error, e.Unauthenticated):
         code = code_pb2.UNAUTHENTICATED
     elif isinstance(error, e.PermissionDenied):

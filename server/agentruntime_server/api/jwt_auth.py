@@ -167,10 +167,14 @@ class UrlKeys:
                 self._warn(f"cannot fetch it: {error}" + ("; verifying with the keys fetched before" if stale else ""))
                 if stale is not None:
                     return stale
-                raise Unavailable("the server cannot fetch its JWKS to verify the token; retry later") from None
+                raise Unavailable(
+                    "the server cannot fetch its JWKS to verify the token; retry later", "AUTH_UNAVAILABLE", 5.0
+                ) from None
             except jwt.PyJWKSetError as error:
                 self._warn(f"it is not a JWKS with a usable key: {error}")
-                raise Unavailable("the server's JWKS holds no usable key to verify the token; retry later") from None
+                raise Unavailable(
+                    "the server's JWKS holds no usable key to verify the token; retry later", "AUTH_UNAVAILABLE", 5.0
+                ) from None
             except jwt.PyJWKClientError:
                 raise Unauthenticated("the JWT's key ('kid') is not in the JWKS") from None
             cache = self.client.jwk_set_cache

@@ -51,6 +51,7 @@ from .edge import (
 from .errors import to_grpc_status
 from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded
 from .principals import DEFAULT, Authenticator, Principal
+from .request_ids import request_key
 from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,10 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         *,
         workers: WorkerHub[Any],  # (of whatever stream type it connects: app.py's WorkerPool)
         max_text_bytes: int = 256 << 10,
+        kill_after_commit: frozenset[str] = frozenset(),
     ) -> None:
         self.service = service
+        self.kill_after_commit = kill_after_commit
         self.authenticator = authenticator or Authenticator()
         # Replicas: calls for runtimes another replica runs go there; `retry_for` bounds how
         # long a call with no deadline waits for a dead owner's runtimes to be taken over.
@@ -119,7 +122,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                         )
                         return answer
                     except PeerUnavailable:
-                        if name not in RETRIED:
+                        # A call with a request id is safe to send again: its first answer, if
+                        # it took effect, is recorded with that effect, wherever it runs next.
+                        if name not in RETRIED and not getattr(request, "request_id", ""):
                             raise moving_between_replicas(getattr(request, "runtime_id", "")) from None
             missed = time.monotonic() if missed is None else missed
             await self._pause(attempt, missed, context, getattr(request, "runtime_id", ""))
@@ -155,11 +160,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
         agents, found = convert.agents_from_proto(request.agents)
         options = convert.options_from_proto(request.options)
-        runtime = await self.service.create_runtime(request.runtime_id, agents, found, options, tenant())
-        return pb.CreateRuntimeResponse(runtime_id=runtime.id)
+        key = request_key(request)
+        runtime_id = await self.service.create_runtime(request.runtime_id, agents, found, options, tenant(), key)
+        return pb.CreateRuntimeResponse(runtime_id=runtime_id)
 
     @edge
     async def Spawn(self, request: pb.SpawnRequest, context: Context) -> pb.SpawnResponse:
+        key = request_key(request)
         runtime = await self._runtime(request.runtime_id)
         require(agent=request.agent)
         budget = None
@@ -168,7 +175,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             budget = convert.budget_from_proto(request.budget, "budget", found)
             if found:
                 raise InvalidArgument(found)
-        handle = await runtime.spawn(request.parent_id or "root", request.agent, budget)
+        handle = await runtime.spawn(request.parent_id or "root", request.agent, budget, key)
         return pb.SpawnResponse(handle_id=handle.id)
 
     @edge
@@ -177,14 +184,18 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         trust = convert.trust_from_proto(request.trust, "trust", found)
         if found:
             raise InvalidArgument(found)
+        key = request_key(request)
         runtime = await self._handle_target(request)
-        size = await runtime.post(request.handle_id, request.text, request.channel, request.sender, trust, request.coalesce_key)
+        size = await runtime.post(
+            request.handle_id, request.text, request.channel, request.sender, trust, request.coalesce_key, key
+        )
         return pb.PostResponse(ok=True, inbox_size=size)
 
     @edge
     async def Wake(self, request: pb.WakeRequest, context: Context) -> pb.WakeResponse:
+        key = request_key(request)
         runtime = await self._handle_target(request)
-        return pb.WakeResponse(queued=await runtime.wake(request.handle_id, request.prompt))
+        return pb.WakeResponse(queued=await runtime.wake(request.handle_id, request.prompt, key))
 
     @edge
     async def Wait(self, request: pb.WaitRequest, context: Context) -> pb.WaitResponse:
@@ -205,15 +216,17 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @edge
     async def Resume(self, request: pb.ResumeRequest, context: Context) -> pb.ResumeResponse:
+        key = request_key(request)
         runtime = await self._runtime(request.runtime_id)
         require(**{"answer.id": request.answer.id})
-        result = await runtime.resume(convert.answer_from_proto(request.answer))
+        result = await runtime.resume(convert.answer_from_proto(request.answer), request=key)
         return pb.ResumeResponse(result=convert.result_to_proto(result))
 
     @edge
     async def Interrupt(self, request: pb.InterruptRequest, context: Context) -> pb.InterruptResponse:
+        key = request_key(request)
         runtime = await self._handle_target(request)
-        return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id))
+        return pb.InterruptResponse(interrupted=await runtime.interrupt(request.handle_id, key))
 
     @edge
     async def Close(self, request: pb.CloseRequest, context: Context) -> pb.CloseResponse:
@@ -225,8 +238,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                 found.append(FieldViolation("grace", f"must be between 0 and {MAX_CLOSE_GRACE:g}s"))
             if found:
                 raise InvalidArgument(found)
+        key = request_key(request)
         runtime = await self._handle_target(request)
-        return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force, grace))
+        return pb.CloseResponse(closed_handle_ids=await runtime.close(request.handle_id, request.force, grace, key))
 
     @edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
@@ -284,8 +298,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @edge
     async def DeleteRuntime(self, request: pb.DeleteRuntimeRequest, context: Context) -> pb.DeleteRuntimeResponse:
+        key = request_key(request)
         require(runtime_id=request.runtime_id)
-        await self.service.delete_runtime(request.runtime_id, request.force, tenant())
+        await self.service.delete_runtime(request.runtime_id, request.force, tenant(), key)
         return pb.DeleteRuntimeResponse()
 
     async def Watch(self, request: pb.WatchRequest, context: Context) -> AsyncIterator[pb.WatchResponse]:

@@ -26,9 +26,28 @@ class FieldViolation:
 
 
 class InvalidArgument(DomainError):
-    def __init__(self, violations: list[FieldViolation]) -> None:
+    """`reason`: one a caller branches on (ErrorInfo), beside the field violations, if any."""
+
+    def __init__(self, violations: list[FieldViolation], reason: str = "") -> None:
         self.violations = violations
+        self.reason = reason
         super().__init__("; ".join(f"{v.field}: {v.description}" for v in violations))
+
+
+class RequestIdReused(InvalidArgument):
+    """A request id already answered a call that said something else (issue #29)."""
+
+    def __init__(self, request_id: str, rpc: str) -> None:
+        super().__init__(
+            [
+                FieldViolation(
+                    "request_id",
+                    f"{shown(request_id)} was already sent with another {rpc} request (or with another call);"
+                    " send a new id for a new request",
+                )
+            ],
+            reason="REQUEST_ID_REUSED",
+        )
 
 
 class NotFound(DomainError):
@@ -46,6 +65,11 @@ class AlreadyExists(DomainError):
 class RuntimeExists(AlreadyExists):
     def __init__(self, runtime_id: str) -> None:
         super().__init__(f"runtime {runtime_id!r} already exists; choose another id or leave it empty")
+
+
+class RequestIdTaken(AlreadyExists):
+    """The store holds an answer for this request id already (another process recorded it
+    first): the call reads that answer instead."""
 
 
 class FailedPrecondition(DomainError):
@@ -72,7 +96,19 @@ class PermissionDenied(DomainError):
 
 
 class Unavailable(DomainError):
-    """The server cannot serve this now (it is shutting down); the caller should retry."""
+    """The server did not act on this call and cannot now; the caller should retry, after
+    `retry_after` seconds (RetryInfo). `reason` says why (ErrorInfo): the server is draining,
+    the runtime is moving between replicas, the store cannot be written."""
+
+    reason = "SERVER_DRAINING"
+    retry_after = 1.0
+
+    def __init__(self, message: str, reason: str | None = None, retry_after: float | None = None) -> None:
+        if reason is not None:
+            self.reason = reason
+        if retry_after is not None:
+            self.retry_after = retry_after
+        super().__init__(message)
 
 
 class Detached(Exception):
@@ -99,6 +135,9 @@ class Fenced(Detached, Unavailable):
     `gone`: what the store found in the runtime's place, so that the message says what
     happened: its row deleted (True), held by another replica (False), or not known (None)."""
 
+    reason = "RUNTIME_MOVING"
+    retry_after = 0.2
+
     def __init__(self, runtime_id: str, gone: bool | None = None) -> None:
         self.gone = gone
         name = shown(runtime_id)
@@ -122,6 +161,8 @@ class NotJournaled(Detached, Unavailable):
     in memory, ahead of its journal now, stops at once and is read again from the store at
     the next call; the caller retries."""
 
+    reason = "STORE_UNAVAILABLE"
+
     def __init__(self, runtime_id: str) -> None:
         super().__init__(f"runtime {shown(runtime_id)} could not be written: the change was not kept; retry the call")
 
@@ -131,6 +172,9 @@ class StoreBroken(Unavailable):
     acknowledges nothing more until the server is restarted. The server's fault, not the
     caller's: another replica (or this one, restarted) takes the call. The cause is in the
     server log only: it may quote SQL or the database's address."""
+
+    reason = "STORE_BROKEN"
+    retry_after = 5.0
 
     def __init__(self) -> None:
         super().__init__(

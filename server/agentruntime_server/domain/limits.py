@@ -59,4 +59,6 @@ class Limits:
     max_text_bytes: int = 256 * KIB  # a Post, a Wake prompt, a Resume output, a tool's output
     max_inbox_bytes: int = 1 * MIB
     max_handles: int = 10_000  # per runtime
+    request_id_ttl: float = 86400.0  # seconds a call's request id answers its repeats, at least
+    request_ids_kept: int = 1000  # per runtime: the answers of its newest calls with request ids
     max_concurrent_model_calls: int = 64  # the server's, over all runtimes

@@ -221,6 +221,22 @@ class RuntimeRow:
     suspended: int
 
 
+@dataclass(frozen=True)
+class TenantReply:
+    """The answer to a CreateRuntime or a DeleteRuntime made with a request id, kept per tenant
+    (the runtime it names may not exist yet, or no more): `scope` is "" for CreateRuntime and
+    the deleted runtime's id for DeleteRuntime; `runtime_id` is the tenant's id of the runtime
+    the call created or deleted."""
+
+    tenant: str
+    scope: str
+    request_id: str
+    rpc: str
+    digest: str
+    runtime_id: str
+    at: float
+
+
 @dataclass
 class StoredRuntime:
     agents: tuple[AgentSpec, ...]
@@ -246,8 +262,11 @@ class Store(Protocol):
         tenant: str = "default",
         entries: Sequence[Entry] = (),
         quota: int = 0,
+        reply: TenantReply | None = None,
     ) -> None:
         """`runtime_id` is the store's key, unique over every tenant (AlreadyExists).
+        `reply`: the call's answer, kept in the same transaction (errors.RequestIdTaken, and
+        nothing created, if the tenant's scope holds that request id already).
         `entries`: its first journal entries, seq 1 on, stored with it in one transaction: a
         runtime is never read back without them; appends go on after them. `quota` (0: none):
         QuotaExceeded if the tenant has that many runtimes already, counted and inserted in
@@ -272,18 +291,31 @@ class Store(Protocol):
         """A tenant's runtimes, newest first, after the (created_at, runtime_id) cursor."""
         ...
 
-    async def delete_runtime(self, runtime_id: str) -> None:
-        """Every stored row of the runtime."""
+    async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
+        """Every stored row of the runtime; and `reply` kept, in the same transaction
+        (errors.RequestIdTaken, and nothing deleted, if its scope holds that request id already)."""
         ...
 
-    async def idle_runtimes(self, before: float) -> list[str]:
-        """Runtimes not written since `before` (for retention), of every tenant."""
+    async def reply(self, tenant: str, scope: str, request_id: str) -> TenantReply | None:
+        """The answer kept for a tenant's request id in a scope, if any (however old)."""
         ...
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
-        """Deletes the runtime as delete_runtime does, but only if idle_runtimes(before) would
-        list it now: checked and deleted in one step, and an append not yet committed counts
-        as a write. A runtime written after a listing is kept. True: it was deleted."""
+    async def forget_replies_before(self, at: float) -> None:
+        """Deletes every tenant's answers kept before `at`. Harmless when run again, or at once."""
+        ...
+
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        """The runtimes retention may delete, of every tenant: nothing running (the `running`
+        flag of append is false), and not written since `before` if no handle is SUSPENDED,
+        or since `suspended_before` if one is (its counts say so). A cutoff of None: that
+        kind is never idle."""
+        ...
+
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
+        """Deletes the runtime as delete_runtime does, but only if idle_runtimes would list it
+        now, with the same cutoffs: checked and deleted in one step, and an append not yet
+        committed counts as a write. A runtime written after a listing is kept. True: it was
+        deleted."""
         ...
 
     async def count_runtimes(self, tenant: str) -> int: ...

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,10 +144,11 @@ class RunDriver:
         await gate.acquire()
         await self.host.journal.record(Queued(handle.id, False))
 
-    async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None) -> Run:
-        """A new run on the prompt and the drained inbox, journaled before it is acknowledged."""
+    async def start_run(self, handle: Handle, prompt: str, parent_run: Run | None = None, also: Sequence[Step] = ()) -> Run:
+        """A new run on the prompt and the drained inbox, journaled before it is acknowledged
+        (with `also`: what the call that started it records with it, its answer)."""
         run = self._begin(handle, list(handle.inbox), parent_run)
-        await self.host.journal.record(RunStarted(handle.id, wake_message(prompt, run.drained), len(run.drained)))
+        await self.host.journal.record(RunStarted(handle.id, wake_message(prompt, run.drained), len(run.drained)), *also)
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 

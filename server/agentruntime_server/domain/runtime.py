@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import weakref
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from . import budget as budgets
 from .errors import (
@@ -17,6 +20,7 @@ from .errors import (
     FieldViolation,
     InvalidArgument,
     NotFound,
+    RequestIdReused,
     ResourceExhausted,
     Unavailable,
     shown,
@@ -31,6 +35,7 @@ from .journal import (
     Closed,
     Journal,
     Posted,
+    Replied,
     Settled,
     Spawned,
     Tree,
@@ -52,11 +57,14 @@ from .model import (
 from .ports import Services, Store, StoredRuntime
 from .quotas import Tenancy
 from .recovery import continue_interrupted
+from .replies import OneAtATime, RequestKey
 from .runs import Run, RunDriver, closed_ancestor, dangling_answers
 from .suspension import read_answer
 from .timers import Timers
 from .turns import TurnLoop
 from .validation import check_budget, check_text_size
+
+_Answer = TypeVar("_Answer")
 
 
 async def _stored_events(store: Store, key: str, after_seq: int) -> list[Event]:
@@ -72,7 +80,7 @@ class Runtime:
         self.tenant = self.key.rpartition(":")[0] or "default"
         self.tenancy: Tenancy | None = None  # set by the service: the tenant's quotas
         self.services = services
-        self.tree = Tree(self.key, agents)
+        self.tree = Tree(self.key, agents, services.limits.request_ids_kept)
         # Nothing the runtime holds refers back to it (the history reader is no bound method,
         # its parts hold a weak proxy): a runtime that leaves the cache is freed at once,
         # not at the cyclic collector's next full pass (bench/store.py's RSS figures).
@@ -81,6 +89,7 @@ class Runtime:
         self.journal = Journal(self.tree, services.store, self.events)
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
+        self.requests_served = OneAtATime()  # calls with request ids, one at a time per id
         self._model_gate: FifoGate | None = None
         self._host = weakref.proxy(self)
         self.runs = RunDriver(self._host)
@@ -190,7 +199,34 @@ class Runtime:
 
     # ---- verbs ---------------------------------------------------------------------------
 
-    async def spawn(self, parent_id: str, agent_name: str, budget_override: Budget | None) -> Handle:
+    async def once(
+        self,
+        request: RequestKey | None,
+        rpc: str,
+        act: Callable[[], Awaitable[_Answer]],
+        answer: Callable[[Replied], Awaitable[_Answer]],
+    ) -> _Answer:
+        """A host's call: acted on, or (its request id answered already) its first answer.
+        `act` records the call's Replied with its effect."""
+        if request is None:
+            return await act()
+        async with self.requests_served.turn(request.id):
+            earlier = self.tree.replies.find(request.id, time.time() - self.services.limits.request_id_ttl)
+            if earlier is None:
+                return await act()
+            if not request.matches(rpc, earlier.rpc, earlier.digest):
+                raise RequestIdReused(request.id, rpc)
+            return await answer(earlier)
+
+    async def spawn(
+        self, parent_id: str, agent_name: str, budget_override: Budget | None, request: RequestKey | None = None
+    ) -> Handle:
+        async def spawned(replied: Replied) -> Handle:
+            return self.handle(replied.handle_ids[0])
+
+        return await self.once(request, "Spawn", lambda: self._spawn(parent_id, agent_name, budget_override, request), spawned)
+
+    async def _spawn(self, parent_id: str, agent_name: str, budget_override: Budget | None, request: RequestKey | None) -> Handle:
         parent = None if parent_id == "root" else self.handle(parent_id)
         if parent is not None and parent.state is HandleState.CLOSED:
             raise FailedPrecondition(f"parent {parent.id!r} is closed; spawn under an open handle", reason="HANDLE_CLOSED")
@@ -199,10 +235,16 @@ class Runtime:
             violations = check_budget(budget_override, "budget")
             if violations:
                 raise InvalidArgument(violations)
-        return await self.spawn_child(parent, agent, budget_override, key=None)
+        return await self.spawn_child(parent, agent, budget_override, key=None, request=request)
 
     async def spawn_child(
-        self, parent: Handle | None, agent: AgentSpec, budget_override: Budget | None, key: str | None, delegated: bool = True
+        self,
+        parent: Handle | None,
+        agent: AgentSpec,
+        budget_override: Budget | None,
+        key: str | None,
+        delegated: bool = True,
+        request: RequestKey | None = None,
     ) -> Handle:
         if parent is not None:
             budgets.check_spawn(parent)
@@ -220,13 +262,31 @@ class Runtime:
         handle_id = f"{parent.id if parent else 'root'}/{agent.name}.{number}"
         own = agent.budget.overridden_by(budget_override) if budget_override else agent.budget
         budget = budgets.carve(own, parent, delegated)
-        await self.journal.record(Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number))
+        spawned = Spawned(handle_id, parent.id if parent else "", agent.name, budget, key or "", number)
+        await self.journal.record(spawned, *([request.replied("Spawn", (handle_id,))] if request else []))
         handle = self.handles[handle_id]
         self.timers.arm_heartbeat(handle)
         return handle
 
     async def post(
-        self, handle_id: str, text: str, channel: str, sender: str, trust: Trust = Trust.HOST, coalesce_key: str = ""
+        self,
+        handle_id: str,
+        text: str,
+        channel: str,
+        sender: str,
+        trust: Trust = Trust.HOST,
+        coalesce_key: str = "",
+        request: RequestKey | None = None,
+    ) -> int:
+        async def posted(replied: Replied) -> int:
+            return replied.number
+
+        return await self.once(
+            request, "Post", lambda: self._post(handle_id, text, channel, sender, trust, coalesce_key, request), posted
+        )
+
+    async def _post(
+        self, handle_id: str, text: str, channel: str, sender: str, trust: Trust, coalesce_key: str, request: RequestKey | None
     ) -> int:
         handle = self.handle(handle_id)
         if handle.state is HandleState.CLOSED:
@@ -253,10 +313,17 @@ class Runtime:
         if self.tenancy is not None:
             await self.tenancy.check_store(self.tenant)
         item = InboxItem(text=text, channel=channel, sender=sender or "host", trust=trust, coalesce_key=coalesce_key)
-        await self.journal.record(Posted(handle.id, item))
-        return len(handle.inbox)
+        size = len(handle.inbox) + (not merges)  # a message merged into a waiting one counts once
+        await self.journal.record(Posted(handle.id, item), *([request.replied("Post", number=size)] if request else []))
+        return size
 
-    async def wake(self, handle_id: str, prompt: str) -> bool:
+    async def wake(self, handle_id: str, prompt: str, request: RequestKey | None = None) -> bool:
+        async def woken(replied: Replied) -> bool:
+            return bool(replied.number)
+
+        return await self.once(request, "Wake", lambda: self._wake(handle_id, prompt, request), woken)
+
+    async def _wake(self, handle_id: str, prompt: str, request: RequestKey | None) -> bool:
         check_text_size(prompt, "prompt", self.services.limits)
         handle = self.handle(handle_id)
         self._check_wakeable(handle)
@@ -266,7 +333,7 @@ class Runtime:
             raise InvalidArgument([FieldViolation("prompt", "the prompt is empty and the inbox is empty: nothing to run on")])
         if self.tenancy is not None:
             await self.tenancy.check_store(self.tenant)
-        await self.runs.start_run(handle, prompt)
+        await self.runs.start_run(handle, prompt, also=[request.replied("Wake", number=1)] if request else [])
         return True
 
     async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
@@ -294,16 +361,37 @@ class Runtime:
             return handle.with_current_figures(handle.last_result, Status.CLOSED)
         return handle.with_current_figures(handle.last_result)
 
-    async def interrupt(self, handle_id: str) -> bool:
+    async def interrupt(self, handle_id: str, request: RequestKey | None = None) -> bool:
+        async def interrupted(replied: Replied) -> bool:
+            return bool(replied.number)
+
+        return await self.once(request, "Interrupt", lambda: self._interrupt(handle_id, request), interrupted)
+
+    async def _interrupt(self, handle_id: str, request: RequestKey | None) -> bool:
         handle = self.handle(handle_id)
         if handle.state is HandleState.SUSPENDED:
             await self.runs.withdraw(handle, (Status.INTERRUPTED, Limit.NONE), continue_parent=True)
-            return True
-        return await self.runs.stop_run(handle, (Status.INTERRUPTED, Limit.NONE))
+            stopped = True
+        else:
+            stopped = await self.runs.stop_run(handle, (Status.INTERRUPTED, Limit.NONE))
+        if request is not None:
+            # Its effect is the settling of the runs it stopped, recorded by them: the answer
+            # comes after, so a stored answer always has its effect stored before it.
+            await self.journal.record(request.replied("Interrupt", number=int(stopped)))
+        return stopped
 
-    async def close(self, handle_id: str, force: bool, grace: float | None = None) -> list[str]:
+    async def close(
+        self, handle_id: str, force: bool, grace: float | None = None, request: RequestKey | None = None
+    ) -> list[str]:
         """Closes a handle's subtree leaf first; `root` closes every top-level handle's. With a
         grace, running handles get that long to settle on their own before they are interrupted."""
+
+        async def closed(replied: Replied) -> list[str]:
+            return list(replied.handle_ids)
+
+        return await self.once(request, "Close", lambda: self._close(handle_id, force, grace, request), closed)
+
+    async def _close(self, handle_id: str, force: bool, grace: float | None, request: RequestKey | None) -> list[str]:
         handle = None if handle_id == "root" else self.handle(handle_id)
         running = {node.id: run for node in self._close_scope(handle) if (run := self.runs.get(node.id)) is not None}
         if running and not force and grace is None:
@@ -321,6 +409,8 @@ class Runtime:
         while True:
             left = [node for node in self._close_scope(handle) if node.state is not HandleState.CLOSED]
             if not left:
+                if request is not None:  # after the Closed steps, as Interrupt's answer is
+                    await self.journal.record(request.replied("Close", tuple(closed)))
                 return closed
             for node in left:
                 if node.state is HandleState.CLOSED:
@@ -342,8 +432,15 @@ class Runtime:
         tops = [node for node in self.handles.values() if node.parent is None]
         return [node for top in tops for node in top.subtree_leaf_first()]
 
-    async def resume(self, answer: Answer, lapsed: bool = False) -> TaskResult:
+    async def resume(self, answer: Answer, lapsed: bool = False, request: RequestKey | None = None) -> TaskResult:
         """`lapsed`: the Request expired (an error result, however full the tenant's store is)."""
+
+        async def resumed(replied: Replied) -> TaskResult:
+            return await self._retried_resume(answer)  # the same answer (the digest says so): its run's result
+
+        return await self.once(request, "Resume", lambda: self._resume(answer, lapsed, request), resumed)
+
+    async def _resume(self, answer: Answer, lapsed: bool, request: RequestKey | None) -> TaskResult:
         leaf = self.tree.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
             return await self._retried_resume(answer)
@@ -352,8 +449,9 @@ class Runtime:
             self.tenancy.check_running(self.tenant)  # a Resume starts a run, as a Wake does
             if not lapsed:
                 await self.tenancy.check_store(self.tenant)
+        replied = [request.replied("Resume")] if request else []
         if outcome.declined:
-            return await self._stop_at_budget(leaf, answer)
+            return await self._stop_at_budget(leaf, answer, replied)
         calls = {call.id: call for call, _ in leaf.pending.calls}
         extension = []
         if outcome.extend:
@@ -364,6 +462,7 @@ class Runtime:
             Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
             *extension,
             *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
+            *replied,
         )
         run = await self.runs.continue_run(leaf)
         self.resumed[answer.id] = run
@@ -373,7 +472,7 @@ class Runtime:
             # A retry after the chain settled reads the settled result (_retried_resume).
             self.resumed.pop(answer.id, None)
 
-    async def _stop_at_budget(self, leaf: Handle, answer: Answer) -> TaskResult:
+    async def _stop_at_budget(self, leaf: Handle, answer: Answer, replied: list[Replied]) -> TaskResult:
         """The host declined to extend a budget: the run stops there, as a STOP budget would."""
         assert leaf.pending is not None
         limit = next((limit for limit in Limit if limit.wire_name == leaf.pending.data.get("limit")), Limit.MAX_TURNS)
@@ -382,6 +481,7 @@ class Runtime:
             Answered(answer.id, answer, leaf.id),
             Settled(leaf.id, result, HandleState.IDLE),
             *dangling_answers(leaf, leaf.transcript, f"not run: the run stopped at {limit.wire_name}"),
+            *replied,
         )
         run = await self.runs.continue_waiting_parent(leaf)
         if run is None:

@@ -15,12 +15,22 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from .errors import FieldViolation, InvalidArgument, NotFound, OwnedElsewhere, RuntimeExists, Unavailable
+from .errors import (
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    OwnedElsewhere,
+    RequestIdReused,
+    RequestIdTaken,
+    RuntimeExists,
+    Unavailable,
+)
 from .events import tell_gone
 from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
-from .ports import Leases, RuntimeRow, Services
+from .ports import Leases, RuntimeRow, Services, TenantReply
+from .replies import OneAtATime, RequestKey
 from .runtime import Runtime
 from .runtime_cache import RuntimeCache
 from .tenant_quotas import TenantQuotas
@@ -29,6 +39,7 @@ from .validation import RUNTIME_ID, check_agents, check_options, check_runtime_i
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
+PRUNE_REPLIES_EVERY = 60.0  # seconds: a tenant's expired CreateRuntime/DeleteRuntime answers go at most this often
 
 
 def runtime_key(tenant: str, runtime_id: str) -> str:
@@ -52,6 +63,8 @@ class RuntimeService:
         self.cache.tenancy = self.tenancy
         self._recovering: asyncio.Task[None] | None = None  # replicas: the takeover of dead replicas' runtimes under way
         self.recovered = 0  # handles continued from their journal since the start
+        self.requests_served = OneAtATime()  # CreateRuntime and DeleteRuntime calls with request ids
+        self._replies_pruned = 0.0
         services.leases.on_lost(self.cache.lost)
 
     @property
@@ -82,6 +95,26 @@ class RuntimeService:
         await self.tenancy.check_runtimes(tenant)
         await self.tenancy.check_store(tenant)
 
+    async def _earlier_reply(self, tenant: str, scope: str, rpc: str, request: RequestKey) -> TenantReply | None:
+        """The answer kept for the request id, if it is recent enough to count; the same id
+        with another request is refused."""
+        ttl = self.services.limits.request_id_ttl
+        now = time.time()
+        earlier = await self.services.store.reply(tenant, scope, request.id)
+        if earlier is not None and earlier.at < now - ttl:
+            await self._prune_replies(now, force=True)  # so that the id can be kept again
+            earlier = None
+        elif now - self._replies_pruned > PRUNE_REPLIES_EVERY:
+            await self._prune_replies(now)
+        if earlier is not None and not request.matches(rpc, earlier.rpc, earlier.digest):
+            raise RequestIdReused(request.id, rpc)
+        return earlier
+
+    async def _prune_replies(self, now: float, force: bool = False) -> None:
+        if force or now - self._replies_pruned > PRUNE_REPLIES_EVERY:
+            self._replies_pruned = now
+            await self.services.store.forget_replies_before(now - self.services.limits.request_id_ttl)
+
     async def create_runtime(
         self,
         runtime_id: str,
@@ -89,8 +122,31 @@ class RuntimeService:
         found: Sequence[FieldViolation] = (),
         options: RuntimeOptions | None = None,
         tenant: str = DEFAULT_TENANT,
+        request: RequestKey | None = None,
+    ) -> str:
+        """The id of the runtime created (`request`: or of the one the request id's first call
+        created). `found`: what the edge found wrong while decoding the definitions."""
+        if request is None:
+            return (await self._create(runtime_id, agents, found, options, tenant, None)).id
+        async with self.requests_served.turn(f"{tenant}\n{request.id}"):
+            while True:
+                earlier = await self._earlier_reply(tenant, "", "CreateRuntime", request)
+                if earlier is not None:
+                    return earlier.runtime_id
+                try:
+                    return (await self._create(runtime_id, agents, found, options, tenant, request)).id
+                except RequestIdTaken:
+                    continue  # another replica kept this id first, since the look above: its answer
+
+    async def _create(
+        self,
+        runtime_id: str,
+        agents: tuple[AgentSpec, ...],
+        found: Sequence[FieldViolation],
+        options: RuntimeOptions | None,
+        tenant: str,
+        request: RequestKey | None,
     ) -> Runtime:
-        """`found`: what the edge found wrong while decoding the definitions."""
         self._refuse_while_draining()
         if runtime_id:
             check_runtime_id(runtime_id)
@@ -114,7 +170,10 @@ class RuntimeService:
         # between two writes left one without them, its id taken), and the tenant's runtimes
         # counted with the insert (creates at once, here or on other replicas, would each count
         # before the others' inserts: the check above is only the early answer).
-        await self.services.store.create_runtime(key, agents, tenant, first, self.tenancy.quotas(tenant).runtimes)
+        reply = None
+        if request is not None:
+            reply = TenantReply(tenant, "", request.id, "CreateRuntime", request.digest, runtime_id, time.time())
+        await self.services.store.create_runtime(key, agents, tenant, first, self.tenancy.quotas(tenant).runtimes, reply)
         self.tenancy.store_changed(tenant)  # its definitions count from the next check on
         self.cache.remember(runtime)
         await self.take_over(runtime)  # nothing to arm or continue yet: it is this process's from the start
@@ -248,8 +307,25 @@ class RuntimeService:
 
     # ---- deleting ------------------------------------------------------------------------
 
-    async def delete_runtime(self, runtime_id: str, force: bool, tenant: str = DEFAULT_TENANT) -> None:
-        """Closes the runtime (force: its running handles are interrupted) and deletes all of it."""
+    async def delete_runtime(
+        self, runtime_id: str, force: bool, tenant: str = DEFAULT_TENANT, request: RequestKey | None = None
+    ) -> None:
+        """Closes the runtime (force: its running handles are interrupted) and deletes all of it.
+        `request`: its answer is kept per tenant, in the delete's transaction, and outlives the
+        runtime (a repeat is answered as the first was, not NOT_FOUND)."""
+        if request is None:
+            return await self._delete(runtime_id, force, tenant, None)
+        async with self.requests_served.turn(f"{tenant}\n{runtime_id}\n{request.id}"):
+            while True:
+                if await self._earlier_reply(tenant, runtime_id, "DeleteRuntime", request) is not None:
+                    return None
+                reply = TenantReply(tenant, runtime_id, request.id, "DeleteRuntime", request.digest, runtime_id, time.time())
+                try:
+                    return await self._delete(runtime_id, force, tenant, reply)
+                except RequestIdTaken:
+                    continue
+
+    async def _delete(self, runtime_id: str, force: bool, tenant: str, reply: TenantReply | None) -> None:
         runtime = await self.runtime(runtime_id, tenant)
         runtime.timers.release()  # no heartbeat or lapse may start a run while it closes
         try:
@@ -260,10 +336,10 @@ class RuntimeService:
         if await self.cache.deleted(runtime.key) or runtime.journal.closed:
             # Another delete came first (DeleteRuntime, retention), or this copy was dropped
             # while it closed: again, from the store as that left it.
-            return await self.delete_runtime(runtime_id, force, tenant)
-        await self._forget(runtime)
+            return await self._delete(runtime_id, force, tenant, reply)
+        await self._forget(runtime, reply)
 
-    async def _forget(self, runtime: Runtime) -> None:
+    async def _forget(self, runtime: Runtime, reply: TenantReply | None = None) -> None:
         """Once the delete starts, the runtime is gone for every other call: its copy writes
         nothing more (NotFound) and a load waits until the store has deleted it. Else a call
         could write between the copy's last write and the store's delete (on PostgreSQL both
@@ -276,20 +352,24 @@ class RuntimeService:
         if self.cache.runtimes.get(key) is runtime:
             del self.cache.runtimes[key]
         async with self.cache.deciding(key):
-            await self.services.store.delete_runtime(key)
+            await self.services.store.delete_runtime(key, reply)
         self.tenancy.store_changed(runtime.tenant)
 
-    async def delete_idle(self, retention: float) -> int:
-        """Retention: every runtime no step was written to for `retention` seconds goes."""
-        before = time.time() - retention
+    async def delete_idle(self, retention: float, suspended_retention: float = 0.0) -> int:
+        """Retention: every runtime with nothing running that no step was written to for
+        `retention` seconds goes, or for `suspended_retention` if a handle waits on a Request
+        (0: that kind stays for ever)."""
+        now = time.time()
+        before = now - retention if retention else None
+        suspended_before = now - suspended_retention if suspended_retention else None
         deleted = 0
-        for key in await self.services.store.idle_runtimes(before):
-            deleted += await self._delete_if_idle(key, before)
+        for key in await self.services.store.idle_runtimes(before, suspended_before):
+            deleted += await self._delete_if_idle(key, before, suspended_before)
         if deleted:
             log.info("retention deleted %d idle runtimes", deleted)
         return deleted
 
-    async def _delete_if_idle(self, key: str, before: float) -> bool:
+    async def _delete_if_idle(self, key: str, before: float | None, suspended_before: float | None) -> bool:
         """The pass awaits between runtimes, so its listing may be stale by the time it gets to
         one: a call may have loaded it since, or written to it. Such a runtime is kept."""
         if self.cache.pending(key):
@@ -308,7 +388,7 @@ class RuntimeService:
         deleted = False
         try:
             async with self.cache.deciding(key):
-                deleted = await self.services.store.delete_if_idle(key, before)
+                deleted = await self.services.store.delete_if_idle(key, before, suspended_before)
                 if deleted:
                     self.tenancy.store_changed(split_key(key)[0])
         finally:

@@ -7,10 +7,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..domain.errors import RuntimeExists
+from ..domain.errors import RequestIdTaken, RuntimeExists
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
-from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
 from .payloads import definitions_json, journal_rows, payload_bytes
 
@@ -33,8 +33,9 @@ class _Runtime:
             self.entries.append(entry)
             self.last_events.append(max(entry.last_event, self.last_events[-1] if self.last_events else 0))
 
-    def idle(self, before: float) -> bool:
-        return self.updated_at < before and not self.running
+    def idle(self, before: float | None, suspended_before: float | None) -> bool:
+        cutoff = suspended_before if self.counts[2] else before  # counts: (handles, running, suspended)
+        return cutoff is not None and self.updated_at < cutoff and not self.running
 
 
 class MemoryStore:
@@ -43,6 +44,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._runtimes: dict[str, _Runtime] = {}
         self._tokens: dict[tuple[str, int], int] = {}
+        self._replies: dict[tuple[str, str, str], TenantReply] = {}
 
     async def create_runtime(
         self,
@@ -51,11 +53,13 @@ class MemoryStore:
         tenant: str = "default",
         entries: Sequence[Entry] = (),
         quota: int = 0,
+        reply: TenantReply | None = None,
     ) -> None:
         if runtime_id in self._runtimes:
             raise RuntimeExists(runtime_id)
         if quota and await self.count_runtimes(tenant) >= quota:
             raise runtimes_quota_reached(tenant, quota)
+        self._keep(reply)
         rows, _ = journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
         now = time.time()
         self._runtimes[runtime_id] = _Runtime(agents, tenant, now, updated_at=now)
@@ -96,15 +100,29 @@ class MemoryStore:
         rows = [position for position in ordered if after is None or position < after][:limit]
         return [RuntimeRow(key, tenant, created, *self._runtimes[key].counts) for created, key in rows]
 
-    async def delete_runtime(self, runtime_id: str) -> None:
+    async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
+        self._keep(reply)
         self._runtimes.pop(runtime_id, None)
 
-    async def idle_runtimes(self, before: float) -> list[str]:
-        return [key for key, runtime in self._runtimes.items() if runtime.idle(before)]
+    def _keep(self, reply: TenantReply | None) -> None:
+        if reply is not None:
+            key = (reply.tenant, reply.scope, reply.request_id)
+            if key in self._replies:
+                raise RequestIdTaken(f"request id {reply.request_id!r} was answered already")
+            self._replies[key] = reply
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def reply(self, tenant: str, scope: str, request_id: str) -> TenantReply | None:
+        return self._replies.get((tenant, scope, request_id))
+
+    async def forget_replies_before(self, at: float) -> None:
+        self._replies = {key: reply for key, reply in self._replies.items() if reply.at >= at}
+
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        return [key for key, runtime in self._runtimes.items() if runtime.idle(before, suspended_before)]
+
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         runtime = self._runtimes.get(runtime_id)
-        if runtime is None or not runtime.idle(before):
+        if runtime is None or not runtime.idle(before, suspended_before):
             return False
         del self._runtimes[runtime_id]
         return True

@@ -159,6 +159,21 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
         + coalesce((SELECT sum(length(step)) FROM journal WHERE journal.runtime_id = runtimes.id), 0);
     CREATE INDEX runtimes_bytes ON runtimes (tenant, bytes)
     """,
+    # 8: the answers of CreateRuntime and DeleteRuntime calls made with request ids, per tenant
+    # (scope: "" for CreateRuntime, the runtime's id for DeleteRuntime).
+    """
+    CREATE TABLE replies (
+        tenant TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        rpc TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        runtime_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (tenant, scope, request_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX replies_by_age ON replies (at);
+    """,
 ]
 
 

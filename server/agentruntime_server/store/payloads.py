@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from ..domain.journal import STEPS, Entry, Step
 from ..domain.model import AgentSpec
 
-PAYLOAD_VERSION = 3
+PAYLOAD_VERSION = 4
 
 
 def _unchanged(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -36,6 +36,8 @@ UPGRADES: dict[int, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]]
     # 3 added steps (Configured, Queued) and fields with defaults (an inbox item's trust,
     # coalesce key and count; a message's trust and summary flag).
     2: _unchanged,
+    # 4 added a step (Replied: a call's answer, kept for its request id).
+    3: _unchanged,
 }
 
 

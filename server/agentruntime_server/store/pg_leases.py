@@ -15,7 +15,13 @@ database is the coordinator; no consensus of our own, no broker).
 - A graceful stop releases every lease at once (`release_all`), so a rolling restart waits
   for no expiry; a crash's leases lapse after the lease duration, and the live replicas take
   over the runtimes with running handles (`orphans`) through the same replay as a restart.
-  A replica whose store broke (a commit failed) renews no more: its leases lapse the same way."""
+  A replica whose store broke (a commit failed) renews no more: its leases lapse the same way.
+- A killed replica's row outlives it by PRUNE_AFTER, then every renewal deletes it. For every
+  reader a missing row is an expired one (a claim, retention and the orphans look for a live
+  row; a forward needs one), and fencing never reads the table: a commit is checked against the
+  runtime's own owner and epoch. So a runtime whose owner's row is gone is claimed like a dead
+  one's, and a replica paused past it that wakes up puts its row back with its next renewal and
+  learns, by epoch, which runtimes it lost, as after any lapse."""
 
 from __future__ import annotations
 
@@ -34,6 +40,10 @@ from .postgres import PostgresStore
 log = logging.getLogger(__name__)
 
 _NOW = "extract(epoch FROM clock_timestamp())"
+# Seconds a replica's row is kept past its expiry: any time would be safe (see above); an hour
+# shows an operator the replicas that died lately, and keeps the table to the live replicas
+# and an hour of restarts (a replica killed every 90 s: 40 rows, not one per start for ever).
+PRUNE_AFTER = 3600.0
 _LIVE_OWNER = f"EXISTS (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > {_NOW})"
 _CLAIM = (
     "UPDATE runtimes r SET owner = $2, epoch = r.epoch + 1"
@@ -185,8 +195,8 @@ class PostgresLeases:
         sent = await self._heartbeat()
         held = dict(self.store.epochs)
         pool = await self.store.pool()
-        # Replicas gone for an hour (killed, not stopped): their rows only name dead owners.
-        await pool.execute(f"DELETE FROM replicas WHERE expires_at < {_NOW} - 3600")
+        # Replicas killed (a graceful stop deletes its own row) long enough ago: PRUNE_AFTER.
+        await pool.execute(f"DELETE FROM replicas WHERE expires_at < {_NOW} - $1", PRUNE_AFTER)
         rows = await pool.fetch("SELECT id, epoch FROM runtimes WHERE owner = $1", self.replica_id)
         owned = {key: epoch for key, epoch in rows}
         missing = sorted(key for key, epoch in held.items() if owned.get(key) != epoch)

@@ -62,6 +62,21 @@ MIGRATIONS: list[str] = [
     UPDATE runtimes r SET bytes = octet_length(r.agents::text)
         + COALESCE((SELECT SUM(octet_length(j.step)) FROM journal j WHERE j.runtime_id = r.id), 0);
     """,
+    # 4: the answers of CreateRuntime and DeleteRuntime calls made with request ids, per tenant
+    # (scope: "" for CreateRuntime, the runtime's id for DeleteRuntime).
+    """
+    CREATE TABLE replies (
+        tenant TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        rpc TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        runtime_id TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (tenant, scope, request_id)
+    );
+    CREATE INDEX replies_by_age ON replies (at);
+    """,
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

@@ -87,15 +87,19 @@ def tenant_lock(tenant: str) -> int:
     return zlib.crc32(tenant.encode()) - (1 << 31)
 
 
-# Retention's test of a runtime `r`: not written since $1, nothing running, and held by no
-# live replica but this one, $2 (another live one has it in its memory: not deleted under it).
+# Retention's test of a runtime `r` (ports.Store.idle_runtimes): nothing running, not written
+# since $1 if no handle is suspended or since $2 if one is (NULL: never idle; GREATEST, which
+# skips NULLs, bounds the index scan), and held by no live replica but this one, $3 (another
+# live one has it in its memory: not deleted under it).
 IDLE = (
-    "r.updated_at < $1 AND NOT r.running AND (r.owner IS NULL OR r.owner = $2 OR NOT EXISTS"
+    "r.updated_at < GREATEST($1::float8, $2::float8) AND NOT r.running"
+    " AND r.updated_at < CASE WHEN r.suspended_handles = 0 THEN $1::float8 ELSE $2::float8 END"
+    " AND (r.owner IS NULL OR r.owner = $3 OR NOT EXISTS"
     " (SELECT 1 FROM replicas p WHERE p.id = r.owner AND p.expires_at > extract(epoch FROM clock_timestamp())))"
 )
 DELETE_IF_IDLE = f"""
 WITH gone AS (
-    DELETE FROM runtimes r WHERE r.id = $3 AND {IDLE} RETURNING r.id
+    DELETE FROM runtimes r WHERE r.id = $4 AND {IDLE} RETURNING r.id
 ), emptied AS (
     DELETE FROM journal WHERE runtime_id IN (SELECT id FROM gone)
 )

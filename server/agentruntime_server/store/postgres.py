@@ -34,10 +34,10 @@ from typing import Any, Protocol
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
-from ..domain.errors import Fenced, RuntimeExists, StoreBroken
+from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
-from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
 from . import pg_statements as sql
 from .payloads import definitions_json, journal_rows, payload_bytes
@@ -284,6 +284,7 @@ class PostgresStore:
         tenant: str = "default",
         entries: Sequence[Entry] = (),
         quota: int = 0,
+        reply: TenantReply | None = None,
     ) -> None:
         rows, next_seq = journal_rows(runtime_id, 1, entries)
         pool = await self.pool()
@@ -305,17 +306,23 @@ class PostgresStore:
         creating = self.leasing.creating(runtime_id) if self.leasing is not None else contextlib.nullcontext()
         with creating:
             try:  # its own transaction, not the group commit's: a runtime is created once, and acknowledged at once
-                if not quota:
+                if not quota and reply is None:
                     created = await pool.fetchval(sql.CREATE, *parameters)
                 else:
                     async with pool.acquire() as connection, connection.transaction():
+                        await _keep(connection, reply)
                         # Creates of one tenant, from any process, one at a time: each counts
                         # in a statement that starts once the one before has committed (READ
                         # COMMITTED reads as of the start of a statement, so the count cannot
                         # share a statement with the wait; and without the lock, two creates
                         # at once would each count before the other's insert, and both pass).
-                        await connection.execute("SELECT pg_advisory_xact_lock($1, $2)", sql.QUOTA_LOCK, sql.tenant_lock(tenant))
+                        if quota:
+                            await connection.execute(
+                                "SELECT pg_advisory_xact_lock($1, $2)", sql.QUOTA_LOCK, sql.tenant_lock(tenant)
+                            )
                         created = await connection.fetchval(sql.CREATE, *parameters)
+                        if not created:
+                            raise runtimes_quota_reached(tenant, quota)  # (and the answer kept above goes with it)
             except asyncpg.UniqueViolationError:  # created at the same moment through another connection
                 raise RuntimeExists(runtime_id) from None
             if not created:
@@ -369,10 +376,11 @@ class PostgresStore:
             batch.counts[runtime_id] = counts
         batch.touched.add(runtime_id)
 
-    async def delete_runtime(self, runtime_id: str) -> None:
+    async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         await self._settle()
         pool = await self.pool()
         async with pool.acquire() as connection, connection.transaction():
+            await _keep(connection, reply)
             # The runtime's row first: a commit that locked it first is waited for, and its rows
             # are seen by the journal's delete (a statement of its own, read after it); a
             # commit after finds no row and writes none. The other way round, a commit landing
@@ -383,6 +391,20 @@ class PostgresStore:
         self._next_seq.pop(runtime_id, None)
         self.epochs.pop(runtime_id, None)
         self.fenced.pop(runtime_id, None)
+
+    async def reply(self, tenant: str, scope: str, request_id: str) -> TenantReply | None:
+        pool = await self.pool()
+        row = await pool.fetchrow(
+            "SELECT rpc, digest, runtime_id, at FROM replies WHERE tenant = $1 AND scope = $2 AND request_id = $3",
+            tenant,
+            scope,
+            request_id,
+        )
+        return TenantReply(tenant, scope, request_id, *row) if row is not None else None
+
+    async def forget_replies_before(self, at: float) -> None:
+        pool = await self.pool()
+        await pool.execute("DELETE FROM replies WHERE at < $1", at)
 
     async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
         batch = self._batch()
@@ -428,21 +450,21 @@ class PostgresStore:
         parameters = (tenant, after[0], after[1], limit) if after else (tenant, limit)
         return [RuntimeRow(*row) for row in await pool.fetch(query, *parameters)]
 
-    async def idle_runtimes(self, before: float) -> list[str]:
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
         await self._settle()
         pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
         query = f'SELECT r.id FROM runtimes r WHERE {sql.IDLE} ORDER BY r.updated_at, r.id COLLATE "C"'
-        rows = await pool.fetch(query, before, mine)
+        rows = await pool.fetch(query, before, suspended_before, mine)
         return [row[0] for row in rows]
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         await self._settle()  # an append still buffered is a write: it moves updated_at first
         pool = await self.pool()
         mine = self.leasing.replica_id if self.leasing is not None else ""
         # One statement: a commit or a claim of the runtime that lands first holds its row
         # lock, and the DELETE checks the row again as that left it.
-        deleted = await pool.fetchval(sql.DELETE_IF_IDLE, before, mine, runtime_id)
+        deleted = await pool.fetchval(sql.DELETE_IF_IDLE, before, suspended_before, mine, runtime_id)
         if deleted is None:
             return False
         self._next_seq.pop(runtime_id, None)
@@ -496,3 +518,24 @@ class PostgresStore:
                     writer, self._writer_connection = self._writer_connection, None
                     await pool.release(writer)
                 await pool.close()
+
+
+async def _keep(connection: Any, reply: TenantReply | None) -> None:
+    """A CreateRuntime's or DeleteRuntime's answer, in the transaction of its effect: first, so
+    that the same request id from two replicas at once waits for the first to commit, then
+    fails here before it changes anything."""
+    if reply is None:
+        return
+    try:
+        await connection.execute(
+            "INSERT INTO replies (tenant, scope, request_id, rpc, digest, runtime_id, at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            reply.tenant,
+            reply.scope,
+            reply.request_id,
+            reply.rpc,
+            reply.digest,
+            reply.runtime_id,
+            reply.at,
+        )
+    except asyncpg.UniqueViolationError:
+        raise RequestIdTaken(f"request id {reply.request_id!r} was answered already") from None

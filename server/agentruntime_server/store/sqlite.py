@@ -21,10 +21,10 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from ..domain.errors import RuntimeExists, StoreBroken
+from ..domain.errors import RequestIdTaken, RuntimeExists, StoreBroken
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
-from ..domain.ports import RuntimeRow, StoredRuntime
+from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
 from .migrations import migrate
 from .payloads import Row, definitions_json, grouped, journal_rows, ungrouped
@@ -41,7 +41,9 @@ _TOUCH = (
 _UNCHANGED = (None, None, None)
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
 LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
-_IDLE = "updated_at < ? AND running = 0"  # retention's test: not written since the time given, nothing running
+# Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
+# cutoff of its kind (NULL: never idle); `latest`, the later cutoff, bounds the index scan.
+_IDLE = "updated_at < :latest AND running = 0 AND updated_at < CASE WHEN suspended_handles = 0 THEN :settled ELSE :suspended END"
 
 
 class SqliteStore:
@@ -187,6 +189,7 @@ class SqliteStore:
         tenant: str = "default",
         entries: Sequence[Entry] = (),
         quota: int = 0,
+        reply: TenantReply | None = None,
     ) -> None:
         groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         now = time.time()
@@ -207,6 +210,7 @@ class SqliteStore:
             # this one appended). The new runtime must not inherit their seqs and handles.
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
             db.executemany(_APPEND, groups)
+            _keep(db, reply)
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -267,26 +271,43 @@ class SqliteStore:
         parameters = (tenant, after[0], after[0], after[1], limit) if after else (tenant, limit)
         return [RuntimeRow(*row) for row in self._db.execute(query, parameters)]
 
-    async def delete_runtime(self, runtime_id: str) -> None:
+    async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         self._commit()
         with self._transaction() as db:
+            _keep(db, reply)
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
             db.execute("DELETE FROM runtimes WHERE id = ?", (runtime_id,))
         self._next_seq.pop(runtime_id, None)
 
-    async def delete_if_idle(self, runtime_id: str, before: float) -> bool:
+    async def reply(self, tenant: str, scope: str, request_id: str) -> TenantReply | None:
+        row = self._db.execute(
+            "SELECT rpc, digest, runtime_id, at FROM replies WHERE tenant = ? AND scope = ? AND request_id = ?",
+            (tenant, scope, request_id),
+        ).fetchone()
+        return TenantReply(tenant, scope, request_id, *row) if row else None
+
+    async def forget_replies_before(self, at: float) -> None:
+        self._db.execute("DELETE FROM replies WHERE at < ?", (at,))  # one statement: its own transaction
+
+    async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
+        cutoffs = _cutoffs(before, suspended_before)
+        if cutoffs is None:
+            return False
         self._commit()  # an append still buffered is a write: it moves updated_at first
         with self._transaction() as db:
-            deleted = db.execute(f"DELETE FROM runtimes WHERE id = ? AND {_IDLE}", (runtime_id, before)).rowcount
+            deleted = db.execute(f"DELETE FROM runtimes WHERE id = :id AND {_IDLE}", {"id": runtime_id, **cutoffs}).rowcount
             if deleted:
                 db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
         if deleted:
             self._next_seq.pop(runtime_id, None)
         return bool(deleted)
 
-    async def idle_runtimes(self, before: float) -> list[str]:
+    async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
+        cutoffs = _cutoffs(before, suspended_before)
+        if cutoffs is None:
+            return []
         self._commit()
-        rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", (before,))
+        rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", cutoffs)
         return [runtime_id for (runtime_id,) in rows]
 
     async def count_runtimes(self, tenant: str) -> int:
@@ -323,6 +344,25 @@ class SqliteStore:
                 self._commit()
         finally:
             self._db.close()
+
+
+def _cutoffs(settled: float | None, suspended: float | None) -> dict[str, float | None] | None:
+    """_IDLE's parameters; None when both kinds are kept for ever."""
+    given = [cutoff for cutoff in (settled, suspended) if cutoff is not None]
+    return {"latest": max(given), "settled": settled, "suspended": suspended} if given else None
+
+
+def _keep(db: sqlite3.Connection, reply: TenantReply | None) -> None:
+    """A CreateRuntime's or DeleteRuntime's answer, in the transaction of its effect."""
+    if reply is None:
+        return
+    try:
+        db.execute(
+            "INSERT INTO replies (tenant, scope, request_id, rpc, digest, runtime_id, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (reply.tenant, reply.scope, reply.request_id, reply.rpc, reply.digest, reply.runtime_id, reply.at),
+        )
+    except sqlite3.IntegrityError:  # (the transaction rolls back: nothing created or deleted)
+        raise RequestIdTaken(f"request id {reply.request_id!r} was answered already") from None
 
 
 def _create_private(path: Path) -> None:

@@ -20,7 +20,7 @@ COMMANDS = {
 
 
 # The connection options that take a value (--tls takes none).
-_VALUED = ("--addr", "--token", "--ca", "--cert", "--key")
+_VALUED = ("--addr", "--token", "--ca", "--cert", "--key", "--retry-window")
 
 
 def command_first(argv: list[str]) -> list[str]:

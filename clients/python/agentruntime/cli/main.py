@@ -41,6 +41,10 @@ from .view import (
 )
 
 DEFAULT_ADDR = "127.0.0.1:50051"
+# Seconds a call that fails with UNAVAILABLE (a server restarting, a runtime moving between
+# replicas) is retried for: a restart goes unnoticed, and a person whose server is not running
+# learns it soon (the client's own default, 60 s, is for services).
+DEFAULT_RETRY_WINDOW = 10.0
 EXIT_OK, EXIT_NOT_DONE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -51,6 +55,16 @@ class Failure(Exception):
 def _env_path(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value) if value else None
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=_env_path("AGENTRUNTIME_CLIENT_KEY_FILE"),
         help="PEM private key of --cert (env AGENTRUNTIME_CLIENT_KEY_FILE)",
+    )
+    connection.add_argument(
+        "--retry-window",
+        type=_seconds,
+        default=os.environ.get("AGENTRUNTIME_RETRY_WINDOW") or str(DEFAULT_RETRY_WINDOW),
+        metavar="SECONDS",
+        help="retry a call that fails with UNAVAILABLE (a restarting server) for up to this long; 0: no retries"
+        f" (env AGENTRUNTIME_RETRY_WINDOW; default {DEFAULT_RETRY_WINDOW:g})",
     )
 
     parser = argparse.ArgumentParser(prog="agentruntime", description="Operate an agentruntime server.")
@@ -186,6 +208,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         client_cert=pem["cert"],
         client_key=pem["key"],
         timeout=timeout,
+        retries=args.retry_window > 0,
+        retry_window=args.retry_window,
     )
     try:
         return await handlers[args.command](args, client)

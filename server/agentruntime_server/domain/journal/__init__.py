@@ -33,6 +33,7 @@ from .steps import (
     ModelReplied,
     Posted,
     Queued,
+    Replied,
     RunStarted,
     Settled,
     Spawned,
@@ -40,7 +41,7 @@ from .steps import (
     Ticked,
     TurnStarted,
 )
-from .tree import Tree
+from .tree import ReplyBook, Tree
 
 __all__ = [
     "HEARTBEAT_KEY",
@@ -67,6 +68,8 @@ __all__ = [
     "ModelReplied",
     "Posted",
     "Queued",
+    "Replied",
+    "ReplyBook",
     "RunStarted",
     "Settled",
     "Spawned",

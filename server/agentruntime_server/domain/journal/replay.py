@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .entry import Entry
-from .steps import Spawned, Step
+from .steps import Replied, Spawned, Step
 from .tree import Tree
 
 
@@ -17,6 +17,9 @@ def replay(tree: Tree, entries: Sequence[Entry]) -> None:
 
 
 def apply(tree: Tree, step: Step, at: float) -> None:
+    if isinstance(step, Replied):
+        tree.replies.add(step, at)
+        return
     step.apply(tree)
     if isinstance(step, Spawned) and tree.handles[step.handle_id].agent.heartbeat is not None:
         # A heartbeat's periods run from the spawn: those missed before a first tick (the

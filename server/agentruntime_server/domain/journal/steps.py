@@ -392,6 +392,27 @@ class Closed:
         return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.CLOSED})]
 
 
+@dataclass(frozen=True)
+class Replied:
+    """A host's call made with a request id was answered: a repeat of it gets this answer and
+    changes nothing (replies.py). Recorded with the call's effect, in one append (one commit).
+    `digest` is what the request said; `handle_ids` and `number` are its answer: the handle
+    spawned, the handles closed, the inbox size after a Post, whether an Interrupt stopped
+    anything. (A Resume's answer is the run it continued: the Answer's id says which.)"""
+
+    request_id: str
+    rpc: str
+    digest: str
+    handle_ids: tuple[str, ...] = ()
+    number: int = 0
+
+    def apply(self, tree: Tree) -> None:
+        pass  # kept with the time it was recorded at: replay.apply
+
+    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
+        return []
+
+
 Step = (
     Configured
     | Spawned
@@ -413,6 +434,7 @@ Step = (
     | Closed
     | Imported
     | EventsImported
+    | Replied
 )
 STEPS: tuple[type[Step], ...] = (
     Configured,
@@ -435,4 +457,5 @@ STEPS: tuple[type[Step], ...] = (
     Closed,
     Imported,
     EventsImported,
+    Replied,
 )

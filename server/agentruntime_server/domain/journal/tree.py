@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..handle import Handle
 from ..model import AgentSpec, Answer, HandleState, RuntimeOptions
+
+if TYPE_CHECKING:
+    from .steps import Replied
+
+REPLIES_KEPT = 1000  # a runtime's answered request ids kept, newest last (AGENTRUNTIME_REQUEST_IDS_KEPT)
+
+
+class ReplyBook:
+    """The answers to a runtime's calls made with request ids, by id: the newest `limit`
+    (the oldest goes first), each with the time it was recorded (a repeat finds it only
+    within the request id TTL)."""
+
+    def __init__(self, limit: int = REPLIES_KEPT) -> None:
+        self.limit = limit
+        self._by_id: dict[str, tuple[Replied, float]] = {}
+
+    def add(self, replied: Replied, at: float) -> None:
+        self._by_id.pop(replied.request_id, None)
+        self._by_id[replied.request_id] = (replied, at)
+        while len(self._by_id) > self.limit:
+            del self._by_id[next(iter(self._by_id))]
+
+    def find(self, request_id: str, recorded_since: float) -> Replied | None:
+        found = self._by_id.get(request_id)
+        return found[0] if found is not None and found[1] >= recorded_since else None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
 
 
 class Tree:
     """The state the journal builds: every handle, and the indexes over them."""
 
-    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...]) -> None:
+    def __init__(self, runtime_id: str, agents: tuple[AgentSpec, ...], replies_kept: int = REPLIES_KEPT) -> None:
         self.runtime_id = runtime_id
         self.agents = {agent.name: agent for agent in agents}
         self.handles: dict[str, Handle] = {}
@@ -27,6 +57,7 @@ class Tree:
         self.beating = 0  # open handles with a heartbeat
         self.suspended = 0
         self.options = RuntimeOptions()
+        self.replies = ReplyBook(replies_kept)  # the answers of the host's calls made with request ids
 
     def changed_state(self, before: HandleState, after: HandleState, beats: bool = False) -> None:
         """Keeps the counts the store indexes: handles in flight (runtimes to recover),

@@ -4,15 +4,23 @@ import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.CreateRuntimeResponse;
 import dev.agentruntime.v1.HandleView;
+import dev.agentruntime.v1.InspectRequest;
 import dev.agentruntime.v1.InspectResponse;
+import dev.agentruntime.v1.ListRequest;
 import dev.agentruntime.v1.ListResponse;
+import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.PostResponse;
+import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.ResumeResponse;
+import dev.agentruntime.v1.SpawnRequest;
 import dev.agentruntime.v1.SpawnResponse;
 import dev.agentruntime.v1.TaskResult;
+import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WaitResponse;
+import dev.agentruntime.v1.WakeRequest;
 import dev.agentruntime.v1.WakeResponse;
 import io.grpc.Context;
 import io.grpc.ManagedChannel;
@@ -27,6 +35,7 @@ import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BiConsumer;
+import java.util.function.Function;
 
 /**
  * The future-based variant of {@link AgentRuntimeClient} for the main calls: each method returns at
@@ -48,13 +57,16 @@ import java.util.function.BiConsumer;
  * }</pre>
  *
  * <ul>
+ *   <li>Every call is retried as the blocking client's are (UNAVAILABLE, a CANCELLED the caller
+ *       did not cause as a restarting server sends: grpc/grpc#41785, an attempt's own
+ *       DEADLINE_EXCEEDED, any status with a RetryInfo; full jitter, at least the RetryInfo's
+ *       delay; within the retry window from the call's start), with no thread held during the
+ *       pauses; the mutating ones (CreateRuntime, Spawn, Post, Wake, Resume) carry a request id,
+ *       the caller's or one generated once per call, on every attempt. The builder's
+ *       {@code retries(false)} makes every call once.
  *   <li>{@link #waitFor} keeps waiting exactly as the blocking one does: repeated Waits of at most
- *       30 s each, past any default deadline, and through a dropped call (UNAVAILABLE, or a
- *       CANCELLED the caller did not cause: a restarting server, grpc/grpc#41785)
- *       with backoff until the run settles or the caller's {@code timeout} passes; no thread is
- *       held while it waits.
- *   <li>{@link #resume} is retried when dropped like the blocking one; Spawn, Wake, Post and
- *       CreateRuntime are not (a lost answer does not say whether they took effect).
+ *       30 s each, past any default deadline, and through failures in a row for up to the retry
+ *       window, until the run settles or the caller's {@code timeout} passes.
  *   <li>Cancelling a returned future cancels its call (and stops a wait's or a retry's next
  *       attempt). Closing the client completes the pending ones with CANCELLED (never retried).
  *   <li>The futures complete on gRPC's threads: chain blocking work with the {@code ...Async}
@@ -65,14 +77,18 @@ public final class AgentRuntimeAsyncClient {
   private final ManagedChannel channel;
   private final AgentRuntimeGrpc.AgentRuntimeStub stub;
   private final Duration timeout;
+  private final boolean retries;
+  private final long windowNanos;
   private final ScheduledExecutorService scheduler; // the retries' pauses (one daemon thread)
-  private final Set<CompletableFuture<?>> pending = ConcurrentHashMap.newKeySet(); // waits, resumes, runs
+  private final Set<CompletableFuture<?>> pending = ConcurrentHashMap.newKeySet(); // every call under way
   private volatile boolean closed;
 
-  AgentRuntimeAsyncClient(ManagedChannel channel, Duration timeout) {
+  AgentRuntimeAsyncClient(ManagedChannel channel, Duration timeout, boolean retries, Duration window) {
     this.channel = channel;
     this.stub = AgentRuntimeGrpc.newStub(channel);
     this.timeout = timeout;
+    this.retries = retries;
+    this.windowNanos = Math.min(Requests.saturatedNanos(window), Long.MAX_VALUE / 4);
     this.scheduler = Executors.newSingleThreadScheduledExecutor(runnable -> {
       Thread thread = new Thread(runnable, "agentruntime-async-retry");
       thread.setDaemon(true);
@@ -91,12 +107,13 @@ public final class AgentRuntimeAsyncClient {
   }
 
   /**
-   * One unary call on the async stub with this deadline ({@code null}: none). The call runs in a
+   * One attempt of a unary call on the async stub with this deadline ({@code null}: none). It runs in a
    * cancellable context of its own, cancelled when the future completes (so cancelling the future
    * cancels the call); a fresh context under ROOT, so a call started from another call's callback
    * does not inherit that call's (soon cancelled) context.
    */
-  private <T> CompletableFuture<T> call(Duration deadline, BiConsumer<AgentRuntimeGrpc.AgentRuntimeStub, StreamObserver<T>> rpc) {
+  private <T> CompletableFuture<T> attempt(Duration deadline,
+      BiConsumer<AgentRuntimeGrpc.AgentRuntimeStub, StreamObserver<T>> rpc) {
     CompletableFuture<T> future = new CompletableFuture<>();
     AgentRuntimeGrpc.AgentRuntimeStub target =
         deadline == null ? stub : stub.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
@@ -129,14 +146,47 @@ public final class AgentRuntimeAsyncClient {
     return future;
   }
 
-  private <T> CompletableFuture<T> call(BiConsumer<AgentRuntimeGrpc.AgentRuntimeStub, StreamObserver<T>> rpc) {
-    return call(timeout, rpc);
+  /**
+   * A unary call through the retry loop (see {@link Retrying}), its result {@code answer} of the
+   * response. The returned future is the loop's own, so cancelling it cancels the attempt under
+   * way and stops the retries.
+   */
+  private <R, T> CompletableFuture<T> call(BiConsumer<AgentRuntimeGrpc.AgentRuntimeStub, StreamObserver<R>> rpc,
+      Function<R, T> answer) {
+    CompletableFuture<T> result = track(new CompletableFuture<>());
+    new Retrying<R, T>(result, null, false) {
+      @Override
+      Duration deadline(long leftNanos) {
+        if (!retries) {
+          return timeout;
+        }
+        long own = timeout == null ? leftNanos : Math.min(Requests.saturatedNanos(timeout), leftNanos);
+        return Duration.ofNanos(Math.max(own, 1));
+      }
+
+      @Override
+      CompletableFuture<R> attempt(Duration deadline) {
+        return AgentRuntimeAsyncClient.this.attempt(deadline, rpc);
+      }
+
+      @Override
+      boolean done(R response) {
+        result.complete(answer.apply(response));
+        return true;
+      }
+    }.start();
+    return result;
   }
 
-  /** {@link AgentRuntimeClient#createRuntime(List, String)}: the runtime id. Not retried. */
+  /** {@link AgentRuntimeClient#createRuntime(List, String)}: the runtime id (retried, with a generated request id). */
   public CompletableFuture<String> createRuntime(List<AgentDef> agents, String runtimeId) {
-    return this.<CreateRuntimeResponse>call((s, o) -> s.createRuntime(Requests.createRuntime(agents, runtimeId), o))
-        .thenApply(response -> response.getRuntimeId());
+    return createRuntime(agents, runtimeId, null);
+  }
+
+  /** {@link AgentRuntimeClient#createRuntime(List, String, String)}: with this request id ({@code null}: generated). */
+  public CompletableFuture<String> createRuntime(List<AgentDef> agents, String runtimeId, String requestId) {
+    CreateRuntimeRequest request = Requests.createRuntime(agents, runtimeId, Retry.requestId(requestId));
+    return call((s, o) -> s.createRuntime(request, o), CreateRuntimeResponse::getRuntimeId);
   }
 
   /** A runtime with a generated id. */
@@ -144,49 +194,81 @@ public final class AgentRuntimeAsyncClient {
     return createRuntime(agents, "");
   }
 
-  /** {@link AgentRuntimeClient#spawn(String, String, String, Budget)}: the handle id. Not retried. */
+  /** {@link AgentRuntimeClient#spawn(String, String, String, Budget)}: the handle id (retried, with a generated request id). */
   public CompletableFuture<String> spawn(String runtimeId, String agent, String parent, Budget budget) {
-    return this.<SpawnResponse>call((s, o) -> s.spawn(Requests.spawn(runtimeId, agent, parent, budget), o))
-        .thenApply(response -> response.getHandleId());
+    return spawn(runtimeId, agent, parent, budget, null);
   }
 
-  /** {@link AgentRuntimeClient#post(String, String, String, String, String)}: the inbox size. Not retried. */
+  /** {@link AgentRuntimeClient#spawn(String, String, String, Budget, String)}: with this request id ({@code null}: generated). */
+  public CompletableFuture<String> spawn(String runtimeId, String agent, String parent, Budget budget, String requestId) {
+    SpawnRequest request = Requests.spawn(runtimeId, agent, parent, budget, Retry.requestId(requestId));
+    return call((s, o) -> s.spawn(request, o), SpawnResponse::getHandleId);
+  }
+
+  /**
+   * {@link AgentRuntimeClient#post(String, String, String, String, String)}: the inbox size (retried,
+   * with a generated request id).
+   */
   public CompletableFuture<Integer> post(String runtimeId, String handleId, String text, String channel, String sender) {
-    return this.<PostResponse>call((s, o) -> s.post(Requests.post(runtimeId, handleId, text, channel, sender), o))
-        .thenApply(response -> response.getInboxSize());
+    return post(runtimeId, handleId, text, channel, sender, null);
   }
 
-  /** {@link AgentRuntimeClient#wake}: whether the run was queued. Not retried. */
+  /**
+   * {@link AgentRuntimeClient#post(String, String, String, String, String, String)}: with this request
+   * id ({@code null}: generated).
+   */
+  public CompletableFuture<Integer> post(String runtimeId, String handleId, String text, String channel, String sender,
+      String requestId) {
+    PostRequest request = Requests.post(runtimeId, handleId, text, channel, sender, Retry.requestId(requestId));
+    return call((s, o) -> s.post(request, o), PostResponse::getInboxSize);
+  }
+
+  /** {@link AgentRuntimeClient#wake}: whether the run was queued (retried, with a generated request id). */
   public CompletableFuture<Boolean> wake(String runtimeId, String handleId, String prompt) {
-    return this.<WakeResponse>call((s, o) -> s.wake(Requests.wake(runtimeId, handleId, prompt), o))
-        .thenApply(response -> response.getQueued());
+    return wake(runtimeId, handleId, prompt, null);
   }
 
-  /** {@link AgentRuntimeClient#inspect}: the handle's view (retried by gRPC when dropped). */
+  /** {@link AgentRuntimeClient#wake(String, String, String, String)}: with this request id ({@code null}: generated). */
+  public CompletableFuture<Boolean> wake(String runtimeId, String handleId, String prompt, String requestId) {
+    WakeRequest request = Requests.wake(runtimeId, handleId, prompt, Retry.requestId(requestId));
+    return call((s, o) -> s.wake(request, o), WakeResponse::getQueued);
+  }
+
+  /** {@link AgentRuntimeClient#inspect}: the handle's view. */
   public CompletableFuture<HandleView> inspect(String runtimeId, String handleId) {
-    return this.<InspectResponse>call((s, o) -> s.inspect(Requests.inspect(runtimeId, handleId), o)).thenApply(response -> response.getHandle());
+    InspectRequest request = Requests.inspect(runtimeId, handleId);
+    return call((s, o) -> s.inspect(request, o), InspectResponse::getHandle);
   }
 
   /** {@link AgentRuntimeClient#listPage}: one page of List. */
   public CompletableFuture<ListResponse> listPage(String runtimeId, int pageSize, String pageToken) {
-    return this.<ListResponse>call((s, o) -> s.list(Requests.list(runtimeId, pageSize, pageToken), o));
+    ListRequest request = Requests.list(runtimeId, pageSize, pageToken);
+    return call((s, o) -> s.list(request, o), Function.<ListResponse>identity());
   }
 
   /**
    * {@link AgentRuntimeClient#waitFor(String, String, Duration)} without holding a thread: the
    * handle's settled (or PENDING) result however long the run takes, through a restarting server;
    * with a non-null {@code timeout}, the server's {@code STATUS_TIMEOUT} result once it has passed
-   * (or the drop's UNAVAILABLE or CANCELLED, when the server is still away then).
+   * (or the last failure, when the server is still away then, or after a retry window of failures
+   * in a row).
    */
   public CompletableFuture<TaskResult> waitFor(String runtimeId, String handleId, Duration timeout) {
     CompletableFuture<TaskResult> result = track(new CompletableFuture<>());
     Long end = Requests.waitEnd(timeout);
-    new Retrying<WaitResponse, TaskResult>(result, Integer.MAX_VALUE, end) {
+    new Retrying<WaitResponse, TaskResult>(result, end, true) {
+      private Duration slice; // the server-side wait of the attempt under way
+
       @Override
-      CompletableFuture<WaitResponse> attempt() {
-        Duration slice = Requests.nextSlice(end);
-        return AgentRuntimeAsyncClient.this.<WaitResponse>call(slice.plus(AgentRuntimeClient.WAIT_MARGIN),
-            (s, o) -> s.wait(Requests.waitSlice(runtimeId, handleId, slice), o));
+      Duration deadline(long leftNanos) {
+        slice = Requests.nextSlice(end);
+        return slice.plus(AgentRuntimeClient.WAIT_MARGIN);
+      }
+
+      @Override
+      CompletableFuture<WaitResponse> attempt(Duration deadline) {
+        WaitRequest request = Requests.waitSlice(runtimeId, handleId, slice);
+        return AgentRuntimeAsyncClient.this.<WaitResponse>attempt(deadline, (s, o) -> s.wait(request, o));
       }
 
       @Override
@@ -208,42 +290,41 @@ public final class AgentRuntimeAsyncClient {
   }
 
   /**
-   * {@link AgentRuntimeClient#resume}: the result the resumed handles settle on; retried while the
-   * server is unavailable or drops the call, {@link AgentRuntimeClient#RESUME_ATTEMPTS} times in
-   * all, with backoff.
+   * {@link AgentRuntimeClient#resume}: the result the resumed handles settle on (retried, with a
+   * generated request id: a repeat runs nothing again).
    */
   public CompletableFuture<TaskResult> resume(String runtimeId, Answer answer) {
-    CompletableFuture<TaskResult> result = track(new CompletableFuture<>());
-    new Retrying<ResumeResponse, TaskResult>(result, AgentRuntimeClient.RESUME_ATTEMPTS, null) {
-      @Override
-      CompletableFuture<ResumeResponse> attempt() {
-        return AgentRuntimeAsyncClient.this.<ResumeResponse>call((s, o) -> s.resume(Requests.resume(runtimeId, answer), o));
-      }
+    return resume(runtimeId, answer, null);
+  }
 
-      @Override
-      boolean done(ResumeResponse response) {
-        result.complete(response.getResult());
-        return true;
-      }
-    }.start();
-    return result;
+  /** {@link AgentRuntimeClient#resume(String, Answer, String)}: with this request id ({@code null}: generated). */
+  public CompletableFuture<TaskResult> resume(String runtimeId, Answer answer, String requestId) {
+    ResumeRequest request = Requests.resume(runtimeId, answer, Retry.requestId(requestId));
+    return call((s, o) -> s.resume(request, o), ResumeResponse::getResult);
   }
 
   /**
    * Spawn + Wake + Wait ({@link AgentRuntimeClient#run(String, String, String, String)}): the settled
-   * (or PENDING) result of a fresh handle under {@code parent}. Cancelling the future cancels the
-   * step under way (a spawned handle stays: close it).
+   * (or PENDING) result of a fresh handle under {@code parent}, its Spawn and its Wake each with a
+   * request id generated once. Cancelling the future cancels the step under way (a spawned handle
+   * stays: close it).
    */
   public CompletableFuture<TaskResult> run(String runtimeId, String agent, String prompt, String parent) {
+    return run(runtimeId, agent, prompt, parent, null, null);
+  }
+
+  /** {@link #run(String, String, String, String)} with the request ids of its Spawn and its Wake ({@code null}: generated). */
+  public CompletableFuture<TaskResult> run(String runtimeId, String agent, String prompt, String parent,
+      String spawnRequestId, String wakeRequestId) {
     CompletableFuture<TaskResult> result = track(new CompletableFuture<>());
-    CompletableFuture<String> spawned = spawn(runtimeId, agent, parent, null);
+    CompletableFuture<String> spawned = spawn(runtimeId, agent, parent, null, spawnRequestId);
     cancelWith(result, spawned);
     spawned.whenComplete((handleId, spawnError) -> {
       if (spawnError != null) {
         result.completeExceptionally(AgentRuntimeException.unwrap(spawnError));
         return;
       }
-      CompletableFuture<Boolean> woken = wake(runtimeId, handleId, prompt);
+      CompletableFuture<Boolean> woken = wake(runtimeId, handleId, prompt, wakeRequestId);
       cancelWith(result, woken);
       woken.whenComplete((queued, wakeError) -> {
         if (wakeError != null) {
@@ -285,22 +366,25 @@ public final class AgentRuntimeAsyncClient {
   }
 
   /**
-   * A call repeated until {@link #done} says so, and retried when dropped (UNAVAILABLE, or a
-   * CANCELLED the caller did not cause: {@link AgentRuntimeClient#isDrop}) after a pause (100 ms
-   * doubling up to 5 s, full jitter: the blocking client's), at most {@code attempts} times in a
-   * row and never past {@code end}; each retry resets the channel's connection backoff first.
+   * A call repeated until {@link #done} says so, and retried as {@link Retry#retryable} says after
+   * {@link Retry#pauseNanos} (full jitter from 100 ms doubling to 5 s, at least a RetryInfo's
+   * delay), each retry resetting the channel's connection backoff first; never past {@code end}
+   * (the caller's, null: none) nor past the retry window: from the call's start for a unary call,
+   * from the first of a run of failures in a row for a Wait ({@code slices}: a success starts it
+   * again). With retries off a failure completes the result at once.
    */
   private abstract class Retrying<R, T> {
     private final CompletableFuture<T> result;
-    private final int attempts;
     private final Long end;
-    private volatile CompletableFuture<R> current; // the call under way
+    private final boolean slices;
+    private long windowEnd; // System.nanoTime() when the window ends
+    private volatile CompletableFuture<R> current; // the attempt under way
     private int failures; // in a row; touched by one callback at a time
 
-    Retrying(CompletableFuture<T> result, int attempts, Long end) {
+    Retrying(CompletableFuture<T> result, Long end, boolean slices) {
       this.result = result;
-      this.attempts = attempts;
       this.end = end;
+      this.slices = slices;
       result.whenComplete((value, error) -> {
         CompletableFuture<R> call = current;
         if (call != null) {
@@ -309,12 +393,16 @@ public final class AgentRuntimeAsyncClient {
       });
     }
 
-    abstract CompletableFuture<R> attempt();
+    /** The next attempt's deadline ({@code null}: none), with {@code leftNanos} left of the window. */
+    abstract Duration deadline(long leftNanos);
+
+    abstract CompletableFuture<R> attempt(Duration deadline);
 
     /** Completes {@code result} and returns true, or returns false to call again at once. */
     abstract boolean done(R response);
 
     void start() {
+      windowEnd = System.nanoTime() + windowNanos;
       next();
     }
 
@@ -322,7 +410,10 @@ public final class AgentRuntimeAsyncClient {
       if (result.isDone()) {
         return;
       }
-      CompletableFuture<R> call = attempt();
+      long start = System.nanoTime();
+      long left = slices ? Long.MAX_VALUE : windowEnd - start;
+      Duration deadline = deadline(left);
+      CompletableFuture<R> call = attempt(deadline);
       current = call;
       if (result.isDone()) {
         call.cancel(false);
@@ -340,13 +431,23 @@ public final class AgentRuntimeAsyncClient {
           return;
         }
         AgentRuntimeException failure = AgentRuntimeException.unwrap(error);
-        failures++;
-        if (!AgentRuntimeClient.isDrop(failure, closed || channel.isShutdown()) || failures >= attempts
+        long now = System.nanoTime();
+        if (slices && failures == 0) {
+          windowEnd = now + windowNanos;
+        }
+        boolean ownDeadlinePassed = deadline != null && deadline.toNanos() < left
+            && now - (start + deadline.toNanos()) >= 0;
+        if (!retries || !Retry.retryable(failure, closed || channel.isShutdown(), ownDeadlinePassed)
             || Requests.passed(end)) {
           result.completeExceptionally(failure);
           return;
         }
-        long pause = Math.min(Requests.retryBackoffNanos(failures), Requests.remainingNanos(end));
+        long pause = Retry.pauseNanos(failures, failure);
+        if (pause >= Math.min(windowEnd - now, Requests.remainingNanos(end))) {
+          result.completeExceptionally(failure); // the window (or the caller's timeout) ends first
+          return;
+        }
+        failures++;
         try {
           scheduler.schedule(() -> {
             channel.resetConnectBackoff(); // try the server now, not at the channel's own backoff

@@ -5,6 +5,7 @@ import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
+import dev.agentruntime.v1.CloseResponse;
 import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.DeleteRuntimeRequest;
 import dev.agentruntime.v1.GetTranscriptRequest;
@@ -18,6 +19,7 @@ import dev.agentruntime.v1.ListRuntimesRequest;
 import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
+import dev.agentruntime.v1.PostResponse;
 import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.SpawnRequest;
@@ -29,6 +31,7 @@ import io.grpc.ChannelCredentials;
 import io.grpc.ClientInterceptor;
 import io.grpc.CompositeChannelCredentials;
 import io.grpc.Context;
+import io.grpc.Deadline;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
@@ -49,6 +52,7 @@ import java.util.Map;
 import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
@@ -66,13 +70,23 @@ import java.util.stream.Stream;
  * }
  * }</pre>
  *
- * <p>Every call gets the default deadline (60 s unless the builder says otherwise; {@code null}
- * means none), except Wait ({@link #waitFor}: repeated 30 s slices, each with its own deadline)
- * and the streams (Watch, ServeTools: none). Calls that change nothing when repeated (Wait, Resume,
- * Inspect, List, GetTranscript, ListRuntimes) are retried by gRPC when dropped (UNAVAILABLE, or a
- * CANCELLED the caller did not cause, as a stopping grpc-core server sends: grpc/grpc#41785); the
- * others are not, since a lost answer does not say whether they took effect. The client is safe for
- * concurrent use; {@link #close()} shuts its channel down.
+ * <p>Every unary call is retried by the client's own loop when an attempt fails with UNAVAILABLE,
+ * a CANCELLED the caller did not cause (as a stopping grpc-core server sends: grpc/grpc#41785),
+ * the DEADLINE_EXCEEDED of the attempt's own deadline, or any status carrying
+ * {@code google.rpc.RetryInfo}: after a pause of full jitter (up to 100 ms doubling per attempt,
+ * at most 5 s; at least the RetryInfo's {@code retry_delay}), until the caller's deadline (its
+ * {@link Context}'s) or else the retry window ({@link #DEFAULT_RETRY_WINDOW}, 60 s; see
+ * {@link Builder#retryWindow}) has passed, and never once the caller gave up (an interrupt, a
+ * cancelled Context, the client closed). Every mutating call (CreateRuntime, Spawn, Post, Wake,
+ * Resume, Interrupt, Close, DeleteRuntime) carries a request id, the caller's or one generated
+ * once per call ({@link java.util.UUID#randomUUID}), on all its attempts, so the server answers
+ * a repeat with the first answer and acts once. {@link Builder#retries retries(false)} turns the
+ * loop off (one attempt; the request id is still sent).
+ *
+ * <p>Each attempt gets the default deadline (60 s unless the builder says otherwise; {@code null}
+ * means none), capped by what is left of the overall one; Wait ({@link #waitFor}) makes repeated
+ * 30 s slices, each with its own deadline, and the streams (Watch, ServeTools) have none. The
+ * client is safe for concurrent use; {@link #close()} shuts its channel down.
  *
  * <p>{@link #async()} is the future-based variant of the main calls on the same channel;
  * {@link #listPages}, {@link #listStream} and their transcript and runtime counterparts page
@@ -87,8 +101,20 @@ public final class AgentRuntimeClient implements AutoCloseable {
   public static final Duration WAIT_SLICE = Duration.ofSeconds(30);
   /** A Wait's call deadline is its server-side wait plus this much, so the server answers first. */
   public static final Duration WAIT_MARGIN = Duration.ofSeconds(10);
-  /** How many times {@link #resume} tries while the server is unavailable (or drops the call). */
+  /**
+   * How many times {@link #resume} tried while the server was unavailable, before every call was
+   * retried alike: no longer used (Resume is retried as every call is, within the retry window).
+   *
+   * @deprecated Resume is retried by the client's one retry loop: see {@link Builder#retryWindow}.
+   */
+  @Deprecated
   public static final int RESUME_ATTEMPTS = 8;
+  /**
+   * How long the client keeps retrying a call when the caller set no deadline of its own (an
+   * {@link io.grpc.Context} deadline); for a Wait or a Watch, how long a run of failures in a
+   * row may last. {@link Builder#retryWindow} changes it.
+   */
+  public static final Duration DEFAULT_RETRY_WINDOW = Duration.ofSeconds(60);
   /**
    * The keepalive unless the builder says otherwise: while a call is open, an HTTP/2 PING after this
    * long without activity. Without it a Watch or a worker's stream behind a NAT or a proxy that
@@ -97,46 +123,10 @@ public final class AgentRuntimeClient implements AutoCloseable {
   public static final Duration DEFAULT_KEEPALIVE_TIME = Duration.ofSeconds(60);
   /** How long the default keepalive waits for a PING's answer before the connection counts as dead. */
   public static final Duration DEFAULT_KEEPALIVE_TIMEOUT = Duration.ofSeconds(20);
-  /** The first client-side retry (Wait, Resume) waits up to this long; each failure in a row doubles it. */
-  static final Duration RETRY_BACKOFF = Duration.ofMillis(100);
-  /** The longest wait between client-side retries. */
-  static final Duration MAX_RETRY_BACKOFF = Duration.ofSeconds(5);
-
   /**
-   * The RPCs that change nothing when repeated, which gRPC retries when dropped. Spawn, Wake, Post,
-   * Interrupt, Close, CreateRuntime, DeleteRuntime and ServeTools are not retried: a lost answer does
-   * not say whether they took effect.
-   */
-  static final List<String> SAFE_TO_REPEAT =
-      List.of("Wait", "Resume", "Inspect", "List", "GetTranscript", "ListRuntimes");
-
-  /**
-   * The channel's default service config: a retry policy (5 attempts, 0.1 s doubling up to 2 s, on
-   * UNAVAILABLE and CANCELLED) for {@link #SAFE_TO_REPEAT}. CANCELLED because a grpc-core server
-   * answers the calls that reach it as it begins to shut down, before a handler took them, with
-   * CANCELLED rather than UNAVAILABLE (grpc/grpc#41785); gRPC never retries a call the caller
-   * cancelled (an interrupt, a cancelled Context). grpc-java reads JSON numbers as {@code Double}.
-   */
-  static final Map<String, ?> SERVICE_CONFIG = serviceConfig();
-
-  private static Map<String, ?> serviceConfig() {
-    List<Map<String, ?>> names = new ArrayList<>();
-    for (String method : SAFE_TO_REPEAT) {
-      names.add(Map.of("service", AgentRuntimeGrpc.SERVICE_NAME, "method", method));
-    }
-    Map<String, ?> retryPolicy = Map.of(
-        "maxAttempts", 5.0,
-        "initialBackoff", "0.1s",
-        "maxBackoff", "2s",
-        "backoffMultiplier", 2.0,
-        "retryableStatusCodes", List.of("UNAVAILABLE", "CANCELLED"));
-    return Map.of("methodConfig", List.of(Map.of("name", List.copyOf(names), "retryPolicy", retryPolicy)));
-  }
-
-  /**
-   * Whether a failed call was dropped on the way, so that a call safe to repeat is tried again (the
-   * Wait and Resume loops, the async client's retries, the Watch's reconnect): UNAVAILABLE, or a
-   * CANCELLED that the caller did not cause. A grpc-core server answers the calls that reach it as
+   * Whether a failed call was dropped on the way, so that it is tried again (the client's retry
+   * loop, the async client's, the Watch's reconnect; see {@link Retry#retryable} for the whole
+   * rule): UNAVAILABLE, or a CANCELLED that the caller did not cause. A grpc-core server answers the calls that reach it as
    * it begins to shut down, before a handler took them, with CANCELLED instead of UNAVAILABLE
    * (grpc/grpc#41785), so such a CANCELLED is a drop like UNAVAILABLE. The client's own are not:
    * those it raises itself ({@link AgentRuntimeException#cancelledByClient}: an interrupt, the
@@ -166,13 +156,17 @@ public final class AgentRuntimeClient implements AutoCloseable {
   private final Set<ToolWorker> workers = ConcurrentHashMap.newKeySet(); // running, closed with the client
   private final Set<WatchStream> watches = ConcurrentHashMap.newKeySet(); // open, closed with the client
   private final Duration timeout;
+  private final boolean retries;
+  private final Duration retryWindow;
   private AgentRuntimeAsyncClient async; // guarded by this; made on first use
 
-  private AgentRuntimeClient(ManagedChannel channel, Duration timeout) {
+  private AgentRuntimeClient(ManagedChannel channel, Duration timeout, boolean retries, Duration retryWindow) {
     this.channel = channel;
     this.stub = AgentRuntimeGrpc.newBlockingStub(channel);
     this.asyncStub = AgentRuntimeGrpc.newStub(channel);
     this.timeout = timeout;
+    this.retries = retries;
+    this.retryWindow = retryWindow;
   }
 
   /** A builder for a client of the server at {@code target} ({@code host:port} or a gRPC target URI). */
@@ -204,6 +198,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
     Duration keepAliveTime = DEFAULT_KEEPALIVE_TIME; // null: no keepalive pings
     Duration keepAliveTimeout = DEFAULT_KEEPALIVE_TIMEOUT;
     boolean keepAliveWithoutCalls;
+    boolean retries = true;
+    Duration retryWindow = DEFAULT_RETRY_WINDOW;
     private final List<ClientInterceptor> interceptors = new ArrayList<>();
 
     private Builder(String target) {
@@ -316,6 +312,35 @@ public final class AgentRuntimeClient implements AutoCloseable {
     }
 
     /**
+     * Whether the client retries failed calls (on by default): see the class comment and the
+     * README's "Retries and request ids". {@code retries(false)}: every call is made once (a Wait
+     * too: a failed one is thrown, though the helper still repeats the 30 s slices that end
+     * {@code STATUS_TIMEOUT}), and a mutating call still carries a request id, the caller's or a
+     * generated one, so the caller can repeat it safely itself.
+     */
+    public Builder retries(boolean enable) {
+      this.retries = enable;
+      return this;
+    }
+
+    /**
+     * How long a call is retried when the caller set no deadline of its own (a {@link Context}
+     * deadline), and how long a run of failures in a row may last in a Wait or a Watch:
+     * {@link #DEFAULT_RETRY_WINDOW} (60 s) unless set. Each attempt's deadline is the default
+     * deadline ({@link #defaultTimeout}) capped by what is left of it.
+     *
+     * @throws IllegalArgumentException a window that is not positive
+     */
+    public Builder retryWindow(Duration window) {
+      Objects.requireNonNull(window, "window");
+      if (window.isNegative() || window.isZero()) {
+        throw new IllegalArgumentException("the retry window must be positive, got " + window);
+      }
+      this.retryWindow = window;
+      return this;
+    }
+
+    /**
      * Adds client interceptors (logging, metrics, tracing, extra headers) to every call of the
      * client, the streams and {@link AgentRuntimeClient#stub()} included. As in
      * {@code ManagedChannelBuilder.intercept}, the last one added runs first.
@@ -366,9 +391,11 @@ public final class AgentRuntimeClient implements AutoCloseable {
       if (callCredentials != null) {
         channelCredentials = CompositeChannelCredentials.create(channelCredentials, callCredentials);
       }
+      // One retry layer, the client's: no retry policy on the channel, and none from a resolver's
+      // service config (gRPC's transparent retry of a call that never reached the server's
+      // application stays: it cannot act twice).
       ManagedChannelBuilder<?> builder = Grpc.newChannelBuilder(target, channelCredentials)
-          .defaultServiceConfig(SERVICE_CONFIG)
-          .enableRetry();
+          .disableServiceConfigLookUp();
       if (keepAliveTime != null) {
         builder.keepAliveTime(keepAliveTime.toNanos(), TimeUnit.NANOSECONDS)
             .keepAliveTimeout(keepAliveTimeout.toNanos(), TimeUnit.NANOSECONDS);
@@ -378,7 +405,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
         builder.intercept(List.copyOf(interceptors));
       }
       ManagedChannel channel = builder.build();
-      return new AgentRuntimeClient(channel, timeout);
+      return new AgentRuntimeClient(channel, timeout, retries, retryWindow);
     }
   }
 
@@ -411,26 +438,28 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /**
    * The generated blocking stub on this client's channel (its TLS and call credentials), for what
-   * the thin methods do not cover; no default deadline is applied. The channel's retry policy
-   * applies to its calls too (the safe-to-repeat RPCs are retried when dropped).
+   * the thin methods do not cover; no default deadline is applied, and its calls are made once
+   * (the client's retries and request ids are its methods': set a request's {@code request_id}
+   * yourself to repeat a mutating call safely).
    */
   public AgentRuntimeGrpc.AgentRuntimeBlockingStub stub() {
     return stub;
   }
 
   /**
-   * The future-based variant of this client, on the same channel (its TLS, token, interceptors,
-   * keepalive and retry policy) and with the same default deadline: see {@link AgentRuntimeAsyncClient}.
+   * The future-based variant of this client, on the same channel (its TLS, token, interceptors and
+   * keepalive) and with the same default deadline and retries: see {@link AgentRuntimeAsyncClient}.
    * Closing this client closes it too.
    */
   public synchronized AgentRuntimeAsyncClient async() {
     if (async == null) {
-      async = new AgentRuntimeAsyncClient(channel, timeout);
+      async = new AgentRuntimeAsyncClient(channel, timeout, retries, retryWindow);
     }
     return async;
   }
 
-  private <T> T call(Duration deadline, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
+  /** One attempt of a call, with this deadline ({@code null}: none); a failure as an AgentRuntimeException. */
+  private <T> T attempt(Duration deadline, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
     AgentRuntimeGrpc.AgentRuntimeBlockingStub target = stub;
     if (deadline != null) {
       target = target.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
@@ -442,14 +471,73 @@ public final class AgentRuntimeClient implements AutoCloseable {
     }
   }
 
+  /**
+   * A unary call through the client's retry loop (see the class comment): attempts until one
+   * succeeds, one fails with an error that is not retried, or the pause before the next would end
+   * past the overall deadline (the caller's Context deadline, else the retry window from now);
+   * then that attempt's error is thrown. Each attempt's deadline is the default one capped by
+   * what is left of the overall one. With retries off: one attempt with the default deadline.
+   */
   private <T> T call(Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
-    return call(timeout, rpc);
+    if (!retries) {
+      return attempt(timeout, rpc);
+    }
+    long end = overallEnd();
+    for (int attempt = 0; ; attempt++) {
+      checkInterrupted();
+      long start = System.nanoTime();
+      long left = end - start;
+      long own = timeout == null ? left : Math.min(Requests.saturatedNanos(timeout), left);
+      try {
+        return attempt(Duration.ofNanos(Math.max(own, 1)), rpc);
+      } catch (AgentRuntimeException e) {
+        long now = System.nanoTime();
+        boolean ownDeadlinePassed = own < left && now - (start + own) >= 0;
+        if (!Retry.retryable(e, gaveUp(), ownDeadlinePassed)) {
+          throw e;
+        }
+        long pause = Retry.pauseNanos(attempt, e);
+        if (pause >= end - now) {
+          throw e; // no time left for another attempt
+        }
+        pause(pause);
+        channel.resetConnectBackoff(); // try the server now, not at the channel's own (up to 2 min) backoff
+      }
+    }
+  }
+
+  /**
+   * When a call begun now must be over, as a {@link System#nanoTime()} value: the caller's
+   * Context deadline when it has one, else the retry window from now.
+   */
+  private long overallEnd() {
+    long now = System.nanoTime();
+    Deadline deadline = Context.current().getDeadline();
+    if (deadline != null) {
+      return now + Math.max(deadline.timeRemaining(TimeUnit.NANOSECONDS), 0);
+    }
+    return now + windowNanos();
+  }
+
+  private long windowNanos() {
+    return Math.min(Requests.saturatedNanos(retryWindow), Long.MAX_VALUE / 4);
+  }
+
+  /**
+   * Creates a runtime (one tree) with these agent definitions; an empty id asks the server for one.
+   * {@code requestId} (up to 64 characters of {@code [A-Za-z0-9_-]}; {@code null} or empty: a
+   * generated UUID) makes the call safe to repeat: a repeat with the same id and the same request
+   * gets the first call's answer (the same runtime id, even a generated one) and creates nothing.
+   * Every mutating method has such an overload; the others generate the id.
+   */
+  public String createRuntime(List<AgentDef> agents, String runtimeId, String requestId) {
+    CreateRuntimeRequest request = Requests.createRuntime(agents, runtimeId, Retry.requestId(requestId));
+    return call(s -> s.createRuntime(request)).getRuntimeId();
   }
 
   /** Creates a runtime (one tree) with these agent definitions; an empty id asks the server for one. */
   public String createRuntime(List<AgentDef> agents, String runtimeId) {
-    CreateRuntimeRequest request = Requests.createRuntime(agents, runtimeId);
-    return call(s -> s.createRuntime(request)).getRuntimeId();
+    return createRuntime(agents, runtimeId, null);
   }
 
   /** Creates a runtime with a generated id. */
@@ -462,7 +550,15 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * its id; a non-null {@code budget} overrides the agent's (carved by the parent's either way).
    */
   public String spawn(String runtimeId, String agent, String parent, Budget budget) {
-    SpawnRequest request = Requests.spawn(runtimeId, agent, parent, budget);
+    return spawn(runtimeId, agent, parent, budget, null);
+  }
+
+  /**
+   * {@link #spawn(String, String, String, Budget)} with this request id ({@code null}: generated): a
+   * repeat spawns nothing more.
+   */
+  public String spawn(String runtimeId, String agent, String parent, Budget budget, String requestId) {
+    SpawnRequest request = Requests.spawn(runtimeId, agent, parent, budget, Retry.requestId(requestId));
     return call(s -> s.spawn(request)).getHandleId();
   }
 
@@ -473,8 +569,24 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** Posts into the handle's inbox; returns the inbox size. Empty channel and sender are the defaults. */
   public int post(String runtimeId, String handleId, String text, String channel, String sender) {
-    PostRequest request = Requests.post(runtimeId, handleId, text, channel, sender);
-    return call(s -> s.post(request)).getInboxSize();
+    return post(runtimeId, handleId, text, channel, sender, null);
+  }
+
+  /**
+   * {@link #post(String, String, String, String, String)} with this request id ({@code null}:
+   * generated): a repeat posts nothing more.
+   */
+  public int post(String runtimeId, String handleId, String text, String channel, String sender, String requestId) {
+    return post(Requests.post(runtimeId, handleId, text, channel, sender, Retry.requestId(requestId))).getInboxSize();
+  }
+
+  /**
+   * Post with the whole request, for the fields the other forms do not take ({@code trust},
+   * {@code coalesce_key}); its {@code request_id}, when empty, is generated. Retried like every call.
+   */
+  public PostResponse post(PostRequest request) {
+    PostRequest sent = Requests.post(Objects.requireNonNull(request, "request"));
+    return call(s -> s.post(sent));
   }
 
   public int post(String runtimeId, String handleId, String text) {
@@ -483,7 +595,15 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** Starts a run on the prompt plus the inbox; returns at once ({@code true} when accepted). */
   public boolean wake(String runtimeId, String handleId, String prompt) {
-    WakeRequest request = Requests.wake(runtimeId, handleId, prompt);
+    return wake(runtimeId, handleId, prompt, null);
+  }
+
+  /**
+   * {@link #wake(String, String, String)} with this request id ({@code null}: generated): a repeat
+   * gets the first answer and starts no second run.
+   */
+  public boolean wake(String runtimeId, String handleId, String prompt, String requestId) {
+    WakeRequest request = Requests.wake(runtimeId, handleId, prompt, Retry.requestId(requestId));
     return call(s -> s.wake(request)).getQueued();
   }
 
@@ -493,31 +613,46 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * still running). A timeout is the caller's choice, never the transport's: each Wait asks the
    * server for at most {@link #WAIT_SLICE} (30 s), with a call deadline {@link #WAIT_MARGIN} (10 s)
    * past it whatever the client's default timeout, and is repeated while the result is
-   * {@code STATUS_TIMEOUT}. A server that is restarting (UNAVAILABLE, or a CANCELLED the caller did
-   * not cause, as a stopping grpc-core server sends: grpc/grpc#41785) is waited for, with backoff
-   * (100 ms doubling up to 5 s, with jitter), until the handle settles or {@code timeout} passes
-   * (then the failure is thrown).
+   * {@code STATUS_TIMEOUT}. A failed Wait is retried as every call is (UNAVAILABLE, a CANCELLED the
+   * caller did not cause as a stopping grpc-core server sends: grpc/grpc#41785, the slice's own
+   * DEADLINE_EXCEEDED, or any status with a RetryInfo), with backoff (full jitter, up to 100 ms
+   * doubling to 5 s, at least the RetryInfo's delay), while the failures in a row last less than
+   * the retry window (60 s by default: a success starts it again) and {@code timeout} has not
+   * passed; then the failure is thrown (a server answering UNAVAILABLE for ever fails the wait
+   * after the window). With retries off a failed Wait is thrown at once.
    *
-   * @throws AgentRuntimeException a refusal (NOT_FOUND, ...); the drop (UNAVAILABLE, CANCELLED) once
+   * @throws AgentRuntimeException a refusal (NOT_FOUND, ...); the last failure once the window or
    *     {@code timeout} has passed with the server still away; CANCELLED when the calling thread
    *     is interrupted (its interrupt flag is set again) or its Context cancelled
    */
   public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
     Long end = Requests.waitEnd(timeout); // System.nanoTime() when the caller's timeout passes; null: never
-    int failures = 0;
+    int failures = 0; // in a row
+    long failingUntil = 0; // System.nanoTime() when the window of this run of failures ends
     while (true) {
       checkInterrupted();
       Duration slice = Requests.nextSlice(end);
       WaitRequest request = Requests.waitSlice(runtimeId, handleId, slice);
+      Duration deadline = slice.plus(WAIT_MARGIN);
+      long start = System.nanoTime();
       TaskResult result;
       try {
-        result = call(slice.plus(WAIT_MARGIN), s -> s.wait(request)).getResult();
+        result = attempt(deadline, s -> s.wait(request)).getResult();
       } catch (AgentRuntimeException e) {
-        if (!isDrop(e, gaveUp()) || Requests.passed(end)) {
+        long now = System.nanoTime();
+        if (failures == 0) {
+          failingUntil = now + windowNanos();
+        }
+        boolean ownDeadlinePassed = now - (start + deadline.toNanos()) >= 0;
+        if (!retries || !Retry.retryable(e, gaveUp(), ownDeadlinePassed) || Requests.passed(end)) {
           throw e;
         }
+        long pause = Retry.pauseNanos(failures, e);
+        if (pause >= Math.min(failingUntil - now, Requests.remainingNanos(end))) {
+          throw e; // the window (or the caller's timeout) ends first
+        }
         failures++;
-        sleepNanos(Math.min(Requests.retryBackoffNanos(failures), Requests.remainingNanos(end)));
+        pause(pause);
         channel.resetConnectBackoff(); // try the server now, not at the channel's own (up to 2 min) backoff
         continue;
       }
@@ -534,26 +669,17 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
-   * Answers a pending Request and returns the result the resumed handles settle on. Resume is safe
-   * to repeat (the server returns the same result for the same answer and runs nothing again), so
-   * a server that is unavailable (or drops the call: a CANCELLED the caller did not cause) is retried, up to
-   * {@link #RESUME_ATTEMPTS} times in all, with backoff (100 ms doubling up to 5 s, with jitter), on
-   * top of gRPC's own retries.
+   * Answers a pending Request and returns the result the resumed handles settle on (retried like
+   * every call, with one generated request id: a repeat runs nothing again).
    */
   public TaskResult resume(String runtimeId, Answer answer) {
-    ResumeRequest request = Requests.resume(runtimeId, answer);
-    for (int failures = 1; ; failures++) {
-      checkInterrupted();
-      try {
-        return call(s -> s.resume(request)).getResult();
-      } catch (AgentRuntimeException e) {
-        if (!isDrop(e, gaveUp()) || failures >= RESUME_ATTEMPTS) {
-          throw e;
-        }
-        sleepNanos(Requests.retryBackoffNanos(failures));
-        channel.resetConnectBackoff();
-      }
-    }
+    return resume(runtimeId, answer, null);
+  }
+
+  /** {@link #resume(String, Answer)} with this request id ({@code null}: generated). */
+  public TaskResult resume(String runtimeId, Answer answer, String requestId) {
+    ResumeRequest request = Requests.resume(runtimeId, answer, Retry.requestId(requestId));
+    return call(s -> s.resume(request)).getResult();
   }
 
   /** Throws CANCELLED (the flag left set) when the calling thread has been interrupted. */
@@ -567,26 +693,47 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return AgentRuntimeException.cancelledByClient("the calling thread was interrupted", cause);
   }
 
-  /** Sleeps, or throws CANCELLED (setting the interrupt flag again) when interrupted. */
-  private static void sleepNanos(long nanos) {
+  /**
+   * The pause between two attempts: it ends early when the caller's Context is cancelled (the next
+   * attempt then fails at once, and is not retried); an interrupt throws CANCELLED (setting the
+   * interrupt flag again).
+   */
+  private static void pause(long nanos) {
     if (nanos <= 0) {
       return;
     }
+    Context context = Context.current();
+    CountDownLatch cancelled = new CountDownLatch(1);
+    Context.CancellationListener listener = c -> cancelled.countDown();
+    context.addListener(listener, Runnable::run);
     try {
-      TimeUnit.NANOSECONDS.sleep(nanos);
+      cancelled.await(nanos, TimeUnit.NANOSECONDS);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       throw interrupted(e);
+    } finally {
+      context.removeListener(listener);
     }
   }
 
   /**
    * Spawn + Wake + Wait: the settled (or PENDING) result of a fresh handle under {@code parent},
-   * however long the run takes (see {@link #waitFor(String, String, Duration)}).
+   * however long the run takes (see {@link #waitFor(String, String, Duration)}). Its Spawn and its
+   * Wake each carry a request id generated once, so their retries act once.
    */
   public TaskResult run(String runtimeId, String agent, String prompt, String parent) {
-    String handleId = spawn(runtimeId, agent, parent, null);
-    wake(runtimeId, handleId, prompt);
+    return run(runtimeId, agent, prompt, parent, null, null);
+  }
+
+  /**
+   * {@link #run(String, String, String, String)} with the request ids of its Spawn and its Wake
+   * ({@code null}: generated): a repeated run with the same two ids spawns and wakes nothing more,
+   * and waits for the same handle.
+   */
+  public TaskResult run(String runtimeId, String agent, String prompt, String parent, String spawnRequestId,
+      String wakeRequestId) {
+    String handleId = spawn(runtimeId, agent, parent, null, spawnRequestId);
+    wake(runtimeId, handleId, prompt, wakeRequestId);
     return waitFor(runtimeId, handleId, null);
   }
 
@@ -597,18 +744,33 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** Cancels the handle's run and its subtree's; {@code false} when there was nothing to interrupt. */
   public boolean interrupt(String runtimeId, String handleId) {
-    InterruptRequest request = InterruptRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).build();
+    return interrupt(runtimeId, handleId, null);
+  }
+
+  /** {@link #interrupt(String, String)} with this request id ({@code null}: generated): a repeat gets the first answer. */
+  public boolean interrupt(String runtimeId, String handleId, String requestId) {
+    InterruptRequest request = Requests.interrupt(runtimeId, handleId, Retry.requestId(requestId));
     return call(s -> s.interrupt(request)).getInterrupted();
   }
 
   /** Closes the handle and its subtree, leaf first; returns the closed ids. {@code force} interrupts running ones. */
   public List<String> close(String runtimeId, String handleId, boolean force) {
-    CloseRequest request = CloseRequest.newBuilder()
-        .setRuntimeId(runtimeId)
-        .setHandleId(handleId)
-        .setForce(force)
-        .build();
-    return List.copyOf(call(s -> s.close(request)).getClosedHandleIdsList());
+    return close(runtimeId, handleId, force, null);
+  }
+
+  /** {@link #close(String, String, boolean)} with this request id ({@code null}: generated): a repeat gets the first answer. */
+  public List<String> close(String runtimeId, String handleId, boolean force, String requestId) {
+    return List.copyOf(close(Requests.close(runtimeId, handleId, force, Retry.requestId(requestId)))
+        .getClosedHandleIdsList());
+  }
+
+  /**
+   * Close with the whole request, for the field the other forms do not take ({@code grace}); its
+   * {@code request_id}, when empty, is generated. Retried like every call.
+   */
+  public CloseResponse close(CloseRequest request) {
+    CloseRequest sent = Requests.close(Objects.requireNonNull(request, "request"));
+    return call(s -> s.close(sent));
   }
 
   public List<String> close(String runtimeId, String handleId) {
@@ -706,7 +868,15 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * handles (without it a runtime with running handles is refused).
    */
   public void deleteRuntime(String runtimeId, boolean force) {
-    DeleteRuntimeRequest request = DeleteRuntimeRequest.newBuilder().setRuntimeId(runtimeId).setForce(force).build();
+    deleteRuntime(runtimeId, force, null);
+  }
+
+  /**
+   * {@link #deleteRuntime(String, boolean)} with this request id ({@code null}: generated): a repeat
+   * gets the first answer (not NOT_FOUND), for as long as the server keeps request ids.
+   */
+  public void deleteRuntime(String runtimeId, boolean force, String requestId) {
+    DeleteRuntimeRequest request = Requests.deleteRuntime(runtimeId, force, Retry.requestId(requestId));
     call(s -> s.deleteRuntime(request));
   }
 
@@ -748,7 +918,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
       throw new IllegalArgumentException("afterSeq, maxRetries and backoff must not be negative");
     }
     WatchStream watch = new WatchStream(stub, channel::resetConnectBackoff, runtimeId, afterSeq, maxRetries,
-        backoff, watches::remove);
+        backoff, retryWindow, watches::remove);
     watches.add(watch);
     return watch;
   }

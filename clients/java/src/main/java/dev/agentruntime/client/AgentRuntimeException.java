@@ -7,8 +7,10 @@ import com.google.rpc.BadRequest;
 import com.google.rpc.ErrorInfo;
 import com.google.rpc.QuotaFailure;
 import com.google.rpc.ResourceInfo;
+import com.google.rpc.RetryInfo;
 import io.grpc.Status;
 import io.grpc.protobuf.StatusProto;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -17,7 +19,8 @@ import java.util.Optional;
 /**
  * A call the server refused (or that failed on the way): the gRPC status code, the server's
  * message and the decoded {@code google.rpc} details ({@link BadRequest}, {@link ErrorInfo},
- * {@link ResourceInfo}) of the {@code grpc-status-details-bin} trailer.
+ * {@link ResourceInfo}, {@link QuotaFailure}, {@link RetryInfo}) of the {@code grpc-status-details-bin}
+ * trailer.
  *
  * <pre>{@code
  * try {
@@ -100,6 +103,9 @@ public final class AgentRuntimeException extends RuntimeException {
       if (packed.is(QuotaFailure.class)) {
         return packed.unpack(QuotaFailure.class);
       }
+      if (packed.is(RetryInfo.class)) {
+        return packed.unpack(RetryInfo.class);
+      }
     } catch (InvalidProtocolBufferException e) {
       // A malformed detail is dropped, as the Python client drops unknown ones.
     }
@@ -167,7 +173,11 @@ public final class AgentRuntimeException extends RuntimeException {
     return code == Status.Code.UNAUTHENTICATED || code == Status.Code.PERMISSION_DENIED;
   }
 
-  /** UNAVAILABLE: the server could not be reached (down, restarting, a network fault). */
+  /**
+   * UNAVAILABLE: the server could not be reached (down, restarting, a network fault), or refused the
+   * call without acting on it ({@link #errorInfo()} has the reason: {@code RUNTIME_MOVING},
+   * {@code SERVER_DRAINING}, {@code STORE_UNAVAILABLE}, ...; {@link #retryDelay()} how long to wait).
+   */
   public boolean isUnavailable() {
     return code == Status.Code.UNAVAILABLE;
   }
@@ -215,5 +225,20 @@ public final class AgentRuntimeException extends RuntimeException {
   /** The {@link QuotaFailure} detail: the tenant quota a RESOURCE_EXHAUSTED hit (its subject). */
   public Optional<QuotaFailure> quotaFailure() {
     return detail(QuotaFailure.class);
+  }
+
+  /**
+   * The {@link RetryInfo} detail: the server refused the call without acting on it and says the
+   * same call may succeed after {@code retry_delay}. The client retries such a call by itself
+   * (see the README's "Retries and request ids"), so it reaches the caller only once the retries
+   * are spent or turned off.
+   */
+  public Optional<RetryInfo> retryInfo() {
+    return detail(RetryInfo.class);
+  }
+
+  /** The {@link RetryInfo}'s {@code retry_delay}: how long the server asks the caller to wait before trying again. */
+  public Optional<Duration> retryDelay() {
+    return retryInfo().map(info -> Duration.ofSeconds(info.getRetryDelay().getSeconds(), info.getRetryDelay().getNanos()));
   }
 }

@@ -3,9 +3,12 @@ package dev.agentruntime.client;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
+import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CreateRuntimeRequest;
+import dev.agentruntime.v1.DeleteRuntimeRequest;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.InspectRequest;
+import dev.agentruntime.v1.InterruptRequest;
 import dev.agentruntime.v1.ListRequest;
 import dev.agentruntime.v1.ListRuntimesRequest;
 import dev.agentruntime.v1.PostRequest;
@@ -15,12 +18,12 @@ import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WakeRequest;
 import java.time.Duration;
 import java.util.List;
-import java.util.concurrent.ThreadLocalRandom;
 
 /**
- * The conversions from plain Java arguments to requests, and the waiting and retry arithmetic,
- * shared by {@link AgentRuntimeClient} and {@link AgentRuntimeAsyncClient} so that both send the
- * same requests and wait and retry the same way.
+ * The conversions from plain Java arguments to requests, and the waiting arithmetic, shared by
+ * {@link AgentRuntimeClient} and {@link AgentRuntimeAsyncClient} so that both send the same
+ * requests and wait the same way. A mutating request's {@code requestId} is the one its call
+ * carries on every attempt (the caller's, or one {@link Retry#requestId} generated).
  */
 final class Requests {
   private Requests() {}
@@ -36,41 +39,80 @@ final class Requests {
         .build();
   }
 
-  static CreateRuntimeRequest createRuntime(List<AgentDef> agents, String runtimeId) {
-    return CreateRuntimeRequest.newBuilder().setRuntimeId(orEmpty(runtimeId)).addAllAgents(agents).build();
+  static CreateRuntimeRequest createRuntime(List<AgentDef> agents, String runtimeId, String requestId) {
+    return CreateRuntimeRequest.newBuilder()
+        .setRuntimeId(orEmpty(runtimeId))
+        .addAllAgents(agents)
+        .setRequestId(requestId)
+        .build();
   }
 
-  static SpawnRequest spawn(String runtimeId, String agent, String parent, Budget budget) {
+  static SpawnRequest spawn(String runtimeId, String agent, String parent, Budget budget, String requestId) {
     SpawnRequest.Builder request = SpawnRequest.newBuilder()
         .setRuntimeId(runtimeId)
         .setParentId(parent)
-        .setAgent(agent);
+        .setAgent(agent)
+        .setRequestId(requestId);
     if (budget != null) {
       request.setBudget(budget);
     }
     return request.build();
   }
 
-  static PostRequest post(String runtimeId, String handleId, String text, String channel, String sender) {
+  static PostRequest post(String runtimeId, String handleId, String text, String channel, String sender,
+      String requestId) {
     return PostRequest.newBuilder()
         .setRuntimeId(runtimeId)
         .setHandleId(handleId)
         .setText(text)
         .setChannel(orEmpty(channel))
         .setSender(orEmpty(sender))
+        .setRequestId(requestId)
         .build();
   }
 
-  static WakeRequest wake(String runtimeId, String handleId, String prompt) {
-    return WakeRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).setPrompt(orEmpty(prompt)).build();
+  /** The caller's whole PostRequest, with a generated request id when it carries none. */
+  static PostRequest post(PostRequest request) {
+    return request.getRequestId().isEmpty() ? request.toBuilder().setRequestId(Retry.requestId(null)).build() : request;
+  }
+
+  static WakeRequest wake(String runtimeId, String handleId, String prompt, String requestId) {
+    return WakeRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setPrompt(orEmpty(prompt))
+        .setRequestId(requestId)
+        .build();
   }
 
   static WaitRequest waitSlice(String runtimeId, String handleId, Duration slice) {
     return WaitRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).setTimeout(toProto(slice)).build();
   }
 
-  static ResumeRequest resume(String runtimeId, Answer answer) {
-    return ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).build();
+  static ResumeRequest resume(String runtimeId, Answer answer, String requestId) {
+    return ResumeRequest.newBuilder().setRuntimeId(runtimeId).setAnswer(answer).setRequestId(requestId).build();
+  }
+
+  static InterruptRequest interrupt(String runtimeId, String handleId, String requestId) {
+    return InterruptRequest.newBuilder().setRuntimeId(runtimeId).setHandleId(handleId).setRequestId(requestId).build();
+  }
+
+  static CloseRequest close(String runtimeId, String handleId, boolean force, String requestId) {
+    return CloseRequest.newBuilder()
+        .setRuntimeId(runtimeId)
+        .setHandleId(handleId)
+        .setForce(force)
+        .setRequestId(requestId)
+        .build();
+  }
+
+  /** The caller's whole CloseRequest, with a generated request id when it carries none. */
+  static CloseRequest close(CloseRequest request) {
+    return request.getRequestId().isEmpty() ? request.toBuilder().setRequestId(Retry.requestId(null)).build() : request;
+  }
+
+  static DeleteRuntimeRequest deleteRuntime(String runtimeId, boolean force, String requestId) {
+    return DeleteRuntimeRequest.newBuilder().setRuntimeId(runtimeId).setForce(force).setRequestId(requestId).build();
   }
 
   static InspectRequest inspect(String runtimeId, String handleId) {
@@ -120,15 +162,6 @@ final class Requests {
   static Duration nextSlice(Long end) {
     long remaining = remainingNanos(end);
     return remaining < AgentRuntimeClient.WAIT_SLICE.toNanos() ? Duration.ofNanos(remaining) : AgentRuntimeClient.WAIT_SLICE;
-  }
-
-  /** Full jitter: a random pause up to 100 ms doubled per failure in a row (the first: up to 100 ms), at most 5 s. */
-  static long retryBackoffNanos(int failures) {
-    long ceiling = AgentRuntimeClient.MAX_RETRY_BACKOFF.toNanos();
-    if (failures < 32) {
-      ceiling = Math.min(ceiling, AgentRuntimeClient.RETRY_BACKOFF.toNanos() << Math.max(failures - 1, 0));
-    }
-    return ThreadLocalRandom.current().nextLong(ceiling + 1);
   }
 
   static long saturatedNanos(Duration duration) {

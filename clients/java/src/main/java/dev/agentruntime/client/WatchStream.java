@@ -32,8 +32,12 @@ import java.util.function.Consumer;
  *       so nothing is missed or seen twice. Before each reconnect but a lagging one it waits the
  *       backoff (1 s by default), doubling per failure in a row, plus up to half again at random
  *       (so that the watchers of a restarted server do not all come back at once), 30 s at most.
- *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, the
- *       next failure is thrown by {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
+ *   <li>A status carrying {@code google.rpc.RetryInfo} is reconnected too, after at least its
+ *       {@code retry_delay}.
+ *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, or
+ *       once a run of failures in a row would last longer than the client's retry window (60 s by
+ *       default: {@link AgentRuntimeClient.Builder#retryWindow}), the last failure is thrown by
+ *       {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
  *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
  *       of the iterating thread throws CANCELLED (with its interrupt flag set again), and so does a
  *       cancelled Context of the iterating thread. The stream is closed then.
@@ -62,6 +66,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private final String runtimeId;
   private final int maxRetries;
   private final Duration backoff;
+  private final long windowNanos; // the longest run of failures in a row
   private final Consumer<WatchStream> onClose; // tells the client the watch is closed
 
   private final Object lock = new Object();
@@ -74,15 +79,17 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private Event next; // fetched by hasNext(), not yet returned by next()
   private volatile long lastSeq;
   private int failures; // reconnects since the last event
+  private long failingUntil; // System.nanoTime() when the window of this run of failures ends
 
   WatchStream(AgentRuntimeGrpc.AgentRuntimeBlockingStub stub, Runnable resetConnectBackoff, String runtimeId,
-      long afterSeq, int maxRetries, Duration backoff, Consumer<WatchStream> onClose) {
+      long afterSeq, int maxRetries, Duration backoff, Duration window, Consumer<WatchStream> onClose) {
     this.stub = stub;
     this.resetConnectBackoff = resetConnectBackoff;
     this.runtimeId = runtimeId;
     this.lastSeq = afterSeq;
     this.maxRetries = maxRetries;
     this.backoff = backoff;
+    this.windowNanos = Math.min(Requests.saturatedNanos(window), Long.MAX_VALUE / 4);
     this.onClose = onClose;
   }
 
@@ -109,7 +116,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
    * Blocks until the next event (then {@code true}) or the stream is closed ({@code false}).
    *
    * @throws AgentRuntimeException a status that is not reconnected, or one after {@code maxRetries}
-   *     failed reconnects in a row; CANCELLED when the thread is interrupted
+   *     failed reconnects in a row or a retry window of failures; CANCELLED when the thread is interrupted
    */
   @Override
   public boolean hasNext() {
@@ -122,6 +129,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
       }
       boolean lagging = false;
       String why;
+      AgentRuntimeException failure;
       try {
         if (responses.hasNext()) {
           Event event = responses.next().getEvent();
@@ -133,10 +141,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         // The server ended the stream (it is shutting down): reopen it like a drop.
         endStream();
         why = "ended by the server";
-        if (failures >= maxRetries) {
-          close();
-          throw new AgentRuntimeException(Status.Code.UNAVAILABLE, "the server ended the Watch stream", List.of());
-        }
+        failure = new AgentRuntimeException(Status.Code.UNAVAILABLE, "the server ended the Watch stream", List.of());
       } catch (StatusRuntimeException e) {
         endStream();
         if (closed) {
@@ -149,14 +154,23 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         }
         lagging = error.code() == Status.Code.RESOURCE_EXHAUSTED
             && error.errorInfo().map(ErrorInfo::getReason).orElse("").equals(WATCH_LAGGING);
-        boolean dropped = AgentRuntimeClient.isDrop(error, Context.current().isCancelled());
-        if (!(lagging || dropped) || failures >= maxRetries) {
+        boolean dropped = Retry.retryable(error, Context.current().isCancelled(), false);
+        if (!(lagging || dropped)) {
           close();
           throw error;
         }
         why = "dropped (" + error.getMessage() + ")";
+        failure = error;
       }
-      long pause = lagging ? 0 : backoffNanos(backoff, failures);
+      long now = System.nanoTime();
+      if (failures == 0) {
+        failingUntil = now + windowNanos;
+      }
+      long pause = lagging ? 0 : Math.max(backoffNanos(backoff, failures), Retry.retryDelayNanos(failure));
+      if (failures >= maxRetries || pause >= failingUntil - now) {
+        close();
+        throw failure;
+      }
       LOG.log(System.Logger.Level.WARNING, "Watch of runtime {0} {1}; reconnecting from seq {2} in {3} ms",
           runtimeId, why, lastSeq, TimeUnit.NANOSECONDS.toMillis(pause));
       if (!lagging) {

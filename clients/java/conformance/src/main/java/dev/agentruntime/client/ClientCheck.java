@@ -5,10 +5,10 @@ import java.time.Duration;
 /**
  * The client's defaults that need no server, from inside its package (this class is in the
  * conformance project, never in the released jar): keepalive is on unless turned off, and a Watch
- * waits at most 30 s before a reconnect, as the other clients do; and, against a stand-in service in
- * this JVM ({@link DroppedCallCheck}), that a CANCELLED the caller did not cause is retried like
- * UNAVAILABLE and the client's own is not. Prints one line and exits 0, or says what differed and
- * exits 1.
+ * waits at most 30 s before a reconnect, as the other clients do; and, against stand-in services on
+ * loopback ports in this JVM, that a CANCELLED the caller did not cause is retried like
+ * UNAVAILABLE and the client's own is not ({@link DroppedCallCheck}), and the retry loop and
+ * request ids ({@link RetryCheck}). Prints one line and exits 0, or says what differed and exits 1.
  */
 public final class ClientCheck {
   private ClientCheck() {}
@@ -52,8 +52,10 @@ public final class ClientCheck {
 
       // A CANCELLED the caller did not cause is retried like UNAVAILABLE; the client's own is not.
       String dropped = DroppedCallCheck.run();
+      // The retry loop, its window and RetryInfo, and the request ids.
+      String retries = RetryCheck.run();
       System.out.println("client-check: ok (keepalive 60 s / 20 s while calls are open by default, off on request; "
-          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + ")");
+          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + "; " + retries + ")");
     } catch (IllegalStateException failure) {
       System.out.println("client-check: FAIL " + failure.getMessage());
       exitCode = 1;

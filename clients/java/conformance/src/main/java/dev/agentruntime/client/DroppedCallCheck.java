@@ -44,7 +44,7 @@ import java.util.concurrent.atomic.AtomicReference;
 final class DroppedCallCheck {
   private DroppedCallCheck() {}
 
-  /** More CANCELLEDs in a row than gRPC's own 5 attempts, so the client's loops must retry too. */
+  /** Several CANCELLEDs in a row (more than the 5 attempts gRPC's own retry policy made when the channel had one). */
   private static final int PAST_GRPC = 6;
 
   private static void expect(boolean holds, String what) {
@@ -193,14 +193,14 @@ final class DroppedCallCheck {
       server.shutdownNow();
       server.awaitTermination(5, TimeUnit.SECONDS);
     }
-    return "a server's CANCELLED retried like UNAVAILABLE (Wait, Resume once and past gRPC's 5 attempts, Inspect, "
+    return "a server's CANCELLED retried like UNAVAILABLE (Wait, Resume once and 6 times in a row, Inspect, "
         + "async Wait and Resume; Watch reopened after seq 1, seqs 1-3), the client's own (interrupt, Context, "
         + "future, close) not";
   }
 
   private static void checkAgainst(int port, StandIn standIn) throws Exception {
     try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder("127.0.0.1:" + port).build()) {
-      // Blocking Wait and Resume: once (the channel's retry policy) and past gRPC's 5 attempts (the client's loop).
+      // Blocking Wait and Resume: once, and 6 times in a row (the client's loop; the channel has no retry policy).
       for (int times : new int[] {1, PAST_GRPC}) {
         String id = "cancelled-" + times;
         AgentRuntimeException error = thrown(() -> expect(client.waitFor("rt", id).getStatus()
@@ -212,7 +212,7 @@ final class DroppedCallCheck {
         expect(error == null, "resume after " + times + " CANCELLED: " + error);
         expect(standIn.calls("resume:" + id) == times + 1, "resume: " + standIn.calls("resume:" + id) + " Resumes, want " + (times + 1));
       }
-      // Inspect: the channel's retry policy alone.
+      // Inspect: the client's retry loop, as every call.
       AgentRuntimeException inspectError = thrown(() -> client.inspect("rt", "cancelled-1"));
       expect(inspectError == null && standIn.calls("inspect:cancelled-1") == 2,
           "inspect after a CANCELLED: " + inspectError + ", " + standIn.calls("inspect:cancelled-1") + " calls");

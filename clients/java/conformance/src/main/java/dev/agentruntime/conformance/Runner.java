@@ -18,7 +18,6 @@ import dev.agentruntime.client.ToolHandler;
 import dev.agentruntime.client.ToolWorker;
 import dev.agentruntime.client.WatchStream;
 import dev.agentruntime.v1.AgentDef;
-import dev.agentruntime.v1.AgentRuntimeGrpc;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
@@ -31,6 +30,7 @@ import dev.agentruntime.v1.ListResponse;
 import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
+import dev.agentruntime.v1.PostResponse;
 import dev.agentruntime.v1.Request;
 import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.Status;
@@ -38,7 +38,6 @@ import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
 import dev.agentruntime.v1.Trust;
-import io.grpc.StatusRuntimeException;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -47,6 +46,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -57,7 +57,6 @@ import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
-import java.util.function.Function;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 
@@ -106,9 +105,6 @@ public final class Runner {
     int passed = 0;
     int failed = 0;
     try (AgentRuntimeClient client = connect(address)) {
-      // The generated stub, for the fields the thin client does not take (Post's trust and
-      // coalesce_key, Close's grace): on the client's channel, with its TLS and token.
-      AgentRuntimeGrpc.AgentRuntimeBlockingStub raw = client.stub();
       for (Path file : files) {
         String name = file.getFileName().toString();
         try {
@@ -116,7 +112,7 @@ public final class Runner {
           if (vector.has("name")) {
             name = vector.get("name").getAsString();
           }
-          runVector(client, raw, vector);
+          runVector(client, vector);
           passed++;
           System.out.println("ok   " + name);
         } catch (Mismatch mismatch) {
@@ -194,7 +190,7 @@ public final class Runner {
 
   private static final List<String> VERBS =
       List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-          "list_runtimes", "delete_runtime", "create_runtime", "watch");
+          "list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch");
 
   /** The arguments a wait step may have (README: Waiting, restarts and watching). */
   private static final List<String> WAIT_OPTIONS = List.of("handle", "client_timeout_ms", "restart_server_after_ms");
@@ -234,12 +230,12 @@ public final class Runner {
    * Runs a vector: its workers (README: Workers) are started and registered before its first step,
    * and stopped after its last one, whether it passed or not.
    */
-  static void runVector(AgentRuntimeClient client, AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, JsonObject vector)
+  static void runVector(AgentRuntimeClient client, JsonObject vector)
       throws Mismatch, InvalidProtocolBufferException {
     List<ToolWorker> workers = new ArrayList<>();
     try {
       startWorkers(client, vector, workers);
-      runSteps(client, raw, vector);
+      runSteps(client, vector);
     } finally {
       workers.forEach(ToolWorker::close);
     }
@@ -312,7 +308,45 @@ public final class Runner {
     }
   }
 
-  private static void runSteps(AgentRuntimeClient client, AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, JsonObject vector)
+  /** The verbs whose step may carry a request_id and repeat (README: Request ids and repeats). */
+  private static final List<String> MUTATING =
+      List.of("spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime");
+
+  /** A step's request_id: at most 40 characters of [A-Za-z0-9_-]. */
+  private static final java.util.regex.Pattern REQUEST_ID = java.util.regex.Pattern.compile("[A-Za-z0-9_-]{1,40}");
+
+  private static final SecureRandom RANDOM = new SecureRandom();
+
+  /** What a vector's steps share: its runtime, the last PENDING Request, the "$next" tokens, its request id token. */
+  private static final class VectorState {
+    final String runtimeId;
+    /** 16 random hex digits, drawn once per vector run: the prefix of its steps' request ids. */
+    final String token = String.format("%016x", RANDOM.nextLong());
+    Request lastPending;
+    // The next_page_token of the last list / transcript step that succeeded (null: none yet), for "$next".
+    String nextList;
+    String nextTranscript;
+
+    VectorState(String runtimeId) {
+      this.runtimeId = runtimeId;
+    }
+  }
+
+  /**
+   * A step's answer: {@code response}, what the call returned (compared by equality when the step
+   * is repeated), and {@code outcome}, the fields its expect checks (null: nothing to expect).
+   */
+  private static final class Reply {
+    final Object response;
+    final JsonObject outcome;
+
+    Reply(Object response, JsonObject outcome) {
+      this.response = response;
+      this.outcome = outcome;
+    }
+  }
+
+  private static void runSteps(AgentRuntimeClient client, JsonObject vector)
       throws Mismatch, InvalidProtocolBufferException {
     List<AgentDef> agents = new ArrayList<>();
     for (JsonElement agent : vector.getAsJsonArray("agents")) {
@@ -320,11 +354,7 @@ public final class Runner {
       JsonFormat.parser().merge(agent.toString(), builder);
       agents.add(builder.build());
     }
-    String runtimeId = client.createRuntime(agents, "");
-    Request lastPending = null;
-    // The next_page_token of the last list / transcript step that succeeded (null: none yet), for "$next".
-    String nextList = null;
-    String nextTranscript = null;
+    VectorState state = new VectorState(client.createRuntime(agents, ""));
     JsonArray steps = vector.getAsJsonArray("steps");
     for (int index = 0; index < steps.size(); index++) {
       JsonObject step = steps.get(index).getAsJsonObject();
@@ -334,192 +364,331 @@ public final class Runner {
       if (verbs.size() != 1) {
         throw new Mismatch(where + ": a step has exactly one verb, got " + pyRepr(verbs));
       }
-      JsonObject outcome = null;
+      String verb = verbs.get(0).getAsString();
+      String requestId = requestIdArg(where, step, verb);
+      boolean repeat = repeatArg(where, step, requestId);
+      String sentId = requestId == null ? null : state.token + "-" + requestId;
+      // A create_runtime step deletes what it created at once, unless it is repeated: then once, after both.
+      Object first = answer(() -> perform(client, state, where, step, verb, sentId, !repeat));
+      checkAnswer(where, step, first);
+      if (repeat) {
+        Object second = answer(() -> perform(client, state, where, step, verb, sentId, false));
+        if (verb.equals("create_runtime")) {
+          deleteCreated(client, where, first, second);
+        }
+        alike(where, first, second);
+        checkAnswer(where + " (repeated)", step, second);
+      }
+    }
+  }
+
+  /** Deletes the runtime a repeated create_runtime step made (once: both answers name the same one when alike). */
+  private static void deleteCreated(AgentRuntimeClient client, String where, Object first, Object second) throws Mismatch {
+    java.util.Set<String> created = new java.util.LinkedHashSet<>();
+    for (Object answer : List.of(first, second)) {
+      if (answer instanceof Reply) {
+        created.add((String) ((Reply) answer).response);
+      }
+    }
+    for (String runtimeId : created) {
       try {
-        if (step.has("spawn")) {
-          JsonObject args = step.getAsJsonObject("spawn");
-          Budget budget = null;
-          if (args.has("budget")) {
-            Budget.Builder builder = Budget.newBuilder();
-            JsonFormat.parser().merge(args.get("budget").toString(), builder);
-            budget = builder.build();
-          }
-          String handleId = client.spawn(
-              runtimeId, args.get("agent").getAsString(), args.get("parent").getAsString(), budget);
-          outcome = new JsonObject();
-          outcome.addProperty("handle_id", handleId);
-        } else if (step.has("wake")) {
-          JsonObject args = step.getAsJsonObject("wake");
-          client.wake(runtimeId, args.get("handle").getAsString(), stringOr(args, "prompt", ""));
-        } else if (step.has("wait")) {
-          TaskResult result = waitStep(client, runtimeId, where, step);
-          outcome = resultFields(result);
-          if (result.getStatus() == Status.STATUS_PENDING) {
-            lastPending = result.getPending();
-          }
-        } else if (step.has("resume")) {
-          JsonObject args = step.getAsJsonObject("resume");
-          List<ToolCall> calls = lastPending == null ? List.of() : lastPending.getCallsList();
-          String id = stringOr(args, "id", "");
-          if (id.isEmpty()) {
-            id = lastPending == null ? "" : lastPending.getId();
-          }
-          Answer.Builder answer = Answer.newBuilder()
-              .setId(id)
-              .setOk(args.has("ok") && args.get("ok").getAsBoolean())
-              .setReason(stringOr(args, "reason", ""));
-          if (args.has("data")) {
-            if (!args.get("data").isJsonObject()) {
-              throw new Mismatch(where + ": data must be an object, got " + pyRepr(args.get("data")));
-            }
-            Struct.Builder data = Struct.newBuilder();
-            JsonFormat.parser().merge(args.get("data").toString(), data);
-            answer.setData(data);
-          }
-          if (args.has("outputs")) {
-            JsonArray outputs = args.getAsJsonArray("outputs");
-            if (outputs.size() > calls.size()) {
-              throw new Mismatch(where + ": " + outputs.size() + " outputs for a Request with "
-                  + calls.size() + " calls");
-            }
-            for (int i = 0; i < outputs.size(); i++) {
-              answer.addOutputs(ToolOutput.newBuilder()
-                  .setCallId(calls.get(i).getId())
-                  .setOutput(outputs.get(i).getAsString()));
-            }
-          }
-          TaskResult result = client.resume(runtimeId, answer.build());
-          outcome = resultFields(result);
-          if (result.getStatus() == Status.STATUS_PENDING) {
-            lastPending = result.getPending();
-          }
-        } else if (step.has("list")) {
-          JsonObject args = step.getAsJsonObject("list");
-          ListResponse page = client.listPage(runtimeId, pageSize(where, args), pageToken(where, args, nextList));
-          nextList = page.getNextPageToken();
-          JsonObject handles = new JsonObject();
-          for (HandleView view : page.getHandlesList()) {
-            handles.add(view.getHandleId(), viewFields(view));
-          }
-          outcome = new JsonObject();
-          outcome.addProperty("count", page.getHandlesCount());
-          outcome.add("handles", handles);
-          outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
-        } else if (step.has("transcript")) {
-          JsonObject args = step.getAsJsonObject("transcript");
-          GetTranscriptResponse page = client.transcriptPage(runtimeId, args.get("handle").getAsString(),
-              pageSize(where, args), pageToken(where, args, nextTranscript));
-          nextTranscript = page.getNextPageToken();
-          JsonArray roles = new JsonArray();
-          JsonArray messages = new JsonArray();
-          for (Message message : page.getMessagesList()) {
-            roles.add(message.getRole());
-            messages.add(messageFields(message));
-          }
-          outcome = new JsonObject();
-          outcome.addProperty("count", page.getMessagesCount());
-          outcome.add("roles", roles);
-          outcome.add("messages", messages);
-          outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
-        } else if (step.has("post")) {
-          JsonObject args = objectArgs(where, step, "post");
-          String trustName = stringArg(where, args, "trust", "TRUST_UNSPECIFIED");
-          EnumValueDescriptor trust = Trust.getDescriptor().findValueByName(trustName);
-          if (trust == null) {
-            throw new Mismatch(where + ": trust " + pyRepr(new JsonPrimitive(trustName)) + " is not a value of Trust");
-          }
-          PostRequest request = PostRequest.newBuilder()
-              .setRuntimeId(runtimeId)
-              .setHandleId(stringArg(where, args, "handle", null))
-              .setText(stringArg(where, args, "text", null))
-              .setSender(stringArg(where, args, "sender", ""))
-              .setChannel(stringArg(where, args, "channel", ""))
-              .setTrust(Trust.valueOf(trust))
-              .setCoalesceKey(stringArg(where, args, "coalesce_key", ""))
-              .build();
-          outcome = new JsonObject();
-          outcome.addProperty("inbox_size", rawCall(raw, stub -> stub.post(request)).getInboxSize());
-        } else if (step.has("close")) {
-          JsonObject args = objectArgs(where, step, "close");
-          CloseRequest.Builder request = CloseRequest.newBuilder()
-              .setRuntimeId(runtimeId)
-              .setHandleId(stringArg(where, args, "handle", null))
-              .setForce(boolArg(where, args, "force"));
-          if (args.has("grace_ms")) {
-            request.setGrace(Durations.fromMillis(graceMs(where, args.get("grace_ms"))));
-          }
-          CloseRequest built = request.build();
-          CloseResponse response = rawCall(raw, stub -> stub.close(built));
-          JsonArray closed = new JsonArray();
-          response.getClosedHandleIdsList().forEach(closed::add);
-          outcome = new JsonObject();
-          outcome.add("closed", closed);
-          outcome.addProperty("count", response.getClosedHandleIdsCount());
-        } else if (step.has("inspect")) {
-          outcome = inspect(client, runtimeId, where, step);
-        } else if (step.has("list_runtimes")) {
-          outcome = listRuntimes(client, runtimeId, where, step);
-        } else if (step.has("delete_runtime")) {
-          JsonObject args = objectArgs(where, step, "delete_runtime");
-          client.deleteRuntime(runtimeId, boolArg(where, args, "force"));
-        } else if (step.has("create_runtime")) {
-          JsonObject args = objectArgs(where, step, "create_runtime");
-          JsonElement definitions = args.get("agents");
-          if (definitions == null) {
-            throw new Mismatch(where + ": missing argument " + pyRepr(new JsonPrimitive("agents")));
-          }
-          if (!definitions.isJsonArray()) {
-            throw new Mismatch(where + ": agents must be a list, got " + pyRepr(definitions));
-          }
-          List<AgentDef> created = new ArrayList<>();
-          for (JsonElement definition : definitions.getAsJsonArray()) {
-            if (!definition.isJsonObject()) {
-              throw new Mismatch(where + ": an agent must be an object, got " + pyRepr(definition));
-            }
-            AgentDef.Builder builder = AgentDef.newBuilder();
-            JsonFormat.parser().merge(definition.toString(), builder);
-            created.add(builder.build());
-          }
-          // Another runtime than the vector's (generated id): leave none behind.
-          client.deleteRuntime(client.createRuntime(created, ""), false);
-        } else if (step.has("watch")) {
-          outcome = watchStep(client, runtimeId, where, step);
-        } else {
-          throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
-        }
+        client.deleteRuntime(runtimeId, false);
       } catch (AgentRuntimeException error) {
-        if (!step.has("expect_error")) {
-          throw new Mismatch(where + ": unexpected error " + error.getMessage());
+        throw new Mismatch(where + ": deleting the created runtime " + runtimeId + ": " + error.getMessage());
+      }
+    }
+  }
+
+  /** A step's call that may be refused. */
+  private interface StepCall {
+    Reply call() throws Mismatch, InvalidProtocolBufferException;
+  }
+
+  /** The step's Reply, or the AgentRuntimeException that refused it. */
+  private static Object answer(StepCall call) throws Mismatch, InvalidProtocolBufferException {
+    try {
+      return call.call();
+    } catch (AgentRuntimeException error) {
+      return error;
+    }
+  }
+
+  /** A repeated step's two answers must be alike: equal responses, or the same code and message. */
+  private static void alike(String where, Object first, Object second) throws Mismatch {
+    if (first instanceof Reply && second instanceof Reply) {
+      Object a = ((Reply) first).response;
+      Object b = ((Reply) second).response;
+      if (!java.util.Objects.equals(a, b)) {
+        throw new Mismatch(where + ": the repeat was answered " + b + ", the first call " + a);
+      }
+      return;
+    }
+    if (first instanceof AgentRuntimeException && second instanceof AgentRuntimeException) {
+      AgentRuntimeException a = (AgentRuntimeException) first;
+      AgentRuntimeException b = (AgentRuntimeException) second;
+      if (a.code() != b.code() || !a.description().equals(b.description())) {
+        throw new Mismatch(where + ": the repeat failed with " + b.getMessage() + ", the first call with " + a.getMessage());
+      }
+      return;
+    }
+    throw new Mismatch(where + ": the first call " + describe(first) + ", the repeat " + describe(second));
+  }
+
+  private static String describe(Object answer) {
+    return answer instanceof AgentRuntimeException ? "failed with " + ((AgentRuntimeException) answer).getMessage()
+        : "succeeded";
+  }
+
+  /** A step's request_id: null when absent; a broken vector on a verb that takes none, or when it is not such a string. */
+  private static String requestIdArg(String where, JsonObject step, String verb) throws Mismatch {
+    JsonElement value = step.get("request_id");
+    if (value == null) {
+      return null;
+    }
+    if (!MUTATING.contains(verb)) {
+      throw new Mismatch(where + ": request_id on a " + verb + " step (a broken vector)");
+    }
+    if (!isString(value) || !REQUEST_ID.matcher(value.getAsString()).matches()) {
+      throw new Mismatch(where + ": request_id must be a str of at most 40 characters of [A-Za-z0-9_-], got "
+          + pyRepr(value) + " (a broken vector)");
+    }
+    return value.getAsString();
+  }
+
+  /** A step's repeat: false when absent; a broken vector when it is not a boolean, or true without a request_id. */
+  private static boolean repeatArg(String where, JsonObject step, String requestId) throws Mismatch {
+    boolean repeat = boolArg(where, step, "repeat");
+    if (repeat && requestId == null) {
+      throw new Mismatch(where + ": repeat needs a request_id (a broken vector)");
+    }
+    return repeat;
+  }
+
+  /** Checks one answer against the step's expect or expect_error. */
+  private static void checkAnswer(String where, JsonObject step, Object answer) throws Mismatch {
+    if (answer instanceof AgentRuntimeException) {
+      AgentRuntimeException error = (AgentRuntimeException) answer;
+      if (!step.has("expect_error")) {
+        throw new Mismatch(where + ": unexpected error " + error.getMessage());
+      }
+      JsonObject want = step.getAsJsonObject("expect_error");
+      String wantCode = want.get("code").getAsString();
+      if (!error.code().name().equals(wantCode)) {
+        throw new Mismatch(where + ": expected " + wantCode + ", got " + error.getMessage());
+      }
+      if (want.has("limit")) {
+        String limit = error.detail(ErrorInfo.class)
+            .filter(info -> info.containsMetadata("limit"))
+            .map(info -> info.getMetadataOrThrow("limit"))
+            .orElse(null);
+        String wantLimit = want.get("limit").getAsString();
+        if (!wantLimit.equals(limit)) {
+          throw new Mismatch(where + ": expected ErrorInfo limit " + wantLimit + ", got "
+              + (limit == null ? "None" : limit));
         }
-        JsonObject want = step.getAsJsonObject("expect_error");
-        String wantCode = want.get("code").getAsString();
-        if (!error.code().name().equals(wantCode)) {
-          throw new Mismatch(where + ": expected " + wantCode + ", got " + error.getMessage());
+      }
+      checkDetails(where, error, want);
+      return;
+    }
+    if (step.has("expect_error")) {
+      throw new Mismatch(where + ": expected " + step.getAsJsonObject("expect_error").get("code").getAsString()
+          + ", but the call succeeded");
+    }
+    if (step.has("expect")) {
+      JsonObject outcome = ((Reply) answer).outcome;
+      if (outcome == null) {
+        throw new Mismatch(where + ": this verb has nothing to expect");
+      }
+      check(where, outcome, step.getAsJsonObject("expect"));
+    }
+  }
+
+  /**
+   * Makes the step's call: {@code requestId} (null: the client's own) on a mutating verb. A
+   * create_runtime deletes the runtime it made when {@code deleteCreated}. The Reply's response is
+   * the whole response message's content: each thin method returns its response's only field (a
+   * Post and a Close return the whole message).
+   */
+  private static Reply perform(AgentRuntimeClient client, VectorState state, String where, JsonObject step, String verb,
+      String requestId, boolean deleteCreated) throws Mismatch, InvalidProtocolBufferException {
+    String runtimeId = state.runtimeId;
+    JsonObject outcome = new JsonObject();
+    switch (verb) {
+      case "spawn": {
+        JsonObject args = step.getAsJsonObject("spawn");
+        Budget budget = null;
+        if (args.has("budget")) {
+          Budget.Builder builder = Budget.newBuilder();
+          JsonFormat.parser().merge(args.get("budget").toString(), builder);
+          budget = builder.build();
         }
-        if (want.has("limit")) {
-          String limit = error.detail(ErrorInfo.class)
-              .filter(info -> info.containsMetadata("limit"))
-              .map(info -> info.getMetadataOrThrow("limit"))
-              .orElse(null);
-          String wantLimit = want.get("limit").getAsString();
-          if (!wantLimit.equals(limit)) {
-            throw new Mismatch(where + ": expected ErrorInfo limit " + wantLimit + ", got "
-                + (limit == null ? "None" : limit));
+        String handleId = client.spawn(
+            runtimeId, args.get("agent").getAsString(), args.get("parent").getAsString(), budget, requestId);
+        outcome.addProperty("handle_id", handleId);
+        return new Reply(handleId, outcome);
+      }
+      case "wake": {
+        JsonObject args = step.getAsJsonObject("wake");
+        boolean queued = client.wake(runtimeId, args.get("handle").getAsString(), stringOr(args, "prompt", ""), requestId);
+        return new Reply(queued, null);
+      }
+      case "wait": {
+        TaskResult result = waitStep(client, runtimeId, where, step);
+        if (result.getStatus() == Status.STATUS_PENDING) {
+          state.lastPending = result.getPending();
+        }
+        return new Reply(result, resultFields(result));
+      }
+      case "resume": {
+        JsonObject args = step.getAsJsonObject("resume");
+        Request lastPending = state.lastPending;
+        List<ToolCall> calls = lastPending == null ? List.of() : lastPending.getCallsList();
+        String id = stringOr(args, "id", "");
+        if (id.isEmpty()) {
+          id = lastPending == null ? "" : lastPending.getId();
+        }
+        Answer.Builder answer = Answer.newBuilder()
+            .setId(id)
+            .setOk(args.has("ok") && args.get("ok").getAsBoolean())
+            .setReason(stringOr(args, "reason", ""));
+        if (args.has("data")) {
+          if (!args.get("data").isJsonObject()) {
+            throw new Mismatch(where + ": data must be an object, got " + pyRepr(args.get("data")));
+          }
+          Struct.Builder data = Struct.newBuilder();
+          JsonFormat.parser().merge(args.get("data").toString(), data);
+          answer.setData(data);
+        }
+        if (args.has("outputs")) {
+          JsonArray outputs = args.getAsJsonArray("outputs");
+          if (outputs.size() > calls.size()) {
+            throw new Mismatch(where + ": " + outputs.size() + " outputs for a Request with "
+                + calls.size() + " calls");
+          }
+          for (int i = 0; i < outputs.size(); i++) {
+            answer.addOutputs(ToolOutput.newBuilder()
+                .setCallId(calls.get(i).getId())
+                .setOutput(outputs.get(i).getAsString()));
           }
         }
-        checkDetails(where, error, want);
-        continue;
-      }
-      if (step.has("expect_error")) {
-        throw new Mismatch(where + ": expected " + step.getAsJsonObject("expect_error").get("code").getAsString()
-            + ", but the call succeeded");
-      }
-      if (step.has("expect")) {
-        if (outcome == null) {
-          throw new Mismatch(where + ": this verb has nothing to expect");
+        TaskResult result = client.resume(runtimeId, answer.build(), requestId);
+        if (result.getStatus() == Status.STATUS_PENDING) {
+          state.lastPending = result.getPending();
         }
-        check(where, outcome, step.getAsJsonObject("expect"));
+        return new Reply(result, resultFields(result));
       }
+      case "list": {
+        JsonObject args = step.getAsJsonObject("list");
+        ListResponse page = client.listPage(runtimeId, pageSize(where, args), pageToken(where, args, state.nextList));
+        state.nextList = page.getNextPageToken();
+        JsonObject handles = new JsonObject();
+        for (HandleView view : page.getHandlesList()) {
+          handles.add(view.getHandleId(), viewFields(view));
+        }
+        outcome.addProperty("count", page.getHandlesCount());
+        outcome.add("handles", handles);
+        outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
+        return new Reply(page, outcome);
+      }
+      case "transcript": {
+        JsonObject args = step.getAsJsonObject("transcript");
+        GetTranscriptResponse page = client.transcriptPage(runtimeId, args.get("handle").getAsString(),
+            pageSize(where, args), pageToken(where, args, state.nextTranscript));
+        state.nextTranscript = page.getNextPageToken();
+        JsonArray roles = new JsonArray();
+        JsonArray messages = new JsonArray();
+        for (Message message : page.getMessagesList()) {
+          roles.add(message.getRole());
+          messages.add(messageFields(message));
+        }
+        outcome.addProperty("count", page.getMessagesCount());
+        outcome.add("roles", roles);
+        outcome.add("messages", messages);
+        outcome.addProperty("next_page_token_empty", page.getNextPageToken().isEmpty());
+        return new Reply(page, outcome);
+      }
+      case "post": {
+        JsonObject args = objectArgs(where, step, "post");
+        String trustName = stringArg(where, args, "trust", "TRUST_UNSPECIFIED");
+        EnumValueDescriptor trust = Trust.getDescriptor().findValueByName(trustName);
+        if (trust == null) {
+          throw new Mismatch(where + ": trust " + pyRepr(new JsonPrimitive(trustName)) + " is not a value of Trust");
+        }
+        PostRequest request = PostRequest.newBuilder()
+            .setRuntimeId(runtimeId)
+            .setHandleId(stringArg(where, args, "handle", null))
+            .setText(stringArg(where, args, "text", null))
+            .setSender(stringArg(where, args, "sender", ""))
+            .setChannel(stringArg(where, args, "channel", ""))
+            .setTrust(Trust.valueOf(trust))
+            .setCoalesceKey(stringArg(where, args, "coalesce_key", ""))
+            .setRequestId(requestId == null ? "" : requestId) // empty: the client generates one
+            .build();
+        PostResponse response = client.post(request);
+        outcome.addProperty("inbox_size", response.getInboxSize());
+        return new Reply(response, outcome);
+      }
+      case "close": {
+        JsonObject args = objectArgs(where, step, "close");
+        CloseRequest.Builder request = CloseRequest.newBuilder()
+            .setRuntimeId(runtimeId)
+            .setHandleId(stringArg(where, args, "handle", null))
+            .setForce(boolArg(where, args, "force"))
+            .setRequestId(requestId == null ? "" : requestId); // empty: the client generates one
+        if (args.has("grace_ms")) {
+          request.setGrace(Durations.fromMillis(graceMs(where, args.get("grace_ms"))));
+        }
+        CloseResponse response = client.close(request.build());
+        JsonArray closed = new JsonArray();
+        response.getClosedHandleIdsList().forEach(closed::add);
+        outcome.add("closed", closed);
+        outcome.addProperty("count", response.getClosedHandleIdsCount());
+        return new Reply(response, outcome);
+      }
+      case "interrupt": {
+        String handle = stringArg(where, objectArgs(where, step, "interrupt"), "handle", null);
+        boolean interrupted = client.interrupt(runtimeId, handle, requestId);
+        outcome.addProperty("interrupted", interrupted);
+        return new Reply(interrupted, outcome);
+      }
+      case "inspect":
+        return new Reply(null, inspect(client, runtimeId, where, step));
+      case "list_runtimes":
+        return new Reply(null, listRuntimes(client, runtimeId, where, step));
+      case "delete_runtime": {
+        JsonObject args = objectArgs(where, step, "delete_runtime");
+        client.deleteRuntime(runtimeId, boolArg(where, args, "force"), requestId);
+        return new Reply(null, null);
+      }
+      case "create_runtime": {
+        JsonObject args = objectArgs(where, step, "create_runtime");
+        JsonElement definitions = args.get("agents");
+        if (definitions == null) {
+          throw new Mismatch(where + ": missing argument " + pyRepr(new JsonPrimitive("agents")));
+        }
+        if (!definitions.isJsonArray()) {
+          throw new Mismatch(where + ": agents must be a list, got " + pyRepr(definitions));
+        }
+        List<AgentDef> created = new ArrayList<>();
+        for (JsonElement definition : definitions.getAsJsonArray()) {
+          if (!definition.isJsonObject()) {
+            throw new Mismatch(where + ": an agent must be an object, got " + pyRepr(definition));
+          }
+          AgentDef.Builder builder = AgentDef.newBuilder();
+          JsonFormat.parser().merge(definition.toString(), builder);
+          created.add(builder.build());
+        }
+        // Another runtime than the vector's (generated id): leave none behind.
+        String createdId = client.createRuntime(created, "", requestId);
+        if (deleteCreated) {
+          client.deleteRuntime(createdId, false);
+        }
+        return new Reply(createdId, null);
+      }
+      case "watch":
+        return new Reply(null, watchStep(client, runtimeId, where, step));
+      default:
+        throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
     }
   }
 
@@ -773,16 +942,6 @@ public final class Runner {
 
   private static boolean isString(JsonElement value) {
     return value != null && value.isJsonPrimitive() && value.getAsJsonPrimitive().isString();
-  }
-
-  /** A call on the generated stub, with the README's deadline; a refusal is an AgentRuntimeException. */
-  private static <T> T rawCall(
-      AgentRuntimeGrpc.AgentRuntimeBlockingStub raw, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, T> rpc) {
-    try {
-      return rpc.apply(raw.withDeadlineAfter(CALL_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS));
-    } catch (StatusRuntimeException e) {
-      throw AgentRuntimeException.fromThrowable(e);
-    }
   }
 
   /**
