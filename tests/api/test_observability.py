@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.build import agent, create, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
-from tests.support.poll import eventually
+from tests.support.poll import eventually, until
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
@@ -438,7 +438,12 @@ async def test_a_strangers_huge_runtime_id_is_clipped_in_the_rpc_span(model: Scr
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await served.stub.Wait(pb.WaitRequest(runtime_id=huge, handle_id=huge))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        [span] = [s for s in exporter.get_finished_spans() if s.name.endswith("/Wait")]
+
+        def waits() -> list[Any]:
+            return [s for s in exporter.get_finished_spans() if s.name.endswith("/Wait")]
+
+        await until(lambda: bool(waits()), "the Wait's span to end (it may end after its answer left)")
+        [span] = waits()
         attributes = dict(span.attributes or {})
         # A batch of such spans would hold gigabytes, and pass the collector's message limit.
         assert len(str(attributes["agentruntime.runtime_id"])) <= MAX_ID_CHARS
