@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from agentruntime_server.http import BadReply, ConnectFailed, ConnectionLost, HttpClient
+from agentruntime_server.http import BadReply, ConnectFailed, ConnectionLost, HttpClient, ReplyTimeout
 from aiohttp import web
 
 from tests.support.poll import until
@@ -298,7 +298,7 @@ async def test_a_deadline_covers_the_whole_exchange_and_closes_the_connection() 
     async with raw_server(lambda request: None if b"slow" in request else ok()) as server:
         client = HttpClient()
         started = asyncio.get_running_loop().time()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(ReplyTimeout):  # the request went out: the server may have acted on it
             await post(client, server.port, body=b"slow", timeout=0.2)
         assert asyncio.get_running_loop().time() - started < 2
         await until(lambda: server.eofs == 1, "the server to see the client go", timeout=5)
@@ -360,9 +360,30 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> 
 async def test_a_reply_cut_short_is_a_lost_connection() -> None:
     async with raw_server(lambda _: b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this", close_after=True) as server:
         client = HttpClient()
-        with pytest.raises(ConnectionLost):
+        with pytest.raises(ConnectionLost) as lost:
             await post(client, server.port)
+        assert lost.value.sent
         await client.close()
+
+
+async def test_a_server_hanging_up_after_reading_the_request_loses_a_sent_request() -> None:
+    """What an http tool's in-doubt rule reads: the request was written, so the server may have
+    acted on it (tools/http.py)."""
+    async with raw_server(lambda _: b"", close_after=True) as server:
+        client = HttpClient()
+        with pytest.raises(ConnectionLost) as lost:
+            await post(client, server.port, body=b'{"cents": 500}')
+        assert lost.value.sent and server.requests[0].endswith(b'{"cents": 500}')
+        await client.close()
+
+
+async def test_a_request_never_written_is_lost_unsent() -> None:
+    async with raw_server(lambda _: ok()) as server:
+        client = HttpClient()
+        await client.close()
+        with pytest.raises(ConnectionLost) as lost:
+            await post(client, server.port)
+        assert not lost.value.sent and server.requests == []
 
 
 async def test_keep_alive_connections_are_dropped_after_the_idle_time() -> None:
@@ -405,9 +426,10 @@ async def test_a_waiter_whose_deadline_passes_gives_up_without_a_connection() ->
         client = HttpClient(pool_size=1)
         first = asyncio.ensure_future(post(client, server.port, timeout=1.0))
         await until(lambda: len(server.requests) == 1, "the first request to hold the one connection", timeout=5)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError) as waited:
             await post(client, server.port, timeout=0.1)
-        with pytest.raises(TimeoutError):
+        assert not isinstance(waited.value, ReplyTimeout)  # it never had a connection: nothing was sent
+        with pytest.raises(ReplyTimeout):
             await first
         await client.close()
 

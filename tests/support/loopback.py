@@ -18,13 +18,14 @@ class Loopback:
     def routes(self, app: web.Application) -> None:
         raise NotImplementedError
 
-    async def start(self) -> None:
+    async def start(self, port: int = 0) -> None:
+        """Serves on `port` (a free one when 0: `self.port` says which)."""
         app = web.Application()
         self.routes(app)
         # A short shutdown: a test's slow handlers must not hold up its teardown.
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

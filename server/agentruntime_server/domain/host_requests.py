@@ -39,8 +39,9 @@ def own_request(runtime_key: str, answered: Container[str], handle: Handle, kind
         prompt = f"Run {', '.join(call.name for call in calls)} and Resume with one output per call"
     elif kind == "in_doubt":
         prompt = (
-            f"{first.name} {first.arguments_json} was cut off before it answered (the server stopped, or "
-            "its worker went away) and may or may not have taken effect: answer ok with an output to use "
+            f"{first.name} {first.arguments_json} was cut off before it answered (the server stopped, its "
+            "worker went away, or the connection to its endpoint was lost after the request was sent) and "
+            "may or may not have taken effect: answer ok with an output to use "
             "it, ok without one to run it again, "
             "or not ok to fail the call"
         )

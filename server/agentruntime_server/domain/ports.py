@@ -78,12 +78,25 @@ class ModelRouter(ModelProvider, Protocol):
         ...
 
 
+class CallInDoubt(Exception):
+    """An attempt of a call was cut off once its request may have reached the tool (the
+    connection was lost, or the deadline passed, after the request was sent): the call may or
+    may not have taken effect. The text says how, and is shown to the model and the host."""
+
+
+class CallNotSent(Exception):
+    """An attempt of a call reached nothing (no connection, or one lost before any byte of the
+    request was sent): the tool cannot have acted on it. The text is the error result the
+    model is shown, unless an earlier attempt of the call was cut off (CallInDoubt)."""
+
+
 class HttpToolRunner(Protocol):
     async def run(
         self, executor: HttpExecutor, arguments_json: str, idempotency_key: str, answer: Answer | None = None
     ) -> ToolResult | ToolSuspension:
-        """The call's result, or the Request it suspends on (HTTP 202). `answer`: the host's
-        answer to the Request the previous attempt of this call suspended on."""
+        """One attempt: the call's result, or the Request it suspends on (HTTP 202); raises
+        CallInDoubt or CallNotSent when no answer came. `answer`: the host's answer to the
+        Request the previous attempt of this call suspended on."""
         ...
 
 

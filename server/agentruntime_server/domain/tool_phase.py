@@ -31,12 +31,15 @@ from .model import (
     ToolSuspension,
     WorkerExecutor,
 )
-from .ports import WorkerLost
+from .ports import CallInDoubt, CallNotSent, WorkerLost
 from .quotas import RunningSlot
 from .runs import Run, RunHost
 
 EFFECTS = (HttpExecutor, WorkerExecutor, McpExecutor)  # calls that run outside the process
 WORKER_ATTEMPTS = 3  # workers a call is given to, when each goes away with it, before it fails
+# Seconds before each resend of an http call in doubt under RETRY (three attempts in all): a
+# tool server that died with the call is given a moment to come back.
+HTTP_RETRY_PAUSES = (1.0, 2.0)
 
 
 class ToolPhase:
@@ -185,12 +188,7 @@ class ToolPhase:
         elif effect:
             assert isinstance(prepared, HttpExecutor)
             await self.services.store.flush(self.host.key)  # the call leaves the process next: it must be known to have started
-            key = idempotency_key(self.host.key, handle, call)
-            outcome = await self.services.http_tools.run(prepared, call.arguments_json, key, handle.tool_answers.get(call.id))
-            if isinstance(outcome, ToolSuspension):
-                await self.host.journal.record(CallSuspended(handle.id, call.id))
-                return tool_request(self.host.key, handle, call, outcome)
-            result = outcome
+            result = await self._on_http(handle, call, prepared)
         else:
             assert isinstance(prepared, dict)
             result = await self._delegate(handle, run, call, prepared)
@@ -198,6 +196,41 @@ class ToolPhase:
             return result
         await self.record(handle, call, result)
         return None
+
+    async def _on_http(self, handle: Handle, call: ToolCall, executor: HttpExecutor) -> ToolResult | PendingRequest:
+        """An http tool's output, or the Request it suspends on. An attempt cut off once its
+        request was sent leaves the call in doubt, as a crash does: ASK suspends on an
+        `in_doubt` Request; RETRY sends it again with the same key after a pause, twice at most.
+        A call in doubt stays in doubt: a later attempt that reaches nothing answers nothing."""
+        key = idempotency_key(self.host.key, handle, call)
+        causes: list[str] = []  # why each attempt got no answer, once the call is in doubt
+        for pause in (0.0, *HTTP_RETRY_PAUSES):
+            if pause:
+                await asyncio.sleep(pause)
+            try:
+                outcome = await self.services.http_tools.run(executor, call.arguments_json, key, handle.tool_answers.get(call.id))
+            except CallNotSent as error:
+                if not causes:
+                    return ToolResult(str(error), is_error=True)
+                causes.append(str(error))
+                continue
+            except CallInDoubt as error:
+                causes.append(str(error))
+                spec = handle.agent.tool(call.name)
+                if spec is not None and spec.asks_when_in_doubt:
+                    await self.host.journal.record(InDoubt(handle.id, (call.id,)))
+                    return self._ask(handle, "in_doubt", [call])
+                continue
+            if isinstance(outcome, ToolSuspension):
+                await self.host.journal.record(CallSuspended(handle.id, call.id))
+                return tool_request(self.host.key, handle, call, outcome)
+            return outcome
+        said = "; ".join(dict.fromkeys(causes))
+        return ToolResult(
+            f"no answer in {len(causes)} attempts with the same Idempotency-Key ({said}): "
+            "the call may or may not have taken effect",
+            is_error=True,
+        )
 
     async def _on_worker(self, handle: Handle, call: ToolCall, executor: WorkerExecutor) -> ToolResult | PendingRequest:
         """A worker's output. A worker lost with the call in hand leaves it in doubt: ASK

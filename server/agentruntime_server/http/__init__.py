@@ -22,7 +22,17 @@ at most `pool_size` connections open. No redirects are followed, no proxy is use
 cookie is kept: none of them belongs on these paths."""
 
 from .client import HttpClient, system_resolver
-from .wire import BadReply, BodyLimit, ConnectFailed, ConnectionLost, HttpError, Resolver, Response, encode_headers
+from .wire import (
+    BadReply,
+    BodyLimit,
+    ConnectFailed,
+    ConnectionLost,
+    HttpError,
+    ReplyTimeout,
+    Resolver,
+    Response,
+    encode_headers,
+)
 
 __all__ = [
     "BadReply",
@@ -31,6 +41,7 @@ __all__ = [
     "ConnectionLost",
     "HttpClient",
     "HttpError",
+    "ReplyTimeout",
     "Resolver",
     "Response",
     "encode_headers",

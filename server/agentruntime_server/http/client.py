@@ -92,9 +92,10 @@ class HttpClient:
         """One exchange. `headers` as a mapping, or as `encode_headers` made them once (a
         provider's never change); Host, Content-Length, User-Agent and Accept-Encoding are
         the client's. Raises ValueError for a URL or a header it will not send, TimeoutError
-        past `timeout` seconds, and an HttpError for the rest."""
+        past `timeout` seconds (ReplyTimeout once the request was written), and an HttpError
+        for the rest (ConnectionLost says whether the request was written)."""
         if self.closed:
-            raise ConnectionLost("the client is closed")
+            raise ConnectionLost("the client is closed", sent=False)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -146,9 +147,9 @@ class HttpClient:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
-            if not connection.retired and now - connection.idle_since < self.keepalive:
+            if not connection.retired and now - connection.idle_since < self.keepalive and not connection.closing:
                 return connection
-            connection.close()  # stale
+            connection.close()  # stale, or closed by the server (its connection_lost still to come)
         return None
 
     async def _connect(self, target: Target, deadline: float) -> Connection:

@@ -10,7 +10,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from .wire import MAX_HEADER_BYTES, MAX_HEADERS, BadReply, BodyLimit, ConnectionLost, HttpError, Origin, Response
+from .wire import MAX_HEADER_BYTES, MAX_HEADERS, BadReply, BodyLimit, ConnectionLost, HttpError, Origin, ReplyTimeout, Response
 
 
 class Pool(Protocol):
@@ -72,7 +72,7 @@ class Connection(asyncio.Protocol):
             self._finish()  # a body read until the connection closes ends here
         else:
             cause = f" ({exc})" if exc else ""
-            self._fail(ConnectionLost(f"the connection closed before the reply was complete{cause}"))
+            self._fail(ConnectionLost(f"the connection closed before the reply was complete{cause}", sent=True))
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.done:
@@ -169,18 +169,21 @@ class Connection(asyncio.Protocol):
             self.waiter.set_exception(error)
 
     def time_out(self) -> None:
-        self._fail(TimeoutError())
+        self._fail(ReplyTimeout())
         self.close()
 
     async def exchange(self, request: bytes, max_body: BodyLimit, deadline: float) -> Response:
         client = self.client
-        if self.retired:
-            raise ConnectionLost("the connection closed before the request was sent")
+        transport = self.transport
+        assert transport is not None
+        # A transport closing already (the server's FIN or RST read, its connection_lost still to
+        # come) would drop the request unsent: that is no request the server may have read.
+        if self.retired or self.closing:
+            raise ConnectionLost("the connection closed before the request was sent", sent=False)
         self._reset(max_body)
         waiter: asyncio.Future[Response] = client.loop.create_future()
         self.waiter = waiter
-        assert self.transport is not None
-        self.transport.write(request)
+        transport.write(request)  # from here on the server may read it: a failure leaves it in doubt
         client.watch(self, deadline)
         try:
             return await waiter
@@ -191,6 +194,11 @@ class Connection(asyncio.Protocol):
             client.unwatch(self)
             self.waiter = None
             client.release(self)
+
+    @property
+    def closing(self) -> bool:
+        """Closed or closing (by either side), whether or not connection_lost has come yet."""
+        return self.transport is None or self.transport.is_closing()
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -38,7 +38,18 @@ class ConnectFailed(HttpError):
 
 
 class ConnectionLost(HttpError):
-    """The connection closed before the reply was complete."""
+    """The connection closed before the reply was complete. `sent`: the request was on its way
+    by then (written to the connection), so the server may have read it and acted on it; when
+    False, no byte of it left this process."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class ReplyTimeout(TimeoutError):
+    """The deadline passed after the request was written and before the reply was complete: the
+    server may have read it and acted on it. (A deadline passed before that is a plain TimeoutError.)"""
 
 
 class BadReply(HttpError):

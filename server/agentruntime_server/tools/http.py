@@ -5,9 +5,12 @@ under the egress policy (`tools.egress`): a host name's refused addresses are dr
 the client's resolver, an IP-literal host (in any form) is checked here, and a call that may
 reach no allowed address fails before any connection is attempted. An endpoint that cannot be
 reached and one that does not speak HTTP give one error result (the cause is logged), so that
-a tool is no port scanner. Redirects are not followed
-(a 3xx is an error result), a 2xx body over `max_text_bytes` is an error result (at most
-that many bytes plus one are read), and an error body is cut to MAX_ERROR_BODY (500)
+a tool is no port scanner. But an attempt cut off once its request was written (the connection
+lost, or no reply by the deadline) may have taken effect at the tool: it raises CallInDoubt,
+and the turn loop applies the tool's `on_interrupted` policy; one that reached nothing raises
+CallNotSent (its text is the error result, unless the call is in doubt already). Redirects are
+not followed (a 3xx is an error result), a 2xx body over `max_text_bytes` is an error result
+(at most that many bytes plus one are read), and an error body is cut to MAX_ERROR_BODY (500)
 characters before the model sees it.
 """
 
@@ -17,8 +20,9 @@ import logging
 import socket
 
 from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
+from ..domain.ports import CallInDoubt, CallNotSent
 from ..domain.suspension import tool_answer_header
-from ..http import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, Response
+from ..http import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, ReplyTimeout, Response
 from .egress import REFUSED, EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension
 
@@ -31,6 +35,8 @@ MAX_LOCATION = 200
 # The result of a call whose endpoint could not be reached or did not answer HTTP: one text for
 # nothing listening, a reset, a TLS failure and a listener speaking something else.
 UNREACHABLE = "request failed: the endpoint could not be reached or did not answer as an HTTP server"
+# Why an attempt whose connection was lost once the request was written is in doubt (the cause is logged).
+LOST = "the connection was lost after the request was sent"
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +77,21 @@ class HttpTools:
             response = await self._client.post(
                 executor.url, arguments_json.encode(), headers, timeout=executor.timeout, max_body=self._body_limit
             )
-        except TimeoutError:
-            return ToolResult(f"timed out after {executor.timeout:g}s", is_error=True)
+        except ReplyTimeout as exc:
+            raise CallInDoubt(f"no reply within {executor.timeout:g}s of sending the request") from exc
+        except TimeoutError as exc:
+            raise CallNotSent(f"timed out after {executor.timeout:g}s") from exc
         except HttpError as exc:
             if isinstance(exc, ConnectFailed) and isinstance(exc.os_error, EgressDenied):
-                return ToolResult(f"{REFUSED}{exc.os_error}", is_error=True)
-            if isinstance(exc, ConnectFailed | ConnectionLost | BadReply) and not _unresolved(exc):
-                log.info("http tool call %s failed: %s: %s", idempotency_key, type(exc).__name__, exc)
+                raise CallNotSent(f"{REFUSED}{exc.os_error}") from exc
+            if _unresolved(exc):
+                raise CallNotSent(f"request failed: {type(exc).__name__}: {exc}") from exc
+            log.info("http tool call %s failed: %s: %s", idempotency_key, type(exc).__name__, exc)
+            if isinstance(exc, ConnectionLost) and exc.sent:
+                raise CallInDoubt(LOST) from exc
+            if isinstance(exc, BadReply):  # something answered, not as an HTTP server
                 return ToolResult(UNREACHABLE, is_error=True)
-            return ToolResult(f"request failed: {type(exc).__name__}: {exc}", is_error=True)
+            raise CallNotSent(UNREACHABLE) from exc
         except ValueError as exc:
             # The client refuses to build the request (a header it will not send): its words may
             # quote a header's value, a secret, so only the kind of refusal is told.
