@@ -20,6 +20,7 @@ from .api.forward import Forwarder
 from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
+from .domain.errors import StoreUnavailable
 from .domain.limits import Limits
 from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
@@ -135,6 +136,8 @@ async def _keep_leases(service: RuntimeService, every: float) -> None:
         await asyncio.sleep(every)
         try:
             await service.keep_leases()
+        except StoreUnavailable:  # logged by the store as it went away; it says when it is back
+            log.debug("lease upkeep waits for the store")
         except Exception:  # the database may be back at the next round
             log.exception("lease upkeep failed")
 

@@ -67,6 +67,9 @@ WEATHER: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now (starting, stopping)
     asyncpg.InterfaceError,
+    # A connection the server ended while it was idle (a fast shutdown tells every session so)
+    # is left in a state its next statement trips on: "another operation is in progress".
+    asyncpg.exceptions.InternalClientError,
 )
 
 
@@ -200,6 +203,8 @@ class PostgresStore:
                 await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
             batch.done.set_exception(self._failed(batch, exc))
+            if self._last is batch.done:  # its waiters are told; a later flush awaits no failure of the past
+                self._last = None
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
