@@ -186,8 +186,9 @@ class StoreUnavailable(Detached, Unavailable):
 
 
 class StoreBroken(Unavailable):
-    """A commit of this process's store failed (its database went away, a full disk): it
-    acknowledges nothing more until the server is restarted. The server's fault, not the
+    """A commit of this process's SQLite store failed (a full disk, an I/O error): it
+    acknowledges nothing more until the server is restarted. (PostgreSQL going away is
+    StoreUnavailable: that store reconnects by itself.) The server's fault, not the
     caller's: another replica (or this one, restarted) takes the call. The cause is in the
     server log only: it may quote SQL or the database's address."""
 

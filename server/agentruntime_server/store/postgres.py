@@ -202,7 +202,12 @@ class PostgresStore:
             if batch.touched or batch.tokens:
                 await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
-            batch.done.set_exception(self._failed(batch, exc))
+            try:
+                refusal = self._failed(batch, exc)
+            except Exception:  # its waiters must never hang: they are refused whatever failed here
+                log.exception("the store could not settle a failed commit")
+                refusal = StoreUnavailable()
+            batch.done.set_exception(refusal)
             if self._last is batch.done:  # its waiters are told; a later flush awaits no failure of the past
                 self._last = None
             if isinstance(exc, asyncio.CancelledError):
@@ -245,7 +250,10 @@ class PostgresStore:
         in an unknown state) is thrown away, and the health callbacks told."""
         writer, self._writer_connection = self._writer_connection, None
         if writer is not None:
-            writer.terminate()
+            # The pool may have taken it back already (it does when the server ends a
+            # connection): then there is nothing left to end.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                writer.terminate()
             self._discard(writer)
         if self._down is not None:
             return
@@ -270,7 +278,7 @@ class PostgresStore:
             await asyncio.sleep(PROBE_EVERY)
             try:
                 pool = await self._connected()
-                pool.expire_connections()  # those it holds may be dead: each is replaced at its next use
+                await pool.expire_connections()  # those it holds may be dead: each is replaced at its next use
                 async with pool.acquire(timeout=PROBE_TIMEOUT) as connection:
                     await connection.fetchval("SELECT 1", timeout=PROBE_TIMEOUT)
             except Exception as exc:
