@@ -246,7 +246,7 @@ class RuntimeService:
             if self.draining:
                 break
             found = self.cache.runtimes.get(key)
-            if found is not None and found.taken_over:
+            if found is not None and found.taken_over and not found.journal.closed:
                 continue
             tenant, runtime_id = split_key(key)
             with contextlib.suppress(OwnedElsewhere, NotFound):  # another replica came first; or deleted
@@ -285,6 +285,7 @@ class RuntimeService:
         ran here, are taken over again, so that their runs go on from their journal (on
         replicas, unless another replica took them meanwhile)."""
         keys, self._take_back = self._take_back, set()
+        keys |= {key for key, runtime in self.cache.runtimes.items() if runtime.taken_over and runtime.journal.closed}
         for key in sorted(keys):
             if self.draining:
                 return

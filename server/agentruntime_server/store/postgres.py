@@ -697,8 +697,12 @@ class PostgresStore:
                 pool, self._pool = self._pool, None
                 if self._writer_connection is not None:
                     writer, self._writer_connection = self._writer_connection, None
-                    await pool.release(writer)
-                await pool.close()
+                    with contextlib.suppress(asyncpg.InterfaceError):  # taken back already (the database went away)
+                        await pool.release(writer)
+                try:  # a database away would hold a graceful close for good
+                    await asyncio.wait_for(pool.close(), PROBE_TIMEOUT)
+                except TimeoutError:
+                    pool.terminate()
 
 
 async def _keep(connection: Any, reply: TenantReply | None) -> None:
