@@ -298,11 +298,6 @@ class RuntimeService:
                 self._take_back.add(key)  # away again: at its next return
             except Exception:
                 log.exception("runtime %s: taking it over again after the store came back failed", key)
-        if not self.leases.shared:  # (replicas: the lease upkeep takes over what nobody runs)
-            try:
-                await self.recover()
-            except Exception:
-                log.exception("recovering the running runtimes after the store came back failed")
         if keys:
             log.info("took over again %d runtimes whose copies stopped while the store was away", len(keys))
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterable, Iterator, Sequence
@@ -88,11 +89,11 @@ def guarded(method: _Method[_P, _T]) -> _Method[_P, _T]:
     """The method's statements run under `guard()`: a database that went away raises
     StoreUnavailable, never asyncpg's error (which callers would get as INTERNAL)."""
 
+    @functools.wraps(method)
     async def run(self: _Guarding, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         with self.guard():
             return await method(self, *args, **kwargs)
 
-    run.__name__, run.__doc__ = method.__name__, method.__doc__
     return run
 
 
@@ -155,14 +156,19 @@ class PostgresStore:
         self.raise_if_away()
         return await self._connected()
 
+    def _settings(self) -> dict[str, str]:
+        settings = {"application_name": "agentruntime"}
+        if self._schema is not None:
+            settings["search_path"] = self._schema
+        return settings
+
     async def _connected(self) -> Any:
         if self._pool is None:
             async with self._connecting:
                 if self._pool is None:
-                    settings = {"application_name": "agentruntime"}
-                    if self._schema is not None:
-                        settings["search_path"] = self._schema
-                    pool = await asyncpg.create_pool(self._url, min_size=1, max_size=self._pool_size, server_settings=settings)
+                    pool = await asyncpg.create_pool(
+                        self._url, min_size=1, max_size=self._pool_size, server_settings=self._settings()
+                    )
                     try:
                         async with pool.acquire() as connection:
                             await migrate(connection, self._schema)
@@ -250,27 +256,13 @@ class PostgresStore:
         in an unknown state) is thrown away, and the health callbacks told."""
         writer, self._writer_connection = self._writer_connection, None
         if writer is not None:
-            # The pool may have taken it back already (it does when the server ends a
-            # connection): then there is nothing left to end.
-            with contextlib.suppress(asyncpg.InterfaceError):
-                writer.terminate()
-            self._discard(writer)
+            writer.terminate()
         if self._down is not None:
             return
         self._down = cause
         for callback in self._on_health:
             callback(False)
         self._probing = asyncio.get_running_loop().create_task(self._probe())
-
-    def _discard(self, connection: Any) -> None:
-        async def release() -> None:
-            with contextlib.suppress(Exception):  # the pool may have taken it back already
-                if self._pool is not None:
-                    await self._pool.release(connection)
-
-        task = asyncio.get_running_loop().create_task(release())
-        self._writing.add(task)
-        task.add_done_callback(self._writing.discard)
 
     async def _probe(self) -> None:
         """Until the database answers again: then the store takes writes and reads again."""
@@ -354,10 +346,12 @@ class PostgresStore:
 
     async def _writer(self) -> Any:
         """The connection commits go through: one, kept (commits run one at a time anyway,
-        and a pool's release would cost a round trip of its own each time)."""
+        and a pool's release would cost a round trip of its own each time). Its own, not the
+        pool's: a pool takes back a connection the server ended, under its holder, and may
+        hand it out again while the holder still has it."""
         if self._writer_connection is None:
-            pool = await self.pool()
-            self._writer_connection = await pool.acquire(timeout=PROBE_TIMEOUT)
+            await self.pool()  # connected and migrated first
+            self._writer_connection = await asyncpg.connect(self._url, server_settings=self._settings(), timeout=PROBE_TIMEOUT)
         return self._writer_connection
 
     async def _write(self, connection: Any, batch: Batch, now: float) -> None:
@@ -697,8 +691,10 @@ class PostgresStore:
                 pool, self._pool = self._pool, None
                 if self._writer_connection is not None:
                     writer, self._writer_connection = self._writer_connection, None
-                    with contextlib.suppress(asyncpg.InterfaceError):  # taken back already (the database went away)
-                        await pool.release(writer)
+                    try:
+                        await writer.close(timeout=PROBE_TIMEOUT)
+                    except Exception:  # the database went away: nothing left to say goodbye to
+                        writer.terminate()
                 try:  # a database away would hold a graceful close for good
                     await asyncio.wait_for(pool.close(), PROBE_TIMEOUT)
                 except TimeoutError:
