@@ -35,7 +35,8 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from ..domain.ownership import Claim
-from .postgres import PostgresStore, guarded
+from .pg_weather import guarded
+from .postgres import PostgresStore
 
 log = logging.getLogger(__name__)
 

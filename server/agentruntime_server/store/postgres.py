@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Iterable, Iterator, Sequence
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
@@ -52,49 +51,11 @@ from . import pg_statements as sql
 from .payloads import definitions_json, journal_rows, payload_bytes
 from .pg_batch import Batch
 from .pg_migrations import migrate
+from .pg_weather import PROBE_EVERY, PROBE_TIMEOUT, WEATHER, guarded
 from .urls import redacted
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
-
-PROBE_EVERY = 0.5  # seconds between attempts to reach a database that went away
-PROBE_TIMEOUT = 5.0  # seconds a probe may take to connect and answer
-# What a database that went away (stopped, restarting, unreachable, its connection cut) makes
-# asyncpg raise: weather, not a fault of the store's. InterfaceError: a connection the pool
-# closed under its user (it does that when the server ends the connection).
-WEATHER: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now (starting, stopping)
-    asyncpg.InterfaceError,
-    # A connection the server ended while it was idle (a fast shutdown tells every session so)
-    # is left in a state its next statement trips on: "another operation is in progress".
-    asyncpg.exceptions.InternalClientError,
-)
-
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-
-class _Guarding(Protocol):
-    def guard(self) -> contextlib.AbstractContextManager[None]: ...
-
-
-_Method = Callable[Concatenate[Any, _P], Coroutine[Any, Any, _T]]
-
-
-def guarded(method: _Method[_P, _T]) -> _Method[_P, _T]:
-    """The method's statements run under `guard()`: a database that went away raises
-    StoreUnavailable, never asyncpg's error (which callers would get as INTERNAL)."""
-
-    @functools.wraps(method)
-    async def run(self: _Guarding, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with self.guard():
-            return await method(self, *args, **kwargs)
-
-    return run
 
 
 class Leasing(Protocol):
