@@ -20,6 +20,7 @@ from .api.forward import Forwarder
 from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
+from .domain.errors import StoreUnavailable
 from .domain.limits import Limits
 from .domain.ownership import SoleOwner
 from .domain.ports import Leases, Services, Store
@@ -99,20 +100,22 @@ class RunningServer:
         await self.observability.stop()
 
 
-def _not_serving_once_broken(store: Store, health: health_aio.HealthServicer) -> None:
-    """A store whose commit failed acknowledges nothing more until the server is restarted:
-    its health checks say NOT_SERVING from then on, so that a load balancer or an
-    orchestrator sends callers elsewhere (and restarts it)."""
+def _health_follows_store(store: Store, health: health_aio.HealthServicer) -> None:
+    """While the store can take no writes, health checks say NOT_SERVING, so that a load
+    balancer sends callers elsewhere: PostgreSQL until its database is back (SERVING again
+    then), SQLite once a commit failed (until the server is restarted). A server shutting
+    down stays NOT_SERVING (the health service ignores sets after its graceful shutdown)."""
     loop = asyncio.get_running_loop()
     setting: set[asyncio.Task[None]] = set()
 
-    def stop_serving() -> None:
+    def follow(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in (SERVICE_NAME, ""):
-            task = loop.create_task(health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING))
+            task = loop.create_task(health.set(service, status))
             setting.add(task)
             task.add_done_callback(setting.discard)
 
-    store.on_broken(stop_serving)
+    store.on_health(follow)
 
 
 async def _retain(service: RuntimeService, retention: float, suspended_retention: float) -> None:
@@ -133,6 +136,8 @@ async def _keep_leases(service: RuntimeService, every: float) -> None:
         await asyncio.sleep(every)
         try:
             await service.keep_leases()
+        except StoreUnavailable:  # logged by the store as it went away; it says when it is back
+            log.debug("lease upkeep waits for the store")
         except Exception:  # the database may be back at the next round
             log.exception("lease upkeep failed")
 
@@ -326,7 +331,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     health = ListingHealthServicer()
     for name in (SERVICE_NAME, ""):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _not_serving_once_broken(store, health)
+    _health_follows_store(store, health)
     if leases is not None:  # replicas: live from here on
         await leases.start()
     observability.start()  # before recovery: the runs it continues are counted

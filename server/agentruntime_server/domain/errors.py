@@ -167,9 +167,28 @@ class NotJournaled(Detached, Unavailable):
         super().__init__(f"runtime {shown(runtime_id)} could not be written: the change was not kept; retry the call")
 
 
+class StoreUnavailable(Detached, Unavailable):
+    """The store cannot be reached right now (its database stopped, restarts, or the network
+    to it is cut): the server reconnects by itself, and its health says NOT_SERVING until it
+    has. A runtime whose write was not taken stops in memory and goes on from its journal
+    once the store is back; the caller retries (with the same request id: a change the
+    database took just before the connection broke is then answered, not made twice). The
+    cause is in the server log only."""
+
+    reason = "STORE_UNAVAILABLE"
+    retry_after = 1.0
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this server cannot reach its store right now (it reconnects by itself; see the server log);"
+            " this call's change may not have been kept: retry the call"
+        )
+
+
 class StoreBroken(Unavailable):
-    """A commit of this process's store failed (its database went away, a full disk): it
-    acknowledges nothing more until the server is restarted. The server's fault, not the
+    """A commit of this process's SQLite store failed (a full disk, an I/O error): it
+    acknowledges nothing more until the server is restarted. (PostgreSQL going away is
+    StoreUnavailable: that store reconnects by itself.) The server's fault, not the
     caller's: another replica (or this one, restarted) takes the call. The cause is in the
     server log only: it may quote SQL or the database's address."""
 

@@ -3,7 +3,7 @@ in providers/, tools/ and store/; the domain never imports them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -367,9 +367,17 @@ class Store(Protocol):
         also once the runtime's row is gone, deleted by another process)."""
         ...
 
-    def on_broken(self, callback: Callable[[], None]) -> None:
-        """`callback()` runs once, when a commit fails: from then on the store takes nothing
-        more and raises errors.StoreBroken (the server must be restarted)."""
+    def on_health(self, callback: Callable[[bool], None]) -> None:
+        """`callback(False)` when the store can take no more writes, `callback(True)` when it
+        can again. PostgreSQL: its database went away (errors.StoreUnavailable meanwhile),
+        then came back. SQLite: a commit failed, and it takes nothing more until the server
+        is restarted (errors.StoreBroken)."""
+        ...
+
+    def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:
+        """`callback(keys)`: the store did not take these runtimes' last writes (a commit that
+        failed, an append while it was away): their copies in memory are ahead of it and must
+        stop; the store has forgotten whatever else of theirs it still buffered."""
         ...
 
     async def close(self) -> None: ...

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .errors import Detached
+from .errors import Detached, StoreUnavailable
 from .gate import FifoGate
 from .handle import Handle
 from .journal import Journal, MessagesAppended, Queued, RunStarted, Settled, Step, Tree
@@ -255,8 +255,13 @@ class RunDriver:
                 Status.INCOMPLETE, text=_last_text(handle, "stopped at max_wall_time"), limit=Limit.MAX_WALL_TIME
             )
             await self._stop_descendants(run, (Status.INCOMPLETE, Limit.MAX_WALL_TIME))
-        except Detached:
+        except Detached as stopped:
             self._runs.pop(handle.id, None)
+            if isinstance(stopped, StoreUnavailable):
+                # Cut by a read (its journal writes close the copy themselves): a copy whose run
+                # stopped unrecorded is not trusted again; it is read again from the store once
+                # that is back (service._back), and its runs go on from the journal.
+                host.journal.closed = True
             return handle.result(Status.UNSPECIFIED)
         except asyncio.CancelledError:
             run.settling = True

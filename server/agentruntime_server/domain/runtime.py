@@ -17,6 +17,7 @@ from typing import TypeVar
 from . import budget as budgets
 from .errors import (
     FailedPrecondition,
+    Fenced,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -346,6 +347,12 @@ class Runtime:
                 result = await asyncio.wait_for(asyncio.shield(run.task), timeout)
             except TimeoutError:
                 return handle.result(Status.TIMEOUT, text=f"{handle_id!r} is still running")
+            except asyncio.CancelledError:
+                if not run.task.cancelled():
+                    raise  # this Wait was cancelled (its deadline, its caller gone)
+                # The run was cut without settling: this copy stopped (its lease lost, a write of
+                # it not taken), and the runtime goes on from its journal where it is taken over.
+                raise Fenced(self.id) from None
             if result.status is Status.UNSPECIFIED:
                 raise Unavailable(f"the server is shutting down; Wait again on {handle_id!r} at its replacement")
             # The run this Wait waited for settled: its result, even if a Close came right after.

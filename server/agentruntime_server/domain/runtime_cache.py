@@ -148,6 +148,14 @@ class RuntimeCache:
             self._dropping.add(task)
             task.add_done_callback(self._dropping.discard)
 
+    def unwritten(self, runtime: Runtime) -> None:
+        """The store did not take the runtime's last writes: the copy is ahead of its journal,
+        so it writes and answers no more from now on, and stops."""
+        runtime.journal.closed = True
+        task = asyncio.get_running_loop().create_task(self.drop(runtime))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropping.discard)
+
     async def drops(self) -> None:
         """Waits for the copies being dropped."""
         await asyncio.gather(*self._dropping)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from .errors import (
     FieldViolation,
@@ -66,6 +66,12 @@ class RuntimeService:
         self.requests_served = OneAtATime()  # CreateRuntime and DeleteRuntime calls with request ids
         self._replies_pruned = 0.0
         services.leases.on_lost(self.cache.lost)
+        # The store going away (docs/durability.md#store-unavailable): the copies it did not
+        # write stop, and those that ran are taken over again from the store once it is back.
+        self._take_back: set[str] = set()
+        self._taking_back: asyncio.Task[None] | None = None
+        services.store.on_unwritten(self._unwritten)
+        services.store.on_health(self._store_health)
 
     @property
     def leases(self) -> Leases:
@@ -240,7 +246,7 @@ class RuntimeService:
             if self.draining:
                 break
             found = self.cache.runtimes.get(key)
-            if found is not None and found.taken_over:
+            if found is not None and found.taken_over and not found.journal.closed:
                 continue
             tenant, runtime_id = split_key(key)
             with contextlib.suppress(OwnedElsewhere, NotFound):  # another replica came first; or deleted
@@ -261,6 +267,40 @@ class RuntimeService:
         if self._recovering is None or self._recovering.done():
             self._recovering = asyncio.get_running_loop().create_task(self._recover_orphans())
 
+    def _unwritten(self, keys: Collection[str]) -> None:
+        for key in keys:
+            runtime = self.cache.runtimes.get(key)
+            if runtime is None or runtime.journal.closed:
+                continue
+            if runtime.taken_over:
+                self._take_back.add(key)
+            self.cache.unwritten(runtime)
+
+    def _store_health(self, serving: bool) -> None:
+        if serving and not self.draining and (self._taking_back is None or self._taking_back.done()):
+            self._taking_back = asyncio.get_running_loop().create_task(self._back())
+
+    async def _back(self) -> None:
+        """The store is back: the runtimes whose copies stopped while it was away, and that
+        ran here, are taken over again, so that their runs go on from their journal (on
+        replicas, unless another replica took them meanwhile)."""
+        keys, self._take_back = self._take_back, set()
+        keys |= {key for key, runtime in self.cache.runtimes.items() if runtime.taken_over and runtime.journal.closed}
+        for key in sorted(keys):
+            if self.draining:
+                return
+            tenant, runtime_id = split_key(key)
+            try:
+                await self.runtime(runtime_id, tenant)
+            except (OwnedElsewhere, NotFound):
+                pass  # another replica runs it now, or it was deleted
+            except Unavailable:
+                self._take_back.add(key)  # away again: at its next return
+            except Exception:
+                log.exception("runtime %s: taking it over again after the store came back failed", key)
+        if keys:
+            log.info("took over again %d runtimes whose copies stopped while the store was away", len(keys))
+
     async def _recover_orphans(self) -> None:
         try:
             await self.recover()
@@ -274,9 +314,10 @@ class RuntimeService:
         Either way they stay RUNNING in the store and go on at the next start, or on
         replicas at once elsewhere: this process gives its leases up as it leaves."""
         self.cache.draining = True
-        if self._recovering is not None:  # it claims nothing more: what it claimed is given up below
-            self._recovering.cancel()
-            await asyncio.gather(self._recovering, return_exceptions=True)
+        for claiming in (self._recovering, self._taking_back):  # it claims nothing more: what it claimed is given up below
+            if claiming is not None:
+                claiming.cancel()
+                await asyncio.gather(claiming, return_exceptions=True)
         runtimes = list(self.cache.runtimes.values())
         for runtime in runtimes:
             runtime.draining = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from ..domain.errors import RequestIdTaken, RuntimeExists
@@ -148,8 +148,11 @@ class MemoryStore:
     async def flush(self, runtime_id: str | None = None) -> None:
         pass
 
-    def on_broken(self, callback: Callable[[], None]) -> None:
+    def on_health(self, callback: Callable[[bool], None]) -> None:
         pass  # nothing to commit, nothing that fails
+
+    def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:
+        pass
 
     async def close(self) -> None:
         self._runtimes.clear()

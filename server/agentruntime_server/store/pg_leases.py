@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 
 from ..domain.ownership import Claim
+from .pg_weather import guarded
 from .postgres import PostgresStore
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,9 @@ class PostgresLeases:
         self._confirming: asyncio.Future[None] | None = None
         store.leasing = self
 
+    def guard(self) -> contextlib.AbstractContextManager[None]:
+        return self.store.guard()
+
     def fresh(self) -> bool:
         """This replica's leases cannot have lapsed yet (by its own clock, counted from when
         the last renewal was sent: a process paused past its lease finds out on waking)."""
@@ -96,11 +100,12 @@ class PostgresLeases:
         self._renewed = await self._heartbeat()
         log.info("replica %s serving at %s (leases of %gs)", self.replica_id, self.address, self.duration)
 
+    @guarded
     async def _heartbeat(self) -> float:
-        """Pushes this replica's expiry on; the monotonic time it was sent at. Not once its store
-        broke: it commits nothing more until restarted, so its leases lapse and the other
-        replicas take its runtimes over (its pool still connects: it would hold them for good)."""
-        self.store.raise_if_broken()
+        """Pushes this replica's expiry on; the monotonic time it was sent at. Not while its store
+        is away (it commits nothing then): its leases lapse if that lasts, and the other
+        replicas take its runtimes over."""
+        self.store.raise_if_away()
         pool = await self.store.pool()
         sent = time.monotonic()
         await pool.execute(
@@ -149,6 +154,7 @@ class PostgresLeases:
         finally:
             self._claiming.discard(runtime_id)
 
+    @guarded
     async def _claim(self, runtime_id: str) -> Claim:
         pool = await self.store.pool()
         for _ in range(3):  # the holder may release between the two statements
@@ -164,6 +170,7 @@ class PostgresLeases:
                 return Claim(owned=False, address=address or "")
         return Claim(owned=False)
 
+    @guarded
     async def release(self, runtime_id: str) -> None:
         epoch = self.store.epochs.get(runtime_id)
         if epoch is None:
@@ -180,6 +187,7 @@ class PostgresLeases:
             epoch,
         )
 
+    @guarded
     async def release_all(self) -> None:
         await self.store.flush()
         self.store.released()
@@ -188,6 +196,7 @@ class PostgresLeases:
             await connection.execute("UPDATE runtimes SET owner = NULL WHERE owner = $1", self.replica_id)
             await connection.execute("DELETE FROM replicas WHERE id = $1", self.replica_id)
 
+    @guarded
     async def renew(self) -> list[str]:
         """Renews, then compares: a runtime held here that the database gives to another
         replica (or to another epoch) was lost; one the database gives to this replica that
@@ -217,6 +226,7 @@ class PostgresLeases:
                 )
         return lost
 
+    @guarded
     async def orphans(self) -> list[str]:
         """Random order and a bound: replicas taking over together spread the work."""
         pool = await self.store.pool()

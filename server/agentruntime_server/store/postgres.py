@@ -5,9 +5,17 @@ is a row of definitions plus its journal, one row per step, appended in order; a
 checked (its seqs) and encoded when it is made, all or nothing, and buffered; the rows every
 runtime appended are written by one statement (pg_statements.COMMIT: one round trip,
 atomic) over one kept connection, when the tick ends or, while a commit is under way, as
-soon as it ends (the next commit gathers everything appended meanwhile); `flush` awaits that commit, and a commit
-that failed leaves the store broken (every later flush and read raises errors.StoreBroken,
-which callers get as UNAVAILABLE: nothing is acknowledged after it).
+soon as it ends (the next commit gathers everything appended meanwhile); `flush` awaits that commit.
+
+The database going away is weather (docs/durability.md#store-unavailable): a commit that
+fails, or any statement that loses its connection, makes the store unavailable until a probe
+reaches the database again (every PROBE_EVERY seconds). Meanwhile every flush, append and
+read raises errors.StoreUnavailable at once (UNAVAILABLE STORE_UNAVAILABLE to callers), and
+the health callbacks say so (`on_health`). The runtimes whose rows a failed commit carried,
+or whose append was refused, have copies in memory ahead of the store: their rows still
+buffered are forgotten, and the `on_unwritten` callbacks are told, so that those copies stop
+and are read again from the store once it is back. Nothing unacknowledged is kept as if it
+had been written, and nothing acknowledged is lost.
 
 asyncpg is asynchronous, so commits overlap the event loop: they run one after another. Reads first await every commit of what was
 appended before them (a store reads its own writes). The pool connects, and the schema is
@@ -28,13 +36,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
-from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreBroken
+from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreUnavailable
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
@@ -43,6 +51,7 @@ from . import pg_statements as sql
 from .payloads import definitions_json, journal_rows, payload_bytes
 from .pg_batch import Batch
 from .pg_migrations import migrate
+from .pg_weather import PROBE_EVERY, PROBE_TIMEOUT, WEATHER, guarded
 from .urls import redacted
 
 log = logging.getLogger(__name__)
@@ -79,10 +88,14 @@ class PostgresStore:
         self._writer_connection: Any = None
         self._last: asyncio.Future[None] | None = None  # the latest commit's outcome
         self._writing: set[asyncio.Task[None]] = set()
-        # A commit that failed: nothing is acknowledged after it, ever. (Raised without the
-        # traceback of its last raise: one exception raised again and again keeps every frame.)
-        self._broken: BaseException | None = None
-        self._on_broken: list[Callable[[], None]] = []
+        # The database went away: set until a probe reaches it again (`_probing`).
+        self._down: BaseException | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._on_health: list[Callable[[bool], None]] = []
+        self._on_unwritten: list[Callable[[Collection[str]], None]] = []
+        # Runtimes whose rows a failed commit carried (or whose append was refused), until
+        # loaded, claimed or created again: their copies are ahead of the store.
+        self.unwritten: set[str] = set()
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
         # Replicas: the leases, and the epoch of every runtime this process owns.
         self.leasing: Leasing | None = None
@@ -99,14 +112,24 @@ class PostgresStore:
         await self.pool()
 
     async def pool(self) -> Any:
-        """The connection pool (connected, and the schema migrated, at the first call)."""
+        """The connection pool (connected, and the schema migrated, at the first call);
+        StoreUnavailable while the database is away."""
+        self.raise_if_away()
+        return await self._connected()
+
+    def _settings(self) -> dict[str, str]:
+        settings = {"application_name": "agentruntime"}
+        if self._schema is not None:
+            settings["search_path"] = self._schema
+        return settings
+
+    async def _connected(self) -> Any:
         if self._pool is None:
             async with self._connecting:
                 if self._pool is None:
-                    settings = {"application_name": "agentruntime"}
-                    if self._schema is not None:
-                        settings["search_path"] = self._schema
-                    pool = await asyncpg.create_pool(self._url, min_size=1, max_size=self._pool_size, server_settings=settings)
+                    pool = await asyncpg.create_pool(
+                        self._url, min_size=1, max_size=self._pool_size, server_settings=self._settings()
+                    )
                     try:
                         async with pool.acquire() as connection:
                             await migrate(connection, self._schema)
@@ -142,11 +165,18 @@ class PostgresStore:
 
     async def _commit(self, batch: Batch) -> None:
         try:
-            self.raise_if_broken()
+            self.raise_if_away()
             if batch.touched or batch.tokens:
                 await self._write(await self._writer(), batch, time.time())
         except BaseException as exc:
-            batch.done.set_exception(self._broken if self._broken is not None else self._break(exc))
+            try:
+                refusal = self._failed(batch, exc)
+            except Exception:  # its waiters must never hang: they are refused whatever failed here
+                log.exception("the store could not settle a failed commit")
+                refusal = StoreUnavailable()
+            batch.done.set_exception(refusal)
+            if self._last is batch.done:  # its waiters are told; a later flush awaits no failure of the past
+                self._last = None
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
@@ -156,22 +186,98 @@ class PostgresStore:
                 self._cut()  # what gathered meanwhile
         batch.done.set_result(None)
 
-    def _break(self, cause: BaseException) -> StoreBroken:
-        log.error("the store could not commit (%s); restart the server", type(cause).__name__, exc_info=cause)
-        broken = self._broken = StoreBroken()
-        broken.__cause__ = cause
-        for callback in self._on_broken:
-            callback()
-        return broken
+    def _failed(self, batch: Batch, cause: BaseException) -> StoreUnavailable:
+        """A commit failed: whether the database took it is not known (it may have, with the
+        connection lost before its answer). Either way nothing of it was acknowledged; the
+        copies of its runtimes stop, and are read again from the store once it is back."""
+        if self._down is None:
+            if isinstance(cause, WEATHER):
+                log.warning("the store could not commit (%s: %s); reconnecting", type(cause).__name__, cause)
+            else:
+                log.error("the store could not commit (%s); reconnecting", type(cause).__name__, exc_info=cause)
+        self._went_away(cause)
+        self._unwritten(batch.touched)
+        return self._refusal()
 
-    def on_broken(self, callback: Callable[[], None]) -> None:
-        """`callback()` runs once, when a commit fails (the health service stops serving)."""
-        self._on_broken.append(callback)
+    def _unwritten(self, keys: Collection[str]) -> None:
+        """These runtimes' copies are ahead of the store: their rows still buffered go (they
+        follow seqs that were never written) and whoever holds the copies is told."""
+        if not keys:
+            return
+        for key in keys:
+            self.unwritten.add(key)
+            self._next_seq.pop(key, None)
+            if self._open is not None:
+                self._open.forget(key)
+        for callback in self._on_unwritten:
+            callback(sorted(keys))
 
-    def raise_if_broken(self) -> None:
-        """StoreBroken once a commit failed: nothing is acknowledged after it, ever."""
-        if self._broken is not None:
-            raise self._broken.with_traceback(None)
+    def _went_away(self, cause: BaseException) -> None:
+        """Unavailable until a probe reaches the database: the writer's connection (dead, or
+        in an unknown state) is thrown away, and the health callbacks told."""
+        writer, self._writer_connection = self._writer_connection, None
+        if writer is not None:
+            writer.terminate()
+        if self._down is not None:
+            return
+        self._down = cause
+        for callback in self._on_health:
+            callback(False)
+        self._probing = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Until the database answers again: then the store takes writes and reads again."""
+        while True:
+            await asyncio.sleep(PROBE_EVERY)
+            try:
+                pool = await self._connected()
+                await pool.expire_connections()  # those it holds may be dead: each is replaced at its next use
+                async with pool.acquire(timeout=PROBE_TIMEOUT) as connection:
+                    await connection.fetchval("SELECT 1", timeout=PROBE_TIMEOUT)
+            except Exception as exc:
+                log.debug("the store is still away (%s)", type(exc).__name__)
+                continue
+            break
+        log.warning("the store is reachable again")
+        self._down = None
+        self._probing = None
+        for callback in self._on_health:
+            callback(True)
+
+    def _refusal(self) -> StoreUnavailable:
+        refusal = StoreUnavailable()
+        refusal.__cause__ = self._down
+        return refusal
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """A statement that loses its database raises StoreUnavailable, and makes the store
+        unavailable until a probe reaches the database again."""
+        try:
+            yield
+        except WEATHER as exc:
+            if self._down is None:
+                log.warning("the store lost its database (%s: %s); reconnecting", type(exc).__name__, exc)
+            self._went_away(exc)
+            raise self._refusal() from exc
+
+    def on_health(self, callback: Callable[[bool], None]) -> None:
+        """`callback(False)` when the database goes away, `callback(True)` once it is back."""
+        self._on_health.append(callback)
+
+    def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:
+        """`callback(keys)`: these runtimes' last writes were not taken (a failed commit, an
+        append while the store is away); their copies in memory must stop."""
+        self._on_unwritten.append(callback)
+
+    @property
+    def available(self) -> bool:
+        return self._down is None
+
+    def raise_if_away(self) -> None:
+        """StoreUnavailable while the database is away."""
+        if self._down is not None:
+            raise self._refusal()
 
     # ---- ownership (replicas: what the leases claimed, gave up or lost) ------------------
 
@@ -181,6 +287,7 @@ class PostgresStore:
         self.epochs[runtime_id] = epoch
         self.fenced.pop(runtime_id, None)
         self._next_seq.pop(runtime_id, None)
+        self.unwritten.discard(runtime_id)
 
     def released(self, runtime_id: str | None = None) -> None:
         """This process no longer owns the runtime (None: any runtime, as it stops)."""
@@ -200,10 +307,12 @@ class PostgresStore:
 
     async def _writer(self) -> Any:
         """The connection commits go through: one, kept (commits run one at a time anyway,
-        and a pool's release would cost a round trip of its own each time)."""
+        and a pool's release would cost a round trip of its own each time). Its own, not the
+        pool's: a pool takes back a connection the server ended, under its holder, and may
+        hand it out again while the holder still has it."""
         if self._writer_connection is None:
-            pool = await self.pool()
-            self._writer_connection = await pool.acquire()
+            await self.pool()  # connected and migrated first
+            self._writer_connection = await asyncpg.connect(self._url, server_settings=self._settings(), timeout=PROBE_TIMEOUT)
         return self._writer_connection
 
     async def _write(self, connection: Any, batch: Batch, now: float) -> None:
@@ -258,14 +367,15 @@ class PostgresStore:
 
     async def _settle(self) -> None:
         """Every entry appended so far is committed (reads see them)."""
-        self.raise_if_broken()
+        self.raise_if_away()
         waited = self._open.done if self._open is not None else self._last
         self._cut()  # at once, if no commit is under way
         if waited is not None:
             await asyncio.shield(waited)
+        self.raise_if_away()  # went away meanwhile (a read would wait for its connection)
 
     async def flush(self, runtime_id: str | None = None) -> None:
-        self.raise_if_broken()
+        self.raise_if_away()
         if self._open is not None:  # committed when the tick ends, or when the commit under way does
             waited: asyncio.Future[None] | None = self._open.done
         else:
@@ -274,9 +384,12 @@ class PostgresStore:
             await asyncio.shield(waited)
         if runtime_id is not None and runtime_id in self.fenced:
             raise Fenced(runtime_id, self.fenced[runtime_id])
+        if runtime_id is not None and runtime_id in self.unwritten:  # its rows went with a failed commit
+            raise self._refusal()
 
     # ---- writes --------------------------------------------------------------------------
 
+    @guarded
     async def create_runtime(
         self,
         runtime_id: str,
@@ -328,15 +441,18 @@ class PostgresStore:
             if not created:
                 raise runtimes_quota_reached(tenant, quota)
             self.fenced.pop(runtime_id, None)  # a runtime of this id deleted under this process: not this one
+            self.unwritten.discard(runtime_id)
             if owner is not None:
                 self.epochs[runtime_id] = 1
         self._next_seq[runtime_id] = next_seq  # so that append never awaits: the journal assigns seqs in order
 
+    @guarded
     async def runtime_exists(self, runtime_id: str) -> bool:
         await self._settle()
         pool = await self.pool()
         return await pool.fetchval("SELECT 1 FROM runtimes WHERE id = $1", runtime_id) is not None
 
+    @guarded
     async def append(
         self,
         runtime_id: str,
@@ -346,6 +462,9 @@ class PostgresStore:
     ) -> None:
         if runtime_id in self.fenced:  # refused already: nothing more it writes counts
             raise Fenced(runtime_id, self.fenced[runtime_id])
+        if self._down is not None or runtime_id in self.unwritten:  # the copy appending is ahead of the store
+            self._unwritten([runtime_id])
+            raise self._refusal()
         if self.leasing is not None and runtime_id not in self.epochs:
             raise Fenced(runtime_id)  # this process does not own it (any more): nothing it writes counts
         epoch = self.epochs.get(runtime_id)
@@ -376,6 +495,7 @@ class PostgresStore:
             batch.counts[runtime_id] = counts
         batch.touched.add(runtime_id)
 
+    @guarded
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         await self._settle()
         pool = await self.pool()
@@ -392,6 +512,7 @@ class PostgresStore:
         self.epochs.pop(runtime_id, None)
         self.fenced.pop(runtime_id, None)
 
+    @guarded
     async def reply(self, tenant: str, scope: str, request_id: str) -> TenantReply | None:
         pool = await self.pool()
         row = await pool.fetchrow(
@@ -402,6 +523,7 @@ class PostgresStore:
         )
         return TenantReply(tenant, scope, request_id, *row) if row is not None else None
 
+    @guarded
     async def forget_replies_before(self, at: float) -> None:
         pool = await self.pool()
         await pool.execute("DELETE FROM replies WHERE at < $1", at)
@@ -412,6 +534,7 @@ class PostgresStore:
 
     # ---- reads ---------------------------------------------------------------------------
 
+    @guarded
     async def load(self, runtime_id: str) -> StoredRuntime | None:
         await self._settle()
         pool = await self.pool()
@@ -430,14 +553,17 @@ class PostgresStore:
             self._next_seq.setdefault(runtime_id, (entries[-1].seq if entries else 0) + 1)
         if self.leasing is None:  # no leases: what is there now is the runtime this process writes to
             self.fenced.pop(runtime_id, None)
+            self.unwritten.discard(runtime_id)
         return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
+    @guarded
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
         await self._settle()
         pool = await self.pool()
         rows = await pool.fetch(sql.ENTRIES + " AND last_event > $2 ORDER BY seq", runtime_id, after_event)
         return [sql.entry(*row) for row in rows]
 
+    @guarded
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         await self._settle()
         pool = await self.pool()
@@ -450,6 +576,7 @@ class PostgresStore:
         parameters = (tenant, after[0], after[1], limit) if after else (tenant, limit)
         return [RuntimeRow(*row) for row in await pool.fetch(query, *parameters)]
 
+    @guarded
     async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:
         await self._settle()
         pool = await self.pool()
@@ -458,6 +585,7 @@ class PostgresStore:
         rows = await pool.fetch(query, before, suspended_before, mine)
         return [row[0] for row in rows]
 
+    @guarded
     async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         await self._settle()  # an append still buffered is a write: it moves updated_at first
         pool = await self.pool()
@@ -472,12 +600,14 @@ class PostgresStore:
         self.fenced.pop(runtime_id, None)
         return True
 
+    @guarded
     async def count_runtimes(self, tenant: str) -> int:
         await self._settle()
         pool = await self.pool()
         count: int = await pool.fetchval("SELECT COUNT(*) FROM runtimes WHERE tenant = $1", tenant)
         return count
 
+    @guarded
     async def tenant_bytes(self, tenant: str) -> int:
         # What is committed: no wait for the commit under way (a check at every Post must not
         # queue behind the group commit; the contract allows any figure from the last flush on).
@@ -485,6 +615,7 @@ class PostgresStore:
         used: int = await pool.fetchval("SELECT COALESCE(SUM(bytes), 0) FROM runtimes WHERE tenant = $1", tenant)
         return used
 
+    @guarded
     async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
         await self._settle()
         pool = await self.pool()
@@ -493,6 +624,7 @@ class PostgresStore:
         )
         return [(int(at), int(tokens)) for at, tokens in rows]
 
+    @guarded
     async def forget_tokens_before(self, minute: int) -> None:
         await self._settle()  # counts still buffered are committed first: the delete sees them too
         pool = await self.pool()
@@ -500,6 +632,7 @@ class PostgresStore:
         # those rows gone. A commit's upsert writes the current minute, never one this deletes.
         await pool.execute("DELETE FROM tenant_tokens WHERE minute < $1", minute)
 
+    @guarded
     async def runtimes_with_running_handles(self) -> list[str]:
         await self._settle()
         pool = await self.pool()
@@ -507,17 +640,26 @@ class PostgresStore:
 
     async def close(self) -> None:
         try:
-            if self._broken is None:  # broken: nothing more can be written (it was logged then)
+            if self._down is None:  # away: nothing more can be written (it was logged then)
                 await self._settle()
         finally:
+            if self._probing is not None:
+                self._probing.cancel()
+                await asyncio.gather(self._probing, return_exceptions=True)
             if self._writing:
                 await asyncio.wait(list(self._writing))
             if self._pool is not None:
                 pool, self._pool = self._pool, None
                 if self._writer_connection is not None:
                     writer, self._writer_connection = self._writer_connection, None
-                    await pool.release(writer)
-                await pool.close()
+                    try:
+                        await writer.close(timeout=PROBE_TIMEOUT)
+                    except Exception:  # the database went away: nothing left to say goodbye to
+                        writer.terminate()
+                try:  # a database away would hold a graceful close for good
+                    await asyncio.wait_for(pool.close(), PROBE_TIMEOUT)
+                except TimeoutError:
+                    pool.terminate()
 
 
 async def _keep(connection: Any, reply: TenantReply | None) -> None:

@@ -16,7 +16,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 from pydantic import TypeAdapter
@@ -69,7 +69,7 @@ class SqliteStore:
         # A commit that failed (a full disk): nothing is acknowledged after it, ever. (Raised
         # without the traceback of its last raise: one exception raised again keeps every frame.)
         self._broken: BaseException | None = None
-        self._on_broken: list[Callable[[], None]] = []
+        self._on_broken: list[Callable[[bool], None]] = []
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
 
     # Group commit: the entries appended in one event-loop tick, by every runtime, are
@@ -150,7 +150,7 @@ class SqliteStore:
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
             for callback in self._on_broken:
-                callback()
+                callback(False)
             raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
@@ -166,9 +166,13 @@ class SqliteStore:
             raise
         self._db.execute("COMMIT")
 
-    def on_broken(self, callback: Callable[[], None]) -> None:
-        """`callback()` runs once, when a commit fails (the health service stops serving)."""
+    def on_health(self, callback: Callable[[bool], None]) -> None:
+        """`callback(False)` runs once, when a commit fails (the health service stops serving):
+        SQLite's store is broken for good then (the server must be restarted)."""
         self._on_broken.append(callback)
+
+    def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:
+        pass  # a failed commit breaks the store: no copy goes on to need telling
 
     async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
