@@ -20,7 +20,7 @@ import pytest
 from agentruntime.client import Client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.e2e.test_failover_invisible import EXACT, HITS, NOTE, coordinator, one_root, worker
+from tests.support.jobs import HITS, assert_each_job_once, one_root, script
 from tests.support.model_server import ScriptedModelServer
 from tests.support.poll import until
 from tests.support.postgres import StoppablePostgres, fresh_database, stoppable_postgres
@@ -44,8 +44,7 @@ async def replicas(
     own_postgres: StoppablePostgres, model: ScriptedModelServer, tmp_path: Path
 ) -> AsyncIterator[list[ServerProcess]]:
     database = await fresh_database(own_postgres.url, "weather")
-    model.script("coordinator", coordinator)
-    model.script("worker", worker)
+    script(model)
     env = {"AGENTRUNTIME_LEASE_DURATION": str(LEASE), "AGENTRUNTIME_SHUTDOWN_GRACE": "5"}
     made = [ServerProcess(database, model.base_url, tmp_path / f"replica-{n}.log", env) for n in range(2)]
     for replica in made:
@@ -126,17 +125,7 @@ async def test_twenty_roots_through_a_stopped_and_a_restarted_database_see_no_er
         settled = await asyncio.gather(*roots)  # any error a client call raised fails the test here
 
     print(f"both replicas SERVING {back:.1f}s after the database's start, {restarted:.1f}s after its restart")
-    results = [result for _, result in settled]
-    assert all({name: getattr(r, name) for name in EXACT} == EXACT for r in results), Counter(
-        str({name: getattr(r, name) for name in EXACT}) for r in results
-    )
-    async with Client(target) as reader:
-        for runtime_id, result in settled:
-            messages = await reader.transcript(runtime_id, result.handle_id)
-            users = [m.content for m in messages if m.role == "user"]
-            assert len(users) == 1, users
-            assert users[0].count(NOTE) == 1, users[0]
-        assert len(await reader.list_runtimes()) == ROOTS
+    await assert_each_job_once(target, settled, ROOTS)
     # Every worker call ran; again only if it was in flight at a fault (same key): at most once more a fault.
     per_key = Counter(tools.keys)
     assert len(per_key) == ROOTS * 2 * HITS and max(per_key.values()) <= 3
