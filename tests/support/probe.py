@@ -1,5 +1,10 @@
 """A bystander's latency: another client, on its own thread (so it measures wall time even if
-the server's event loop stalls), that loops Inspect on another runtime and keeps every latency."""
+the server's event loop stalls), that loops Inspect on another runtime and keeps every latency.
+
+What a test may judge from it is whether the server's loop *stalled*: a loop held by hostile work
+(a backtracking regex, a synchronous parse of megabytes) answers nothing for seconds. How fast an
+Inspect is belongs to `make bench`: on a shared 2-core machine one Inspect in a few dozen can take
+a few hundred milliseconds for reasons of its own (a CI run saw 339 ms), so STALLED is a second."""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.poll import until
+
+STALLED = 1.0  # seconds without an answer that only a held event loop explains
 
 
 class InspectProbe:
