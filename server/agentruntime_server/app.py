@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import shutil
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -35,7 +38,7 @@ from .providers.registry import build_router
 from .settings import Settings, StartupError
 from .store.memory import MemoryStore
 from .store.migrations import SchemaTooNew
-from .store.sqlite import SqliteStore
+from .store.sqlite import SqliteStore, disk_full
 from .store.urls import redacted
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
@@ -102,8 +105,9 @@ class RunningServer:
 
 def _health_follows_store(store: Store, health: health_aio.HealthServicer) -> None:
     """While the store can take no writes, health checks say NOT_SERVING, so that a load
-    balancer sends callers elsewhere: PostgreSQL until its database is back (SERVING again
-    then), SQLite once a commit failed (until the server is restarted). A server shutting
+    balancer sends callers elsewhere: PostgreSQL until its database is back, SQLite until a
+    write goes through again once one failed for want of space (SERVING again then; any other
+    failed commit: until the server is restarted). A server shutting
     down stays NOT_SERVING (the health service ignores sets after its graceful shutdown)."""
     loop = asyncio.get_running_loop()
     setting: set[asyncio.Task[None]] = set()
@@ -126,6 +130,8 @@ async def _retain(service: RuntimeService, retention: float, suspended_retention
         await asyncio.sleep(min(60.0, max(shortest / 10, 0.5)))
         try:
             await service.delete_idle(retention, suspended_retention)
+        except StoreUnavailable:  # logged by the store as it went away; the next round tries again
+            pass
         except Exception:  # a store error must not end retention for good
             log.exception("retention failed")
 
@@ -177,15 +183,28 @@ def open_store(url: str) -> Store:
     return SqliteStore(url.removeprefix("sqlite:///"))
 
 
+def _opened_sqlite(url: str) -> Store:
+    try:
+        return open_store(url)
+    except (OSError, sqlite3.Error, SchemaTooNew) as error:
+        path = url.removeprefix("sqlite:///")
+        directory = Path(path).absolute().parent
+        if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (
+            isinstance(error, sqlite3.Error) and disk_full(error, directory)
+        ):
+            free = shutil.disk_usage(directory).free
+            raise StartupError(
+                f"AGENTRUNTIME_STORE: cannot open the SQLite store {path}: its disk is full ({free // 1024} KiB free);"
+                " free some space and start again"
+            ) from None
+        raise StartupError(f"AGENTRUNTIME_STORE: cannot open the SQLite store {path}: {error}") from None
+
+
 async def opened_store(url: str) -> Store:
     """open_store, connected (a PostgreSQL store connects on first use): a store that cannot
     be opened stops the start with StartupError, one line naming where it is, never a password."""
     if not url.startswith(("postgresql://", "postgres://")):
-        try:
-            return open_store(url)
-        except (OSError, sqlite3.Error, SchemaTooNew) as error:
-            path = url.removeprefix("sqlite:///")
-            raise StartupError(f"AGENTRUNTIME_STORE: cannot open the SQLite store {path}: {error}") from None
+        return _opened_sqlite(url)
     import asyncpg  # type: ignore[import-untyped]
 
     from .store.pg_migrations import SchemaTooNew as PgSchemaTooNew

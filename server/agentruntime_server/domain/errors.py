@@ -185,10 +185,33 @@ class StoreUnavailable(Detached, Unavailable):
         )
 
 
+class StoreCannotWrite(StoreUnavailable):
+    """The SQLite store cannot write (its disk is full, or it fails I/O for a while): the
+    write was rolled back whole, the server probes by itself and takes writes again once one
+    goes through, and its health says NOT_SERVING until then. Reads go on meanwhile. The
+    cause is in the server log only."""
+
+    reason = "STORE_FULL"
+    retry_after = 5.0
+
+    def __init__(self, full: bool = True) -> None:
+        Unavailable.__init__(
+            self,
+            (
+                "this server's store has no room left on its disk"
+                if full
+                else "this server's store cannot write right now (an I/O error)"
+            )
+            + " (it goes on by itself once it can write; see the server log); this call's change was not kept: retry the call",
+            None if full else "STORE_UNAVAILABLE",
+        )
+
+
 class StoreBroken(Unavailable):
-    """A commit of this process's SQLite store failed (a full disk, an I/O error): it
-    acknowledges nothing more until the server is restarted. (PostgreSQL going away is
-    StoreUnavailable: that store reconnects by itself.) The server's fault, not the
+    """A commit of this process's SQLite store failed in a way no retry mends (a constraint
+    its own write broke, a damaged file): it acknowledges nothing more until the server is
+    restarted. (A full disk, or I/O that fails for a while, is StoreCannotWrite, and PostgreSQL
+    going away StoreUnavailable: those mend by themselves.) The server's fault, not the
     caller's: another replica (or this one, restarted) takes the call. The cause is in the
     server log only: it may quote SQL or the database's address."""
 

@@ -370,8 +370,9 @@ class Store(Protocol):
     def on_health(self, callback: Callable[[bool], None]) -> None:
         """`callback(False)` when the store can take no more writes, `callback(True)` when it
         can again. PostgreSQL: its database went away (errors.StoreUnavailable meanwhile),
-        then came back. SQLite: a commit failed, and it takes nothing more until the server
-        is restarted (errors.StoreBroken)."""
+        then came back. SQLite: a write failed for want of space or I/O (errors.StoreCannotWrite
+        meanwhile), then one went through; or a commit failed past mending, and it takes
+        nothing more until the server is restarted (errors.StoreBroken)."""
         ...
 
     def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:

@@ -174,6 +174,9 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ) WITHOUT ROWID;
     CREATE INDEX replies_by_age ON replies (at);
     """,
+    # 9: one row the store writes to learn whether it can write again, after a write failed
+    # for want of space or I/O (store/sqlite.py).
+    "CREATE TABLE store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
 ]
 
 
@@ -197,8 +200,9 @@ def migrate(db: sqlite3.Connection) -> int:
                 for statement in filter(str.strip, script.split(";")):
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {number}")
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # (SQLite may have rolled it back itself: a full disk)
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
     return len(MIGRATIONS)

@@ -6,7 +6,17 @@ hold one step each).
 Each message is in exactly one step, so storage grows with the transcript and not with
 its square (a model call's prompt is the transcript so far, never a new copy of it).
 Calls run on the event loop thread: a write is a short local statement and no await
-happens inside one, so it is atomic with respect to the runtime's in-memory state."""
+happens inside one, so it is atomic with respect to the runtime's in-memory state.
+
+A write that fails for want of space or I/O (sqlite3.OperationalError: a full disk, a file
+another process keeps locked) is weather (docs/durability.md#store-unavailable): it is
+rolled back whole, and the store takes no writes until a probe (a one-row write, every
+PROBE_EVERY seconds) goes through. Meanwhile appends, flushes and writes raise
+errors.StoreCannotWrite (UNAVAILABLE STORE_FULL to callers), reads go on, the health
+callbacks say so, and the runtimes whose rows the failed commit carried are reported
+`on_unwritten` (their copies are ahead of the store: they stop, and are read again once it
+writes). Any other failed commit (a constraint broken by its own write, a damaged file)
+breaks the store for good: errors.StoreBroken until the server is restarted."""
 
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from ..domain.errors import RequestIdTaken, RuntimeExists, StoreBroken
+from ..domain.errors import NotJournaled, RequestIdTaken, RuntimeExists, StoreBroken, StoreCannotWrite
 from ..domain.journal import Entry
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
@@ -43,6 +53,10 @@ COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far
 LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
 # Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
 # cutoff of its kind (NULL: never idle); `latest`, the later cutoff, bounds the index scan.
+PROBE_EVERY = 0.5  # seconds between attempts to write again, once a write failed for want of space or I/O
+ROOM = 1 << 20  # bytes: with less free on its disk, an I/O error is taken for a full disk
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13  # (primary result codes)
+_PROBE = "INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at"
 _IDLE = "updated_at < :latest AND running = 0 AND updated_at < CASE WHEN suspended_handles = 0 THEN :settled ELSE :suspended END"
 
 
@@ -50,6 +64,7 @@ class SqliteStore:
     durable = True
 
     def __init__(self, path: str) -> None:
+        self._directory = None if path == ":memory:" else Path(path).absolute().parent
         if path != ":memory:":
             _create_private(Path(path))
         self._db = sqlite3.connect(path, isolation_level=None)
@@ -66,10 +81,18 @@ class SqliteStore:
         self._commit_asked = self._last_commit = 0.0
         self._paced: asyncio.TimerHandle | None = None
         self._committed: asyncio.Future[None] | None = None
-        # A commit that failed (a full disk): nothing is acknowledged after it, ever. (Raised
-        # without the traceback of its last raise: one exception raised again keeps every frame.)
+        # A commit that failed past mending (not for space or I/O): nothing is acknowledged
+        # after it, ever. (Raised without the traceback of its last raise: one exception raised
+        # again keeps every frame.)
         self._broken: BaseException | None = None
-        self._on_broken: list[Callable[[bool], None]] = []
+        # A write failed for want of space or I/O: set until a probe writes again (`_probing`).
+        self._down: sqlite3.OperationalError | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._on_health: list[Callable[[bool], None]] = []
+        self._on_unwritten: list[Callable[[Collection[str]], None]] = []
+        # Runtimes whose rows a failed commit carried (or whose append was refused), until
+        # loaded or created again: their copies are ahead of the store.
+        self.unwritten: set[str] = set()
         self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
 
     # Group commit: the entries appended in one event-loop tick, by every runtime, are
@@ -105,9 +128,14 @@ class SqliteStore:
             return
         now = time.monotonic()
         if now - self._commit_asked > LOOP_BUSY and now - self._last_commit < COMMIT_PACE:
-            self._paced = asyncio.get_running_loop().call_later(self._last_commit + COMMIT_PACE - now, self._commit)
+            self._paced = asyncio.get_running_loop().call_later(self._last_commit + COMMIT_PACE - now, self._commit_quietly)
             return
-        self._commit()
+        self._commit_quietly()
+
+    def _commit_quietly(self) -> None:
+        """A commit of its own (a loop callback): a failure is logged, and its waiters told, by _commit."""
+        with contextlib.suppress(StoreCannotWrite, StoreBroken):
+            self._commit()
 
     def _commit(self) -> None:
         self._commit_due = False
@@ -119,6 +147,14 @@ class SqliteStore:
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
             raise self._broken.with_traceback(None)
+        if self._down is not None:
+            # Nothing of a runtime is buffered (appends are refused meanwhile): tokens counted
+            # wait for the store to write again, and reads go on.
+            if committed is not None and not committed.done():
+                committed.set_exception(self._refusal())
+            return
+        running: dict[str, bool] = {}
+        touched: set[str] = set()  # (for the failure's report)
         try:
             if self._rows or self._running or self._tokens:
                 rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
@@ -144,12 +180,18 @@ class SqliteStore:
                         "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens",
                         [(tenant, minute, value) for (tenant, minute), value in tokens.items()],
                     )
+        except sqlite3.OperationalError as exc:
+            refusal = self._cannot_write(exc)
+            self._unwritten(touched | running.keys())
+            if committed is not None and not committed.done():
+                committed.set_exception(refusal)
+            raise refusal from exc
         except BaseException as exc:
             log.error("the store could not commit (%s); restart the server", type(exc).__name__, exc_info=exc)
             self._broken = StoreBroken()
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
-            for callback in self._on_broken:
+            for callback in self._on_health:
                 callback(False)
             raise self._broken from exc
         if committed is not None and not committed.done():
@@ -157,26 +199,127 @@ class SqliteStore:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken at once (IMMEDIATE), committed or rolled back whole."""
+        """One write transaction, taken at once (IMMEDIATE), committed or rolled back whole
+        (a COMMIT that fails for want of space may leave it open, or SQLite may have rolled it
+        back already)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            _roll_back(self._db)
             raise
-        self._db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """A write of its own (not the group commit's): refused while the store cannot write,
+        and a failure for want of space or I/O makes it so."""
+        self._raise_if_cannot_write()
+        try:
+            with self._transaction() as db:
+                yield db
+        except sqlite3.OperationalError as exc:
+            raise self._cannot_write(exc) from exc
+
+    def _before_read(self) -> None:
+        """Reads see every entry appended so far: what is buffered is committed first. A read
+        goes on whether or not that commit fails (its writers are told, and their copies stop):
+        it reads what the store holds."""
+        if self._broken is not None:
+            raise self._broken.with_traceback(None)
+        with contextlib.suppress(StoreCannotWrite):
+            self._commit()
+
+    def _raise_if_cannot_write(self) -> None:
+        if self._broken is not None:
+            raise self._broken.with_traceback(None)
+        if self._down is not None:
+            raise self._refusal()
+
+    def _cannot_write(self, cause: sqlite3.OperationalError) -> StoreCannotWrite:
+        """A write failed for want of space or I/O, and was rolled back: no write is taken
+        until a probe goes through, and the health callbacks are told."""
+        if self._down is None:
+            log.warning("the store could not write (%s: %s); trying again every %s s", type(cause).__name__, cause, PROBE_EVERY)
+            self._down = cause
+            for callback in self._on_health:
+                callback(False)
+        return self._refusal()
+
+    def _refusal(self) -> StoreCannotWrite:
+        assert self._down is not None
+        self._start_probing()
+        refusal = StoreCannotWrite(full=disk_full(self._down, self._directory))
+        refusal.__cause__ = self._down
+        return refusal
+
+    def _start_probing(self) -> None:
+        if self._probing is not None:
+            return
+        try:
+            self._probing = asyncio.get_running_loop().create_task(self._probe())
+        except RuntimeError:  # no event loop (a tool or a test): the next refusal on a loop starts it
+            pass
+
+    async def _probe(self) -> None:
+        """Until the store can write again: then it takes writes. Each attempt first moves the
+        write-ahead log into the database and truncates it (a full disk may get room back
+        from that alone); after a full disk it waits for ROOM free, since a one-row write
+        fits in the log's leftover space where the next commit would not; then a one-row
+        write must go through."""
+        while True:
+            await asyncio.sleep(PROBE_EVERY)
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.debug("the store could not checkpoint (%s)", exc)
+            assert self._down is not None
+            if self._directory is not None and disk_full(self._down, self._directory, fallback=False):
+                free = _free_bytes(self._directory)
+                if free is not None and free < ROOM:
+                    continue
+            try:
+                with self._transaction() as db:
+                    db.execute(_PROBE, (time.time(),))
+            except sqlite3.Error as exc:
+                log.debug("the store still cannot write (%s)", exc)
+                continue
+            break
+        log.warning("the store can write again")
+        self._down = None
+        self._probing = None
+        for callback in self._on_health:
+            callback(True)
+        if self._tokens:
+            self._schedule_commit()
+
+    def _unwritten(self, keys: Collection[str]) -> None:
+        """These runtimes' copies are ahead of the store: whoever holds them is told."""
+        if not keys:
+            return
+        for key in keys:
+            self.unwritten.add(key)
+            self._next_seq.pop(key, None)
+        for callback in self._on_unwritten:
+            callback(sorted(keys))
 
     def on_health(self, callback: Callable[[bool], None]) -> None:
-        """`callback(False)` runs once, when a commit fails (the health service stops serving):
-        SQLite's store is broken for good then (the server must be restarted)."""
-        self._on_broken.append(callback)
+        """`callback(False)` when a write fails (for want of space or I/O: `callback(True)` once
+        a probe writes again; any other failure breaks the store until the server restarts)."""
+        self._on_health.append(callback)
 
     def on_unwritten(self, callback: Callable[[Collection[str]], None]) -> None:
-        pass  # a failed commit breaks the store: no copy goes on to need telling
+        """`callback(keys)`: these runtimes' last writes were not taken (a failed commit, an
+        append while the store could not write); their copies in memory must stop."""
+        self._on_unwritten.append(callback)
 
     async def flush(self, runtime_id: str | None = None) -> None:
         if self._broken is not None:
             raise self._broken.with_traceback(None)
+        if runtime_id is not None and runtime_id in self.unwritten:  # its rows went with a failed commit
+            raise self._refusal() if self._down is not None else NotJournaled(runtime_id)
+        if self._down is not None:
+            return  # nothing of a runtime is buffered while the store cannot write (appends are refused)
         if not (self._rows or self._running or self._tokens):
             return
         if self._committed is None:
@@ -198,7 +341,7 @@ class SqliteStore:
         groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         now = time.time()
         # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
-        with self._transaction() as db:
+        with self._writing() as db:
             if quota and db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
                 raise runtimes_quota_reached(tenant, quota)
             try:
@@ -216,6 +359,7 @@ class SqliteStore:
             db.executemany(_APPEND, groups)
             _keep(db, reply)
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
+        self.unwritten.discard(runtime_id)
 
     async def runtime_exists(self, runtime_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runtimes WHERE id = ?", (runtime_id,)).fetchone() is not None
@@ -227,6 +371,9 @@ class SqliteStore:
         running: bool | None = None,
         counts: tuple[int, int, int] | None = None,
     ) -> None:
+        if self._down is not None or runtime_id in self.unwritten:  # the copy appending is ahead of the store
+            self._unwritten([runtime_id])
+            raise self._refusal() if self._down is not None else NotJournaled(runtime_id)
         if runtime_id not in self._next_seq:
             if not await self.runtime_exists(runtime_id):
                 raise KeyError(f"no runtime {runtime_id!r} to append to")
@@ -248,17 +395,18 @@ class SqliteStore:
     # ---- reads ---------------------------------------------------------------------------
 
     async def load(self, runtime_id: str) -> StoredRuntime | None:
-        self._commit()  # reads see every entry appended so far
+        self._before_read()  # reads see every entry appended so far
         row = self._db.execute("SELECT agents FROM runtimes WHERE id = ?", (runtime_id,)).fetchone()
         if row is None:
             return None
+        self.unwritten.discard(runtime_id)  # this copy is what the store holds
         rows = self._db.execute(
             "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? ORDER BY seq", (runtime_id,)
         )
         return StoredRuntime(_AGENTS.validate_json(row[0]), [entry for values in rows for entry in ungrouped(*values)])
 
     async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
-        self._commit()
+        self._before_read()
         rows = self._db.execute(
             "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND last_event > ? ORDER BY seq",
             (runtime_id, after_event),
@@ -266,7 +414,7 @@ class SqliteStore:
         return [entry for values in rows for entry in ungrouped(*values) if entry.last_event > after_event]
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
-        self._commit()
+        self._before_read()
         query = (
             "SELECT id, tenant, created_at, handles, running_handles, suspended_handles FROM runtimes WHERE tenant = ?"
             + (" AND (created_at < ? OR (created_at = ? AND id < ?))" if after else "")
@@ -277,7 +425,7 @@ class SqliteStore:
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         self._commit()
-        with self._transaction() as db:
+        with self._writing() as db:
             _keep(db, reply)
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
             db.execute("DELETE FROM runtimes WHERE id = ?", (runtime_id,))
@@ -291,14 +439,15 @@ class SqliteStore:
         return TenantReply(tenant, scope, request_id, *row) if row else None
 
     async def forget_replies_before(self, at: float) -> None:
-        self._db.execute("DELETE FROM replies WHERE at < ?", (at,))  # one statement: its own transaction
+        with self._writing() as db:
+            db.execute("DELETE FROM replies WHERE at < ?", (at,))
 
     async def delete_if_idle(self, runtime_id: str, before: float | None, suspended_before: float | None = None) -> bool:
         cutoffs = _cutoffs(before, suspended_before)
         if cutoffs is None:
             return False
         self._commit()  # an append still buffered is a write: it moves updated_at first
-        with self._transaction() as db:
+        with self._writing() as db:
             deleted = db.execute(f"DELETE FROM runtimes WHERE id = :id AND {_IDLE}", {"id": runtime_id, **cutoffs}).rowcount
             if deleted:
                 db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
@@ -310,7 +459,7 @@ class SqliteStore:
         cutoffs = _cutoffs(before, suspended_before)
         if cutoffs is None:
             return []
-        self._commit()
+        self._before_read()
         rows = self._db.execute(f"SELECT id FROM runtimes WHERE {_IDLE} ORDER BY updated_at", cutoffs)
         return [runtime_id for (runtime_id,) in rows]
 
@@ -328,7 +477,7 @@ class SqliteStore:
         self._schedule_commit()
 
     async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
-        self._commit()
+        self._before_read()
         rows = self._db.execute(
             "SELECT minute, tokens FROM tenant_tokens WHERE tenant = ? AND minute >= ? ORDER BY minute", (tenant, minute)
         )
@@ -336,15 +485,20 @@ class SqliteStore:
 
     async def forget_tokens_before(self, minute: int) -> None:
         self._commit()  # counts still buffered are written first: the delete sees them too
-        self._db.execute("DELETE FROM tenant_tokens WHERE minute < ?", (minute,))  # one statement: its own transaction
+        with self._writing() as db:
+            db.execute("DELETE FROM tenant_tokens WHERE minute < ?", (minute,))
 
     async def runtimes_with_running_handles(self) -> list[str]:
-        self._commit()
+        self._before_read()
         return [runtime_id for (runtime_id,) in self._db.execute("SELECT id FROM runtimes WHERE running = 1 ORDER BY id")]
 
     async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing
         try:
-            if self._broken is None:  # broken: nothing more can be written (it was logged then)
+            if self._broken is None and self._down is None:  # else nothing more can be written (it was logged then)
                 self._commit()
         finally:
             self._db.close()
@@ -354,6 +508,36 @@ def _cutoffs(settled: float | None, suspended: float | None) -> dict[str, float 
     """_IDLE's parameters; None when both kinds are kept for ever."""
     given = [cutoff for cutoff in (settled, suspended) if cutoff is not None]
     return {"latest": max(given), "settled": settled, "suspended": suspended} if given else None
+
+
+def disk_full(error: sqlite3.Error, directory: Path | None, fallback: bool = True) -> bool:
+    """Whether a write failed for want of space: SQLITE_FULL, or (`fallback`) an I/O error on
+    a disk with less than ROOM free (SQLite reports a full disk as an I/O error where it maps
+    memory, as it opens a store)."""
+    code = getattr(error, "sqlite_errorcode", 0) & 0xFF
+    if code == _SQLITE_FULL:
+        return True
+    if not fallback or code != _SQLITE_IOERR or directory is None:
+        return False
+    free = _free_bytes(directory)
+    return free is not None and free < ROOM
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _roll_back(db: sqlite3.Connection) -> None:
+    if not db.in_transaction:  # SQLite rolled it back itself (it may, on a full disk or an I/O error)
+        return
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:  # the connection keeps no half transaction: SQLite ends it even so
+        log.warning("the store could not roll a failed write back", exc_info=True)
 
 
 def _keep(db: sqlite3.Connection, reply: TenantReply | None) -> None:
