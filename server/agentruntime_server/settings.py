@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     request_ids_kept: int = Field(
         1000, ge=10, le=100_000, description="answers of calls with request ids one runtime keeps (the oldest go first)"
     )
+    prices: str = Field(
+        "",
+        description="JSON price table per provider and model (docs/configuration.md#prices); re-read when it changes;"
+        " empty: nothing is priced",
+    )
     test_kill_after_commit: list[str] = Field(
         default_factory=list,
         description="testing only: RPC names whose server process SIGKILLs itself once their effect is committed,"
