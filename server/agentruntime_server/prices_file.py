@@ -16,6 +16,7 @@ from decimal import Context, Decimal
 from typing import Any
 
 from .domain.prices import Price, PriceTable
+from .domain.usage import Cost, Tokens
 from .settings import PROVIDER_NAME, StartupError
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,10 @@ class PriceWatch:
     @property
     def current(self) -> PriceTable:
         return self._table
+
+    def cost(self, provider: str, model: str, tokens: Tokens) -> Cost:
+        """At the prices in force now (ports.PriceSource)."""
+        return self._table.cost(provider, model, tokens)
 
     def start(self) -> None:
         if self.path and self._task is None:

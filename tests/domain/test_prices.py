@@ -83,7 +83,7 @@ def test_a_reply_is_rounded_once_half_up() -> None:
 def test_a_model_without_a_price_costs_nothing_and_says_so() -> None:
     assert TABLE.cost("openai", "gpt-5", Tokens(input=10)) == Cost(0, "USD", priced=False)
     assert NO_PRICES.cost("openai", "gpt-4.1", Tokens(input=10)) == Cost(0, "", priced=False) == UNPRICED
-    assert PriceTable.EMPTY is NO_PRICES and Cost.UNPRICED is UNPRICED
+    assert PriceTable.EMPTY is NO_PRICES
 
 
 def test_costs_add_up_and_an_unpriced_call_marks_the_sum() -> None:

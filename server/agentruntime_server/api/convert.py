@@ -181,7 +181,11 @@ def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -
 
 def tokens_from_proto(message: pb.Usage) -> Tokens:
     return Tokens(
-        message.input_tokens, message.cache_read_tokens, message.cache_write_tokens, message.output_tokens, message.reasoning_tokens
+        message.input_tokens,
+        message.cache_read_tokens,
+        message.cache_write_tokens,
+        message.output_tokens,
+        message.reasoning_tokens,
     )
 
 

@@ -13,52 +13,9 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Context, Decimal
 from typing import ClassVar
 
+from .usage import UNPRICED, Cost, Tokens
 
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    """A reply's tokens as billed. `reasoning` is the part of `output` the model spent
-    thinking: it is inside `output`, never added to it."""
-
-    input: int = 0  # billed at the base input rate (cache reads and writes excluded)
-    cache_read: int = 0
-    cache_write: int = 0
-    output: int = 0
-    reasoning: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.input + self.cache_read + self.cache_write + self.output
-
-    def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(
-            self.input + other.input,
-            self.cache_read + other.cache_read,
-            self.cache_write + other.cache_write,
-            self.output + other.output,
-            self.reasoning + other.reasoning,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """Micro-units of `currency`; `priced` is False when a call it covers had no price (it
-    counted 0), so a sum never passes for a complete bill."""
-
-    micros: int = 0
-    currency: str = ""  # "": nothing priced yet (the zero of addition)
-    priced: bool = True
-
-    UNPRICED: ClassVar[Cost]
-
-    def __add__(self, other: Cost) -> Cost:
-        currency = self.currency or other.currency
-        # Sums in two currencies are not one amount: the first currency stays and the sum says it is incomplete.
-        mixed = bool(self.currency and other.currency and self.currency != other.currency)
-        return Cost(self.micros + other.micros, currency, self.priced and other.priced and not mixed)
-
-
-Cost.UNPRICED = Cost(0, "", False)
-UNPRICED = Cost.UNPRICED
+__all__ = ["NO_PRICES", "UNPRICED", "Cost", "Price", "PriceTable", "Tokens", "micros"]
 
 
 @dataclass(frozen=True, slots=True)

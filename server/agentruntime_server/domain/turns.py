@@ -35,8 +35,8 @@ from .model import (
 )
 from .ports import ModelReply, ModelRequest, ProviderError, ToolSchema
 from .runs import Run, RunHost
-from .usage import Tokens
 from .tool_phase import ToolPhase
+from .usage import Tokens
 
 
 class TurnLoop:
@@ -235,7 +235,9 @@ def estimate_tokens(request: ModelRequest, reply: ModelReply) -> Tokens:
     budgets still bite."""
     sent = _sent_chars(request)
     received = len(reply.text) + sum(len(call.name) + len(call.arguments_json) for call in reply.tool_calls)
-    return Tokens(input=sent // 4 + 1, output=received // 4)
+    total = (sent + received) // 4 + 1
+    sent_tokens = min(sent // 4 + 1, total)
+    return Tokens(input=sent_tokens, output=total - sent_tokens)
 
 
 def _sane(split: Tokens) -> bool:

@@ -48,6 +48,8 @@ class Cost:
 
 
 UNPRICED = Cost(priced=False)  # a call no price covers
+NO_TOKENS = Tokens()
+NO_COST = Cost()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +59,14 @@ class Usage:
     total_tokens: int = 0  # the spend of the handle's whole subtree (total_split.total)
     tool_calls: int = 0  # the handle's own tool calls (task calls included)
     subtree_tool_calls: int = 0  # the tool calls of the handle's whole subtree (budgets)
-    own_split: Tokens = Tokens()
-    total_split: Tokens = Tokens()
-    own_cost: Cost = Cost()
-    total_cost: Cost = Cost()
+    own_split: Tokens = NO_TOKENS
+    total_split: Tokens = NO_TOKENS
+    own_cost: Cost = NO_COST
+    total_cost: Cost = NO_COST
     own_estimated: bool = False  # a reply it covers reported no usage
     total_estimated: bool = False
 
-    def after_reply(self, tokens: Tokens, cost: Cost = Cost(), estimated: bool = False) -> Usage:
+    def after_reply(self, tokens: Tokens, cost: Cost = NO_COST, estimated: bool = False) -> Usage:
         """The handle that made a model call, after its reply."""
         return Usage(
             self.turns + 1,
@@ -80,7 +82,7 @@ class Usage:
             self.total_estimated or estimated,
         )
 
-    def after_descendant_reply(self, tokens: Tokens, cost: Cost = Cost(), estimated: bool = False) -> Usage:
+    def after_descendant_reply(self, tokens: Tokens, cost: Cost = NO_COST, estimated: bool = False) -> Usage:
         """An ancestor of the handle that made a model call: only its subtree's figures grow."""
         return Usage(
             self.turns,

@@ -13,8 +13,8 @@ from . import schemas as tool_schemas
 from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
 from .model import AgentSpec, Budget, HttpExecutor, McpServerSpec, RuntimeOptions, ScriptedReply, WorkerExecutor
-from .usage import Tokens
 from .patterns import PatternError, compile_pattern
+from .usage import Tokens
 
 if TYPE_CHECKING:
     from .ports import Services, UrlPolicy

@@ -86,7 +86,9 @@ def usage_of(usage: Any) -> Tokens | None:
     reasoning = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
     prompt, completion = int(prompt or 0), int(completion or 0)
     if not 0 <= cached <= prompt or not 0 <= reasoning <= completion:
-        raise ValueError(f"usage details larger than their totals ({cached} cached of {prompt}, {reasoning} reasoning of {completion})")
+        raise ValueError(
+            f"usage details larger than their totals ({cached} cached of {prompt}, {reasoning} reasoning of {completion})"
+        )
     return Tokens(input=prompt - cached, cache_read=cached, output=completion, reasoning=reasoning)
 
 

@@ -60,8 +60,10 @@ def _generic(request: ModelRequest) -> ModelReply:
 
 def _tokens(messages: tuple[Message, ...], reply: str) -> Tokens:
     """Deterministic usage: about four characters a token, as real tokenizers roughly do;
-    the prompt as input, the reply as output."""
-    return Tokens(input=sum(len(message.content) for message in messages) // 4 + 1, output=len(reply) // 4)
+    the prompt as input, the rest (the reply) as output."""
+    prompt = sum(len(message.content) for message in messages)
+    total = (prompt + len(reply)) // 4 + 1
+    return Tokens(input=min(prompt // 4 + 1, total), output=total - min(prompt // 4 + 1, total))
 
 
 def _model(request: ModelRequest) -> str:

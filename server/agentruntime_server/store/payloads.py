@@ -54,9 +54,7 @@ def _with_split_usages(value: Any) -> Any:
     value = {key: _with_split_usages(item) for key, item in value.items()}
     if _USAGE_KEYS <= value.keys() and "own_split" not in value:
         own, total = int(value["own_tokens"]), int(value["total_tokens"])
-        value.update(
-            own_split={"input": own}, total_split={"input": total}, own_cost=_old_cost(own), total_cost=_old_cost(total)
-        )
+        value.update(own_split={"input": own}, total_split={"input": total}, own_cost=_old_cost(own), total_cost=_old_cost(total))
     return value
 
 

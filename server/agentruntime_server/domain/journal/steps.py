@@ -18,7 +18,7 @@ from ..model import (
     ToolCall,
     ToolResult,
 )
-from ..usage import Cost, Tokens, Usage
+from ..usage import NO_COST, NO_TOKENS, Cost, Tokens, Usage
 from .events import EventKind
 from .imported import EventsImported, Imported
 from .tree import Tree
@@ -180,8 +180,8 @@ class ModelReplied:
     estimated: bool = False  # the provider reported no usage: `tokens` is the runtime's estimate
     # The reply's tokens as the provider bills them, and their cost at the prices in force
     # when it came: recorded, so a replay (and a later price change) never changes history.
-    split: Tokens = Tokens()
-    cost: Cost = Cost()
+    split: Tokens = NO_TOKENS
+    cost: Cost = NO_COST
 
     def apply(self, tree: Tree) -> None:
         tree.handles[self.handle_id].add_reply(self.message, self.split, self.cost, self.estimated)
