@@ -114,3 +114,22 @@ async def test_a_bad_price_file_stops_the_start_with_one_line_naming_the_line(tm
     lines = (out + err).decode().strip().splitlines()
     assert starting.returncode == 2 and len(lines) == 1, (starting.returncode, lines)
     assert "AGENTRUNTIME_PRICES" in lines[0] and "line 3" in lines[0], lines[0]
+
+
+async def test_a_tenants_cost_per_day_stops_its_runs_and_survives_a_restart(tmp_path: Path) -> None:
+    """AGENTRUNTIME_QUOTA_COST_PER_DAY: before each model turn, the tenant's priced spend of the
+    last 24 hours (kept per minute in the store, beside its tokens) must be under it."""
+    prices = tmp_path / "prices.json"
+    write_prices(prices)
+    settings = {"store": f"sqlite:///{tmp_path / 'store.db'}", "prices": str(prices), "quota_cost_per_day": FIRST + 1}
+    async with serve(**settings) as served:
+        runtime_id = await create(served.stub, spender())
+        _, first = await run(served.stub, runtime_id, "spender", "one")
+        _, second = await run(served.stub, runtime_id, "spender", "two")  # 1 micro left: a turn may start
+        assert (first.status, second.status) == (pb.STATUS_DONE, pb.STATUS_DONE)
+        _, stopped = await run(served.stub, runtime_id, "spender", "three")
+        assert (stopped.status, stopped.limit, stopped.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_COST, 0)
+        assert "cost quota" in stopped.text
+    async with serve(**settings) as served:  # the day's spend is read back from the store
+        _, again = await run(served.stub, runtime_id, "spender", "four")
+        assert (again.status, again.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_COST)

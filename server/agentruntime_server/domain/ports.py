@@ -359,12 +359,13 @@ class Store(Protocol):
         kept per runtime as it grows, never summed over a journal."""
         ...
 
-    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
-        """A tenant's model tokens, counted in a minute (written with the tick's journal)."""
+    async def add_tokens(self, tenant: str, minute: int, tokens: int, micros: int = 0) -> None:
+        """A tenant's model tokens and what they cost (micro-units), counted in a minute
+        (written with the tick's journal)."""
         ...
 
-    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
-        """A tenant's (minute, tokens) from `minute` on."""
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int, int]]:
+        """A tenant's (minute, tokens, micros) from `minute` on."""
         ...
 
     async def forget_tokens_before(self, minute: int) -> None:

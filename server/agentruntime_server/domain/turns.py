@@ -90,6 +90,10 @@ class TurnLoop:
                     # No Limit of its own: the tenant's token quota is a budget over its runtimes.
                     text = "stopped: the tenant's model token quota for the last 24 hours is used up"
                     return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_TOKENS)
+                money = await self.host.cost_left()
+                if money is not None and money <= 0:
+                    text = "stopped: the tenant's model cost quota for the last 24 hours is used up"
+                    return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_COST)
                 waiting = await self._model_turn(handle, run)
                 if waiting is not None and self._still_live(handle, waiting):  # the summarizer waits for the host
                     return handle.result(Status.PENDING, text=waiting.prompt, pending=waiting)
@@ -160,7 +164,7 @@ class TurnLoop:
         estimated = reply.usage is None
         after = handle.usage.after_reply(split, cost, estimated)
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, after, estimated, split, cost))
-        await self.host.spend(tokens)
+        await self.host.spend(tokens, cost.micros)
         return None
 
     async def _complete(self, request: ModelRequest) -> ModelReply:
