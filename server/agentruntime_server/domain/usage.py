@@ -66,6 +66,22 @@ class Usage:
     own_estimated: bool = False  # a reply it covers reported no usage
     total_estimated: bool = False
 
+    @staticmethod
+    def unsplit(turns: int, own_tokens: int, total_tokens: int, tool_calls: int, subtree_tool_calls: int = 0) -> Usage:
+        """Figures kept before tokens were split (docs/usage.md#older-journals): the tokens read
+        as input, their cost as unpriced."""
+        return Usage(
+            turns,
+            own_tokens,
+            total_tokens,
+            tool_calls,
+            subtree_tool_calls,
+            Tokens(input=own_tokens),
+            Tokens(input=total_tokens),
+            UNPRICED if own_tokens else NO_COST,
+            UNPRICED if total_tokens else NO_COST,
+        )
+
     def after_reply(self, tokens: Tokens, cost: Cost = NO_COST, estimated: bool = False) -> Usage:
         """The handle that made a model call, after its reply."""
         return Usage(
