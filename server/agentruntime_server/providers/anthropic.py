@@ -56,6 +56,8 @@ class AnthropicProvider(HttpProvider):
             body["system"] = system
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+        if request.agent.prompt_cache:
+            mark_cache_breakpoints(body)
         return body
 
     def parse(self, payload: Any, model: str) -> ModelReply:
@@ -88,14 +90,39 @@ class AnthropicProvider(HttpProvider):
 def usage_of(usage: Any) -> Tokens | None:
     """The split of a message's `usage` (docs/usage.md): `input_tokens` (input after the
     last cache breakpoint, at the base rate), `cache_read_input_tokens`,
-    `cache_creation_input_tokens` (cache writes) and `output_tokens` (thinking included: the
-    API reports no reasoning figure of its own). None when it reported no figures."""
+    `cache_creation_input_tokens` (cache writes) and `output_tokens` (thinking included);
+    `output_tokens_details.thinking_tokens`, where the API reports it, is the reasoning part
+    of output. None when it reported no figures."""
     usage = usage or {}
     keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens")
     if all(usage.get(key) is None for key in keys):
         return None  # no figures, so estimated
     figures = [int(usage.get(key) or 0) for key in keys]
-    return Tokens(input=figures[0], cache_read=figures[1], cache_write=figures[2], output=figures[3])
+    thinking = int((usage.get("output_tokens_details") or {}).get("thinking_tokens") or 0)
+    if not 0 <= thinking <= figures[3]:
+        raise ValueError(f"usage details larger than their totals ({thinking} thinking of {figures[3]} output)")
+    return Tokens(input=figures[0], cache_read=figures[1], cache_write=figures[2], output=figures[3], reasoning=thinking)
+
+
+CACHE_BREAKPOINT = {"type": "ephemeral"}
+# Thinking blocks cannot carry a breakpoint (the API refuses one there).
+_UNMARKABLE = {"thinking", "redacted_thinking"}
+
+
+def mark_cache_breakpoints(body: dict[str, Any]) -> None:
+    """Prompt caching (docs/usage.md#prompt-caching): a breakpoint on the last tool, on the
+    system prompt (then a list of text blocks) and on the last block of the conversation so
+    far. The API caches the prefix up to each, in its order tools, system, messages, so each
+    turn reads the one before from the cache and writes its own tail: three of the four
+    breakpoints a request may carry."""
+    if body.get("tools"):
+        body["tools"][-1]["cache_control"] = dict(CACHE_BREAKPOINT)
+    if body.get("system"):
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": dict(CACHE_BREAKPOINT)}]
+    if body["messages"]:
+        markable = [block for block in body["messages"][-1]["content"] if block["type"] not in _UNMARKABLE]
+        if markable:
+            markable[-1]["cache_control"] = dict(CACHE_BREAKPOINT)
 
 
 def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:

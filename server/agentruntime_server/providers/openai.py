@@ -46,6 +46,9 @@ class OpenAIProvider(HttpProvider):
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
                 for t in request.tools
             ]
+        if request.cache_key:
+            # Routes this handle's requests to the machines holding its prefix (docs/usage.md#prompt-caching).
+            body["prompt_cache_key"] = request.cache_key
         return body
 
     def parse(self, payload: Any, model: str) -> ModelReply:
