@@ -29,8 +29,8 @@ TABLE = PriceTable(
 def test_tokens_total_is_every_kind_but_reasoning_which_output_holds() -> None:
     tokens = Tokens(input=100, cache_read=20, cache_write=3, output=50, reasoning=40)
     assert tokens.total == 173
-    assert tokens + Tokens(1, 2, 3, 4, 5) == Tokens(101, 22, 6, 54, 45)
-    assert Tokens() + Tokens() == Tokens() and Tokens().total == 0
+    assert tokens.plus(Tokens(1, 2, 3, 4, 5)) == Tokens(101, 22, 6, 54, 45)
+    assert Tokens().plus(Tokens()) == Tokens() and Tokens().total == 0
 
 
 def test_the_first_entry_whose_glob_matches_the_model_wins() -> None:
@@ -88,13 +88,13 @@ def test_a_model_without_a_price_costs_nothing_and_says_so() -> None:
 
 def test_costs_add_up_and_an_unpriced_call_marks_the_sum() -> None:
     usd = Cost(1500, "USD")
-    assert Cost() + usd == usd + Cost() == usd  # Cost() is the zero: nothing spent, nothing unpriced
-    assert usd + Cost(2, "USD") == Cost(1502, "USD", True)
-    assert usd + Cost(0, "USD", priced=False) == Cost(1500, "USD", False)
-    assert UNPRICED + usd == Cost(1500, "USD", False)
+    assert Cost().plus(usd) == usd.plus(Cost()) == usd  # Cost() is the zero: nothing spent, nothing unpriced
+    assert usd.plus(Cost(2, "USD")) == Cost(1502, "USD", True)
+    assert usd.plus(Cost(0, "USD", priced=False)) == Cost(1500, "USD", False)
+    assert UNPRICED.plus(usd) == Cost(1500, "USD", False)
     # Two currencies are not one amount: the first stays, and the sum is not a complete price.
-    assert usd + Cost(7, "EUR") == Cost(1507, "USD", False)
-    assert Cost(7, "EUR") + usd == Cost(1507, "EUR", False)
+    assert usd.plus(Cost(7, "EUR")) == Cost(1507, "USD", False)
+    assert Cost(7, "EUR").plus(usd) == Cost(1507, "EUR", False)
 
 
 @given(

@@ -32,17 +32,18 @@ _USAGE_KEYS = frozenset(("turns", "own_tokens", "total_tokens", "tool_calls"))
 
 
 def _split_usage(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """4 -> 5: tokens are kept as the providers bill them, with their cost. A step written
-    before has one figure per reply: it reads as input tokens (the totals stay exact; the
-    split is unknown), and its cost as unpriced (no price was in force). docs/usage.md."""
+    """4 -> 5: tokens are kept as the providers bill them, with their cost (usage.Tokens,
+    Cost and Usage, named tuples: arrays in the payload). A step written before has one
+    figure per reply: it reads as input tokens (the totals stay exact; the split is
+    unknown), and its cost as unpriced (no price was in force). docs/usage.md."""
     if kind == "ModelReplied":
         tokens = int(fields.get("tokens", 0))
-        fields = {**fields, "split": {"input": tokens}, "cost": _old_cost(tokens)}
+        fields = {**fields, "split": [tokens, 0, 0, 0, 0], "cost": _old_cost(tokens)}
     return kind, _with_split_usages(fields)
 
 
-def _old_cost(tokens: int) -> dict[str, Any]:
-    return {"micros": 0, "currency": "", "priced": tokens == 0}
+def _old_cost(tokens: int) -> list[Any]:
+    return [0, "", tokens == 0]
 
 
 def _with_split_usages(value: Any) -> Any:
@@ -52,9 +53,22 @@ def _with_split_usages(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     value = {key: _with_split_usages(item) for key, item in value.items()}
-    if _USAGE_KEYS <= value.keys() and "own_split" not in value:
-        own, total = int(value["own_tokens"]), int(value["total_tokens"])
-        value.update(own_split={"input": own}, total_split={"input": total}, own_cost=_old_cost(own), total_cost=_old_cost(total))
+    for key, item in value.items():
+        if isinstance(item, dict) and _USAGE_KEYS <= item.keys():
+            own, total = int(item["own_tokens"]), int(item["total_tokens"])
+            value[key] = [
+                int(item["turns"]),
+                own,
+                total,
+                int(item["tool_calls"]),
+                int(item.get("subtree_tool_calls", 0)),
+                [own, 0, 0, 0, 0],
+                [total, 0, 0, 0, 0],
+                _old_cost(own),
+                _old_cost(total),
+                False,
+                False,
+            ]
     return value
 
 
