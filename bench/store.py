@@ -35,6 +35,7 @@ from agentruntime_server.domain.journal import (
     TurnStarted,
 )
 from agentruntime_server.domain.model import AgentSpec, Budget, Message, ToolCall, ToolResult
+from agentruntime_server.domain.usage import Tokens
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.process import free_port
@@ -76,7 +77,8 @@ async def journal_cost(turns: int, batches: int) -> float:
                 call = ToolCall(f"call_{turn}_1", "ping", '{"n": 1}')
                 reply = Message("assistant", "", (call,), turn=turn)
                 await journal.record(TurnStarted(handle.id, turn))
-                await journal.record(ModelReplied(handle.id, reply, 50, handle.usage.after_reply(50)))
+                split = Tokens(input=30, output=20)
+                await journal.record(ModelReplied(handle.id, reply, 50, handle.usage.after_reply(split), split=split))
                 await journal.record(CallStarted(handle.id, call, effect=True))
                 await store.flush()  # the call leaves the process next
                 await journal.record(CallFinished(handle.id, call, ToolResult("pong #1")))

@@ -3,7 +3,9 @@
 # certificate (mTLS) and takes bearer tokens (AGENTRUNTIME_AUTH=tokens). It makes a throwaway CA,
 # a server certificate for localhost/127.0.0.1, a client certificate and one random token with the
 # read and write scopes (tenant `conformance`; only its SHA-256 goes into the tokens file), serves on
-# a free loopback port, waits until the server answers a health check over mTLS, then runs CMD with
+# a free loopback port (with the prices of tests/vectors/prices/prices.json unless
+# AGENTRUNTIME_PRICES names another file), waits until the server answers a health check over mTLS,
+# then runs CMD with
 #   AGENTRUNTIME_ADDR=localhost:PORT (the name the server certificate carries)
 #   AGENTRUNTIME_CA_FILE, AGENTRUNTIME_CLIENT_CERT_FILE, AGENTRUNTIME_CLIENT_KEY_FILE (PEM; the key PKCS#8)
 #   AGENTRUNTIME_TOKEN
@@ -106,6 +108,7 @@ LOG=$WORK/server.log
     printf 'export AGENTRUNTIME_TOOL_EGRESS_ALLOW=%q\n' '["127.0.0.0/8", "::1/128"]'
     printf 'export AGENTRUNTIME_METRICS_LISTEN=%q\n' "${AGENTRUNTIME_METRICS_LISTEN:-off}"
     printf 'export AGENTRUNTIME_STORE=%q\n' "${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db}"
+    printf 'export AGENTRUNTIME_PRICES=%q\n' "${AGENTRUNTIME_PRICES:-$PWD/tests/vectors/prices/prices.json}"
     printf 'exec %q serve --listen %q\n' "$PWD/.venv/bin/agentruntime" "127.0.0.1:$PORT"
 } >"$WORK/serve.sh"
 chmod 700 "$WORK/serve.sh"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# with-server.sh CMD...: serve agentruntime on a free loopback port (embedded defaults),
+# with-server.sh CMD...: serve agentruntime on a free loopback port (embedded defaults; the prices of
+# tests/vectors/prices/prices.json unless AGENTRUNTIME_PRICES names another file),
 # wait until it is healthy, run CMD with AGENTRUNTIME_ADDR and AGENTRUNTIME_RESTART_HOOK set, then
 # stop the server.
 set -euo pipefail
@@ -14,6 +15,7 @@ LOG=$WORK/server.log
     echo '#!/usr/bin/env bash'
     printf 'export AGENTRUNTIME_METRICS_LISTEN=%q\n' "${AGENTRUNTIME_METRICS_LISTEN:-off}"
     printf 'export AGENTRUNTIME_STORE=%q\n' "${AGENTRUNTIME_STORE:-sqlite:///$WORK/agentruntime.db}"
+    printf 'export AGENTRUNTIME_PRICES=%q\n' "${AGENTRUNTIME_PRICES:-$PWD/tests/vectors/prices/prices.json}"
     printf 'exec %q serve --listen %q\n' "$PWD/.venv/bin/agentruntime" "$AGENTRUNTIME_ADDR"
 } >"$WORK/serve.sh"
 chmod +x "$WORK/serve.sh"

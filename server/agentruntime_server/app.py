@@ -26,12 +26,13 @@ from .api.tls import read_pem, refuse_insecure, transport
 from .domain.errors import StoreUnavailable
 from .domain.limits import Limits
 from .domain.ownership import SoleOwner
-from .domain.ports import Leases, Services, Store
+from .domain.ports import Leases, NoPrices, PriceSource, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
 from .http import HttpClient
 from .observability import Observability
 from .observability import build as build_observability
+from .prices_file import PriceWatch, open_prices
 from .process.event_loop import running_loop_kind
 from .providers.base import HttpProvider
 from .providers.registry import build_router
@@ -77,6 +78,7 @@ class RunningServer:
     upkeep: asyncio.Future[None] | None = None  # replicas: the task that renews and takes over leases
     forwarder: Forwarder | None = None
     workers: WorkerPool | None = None  # hosts serving worker tools
+    prices: PriceWatch | None = None  # AGENTRUNTIME_PRICES, re-read when it changes
 
     @property
     def metrics_port(self) -> int:
@@ -101,6 +103,8 @@ class RunningServer:
         await self.tools.close()
         await self.store.close()
         await self.observability.stop()
+        if self.prices is not None:
+            await self.prices.stop()
 
 
 def _health_follows_store(store: Store, health: health_aio.HealthServicer) -> None:
@@ -257,6 +261,7 @@ def build_service(
     authenticator: Authenticator,
     leases: Leases | None = None,
     workers: WorkerPool | None = None,
+    prices: PriceSource | None = None,
 ) -> RuntimeService:
     models = build_router(settings, http)
     for provider in models.providers.values():
@@ -282,6 +287,7 @@ def build_service(
         workers=workers or WorkerPool(),
         mcp=McpTools(tools.policy, settings.max_text_bytes),
         egress=tools.policy,
+        prices=prices or NoPrices(),
     )
     quotas = ", ".join(f"{name.replace('_', ' ')} {value or 'none'}" for name, value in vars(services.quotas).items())
     log.info("quotas per tenant (the tokens file may set a tenant's own): %s", quotas)
@@ -301,6 +307,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     secure = transport(settings)  # reads the TLS files
     refuse_insecure(settings, secure)
     authenticator = build_authenticator(settings)  # reads the tokens file or the JWKS file
+    prices = open_prices(settings.prices)  # reads the price table
     store = await opened_store(settings.store)
     observability = build_observability(settings, span_exporter)
     http = HttpClient(settings.http_pool_size)
@@ -344,7 +351,8 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         credentials = forwarding_credentials(settings, secure.credentials is not None)
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
     workers = WorkerPool()
-    service = build_service(settings, http, tools, store, observability, authenticator, leases, workers)
+    service = build_service(settings, http, tools, store, observability, authenticator, leases, workers, prices)
+    prices.start()
     # SERVING is set now (nobody asks until the server starts) and the store watched from here:
     # a commit that fails while leases are taken or runs recovered makes it NOT_SERVING too.
     health = ListingHealthServicer()
@@ -398,4 +406,5 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         upkeep=upkeep,
         forwarder=forwarder,
         workers=workers,
+        prices=prices,
     )

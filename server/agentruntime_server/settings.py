@@ -22,6 +22,7 @@ SHARED_QUOTAS = {
     "handles_per_minute": 600,
     "store_bytes": 1 << 30,  # 1 GiB
     "tokens_per_day": 0,  # what a model costs is the operator's to bound
+    "cost_per_day": 0,
 }
 
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
@@ -116,6 +117,11 @@ class Settings(BaseSettings):
         None, ge=0, description="bytes one tenant's runtimes may take in the store (definitions and journals)"
     )
     quota_tokens_per_day: int | None = Field(None, ge=0, description="model tokens one tenant may spend in any 24 hours")
+    quota_cost_per_day: int | None = Field(
+        None,
+        ge=0,
+        description="what one tenant's model calls may cost in any 24 hours, in micro-units of the price table's currency",
+    )
     retention: float = Field(
         30 * 86400.0,
         ge=0,
@@ -132,6 +138,11 @@ class Settings(BaseSettings):
     )
     request_ids_kept: int = Field(
         1000, ge=10, le=100_000, description="answers of calls with request ids one runtime keeps (the oldest go first)"
+    )
+    prices: str = Field(
+        "",
+        description="JSON price table per provider and model (docs/configuration.md#prices); re-read when it changes;"
+        " empty: nothing is priced",
     )
     test_kill_after_commit: list[str] = Field(
         default_factory=list,

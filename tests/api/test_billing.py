@@ -245,6 +245,16 @@ async def test_estimated_usage_is_billed_as_reported_and_a_failed_call_not_at_al
         assert estimated.status == pb.STATUS_DONE and estimated.own_tokens > 0
         [end] = await turn_ends(stub, "rt")
         assert end.turn_ended.usage_estimated and end.turn_ended.tokens == estimated.own_tokens
+        # Split as input (the request) and output (the reply), marked estimated, the total as before.
+        split = estimated.own_usage
+        assert split.estimated and end.turn_ended.usage.estimated and estimated.total_usage.estimated
+        assert (split.input_tokens > 0, split.cache_read_tokens, split.cache_write_tokens, split.reasoning_tokens) == (
+            True,
+            0,
+            0,
+            0,
+        )
+        assert split.input_tokens + split.output_tokens == split.total_tokens == estimated.own_tokens
         _, failed = await run(stub, "rt", "down", "hello")
         assert failed.status == pb.STATUS_ERROR and model.calls["down"] == 3
         assert (failed.turns, failed.own_tokens, failed.total_tokens) == (0, 0, 0)

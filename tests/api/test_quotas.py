@@ -431,6 +431,7 @@ def test_quotas_default_to_none_without_auth_and_to_a_shared_servers_with_it() -
         "handles_per_minute": 600,
         "store_bytes": 1 << 30,
         "tokens_per_day": 0,
+        "cost_per_day": 0,
     }
     assert shared == SHARED_QUOTAS and {name: Settings(auth="jwt").quota(name) for name in names} == shared
     assert Settings(auth="tokens", quota_running_handles=0).quota("running_handles") == 0  # 0 set: none

@@ -176,11 +176,11 @@ async def test_ls_inspect_and_transcript(scripted: RunningServer) -> None:
     code, out, err = await cli(scripted, "ls", "team")
     assert (code, err) == (0, "")
     header, *rows = out.splitlines()
-    assert header.split() == ["handle", "agent", "state", "turns", "own", "total", "tools", "last", "pending"]
+    assert header.split() == ["handle", "agent", "state", "turns", "own", "total", "cost", "tools", "last", "pending"]
     table = {row.split()[0]: row.split() for row in rows}
     assert list(table) == ["root/coordinator.1", "root/coordinator.1/explore.1", "root/coordinator.1/summarize.1"]
     assert table["root/coordinator.1"][1:4] == ["coordinator", "IDLE", "2"]
-    assert table["root/coordinator.1"][7:] == ["DONE", "-"]
+    assert table["root/coordinator.1"][6:] == ["unpriced", "2", "DONE", "-"]
 
     code, out, _ = await cli(scripted, "inspect", "team", "root/coordinator.1")
     view = block("--- handle\n" + out, "handle")

@@ -9,6 +9,7 @@ from agentruntime_server.domain import budget
 from agentruntime_server.domain.errors import InvalidArgument, ResourceExhausted
 from agentruntime_server.domain.journal import CallStarted, Journal, ModelReplied, RunStarted, Spawned, TurnStarted
 from agentruntime_server.domain.model import AgentSpec, Budget, Limit, Message, ToolCall
+from agentruntime_server.domain.usage import Cost, Tokens
 
 from tests.support.fakes import journal
 
@@ -18,13 +19,21 @@ UNBOUNDED = Budget()
 TASK = ToolCall("call_1", "task", '{"agent": "w", "prompt": "do"}')
 
 
-async def turn(live: Journal, handle_id: str, tokens: int, *calls: ToolCall) -> None:
-    """One model turn of the handle: its reply, and the calls it makes starting."""
+async def turn(live: Journal, handle_id: str, tokens: int, *calls: ToolCall, micros: int = 0) -> None:
+    """One model turn of the handle: its reply (input and output), what it cost, and the calls it makes starting."""
     handle = live.tree.handles[handle_id]
     number = handle.usage.turns + 1
+    split, cost = Tokens(input=tokens - tokens // 2, output=tokens // 2), Cost(micros, "USD")
     await live.record(RunStarted(handle_id, Message("user", "go")), TurnStarted(handle_id, number))
     await live.record(
-        ModelReplied(handle_id, Message("assistant", "", calls, turn=number), tokens, handle.usage.after_reply(tokens))
+        ModelReplied(
+            handle_id,
+            Message("assistant", "", calls, turn=number),
+            tokens,
+            handle.usage.after_reply(split, cost),
+            split=split,
+            cost=cost,
+        )
     )
     for call in calls:
         await live.record(CallStarted(handle_id, call))

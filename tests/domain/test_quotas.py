@@ -30,8 +30,8 @@ def test_tokens_count_for_a_day_per_tenant_then_go_minute_by_minute(clock: Clock
 def test_a_ledger_loaded_from_the_store_counts_what_was_spent_before(clock: Clock) -> None:
     minute = int(clock.now // 60)
     ledger = TokenLedger()
-    ledger.load("acme", [(minute - 24 * 60, 1000), (minute - 10, 30), (minute, 12)])  # the first one a day old
-    assert ledger.spent("acme") == 42
+    ledger.load("acme", [(minute - 24 * 60, 1000, 7), (minute - 10, 30, 300), (minute, 12, 5)])  # the first one a day old
+    assert (ledger.spent("acme"), ledger.spent_micros("acme")) == (42, 305)
 
 
 def test_handles_created_are_admitted_up_to_the_quota_in_any_rolling_minute(clock: Clock) -> None:

@@ -69,7 +69,7 @@ from agentruntime_server.domain.model import (
     ToolResult,
     Trust,
 )
-from agentruntime_server.domain.usage import Usage
+from agentruntime_server.domain.usage import Cost, Tokens, Usage
 from agentruntime_server.store import payloads
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -78,7 +78,20 @@ GOLDEN = FIXTURES / f"journal-payloads-v{payloads.PAYLOAD_VERSION}.jsonl"
 HANDLE = "root/coordinator.1/worker.2"
 CALL = ToolCall("call_3_1", "fetch", '{"url": "https://example.com/a", "n": 2}')
 OTHER_CALL = ToolCall("call_3_2", "task", '{"agent": "explore", "prompt": "look"}')
-USAGE = Usage(turns=3, own_tokens=120, total_tokens=450, tool_calls=4, subtree_tool_calls=9)
+SPLIT = Tokens(input=70, cache_read=30, cache_write=5, output=15, reasoning=6)
+USAGE = Usage(
+    turns=3,
+    own_tokens=120,
+    total_tokens=450,
+    tool_calls=4,
+    subtree_tool_calls=9,
+    own_split=SPLIT,
+    total_split=Tokens(300, 100, 10, 40, 12),
+    own_cost=Cost(1_500, "USD", priced=False),
+    total_cost=Cost(4_250, "USD", priced=False),
+    own_estimated=True,
+    total_estimated=True,
+)
 BUDGET = Budget(
     max_turns=8,
     max_tokens=4000,
@@ -88,6 +101,7 @@ BUDGET = Budget(
     max_depth=2,
     max_concurrent=2,
     on_exhausted=OnExhausted.ASK,
+    max_cost=2_000_000,
 )
 ITEM = InboxItem(text="the build is red", channel="ci", sender="jenkins", trust=Trust.EXTERNAL, coalesce_key="ci-status", count=3)
 THINKING = (Thinking("the first page first", "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxG"), Thinking(redacted_data="EmwKAhgBEgy3va3pzix"))
@@ -150,6 +164,9 @@ EVENT = Event(
     total_tokens=450,
     tool_calls=4,
     usage_estimated=True,
+    split=SPLIT,
+    cost=Cost(99, "USD", priced=False),
+    usage=USAGE,
     call=CALL,
     call_id="call_3_1",
     output="404 not found",
@@ -183,7 +200,7 @@ SAMPLES: tuple[Step, ...] = (
         drained=2,
     ),
     TurnStarted(HANDLE, 3),
-    ModelReplied(HANDLE, MESSAGE, 40, USAGE, estimated=True),
+    ModelReplied(HANDLE, MESSAGE, 40, USAGE, estimated=True, split=Tokens(10, 20, 3, 7, 2), cost=Cost(731, "EUR", False)),
     CallStarted(HANDLE, CALL, effect=True, announce=False),
     CallSuspended(HANDLE, "call_3_1"),
     CallFinished(HANDLE, CALL, ToolResult("404 not found", is_error=True)),
@@ -305,6 +322,18 @@ def test_the_envelope_names_the_version_and_the_kind() -> None:
 
 def golden_files() -> list[Path]:
     return sorted(FIXTURES.glob("journal-payloads-v*.jsonl"))
+
+
+def test_a_reply_of_payload_4_reads_its_tokens_as_input_and_its_cost_as_unpriced() -> None:
+    """Before 5 a reply had one figure: its split is unknown (docs/usage.md#older-journals)."""
+    [line] = [line for line in golden_lines(FIXTURES / "journal-payloads-v4.jsonl") if kind_of(line) == "ModelReplied"]
+    step = payloads.decode(line)
+    assert isinstance(step, ModelReplied)
+    assert step.split == Tokens(input=step.tokens) and step.split.total == step.tokens
+    assert step.cost == Cost(0, "", priced=False)
+    usage = step.usage
+    assert (usage.own_split.total, usage.total_split.total) == (usage.own_tokens, usage.total_tokens)
+    assert usage.own_cost.priced is False and usage.total_cost.priced is False
 
 
 @pytest.mark.parametrize("path", golden_files(), ids=lambda path: path.name)

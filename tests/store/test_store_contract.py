@@ -527,20 +527,20 @@ async def test_token_counts_before_the_cutoff_go_for_every_tenant_and_later_ones
     store = backend.open()
     counted = [("acme", 100, 1), ("acme", 199, 2), ("acme", 200, 3), ("acme", 260, 4), ("globex", 150, 5), ("globex", 230, 6)]
     for tenant, minute, tokens in counted:
-        await store.add_tokens(tenant, minute, tokens)
+        await store.add_tokens(tenant, minute, tokens, micros=tokens * 1000)
     await store.flush()
     await store.add_tokens("acme", 120, 7)  # not committed yet: it goes too
     await store.forget_tokens_before(200)
-    assert await store.tokens_since("acme", 0) == [(200, 3), (260, 4)]
-    assert await store.tokens_since("globex", 0) == [(230, 6)]
+    assert await store.tokens_since("acme", 0) == [(200, 3, 3000), (260, 4, 4000)]
+    assert await store.tokens_since("globex", 0) == [(230, 6, 6000)]
     if store.durable:  # replicas on one place forget at once: harmless, and counting goes on
         other = backend.open()
         await asyncio.gather(store.forget_tokens_before(201), other.forget_tokens_before(201))
-        await other.add_tokens("acme", 260, 10)
+        await other.add_tokens("acme", 260, 10, micros=5)
         await other.flush()
         for reader in (store, other):
-            assert await reader.tokens_since("acme", 0) == [(260, 14)]
-            assert await reader.tokens_since("globex", 0) == [(230, 6)]
+            assert await reader.tokens_since("acme", 0) == [(260, 14, 4005)]
+            assert await reader.tokens_since("globex", 0) == [(230, 6, 6000)]
 
 
 async def test_a_create_or_delete_keeps_its_answer_with_its_effect_per_tenant_and_scope(store: Store) -> None:

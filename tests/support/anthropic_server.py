@@ -1,7 +1,8 @@
 """A scripted Anthropic messages API on loopback, for tests.
 
 Like the OpenAI-compatible one: each model name has a script, a function from the request
-body to a reply; the server keeps every request body and its headers."""
+body to a reply; the server keeps every request body and its headers. A reply's usage is
+the SDK's own type, as it serializes it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from anthropic.types import Usage
 
 from tests.support.loopback import ScriptedServer
 
@@ -25,6 +27,7 @@ class Turn:
     status: int = 200
     raw: str | None = None  # sent verbatim instead of a message
     headers: dict[str, str] = field(default_factory=dict)
+    usage: Usage | None = None  # instead of input_tokens and output_tokens alone
 
 
 Script = Callable[[dict[str, Any]], Turn]
@@ -69,7 +72,9 @@ class ScriptedAnthropicServer(ScriptedServer[Turn]):
                 "content": content,
                 "stop_reason": "tool_use" if turn.calls else "end_turn",
                 "stop_sequence": None,
-                "usage": {"input_tokens": turn.input_tokens, "output_tokens": turn.output_tokens},
+                "usage": (turn.usage or Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)).model_dump(
+                    exclude_none=True
+                ),
             },
             headers=turn.headers,
         )

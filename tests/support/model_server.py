@@ -2,7 +2,8 @@
 
 Each model name has a script: a function from the request body to a reply spec. The
 server is stateless per request (replies depend only on the transcript it is sent), and
-it counts the calls made for each model."""
+it counts the calls made for each model. A reply's usage is the SDK's own type, as it
+serializes it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from openai.types import CompletionUsage
 
 from tests.support.loopback import ScriptedServer
 
@@ -27,6 +29,7 @@ class Reply:
     raw: str | None = None  # sent verbatim instead of a chat completion
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers (Retry-After)
     drop: bool = False  # close the connection instead of answering
+    usage: CompletionUsage | None = None  # instead of `tokens` split in halves (prompt, completion)
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -39,6 +42,13 @@ def tool_results(body: dict[str, Any]) -> int:
 
 def last_user(body: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+
+
+def usage_of(reply: Reply) -> CompletionUsage:
+    if reply.usage is not None:
+        return reply.usage
+    prompt = reply.tokens // 2
+    return CompletionUsage(prompt_tokens=prompt, completion_tokens=reply.tokens - prompt, total_tokens=reply.tokens)
 
 
 class ScriptedModelServer(ScriptedServer[Reply]):
@@ -83,11 +93,7 @@ class ScriptedModelServer(ScriptedServer[Reply]):
                 "object": "chat.completion",
                 "model": model,
                 "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.calls else "stop"}],
-                "usage": {
-                    "prompt_tokens": reply.tokens // 2,
-                    "completion_tokens": reply.tokens - reply.tokens // 2,
-                    "total_tokens": reply.tokens,
-                },
+                "usage": usage_of(reply).model_dump(exclude_none=True),
             },
             headers=reply.headers,
         )

@@ -57,6 +57,7 @@ from agentruntime_server.domain.model import (
     ToolResult,
     ToolSpec,
 )
+from agentruntime_server.domain.usage import Cost, Tokens
 
 COORDINATOR = "root/coordinator.1"
 WORKER = "root/coordinator.1/worker.1"
@@ -104,8 +105,9 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     interrupted and rolled back; handles close. Every step kind a runtime records is here.
     A generator, so that each group is built from the tree as the steps before it left it."""
 
-    def usage(handle_id: str, tokens: int) -> Any:
-        return tree.handles[handle_id].usage.after_reply(tokens)
+    def replied(handle_id: str, message: Message, split: Tokens, cost: Cost) -> ModelReplied:
+        after = tree.handles[handle_id].usage.after_reply(split, cost)
+        return ModelReplied(handle_id, message, split.total, after, split=split, cost=cost)
 
     def result(handle_id: str, status: Status, text: str = "", **more: Any) -> TaskResult:
         return TaskResult(handle_id, text, status=status, usage=tree.handles[handle_id].usage, **more)
@@ -121,14 +123,14 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     yield (TurnStarted(COORDINATOR, 1),)
     task = ToolCall("call_1_1", "task", '{"agent": "worker", "prompt": "fetch it"}')
     reply = Message("assistant", "delegating", (task,), turn=1)
-    yield (ModelReplied(COORDINATOR, reply, 100, usage(COORDINATOR, 100)),)
+    yield (replied(COORDINATOR, reply, Tokens(60, 20, 5, 15, 4), Cost(1_250, "USD")),)
     yield (CallStarted(COORDINATOR, task),)
     yield (Spawned(WORKER, COORDINATOR, "worker", Budget(max_turns=4, max_tokens=900), "call_1_1", 1),)
     yield (Ticked(WORKER, 1_700_000_100.5, 2),)
     yield (RunStarted(WORKER, Message("user", "fetch it")),)
     yield (TurnStarted(WORKER, 1),)
     fetch, ping = ToolCall("call_1_1", "fetch", "{}"), ToolCall("call_1_2", "ping", '{"n": 1}')
-    yield (ModelReplied(WORKER, Message("assistant", "fetching", (fetch, ping), turn=1), 10, usage(WORKER, 10)),)
+    yield (replied(WORKER, Message("assistant", "fetching", (fetch, ping), turn=1), Tokens(7, output=3), Cost(40, "USD")),)
     yield (CallStarted(WORKER, ping, effect=True),)
     yield (CallSuspended(WORKER, ping.id),)
     yield (CallStarted(WORKER, ping, effect=True),)
@@ -164,7 +166,7 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
         ),
     )
     yield (TurnStarted(WORKER, 2),)
-    yield (ModelReplied(WORKER, Message("assistant", "fetched", turn=2), 10, usage(WORKER, 10)),)
+    yield (replied(WORKER, Message("assistant", "fetched", turn=2), Tokens(2, 6, output=2), Cost(priced=False)),)
     yield (Settled(WORKER, result(WORKER, Status.DONE, "fetched"), HandleState.IDLE),)
     yield (RunStarted(COORDINATOR, None),)
     yield (CallStarted(COORDINATOR, task, announce=False),)  # reattached to its settled child
@@ -174,7 +176,9 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
     )
     yield (TurnStarted(COORDINATOR, 2),)
     charge = ToolCall("call_2_1", "charge", '{"cents": 5}')
-    yield (ModelReplied(COORDINATOR, Message("assistant", "charging", (charge,), turn=2), 100, usage(COORDINATOR, 100)),)
+    yield (
+        replied(COORDINATOR, Message("assistant", "charging", (charge,), turn=2), Tokens(30, 50, output=20), Cost(999, "USD")),
+    )
     yield (CallStarted(COORDINATOR, charge, effect=True),)
     # The process dies here; recovery finds the charge in doubt, and the run is interrupted.
     yield (InDoubt(COORDINATOR, ("call_2_1",)),)

@@ -948,10 +948,32 @@ func viewFields(h *v1.HandleView) map[string]any {
 		"turns":        h.GetTurns(),
 		"own_tokens":   h.GetOwnTokens(),
 		"total_tokens": h.GetTotalTokens(),
+		"own_usage":    usageFields(h.GetOwnUsage()),
+		"total_usage":  usageFields(h.GetTotalUsage()),
+		"own_cost":     costFields(h.GetOwnCost()),
+		"total_cost":   costFields(h.GetTotalCost()),
 		"tool_calls":   h.GetToolCalls(),
 		"pending_kind": h.GetPendingKind(),
 		"inbox_size":   h.GetInboxSize(),
 	}
+}
+
+// usageFields is a Usage as the vectors name it; an unset one reads as its zeros.
+func usageFields(u *v1.Usage) map[string]any {
+	return map[string]any{
+		"input_tokens":       u.GetInputTokens(),
+		"cache_read_tokens":  u.GetCacheReadTokens(),
+		"cache_write_tokens": u.GetCacheWriteTokens(),
+		"output_tokens":      u.GetOutputTokens(),
+		"reasoning_tokens":   u.GetReasoningTokens(),
+		"total_tokens":       u.GetTotalTokens(),
+		"estimated":          u.GetEstimated(),
+	}
+}
+
+// costFields is a Cost as the vectors name it; an unset one reads as its zeros.
+func costFields(c *v1.Cost) map[string]any {
+	return map[string]any{"micros": c.GetMicros(), "currency": c.GetCurrency(), "priced": c.GetPriced()}
 }
 
 // poll re-reads Inspect until the step's expect holds; a refused Inspect (NOT_FOUND
@@ -1065,6 +1087,10 @@ func resultFields(r *v1.TaskResult, lastPending **v1.Request) map[string]any {
 		"turns":        r.GetTurns(),
 		"total_tokens": r.GetTotalTokens(),
 		"own_tokens":   r.GetOwnTokens(),
+		"own_usage":    usageFields(r.GetOwnUsage()),
+		"total_usage":  usageFields(r.GetTotalUsage()),
+		"own_cost":     costFields(r.GetOwnCost()),
+		"total_cost":   costFields(r.GetTotalCost()),
 		"tool_calls":   r.GetToolCalls(),
 		"pending": map[string]any{
 			"kind":       p.GetKind(),

@@ -65,6 +65,7 @@ def _result_fields(result: pb.TaskResult) -> dict[str, Any]:
         "total_tokens": result.total_tokens,
         "own_tokens": result.own_tokens,
         "tool_calls": result.tool_calls,
+        **_bill_fields(result),
         "pending": {
             "kind": result.pending.kind,
             "path": list(result.pending.path),
@@ -84,6 +85,32 @@ def _failure_fields(failure: pb.Failure) -> dict[str, Any]:
     }
 
 
+def _bill_fields(carrier: pb.TaskResult | pb.HandleView) -> dict[str, Any]:
+    """A TaskResult's or HandleView's usage and cost (an unset message reads as its zeros)."""
+    return {
+        "own_usage": _usage_fields(carrier.own_usage),
+        "total_usage": _usage_fields(carrier.total_usage),
+        "own_cost": _cost_fields(carrier.own_cost),
+        "total_cost": _cost_fields(carrier.total_cost),
+    }
+
+
+def _usage_fields(usage: pb.Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "output_tokens": usage.output_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+        "total_tokens": usage.total_tokens,
+        "estimated": usage.estimated,
+    }
+
+
+def _cost_fields(cost: pb.Cost) -> dict[str, Any]:
+    return {"micros": cost.micros, "currency": cost.currency, "priced": cost.priced}
+
+
 def _view_fields(view: pb.HandleView) -> dict[str, Any]:
     return {
         "state": pb.HandleState.Name(view.state),
@@ -91,6 +118,7 @@ def _view_fields(view: pb.HandleView) -> dict[str, Any]:
         "own_tokens": view.own_tokens,
         "total_tokens": view.total_tokens,
         "tool_calls": view.tool_calls,
+        **_bill_fields(view),
         "pending_kind": view.pending_kind,
         "inbox_size": view.inbox_size,
     }

@@ -13,7 +13,7 @@ from ..domain import model as m
 from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
 from ..domain.ports import Dispatch, RuntimeRow
-from ..domain.usage import Usage
+from ..domain.usage import Cost, Tokens, Usage
 
 # google.protobuf.Duration's documented range (about 10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -92,6 +92,7 @@ def budget_from_proto(message: pb.Budget, where: str, found: list[FieldViolation
         max_children=_opt(message, "max_children"),
         max_depth=_opt(message, "max_depth"),
         max_concurrent=_opt(message, "max_concurrent"),
+        max_cost=_opt(message, "max_cost"),
         on_exhausted=_enum(
             message.on_exhausted, m.OnExhausted, f"{where}.on_exhausted", found, "ON_EXHAUSTED_STOP or ON_EXHAUSTED_ASK"
         )
@@ -102,7 +103,7 @@ def budget_from_proto(message: pb.Budget, where: str, found: list[FieldViolation
 
 def budget_to_proto(budget: m.Budget) -> pb.Budget:
     message = pb.Budget()
-    for name in ("max_turns", "max_tokens", "max_tool_calls", "max_children", "max_depth", "max_concurrent"):
+    for name in ("max_turns", "max_tokens", "max_tool_calls", "max_children", "max_depth", "max_concurrent", "max_cost"):
         value = getattr(budget, name)
         if value is not None:
             setattr(message, name, value)
@@ -174,6 +175,17 @@ def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -
         tokens=message.tokens,
         delay=delay or 0.0,
         stop=stop or m.ReplyStop.COMPLETE,
+        usage=tokens_from_proto(message.usage) if message.HasField("usage") else None,
+    )
+
+
+def tokens_from_proto(message: pb.Usage) -> Tokens:
+    return Tokens(
+        message.input_tokens,
+        message.cache_read_tokens,
+        message.cache_write_tokens,
+        message.output_tokens,
+        message.reasoning_tokens,
     )
 
 
@@ -206,6 +218,7 @@ def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolati
         mcp_servers=tuple(
             _mcp_server(server, f"{where}.mcp_servers[{i}]", found) for i, server in enumerate(message.mcp_servers)
         ),
+        prompt_cache=message.prompt_cache,
     )
 
 
@@ -254,7 +267,27 @@ def with_usage(message: Counted, usage: Usage) -> Counted:
     message.own_tokens = usage.own_tokens
     message.total_tokens = usage.total_tokens
     message.tool_calls = usage.tool_calls
+    message.own_usage.CopyFrom(usage_to_proto(usage.own_split, usage.own_estimated))
+    message.total_usage.CopyFrom(usage_to_proto(usage.total_split, usage.total_estimated))
+    message.own_cost.CopyFrom(cost_to_proto(usage.own_cost))
+    message.total_cost.CopyFrom(cost_to_proto(usage.total_cost))
     return message
+
+
+def usage_to_proto(tokens: Tokens, estimated: bool = False) -> pb.Usage:
+    return pb.Usage(
+        input_tokens=tokens.input,
+        cache_read_tokens=tokens.cache_read,
+        cache_write_tokens=tokens.cache_write,
+        output_tokens=tokens.output,
+        reasoning_tokens=tokens.reasoning,
+        total_tokens=tokens.total,
+        estimated=estimated,
+    )
+
+
+def cost_to_proto(cost: Cost) -> pb.Cost:
+    return pb.Cost(micros=cost.micros, currency=cost.currency, priced=cost.priced)
 
 
 Counted = TypeVar("Counted", pb.TaskResult, pb.HandleView)
@@ -357,6 +390,16 @@ def event_to_proto(event: Event) -> pb.Event:
                 usage_estimated=event.usage_estimated,
             )
         )
+        turn = message.turn_ended
+        if event.split is not None:
+            turn.usage.CopyFrom(usage_to_proto(event.split, event.usage_estimated))
+        if event.cost is not None:
+            turn.cost.CopyFrom(cost_to_proto(event.cost))
+        if event.usage is not None:
+            turn.own_usage.CopyFrom(usage_to_proto(event.usage.own_split, event.usage.own_estimated))
+            turn.total_usage.CopyFrom(usage_to_proto(event.usage.total_split, event.usage.total_estimated))
+            turn.own_cost.CopyFrom(cost_to_proto(event.usage.own_cost))
+            turn.total_cost.CopyFrom(cost_to_proto(event.usage.total_cost))
     elif kind is EventKind.TOOL_CALL_STARTED and event.call is not None:
         message.tool_call_started.CopyFrom(pb.ToolCallStarted(call=_tool_call_to_proto(event.call)))
     elif kind is EventKind.TOOL_CALL_ENDED:

@@ -1,8 +1,8 @@
 """Budgets: carved at spawn from the parent's remaining budget, checked live up the
 ancestor chain before every turn, tool call and spawn.
 
-Scopes: turns are the handle's own; tokens and tool calls are its subtree's (a parent's
-budget pays for its delegates); children, depth and concurrency are about the handle's
+Scopes: turns are the handle's own; tokens, cost and tool calls are its subtree's (a
+parent's budget pays for its delegates); children, depth and concurrency are about the handle's
 direct children."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def carve(own: Budget, parent: Handle | None, delegated: bool = True) -> Budget:
         max_depth=_smallest(own.max_depth, None if cap.max_depth is None else max(cap.max_depth - 1, 0)),
         max_concurrent=own.max_concurrent,
         on_exhausted=own.on_exhausted,
+        max_cost=_smallest(own.max_cost, left(cap.max_cost, parent.usage.total_cost.micros)),
     )
 
 
@@ -55,6 +56,13 @@ def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
         # The topmost: while an ancestor's budget is used up too, no extension of the handle's
         # own could let it go on (the ancestor caps it), so the handle must not ask for one.
         return Limit.MAX_TOKENS, spent[-1]
+    spent = [
+        node
+        for node in handle.lineage()
+        if node.budget.max_cost is not None and node.usage.total_cost.micros >= node.budget.max_cost
+    ]
+    if spent:
+        return Limit.MAX_COST, spent[-1]
     return None
 
 
@@ -65,6 +73,7 @@ def check_raised(handle: Handle, budget: Budget, field: str) -> None:
         "max_turns": handle.usage.turns,
         "max_tokens": handle.usage.total_tokens,
         "max_tool_calls": handle.subtree_tool_calls_spent,
+        "max_cost": handle.usage.total_cost.micros,
     }.get(field)
     value = getattr(budget, field, None) if field else None
     if used is not None and value is not None and value <= used:
@@ -107,6 +116,7 @@ def extended(handle: Handle, fields: dict[str, int]) -> Budget:
         max_tool_calls=_smallest(
             own.max_tool_calls, room(cap.max_tool_calls, parent.subtree_tool_calls_spent, handle.subtree_tool_calls_spent)
         ),
+        max_cost=_smallest(own.max_cost, room(cap.max_cost, used.total_cost.micros, handle.usage.total_cost.micros)),
     )
 
 

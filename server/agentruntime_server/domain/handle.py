@@ -26,7 +26,7 @@ from .model import (
     TaskResult,
     ToolResult,
 )
-from .usage import Usage
+from .usage import Cost, Tokens, Usage
 
 NONE: frozenset[str] = frozenset()
 
@@ -205,12 +205,12 @@ class Handle:
         self.state = HandleState.RUNNING
         self.pending = None
 
-    def add_reply(self, message: Message, tokens: int) -> None:
+    def add_reply(self, message: Message, tokens: Tokens, cost: Cost, estimated: bool) -> None:
         self.transcript.append(message)
-        self.usage = self.usage.after_reply(tokens)
+        self.usage = self.usage.after_reply(tokens, cost, estimated)
         node = self.parent
         while node is not None:
-            node.usage = node.usage.after_descendant_reply(tokens)
+            node.usage = node.usage.after_descendant_reply(tokens, cost, estimated)
             node = node.parent
 
     def start_call(self, call_id: str) -> None:

@@ -82,8 +82,14 @@ def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
         Limit.MAX_TURNS: (usage.turns, budget.max_turns),
         Limit.MAX_TOKENS: (usage.total_tokens, budget.max_tokens),
         Limit.MAX_TOOL_CALLS: (usage.subtree_tool_calls, budget.max_tool_calls),
+        Limit.MAX_COST: (usage.total_cost.micros, budget.max_cost),
     }[limit]
-    field = {Limit.MAX_TURNS: "max_turns", Limit.MAX_TOKENS: "max_tokens", Limit.MAX_TOOL_CALLS: "max_tool_calls"}[limit]
+    field = {
+        Limit.MAX_TURNS: "max_turns",
+        Limit.MAX_TOKENS: "max_tokens",
+        Limit.MAX_TOOL_CALLS: "max_tool_calls",
+        Limit.MAX_COST: "max_cost",
+    }[limit]
     data = {
         "limit": limit.wire_name,
         "field": field,
@@ -94,6 +100,7 @@ def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
             "own_tokens": usage.own_tokens,
             "total_tokens": usage.total_tokens,
             "tool_calls": usage.tool_calls,
+            "total_cost_micros": usage.total_cost.micros,
         },
     }
     prompt = (

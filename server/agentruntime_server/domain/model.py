@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .usage import Usage
+from .usage import Tokens, Usage
 
 
 class Status(enum.Enum):
@@ -30,6 +30,7 @@ class Limit(enum.Enum):
     MAX_DEPTH = 6
     COMPLETION = 7
     MAX_OUTPUT_TOKENS = 8
+    MAX_COST = 9
 
     @property
     def wire_name(self) -> str:
@@ -119,6 +120,7 @@ class Budget:
     max_depth: int | None = None
     max_concurrent: int | None = None
     on_exhausted: OnExhausted | None = None
+    max_cost: int | None = None  # micro-units of the price table's currency, the subtree's
 
     @property
     def asks(self) -> bool:
@@ -226,9 +228,10 @@ class ScriptedToolCall:
 class ScriptedReply:
     text: str
     tool_calls: tuple[ScriptedToolCall, ...] = ()
-    tokens: int = 0
+    tokens: int = 0  # without `usage`: output tokens
     delay: float = 0.0
     stop: ReplyStop = ReplyStop.COMPLETE
+    usage: Tokens | None = None  # the split the reply reports, as a provider's would
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,7 @@ class AgentSpec:
     compaction: Compaction | None = None
     # Listed at CreateRuntime: their tools are in `tools`, named `<server>__<tool>`.
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    prompt_cache: bool = False  # ask the provider to cache the prompt's stable prefix
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:

@@ -27,6 +27,7 @@ from .model import (
 )
 from .ownership import Claim, SoleOwner
 from .quotas import Quotas
+from .usage import UNPRICED, Cost, Tokens
 
 
 class ProviderError(Exception):
@@ -50,15 +51,32 @@ class ModelRequest:
     agent: AgentSpec
     messages: tuple[Message, ...]  # the system prompt first when the agent has instructions
     tools: tuple[ToolSchema, ...]
+    # The handle's prompt-cache key when its agent asks for prompt caching (`prompt_cache`):
+    # stable across its turns, different for each handle; "" otherwise.
+    cache_key: str = ""
 
 
 @dataclass(frozen=True)
 class ModelReply:
     text: str
     tool_calls: tuple[ToolCall, ...]  # ids are the provider's; the domain assigns its own
-    tokens: int | None  # None: the provider reported no usage (the runtime estimates it)
+    usage: Tokens | None  # None: the provider reported no usage (the runtime estimates it)
     stop: ReplyStop = ReplyStop.COMPLETE
     thinking: tuple[Thinking, ...] = ()
+    model: str = ""  # the model the request named (the price table's key, with the provider's name)
+
+
+class PriceSource(Protocol):
+    """What a reply costs, at the prices in force now (AGENTRUNTIME_PRICES)."""
+
+    def cost(self, provider: str, model: str, tokens: Tokens) -> Cost: ...
+
+
+class NoPrices:
+    """No price table: every call costs nothing, and says it was not priced."""
+
+    def cost(self, provider: str, model: str, tokens: Tokens) -> Cost:
+        return UNPRICED
 
 
 class ModelProvider(Protocol):
@@ -222,6 +240,7 @@ class Services:
     workers: WorkerToolRunner = field(default_factory=NoWorkers)  # hosts serving tools over ServeTools
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
     egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
+    prices: PriceSource = field(default_factory=NoPrices)
 
 
 @dataclass(frozen=True)
@@ -340,12 +359,13 @@ class Store(Protocol):
         kept per runtime as it grows, never summed over a journal."""
         ...
 
-    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
-        """A tenant's model tokens, counted in a minute (written with the tick's journal)."""
+    async def add_tokens(self, tenant: str, minute: int, tokens: int, micros: int = 0) -> None:
+        """A tenant's model tokens and what they cost (micro-units), counted in a minute
+        (written with the tick's journal)."""
         ...
 
-    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
-        """A tenant's (minute, tokens) from `minute` on."""
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int, int]]:
+        """A tenant's (minute, tokens, micros) from `minute` on."""
         ...
 
     async def forget_tokens_before(self, minute: int) -> None:

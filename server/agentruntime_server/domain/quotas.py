@@ -1,8 +1,8 @@
 """Per-tenant quotas: live runtimes, running handles, handles created per minute, bytes in
-the store, model tokens per rolling day.
+the store, model tokens and their cost per rolling day.
 
-The edge authenticates the tenant; these count what each tenant uses. Token spend is kept
-per minute for the last day, in memory and in the store (so a restart forgets nothing).
+The edge authenticates the tenant; these count what each tenant uses. Token spend (and its
+cost) is kept per minute for the last day, in memory and in the store (so a restart forgets nothing).
 Running slots and the handles created in the last minute are counted in memory, per process."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Quotas:
     tokens_per_day: int = 0
     handles_per_minute: int = 0
     store_bytes: int = 0
+    cost_per_day: int = 0  # micro-units of the price table's currency (priced calls count)
 
 
 class QuotaExceeded(ResourceExhausted):
@@ -88,38 +89,53 @@ class Tenancy(Protocol):
         """Tokens the tenant may still spend today; None: no quota."""
         ...
 
-    async def spend(self, tenant: str, tokens: int) -> None: ...
+    async def cost_left(self, tenant: str) -> int | None:
+        """Micro-units the tenant may still spend today; None: no quota."""
+        ...
+
+    async def spend(self, tenant: str, tokens: int, micros: int = 0) -> None: ...
 
 
 class TokenLedger:
-    """Model tokens spent per tenant per minute over the last day."""
+    """Model tokens spent per tenant per minute over the last day, and what they cost."""
 
     def __init__(self) -> None:
-        self._minutes: dict[str, deque[tuple[int, int]]] = defaultdict(deque)
-        self._totals: dict[str, int] = defaultdict(int)
+        self._minutes: dict[str, deque[tuple[int, int, int]]] = defaultdict(deque)  # (minute, tokens, micros)
+        self._totals: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
 
-    def load(self, tenant: str, spent: list[tuple[int, int]]) -> None:
-        for minute, tokens in spent:
-            self.spend(tenant, tokens, minute)
+    def load(self, tenant: str, spent: list[tuple[int, int, int]]) -> None:
+        for minute, tokens, micros in spent:
+            self.spend(tenant, tokens, micros, minute)
 
-    def spend(self, tenant: str, tokens: int, minute: int | None = None) -> int:
-        """Counts the tokens; the minute they are counted in."""
+    def spend(self, tenant: str, tokens: int, micros: int = 0, minute: int | None = None) -> int:
+        """Counts the tokens and their cost; the minute they are counted in."""
         minute = int(time.time() // 60) if minute is None else minute
         buckets = self._minutes[tenant]
         if buckets and buckets[-1][0] == minute:
-            buckets[-1] = (minute, buckets[-1][1] + tokens)
+            _, before, cost = buckets[-1]
+            buckets[-1] = (minute, before + tokens, cost + micros)
         else:
-            buckets.append((minute, tokens))
-        self._totals[tenant] += tokens
+            buckets.append((minute, tokens, micros))
+        total, total_cost = self._totals[tenant]
+        self._totals[tenant] = (total + tokens, total_cost + micros)
         return minute
 
     def spent(self, tenant: str) -> int:
         """Tokens spent in the last 24 hours."""
+        return self._last_day(tenant)[0]
+
+    def spent_micros(self, tenant: str) -> int:
+        """What the tokens spent in the last 24 hours cost."""
+        return self._last_day(tenant)[1]
+
+    def _last_day(self, tenant: str) -> tuple[int, int]:
         oldest = int(time.time() // 60) - DAY_MINUTES
         buckets = self._minutes.get(tenant)
         while buckets and buckets[0][0] <= oldest:
-            self._totals[tenant] -= buckets.popleft()[1]
-        return self._totals.get(tenant, 0)
+            _, tokens, micros = buckets.popleft()
+            total, total_cost = self._totals[tenant]
+            self._totals[tenant] = (total - tokens, total_cost - micros)
+        return self._totals.get(tenant, (0, 0))
 
 
 class SpawnWindow:

@@ -175,9 +175,12 @@ class Runtime:
     async def tokens_left(self) -> int | None:
         return None if self.tenancy is None else await self.tenancy.tokens_left(self.tenant)
 
-    async def spend(self, tokens: int) -> None:
-        if self.tenancy is not None and tokens:
-            await self.tenancy.spend(self.tenant, tokens)
+    async def cost_left(self) -> int | None:
+        return None if self.tenancy is None else await self.tenancy.cost_left(self.tenant)
+
+    async def spend(self, tokens: int, micros: int = 0) -> None:
+        if self.tenancy is not None and (tokens or micros):
+            await self.tenancy.spend(self.tenant, tokens, micros)
 
     def stop_timers(self) -> None:
         """No timer acts again and no run starts (a deleted runtime, a copy that lost its lease)."""

@@ -27,7 +27,15 @@ MAX_TOOL_ANSWER_BYTES = 4096  # the answer a suspending tool gets back travels i
 
 
 # The Budget fields a `budget` Answer may extend, and the least each may be.
-EXTENDABLE = {"max_turns": 0, "max_tokens": 0, "max_tool_calls": 0, "max_children": 0, "max_depth": 0, "max_concurrent": 1}
+EXTENDABLE = {
+    "max_turns": 0,
+    "max_tokens": 0,
+    "max_tool_calls": 0,
+    "max_children": 0,
+    "max_depth": 0,
+    "max_concurrent": 1,
+    "max_cost": 0,
+}
 
 
 def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> AnswerOutcome:

@@ -141,12 +141,20 @@ class TenantQuotas:
         await self._load_ledger(tenant)
         return quota - self._ledger.spent(tenant)
 
-    async def spend(self, tenant: str, tokens: int) -> None:
-        if not self.quotas(tenant).tokens_per_day:
+    async def cost_left(self, tenant: str) -> int | None:
+        quota = self.quotas(tenant).cost_per_day
+        if not quota:
+            return None
+        await self._load_ledger(tenant)
+        return quota - self._ledger.spent_micros(tenant)
+
+    async def spend(self, tenant: str, tokens: int, micros: int = 0) -> None:
+        quotas = self.quotas(tenant)
+        if not quotas.tokens_per_day and not quotas.cost_per_day:
             return
         await self._load_ledger(tenant)
-        minute = self._ledger.spend(tenant, tokens)
-        await self.services.store.add_tokens(tenant, minute, tokens)
+        minute = self._ledger.spend(tenant, tokens, micros)
+        await self.services.store.add_tokens(tenant, minute, tokens, micros)
         if minute != self._ledger_pruned:
             self._ledger_pruned = minute
             await self._prune_ledger(minute)

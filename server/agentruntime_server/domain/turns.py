@@ -10,6 +10,8 @@ any point (after a resume, or a restart) carries on from where it stopped:
 
 from __future__ import annotations
 
+import hashlib
+
 from . import budget as budgets
 from . import completion_gate, prompts
 from .delegation import run_child
@@ -34,6 +36,7 @@ from .model import (
 from .ports import ModelReply, ModelRequest, ProviderError, ToolSchema
 from .runs import Run, RunHost
 from .tool_phase import ToolPhase
+from .usage import Tokens
 
 
 class TurnLoop:
@@ -87,6 +90,10 @@ class TurnLoop:
                     # No Limit of its own: the tenant's token quota is a budget over its runtimes.
                     text = "stopped: the tenant's model token quota for the last 24 hours is used up"
                     return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_TOKENS)
+                money = await self.host.cost_left()
+                if money is not None and money <= 0:
+                    text = "stopped: the tenant's model cost quota for the last 24 hours is used up"
+                    return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_COST)
                 waiting = await self._model_turn(handle, run)
                 if waiting is not None and self._still_live(handle, waiting):  # the summarizer waits for the host
                     return handle.result(Status.PENDING, text=waiting.prompt, pending=waiting)
@@ -106,13 +113,14 @@ class TurnLoop:
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         tools = self._tool_schemas(handle)
-        request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
+        cache_key = prompt_cache_key(self.host.key, handle.id) if agent.prompt_cache else ""
+        request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
         if agent.compaction is not None and _size(request) > agent.compaction.max_context_tokens:
             compacted = await self._compact(handle, run)
             if isinstance(compacted, PendingRequest):
                 return compacted
             if compacted:
-                request = ModelRequest(agent=agent, messages=system + handle.model_view(), tools=tools)
+                request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
         if run.slot is not None:
             await run.slot.hold()  # the turn is work: it takes a running slot of the tenant's (back)
         await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
@@ -125,16 +133,19 @@ class TurnLoop:
                 reply = await self._complete(request)
             finally:
                 gate.release()
-        tokens = reply.tokens
-        if tokens is None:
-            tokens = estimate_tokens(request, reply)
-        elif not 0 <= tokens <= MAX_REPLY_TOKENS:
-            provider = self.services.models.provider_name(handle.agent)
+        provider = self.services.models.provider_name(handle.agent)
+        split = reply.usage
+        if split is None:
+            split = estimate_tokens(request, reply)
+        elif not _sane(split):
             raise ProviderError(
-                f"the model reported {shown(str(tokens), 24)} tokens for one reply "
-                f"(a reply counts 0 to {MAX_REPLY_TOKENS:,}); the reply was not used",
+                f"the model reported {shown(str(split.total), 24)} tokens for one reply, split as"
+                f" {shown(_figures(split), 120)} (a reply counts 0 to {MAX_REPLY_TOKENS:,}, each part at least 0,"
+                " reasoning within output); the reply was not used",
                 Failure(FailureReason.PROVIDER_BAD_REPLY, provider=provider, detail="absurd usage"),
             )
+        tokens = split.total
+        cost = self.services.prices.cost(provider, reply.model, split)
         turn = handle.usage.turns + 1
         calls = tuple(
             ToolCall(id=f"call_{turn}_{position}", name=_unicode(call.name), arguments_json=_unicode(call.arguments_json) or "{}")
@@ -150,9 +161,10 @@ class TurnLoop:
             thinking=tuple(Thinking(_unicode(t.text), _unicode(t.signature), _unicode(t.redacted_data)) for t in reply.thinking),
         )
         # The reply is journaled before it is acted on: a re-entered turn never buys it again.
-        estimated = reply.tokens is None
-        await self.host.journal.record(ModelReplied(handle.id, message, tokens, handle.usage.after_reply(tokens), estimated))
-        await self.host.spend(tokens)
+        estimated = reply.usage is None
+        after = handle.usage.after_reply(split, cost, estimated)
+        await self.host.journal.record(ModelReplied(handle.id, message, tokens, after, estimated, split, cost))
+        await self.host.spend(tokens, cost.micros)
         return None
 
     async def _complete(self, request: ModelRequest) -> ModelReply:
@@ -221,12 +233,33 @@ def _sent_chars(request: ModelRequest) -> int:
     return chars + sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
 
 
-def estimate_tokens(request: ModelRequest, reply: ModelReply) -> int:
+def estimate_tokens(request: ModelRequest, reply: ModelReply) -> Tokens:
     """A reply's usage when the provider reports none: about four characters a token of
-    everything sent (messages and tool schemas) and received, so that budgets still bite."""
+    everything sent (messages and tool schemas: input) and received (output), so that
+    budgets still bite."""
     sent = _sent_chars(request)
     received = len(reply.text) + sum(len(call.name) + len(call.arguments_json) for call in reply.tool_calls)
-    return (sent + received) // 4 + 1
+    total = (sent + received) // 4 + 1
+    sent_tokens = min(sent // 4 + 1, total)
+    return Tokens(input=sent_tokens, output=total - sent_tokens)
+
+
+def _sane(split: Tokens) -> bool:
+    parts = (split.input, split.cache_read, split.cache_write, split.output, split.reasoning)
+    return all(part >= 0 for part in parts) and split.reasoning <= split.output and split.total <= MAX_REPLY_TOKENS
+
+
+def _figures(split: Tokens) -> str:
+    return (
+        f"input {split.input}, cache reads {split.cache_read}, cache writes {split.cache_write},"
+        f" output {split.output}, reasoning {split.reasoning}"
+    )
+
+
+def prompt_cache_key(runtime_key: str, handle_id: str) -> str:
+    """Stable across a handle's turns and restarts, different for each handle (and tenant):
+    what OpenAI routes cached prompts by. A digest, so that no id reaches the provider."""
+    return hashlib.blake2b(f"{runtime_key}\n{handle_id}".encode(), digest_size=16).hexdigest()
 
 
 def _unicode(text: str) -> str:

@@ -14,6 +14,7 @@ from .errors import FieldViolation, InvalidArgument, shown
 from .limits import Limits
 from .model import AgentSpec, Budget, HttpExecutor, McpServerSpec, RuntimeOptions, ScriptedReply, WorkerExecutor
 from .patterns import PatternError, compile_pattern
+from .usage import Tokens
 
 if TYPE_CHECKING:
     from .ports import Services, UrlPolicy
@@ -128,7 +129,7 @@ def _team_cycles(agents: Sequence[AgentSpec]) -> list[FieldViolation]:
 
 def check_budget(budget: Budget, where: str) -> list[FieldViolation]:
     violations = []
-    for name in ("max_turns", "max_tokens", "max_tool_calls", "max_children", "max_depth"):
+    for name in ("max_turns", "max_tokens", "max_tool_calls", "max_children", "max_depth", "max_cost"):
         value = getattr(budget, name)
         if value is not None and value < 0:
             violations.append(FieldViolation(f"{where}.{name}", f"must be >= 0 (got {value}); leave it unset for no limit"))
@@ -280,8 +281,35 @@ def _check_reply(agent: AgentSpec, reply: ScriptedReply, at: str, callable_tools
         violations.append(FieldViolation(f"{at}.text", f"is longer than {limits.MAX_INSTRUCTIONS_BYTES} bytes"))
     if not 0 <= reply.tokens <= limits.MAX_REPLY_TOKENS:
         violations.append(FieldViolation(f"{at}.tokens", f"must be between 0 and {limits.MAX_REPLY_TOKENS:,}"))
+    if reply.usage is not None:
+        violations += _check_usage(reply.usage, reply.tokens, f"{at}.usage")
     if not 0 <= reply.delay <= limits.MAX_SCRIPT_DELAY:
         violations.append(FieldViolation(f"{at}.delay", f"must be between 0 and {limits.MAX_SCRIPT_DELAY:g}s"))
+    return violations
+
+
+def _check_usage(usage: Tokens, tokens: int, at: str) -> list[FieldViolation]:
+    violations = []
+    parts = {
+        "input_tokens": usage.input,
+        "cache_read_tokens": usage.cache_read,
+        "cache_write_tokens": usage.cache_write,
+        "output_tokens": usage.output,
+        "reasoning_tokens": usage.reasoning,
+    }
+    for name, value in parts.items():
+        if not 0 <= value <= limits.MAX_REPLY_TOKENS:
+            violations.append(FieldViolation(f"{at}.{name}", f"must be between 0 and {limits.MAX_REPLY_TOKENS:,}"))
+    if violations:
+        return violations
+    if usage.reasoning > usage.output:
+        violations.append(FieldViolation(f"{at}.reasoning_tokens", "must be at most output_tokens (reasoning is part of output)"))
+    if usage.total > limits.MAX_REPLY_TOKENS:
+        violations.append(FieldViolation(at, f"adds up to more than {limits.MAX_REPLY_TOKENS:,} tokens for one reply"))
+    if tokens and tokens != usage.total:
+        violations.append(
+            FieldViolation(f"{at[: -len('.usage')]}.tokens", f"must be 0 or the usage's sum ({usage.total}) when usage is set")
+        )
     return violations
 
 

@@ -60,6 +60,20 @@ class Metrics:
         )
         self._turns = Counter("agentruntime_turns", "model round trips (turns) completed", registry=registry)
         self._tokens = Counter("agentruntime_tokens", "tokens spent by completed turns", registry=registry)
+        by_kind = Counter(
+            "agentruntime_tokens_by_kind",
+            "tokens spent by completed turns, by the kind providers bill (reasoning is part of output)",
+            ("kind",),
+            registry=registry,
+        )
+        self._kinds = tuple(by_kind.labels(kind) for kind in ("input", "cache_read", "cache_write", "output", "reasoning"))
+        self._cost = Counter(
+            "agentruntime_cost_micros",
+            "what completed turns cost at the prices in force, in micro-units",
+            ("currency",),
+            registry=registry,
+        )
+        self._unpriced = Counter("agentruntime_unpriced_turns", "completed turns no price covered", registry=registry)
         tool_calls = Counter(
             "agentruntime_tool_calls", "tool call results recorded (task included)", ("outcome",), registry=registry
         )
@@ -106,6 +120,19 @@ class Metrics:
             self._turns.inc()
             if event.tokens:
                 self._tokens.inc(event.tokens)
+            split = event.split
+            if split is not None:
+                for counter, value in zip(
+                    self._kinds, (split.input, split.cache_read, split.cache_write, split.output, split.reasoning), strict=True
+                ):
+                    if value:
+                        counter.inc(value)
+            cost = event.cost
+            if cost is not None:
+                if not cost.priced:
+                    self._unpriced.inc()
+                elif cost.micros:
+                    self._cost.labels(cost.currency).inc(cost.micros)
         elif kind is _TOOL_CALL_ENDED:
             (self._tool_error if event.is_error else self._tool_ok).inc()
         elif kind is _STATE_CHANGED:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
+from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
@@ -55,9 +56,11 @@ class AnthropicProvider(HttpProvider):
             body["system"] = system
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+        if request.agent.prompt_cache:
+            mark_cache_breakpoints(body)
         return body
 
-    def parse(self, payload: Any) -> ModelReply:
+    def parse(self, payload: Any, model: str) -> ModelReply:
         if payload.get("type") == "error":
             raise ValueError(f"an error object: {payload.get('error')}")
         texts: list[str] = []
@@ -80,12 +83,46 @@ class AnthropicProvider(HttpProvider):
                 f"provider {self.name!r} stopped the reply: the context window is full",
                 self._failure(FailureReason.CONTEXT_LENGTH_EXCEEDED, 200, "model_context_window_exceeded"),
             )
-        usage = payload.get("usage") or {}
-        keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        counted = [usage[key] for key in keys if usage.get(key) is not None]
-        tokens = sum(int(value) for value in counted) if counted else None  # None: no figures, so estimated
         stop = {"max_tokens": ReplyStop.MAX_OUTPUT_TOKENS, "refusal": ReplyStop.REFUSAL}.get(stop_reason, ReplyStop.COMPLETE)
-        return ModelReply(text="".join(texts), tool_calls=tuple(calls), tokens=tokens, stop=stop, thinking=tuple(thinking))
+        return ModelReply("".join(texts), tuple(calls), usage_of(payload.get("usage")), stop, tuple(thinking), model)
+
+
+def usage_of(usage: Any) -> Tokens | None:
+    """The split of a message's `usage` (docs/usage.md): `input_tokens` (input after the
+    last cache breakpoint, at the base rate), `cache_read_input_tokens`,
+    `cache_creation_input_tokens` (cache writes) and `output_tokens` (thinking included);
+    `output_tokens_details.thinking_tokens`, where the API reports it, is the reasoning part
+    of output. None when it reported no figures."""
+    usage = usage or {}
+    keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens")
+    if all(usage.get(key) is None for key in keys):
+        return None  # no figures, so estimated
+    figures = [int(usage.get(key) or 0) for key in keys]
+    thinking = int((usage.get("output_tokens_details") or {}).get("thinking_tokens") or 0)
+    if not 0 <= thinking <= figures[3]:
+        raise ValueError(f"usage details larger than their totals ({thinking} thinking of {figures[3]} output)")
+    return Tokens(input=figures[0], cache_read=figures[1], cache_write=figures[2], output=figures[3], reasoning=thinking)
+
+
+CACHE_BREAKPOINT = {"type": "ephemeral"}
+# Thinking blocks cannot carry a breakpoint (the API refuses one there).
+_UNMARKABLE = {"thinking", "redacted_thinking"}
+
+
+def mark_cache_breakpoints(body: dict[str, Any]) -> None:
+    """Prompt caching (docs/usage.md#prompt-caching): a breakpoint on the last tool, on the
+    system prompt (then a list of text blocks) and on the last block of the conversation so
+    far. The API caches the prefix up to each, in its order tools, system, messages, so each
+    turn reads the one before from the cache and writes its own tail: three of the four
+    breakpoints a request may carry."""
+    if body.get("tools"):
+        body["tools"][-1]["cache_control"] = dict(CACHE_BREAKPOINT)
+    if body.get("system"):
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": dict(CACHE_BREAKPOINT)}]
+    if body["messages"]:
+        markable = [block for block in body["messages"][-1]["content"] if block["type"] not in _UNMARKABLE]
+        if markable:
+            markable[-1]["cache_control"] = dict(CACHE_BREAKPOINT)
 
 
 def wire_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:

@@ -103,13 +103,15 @@ class HttpProvider(abc.ABC):
     def body(self, request: ModelRequest, model: str) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def parse(self, payload: Any) -> ModelReply: ...
+    def parse(self, payload: Any, model: str) -> ModelReply:
+        """`model`: the model the request named (the reply names it, for the price table)."""
 
     async def complete(self, request: ModelRequest) -> ModelReply:
-        body = self.body(request, request.agent.model or self._default_model)
+        model = request.agent.model or self._default_model
+        body = self.body(request, model)
         status, raw = await self._post(_encode(body))
         try:
-            return self.parse(_json(raw))
+            return self.parse(_json(raw), model)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise ProviderError(
                 self._redact(

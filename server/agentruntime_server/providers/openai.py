@@ -7,6 +7,7 @@ from typing import Any
 
 from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest
+from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 
@@ -45,9 +46,12 @@ class OpenAIProvider(HttpProvider):
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
                 for t in request.tools
             ]
+        if request.cache_key:
+            # Routes this handle's requests to the machines holding its prefix (docs/usage.md#prompt-caching).
+            body["prompt_cache_key"] = request.cache_key
         return body
 
-    def parse(self, payload: Any) -> ModelReply:
+    def parse(self, payload: Any, model: str) -> ModelReply:
         first = payload["choices"][0]
         choice = first["message"]
         calls = tuple(
@@ -61,25 +65,34 @@ class OpenAIProvider(HttpProvider):
         refusal = choice.get("refusal")
         finish = first.get("finish_reason")
         if refusal:
-            return ModelReply(text=str(refusal), tool_calls=(), tokens=_tokens(payload.get("usage")), stop=ReplyStop.REFUSAL)
+            return ModelReply(str(refusal), (), usage_of(payload.get("usage")), ReplyStop.REFUSAL, model=model)
         stop = {"length": ReplyStop.MAX_OUTPUT_TOKENS, "content_filter": ReplyStop.REFUSAL}.get(finish, ReplyStop.COMPLETE)
         # A filtered reply's calls are never run, and are not sent back either: a request
         # holding them would need their results.
         calls = () if stop is ReplyStop.REFUSAL else calls
-        return ModelReply(text=_content(choice.get("content")), tool_calls=calls, tokens=_tokens(payload.get("usage")), stop=stop)
+        return ModelReply(_content(choice.get("content")), calls, usage_of(payload.get("usage")), stop, model=model)
 
 
-def _tokens(usage: Any) -> int | None:
-    """total_tokens, or prompt + completion; None when the server reported no usage."""
+def usage_of(usage: Any) -> Tokens | None:
+    """The split of a chat completion's `usage` (docs/usage.md): `prompt_tokens` less
+    `prompt_tokens_details.cached_tokens` is input at the base rate, the cached part cache
+    reads; `completion_tokens` is output, `completion_tokens_details.reasoning_tokens` the
+    reasoning in it. (OpenAI bills no cache writes.) A server that reports only
+    `total_tokens` has it counted as input; None when it reported no usage."""
     if not usage:
         return None
-    total = usage.get("total_tokens")
-    if total is not None:
-        return int(total)
-    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-    if all(part is None for part in parts):
-        return None
-    return sum(int(part or 0) for part in parts)
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if prompt is None and completion is None:
+        total = usage.get("total_tokens")
+        return None if total is None else Tokens(input=int(total))
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    reasoning = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+    prompt, completion = int(prompt or 0), int(completion or 0)
+    if not 0 <= cached <= prompt or not 0 <= reasoning <= completion:
+        raise ValueError(
+            f"usage details larger than their totals ({cached} cached of {prompt}, {reasoning} reasoning of {completion})"
+        )
+    return Tokens(input=prompt - cached, cache_read=cached, output=completion, reasoning=reasoning)
 
 
 def _content(value: Any) -> str:

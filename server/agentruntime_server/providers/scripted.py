@@ -12,6 +12,7 @@ import json
 
 from ..domain.model import Failure, FailureReason, Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError
+from ..domain.usage import Tokens
 
 
 class ScriptedProvider:
@@ -30,7 +31,8 @@ class ScriptedProvider:
             ToolCall(id=f"scripted_{index}", name=call.name, arguments_json=call.arguments_json or "{}")
             for index, call in enumerate(reply.tool_calls, start=1)
         )
-        return ModelReply(text=reply.text, tool_calls=calls, tokens=reply.tokens, stop=reply.stop)
+        usage = reply.usage if reply.usage is not None else Tokens(output=reply.tokens)
+        return ModelReply(text=reply.text, tool_calls=calls, usage=usage, stop=reply.stop, model=_model(request))
 
 
 def _generic(request: ModelRequest) -> ModelReply:
@@ -42,7 +44,7 @@ def _generic(request: ModelRequest) -> ModelReply:
             ToolCall(id=f"generic_{index}", name="task", arguments_json=json.dumps({"agent": member, "prompt": last.content}))
             for index, member in enumerate(sorted(agent.team), start=1)
         )
-        return ModelReply(text="", tool_calls=calls, tokens=_tokens(request.messages, ""))
+        return ModelReply(text="", tool_calls=calls, usage=_tokens(request.messages, ""), model=_model(request))
     if last.role == "tool":
         results = []
         for message in reversed(conversation):
@@ -53,9 +55,16 @@ def _generic(request: ModelRequest) -> ModelReply:
     else:
         first_line = last.content.strip().splitlines()[0] if last.content.strip() else ""
         text = f"{agent.name} on {first_line!r}: done."
-    return ModelReply(text=text, tool_calls=(), tokens=_tokens(request.messages, text))
+    return ModelReply(text=text, tool_calls=(), usage=_tokens(request.messages, text), model=_model(request))
 
 
-def _tokens(messages: tuple[Message, ...], reply: str) -> int:
-    """Deterministic usage: about four characters a token, as real tokenizers roughly do."""
-    return (sum(len(message.content) for message in messages) + len(reply)) // 4 + 1
+def _tokens(messages: tuple[Message, ...], reply: str) -> Tokens:
+    """Deterministic usage: about four characters a token, as real tokenizers roughly do;
+    the prompt as input, the rest (the reply) as output."""
+    prompt = sum(len(message.content) for message in messages)
+    total = (prompt + len(reply)) // 4 + 1
+    return Tokens(input=min(prompt // 4 + 1, total), output=total - min(prompt // 4 + 1, total))
+
+
+def _model(request: ModelRequest) -> str:
+    return request.agent.model or "scripted"

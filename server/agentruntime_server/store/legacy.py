@@ -59,7 +59,7 @@ def _result(data: dict[str, Any] | None) -> TaskResult | None:
         status=Status(data["status"]),
         limit=Limit(data["limit"]),
         pending=_pending(data["pending"]),
-        usage=Usage(data["turns"], data["own_tokens"], data["total_tokens"], data["tool_calls"]),
+        usage=Usage.unsplit(data["turns"], data["own_tokens"], data["total_tokens"], data["tool_calls"]),
     )
 
 
@@ -128,7 +128,7 @@ def runtime_steps(db: sqlite3.Connection, runtime_id: str) -> list[Step]:
         steps.append(
             Imported(
                 handle_id=handle_id,
-                usage=Usage(turns, own, total, calls, subtree_calls),
+                usage=Usage.unsplit(turns, own, total, calls, subtree_calls),
                 state=HandleState(state),
                 inbox=tuple(InboxItem(**item) for item in _json(inbox) or ()),
                 transcript=tuple(transcripts.get(handle_id, ())),

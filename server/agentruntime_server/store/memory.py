@@ -43,7 +43,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._runtimes: dict[str, _Runtime] = {}
-        self._tokens: dict[tuple[str, int], int] = {}
+        self._tokens: dict[tuple[str, int], tuple[int, int]] = {}  # (tenant, minute) -> (tokens, micros)
         self._replies: dict[tuple[str, str, str], TenantReply] = {}
 
     async def create_runtime(
@@ -133,11 +133,12 @@ class MemoryStore:
     async def tenant_bytes(self, tenant: str) -> int:
         return sum(runtime.bytes for runtime in self._runtimes.values() if runtime.tenant == tenant)
 
-    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
-        self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
+    async def add_tokens(self, tenant: str, minute: int, tokens: int, micros: int = 0) -> None:
+        spent, cost = self._tokens.get((tenant, minute), (0, 0))
+        self._tokens[(tenant, minute)] = (spent + tokens, cost + micros)
 
-    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
-        return sorted((at, tokens) for (owner, at), tokens in self._tokens.items() if owner == tenant and at >= minute)
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int, int]]:
+        return sorted((at, *spent) for (owner, at), spent in self._tokens.items() if owner == tenant and at >= minute)
 
     async def forget_tokens_before(self, minute: int) -> None:
         self._tokens = {key: tokens for key, tokens in self._tokens.items() if key[1] >= minute}

@@ -21,11 +21,55 @@ from pydantic import TypeAdapter
 from ..domain.journal import STEPS, Entry, Step
 from ..domain.model import AgentSpec
 
-PAYLOAD_VERSION = 4
+PAYLOAD_VERSION = 5
 
 
 def _unchanged(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return kind, fields
+
+
+_USAGE_KEYS = frozenset(("turns", "own_tokens", "total_tokens", "tool_calls"))
+
+
+def _split_usage(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """4 -> 5: tokens are kept as the providers bill them, with their cost (usage.Tokens,
+    Cost and Usage, named tuples: arrays in the payload). A step written before has one
+    figure per reply: it reads as input tokens (the totals stay exact; the split is
+    unknown), and its cost as unpriced (no price was in force). docs/usage.md."""
+    if kind == "ModelReplied":
+        tokens = int(fields.get("tokens", 0))
+        fields = {**fields, "split": [tokens, 0, 0, 0, 0], "cost": _old_cost(tokens)}
+    return kind, _with_split_usages(fields)
+
+
+def _old_cost(tokens: int) -> list[Any]:
+    return [0, "", tokens == 0]
+
+
+def _with_split_usages(value: Any) -> Any:
+    """Every Usage inside a step (a reply's, a result's, an imported event's) gains its split."""
+    if isinstance(value, list):
+        return [_with_split_usages(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    value = {key: _with_split_usages(item) for key, item in value.items()}
+    for key, item in value.items():
+        if isinstance(item, dict) and _USAGE_KEYS <= item.keys():
+            own, total = int(item["own_tokens"]), int(item["total_tokens"])
+            value[key] = [
+                int(item["turns"]),
+                own,
+                total,
+                int(item["tool_calls"]),
+                int(item.get("subtree_tool_calls", 0)),
+                [own, 0, 0, 0, 0],
+                [total, 0, 0, 0, 0],
+                _old_cost(own),
+                _old_cost(total),
+                False,
+                False,
+            ]
+    return value
 
 
 # version -> a function from that version's (kind, fields) to the next version's.
@@ -38,6 +82,8 @@ UPGRADES: dict[int, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]]
     2: _unchanged,
     # 4 added a step (Replied: a call's answer, kept for its request id).
     3: _unchanged,
+    # 5 split tokens as the providers bill them, and added their cost.
+    4: _split_usage,
 }
 
 

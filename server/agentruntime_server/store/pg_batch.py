@@ -22,7 +22,7 @@ class Batch:
         self.counts: dict[str, tuple[int, int, int]] = {}
         self.touched: set[str] = set()  # runtimes written: their updated_at moves
         self.grown: dict[str, int] = {}  # runtime -> the payload bytes appended
-        self.tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens
+        self.tokens: dict[tuple[str, int], tuple[int, int]] = {}  # (tenant, minute) -> (tokens, micros)
         self.epochs: dict[str, int] = {}  # replicas: the epoch each runtime's rows were appended under
         self.done: asyncio.Future[None] = loop.create_future()
         self.done.add_done_callback(_retrieved)

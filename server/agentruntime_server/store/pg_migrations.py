@@ -77,6 +77,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX replies_by_age ON replies (at);
     """,
+    # 5: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
+    "ALTER TABLE tenant_tokens ADD COLUMN micros BIGINT NOT NULL DEFAULT 0",
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

@@ -19,7 +19,8 @@ def entry(seq: int, at: float, first_event: int, last_event: int, step: bytes) -
 # One tick's writes: $1 the runtimes written, $2 the epoch each was appended under, $3 this
 # replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
 # $10-$13 per runtime its running flag and counts (NULL: unchanged), $14 the time, $15-$17
-# the tenants' tokens by minute, $18 per runtime the payload bytes it grew by.
+# the tenants' tokens by minute, $18 per runtime the payload bytes it grew by, $19 the
+# tenants' cost (micros) by minute, beside $17.
 COMMIT = """
 WITH mine AS (
     SELECT r.id FROM runtimes r JOIN unnest($1::text[], $2::bigint[]) AS m(id, epoch) ON r.id = m.id
@@ -42,9 +43,10 @@ WITH mine AS (
         AS u(id, running, handles, running_handles, suspended_handles, bytes)
     WHERE r.id = u.id AND r.id IN (SELECT id FROM mine)
 ), spent AS (
-    INSERT INTO tenant_tokens (tenant, minute, tokens)
-    SELECT * FROM unnest($15::text[], $16::bigint[], $17::bigint[])
-    ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tenant_tokens.tokens + excluded.tokens
+    INSERT INTO tenant_tokens (tenant, minute, tokens, micros)
+    SELECT * FROM unnest($15::text[], $16::bigint[], $17::bigint[], $19::bigint[])
+    ON CONFLICT (tenant, minute) DO UPDATE
+        SET tokens = tenant_tokens.tokens + excluded.tokens, micros = tenant_tokens.micros + excluded.micros
 )
 SELECT id FROM mine
 """

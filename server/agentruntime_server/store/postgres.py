@@ -346,8 +346,9 @@ class PostgresStore:
             now,
             [tenant for tenant, _ in batch.tokens],
             [minute for _, minute in batch.tokens],
-            list(batch.tokens.values()),
+            [tokens for tokens, _ in batch.tokens.values()],
             [batch.grown.get(key, 0) for key in keys],
+            [micros for _, micros in batch.tokens.values()],
         )
         refused = set(keys) - {row[0] for row in written}
         if not refused:
@@ -528,9 +529,10 @@ class PostgresStore:
         pool = await self.pool()
         await pool.execute("DELETE FROM replies WHERE at < $1", at)
 
-    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
+    async def add_tokens(self, tenant: str, minute: int, tokens: int, micros: int = 0) -> None:
         batch = self._batch()
-        batch.tokens[(tenant, minute)] = batch.tokens.get((tenant, minute), 0) + tokens
+        spent, cost = batch.tokens.get((tenant, minute), (0, 0))
+        batch.tokens[(tenant, minute)] = (spent + tokens, cost + micros)
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -616,13 +618,13 @@ class PostgresStore:
         return used
 
     @guarded
-    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int, int]]:
         await self._settle()
         pool = await self.pool()
         rows = await pool.fetch(
-            "SELECT minute, tokens FROM tenant_tokens WHERE tenant = $1 AND minute >= $2 ORDER BY minute", tenant, minute
+            "SELECT minute, tokens, micros FROM tenant_tokens WHERE tenant = $1 AND minute >= $2 ORDER BY minute", tenant, minute
         )
-        return [(int(at), int(tokens)) for at, tokens in rows]
+        return [(int(at), int(tokens), int(micros)) for at, tokens, micros in rows]
 
     @guarded
     async def forget_tokens_before(self, minute: int) -> None:

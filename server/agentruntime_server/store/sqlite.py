@@ -76,7 +76,7 @@ class SqliteStore:
         self._running: dict[str, bool] = {}
         self._counts: dict[str, tuple[int, int, int]] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
-        self._tokens: dict[tuple[str, int], int] = {}  # (tenant, minute) -> tokens this tick
+        self._tokens: dict[tuple[str, int], tuple[int, int]] = {}  # (tenant, minute) -> (tokens, micros) this tick
         self._commit_due = False
         self._commit_asked = self._last_commit = 0.0
         self._paced: asyncio.TimerHandle | None = None
@@ -176,9 +176,10 @@ class SqliteStore:
                         ],
                     )
                     db.executemany(
-                        "INSERT INTO tenant_tokens (tenant, minute, tokens) VALUES (?, ?, ?) "
-                        "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens",
-                        [(tenant, minute, value) for (tenant, minute), value in tokens.items()],
+                        "INSERT INTO tenant_tokens (tenant, minute, tokens, micros) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT (tenant, minute) DO UPDATE SET tokens = tokens + excluded.tokens, "
+                        "micros = micros + excluded.micros",
+                        [(tenant, minute, spent, cost) for (tenant, minute), (spent, cost) in tokens.items()],
                     )
         except sqlite3.OperationalError as exc:
             refusal = self._cannot_write(exc)
@@ -472,16 +473,17 @@ class SqliteStore:
         used: int = self._db.execute("SELECT coalesce(sum(bytes), 0) FROM runtimes WHERE tenant = ?", (tenant,)).fetchone()[0]
         return used
 
-    async def add_tokens(self, tenant: str, minute: int, tokens: int) -> None:
-        self._tokens[(tenant, minute)] = self._tokens.get((tenant, minute), 0) + tokens
+    async def add_tokens(self, tenant: str, minute: int, tokens: int, micros: int = 0) -> None:
+        spent, cost = self._tokens.get((tenant, minute), (0, 0))
+        self._tokens[(tenant, minute)] = (spent + tokens, cost + micros)
         self._schedule_commit()
 
-    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int]]:
+    async def tokens_since(self, tenant: str, minute: int) -> list[tuple[int, int, int]]:
         self._before_read()
         rows = self._db.execute(
-            "SELECT minute, tokens FROM tenant_tokens WHERE tenant = ? AND minute >= ? ORDER BY minute", (tenant, minute)
+            "SELECT minute, tokens, micros FROM tenant_tokens WHERE tenant = ? AND minute >= ? ORDER BY minute", (tenant, minute)
         )
-        return [(int(at), int(tokens)) for at, tokens in rows]
+        return [(int(at), int(tokens), int(micros)) for at, tokens, micros in rows]
 
     async def forget_tokens_before(self, minute: int) -> None:
         self._commit()  # counts still buffered are written first: the delete sees them too

@@ -111,6 +111,8 @@ const (
 	// The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
 	// off, and a tool call in the cut-off reply is never run.
 	Limit_LIMIT_MAX_OUTPUT_TOKENS Limit = 8
+	// The subtree's cost reached `Budget.max_cost`.
+	Limit_LIMIT_MAX_COST Limit = 9
 )
 
 // Enum value maps for Limit.
@@ -125,6 +127,7 @@ var (
 		6: "LIMIT_MAX_DEPTH",
 		7: "LIMIT_COMPLETION",
 		8: "LIMIT_MAX_OUTPUT_TOKENS",
+		9: "LIMIT_MAX_COST",
 	}
 	Limit_value = map[string]int32{
 		"LIMIT_UNSPECIFIED":       0,
@@ -136,6 +139,7 @@ var (
 		"LIMIT_MAX_DEPTH":         6,
 		"LIMIT_COMPLETION":        7,
 		"LIMIT_MAX_OUTPUT_TOKENS": 8,
+		"LIMIT_MAX_COST":          9,
 	}
 )
 
@@ -676,7 +680,15 @@ type TaskResult struct {
 	// This handle's own cumulative tool calls (`task` calls included).
 	ToolCalls int64 `protobuf:"varint,10,opt,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	// Why the run failed; set iff status is STATUS_ERROR.
-	Failure       *Failure `protobuf:"bytes,11,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure *Failure `protobuf:"bytes,11,opt,name=failure,proto3" json:"failure,omitempty"`
+	// This handle's own cumulative usage, split as the providers bill it.
+	OwnUsage *Usage `protobuf:"bytes,12,opt,name=own_usage,json=ownUsage,proto3" json:"own_usage,omitempty"`
+	// The whole subtree's cumulative usage; `total_usage.total_tokens` equals `total_tokens`.
+	TotalUsage *Usage `protobuf:"bytes,13,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
+	// What this handle's own model calls cost, at the prices in force when each reply came.
+	OwnCost *Cost `protobuf:"bytes,14,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
+	// What the whole subtree's model calls cost.
+	TotalCost     *Cost `protobuf:"bytes,15,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -788,6 +800,202 @@ func (x *TaskResult) GetFailure() *Failure {
 	return nil
 }
 
+func (x *TaskResult) GetOwnUsage() *Usage {
+	if x != nil {
+		return x.OwnUsage
+	}
+	return nil
+}
+
+func (x *TaskResult) GetTotalUsage() *Usage {
+	if x != nil {
+		return x.TotalUsage
+	}
+	return nil
+}
+
+func (x *TaskResult) GetOwnCost() *Cost {
+	if x != nil {
+		return x.OwnCost
+	}
+	return nil
+}
+
+func (x *TaskResult) GetTotalCost() *Cost {
+	if x != nil {
+		return x.TotalCost
+	}
+	return nil
+}
+
+// Tokens as the model providers bill them. `total_tokens` = `input_tokens` +
+// `cache_read_tokens` + `cache_write_tokens` + `output_tokens`; `reasoning_tokens` is the
+// part of `output_tokens` the model spent thinking (not added again). Which field of each
+// provider's reply feeds which figure: docs/usage.md.
+type Usage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Input billed at the base rate (prompt tokens that were neither read from nor written to a cache).
+	InputTokens int64 `protobuf:"varint,1,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	// Input read from the provider's prompt cache.
+	CacheReadTokens int64 `protobuf:"varint,2,opt,name=cache_read_tokens,json=cacheReadTokens,proto3" json:"cache_read_tokens,omitempty"`
+	// Input written to the provider's prompt cache.
+	CacheWriteTokens int64 `protobuf:"varint,3,opt,name=cache_write_tokens,json=cacheWriteTokens,proto3" json:"cache_write_tokens,omitempty"`
+	// Output, reasoning included.
+	OutputTokens int64 `protobuf:"varint,4,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// The part of `output_tokens` spent reasoning.
+	ReasoningTokens int64 `protobuf:"varint,5,opt,name=reasoning_tokens,json=reasoningTokens,proto3" json:"reasoning_tokens,omitempty"`
+	TotalTokens     int64 `protobuf:"varint,6,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	// True when a reply it covers reported no usage: its figures are the server's estimate,
+	// split as input (the request) and output (the reply).
+	Estimated     bool `protobuf:"varint,7,opt,name=estimated,proto3" json:"estimated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Usage) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCacheReadTokens() int64 {
+	if x != nil {
+		return x.CacheReadTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCacheWriteTokens() int64 {
+	if x != nil {
+		return x.CacheWriteTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetReasoningTokens() int64 {
+	if x != nil {
+		return x.ReasoningTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetEstimated() bool {
+	if x != nil {
+		return x.Estimated
+	}
+	return false
+}
+
+// Money, as an integer count of micro-units of a currency (no floats): 1,500,000 micros of
+// USD is $1.50. Each reply's cost is rounded once, half up, when it arrives.
+type Cost struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Micros int64                  `protobuf:"varint,1,opt,name=micros,proto3" json:"micros,omitempty"`
+	// The ISO 4217 code of the server's price table (AGENTRUNTIME_PRICES); empty without one.
+	Currency string `protobuf:"bytes,2,opt,name=currency,proto3" json:"currency,omitempty"`
+	// Whether every model call it covers had a price: a model missing from the table costs
+	// nothing and says so here.
+	Priced        bool `protobuf:"varint,3,opt,name=priced,proto3" json:"priced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cost) Reset() {
+	*x = Cost{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cost) ProtoMessage() {}
+
+func (x *Cost) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cost.ProtoReflect.Descriptor instead.
+func (*Cost) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Cost) GetMicros() int64 {
+	if x != nil {
+		return x.Micros
+	}
+	return 0
+}
+
+func (x *Cost) GetCurrency() string {
+	if x != nil {
+		return x.Currency
+	}
+	return ""
+}
+
+func (x *Cost) GetPriced() bool {
+	if x != nil {
+		return x.Priced
+	}
+	return false
+}
+
 type HandleView struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HandleId string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
@@ -806,13 +1014,17 @@ type HandleView struct {
 	Budget *Budget `protobuf:"bytes,11,opt,name=budget,proto3" json:"budget,omitempty"`
 	// The status of the last settled run; STATUS_UNSPECIFIED before the first.
 	LastStatus    Status `protobuf:"varint,12,opt,name=last_status,json=lastStatus,proto3,enum=agentruntime.v1.Status" json:"last_status,omitempty"`
+	OwnUsage      *Usage `protobuf:"bytes,13,opt,name=own_usage,json=ownUsage,proto3" json:"own_usage,omitempty"`
+	TotalUsage    *Usage `protobuf:"bytes,14,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
+	OwnCost       *Cost  `protobuf:"bytes,15,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
+	TotalCost     *Cost  `protobuf:"bytes,16,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandleView) Reset() {
 	*x = HandleView{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1036,7 @@ func (x *HandleView) String() string {
 func (*HandleView) ProtoMessage() {}
 
 func (x *HandleView) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[2]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1049,7 @@ func (x *HandleView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleView.ProtoReflect.Descriptor instead.
 func (*HandleView) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{2}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HandleView) GetHandleId() string {
@@ -924,6 +1136,34 @@ func (x *HandleView) GetLastStatus() Status {
 	return Status_STATUS_UNSPECIFIED
 }
 
+func (x *HandleView) GetOwnUsage() *Usage {
+	if x != nil {
+		return x.OwnUsage
+	}
+	return nil
+}
+
+func (x *HandleView) GetTotalUsage() *Usage {
+	if x != nil {
+		return x.TotalUsage
+	}
+	return nil
+}
+
+func (x *HandleView) GetOwnCost() *Cost {
+	if x != nil {
+		return x.OwnCost
+	}
+	return nil
+}
+
+func (x *HandleView) GetTotalCost() *Cost {
+	if x != nil {
+		return x.TotalCost
+	}
+	return nil
+}
+
 type AgentDef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A slug: letters, digits, `_` and `-`, starting with a letter.
@@ -958,14 +1198,18 @@ type AgentDef struct {
 	// server connects to each (streamable HTTP), lists its tools and keeps that list, with
 	// the schemas, in the runtime: replays and restarts see the same tools. The agent sees
 	// each tool as `<server name>__<tool name>`.
-	McpServers    []*McpServer `protobuf:"bytes,15,rep,name=mcp_servers,json=mcpServers,proto3" json:"mcp_servers,omitempty"`
+	McpServers []*McpServer `protobuf:"bytes,15,rep,name=mcp_servers,json=mcpServers,proto3" json:"mcp_servers,omitempty"`
+	// Ask the provider to cache the prompt's stable prefix between turns: for anthropic,
+	// cache breakpoints on the tools, the system prompt and the conversation so far; for
+	// openai, a prompt cache key per handle. Cache reads show in `Usage.cache_read_tokens`.
+	PromptCache   bool `protobuf:"varint,16,opt,name=prompt_cache,json=promptCache,proto3" json:"prompt_cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentDef) Reset() {
 	*x = AgentDef{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1221,7 @@ func (x *AgentDef) String() string {
 func (*AgentDef) ProtoMessage() {}
 
 func (x *AgentDef) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[3]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1234,7 @@ func (x *AgentDef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentDef.ProtoReflect.Descriptor instead.
 func (*AgentDef) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{3}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AgentDef) GetName() string {
@@ -1098,6 +1342,13 @@ func (x *AgentDef) GetMcpServers() []*McpServer {
 	return nil
 }
 
+func (x *AgentDef) GetPromptCache() bool {
+	if x != nil {
+		return x.PromptCache
+	}
+	return false
+}
+
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The period: at least 1 second.
@@ -1110,7 +1361,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1373,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[4]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1135,7 +1386,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{4}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Heartbeat) GetEvery() *durationpb.Duration {
@@ -1167,7 +1418,7 @@ type Compaction struct {
 
 func (x *Compaction) Reset() {
 	*x = Compaction{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1430,7 @@ func (x *Compaction) String() string {
 func (*Compaction) ProtoMessage() {}
 
 func (x *Compaction) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[5]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1443,7 @@ func (x *Compaction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compaction.ProtoReflect.Descriptor instead.
 func (*Compaction) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{5}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Compaction) GetMaxContextTokens() int64 {
@@ -1228,7 +1479,7 @@ type RuntimeOptions struct {
 
 func (x *RuntimeOptions) Reset() {
 	*x = RuntimeOptions{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1491,7 @@ func (x *RuntimeOptions) String() string {
 func (*RuntimeOptions) ProtoMessage() {}
 
 func (x *RuntimeOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[6]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1504,7 @@ func (x *RuntimeOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeOptions.ProtoReflect.Descriptor instead.
 func (*RuntimeOptions) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{6}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RuntimeOptions) GetInboxCapacity() int32 {
@@ -1281,15 +1532,19 @@ type Budget struct {
 	MaxChildren   *int64               `protobuf:"varint,5,opt,name=max_children,json=maxChildren,proto3,oneof" json:"max_children,omitempty"`
 	MaxDepth      *int64               `protobuf:"varint,6,opt,name=max_depth,json=maxDepth,proto3,oneof" json:"max_depth,omitempty"`
 	MaxConcurrent *int64               `protobuf:"varint,7,opt,name=max_concurrent,json=maxConcurrent,proto3,oneof" json:"max_concurrent,omitempty"`
-	// What reaching a limit does (turns, tokens, tool calls): stop, or ask the host.
-	OnExhausted   OnExhausted `protobuf:"varint,8,opt,name=on_exhausted,json=onExhausted,proto3,enum=agentruntime.v1.OnExhausted" json:"on_exhausted,omitempty"`
+	// What reaching a limit does (turns, tokens, tool calls, cost): stop, or ask the host.
+	OnExhausted OnExhausted `protobuf:"varint,8,opt,name=on_exhausted,json=onExhausted,proto3,enum=agentruntime.v1.OnExhausted" json:"on_exhausted,omitempty"`
+	// The subtree's cost cap, in micro-units of the server's price currency (`Cost.micros`);
+	// carved down the tree like `max_tokens`. Reaching it stops the run with LIMIT_MAX_COST.
+	// Only priced calls count (see `Cost.priced`).
+	MaxCost       *int64 `protobuf:"varint,9,opt,name=max_cost,json=maxCost,proto3,oneof" json:"max_cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Budget) Reset() {
 	*x = Budget{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1556,7 @@ func (x *Budget) String() string {
 func (*Budget) ProtoMessage() {}
 
 func (x *Budget) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[7]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1569,7 @@ func (x *Budget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Budget.ProtoReflect.Descriptor instead.
 func (*Budget) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{7}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Budget) GetMaxTurns() int64 {
@@ -1373,6 +1628,13 @@ func (x *Budget) GetOnExhausted() OnExhausted {
 	return OnExhausted_ON_EXHAUSTED_UNSPECIFIED
 }
 
+func (x *Budget) GetMaxCost() int64 {
+	if x != nil && x.MaxCost != nil {
+		return *x.MaxCost
+	}
+	return 0
+}
+
 type ToolDef struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1397,7 +1659,7 @@ type ToolDef struct {
 
 func (x *ToolDef) Reset() {
 	*x = ToolDef{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1671,7 @@ func (x *ToolDef) String() string {
 func (*ToolDef) ProtoMessage() {}
 
 func (x *ToolDef) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[8]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1684,7 @@ func (x *ToolDef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolDef.ProtoReflect.Descriptor instead.
 func (*ToolDef) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ToolDef) GetName() string {
@@ -1525,7 +1787,7 @@ type RelayTool struct {
 
 func (x *RelayTool) Reset() {
 	*x = RelayTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1799,7 @@ func (x *RelayTool) String() string {
 func (*RelayTool) ProtoMessage() {}
 
 func (x *RelayTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[9]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1812,7 @@ func (x *RelayTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayTool.ProtoReflect.Descriptor instead.
 func (*RelayTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 // The arguments JSON is POSTed to `url` with an `Idempotency-Key` header;
@@ -1569,7 +1831,7 @@ type HttpTool struct {
 
 func (x *HttpTool) Reset() {
 	*x = HttpTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1843,7 @@ func (x *HttpTool) String() string {
 func (*HttpTool) ProtoMessage() {}
 
 func (x *HttpTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[10]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1856,7 @@ func (x *HttpTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HttpTool.ProtoReflect.Descriptor instead.
 func (*HttpTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{10}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HttpTool) GetUrl() string {
@@ -1637,7 +1899,7 @@ type McpServer struct {
 
 func (x *McpServer) Reset() {
 	*x = McpServer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1911,7 @@ func (x *McpServer) String() string {
 func (*McpServer) ProtoMessage() {}
 
 func (x *McpServer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[11]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1924,7 @@ func (x *McpServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use McpServer.ProtoReflect.Descriptor instead.
 func (*McpServer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{11}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *McpServer) GetName() string {
@@ -1716,7 +1978,7 @@ type WorkerTool struct {
 
 func (x *WorkerTool) Reset() {
 	*x = WorkerTool{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1990,7 @@ func (x *WorkerTool) String() string {
 func (*WorkerTool) ProtoMessage() {}
 
 func (x *WorkerTool) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[12]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +2003,7 @@ func (x *WorkerTool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerTool.ProtoReflect.Descriptor instead.
 func (*WorkerTool) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{12}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WorkerTool) GetQueue() string {
@@ -1768,7 +2030,7 @@ type ApprovalPolicy struct {
 
 func (x *ApprovalPolicy) Reset() {
 	*x = ApprovalPolicy{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +2042,7 @@ func (x *ApprovalPolicy) String() string {
 func (*ApprovalPolicy) ProtoMessage() {}
 
 func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[13]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +2055,7 @@ func (x *ApprovalPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApprovalPolicy.ProtoReflect.Descriptor instead.
 func (*ApprovalPolicy) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{13}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ApprovalPolicy) GetRequired() bool {
@@ -1825,7 +2087,7 @@ type CompletionGate struct {
 
 func (x *CompletionGate) Reset() {
 	*x = CompletionGate{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +2099,7 @@ func (x *CompletionGate) String() string {
 func (*CompletionGate) ProtoMessage() {}
 
 func (x *CompletionGate) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[14]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +2112,7 @@ func (x *CompletionGate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionGate.ProtoReflect.Descriptor instead.
 func (*CompletionGate) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{14}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompletionGate) GetMaxAttempts() int32 {
@@ -1885,7 +2147,7 @@ type Guardrail struct {
 
 func (x *Guardrail) Reset() {
 	*x = Guardrail{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2159,7 @@ func (x *Guardrail) String() string {
 func (*Guardrail) ProtoMessage() {}
 
 func (x *Guardrail) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[15]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2172,7 @@ func (x *Guardrail) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Guardrail.ProtoReflect.Descriptor instead.
 func (*Guardrail) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{15}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Guardrail) GetTool() string {
@@ -1945,7 +2207,7 @@ type Script struct {
 
 func (x *Script) Reset() {
 	*x = Script{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2219,7 @@ func (x *Script) String() string {
 func (*Script) ProtoMessage() {}
 
 func (x *Script) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[16]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2232,7 @@ func (x *Script) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Script.ProtoReflect.Descriptor instead.
 func (*Script) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{16}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Script) GetReplies() []*ScriptedReply {
@@ -1989,14 +2251,17 @@ type ScriptedReply struct {
 	// How long the scripted model takes to reply: at most 10 minutes.
 	Delay *durationpb.Duration `protobuf:"bytes,4,opt,name=delay,proto3" json:"delay,omitempty"`
 	// How the reply ends: a scripted model can be cut off or refuse like a real one.
-	Stop          ScriptedStop `protobuf:"varint,5,opt,name=stop,proto3,enum=agentruntime.v1.ScriptedStop" json:"stop,omitempty"`
+	Stop ScriptedStop `protobuf:"varint,5,opt,name=stop,proto3,enum=agentruntime.v1.ScriptedStop" json:"stop,omitempty"`
+	// The usage split the reply reports, as a provider would (`total_tokens` is ignored: it is
+	// the sum); when set, `tokens` must be 0 or that sum. Unset: `tokens` are output tokens.
+	Usage         *Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ScriptedReply) Reset() {
 	*x = ScriptedReply{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2008,7 +2273,7 @@ func (x *ScriptedReply) String() string {
 func (*ScriptedReply) ProtoMessage() {}
 
 func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[17]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2021,7 +2286,7 @@ func (x *ScriptedReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedReply.ProtoReflect.Descriptor instead.
 func (*ScriptedReply) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{17}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ScriptedReply) GetText() string {
@@ -2059,6 +2324,13 @@ func (x *ScriptedReply) GetStop() ScriptedStop {
 	return ScriptedStop_SCRIPTED_STOP_UNSPECIFIED
 }
 
+func (x *ScriptedReply) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 type ScriptedToolCall struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2069,7 +2341,7 @@ type ScriptedToolCall struct {
 
 func (x *ScriptedToolCall) Reset() {
 	*x = ScriptedToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2353,7 @@ func (x *ScriptedToolCall) String() string {
 func (*ScriptedToolCall) ProtoMessage() {}
 
 func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[18]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2366,7 @@ func (x *ScriptedToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScriptedToolCall.ProtoReflect.Descriptor instead.
 func (*ScriptedToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{18}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ScriptedToolCall) GetName() string {
@@ -2130,7 +2402,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2414,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[19]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2427,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{19}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Request) GetId() string {
@@ -2229,7 +2501,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2513,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[20]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2526,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{20}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ToolCall) GetId() string {
@@ -2300,7 +2572,7 @@ type Answer struct {
 
 func (x *Answer) Reset() {
 	*x = Answer{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2584,7 @@ func (x *Answer) String() string {
 func (*Answer) ProtoMessage() {}
 
 func (x *Answer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[21]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2325,7 +2597,7 @@ func (x *Answer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Answer.ProtoReflect.Descriptor instead.
 func (*Answer) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{21}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Answer) GetId() string {
@@ -2375,7 +2647,7 @@ type ToolOutput struct {
 
 func (x *ToolOutput) Reset() {
 	*x = ToolOutput{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2659,7 @@ func (x *ToolOutput) String() string {
 func (*ToolOutput) ProtoMessage() {}
 
 func (x *ToolOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[22]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2672,7 @@ func (x *ToolOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolOutput.ProtoReflect.Descriptor instead.
 func (*ToolOutput) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{22}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ToolOutput) GetCallId() string {
@@ -2455,7 +2727,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2739,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[23]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2752,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{23}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Message) GetRole() string {
@@ -2572,7 +2844,7 @@ type Thinking struct {
 
 func (x *Thinking) Reset() {
 	*x = Thinking{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2856,7 @@ func (x *Thinking) String() string {
 func (*Thinking) ProtoMessage() {}
 
 func (x *Thinking) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[24]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2869,7 @@ func (x *Thinking) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Thinking.ProtoReflect.Descriptor instead.
 func (*Thinking) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{24}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Thinking) GetText() string {
@@ -2640,7 +2912,7 @@ type CreateRuntimeRequest struct {
 
 func (x *CreateRuntimeRequest) Reset() {
 	*x = CreateRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2652,7 +2924,7 @@ func (x *CreateRuntimeRequest) String() string {
 func (*CreateRuntimeRequest) ProtoMessage() {}
 
 func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[25]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2665,7 +2937,7 @@ func (x *CreateRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{25}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateRuntimeRequest) GetRuntimeId() string {
@@ -2705,7 +2977,7 @@ type CreateRuntimeResponse struct {
 
 func (x *CreateRuntimeResponse) Reset() {
 	*x = CreateRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +2989,7 @@ func (x *CreateRuntimeResponse) String() string {
 func (*CreateRuntimeResponse) ProtoMessage() {}
 
 func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[26]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +3002,7 @@ func (x *CreateRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*CreateRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{26}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateRuntimeResponse) GetRuntimeId() string {
@@ -2761,7 +3033,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +3045,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[27]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +3058,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{27}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SpawnRequest) GetRuntimeId() string {
@@ -2833,7 +3105,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2845,7 +3117,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[28]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2858,7 +3130,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{28}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SpawnResponse) GetHandleId() string {
@@ -2897,7 +3169,7 @@ type PostRequest struct {
 
 func (x *PostRequest) Reset() {
 	*x = PostRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3181,7 @@ func (x *PostRequest) String() string {
 func (*PostRequest) ProtoMessage() {}
 
 func (x *PostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[29]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3194,7 @@ func (x *PostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostRequest.ProtoReflect.Descriptor instead.
 func (*PostRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{29}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PostRequest) GetRuntimeId() string {
@@ -2991,7 +3263,7 @@ type PostResponse struct {
 
 func (x *PostResponse) Reset() {
 	*x = PostResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3275,7 @@ func (x *PostResponse) String() string {
 func (*PostResponse) ProtoMessage() {}
 
 func (x *PostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[30]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3288,7 @@ func (x *PostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PostResponse.ProtoReflect.Descriptor instead.
 func (*PostResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{30}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PostResponse) GetOk() bool {
@@ -3052,7 +3324,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3336,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[31]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3349,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{31}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WakeRequest) GetRuntimeId() string {
@@ -3119,7 +3391,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3131,7 +3403,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[32]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3144,7 +3416,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{32}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WakeResponse) GetQueued() bool {
@@ -3166,7 +3438,7 @@ type WaitRequest struct {
 
 func (x *WaitRequest) Reset() {
 	*x = WaitRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3450,7 @@ func (x *WaitRequest) String() string {
 func (*WaitRequest) ProtoMessage() {}
 
 func (x *WaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[33]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3463,7 @@ func (x *WaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRequest.ProtoReflect.Descriptor instead.
 func (*WaitRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{33}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WaitRequest) GetRuntimeId() string {
@@ -3224,7 +3496,7 @@ type WaitResponse struct {
 
 func (x *WaitResponse) Reset() {
 	*x = WaitResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3508,7 @@ func (x *WaitResponse) String() string {
 func (*WaitResponse) ProtoMessage() {}
 
 func (x *WaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[34]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3521,7 @@ func (x *WaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitResponse.ProtoReflect.Descriptor instead.
 func (*WaitResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{34}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WaitResponse) GetResult() *TaskResult {
@@ -3276,7 +3548,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3560,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[35]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3573,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{35}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResumeRequest) GetRuntimeId() string {
@@ -3334,7 +3606,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3618,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[36]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3631,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{36}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResumeResponse) GetResult() *TaskResult {
@@ -3386,7 +3658,7 @@ type InterruptRequest struct {
 
 func (x *InterruptRequest) Reset() {
 	*x = InterruptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3670,7 @@ func (x *InterruptRequest) String() string {
 func (*InterruptRequest) ProtoMessage() {}
 
 func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[37]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3683,7 @@ func (x *InterruptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptRequest.ProtoReflect.Descriptor instead.
 func (*InterruptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{37}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *InterruptRequest) GetRuntimeId() string {
@@ -3445,7 +3717,7 @@ type InterruptResponse struct {
 
 func (x *InterruptResponse) Reset() {
 	*x = InterruptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3457,7 +3729,7 @@ func (x *InterruptResponse) String() string {
 func (*InterruptResponse) ProtoMessage() {}
 
 func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[38]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3470,7 +3742,7 @@ func (x *InterruptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InterruptResponse.ProtoReflect.Descriptor instead.
 func (*InterruptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{38}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InterruptResponse) GetInterrupted() bool {
@@ -3504,7 +3776,7 @@ type CloseRequest struct {
 
 func (x *CloseRequest) Reset() {
 	*x = CloseRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3788,7 @@ func (x *CloseRequest) String() string {
 func (*CloseRequest) ProtoMessage() {}
 
 func (x *CloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[39]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3801,7 @@ func (x *CloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseRequest.ProtoReflect.Descriptor instead.
 func (*CloseRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{39}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CloseRequest) GetRuntimeId() string {
@@ -3577,7 +3849,7 @@ type CloseResponse struct {
 
 func (x *CloseResponse) Reset() {
 	*x = CloseResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +3861,7 @@ func (x *CloseResponse) String() string {
 func (*CloseResponse) ProtoMessage() {}
 
 func (x *CloseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[40]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +3874,7 @@ func (x *CloseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseResponse.ProtoReflect.Descriptor instead.
 func (*CloseResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{40}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CloseResponse) GetClosedHandleIds() []string {
@@ -3622,7 +3894,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3906,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[41]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3919,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{41}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *InspectRequest) GetRuntimeId() string {
@@ -3673,7 +3945,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3685,7 +3957,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[42]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3698,7 +3970,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{42}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InspectResponse) GetHandle() *HandleView {
@@ -3722,7 +3994,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +4006,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[43]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +4019,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{43}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListRequest) GetRuntimeId() string {
@@ -3782,7 +4054,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +4066,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[44]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +4079,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{44}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListResponse) GetHandles() []*HandleView {
@@ -3839,7 +4111,7 @@ type GetTranscriptRequest struct {
 
 func (x *GetTranscriptRequest) Reset() {
 	*x = GetTranscriptRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3851,7 +4123,7 @@ func (x *GetTranscriptRequest) String() string {
 func (*GetTranscriptRequest) ProtoMessage() {}
 
 func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[45]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3864,7 +4136,7 @@ func (x *GetTranscriptRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptRequest.ProtoReflect.Descriptor instead.
 func (*GetTranscriptRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{45}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetTranscriptRequest) GetRuntimeId() string {
@@ -3906,7 +4178,7 @@ type GetTranscriptResponse struct {
 
 func (x *GetTranscriptResponse) Reset() {
 	*x = GetTranscriptResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3918,7 +4190,7 @@ func (x *GetTranscriptResponse) String() string {
 func (*GetTranscriptResponse) ProtoMessage() {}
 
 func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[46]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3931,7 +4203,7 @@ func (x *GetTranscriptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTranscriptResponse.ProtoReflect.Descriptor instead.
 func (*GetTranscriptResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{46}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetTranscriptResponse) GetMessages() []*Message {
@@ -3959,7 +4231,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3971,7 +4243,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[47]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3984,7 +4256,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{47}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *WatchRequest) GetRuntimeId() string {
@@ -4010,7 +4282,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4022,7 +4294,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[48]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4035,7 +4307,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{48}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WatchResponse) GetEvent() *Event {
@@ -4068,7 +4340,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4352,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[49]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4365,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{49}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -4260,7 +4532,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4272,7 +4544,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[50]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4285,7 +4557,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{50}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -4311,7 +4583,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4595,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4608,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -4355,7 +4627,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4367,7 +4639,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4380,7 +4652,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -4401,13 +4673,20 @@ type TurnEnded struct {
 	// True when the provider reported no usage and `tokens` is the server's estimate
 	// (about four characters a token of the request and the reply).
 	UsageEstimated bool `protobuf:"varint,6,opt,name=usage_estimated,json=usageEstimated,proto3" json:"usage_estimated,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// This reply's usage split and cost, then the handle's own and subtree's after it.
+	Usage         *Usage `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
+	Cost          *Cost  `protobuf:"bytes,8,opt,name=cost,proto3" json:"cost,omitempty"`
+	OwnUsage      *Usage `protobuf:"bytes,9,opt,name=own_usage,json=ownUsage,proto3" json:"own_usage,omitempty"`
+	TotalUsage    *Usage `protobuf:"bytes,10,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
+	OwnCost       *Cost  `protobuf:"bytes,11,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
+	TotalCost     *Cost  `protobuf:"bytes,12,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4419,7 +4698,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4432,7 +4711,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -4477,6 +4756,48 @@ func (x *TurnEnded) GetUsageEstimated() bool {
 	return false
 }
 
+func (x *TurnEnded) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *TurnEnded) GetCost() *Cost {
+	if x != nil {
+		return x.Cost
+	}
+	return nil
+}
+
+func (x *TurnEnded) GetOwnUsage() *Usage {
+	if x != nil {
+		return x.OwnUsage
+	}
+	return nil
+}
+
+func (x *TurnEnded) GetTotalUsage() *Usage {
+	if x != nil {
+		return x.TotalUsage
+	}
+	return nil
+}
+
+func (x *TurnEnded) GetOwnCost() *Cost {
+	if x != nil {
+		return x.OwnCost
+	}
+	return nil
+}
+
+func (x *TurnEnded) GetTotalCost() *Cost {
+	if x != nil {
+		return x.TotalCost
+	}
+	return nil
+}
+
 type ToolCallStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Call          *ToolCall              `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
@@ -4486,7 +4807,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4498,7 +4819,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4511,7 +4832,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -4534,7 +4855,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4546,7 +4867,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4559,7 +4880,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -4602,7 +4923,7 @@ type ListRuntimesRequest struct {
 
 func (x *ListRuntimesRequest) Reset() {
 	*x = ListRuntimesRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4614,7 +4935,7 @@ func (x *ListRuntimesRequest) String() string {
 func (*ListRuntimesRequest) ProtoMessage() {}
 
 func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4627,7 +4948,7 @@ func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
 func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListRuntimesRequest) GetPageSize() int32 {
@@ -4655,7 +4976,7 @@ type ListRuntimesResponse struct {
 
 func (x *ListRuntimesResponse) Reset() {
 	*x = ListRuntimesResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4667,7 +4988,7 @@ func (x *ListRuntimesResponse) String() string {
 func (*ListRuntimesResponse) ProtoMessage() {}
 
 func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4680,7 +5001,7 @@ func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
 func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListRuntimesResponse) GetRuntimes() []*RuntimeSummary {
@@ -4711,7 +5032,7 @@ type RuntimeSummary struct {
 
 func (x *RuntimeSummary) Reset() {
 	*x = RuntimeSummary{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4723,7 +5044,7 @@ func (x *RuntimeSummary) String() string {
 func (*RuntimeSummary) ProtoMessage() {}
 
 func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4736,7 +5057,7 @@ func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeSummary.ProtoReflect.Descriptor instead.
 func (*RuntimeSummary) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RuntimeSummary) GetRuntimeId() string {
@@ -4792,7 +5113,7 @@ type DeleteRuntimeRequest struct {
 
 func (x *DeleteRuntimeRequest) Reset() {
 	*x = DeleteRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4804,7 +5125,7 @@ func (x *DeleteRuntimeRequest) String() string {
 func (*DeleteRuntimeRequest) ProtoMessage() {}
 
 func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4817,7 +5138,7 @@ func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeleteRuntimeRequest) GetRuntimeId() string {
@@ -4849,7 +5170,7 @@ type DeleteRuntimeResponse struct {
 
 func (x *DeleteRuntimeResponse) Reset() {
 	*x = DeleteRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4861,7 +5182,7 @@ func (x *DeleteRuntimeResponse) String() string {
 func (*DeleteRuntimeResponse) ProtoMessage() {}
 
 func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4874,7 +5195,7 @@ func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 type ServeToolsRequest struct {
@@ -4890,7 +5211,7 @@ type ServeToolsRequest struct {
 
 func (x *ServeToolsRequest) Reset() {
 	*x = ServeToolsRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4902,7 +5223,7 @@ func (x *ServeToolsRequest) String() string {
 func (*ServeToolsRequest) ProtoMessage() {}
 
 func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4915,7 +5236,7 @@ func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsRequest.ProtoReflect.Descriptor instead.
 func (*ServeToolsRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ServeToolsRequest) GetMessage() isServeToolsRequest_Message {
@@ -4975,7 +5296,7 @@ type WorkerRegistration struct {
 
 func (x *WorkerRegistration) Reset() {
 	*x = WorkerRegistration{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4987,7 +5308,7 @@ func (x *WorkerRegistration) String() string {
 func (*WorkerRegistration) ProtoMessage() {}
 
 func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5000,7 +5321,7 @@ func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistration.ProtoReflect.Descriptor instead.
 func (*WorkerRegistration) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WorkerRegistration) GetQueue() string {
@@ -5037,7 +5358,7 @@ type ServeToolsResponse struct {
 
 func (x *ServeToolsResponse) Reset() {
 	*x = ServeToolsResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5049,7 +5370,7 @@ func (x *ServeToolsResponse) String() string {
 func (*ServeToolsResponse) ProtoMessage() {}
 
 func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5062,7 +5383,7 @@ func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsResponse.ProtoReflect.Descriptor instead.
 func (*ServeToolsResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ServeToolsResponse) GetMessage() isServeToolsResponse_Message {
@@ -5118,7 +5439,7 @@ type WorkerRegistered struct {
 
 func (x *WorkerRegistered) Reset() {
 	*x = WorkerRegistered{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5130,7 +5451,7 @@ func (x *WorkerRegistered) String() string {
 func (*WorkerRegistered) ProtoMessage() {}
 
 func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5143,7 +5464,7 @@ func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistered.ProtoReflect.Descriptor instead.
 func (*WorkerRegistered) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WorkerRegistered) GetWorkerId() string {
@@ -5169,7 +5490,7 @@ type WorkerCall struct {
 
 func (x *WorkerCall) Reset() {
 	*x = WorkerCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5181,7 +5502,7 @@ func (x *WorkerCall) String() string {
 func (*WorkerCall) ProtoMessage() {}
 
 func (x *WorkerCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5194,7 +5515,7 @@ func (x *WorkerCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerCall.ProtoReflect.Descriptor instead.
 func (*WorkerCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{65}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WorkerCall) GetId() string {
@@ -5243,7 +5564,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\vhttp_status\x18\x03 \x01(\x05R\n" +
 	"httpStatus\x12\x1c\n" +
 	"\tretryable\x18\x04 \x01(\bR\tretryable\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x96\x03\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xec\x04\n" +
 	"\n" +
 	"TaskResult\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
@@ -5259,7 +5580,25 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\n" +
 	"tool_calls\x18\n" +
 	" \x01(\x03R\ttoolCalls\x122\n" +
-	"\afailure\x18\v \x01(\v2\x18.agentruntime.v1.FailureR\afailure\"\xb4\x03\n" +
+	"\afailure\x18\v \x01(\v2\x18.agentruntime.v1.FailureR\afailure\x123\n" +
+	"\town_usage\x18\f \x01(\v2\x16.agentruntime.v1.UsageR\bownUsage\x127\n" +
+	"\vtotal_usage\x18\r \x01(\v2\x16.agentruntime.v1.UsageR\n" +
+	"totalUsage\x120\n" +
+	"\bown_cost\x18\x0e \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
+	"\n" +
+	"total_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\x95\x02\n" +
+	"\x05Usage\x12!\n" +
+	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12*\n" +
+	"\x11cache_read_tokens\x18\x02 \x01(\x03R\x0fcacheReadTokens\x12,\n" +
+	"\x12cache_write_tokens\x18\x03 \x01(\x03R\x10cacheWriteTokens\x12#\n" +
+	"\routput_tokens\x18\x04 \x01(\x03R\foutputTokens\x12)\n" +
+	"\x10reasoning_tokens\x18\x05 \x01(\x03R\x0freasoningTokens\x12!\n" +
+	"\ftotal_tokens\x18\x06 \x01(\x03R\vtotalTokens\x12\x1c\n" +
+	"\testimated\x18\a \x01(\bR\testimated\"R\n" +
+	"\x04Cost\x12\x16\n" +
+	"\x06micros\x18\x01 \x01(\x03R\x06micros\x12\x1a\n" +
+	"\bcurrency\x18\x02 \x01(\tR\bcurrency\x12\x16\n" +
+	"\x06priced\x18\x03 \x01(\bR\x06priced\"\x8a\x05\n" +
 	"\n" +
 	"HandleView\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x1b\n" +
@@ -5278,7 +5617,13 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\ttoolCalls\x12/\n" +
 	"\x06budget\x18\v \x01(\v2\x17.agentruntime.v1.BudgetR\x06budget\x128\n" +
 	"\vlast_status\x18\f \x01(\x0e2\x17.agentruntime.v1.StatusR\n" +
-	"lastStatus\"\xb4\x05\n" +
+	"lastStatus\x123\n" +
+	"\town_usage\x18\r \x01(\v2\x16.agentruntime.v1.UsageR\bownUsage\x127\n" +
+	"\vtotal_usage\x18\x0e \x01(\v2\x16.agentruntime.v1.UsageR\n" +
+	"totalUsage\x120\n" +
+	"\bown_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
+	"\n" +
+	"total_cost\x18\x10 \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\xd7\x05\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -5302,7 +5647,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"compaction\x18\x0e \x01(\v2\x1b.agentruntime.v1.CompactionR\n" +
 	"compaction\x12;\n" +
 	"\vmcp_servers\x18\x0f \x03(\v2\x1a.agentruntime.v1.McpServerR\n" +
-	"mcpServersB\x14\n" +
+	"mcpServers\x12!\n" +
+	"\fprompt_cache\x18\x10 \x01(\bR\vpromptCacheB\x14\n" +
 	"\x12_max_output_tokens\"T\n" +
 	"\tHeartbeat\x12/\n" +
 	"\x05every\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05every\x12\x16\n" +
@@ -5314,7 +5660,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x10summarizer_agent\x18\x03 \x01(\tR\x0fsummarizerAgent\"t\n" +
 	"\x0eRuntimeOptions\x12%\n" +
 	"\x0einbox_capacity\x18\x01 \x01(\x05R\rinboxCapacity\x12;\n" +
-	"\x1amax_concurrent_model_calls\x18\x02 \x01(\x05R\x17maxConcurrentModelCalls\"\xd1\x03\n" +
+	"\x1amax_concurrent_model_calls\x18\x02 \x01(\x05R\x17maxConcurrentModelCalls\"\xfe\x03\n" +
 	"\x06Budget\x12 \n" +
 	"\tmax_turns\x18\x01 \x01(\x03H\x00R\bmaxTurns\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -5324,7 +5670,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\fmax_children\x18\x05 \x01(\x03H\x03R\vmaxChildren\x88\x01\x01\x12 \n" +
 	"\tmax_depth\x18\x06 \x01(\x03H\x04R\bmaxDepth\x88\x01\x01\x12*\n" +
 	"\x0emax_concurrent\x18\a \x01(\x03H\x05R\rmaxConcurrent\x88\x01\x01\x12?\n" +
-	"\fon_exhausted\x18\b \x01(\x0e2\x1c.agentruntime.v1.OnExhaustedR\vonExhaustedB\f\n" +
+	"\fon_exhausted\x18\b \x01(\x0e2\x1c.agentruntime.v1.OnExhaustedR\vonExhausted\x12\x1e\n" +
+	"\bmax_cost\x18\t \x01(\x03H\x06R\amaxCost\x88\x01\x01B\f\n" +
 	"\n" +
 	"_max_turnsB\r\n" +
 	"\v_max_tokensB\x11\n" +
@@ -5332,7 +5679,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\r_max_childrenB\f\n" +
 	"\n" +
 	"_max_depthB\x11\n" +
-	"\x0f_max_concurrent\"\xa7\x03\n" +
+	"\x0f_max_concurrentB\v\n" +
+	"\t_max_cost\"\xa7\x03\n" +
 	"\aToolDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12:\n" +
@@ -5379,14 +5727,15 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x06action\x18\x02 \x01(\x0e2 .agentruntime.v1.GuardrailActionR\x06action\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"B\n" +
 	"\x06Script\x128\n" +
-	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\xe1\x01\n" +
+	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\x8f\x02\n" +
 	"\rScriptedReply\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12@\n" +
 	"\n" +
 	"tool_calls\x18\x02 \x03(\v2!.agentruntime.v1.ScriptedToolCallR\ttoolCalls\x12\x16\n" +
 	"\x06tokens\x18\x03 \x01(\x03R\x06tokens\x12/\n" +
 	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x121\n" +
-	"\x04stop\x18\x05 \x01(\x0e2\x1d.agentruntime.v1.ScriptedStopR\x04stop\"M\n" +
+	"\x04stop\x18\x05 \x01(\x0e2\x1d.agentruntime.v1.ScriptedStopR\x04stop\x12,\n" +
+	"\x05usage\x18\x06 \x01(\v2\x16.agentruntime.v1.UsageR\x05usage\"M\n" +
 	"\x10ScriptedToolCall\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0earguments_json\x18\x02 \x01(\tR\rargumentsJson\"\x84\x02\n" +
@@ -5564,7 +5913,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\fStateChanged\x122\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1c.agentruntime.v1.HandleStateR\x05state\"!\n" +
 	"\vTurnStarted\x12\x12\n" +
-	"\x04turn\x18\x01 \x01(\x03R\x04turn\"\xc1\x01\n" +
+	"\x04turn\x18\x01 \x01(\x03R\x04turn\"\xf0\x03\n" +
 	"\tTurnEnded\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x03R\x04turn\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x03R\x06tokens\x12\x1d\n" +
@@ -5573,7 +5922,16 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\ftotal_tokens\x18\x04 \x01(\x03R\vtotalTokens\x12\x1d\n" +
 	"\n" +
 	"tool_calls\x18\x05 \x01(\x05R\ttoolCalls\x12'\n" +
-	"\x0fusage_estimated\x18\x06 \x01(\bR\x0eusageEstimated\"@\n" +
+	"\x0fusage_estimated\x18\x06 \x01(\bR\x0eusageEstimated\x12,\n" +
+	"\x05usage\x18\a \x01(\v2\x16.agentruntime.v1.UsageR\x05usage\x12)\n" +
+	"\x04cost\x18\b \x01(\v2\x15.agentruntime.v1.CostR\x04cost\x123\n" +
+	"\town_usage\x18\t \x01(\v2\x16.agentruntime.v1.UsageR\bownUsage\x127\n" +
+	"\vtotal_usage\x18\n" +
+	" \x01(\v2\x16.agentruntime.v1.UsageR\n" +
+	"totalUsage\x120\n" +
+	"\bown_cost\x18\v \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
+	"\n" +
+	"total_cost\x18\f \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"@\n" +
 	"\x0fToolCallStarted\x12-\n" +
 	"\x04call\x18\x01 \x01(\v2\x19.agentruntime.v1.ToolCallR\x04call\"o\n" +
 	"\rToolCallEnded\x12\x17\n" +
@@ -5635,7 +5993,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x12STATUS_INTERRUPTED\x10\x04\x12\x11\n" +
 	"\rSTATUS_CLOSED\x10\x05\x12\x12\n" +
 	"\x0eSTATUS_TIMEOUT\x10\x06\x12\x10\n" +
-	"\fSTATUS_ERROR\x10\a*\xdc\x01\n" +
+	"\fSTATUS_ERROR\x10\a*\xf0\x01\n" +
 	"\x05Limit\x12\x15\n" +
 	"\x11LIMIT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLIMIT_MAX_TURNS\x10\x01\x12\x14\n" +
@@ -5645,7 +6003,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x12LIMIT_MAX_CHILDREN\x10\x05\x12\x13\n" +
 	"\x0fLIMIT_MAX_DEPTH\x10\x06\x12\x14\n" +
 	"\x10LIMIT_COMPLETION\x10\a\x12\x1b\n" +
-	"\x17LIMIT_MAX_OUTPUT_TOKENS\x10\b*\xde\x02\n" +
+	"\x17LIMIT_MAX_OUTPUT_TOKENS\x10\b\x12\x12\n" +
+	"\x0eLIMIT_MAX_COST\x10\t*\xde\x02\n" +
 	"\rFailureReason\x12\x1e\n" +
 	"\x1aFAILURE_REASON_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cFAILURE_REASON_MODEL_REFUSED\x10\x01\x12*\n" +
@@ -5718,7 +6077,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -5731,187 +6090,204 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(ScriptedStop)(0),             // 8: agentruntime.v1.ScriptedStop
 	(*Failure)(nil),               // 9: agentruntime.v1.Failure
 	(*TaskResult)(nil),            // 10: agentruntime.v1.TaskResult
-	(*HandleView)(nil),            // 11: agentruntime.v1.HandleView
-	(*AgentDef)(nil),              // 12: agentruntime.v1.AgentDef
-	(*Heartbeat)(nil),             // 13: agentruntime.v1.Heartbeat
-	(*Compaction)(nil),            // 14: agentruntime.v1.Compaction
-	(*RuntimeOptions)(nil),        // 15: agentruntime.v1.RuntimeOptions
-	(*Budget)(nil),                // 16: agentruntime.v1.Budget
-	(*ToolDef)(nil),               // 17: agentruntime.v1.ToolDef
-	(*RelayTool)(nil),             // 18: agentruntime.v1.RelayTool
-	(*HttpTool)(nil),              // 19: agentruntime.v1.HttpTool
-	(*McpServer)(nil),             // 20: agentruntime.v1.McpServer
-	(*WorkerTool)(nil),            // 21: agentruntime.v1.WorkerTool
-	(*ApprovalPolicy)(nil),        // 22: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 23: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 24: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 25: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 26: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 27: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 28: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 29: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 30: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 31: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 32: agentruntime.v1.Message
-	(*Thinking)(nil),              // 33: agentruntime.v1.Thinking
-	(*CreateRuntimeRequest)(nil),  // 34: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 35: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 36: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 37: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 38: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 39: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 40: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 41: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 42: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 43: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 44: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 45: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 46: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 47: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 48: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 49: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 50: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 51: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 52: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 53: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 54: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 55: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 56: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 57: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 58: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 59: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 60: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 61: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 62: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 63: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 64: agentruntime.v1.ToolCallEnded
-	(*ListRuntimesRequest)(nil),   // 65: agentruntime.v1.ListRuntimesRequest
-	(*ListRuntimesResponse)(nil),  // 66: agentruntime.v1.ListRuntimesResponse
-	(*RuntimeSummary)(nil),        // 67: agentruntime.v1.RuntimeSummary
-	(*DeleteRuntimeRequest)(nil),  // 68: agentruntime.v1.DeleteRuntimeRequest
-	(*DeleteRuntimeResponse)(nil), // 69: agentruntime.v1.DeleteRuntimeResponse
-	(*ServeToolsRequest)(nil),     // 70: agentruntime.v1.ServeToolsRequest
-	(*WorkerRegistration)(nil),    // 71: agentruntime.v1.WorkerRegistration
-	(*ServeToolsResponse)(nil),    // 72: agentruntime.v1.ServeToolsResponse
-	(*WorkerRegistered)(nil),      // 73: agentruntime.v1.WorkerRegistered
-	(*WorkerCall)(nil),            // 74: agentruntime.v1.WorkerCall
-	nil,                           // 75: agentruntime.v1.HttpTool.HeadersEntry
-	nil,                           // 76: agentruntime.v1.McpServer.HeadersEntry
-	(*durationpb.Duration)(nil),   // 77: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 78: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 79: google.protobuf.Timestamp
+	(*Usage)(nil),                 // 11: agentruntime.v1.Usage
+	(*Cost)(nil),                  // 12: agentruntime.v1.Cost
+	(*HandleView)(nil),            // 13: agentruntime.v1.HandleView
+	(*AgentDef)(nil),              // 14: agentruntime.v1.AgentDef
+	(*Heartbeat)(nil),             // 15: agentruntime.v1.Heartbeat
+	(*Compaction)(nil),            // 16: agentruntime.v1.Compaction
+	(*RuntimeOptions)(nil),        // 17: agentruntime.v1.RuntimeOptions
+	(*Budget)(nil),                // 18: agentruntime.v1.Budget
+	(*ToolDef)(nil),               // 19: agentruntime.v1.ToolDef
+	(*RelayTool)(nil),             // 20: agentruntime.v1.RelayTool
+	(*HttpTool)(nil),              // 21: agentruntime.v1.HttpTool
+	(*McpServer)(nil),             // 22: agentruntime.v1.McpServer
+	(*WorkerTool)(nil),            // 23: agentruntime.v1.WorkerTool
+	(*ApprovalPolicy)(nil),        // 24: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 25: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 26: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 27: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 28: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 29: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 30: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 31: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 32: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 33: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 34: agentruntime.v1.Message
+	(*Thinking)(nil),              // 35: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 36: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 37: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 38: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 39: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 40: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 41: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 42: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 43: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 44: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 45: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 46: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 47: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 48: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 49: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 50: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 51: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 52: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 53: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 54: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 55: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 56: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 57: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 58: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 59: agentruntime.v1.WatchResponse
+	(*Event)(nil),                 // 60: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 61: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 62: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 63: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 64: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 65: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 66: agentruntime.v1.ToolCallEnded
+	(*ListRuntimesRequest)(nil),   // 67: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 68: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 69: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 70: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 71: agentruntime.v1.DeleteRuntimeResponse
+	(*ServeToolsRequest)(nil),     // 72: agentruntime.v1.ServeToolsRequest
+	(*WorkerRegistration)(nil),    // 73: agentruntime.v1.WorkerRegistration
+	(*ServeToolsResponse)(nil),    // 74: agentruntime.v1.ServeToolsResponse
+	(*WorkerRegistered)(nil),      // 75: agentruntime.v1.WorkerRegistered
+	(*WorkerCall)(nil),            // 76: agentruntime.v1.WorkerCall
+	nil,                           // 77: agentruntime.v1.HttpTool.HeadersEntry
+	nil,                           // 78: agentruntime.v1.McpServer.HeadersEntry
+	(*durationpb.Duration)(nil),   // 79: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 80: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 81: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
-	2,  // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
-	0,  // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
-	1,  // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	28, // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
-	9,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
-	3,  // 5: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
-	16, // 6: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
-	0,  // 7: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
-	17, // 8: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
-	16, // 9: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	23, // 10: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	24, // 11: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	25, // 12: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	13, // 13: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
-	14, // 14: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	20, // 15: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
-	77, // 16: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	77, // 17: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	5,  // 18: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	78, // 19: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	18, // 20: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	19, // 21: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	21, // 22: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
-	22, // 23: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	7,  // 24: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	75, // 25: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	77, // 26: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	76, // 27: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
-	77, // 28: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
-	77, // 29: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
-	6,  // 30: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	26, // 31: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	27, // 32: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	77, // 33: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	8,  // 34: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	78, // 35: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	79, // 36: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 37: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	78, // 38: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	31, // 39: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	29, // 40: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	33, // 41: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,  // 42: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	12, // 43: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	15, // 44: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	16, // 45: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,  // 46: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	77, // 47: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 48: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	30, // 49: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10, // 50: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	77, // 51: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	11, // 52: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	11, // 53: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	32, // 54: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	58, // 55: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	79, // 56: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	59, // 57: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	60, // 58: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	61, // 59: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	62, // 60: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	63, // 61: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	64, // 62: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	28, // 63: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10, // 64: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,  // 65: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	29, // 66: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	67, // 67: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	79, // 68: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	71, // 69: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	31, // 70: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	73, // 71: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	74, // 72: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	29, // 73: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	79, // 74: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	34, // 75: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	36, // 76: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	38, // 77: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	40, // 78: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	42, // 79: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	44, // 80: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	46, // 81: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	48, // 82: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	50, // 83: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	52, // 84: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	54, // 85: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	56, // 86: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	65, // 87: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	68, // 88: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	70, // 89: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	35, // 90: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	37, // 91: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	39, // 92: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	41, // 93: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	43, // 94: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	45, // 95: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	47, // 96: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	49, // 97: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	51, // 98: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	53, // 99: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	55, // 100: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	57, // 101: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	66, // 102: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	69, // 103: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	72, // 104: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	90, // [90:105] is the sub-list for method output_type
-	75, // [75:90] is the sub-list for method input_type
-	75, // [75:75] is the sub-list for extension type_name
-	75, // [75:75] is the sub-list for extension extendee
-	0,  // [0:75] is the sub-list for field type_name
+	2,   // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
+	0,   // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
+	1,   // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
+	30,  // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	9,   // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
+	11,  // 5: agentruntime.v1.TaskResult.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 6: agentruntime.v1.TaskResult.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 7: agentruntime.v1.TaskResult.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 8: agentruntime.v1.TaskResult.total_cost:type_name -> agentruntime.v1.Cost
+	3,   // 9: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
+	18,  // 10: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
+	0,   // 11: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
+	11,  // 12: agentruntime.v1.HandleView.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 13: agentruntime.v1.HandleView.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 14: agentruntime.v1.HandleView.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 15: agentruntime.v1.HandleView.total_cost:type_name -> agentruntime.v1.Cost
+	19,  // 16: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
+	18,  // 17: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
+	25,  // 18: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	26,  // 19: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	27,  // 20: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	15,  // 21: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
+	16,  // 22: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
+	22,  // 23: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
+	79,  // 24: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	79,  // 25: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	5,   // 26: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
+	80,  // 27: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	20,  // 28: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	21,  // 29: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	23,  // 30: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
+	24,  // 31: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,   // 32: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	77,  // 33: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	79,  // 34: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	78,  // 35: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
+	79,  // 36: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
+	79,  // 37: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	6,   // 38: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	28,  // 39: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	29,  // 40: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	79,  // 41: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,   // 42: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	11,  // 43: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
+	80,  // 44: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	81,  // 45: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	31,  // 46: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	80,  // 47: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	33,  // 48: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	31,  // 49: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	35,  // 50: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,   // 51: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	14,  // 52: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	17,  // 53: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	18,  // 54: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,   // 55: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	79,  // 56: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10,  // 57: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	32,  // 58: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10,  // 59: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	79,  // 60: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	13,  // 61: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	13,  // 62: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	34,  // 63: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	60,  // 64: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	81,  // 65: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	61,  // 66: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	62,  // 67: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	63,  // 68: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	64,  // 69: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	65,  // 70: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	66,  // 71: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	30,  // 72: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10,  // 73: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,   // 74: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	11,  // 75: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
+	12,  // 76: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
+	11,  // 77: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 78: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 79: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 80: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
+	31,  // 81: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	69,  // 82: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	81,  // 83: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	73,  // 84: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	33,  // 85: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	75,  // 86: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	76,  // 87: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	31,  // 88: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	81,  // 89: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	36,  // 90: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	38,  // 91: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	40,  // 92: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	42,  // 93: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	44,  // 94: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	46,  // 95: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	48,  // 96: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	50,  // 97: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	52,  // 98: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	54,  // 99: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	56,  // 100: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	58,  // 101: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	67,  // 102: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	70,  // 103: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	72,  // 104: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	37,  // 105: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	39,  // 106: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	41,  // 107: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	43,  // 108: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	45,  // 109: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	47,  // 110: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	49,  // 111: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	51,  // 112: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	53,  // 113: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	55,  // 114: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	57,  // 115: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	59,  // 116: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	68,  // 117: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	71,  // 118: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	74,  // 119: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	105, // [105:120] is the sub-list for method output_type
+	90,  // [90:105] is the sub-list for method input_type
+	90,  // [90:90] is the sub-list for extension type_name
+	90,  // [90:90] is the sub-list for extension extendee
+	0,   // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -5919,14 +6295,14 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 	if File_agentruntime_v1_agent_runtime_proto != nil {
 		return
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[3].OneofWrappers = []any{}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[7].OneofWrappers = []any{}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[8].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[5].OneofWrappers = []any{}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[9].OneofWrappers = []any{}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[10].OneofWrappers = []any{
 		(*ToolDef_Relay)(nil),
 		(*ToolDef_Http)(nil),
 		(*ToolDef_Worker)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[49].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[51].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -5936,11 +6312,11 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*Event_Pending)(nil),
 		(*Event_Result)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[61].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[63].OneofWrappers = []any{
 		(*ServeToolsRequest_Registration)(nil),
 		(*ServeToolsRequest_Output)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[63].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[65].OneofWrappers = []any{
 		(*ServeToolsResponse_Registered)(nil),
 		(*ServeToolsResponse_Call)(nil),
 	}
@@ -5950,7 +6326,7 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   68,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

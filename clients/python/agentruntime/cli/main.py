@@ -30,6 +30,7 @@ from .ask import Asker, LineReader, NoAnswer
 from .view import (
     Tree,
     columns,
+    cost_text,
     event_line,
     handle_lines,
     key_values,
@@ -416,7 +417,7 @@ async def _ls(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         _json(pb.ListResponse(handles=handles))
         return EXIT_OK
-    headers = ["handle", "agent", "state", "turns", "own", "total", "tools", "last", "pending"]
+    headers = ["handle", "agent", "state", "turns", "own", "total", "cost", "tools", "last", "pending"]
     rows = [
         [
             view.handle_id,
@@ -425,6 +426,7 @@ async def _ls(args: argparse.Namespace, client: Client) -> int:
             str(view.turns),
             str(view.own_tokens),
             str(view.total_tokens),
+            cost_text(view.total_cost),
             str(view.tool_calls),
             status_name(view.last_status) if view.last_status else "-",
             view.pending_kind or "-",

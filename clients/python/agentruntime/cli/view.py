@@ -26,6 +26,13 @@ def status_name(status: int) -> str:
     return pb.Status.Name(status).removeprefix("STATUS_")  # type: ignore[arg-type]
 
 
+def cost_text(cost: pb.Cost) -> str:
+    """`0.0123 USD`; `*` when a call it covers had no price; `-` for nothing priced at all."""
+    if not cost.currency and not cost.micros:
+        return "-" if cost.priced else "unpriced"
+    return f"{cost.micros / 1_000_000:.4f} {cost.currency}{'' if cost.priced else '*'}"
+
+
 def failure_name(reason: int) -> str:
     return pb.FailureReason.Name(reason).removeprefix("FAILURE_REASON_")  # type: ignore[arg-type]
 
@@ -70,6 +77,7 @@ class Node:
     turns: int = 0
     own_tokens: int = 0
     reported_total: int = 0
+    total_cost: pb.Cost = field(default_factory=lambda: pb.Cost(priced=True))  # the latest the server reported
     turn_in_flight: int = 0
     calls: dict[str, str] = field(default_factory=dict)
     pending: pb.Request | None = None
@@ -127,6 +135,8 @@ class Tree:
             node.turns = max(node.turns, ended.turn)
             node.own_tokens = max(node.own_tokens, ended.own_tokens)
             node.reported_total = max(node.reported_total, ended.total_tokens)
+            if ended.HasField("total_cost") and ended.total_cost.micros >= node.total_cost.micros:
+                node.total_cost = ended.total_cost
         elif kind == "tool_call_started":
             node.calls[event.tool_call_started.call.id] = call_label(event.tool_call_started.call)
         elif kind == "tool_call_ended":
@@ -139,6 +149,8 @@ class Tree:
             node.turns = max(node.turns, result.turns)
             node.own_tokens = max(node.own_tokens, result.own_tokens)
             node.reported_total = max(node.reported_total, result.total_tokens)
+            if result.HasField("total_cost") and result.total_cost.micros >= node.total_cost.micros:
+                node.total_cost = result.total_cost
             node.pending = result.pending if result.status == pb.STATUS_PENDING else None
             # The state change follows this event; show the settled state at once, as the server sets it.
             node.calls.clear()
@@ -207,6 +219,7 @@ class Tree:
         table.add_column("turns", justify="right")
         table.add_column("own", justify="right")
         table.add_column("total", justify="right")
+        table.add_column("cost", justify="right")
         table.add_column("activity")
         for label, node in self.walk():
             state = state_name(node.state)
@@ -217,6 +230,7 @@ class Tree:
                 str(node.turns),
                 str(node.own_tokens),
                 str(self.total(node.handle_id)),
+                cost_text(node.total_cost),
                 Text(printable(self.activity(node))),  # a model's words: no markup, no control
             )
         return Group(header, table)
@@ -277,6 +291,7 @@ def result_lines(result: pb.TaskResult) -> list[tuple[str, str]]:
         ("turns", str(result.turns)),
         ("own tokens", str(result.own_tokens)),
         ("total tokens", str(result.total_tokens)),
+        ("total cost", cost_text(result.total_cost)),
         ("tool calls", str(result.tool_calls)),
         ("text", result.text),
     ]

@@ -84,6 +84,8 @@ class _LimitEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Limit.ValueType
     """The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
     off, and a tool call in the cut-off reply is never run.
     """
+    LIMIT_MAX_COST: _Limit.ValueType  # 9
+    """The subtree's cost reached `Budget.max_cost`."""
 
 class Limit(_Limit, metaclass=_LimitEnumTypeWrapper):
     """Limit names the budget that stopped a run. Set iff status is STATUS_INCOMPLETE."""
@@ -100,6 +102,8 @@ LIMIT_MAX_OUTPUT_TOKENS: Limit.ValueType  # 8
 """The model's reply hit its output cap (`AgentDef.max_output_tokens`): the text is cut
 off, and a tool call in the cut-off reply is never run.
 """
+LIMIT_MAX_COST: Limit.ValueType  # 9
+"""The subtree's cost reached `Budget.max_cost`."""
 Global___Limit: _TypeAlias = Limit  # noqa: Y015
 
 class _FailureReason:
@@ -369,6 +373,10 @@ class TaskResult(_message.Message):
     OWN_TOKENS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    OWN_USAGE_FIELD_NUMBER: _builtins.int
+    TOTAL_USAGE_FIELD_NUMBER: _builtins.int
+    OWN_COST_FIELD_NUMBER: _builtins.int
+    TOTAL_COST_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     text: _builtins.str
     is_error: _builtins.bool
@@ -390,6 +398,22 @@ class TaskResult(_message.Message):
     def failure(self) -> Global___Failure:
         """Why the run failed; set iff status is STATUS_ERROR."""
 
+    @_builtins.property
+    def own_usage(self) -> Global___Usage:
+        """This handle's own cumulative usage, split as the providers bill it."""
+
+    @_builtins.property
+    def total_usage(self) -> Global___Usage:
+        """The whole subtree's cumulative usage; `total_usage.total_tokens` equals `total_tokens`."""
+
+    @_builtins.property
+    def own_cost(self) -> Global___Cost:
+        """What this handle's own model calls cost, at the prices in force when each reply came."""
+
+    @_builtins.property
+    def total_cost(self) -> Global___Cost:
+        """What the whole subtree's model calls cost."""
+
     def __init__(
         self,
         *,
@@ -404,14 +428,102 @@ class TaskResult(_message.Message):
         own_tokens: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
         failure: Global___Failure | None = ...,
+        own_usage: Global___Usage | None = ...,
+        total_usage: Global___Usage | None = ...,
+        own_cost: Global___Cost | None = ...,
+        total_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "pending", b"pending"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "own_cost", b"own_cost", "own_usage", b"own_usage", "pending", b"pending", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "own_tokens", b"own_tokens", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskResult: _TypeAlias = TaskResult  # noqa: Y015
+
+@_typing.final
+class Usage(_message.Message):
+    """Tokens as the model providers bill them. `total_tokens` = `input_tokens` +
+    `cache_read_tokens` + `cache_write_tokens` + `output_tokens`; `reasoning_tokens` is the
+    part of `output_tokens` the model spent thinking (not added again). Which field of each
+    provider's reply feeds which figure: docs/usage.md.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_READ_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_WRITE_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    REASONING_TOKENS_FIELD_NUMBER: _builtins.int
+    TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_FIELD_NUMBER: _builtins.int
+    input_tokens: _builtins.int
+    """Input billed at the base rate (prompt tokens that were neither read from nor written to a cache)."""
+    cache_read_tokens: _builtins.int
+    """Input read from the provider's prompt cache."""
+    cache_write_tokens: _builtins.int
+    """Input written to the provider's prompt cache."""
+    output_tokens: _builtins.int
+    """Output, reasoning included."""
+    reasoning_tokens: _builtins.int
+    """The part of `output_tokens` spent reasoning."""
+    total_tokens: _builtins.int
+    estimated: _builtins.bool
+    """True when a reply it covers reported no usage: its figures are the server's estimate,
+    split as input (the request) and output (the reply).
+    """
+    def __init__(
+        self,
+        *,
+        input_tokens: _builtins.int = ...,
+        cache_read_tokens: _builtins.int = ...,
+        cache_write_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        reasoning_tokens: _builtins.int = ...,
+        total_tokens: _builtins.int = ...,
+        estimated: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_read_tokens", b"cache_read_tokens", "cache_write_tokens", b"cache_write_tokens", "estimated", b"estimated", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class Cost(_message.Message):
+    """Money, as an integer count of micro-units of a currency (no floats): 1,500,000 micros of
+    USD is $1.50. Each reply's cost is rounded once, half up, when it arrives.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MICROS_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    PRICED_FIELD_NUMBER: _builtins.int
+    micros: _builtins.int
+    currency: _builtins.str
+    """The ISO 4217 code of the server's price table (AGENTRUNTIME_PRICES); empty without one."""
+    priced: _builtins.bool
+    """Whether every model call it covers had a price: a model missing from the table costs
+    nothing and says so here.
+    """
+    def __init__(
+        self,
+        *,
+        micros: _builtins.int = ...,
+        currency: _builtins.str = ...,
+        priced: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "micros", b"micros", "priced", b"priced"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Cost: _TypeAlias = Cost  # noqa: Y015
 
 @_typing.final
 class HandleView(_message.Message):
@@ -429,6 +541,10 @@ class HandleView(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     BUDGET_FIELD_NUMBER: _builtins.int
     LAST_STATUS_FIELD_NUMBER: _builtins.int
+    OWN_USAGE_FIELD_NUMBER: _builtins.int
+    TOTAL_USAGE_FIELD_NUMBER: _builtins.int
+    OWN_COST_FIELD_NUMBER: _builtins.int
+    TOTAL_COST_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     parent_id: _builtins.str
     """`root` for a top-level handle."""
@@ -447,6 +563,14 @@ class HandleView(_message.Message):
     def budget(self) -> Global___Budget:
         """The budget in force after carving from the ancestors."""
 
+    @_builtins.property
+    def own_usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def total_usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def own_cost(self) -> Global___Cost: ...
+    @_builtins.property
+    def total_cost(self) -> Global___Cost: ...
     def __init__(
         self,
         *,
@@ -462,10 +586,14 @@ class HandleView(_message.Message):
         tool_calls: _builtins.int = ...,
         budget: Global___Budget | None = ...,
         last_status: Global___Status.ValueType = ...,
+        own_usage: Global___Usage | None = ...,
+        total_usage: Global___Usage | None = ...,
+        own_cost: Global___Cost | None = ...,
+        total_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "own_cost", b"own_cost", "own_usage", b"own_usage", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "handle_id", b"handle_id", "inbox_size", b"inbox_size", "last_status", b"last_status", "own_tokens", b"own_tokens", "parent_id", b"parent_id", "pending_kind", b"pending_kind", "state", b"state", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "handle_id", b"handle_id", "inbox_size", b"inbox_size", "last_status", b"last_status", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "parent_id", b"parent_id", "pending_kind", b"pending_kind", "state", b"state", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -490,6 +618,7 @@ class AgentDef(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
     MCP_SERVERS_FIELD_NUMBER: _builtins.int
+    PROMPT_CACHE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -506,6 +635,11 @@ class AgentDef(_message.Message):
     """The output cap sent with every model call (`max_completion_tokens` for openai,
     `max_tokens` for anthropic); unset: the provider's setting. A reply that reaches it
     stops the run with LIMIT_MAX_OUTPUT_TOKENS.
+    """
+    prompt_cache: _builtins.bool
+    """Ask the provider to cache the prompt's stable prefix between turns: for anthropic,
+    cache breakpoints on the tools, the system prompt and the conversation so far; for
+    openai, a prompt cache key per handle. Cache reads show in `Usage.cache_read_tokens`.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDef]: ...
@@ -559,10 +693,11 @@ class AgentDef(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         compaction: Global___Compaction | None = ...,
         mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
+        prompt_cache: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "heartbeat", b"heartbeat", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "mcp_servers", b"mcp_servers", "model", b"model", "name", b"name", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "mcp_servers", b"mcp_servers", "model", b"model", "name", b"name", "prompt_cache", b"prompt_cache", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
@@ -664,6 +799,7 @@ class Budget(_message.Message):
     MAX_DEPTH_FIELD_NUMBER: _builtins.int
     MAX_CONCURRENT_FIELD_NUMBER: _builtins.int
     ON_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    MAX_COST_FIELD_NUMBER: _builtins.int
     max_turns: _builtins.int
     max_tokens: _builtins.int
     max_tool_calls: _builtins.int
@@ -671,7 +807,12 @@ class Budget(_message.Message):
     max_depth: _builtins.int
     max_concurrent: _builtins.int
     on_exhausted: Global___OnExhausted.ValueType
-    """What reaching a limit does (turns, tokens, tool calls): stop, or ask the host."""
+    """What reaching a limit does (turns, tokens, tool calls, cost): stop, or ask the host."""
+    max_cost: _builtins.int
+    """The subtree's cost cap, in micro-units of the server's price currency (`Cost.micros`);
+    carved down the tree like `max_tokens`. Reaching it stops the run with LIMIT_MAX_COST.
+    Only priced calls count (see `Cost.priced`).
+    """
     @_builtins.property
     def max_wall_time(self) -> _duration_pb2.Duration:
         """Per run; at most 30 days."""
@@ -687,15 +828,18 @@ class Budget(_message.Message):
         max_depth: _builtins.int | None = ...,
         max_concurrent: _builtins.int | None = ...,
         on_exhausted: Global___OnExhausted.ValueType = ...,
+        max_cost: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_cost", b"_max_cost", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_cost", b"max_cost", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time", "on_exhausted", b"on_exhausted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_children", b"_max_children", "_max_concurrent", b"_max_concurrent", "_max_cost", b"_max_cost", "_max_depth", b"_max_depth", "_max_tokens", b"_max_tokens", "_max_tool_calls", b"_max_tool_calls", "_max_turns", b"_max_turns", "max_children", b"max_children", "max_concurrent", b"max_concurrent", "max_cost", b"max_cost", "max_depth", b"max_depth", "max_tokens", b"max_tokens", "max_tool_calls", b"max_tool_calls", "max_turns", b"max_turns", "max_wall_time", b"max_wall_time", "on_exhausted", b"on_exhausted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_children: _TypeAlias = _typing.Literal["max_children"]  # noqa: Y015
     _WhichOneofArgType__max_children: _TypeAlias = _typing.Literal["_max_children", b"_max_children"]  # noqa: Y015
     _WhichOneofReturnType__max_concurrent: _TypeAlias = _typing.Literal["max_concurrent"]  # noqa: Y015
     _WhichOneofArgType__max_concurrent: _TypeAlias = _typing.Literal["_max_concurrent", b"_max_concurrent"]  # noqa: Y015
+    _WhichOneofReturnType__max_cost: _TypeAlias = _typing.Literal["max_cost"]  # noqa: Y015
+    _WhichOneofArgType__max_cost: _TypeAlias = _typing.Literal["_max_cost", b"_max_cost"]  # noqa: Y015
     _WhichOneofReturnType__max_depth: _TypeAlias = _typing.Literal["max_depth"]  # noqa: Y015
     _WhichOneofArgType__max_depth: _TypeAlias = _typing.Literal["_max_depth", b"_max_depth"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
@@ -708,6 +852,8 @@ class Budget(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_children) -> _WhichOneofReturnType__max_children | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent) -> _WhichOneofReturnType__max_concurrent | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_cost) -> _WhichOneofReturnType__max_cost | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_depth) -> _WhichOneofReturnType__max_depth | None: ...
     @_typing.overload
@@ -1051,6 +1197,7 @@ class ScriptedReply(_message.Message):
     TOKENS_FIELD_NUMBER: _builtins.int
     DELAY_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     tokens: _builtins.int
     """The usage the reply reports (total tokens): 0 to 100,000,000."""
@@ -1062,6 +1209,12 @@ class ScriptedReply(_message.Message):
     def delay(self) -> _duration_pb2.Duration:
         """How long the scripted model takes to reply: at most 10 minutes."""
 
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """The usage split the reply reports, as a provider would (`total_tokens` is ignored: it is
+        the sum); when set, `tokens` must be 0 or that sum. Unset: `tokens` are output tokens.
+        """
+
     def __init__(
         self,
         *,
@@ -1070,10 +1223,11 @@ class ScriptedReply(_message.Message):
         tokens: _builtins.int = ...,
         delay: _duration_pb2.Duration | _datetime.timedelta | None = ...,
         stop: Global___ScriptedStop.ValueType = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stop", b"stop", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stop", b"stop", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2144,6 +2298,12 @@ class TurnEnded(_message.Message):
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     USAGE_ESTIMATED_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    COST_FIELD_NUMBER: _builtins.int
+    OWN_USAGE_FIELD_NUMBER: _builtins.int
+    TOTAL_USAGE_FIELD_NUMBER: _builtins.int
+    OWN_COST_FIELD_NUMBER: _builtins.int
+    TOTAL_COST_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     tokens: _builtins.int
     """This reply's usage, then the handle's figures after it."""
@@ -2154,6 +2314,20 @@ class TurnEnded(_message.Message):
     """True when the provider reported no usage and `tokens` is the server's estimate
     (about four characters a token of the request and the reply).
     """
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """This reply's usage split and cost, then the handle's own and subtree's after it."""
+
+    @_builtins.property
+    def cost(self) -> Global___Cost: ...
+    @_builtins.property
+    def own_usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def total_usage(self) -> Global___Usage: ...
+    @_builtins.property
+    def own_cost(self) -> Global___Cost: ...
+    @_builtins.property
+    def total_cost(self) -> Global___Cost: ...
     def __init__(
         self,
         *,
@@ -2163,10 +2337,16 @@ class TurnEnded(_message.Message):
         total_tokens: _builtins.int = ...,
         tool_calls: _builtins.int = ...,
         usage_estimated: _builtins.bool = ...,
+        usage: Global___Usage | None = ...,
+        cost: Global___Cost | None = ...,
+        own_usage: Global___Usage | None = ...,
+        total_usage: Global___Usage | None = ...,
+        own_cost: Global___Cost | None = ...,
+        total_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "own_cost", b"own_cost", "own_usage", b"own_usage", "total_cost", b"total_cost", "total_usage", b"total_usage", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["own_tokens", b"own_tokens", "tokens", b"tokens", "tool_calls", b"tool_calls", "total_tokens", b"total_tokens", "turn", b"turn", "usage_estimated", b"usage_estimated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "tokens", b"tokens", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turn", b"turn", "usage", b"usage", "usage_estimated", b"usage_estimated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -48,6 +48,7 @@ import {
   type AgentDef,
   type AgentRuntimeClient,
   type ClientOptions,
+  type Cost,
   type Event,
   type Failure,
   type HandleView,
@@ -55,6 +56,7 @@ import {
   type Request,
   type TaskResult,
   type ToolHandler,
+  type Usage,
 } from "../index.js";
 
 /** This package's directory (dist/conformance/run.js → ../..). */
@@ -125,6 +127,7 @@ function resultFields(result: TaskResult): Actual {
     turns: result.turns,
     total_tokens: result.totalTokens,
     own_tokens: result.ownTokens,
+    ...billFields(result),
     tool_calls: result.toolCalls,
     pending: {
       kind: pending?.kind ?? "",
@@ -145,12 +148,39 @@ function failureFields(failure: Failure): Actual {
   };
 }
 
+/** A TaskResult's or HandleView's usage and cost; an unset message reads as its zeros. */
+function billFields(carrier: TaskResult | HandleView): Actual {
+  return {
+    own_usage: usageFields(carrier.ownUsage),
+    total_usage: usageFields(carrier.totalUsage),
+    own_cost: costFields(carrier.ownCost),
+    total_cost: costFields(carrier.totalCost),
+  };
+}
+
+function usageFields(usage: Usage | undefined): Actual {
+  return {
+    input_tokens: usage?.inputTokens ?? 0n,
+    cache_read_tokens: usage?.cacheReadTokens ?? 0n,
+    cache_write_tokens: usage?.cacheWriteTokens ?? 0n,
+    output_tokens: usage?.outputTokens ?? 0n,
+    reasoning_tokens: usage?.reasoningTokens ?? 0n,
+    total_tokens: usage?.totalTokens ?? 0n,
+    estimated: usage?.estimated ?? false,
+  };
+}
+
+function costFields(cost: Cost | undefined): Actual {
+  return { micros: cost?.micros ?? 0n, currency: cost?.currency ?? "", priced: cost?.priced ?? false };
+}
+
 function viewFields(view: HandleView): Actual {
   return {
     state: enumName(HandleStateSchema, view.state),
     turns: view.turns,
     own_tokens: view.ownTokens,
     total_tokens: view.totalTokens,
+    ...billFields(view),
     tool_calls: view.toolCalls,
     pending_kind: view.pendingKind,
     inbox_size: view.inboxSize,

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass
 
 from ..model import HandleState, PendingRequest, TaskResult, ToolCall
+from ..usage import Cost, Tokens, Usage
 
 
 class EventKind(enum.Enum):
@@ -38,6 +39,9 @@ class Event:
     total_tokens: int = 0
     tool_calls: int = 0
     usage_estimated: bool = False
+    split: Tokens | None = None  # TURN_ENDED: the reply's usage as the provider bills it
+    cost: Cost | None = None  # TURN_ENDED: what the reply cost
+    usage: Usage | None = None  # TURN_ENDED: the handle's figures after it
     call: ToolCall | None = None
     call_id: str = ""
     output: str = ""

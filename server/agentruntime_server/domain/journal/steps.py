@@ -18,7 +18,7 @@ from ..model import (
     ToolCall,
     ToolResult,
 )
-from ..usage import Usage
+from ..usage import NO_COST, NO_TOKENS, Cost, Tokens, Usage
 from .events import EventKind
 from .imported import EventsImported, Imported
 from .tree import Tree
@@ -175,12 +175,16 @@ class ModelReplied:
 
     handle_id: str
     message: Message
-    tokens: int
+    tokens: int  # split.total
     usage: Usage  # the handle's usage after it (what the TurnEnded event reports)
     estimated: bool = False  # the provider reported no usage: `tokens` is the runtime's estimate
+    # The reply's tokens as the provider bills them, and their cost at the prices in force
+    # when it came: recorded, so a replay (and a later price change) never changes history.
+    split: Tokens = NO_TOKENS
+    cost: Cost = NO_COST
 
     def apply(self, tree: Tree) -> None:
-        tree.handles[self.handle_id].add_reply(self.message, self.tokens)
+        tree.handles[self.handle_id].add_reply(self.message, self.split, self.cost, self.estimated)
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         fields: dict[str, object] = {
@@ -190,6 +194,9 @@ class ModelReplied:
             "total_tokens": self.usage.total_tokens,
             "tool_calls": len(self.message.tool_calls),
             "usage_estimated": self.estimated,
+            "split": self.split,
+            "cost": self.cost,
+            "usage": self.usage,
         }
         return [(self.handle_id, EventKind.TURN_ENDED, fields)]
 

@@ -22,6 +22,7 @@ import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CloseResponse;
+import dev.agentruntime.v1.Cost;
 import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
@@ -38,6 +39,7 @@ import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
 import dev.agentruntime.v1.Trust;
+import dev.agentruntime.v1.Usage;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -1115,6 +1117,10 @@ public final class Runner {
     fields.addProperty("turns", result.getTurns());
     fields.addProperty("total_tokens", result.getTotalTokens());
     fields.addProperty("own_tokens", result.getOwnTokens());
+    fields.add("own_usage", usageFields(result.getOwnUsage()));
+    fields.add("total_usage", usageFields(result.getTotalUsage()));
+    fields.add("own_cost", costFields(result.getOwnCost()));
+    fields.add("total_cost", costFields(result.getTotalCost()));
     fields.addProperty("tool_calls", result.getToolCalls());
     JsonObject pending = new JsonObject();
     pending.addProperty("kind", result.getPending().getKind());
@@ -1139,12 +1145,37 @@ public final class Runner {
     return fields;
   }
 
+  // An unset Usage or Cost reads as its zeros (the generated getter's default instance).
+  private static JsonObject usageFields(Usage usage) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("input_tokens", usage.getInputTokens());
+    fields.addProperty("cache_read_tokens", usage.getCacheReadTokens());
+    fields.addProperty("cache_write_tokens", usage.getCacheWriteTokens());
+    fields.addProperty("output_tokens", usage.getOutputTokens());
+    fields.addProperty("reasoning_tokens", usage.getReasoningTokens());
+    fields.addProperty("total_tokens", usage.getTotalTokens());
+    fields.addProperty("estimated", usage.getEstimated());
+    return fields;
+  }
+
+  private static JsonObject costFields(Cost cost) {
+    JsonObject fields = new JsonObject();
+    fields.addProperty("micros", cost.getMicros());
+    fields.addProperty("currency", cost.getCurrency());
+    fields.addProperty("priced", cost.getPriced());
+    return fields;
+  }
+
   private static JsonObject viewFields(HandleView view) {
     JsonObject fields = new JsonObject();
     fields.addProperty("state", view.getState().name());
     fields.addProperty("turns", view.getTurns());
     fields.addProperty("own_tokens", view.getOwnTokens());
     fields.addProperty("total_tokens", view.getTotalTokens());
+    fields.add("own_usage", usageFields(view.getOwnUsage()));
+    fields.add("total_usage", usageFields(view.getTotalUsage()));
+    fields.add("own_cost", costFields(view.getOwnCost()));
+    fields.add("total_cost", costFields(view.getTotalCost()));
     fields.addProperty("tool_calls", view.getToolCalls());
     fields.addProperty("pending_kind", view.getPendingKind());
     fields.addProperty("inbox_size", view.getInboxSize());
