@@ -6,7 +6,7 @@ away then back; nothing acknowledged is lost and nothing refused is ever written
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
@@ -15,28 +15,15 @@ from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Tree, replay
 from agentruntime_server.store.postgres import PostgresStore
 
+from tests.support.heard import listen
 from tests.support.poll import until
 from tests.support.replicas import no_events
 from tests.support.story import AGENTS, figures, story
 
 
-class Watched(PostgresStore):
-    """The store, with what it told its callbacks."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.health: list[bool] = []
-        self.told: list[str] = []
-        self.on_health(self.health.append)
-        self.on_unwritten(self._told)
-
-    def _told(self, keys: Collection[str]) -> None:
-        self.told.extend(keys)
-
-
 @pytest.fixture
-async def store(database: str) -> AsyncIterator[Watched]:
-    made = Watched(database)
+async def store(database: str) -> AsyncIterator[PostgresStore]:
+    made = PostgresStore(database)
     yield made
     await made.close()
 
@@ -52,7 +39,10 @@ async def cut(database: str) -> None:
         await admin.close()
 
 
-async def test_a_failed_commit_refuses_its_runtimes_and_the_store_comes_back_by_itself(store: Watched, database: str) -> None:
+async def test_a_failed_commit_refuses_its_runtimes_and_the_store_comes_back_by_itself(
+    store: PostgresStore, database: str
+) -> None:
+    heard = listen(store)
     await store.create_runtime("a", AGENTS)
     await store.create_runtime("b", AGENTS)
     tree_a, tree_b = Tree("a", AGENTS), Tree("b", AGENTS)
@@ -69,19 +59,19 @@ async def test_a_failed_commit_refuses_its_runtimes_and_the_store_comes_back_by_
     with pytest.raises(StoreUnavailable) as refused:
         await store.flush("a")
     assert refused.value.reason == "STORE_UNAVAILABLE"
-    assert store.told == ["a"] and store.health[:1] == [False]
+    assert heard.told == ["a"] and heard.health[:1] == [False]
     assert "b" not in store.unwritten  # it wrote nothing in the failed commit: its copy goes on
 
     # While the store is away, every append is refused at once (and its runtime told), and so is every read.
     with pytest.raises(StoreUnavailable):
         await journal_b.record(*next(groups_b))
-    assert store.told == ["a", "b"]
+    assert heard.told == ["a", "b"]
     assert not store.available  # the first probe is PROBE_EVERY away
     with pytest.raises(StoreUnavailable):
         await store.load("a")
 
     await until(lambda: store.available, "the probe to reach the database again", timeout=10)
-    assert store.health == [False, True]
+    assert heard.health == [False, True]
     await store.flush()  # a later flush awaits no failure of the past
 
     # Read again, the runtime is what was acknowledged, and goes on with the next seqs.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sqlite3
-from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -21,23 +20,10 @@ from agentruntime_server.domain.model import InboxItem
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.disk import fill, small_disk
+from tests.support.heard import listen
 from tests.support.poll import until
 from tests.support.replicas import no_events
 from tests.support.story import AGENTS, COORDINATOR, figures, story
-
-
-class Watched(SqliteStore):
-    """The store, with what it told its callbacks."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self.health: list[bool] = []
-        self.told: list[str] = []
-        self.on_health(self.health.append)
-        self.on_unwritten(self._told)
-
-    def _told(self, keys: Collection[str]) -> None:
-        self.told.extend(keys)
 
 
 def big_note() -> InboxItem:
@@ -52,7 +38,8 @@ def integrity(path: Path) -> str:
 
 async def test_a_full_disk_refuses_writes_and_the_store_writes_again_once_there_is_room(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", "4m") as disk:
-        store = Watched(str(disk / "store.db"))
+        store = SqliteStore(str(disk / "store.db"))
+        heard = listen(store)
         try:
             await store.create_runtime("a", AGENTS)
             await store.create_runtime("b", AGENTS)
@@ -72,14 +59,14 @@ async def test_a_full_disk_refuses_writes_and_the_store_writes_again_once_there_
                 await store.flush("a")
             assert refused.value.reason == "STORE_FULL"
             assert "no room left on its disk" in str(refused.value)
-            assert store.told == ["a"] and store.health == [False]
+            assert heard.told == ["a"] and heard.health == [False]
             assert "b" not in store.unwritten  # it wrote nothing in the failed commit: its copy goes on
 
             # While the store cannot write, every append is refused at once (and its runtime
             # told), and so is a create, which writes nothing; reads go on.
             with pytest.raises(StoreCannotWrite):
                 await journal_b.record(*next(groups_b))
-            assert store.told == ["a", "b"]
+            assert heard.told == ["a", "b"]
             with pytest.raises(StoreCannotWrite):
                 await store.create_runtime("c", AGENTS)
             assert not await store.runtime_exists("c")
@@ -87,7 +74,7 @@ async def test_a_full_disk_refuses_writes_and_the_store_writes_again_once_there_
             assert stored is not None and [entry.seq for entry in stored.entries] == list(range(1, last + 1))
 
             ballast.unlink()
-            await until(lambda: store.health == [False, True], "the probe to write again", timeout=10)
+            await until(lambda: heard.health == [False, True], "the probe to write again", timeout=10)
             await store.create_runtime("c", AGENTS)
 
             # Read again, the runtime is what was acknowledged, and goes on with the next seqs.
