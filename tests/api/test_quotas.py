@@ -449,7 +449,7 @@ async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_override
     said = [record.getMessage() for record in caplog.records if "quotas per tenant" in record.getMessage()]
     assert said == [
         "quotas per tenant (the tokens file may set a tenant's own): runtimes 1000, running handles 64, "
-        "tokens per day none, handles per minute 600, store bytes 1073741824"
+        "tokens per day none, handles per minute 600, store bytes 1073741824, cost per day none"
     ]
     async with serve(auth="tokens", auth_tokens_file=str(tokens)) as served:
         assert served.running.service.services.quotas == Quotas(**SHARED_QUOTAS)
