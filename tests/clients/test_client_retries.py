@@ -395,7 +395,10 @@ async def test_the_retry_window_bounds_a_run_of_failures(flaky: tuple[Flaky, str
     assert refused.value.is_unavailable
     times = [attempt.at for attempt in servicer.attempts]
     assert len(times) >= 3  # retried ...
-    assert times[-1] - times[0] < 1.0 and took < 10  # ... but no attempt started after the window
+    # ... but no attempt started after the window. It runs from the first *failure* the client
+    # read, and these are the times attempts reached the server: the spread may pass the window
+    # by a round trip (a full suite's run saw 1.002 s), never by the next backoff and more.
+    assert times[-1] - times[0] < 1.0 + 0.5 and took < 10
     assert len({attempt.request_id for attempt in servicer.attempts}) == 1
 
 
