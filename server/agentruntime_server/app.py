@@ -30,6 +30,7 @@ from .domain.ports import Leases, NoPrices, PriceSource, Services, Store
 from .domain.quotas import Quotas
 from .domain.service import RuntimeService
 from .http import HttpClient
+from .http.proxy import Proxies
 from .observability import Observability
 from .observability import build as build_observability
 from .prices_file import PriceWatch, open_prices
@@ -187,6 +188,15 @@ def open_store(url: str) -> Store:
     return SqliteStore(url.removeprefix("sqlite:///"))
 
 
+def model_proxies() -> Proxies:
+    """HTTPS_PROXY, HTTP_PROXY and NO_PROXY, for model calls only (http tools and MCP servers
+    connect directly: their egress policy checks the addresses they reach)."""
+    try:
+        return Proxies.from_environment()
+    except ValueError as error:
+        raise StartupError(str(error)) from None
+
+
 def _opened_sqlite(url: str) -> Store:
     try:
         return open_store(url)
@@ -310,7 +320,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     prices = open_prices(settings.prices)  # reads the price table
     store = await opened_store(settings.store)
     observability = build_observability(settings, span_exporter)
-    http = HttpClient(settings.http_pool_size)
+    http = HttpClient(settings.http_pool_size, proxies=model_proxies())
     tools = HttpTools(
         egress_policy(settings),
         pool_size=settings.http_pool_size,

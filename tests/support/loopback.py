@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -14,6 +15,7 @@ R = TypeVar("R")
 class Loopback:
     port: int = 0
     _runner: web.AppRunner | None = None
+    tls: ssl.SSLContext | None = None  # set before start: served over https (for `localhost` and 127.0.0.1)
 
     def routes(self, app: web.Application) -> None:
         raise NotImplementedError
@@ -25,7 +27,7 @@ class Loopback:
         # A short shutdown: a test's slow handlers must not hold up its teardown.
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=self.tls)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -49,7 +51,7 @@ class ScriptedServer(Loopback, Generic[R]):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"https://localhost:{self.port}/v1" if self.tls is not None else f"http://127.0.0.1:{self.port}/v1"
 
     async def receive(self, request: web.Request) -> tuple[dict[str, Any], str, Callable[[dict[str, Any]], R] | None]:
         """Records the request; returns its body, its model and that model's script (if any)."""

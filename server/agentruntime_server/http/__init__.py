@@ -18,8 +18,9 @@ connection closes; 1xx interim responses skipped; gzip and deflate bodies decode
 asked for: `Accept-Encoding: identity` is sent); a bounded body (the rest is never read);
 one deadline for the whole exchange (a free connection, connecting, sending, the reply);
 keep-alive connections reused newest first and dropped after `keepalive` seconds idle;
-at most `pool_size` connections open. No redirects are followed, no proxy is used, no
-cookie is kept: none of them belongs on these paths."""
+at most `pool_size` connections open; through an HTTP proxy's CONNECT tunnel when one is
+given (http/proxy.py: the model client takes HTTPS_PROXY, HTTP_PROXY and NO_PROXY). No
+redirects are followed and no cookie is kept: neither belongs on these paths."""
 
 from .client import HttpClient, system_resolver
 from .wire import (

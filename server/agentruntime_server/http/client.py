@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 from .connection import Connection
+from .proxy import Proxies, Proxy, tunnel
 from .wire import BodyLimit, ConnectFailed, ConnectionLost, Origin, Resolver, Response, Target, encode_headers, parse_target
 
 
@@ -41,11 +42,14 @@ class HttpClient:
         keepalive: float = 30.0,
         resolver: Resolver = system_resolver,
         ssl_context: ssl.SSLContext | None = None,
+        proxies: Proxies | None = None,
     ) -> None:
+        """`proxies`: the HTTP proxy each origin goes through (http/proxy.py); None: none."""
         self.pool_size = max(pool_size, 1)
         self.keepalive = keepalive
         self._resolver = resolver
         self._ssl = ssl_context
+        self._proxies = proxies if proxies else None
         self._idle: dict[Origin, list[Connection]] = {}
         self._live: set[Connection] = set()  # connected, not yet retired
         self._opening = 0  # connections being made
@@ -184,6 +188,9 @@ class HttpClient:
 
     async def _open_connection(self, target: Target) -> Connection:
         secure, host, port = target.origin
+        proxy = self._proxies.for_origin(target.origin) if self._proxies is not None else None
+        if proxy is not None:
+            return await self._through(proxy, target)
         if target.literal:
             addresses = [host]
         else:
@@ -194,11 +201,7 @@ class HttpClient:
             if not addresses:
                 error = OSError(f"{host} resolves to no address")
                 raise ConnectFailed(str(error), error)
-        context = None
-        if secure:
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            context = self._ssl
+        context = self._context() if secure else None
         failures: list[tuple[str, OSError]] = []
         for address in addresses:
             try:
@@ -215,6 +218,30 @@ class HttpClient:
             return connection
         tried = "; ".join(f"at {address}: {exc}" for address, exc in failures)
         raise ConnectFailed(f"cannot connect to {host}:{port} {tried}", failures[-1][1]) from failures[-1][1]
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    async def _through(self, proxy: Proxy, target: Target) -> Connection:
+        """A connection through a CONNECT tunnel of the proxy's; TLS to the origin inside it."""
+        secure, host, _ = target.origin
+        raw = await tunnel(proxy, target.origin)
+        transport: asyncio.BaseTransport = raw
+        if secure:
+            try:
+                tls = await self.loop.start_tls(raw, raw.get_protocol(), self._context(), server_hostname=host)
+            except (OSError, ssl.SSLError) as exc:
+                raw.close()
+                raise ConnectFailed(f"cannot connect to {host} through the proxy {proxy.shown}: {exc}", exc) from exc
+            if tls is None:
+                raise ConnectFailed(f"cannot connect to {host} through the proxy {proxy.shown}: TLS did not start")
+            transport = tls
+        connection = Connection(self, target.origin)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        return connection
 
     def release(self, connection: Connection) -> None:
         """An exchange is over: the connection waits in its pool for the next one, or closes."""
