@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.build import agent, create, http_tool, spawn, status_details
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import eventually, until
-from tests.support.postgres import fresh_database
+from tests.support.postgres import cut_connections, fresh_database
 from tests.support.process import free_port
 from tests.support.replicas import LEASE, Pair, Replica, cut_off, journal_of, pair, settled_at, started_run, two_replicas
 from tests.support.servers import serve
@@ -124,18 +124,6 @@ async def break_sqlite(url: str) -> None:
         db.execute("CREATE TRIGGER refuse BEFORE INSERT ON journal BEGIN SELECT RAISE(ABORT, 'disk I/O secret'); END")
 
 
-async def break_postgres(url: str) -> None:
-    """The server's connections are cut (a failover, a network fault): its next commit fails."""
-    admin = await asyncpg.connect(url)
-    try:
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = 'agentruntime'"
-        )
-    finally:
-        await admin.close()
-
-
 async def test_a_broken_sqlite_store_answers_unavailable_and_the_health_service_stops_serving(
     model: ScriptedModelServer, tmp_path: Path
 ) -> None:
@@ -180,7 +168,7 @@ async def test_postgres_connections_cut_are_refused_cleanly_and_the_server_recon
     async with serve(store=url, llm_style="openai", llm_base_url=model.base_url) as served:
         runtime_id = await create(served.stub, agent("solo"))
         first = await spawn(served.stub, runtime_id, "solo")
-        await break_postgres(url)
+        await cut_connections(url)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await served.stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="solo"), timeout=10)
         error = refused.value

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime_server.domain.errors import StoreUnavailable
 from agentruntime_server.domain.events import EventLog
@@ -17,6 +16,7 @@ from agentruntime_server.store.postgres import PostgresStore
 
 from tests.support.heard import listen
 from tests.support.poll import until
+from tests.support.postgres import cut_connections
 from tests.support.replicas import no_events
 from tests.support.story import AGENTS, figures, story
 
@@ -26,17 +26,6 @@ async def store(database: str) -> AsyncIterator[PostgresStore]:
     made = PostgresStore(database)
     yield made
     await made.close()
-
-
-async def cut(database: str) -> None:
-    admin = await asyncpg.connect(database)
-    try:
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = 'agentruntime'"
-        )
-    finally:
-        await admin.close()
 
 
 async def test_a_failed_commit_refuses_its_runtimes_and_the_store_comes_back_by_itself(
@@ -54,7 +43,7 @@ async def test_a_failed_commit_refuses_its_runtimes_and_the_store_comes_back_by_
     await store.flush("a")
     acknowledged, last = figures(tree_a), journal_a.last_seq
 
-    await cut(database)
+    await cut_connections(database)
     await journal_a.record(*next(groups_a))  # buffered: its commit meets a dead connection
     with pytest.raises(StoreUnavailable) as refused:
         await store.flush("a")

@@ -54,6 +54,20 @@ async def fresh_database(url: str, name: str) -> str:
     return urllib.parse.urlsplit(url)._replace(path=f"/{name}").geturl()
 
 
+async def cut_connections(url: str) -> None:
+    """The database ends every connection the servers on it hold (application_name
+    `agentruntime`), as a restart, a failover or a network fault would: their next statement
+    or commit fails."""
+    admin = await asyncpg.connect(url)
+    try:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = 'agentruntime'"
+        )
+    finally:
+        await admin.close()
+
+
 class StoppablePostgres:
     """A PostgreSQL server of a test's own (the session's is shared by other tests), which the
     test stops, starts and restarts with the package's own pg_ctl, on the same socket: the
