@@ -87,6 +87,7 @@ class SqliteStore:
         self._broken: BaseException | None = None
         # A write failed for want of space or I/O: set until a probe writes again (`_probing`).
         self._down: sqlite3.OperationalError | None = None
+        self._full = False  # ...for want of space (judged once, as it failed, not at each refusal)
         self._probing: asyncio.Task[None] | None = None
         self._on_health: list[Callable[[bool], None]] = []
         self._on_unwritten: list[Callable[[Collection[str]], None]] = []
@@ -243,6 +244,7 @@ class SqliteStore:
         if self._down is None:
             log.warning("the store could not write (%s: %s); trying again every %s s", type(cause).__name__, cause, PROBE_EVERY)
             self._down = cause
+            self._full = disk_full(cause, self._directory)
             for callback in self._on_health:
                 callback(False)
         return self._refusal()
@@ -250,7 +252,7 @@ class SqliteStore:
     def _refusal(self) -> StoreCannotWrite:
         assert self._down is not None
         self._start_probing()
-        refusal = StoreCannotWrite(full=disk_full(self._down, self._directory))
+        refusal = StoreCannotWrite(full=self._full)
         refusal.__cause__ = self._down
         return refusal
 
@@ -274,8 +276,7 @@ class SqliteStore:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:
                 log.debug("the store could not checkpoint (%s)", exc)
-            assert self._down is not None
-            if self._directory is not None and disk_full(self._down, self._directory, fallback=False):
+            if self._full and self._directory is not None:
                 free = _free_bytes(self._directory)
                 if free is not None and free < ROOM:
                     continue
@@ -512,14 +513,14 @@ def _cutoffs(settled: float | None, suspended: float | None) -> dict[str, float 
     return {"latest": max(given), "settled": settled, "suspended": suspended} if given else None
 
 
-def disk_full(error: sqlite3.Error, directory: Path | None, fallback: bool = True) -> bool:
-    """Whether a write failed for want of space: SQLITE_FULL, or (`fallback`) an I/O error on
+def disk_full(error: sqlite3.Error, directory: Path | None) -> bool:
+    """Whether a write failed for want of space: SQLITE_FULL, or an I/O error on
     a disk with less than ROOM free (SQLite reports a full disk as an I/O error where it maps
     memory, as it opens a store)."""
     code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if code == _SQLITE_FULL:
         return True
-    if not fallback or code != _SQLITE_IOERR or directory is None:
+    if code != _SQLITE_IOERR or directory is None:
         return False
     free = _free_bytes(directory)
     return free is not None and free < ROOM
