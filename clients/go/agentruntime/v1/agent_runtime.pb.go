@@ -2254,9 +2254,14 @@ type ScriptedReply struct {
 	Stop ScriptedStop `protobuf:"varint,5,opt,name=stop,proto3,enum=agentruntime.v1.ScriptedStop" json:"stop,omitempty"`
 	// The usage split the reply reports, as a provider would (`total_tokens` is ignored: it is
 	// the sum); when set, `tokens` must be 0 or that sum. Unset: `tokens` are output tokens.
-	Usage         *Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Usage *Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
+	// How the reply's text streams to watchers asking for deltas (WatchRequest.deltas): in
+	// pieces of this many characters (1 to 100,000; unset or 0: the whole text in one piece),
+	// with `stream_pause` between them (at most 1 minute).
+	StreamChunkChars int32                `protobuf:"varint,7,opt,name=stream_chunk_chars,json=streamChunkChars,proto3" json:"stream_chunk_chars,omitempty"`
+	StreamPause      *durationpb.Duration `protobuf:"bytes,8,opt,name=stream_pause,json=streamPause,proto3" json:"stream_pause,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ScriptedReply) Reset() {
@@ -2327,6 +2332,20 @@ func (x *ScriptedReply) GetStop() ScriptedStop {
 func (x *ScriptedReply) GetUsage() *Usage {
 	if x != nil {
 		return x.Usage
+	}
+	return nil
+}
+
+func (x *ScriptedReply) GetStreamChunkChars() int32 {
+	if x != nil {
+		return x.StreamChunkChars
+	}
+	return 0
+}
+
+func (x *ScriptedReply) GetStreamPause() *durationpb.Duration {
+	if x != nil {
+		return x.StreamPause
 	}
 	return nil
 }
@@ -4224,7 +4243,11 @@ type WatchRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
 	// Events with a greater seq are sent; 0 sends the runtime's whole history.
-	AfterSeq      int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	AfterSeq int64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// Also send what the models write as they write it (`WatchResponse.delta`), for every
+	// handle of the runtime. Deltas are not journaled: a watcher that reconnects in the middle
+	// of a model turn gets that turn's deltas again from index 0. False: events only.
+	Deltas        bool `protobuf:"varint,3,opt,name=deltas,proto3" json:"deltas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4273,9 +4296,18 @@ func (x *WatchRequest) GetAfterSeq() int64 {
 	return 0
 }
 
+func (x *WatchRequest) GetDeltas() bool {
+	if x != nil {
+		return x.Deltas
+	}
+	return false
+}
+
+// WatchResponse holds one event or, for a watcher that asked for deltas, one delta.
 type WatchResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	Delta         *Delta                 `protobuf:"bytes,2,opt,name=delta,proto3" json:"delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4317,6 +4349,278 @@ func (x *WatchResponse) GetEvent() *Event {
 	return nil
 }
 
+func (x *WatchResponse) GetDelta() *Delta {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
+// Delta is a piece of a model reply as it streams in (docs/streaming.md). The whole reply is
+// journaled as it is today, and its TurnEnded event follows the turn's last delta.
+type Delta struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HandleId string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// The model turn this piece belongs to (TurnStarted.turn).
+	Turn int64 `protobuf:"varint,2,opt,name=turn,proto3" json:"turn,omitempty"`
+	// Its place in the turn's stream, from 0 without gaps; a `reset` starts the turn's stream
+	// again at 0.
+	Index int64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// The seq of the last event journaled before it (a Watch from there gets it again).
+	AfterSeq int64 `protobuf:"varint,4,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// Types that are valid to be assigned to Piece:
+	//
+	//	*Delta_Text
+	//	*Delta_Thinking
+	//	*Delta_ToolCall
+	//	*Delta_Reset_
+	Piece         isDelta_Piece `protobuf_oneof:"piece"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delta) Reset() {
+	*x = Delta{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delta) ProtoMessage() {}
+
+func (x *Delta) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delta.ProtoReflect.Descriptor instead.
+func (*Delta) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *Delta) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *Delta) GetTurn() int64 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *Delta) GetIndex() int64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Delta) GetAfterSeq() int64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *Delta) GetPiece() isDelta_Piece {
+	if x != nil {
+		return x.Piece
+	}
+	return nil
+}
+
+func (x *Delta) GetText() string {
+	if x != nil {
+		if x, ok := x.Piece.(*Delta_Text); ok {
+			return x.Text
+		}
+	}
+	return ""
+}
+
+func (x *Delta) GetThinking() string {
+	if x != nil {
+		if x, ok := x.Piece.(*Delta_Thinking); ok {
+			return x.Thinking
+		}
+	}
+	return ""
+}
+
+func (x *Delta) GetToolCall() *ToolCallDelta {
+	if x != nil {
+		if x, ok := x.Piece.(*Delta_ToolCall); ok {
+			return x.ToolCall
+		}
+	}
+	return nil
+}
+
+func (x *Delta) GetReset_() *DeltaReset {
+	if x != nil {
+		if x, ok := x.Piece.(*Delta_Reset_); ok {
+			return x.Reset_
+		}
+	}
+	return nil
+}
+
+type isDelta_Piece interface {
+	isDelta_Piece()
+}
+
+type Delta_Text struct {
+	// A piece of the reply's text.
+	Text string `protobuf:"bytes,5,opt,name=text,proto3,oneof"`
+}
+
+type Delta_Thinking struct {
+	// A piece of the model's reasoning, where the provider sends it.
+	Thinking string `protobuf:"bytes,6,opt,name=thinking,proto3,oneof"`
+}
+
+type Delta_ToolCall struct {
+	// A piece of a tool call.
+	ToolCall *ToolCallDelta `protobuf:"bytes,7,opt,name=tool_call,json=toolCall,proto3,oneof"`
+}
+
+type Delta_Reset_ struct {
+	// What was streamed for this turn so far is void (the provider call is retried, or the
+	// turn is run again after a restart or a failover): a UI clears it.
+	Reset_ *DeltaReset `protobuf:"bytes,8,opt,name=reset,proto3,oneof"`
+}
+
+func (*Delta_Text) isDelta_Piece() {}
+
+func (*Delta_Thinking) isDelta_Piece() {}
+
+func (*Delta_ToolCall) isDelta_Piece() {}
+
+func (*Delta_Reset_) isDelta_Piece() {}
+
+type ToolCallDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call's place in the reply, from 0.
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// The tool's name, in the call's first piece.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// A piece of the call's arguments (JSON text; the pieces of one call join to it).
+	Arguments     string `protobuf:"bytes,3,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallDelta) Reset() {
+	*x = ToolCallDelta{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallDelta) ProtoMessage() {}
+
+func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
+func (*ToolCallDelta) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ToolCallDelta) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ToolCallDelta) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+type DeltaReset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why: `retry` (the provider call is made again) or `rerun` (the turn runs again).
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeltaReset) Reset() {
+	*x = DeltaReset{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeltaReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeltaReset) ProtoMessage() {}
+
+func (x *DeltaReset) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeltaReset.ProtoReflect.Descriptor instead.
+func (*DeltaReset) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *DeltaReset) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Event is one change in a runtime, numbered per runtime from 1 without gaps.
 type Event struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -4340,7 +4644,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4656,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[51]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4669,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{51}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Event) GetSeq() int64 {
@@ -4532,7 +4836,7 @@ type HandleSpawned struct {
 
 func (x *HandleSpawned) Reset() {
 	*x = HandleSpawned{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +4848,7 @@ func (x *HandleSpawned) String() string {
 func (*HandleSpawned) ProtoMessage() {}
 
 func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[52]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +4861,7 @@ func (x *HandleSpawned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandleSpawned.ProtoReflect.Descriptor instead.
 func (*HandleSpawned) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{52}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *HandleSpawned) GetParentId() string {
@@ -4583,7 +4887,7 @@ type StateChanged struct {
 
 func (x *StateChanged) Reset() {
 	*x = StateChanged{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4595,7 +4899,7 @@ func (x *StateChanged) String() string {
 func (*StateChanged) ProtoMessage() {}
 
 func (x *StateChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[53]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4608,7 +4912,7 @@ func (x *StateChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateChanged.ProtoReflect.Descriptor instead.
 func (*StateChanged) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{53}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StateChanged) GetState() HandleState {
@@ -4627,7 +4931,7 @@ type TurnStarted struct {
 
 func (x *TurnStarted) Reset() {
 	*x = TurnStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4639,7 +4943,7 @@ func (x *TurnStarted) String() string {
 func (*TurnStarted) ProtoMessage() {}
 
 func (x *TurnStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[54]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4652,7 +4956,7 @@ func (x *TurnStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnStarted.ProtoReflect.Descriptor instead.
 func (*TurnStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{54}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TurnStarted) GetTurn() int64 {
@@ -4686,7 +4990,7 @@ type TurnEnded struct {
 
 func (x *TurnEnded) Reset() {
 	*x = TurnEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4698,7 +5002,7 @@ func (x *TurnEnded) String() string {
 func (*TurnEnded) ProtoMessage() {}
 
 func (x *TurnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[55]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4711,7 +5015,7 @@ func (x *TurnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TurnEnded.ProtoReflect.Descriptor instead.
 func (*TurnEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{55}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TurnEnded) GetTurn() int64 {
@@ -4807,7 +5111,7 @@ type ToolCallStarted struct {
 
 func (x *ToolCallStarted) Reset() {
 	*x = ToolCallStarted{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4819,7 +5123,7 @@ func (x *ToolCallStarted) String() string {
 func (*ToolCallStarted) ProtoMessage() {}
 
 func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[56]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4832,7 +5136,7 @@ func (x *ToolCallStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallStarted.ProtoReflect.Descriptor instead.
 func (*ToolCallStarted) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{56}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ToolCallStarted) GetCall() *ToolCall {
@@ -4855,7 +5159,7 @@ type ToolCallEnded struct {
 
 func (x *ToolCallEnded) Reset() {
 	*x = ToolCallEnded{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4867,7 +5171,7 @@ func (x *ToolCallEnded) String() string {
 func (*ToolCallEnded) ProtoMessage() {}
 
 func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[57]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4880,7 +5184,7 @@ func (x *ToolCallEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallEnded.ProtoReflect.Descriptor instead.
 func (*ToolCallEnded) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{57}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ToolCallEnded) GetCallId() string {
@@ -4923,7 +5227,7 @@ type ListRuntimesRequest struct {
 
 func (x *ListRuntimesRequest) Reset() {
 	*x = ListRuntimesRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4935,7 +5239,7 @@ func (x *ListRuntimesRequest) String() string {
 func (*ListRuntimesRequest) ProtoMessage() {}
 
 func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[58]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4948,7 +5252,7 @@ func (x *ListRuntimesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesRequest.ProtoReflect.Descriptor instead.
 func (*ListRuntimesRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{58}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListRuntimesRequest) GetPageSize() int32 {
@@ -4976,7 +5280,7 @@ type ListRuntimesResponse struct {
 
 func (x *ListRuntimesResponse) Reset() {
 	*x = ListRuntimesResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4988,7 +5292,7 @@ func (x *ListRuntimesResponse) String() string {
 func (*ListRuntimesResponse) ProtoMessage() {}
 
 func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[59]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5001,7 +5305,7 @@ func (x *ListRuntimesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRuntimesResponse.ProtoReflect.Descriptor instead.
 func (*ListRuntimesResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{59}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListRuntimesResponse) GetRuntimes() []*RuntimeSummary {
@@ -5032,7 +5336,7 @@ type RuntimeSummary struct {
 
 func (x *RuntimeSummary) Reset() {
 	*x = RuntimeSummary{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5348,7 @@ func (x *RuntimeSummary) String() string {
 func (*RuntimeSummary) ProtoMessage() {}
 
 func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[60]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5361,7 @@ func (x *RuntimeSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeSummary.ProtoReflect.Descriptor instead.
 func (*RuntimeSummary) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{60}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RuntimeSummary) GetRuntimeId() string {
@@ -5113,7 +5417,7 @@ type DeleteRuntimeRequest struct {
 
 func (x *DeleteRuntimeRequest) Reset() {
 	*x = DeleteRuntimeRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5429,7 @@ func (x *DeleteRuntimeRequest) String() string {
 func (*DeleteRuntimeRequest) ProtoMessage() {}
 
 func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[61]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5442,7 @@ func (x *DeleteRuntimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{61}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DeleteRuntimeRequest) GetRuntimeId() string {
@@ -5170,7 +5474,7 @@ type DeleteRuntimeResponse struct {
 
 func (x *DeleteRuntimeResponse) Reset() {
 	*x = DeleteRuntimeResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5182,7 +5486,7 @@ func (x *DeleteRuntimeResponse) String() string {
 func (*DeleteRuntimeResponse) ProtoMessage() {}
 
 func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[62]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5195,7 +5499,7 @@ func (x *DeleteRuntimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuntimeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuntimeResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{62}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 type ServeToolsRequest struct {
@@ -5211,7 +5515,7 @@ type ServeToolsRequest struct {
 
 func (x *ServeToolsRequest) Reset() {
 	*x = ServeToolsRequest{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5223,7 +5527,7 @@ func (x *ServeToolsRequest) String() string {
 func (*ServeToolsRequest) ProtoMessage() {}
 
 func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[63]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5236,7 +5540,7 @@ func (x *ServeToolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsRequest.ProtoReflect.Descriptor instead.
 func (*ServeToolsRequest) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{63}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ServeToolsRequest) GetMessage() isServeToolsRequest_Message {
@@ -5296,7 +5600,7 @@ type WorkerRegistration struct {
 
 func (x *WorkerRegistration) Reset() {
 	*x = WorkerRegistration{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5308,7 +5612,7 @@ func (x *WorkerRegistration) String() string {
 func (*WorkerRegistration) ProtoMessage() {}
 
 func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[64]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5321,7 +5625,7 @@ func (x *WorkerRegistration) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistration.ProtoReflect.Descriptor instead.
 func (*WorkerRegistration) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{64}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WorkerRegistration) GetQueue() string {
@@ -5358,7 +5662,7 @@ type ServeToolsResponse struct {
 
 func (x *ServeToolsResponse) Reset() {
 	*x = ServeToolsResponse{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5370,7 +5674,7 @@ func (x *ServeToolsResponse) String() string {
 func (*ServeToolsResponse) ProtoMessage() {}
 
 func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[65]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5383,7 +5687,7 @@ func (x *ServeToolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeToolsResponse.ProtoReflect.Descriptor instead.
 func (*ServeToolsResponse) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{65}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ServeToolsResponse) GetMessage() isServeToolsResponse_Message {
@@ -5439,7 +5743,7 @@ type WorkerRegistered struct {
 
 func (x *WorkerRegistered) Reset() {
 	*x = WorkerRegistered{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5451,7 +5755,7 @@ func (x *WorkerRegistered) String() string {
 func (*WorkerRegistered) ProtoMessage() {}
 
 func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[66]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5464,7 +5768,7 @@ func (x *WorkerRegistered) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerRegistered.ProtoReflect.Descriptor instead.
 func (*WorkerRegistered) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{66}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *WorkerRegistered) GetWorkerId() string {
@@ -5490,7 +5794,7 @@ type WorkerCall struct {
 
 func (x *WorkerCall) Reset() {
 	*x = WorkerCall{}
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5502,7 +5806,7 @@ func (x *WorkerCall) String() string {
 func (*WorkerCall) ProtoMessage() {}
 
 func (x *WorkerCall) ProtoReflect() protoreflect.Message {
-	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[67]
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5515,7 +5819,7 @@ func (x *WorkerCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerCall.ProtoReflect.Descriptor instead.
 func (*WorkerCall) Descriptor() ([]byte, []int) {
-	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{67}
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *WorkerCall) GetId() string {
@@ -5727,7 +6031,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x06action\x18\x02 \x01(\x0e2 .agentruntime.v1.GuardrailActionR\x06action\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"B\n" +
 	"\x06Script\x128\n" +
-	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\x8f\x02\n" +
+	"\areplies\x18\x01 \x03(\v2\x1e.agentruntime.v1.ScriptedReplyR\areplies\"\xfb\x02\n" +
 	"\rScriptedReply\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12@\n" +
 	"\n" +
@@ -5735,7 +6039,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x01(\x03R\x06tokens\x12/\n" +
 	"\x05delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x121\n" +
 	"\x04stop\x18\x05 \x01(\x0e2\x1d.agentruntime.v1.ScriptedStopR\x04stop\x12,\n" +
-	"\x05usage\x18\x06 \x01(\v2\x16.agentruntime.v1.UsageR\x05usage\"M\n" +
+	"\x05usage\x18\x06 \x01(\v2\x16.agentruntime.v1.UsageR\x05usage\x12,\n" +
+	"\x12stream_chunk_chars\x18\a \x01(\x05R\x10streamChunkChars\x12<\n" +
+	"\fstream_pause\x18\b \x01(\v2\x19.google.protobuf.DurationR\vstreamPause\"M\n" +
 	"\x10ScriptedToolCall\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0earguments_json\x18\x02 \x01(\tR\rargumentsJson\"\x84\x02\n" +
@@ -5885,13 +6191,32 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
 	"\x15GetTranscriptResponse\x124\n" +
 	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"J\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
 	"\fWatchRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
-	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\"=\n" +
+	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\x12\x16\n" +
+	"\x06deltas\x18\x03 \x01(\bR\x06deltas\"k\n" +
 	"\rWatchResponse\x12,\n" +
-	"\x05event\x18\x01 \x01(\v2\x16.agentruntime.v1.EventR\x05event\"\xfa\x04\n" +
+	"\x05event\x18\x01 \x01(\v2\x16.agentruntime.v1.EventR\x05event\x12,\n" +
+	"\x05delta\x18\x02 \x01(\v2\x16.agentruntime.v1.DeltaR\x05delta\"\x9c\x02\n" +
+	"\x05Delta\x12\x1b\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
+	"\x04turn\x18\x02 \x01(\x03R\x04turn\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x03R\x05index\x12\x1b\n" +
+	"\tafter_seq\x18\x04 \x01(\x03R\bafterSeq\x12\x14\n" +
+	"\x04text\x18\x05 \x01(\tH\x00R\x04text\x12\x1c\n" +
+	"\bthinking\x18\x06 \x01(\tH\x00R\bthinking\x12=\n" +
+	"\ttool_call\x18\a \x01(\v2\x1e.agentruntime.v1.ToolCallDeltaH\x00R\btoolCall\x123\n" +
+	"\x05reset\x18\b \x01(\v2\x1b.agentruntime.v1.DeltaResetH\x00R\x05resetB\a\n" +
+	"\x05piece\"W\n" +
+	"\rToolCallDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\targuments\x18\x03 \x01(\tR\targuments\"$\n" +
+	"\n" +
+	"DeltaReset\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xfa\x04\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1b\n" +
@@ -6077,7 +6402,7 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -6139,28 +6464,31 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*GetTranscriptResponse)(nil), // 57: agentruntime.v1.GetTranscriptResponse
 	(*WatchRequest)(nil),          // 58: agentruntime.v1.WatchRequest
 	(*WatchResponse)(nil),         // 59: agentruntime.v1.WatchResponse
-	(*Event)(nil),                 // 60: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 61: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 62: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 63: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 64: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 65: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 66: agentruntime.v1.ToolCallEnded
-	(*ListRuntimesRequest)(nil),   // 67: agentruntime.v1.ListRuntimesRequest
-	(*ListRuntimesResponse)(nil),  // 68: agentruntime.v1.ListRuntimesResponse
-	(*RuntimeSummary)(nil),        // 69: agentruntime.v1.RuntimeSummary
-	(*DeleteRuntimeRequest)(nil),  // 70: agentruntime.v1.DeleteRuntimeRequest
-	(*DeleteRuntimeResponse)(nil), // 71: agentruntime.v1.DeleteRuntimeResponse
-	(*ServeToolsRequest)(nil),     // 72: agentruntime.v1.ServeToolsRequest
-	(*WorkerRegistration)(nil),    // 73: agentruntime.v1.WorkerRegistration
-	(*ServeToolsResponse)(nil),    // 74: agentruntime.v1.ServeToolsResponse
-	(*WorkerRegistered)(nil),      // 75: agentruntime.v1.WorkerRegistered
-	(*WorkerCall)(nil),            // 76: agentruntime.v1.WorkerCall
-	nil,                           // 77: agentruntime.v1.HttpTool.HeadersEntry
-	nil,                           // 78: agentruntime.v1.McpServer.HeadersEntry
-	(*durationpb.Duration)(nil),   // 79: google.protobuf.Duration
-	(*structpb.Struct)(nil),       // 80: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 81: google.protobuf.Timestamp
+	(*Delta)(nil),                 // 60: agentruntime.v1.Delta
+	(*ToolCallDelta)(nil),         // 61: agentruntime.v1.ToolCallDelta
+	(*DeltaReset)(nil),            // 62: agentruntime.v1.DeltaReset
+	(*Event)(nil),                 // 63: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 64: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 65: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 66: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 67: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 68: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 69: agentruntime.v1.ToolCallEnded
+	(*ListRuntimesRequest)(nil),   // 70: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 71: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 72: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 73: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 74: agentruntime.v1.DeleteRuntimeResponse
+	(*ServeToolsRequest)(nil),     // 75: agentruntime.v1.ServeToolsRequest
+	(*WorkerRegistration)(nil),    // 76: agentruntime.v1.WorkerRegistration
+	(*ServeToolsResponse)(nil),    // 77: agentruntime.v1.ServeToolsResponse
+	(*WorkerRegistered)(nil),      // 78: agentruntime.v1.WorkerRegistered
+	(*WorkerCall)(nil),            // 79: agentruntime.v1.WorkerCall
+	nil,                           // 80: agentruntime.v1.HttpTool.HeadersEntry
+	nil,                           // 81: agentruntime.v1.McpServer.HeadersEntry
+	(*durationpb.Duration)(nil),   // 82: google.protobuf.Duration
+	(*structpb.Struct)(nil),       // 83: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil), // 84: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,   // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
@@ -6187,107 +6515,111 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	15,  // 21: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
 	16,  // 22: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
 	22,  // 23: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
-	79,  // 24: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	79,  // 25: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	82,  // 24: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	82,  // 25: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
 	5,   // 26: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	80,  // 27: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	83,  // 27: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
 	20,  // 28: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
 	21,  // 29: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
 	23,  // 30: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
 	24,  // 31: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
 	7,   // 32: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	77,  // 33: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	79,  // 34: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	78,  // 35: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
-	79,  // 36: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
-	79,  // 37: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	80,  // 33: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	82,  // 34: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	81,  // 35: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
+	82,  // 36: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
+	82,  // 37: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
 	6,   // 38: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
 	28,  // 39: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
 	29,  // 40: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	79,  // 41: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	82,  // 41: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
 	8,   // 42: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
 	11,  // 43: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
-	80,  // 44: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	81,  // 45: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	31,  // 46: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	80,  // 47: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	33,  // 48: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	31,  // 49: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	35,  // 50: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,   // 51: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	14,  // 52: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	17,  // 53: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	18,  // 54: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,   // 55: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	79,  // 56: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10,  // 57: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	32,  // 58: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10,  // 59: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	79,  // 60: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	13,  // 61: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	13,  // 62: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	34,  // 63: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	60,  // 64: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	81,  // 65: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	61,  // 66: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	62,  // 67: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	63,  // 68: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	64,  // 69: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	65,  // 70: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	66,  // 71: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	30,  // 72: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10,  // 73: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,   // 74: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	11,  // 75: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
-	12,  // 76: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
-	11,  // 77: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 78: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 79: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 80: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
-	31,  // 81: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	69,  // 82: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	81,  // 83: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	73,  // 84: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	33,  // 85: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	75,  // 86: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	76,  // 87: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	31,  // 88: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	81,  // 89: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	36,  // 90: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	38,  // 91: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	40,  // 92: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	42,  // 93: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	44,  // 94: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	46,  // 95: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	48,  // 96: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	50,  // 97: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	52,  // 98: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	54,  // 99: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	56,  // 100: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	58,  // 101: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	67,  // 102: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	70,  // 103: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	72,  // 104: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	37,  // 105: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	39,  // 106: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	41,  // 107: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	43,  // 108: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	45,  // 109: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	47,  // 110: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	49,  // 111: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	51,  // 112: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	53,  // 113: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	55,  // 114: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	57,  // 115: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	59,  // 116: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	68,  // 117: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	71,  // 118: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	74,  // 119: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	105, // [105:120] is the sub-list for method output_type
-	90,  // [90:105] is the sub-list for method input_type
-	90,  // [90:90] is the sub-list for extension type_name
-	90,  // [90:90] is the sub-list for extension extendee
-	0,   // [0:90] is the sub-list for field type_name
+	82,  // 44: agentruntime.v1.ScriptedReply.stream_pause:type_name -> google.protobuf.Duration
+	83,  // 45: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	84,  // 46: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	31,  // 47: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	83,  // 48: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	33,  // 49: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	31,  // 50: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	35,  // 51: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,   // 52: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	14,  // 53: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	17,  // 54: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	18,  // 55: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,   // 56: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	82,  // 57: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10,  // 58: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	32,  // 59: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10,  // 60: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	82,  // 61: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	13,  // 62: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	13,  // 63: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	34,  // 64: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	63,  // 65: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	60,  // 66: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
+	61,  // 67: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
+	62,  // 68: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
+	84,  // 69: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	64,  // 70: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	65,  // 71: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	66,  // 72: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	67,  // 73: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	68,  // 74: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	69,  // 75: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	30,  // 76: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10,  // 77: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,   // 78: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	11,  // 79: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
+	12,  // 80: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
+	11,  // 81: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 82: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 83: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 84: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
+	31,  // 85: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	72,  // 86: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	84,  // 87: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	76,  // 88: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	33,  // 89: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	78,  // 90: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	79,  // 91: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	31,  // 92: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	84,  // 93: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	36,  // 94: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	38,  // 95: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	40,  // 96: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	42,  // 97: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	44,  // 98: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	46,  // 99: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	48,  // 100: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	50,  // 101: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	52,  // 102: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	54,  // 103: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	56,  // 104: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	58,  // 105: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	70,  // 106: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	73,  // 107: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	75,  // 108: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	37,  // 109: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	39,  // 110: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	41,  // 111: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	43,  // 112: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	45,  // 113: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	47,  // 114: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	49,  // 115: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	51,  // 116: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	53,  // 117: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	55,  // 118: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	57,  // 119: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	59,  // 120: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	71,  // 121: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	74,  // 122: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	77,  // 123: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	109, // [109:124] is the sub-list for method output_type
+	94,  // [94:109] is the sub-list for method input_type
+	94,  // [94:94] is the sub-list for extension type_name
+	94,  // [94:94] is the sub-list for extension extendee
+	0,   // [0:94] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -6303,6 +6635,12 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*ToolDef_Worker)(nil),
 	}
 	file_agentruntime_v1_agent_runtime_proto_msgTypes[51].OneofWrappers = []any{
+		(*Delta_Text)(nil),
+		(*Delta_Thinking)(nil),
+		(*Delta_ToolCall)(nil),
+		(*Delta_Reset_)(nil),
+	}
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[54].OneofWrappers = []any{
 		(*Event_Spawned)(nil),
 		(*Event_StateChanged)(nil),
 		(*Event_TurnStarted)(nil),
@@ -6312,11 +6650,11 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		(*Event_Pending)(nil),
 		(*Event_Result)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[63].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[66].OneofWrappers = []any{
 		(*ServeToolsRequest_Registration)(nil),
 		(*ServeToolsRequest_Output)(nil),
 	}
-	file_agentruntime_v1_agent_runtime_proto_msgTypes[65].OneofWrappers = []any{
+	file_agentruntime_v1_agent_runtime_proto_msgTypes[68].OneofWrappers = []any{
 		(*ServeToolsResponse_Registered)(nil),
 		(*ServeToolsResponse_Call)(nil),
 	}
@@ -6326,7 +6664,7 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   70,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1198,11 +1198,18 @@ class ScriptedReply(_message.Message):
     DELAY_FIELD_NUMBER: _builtins.int
     STOP_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    STREAM_CHUNK_CHARS_FIELD_NUMBER: _builtins.int
+    STREAM_PAUSE_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     tokens: _builtins.int
     """The usage the reply reports (total tokens): 0 to 100,000,000."""
     stop: Global___ScriptedStop.ValueType
     """How the reply ends: a scripted model can be cut off or refuse like a real one."""
+    stream_chunk_chars: _builtins.int
+    """How the reply's text streams to watchers asking for deltas (WatchRequest.deltas): in
+    pieces of this many characters (1 to 100,000; unset or 0: the whole text in one piece),
+    with `stream_pause` between them (at most 1 minute).
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedToolCall]: ...
     @_builtins.property
@@ -1215,6 +1222,8 @@ class ScriptedReply(_message.Message):
         the sum); when set, `tokens` must be 0 or that sum. Unset: `tokens` are output tokens.
         """
 
+    @_builtins.property
+    def stream_pause(self) -> _duration_pb2.Duration: ...
     def __init__(
         self,
         *,
@@ -1224,10 +1233,12 @@ class ScriptedReply(_message.Message):
         delay: _duration_pb2.Duration | _datetime.timedelta | None = ...,
         stop: Global___ScriptedStop.ValueType = ...,
         usage: Global___Usage | None = ...,
+        stream_chunk_chars: _builtins.int = ...,
+        stream_pause: _duration_pb2.Duration | _datetime.timedelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stream_pause", b"stream_pause", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stop", b"stop", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay", b"delay", "stop", b"stop", "stream_chunk_chars", b"stream_chunk_chars", "stream_pause", b"stream_pause", "text", b"text", "tokens", b"tokens", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2125,18 +2136,25 @@ class WatchRequest(_message.Message):
 
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    DELTAS_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     after_seq: _builtins.int
     """Events with a greater seq are sent; 0 sends the runtime's whole history."""
+    deltas: _builtins.bool
+    """Also send what the models write as they write it (`WatchResponse.delta`), for every
+    handle of the runtime. Deltas are not journaled: a watcher that reconnects in the middle
+    of a model turn gets that turn's deltas again from index 0. False: events only.
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         after_seq: _builtins.int = ...,
+        deltas: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "deltas", b"deltas", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2144,23 +2162,138 @@ Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
 
 @_typing.final
 class WatchResponse(_message.Message):
+    """WatchResponse holds one event or, for a watcher that asked for deltas, one delta."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> Global___Event: ...
+    @_builtins.property
+    def delta(self) -> Global___Delta: ...
     def __init__(
         self,
         *,
         event: Global___Event | None = ...,
+        delta: Global___Delta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchResponse: _TypeAlias = WatchResponse  # noqa: Y015
+
+@_typing.final
+class Delta(_message.Message):
+    """Delta is a piece of a model reply as it streams in (docs/streaming.md). The whole reply is
+    journaled as it is today, and its TurnEnded event follows the turn's last delta.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    THINKING_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    handle_id: _builtins.str
+    turn: _builtins.int
+    """The model turn this piece belongs to (TurnStarted.turn)."""
+    index: _builtins.int
+    """Its place in the turn's stream, from 0 without gaps; a `reset` starts the turn's stream
+    again at 0.
+    """
+    after_seq: _builtins.int
+    """The seq of the last event journaled before it (a Watch from there gets it again)."""
+    text: _builtins.str
+    """A piece of the reply's text."""
+    thinking: _builtins.str
+    """A piece of the model's reasoning, where the provider sends it."""
+    @_builtins.property
+    def tool_call(self) -> Global___ToolCallDelta:
+        """A piece of a tool call."""
+
+    @_builtins.property
+    def reset(self) -> Global___DeltaReset:
+        """What was streamed for this turn so far is void (the provider call is retried, or the
+        turn is run again after a restart or a failover): a UI clears it.
+        """
+
+    def __init__(
+        self,
+        *,
+        handle_id: _builtins.str = ...,
+        turn: _builtins.int = ...,
+        index: _builtins.int = ...,
+        after_seq: _builtins.int = ...,
+        text: _builtins.str = ...,
+        thinking: _builtins.str = ...,
+        tool_call: Global___ToolCallDelta | None = ...,
+        reset: Global___DeltaReset | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["piece", b"piece", "reset", b"reset", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "handle_id", b"handle_id", "index", b"index", "piece", b"piece", "reset", b"reset", "text", b"text", "thinking", b"thinking", "tool_call", b"tool_call", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_piece: _TypeAlias = _typing.Literal["text", "thinking", "tool_call", "reset"]  # noqa: Y015
+    _WhichOneofArgType_piece: _TypeAlias = _typing.Literal["piece", b"piece"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_piece) -> _WhichOneofReturnType_piece | None: ...
+
+Global___Delta: _TypeAlias = Delta  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """The call's place in the reply, from 0."""
+    name: _builtins.str
+    """The tool's name, in the call's first piece."""
+    arguments: _builtins.str
+    """A piece of the call's arguments (JSON text; the pieces of one call join to it)."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "index", b"index", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
+
+@_typing.final
+class DeltaReset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Why: `retry` (the provider call is made again) or `rerun` (the turn runs again)."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeltaReset: _TypeAlias = DeltaReset  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
