@@ -102,14 +102,11 @@ async def test_every_handle_streams_children_included(stub: pb_grpc.AgentRuntime
     assert joined(watched.of(handle_id), turn=2) == "the lead sums up"
 
 
-async def test_stream_replies_always_streams_turns_nobody_watched_from_their_start(
-    stub: pb_grpc.AgentRuntimeStub,
-) -> None:
-    # With the default ("watched") a turn that began before anyone watched with deltas is not
-    # streamed: its text comes whole in its TurnEnded.
+async def test_a_scripted_turn_streams_though_nobody_watched_when_it_began(stub: pb_grpc.AgentRuntimeStub) -> None:
     runtime_id = await create(stub, agent("writer", script=streamed(pause=0.05)))
     handle_id = await spawn(stub, runtime_id, "writer")
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="write"))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.12)
     late = await watch(stub, runtime_id, handle_id)
-    assert late.deltas == [] and late.result is not None and late.result.text == TEXT
+    pieces = late.of(handle_id)
+    assert [d.index for d in pieces] == list(range(10)) and joined(pieces) == TEXT

@@ -129,7 +129,8 @@ class TurnLoop:
         await self.host.journal.record(TurnStarted(handle.id, turn))
         stream = None
         events = self.host.events
-        if self.services.stream_always or events.wants_deltas:
+        # A scripted reply always streams: no wire to read, and it takes as long watched or not.
+        if self.services.stream_always or events.wants_deltas or agent.script:
             stream = events.open_stream(handle.id, turn)
             if rerun:
                 stream.restart("rerun")  # watchers that saw an earlier go at it clear it
