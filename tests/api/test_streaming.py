@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
-from tests.support.build import agent, create, duration, spawn, transcript, wait
+from tests.support.build import agent, create, duration, spawn, status_details, transcript, wait
 from tests.support.deltas import joined, watch
 
 DELEGATE = '{"agent": "worker", "prompt": "go"}'
@@ -110,3 +112,23 @@ async def test_a_scripted_turn_streams_though_nobody_watched_when_it_began(stub:
     late = await watch(stub, runtime_id, handle_id)
     pieces = late.of(handle_id)
     assert [d.index for d in pieces] == list(range(10)) and joined(pieces) == TEXT
+
+
+async def test_a_scripted_stream_out_of_range_is_refused_with_its_field(stub: pb_grpc.AgentRuntimeStub) -> None:
+    bad = pb.Script(
+        replies=[
+            pb.ScriptedReply(text="x", stream_chunk_chars=-1),
+            pb.ScriptedReply(text="x", stream_chunk_chars=100_001, stream_pause=duration(61)),
+        ]
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await create(stub, agent("writer", script=bad))
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    fields = {v.field for detail in status_details(refused.value) for v in getattr(detail, "field_violations", [])}
+    assert fields == {
+        "agents[0].script.replies[0].stream_chunk_chars",
+        "agents[0].script.replies[1].stream_chunk_chars",
+        "agents[0].script.replies[1].stream_pause",
+    }
+    listed = await stub.ListRuntimes(pb.ListRuntimesRequest())
+    assert not listed.runtimes  # nothing was created
