@@ -27,6 +27,7 @@ from tests.support.build import agent, create, duration, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.process import ServerProcess, free_port
 from tests.support.servers import Served, serve
+from tests.support.sse import Streamed
 from tests.support.tool_server import ToolServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -454,3 +455,24 @@ async def test_run_marks_a_turn_run_again_after_a_crash_and_prints_it_anew(proce
     assert marker, out
     assert "Streaming lets" in before and STREAMED in after
     assert block(out, "result")["status"] == "DONE"
+
+
+async def test_run_marks_a_provider_call_cut_mid_stream_and_prints_the_retry(model: ScriptedModelServer, tmp_path: Path) -> None:
+    attempts: list[int] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        attempts.append(1)  # the first call is cut after its fifth event; the second is whole
+        cut = 5 if len(attempts) == 1 else None
+        return Reply(text=STREAMED, tokens=30, streamed=Streamed(chunk=8, pause=0.02, cut_after=cut))
+
+    model.script("writer", script)
+    path = tmp_path / "writer.json"
+    writer = pb.AgentDef(name="writer", description="writes", model="writer")
+    path.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(runtime_id="writer", agents=[writer])))
+    async with serve(llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", llm_backoff_base=0.01) as served:
+        code, out, err = await cli(served.running, "run", str(path), "--prompt", "write it")
+    assert (code, err) == (0, ""), out + err
+    before, marker, after = out.partition("\n[retrying]\n")
+    assert marker and len(attempts) == 2, out
+    # What came before the cut, the marker on a line of its own, then the whole reply from its start.
+    assert "turn 1 started\nStreaming lets a person" in before and after.startswith(STREAMED + "\n#"), out

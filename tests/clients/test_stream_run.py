@@ -1,7 +1,9 @@
 """The Python client's stream-run helper over a real server: the handle's deltas as its scripted
 reply streams, each once and in order, joined equal to the result's text; another handle's
-pieces are not handed over; a Watch cut mid-turn is reopened and the turn's pieces already
-handed over are not handed over again; the blocking client gives the same."""
+pieces are not handed over; a provider's first turn streams too (the Wake follows the Watch),
+and a provider call cut mid-stream comes as a `retry` reset; a Watch cut mid-turn is reopened
+and the turn's pieces already handed over are not handed over again; the blocking client
+gives the same."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from tests.support.build import agent, duration
 from tests.support.deltas import joined
+from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.servers import Served, serve
+from tests.support.sse import Streamed
 
 TEXT = "Streaming lets a person read an answer while the model is still writing it."
 
@@ -59,6 +63,31 @@ async def test_stream_run_hands_over_the_handles_pieces_that_join_to_its_result(
     assert [delta.WhichOneof("piece") for delta in deltas] == ["text"] * 10
     assert (result.handle_id, result.status, result.turns, result.total_tokens) == ("root/writer.1", pb.STATUS_DONE, 1, 19)
     assert joined(deltas) == result.text == TEXT
+
+
+async def test_a_providers_turn_streams_and_a_call_cut_mid_stream_comes_as_a_reset(model: ScriptedModelServer) -> None:
+    attempts: list[int] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        attempts.append(1)  # the first call is cut after its fifth event; the second is whole
+        return Reply(text=TEXT, tokens=30, streamed=Streamed(chunk=10, pause=0.05, cut_after=5 if len(attempts) == 1 else None))
+
+    model.script("writer", script)
+    async with (
+        serve(llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", llm_backoff_base=0.01) as served,
+        Client(f"127.0.0.1:{served.running.port}") as client,
+    ):
+        runtime_id = await client.create_runtime([agent("writer")])
+        deltas, result = await asyncio.wait_for(streamed(client.stream_run(runtime_id, "writer", "write it")), 60)
+
+    pieces = [delta.WhichOneof("piece") for delta in deltas]
+    # A provider's turn streams only to the watchers there when it starts: the Wake came after the Watch.
+    assert pieces.count("reset") == 1 and pieces[0] == "text", pieces
+    reset = deltas[pieces.index("reset")]
+    assert (reset.index, reset.reset.reason) == (0, "retry") and len(attempts) == 2
+    after = deltas[pieces.index("reset") + 1 :]
+    assert [delta.index for delta in after] == list(range(1, len(after) + 1))
+    assert joined(deltas) == result.text == TEXT and result.status == pb.STATUS_DONE
 
 
 class CutFirstWatch(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]  # grpc's aio interceptors are untyped
