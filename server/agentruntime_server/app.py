@@ -292,6 +292,7 @@ def build_service(
             max_concurrent_model_calls=settings.max_concurrent_model_calls,
         ),
         watch_buffer=settings.watch_buffer,
+        stream_always=settings.stream_replies == "always",
         observers=observability.observers,
         leases=leases or SoleOwner(),
         workers=workers or WorkerPool(),

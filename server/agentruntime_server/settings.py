@@ -178,6 +178,11 @@ class Settings(BaseSettings):
         "", description="PEM CA certificates verifying other replicas' certificates (forwarded calls); empty: system roots"
     )
     watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
+    stream_replies: Literal["watched", "always"] = Field(
+        "watched",
+        description="which model replies stream (docs/streaming.md): those of turns that start while someone watches"
+        " their runtime with deltas, or always",
+    )
     runtime_cache: int = Field(1000, ge=1, description="idle runtimes kept in memory; the rest are reloaded from the store")
     shutdown_grace: float = Field(10.0, ge=0, description="seconds running turns get to reach a journal point at SIGTERM")
     log_level: str = Field("INFO")

@@ -27,11 +27,14 @@ from agentruntime_server.store import payloads
 
 from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.support.build import agent, create, http_tool, run, status_details
+from tests.support.deltas import joined
+from tests.support.deltas import watch as watch_deltas
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
 from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.replicas import LEASE, Pair, cut_off, pair, settled_at, started_run
 from tests.support.servers import serve
+from tests.support.sse import Streamed
 from tests.support.tool_server import ToolServer
 
 __all__ = ["pair", "pki", "tokens_file"]  # fixtures of tests/support (auth.py, replicas.py), used here
@@ -561,3 +564,30 @@ async def test_a_takeover_waiting_on_a_locked_row_holds_up_no_renewal(pair: Pair
         await watcher.close()
     result = await settled_at(other, runtime_id, handle_id, patience=30)
     assert (result.status, result.text) == (pb.STATUS_DONE, "done")
+
+
+async def test_a_watch_with_deltas_at_another_replica_streams_the_owners_turns(pair: Pair, model: ScriptedModelServer) -> None:
+    """Deltas through a forwarded Watch: the other replica relays the owner's pieces as they
+    come, and a watcher cut mid-turn there gets the turn again from index 0."""
+    text = "Forwarded pieces arrive at the other replica as the owner reads them from the model."
+    model.script("writer", lambda body: Reply(text=text, tokens=20, streamed=Streamed(chunk=8, pause=0.08)))
+    owner = await pair.owner.start()
+    other = await pair.other.start()
+    runtime_id = await create(owner, agent("writer"))
+    handle_id = (await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="writer"))).handle_id
+    call = other.Watch(pb.WatchRequest(runtime_id=runtime_id, deltas=True), timeout=60)
+    first = await anext(aiter(call))  # forwarded and subscribed at the owner: the turn will stream
+    assert first.event.HasField("spawned")
+    await owner.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="write"))
+    cut: list[pb.WatchResponse] = [first]
+    async for response in call:
+        cut.append(response)
+        if len([r for r in cut if r.HasField("delta")]) == 3:
+            break
+    call.cancel()
+    seen = [r.event.seq for r in cut if r.HasField("event")][-1]
+    again = await watch_deltas(other, runtime_id, handle_id, after=seen)
+    pieces = again.of(handle_id)
+    assert [d.index for d in pieces] == list(range(len(pieces))) and len(pieces) == 11
+    assert joined(pieces) == text
+    assert again.result is not None and again.result.text == text

@@ -15,8 +15,11 @@ from typing import Any
 
 from aiohttp import web
 from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta, ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 
 from tests.support.loopback import ScriptedServer
+from tests.support.sse import Streamed, pieces, send
 
 
 @dataclass
@@ -30,6 +33,13 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)  # extra response headers (Retry-After)
     drop: bool = False  # close the connection instead of answering
     usage: CompletionUsage | None = None  # instead of `tokens` split in halves (prompt, completion)
+    # Streamed (when the request asks): how; a refusal's text; the finish reason (None: by the
+    # reply); an error object sent as a chunk after `error_after` chunks.
+    streamed: Streamed = field(default_factory=Streamed)
+    refusal: str = ""
+    finish: str | None = None
+    error: dict[str, Any] | None = None
+    error_after: int = 0
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -61,7 +71,7 @@ class ScriptedModelServer(ScriptedServer[Reply]):
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._complete)
 
-    async def _complete(self, request: web.Request) -> web.Response:
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         body, model, script = await self.receive(request)
         if script is None:
             return web.json_response({"error": {"message": f"no script for model {model}"}}, status=404)
@@ -81,6 +91,8 @@ class ScriptedModelServer(ScriptedServer[Reply]):
             return web.Response(status=204)  # never reaches the client
         if reply.raw is not None:
             return web.Response(status=reply.status, text=reply.raw, content_type="application/json", headers=reply.headers)
+        if body.get("stream"):
+            return await send(request, chunks(reply, model), reply.streamed)
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
         if reply.calls:
             message["tool_calls"] = [
@@ -97,3 +109,33 @@ class ScriptedModelServer(ScriptedServer[Reply]):
             },
             headers=reply.headers,
         )
+
+
+def chunks(reply: Reply, model: str) -> list[tuple[str | None, str]]:
+    """The reply as `chat.completion.chunk` events (the SDK's ChatCompletionChunk), then `[DONE]`."""
+
+    def chunk(delta: ChoiceDelta | None, finish: str | None = None, usage: CompletionUsage | None = None) -> str:
+        choices = [] if delta is None else [Choice(index=0, delta=delta, finish_reason=finish)]  # type: ignore[arg-type]
+        made = ChatCompletionChunk(
+            id="chatcmpl-test", object="chat.completion.chunk", created=0, model=model, choices=choices, usage=usage
+        )
+        return made.model_dump_json(exclude_unset=True)
+
+    size = reply.streamed.chunk
+    events = [chunk(ChoiceDelta(role="assistant", content=""))]
+    events += [chunk(ChoiceDelta(content=piece)) for piece in pieces(reply.text, size)]
+    events += [chunk(ChoiceDelta(refusal=piece)) for piece in pieces(reply.refusal, size)]
+    for index, (name, args) in enumerate(reply.calls):
+        call = ChoiceDeltaToolCall(
+            index=index, id=f"call_{index}", type="function", function=ChoiceDeltaToolCallFunction(name=name, arguments="")
+        )
+        events.append(chunk(ChoiceDelta(tool_calls=[call])))
+        for piece in pieces(json.dumps(args), size):
+            more = ChoiceDeltaToolCall(index=index, function=ChoiceDeltaToolCallFunction(arguments=piece))
+            events.append(chunk(ChoiceDelta(tool_calls=[more])))
+    finish = reply.finish or ("tool_calls" if reply.calls else "stop")
+    events.append(chunk(ChoiceDelta(), finish))
+    events.append(chunk(None, usage=usage_of(reply)))
+    if reply.error is not None:
+        events.insert(reply.error_after, json.dumps({"error": reply.error}))
+    return [(None, data) for data in [*events, "[DONE]"]]

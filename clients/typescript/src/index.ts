@@ -70,11 +70,13 @@ import {
   waitSliceMs,
   withRetries,
 } from "./retry.js";
+import { streamHandle, type StreamRunItem, type StreamRunOptions } from "./stream.js";
 import { watch, type WatchOptions } from "./watch.js";
 import { serveTools, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 
 export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler } from "./workers.js";
 export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
+export { type StreamRunItem, type StreamRunOptions } from "./stream.js";
 export { DEFAULT_KEEPALIVE, type KeepaliveOptions } from "./keepalive.js";
 export {
   DEFAULT_RETRY_WINDOW_MS,
@@ -575,6 +577,44 @@ export class AgentRuntimeClient {
    */
   watch(runtimeId: string, afterSeq: bigint | number = 0, options?: WatchOptions): AsyncGenerator<Event, void, undefined> {
     return watch(this.raw, runtimeId, BigInt(afterSeq), { ...options, retryWindowMs: options?.retryWindowMs ?? this.retryWindowMs });
+  }
+
+  /**
+   * Spawn + Wake + Watch with deltas: the text (and thinking, tool-call pieces, resets) of a
+   * fresh handle's model turns as the model writes them, then its result. It yields
+   * `{ delta }` for each piece of that handle's turns (other handles' are left out), each once,
+   * then one `{ result }`, the TaskResult of the handle's first `result` event, and ends. The
+   * Spawn and the Wake are retried like `run`'s, each with one request id
+   * (`options.spawnRequestId`, `options.wakeRequestId`, or random UUIDs). The Watch (from seq 0,
+   * `WatchRequest.deltas`) is reopened as `watch` reopens it, by the same rules and options,
+   * from the last event seen: the server then sends each turn in progress again from index 0,
+   * and the pieces already handed over are skipped. A `reset` delta (the turn's provider call is
+   * retried, or the turn runs again after a restart) is always handed over: what was shown of
+   * that turn is void, and its pieces follow again from index 1. Aborting `options.signal`
+   * throws CANCELED (as `run` does); leaving the loop cancels the Watch (the run goes on).
+   *
+   * ```ts
+   * for await (const item of client.streamRun(runtimeId, "writer", "tell me a story")) {
+   *   if (item.delta?.piece.case === "text") process.stdout.write(item.delta.piece.value);
+   *   else if (item.result) console.log("\n", StatusSchema.value[item.result.status]?.name);
+   * }
+   * ```
+   */
+  async *streamRun(
+    runtimeId: string,
+    agent: string,
+    prompt: string,
+    parent = "root",
+    options: StreamRunOptions = {},
+  ): AsyncGenerator<StreamRunItem, void, undefined> {
+    const { spawnRequestId, wakeRequestId, ...watchOptions } = options;
+    const signal = options.signal;
+    const handleId = await this.spawn(runtimeId, agent, parent, undefined, { requestId: spawnRequestId, signal });
+    await this.wake(runtimeId, handleId, prompt, { requestId: wakeRequestId, signal });
+    yield* streamHandle(this.raw, runtimeId, handleId, {
+      ...watchOptions,
+      retryWindowMs: watchOptions.retryWindowMs ?? this.retryWindowMs,
+    });
   }
 
   /**

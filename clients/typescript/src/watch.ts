@@ -5,7 +5,7 @@
 
 import { Code, ConnectError, type Client as ConnectClient } from "@connectrpc/connect";
 
-import { AgentRuntime, type Event } from "./gen/agentruntime/v1/agent_runtime_pb.js";
+import { AgentRuntime, type Delta, type Event } from "./gen/agentruntime/v1/agent_runtime_pb.js";
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 import { DEFAULT_RETRY_WINDOW_MS, doubledBackoff, isDropped, pause, retryDelayMs } from "./retry.js";
 
@@ -50,6 +50,29 @@ export async function* watch(
   afterSeq: bigint,
   options: WatchOptions = {},
 ): AsyncGenerator<Event, void, undefined> {
+  for await (const item of watchItems(raw, runtimeId, afterSeq, false, options)) {
+    if (item.event !== undefined) yield item.event;
+  }
+}
+
+/** One item of a Watch: an event, or (asked for with `deltas`) a piece of a model turn. */
+export type WatchItem = { event: Event; delta?: undefined } | { delta: Delta; event?: undefined };
+
+/**
+ * The Watch stream of `watch`, reconnecting by the same rules, with the deltas too when
+ * `deltas` is set. Deltas are handed over as they come, repeats included (after a reconnect the
+ * server sends a turn in progress again from index 0): only the caller knows which it has
+ * shown. They neither move the seq a reconnection asks from (they are not journaled) nor count
+ * as progress between failures: a stream that keeps re-sending one turn's deltas and dropping
+ * would otherwise be retried for ever.
+ */
+export async function* watchItems(
+  raw: ConnectClient<typeof AgentRuntime>,
+  runtimeId: string,
+  afterSeq: bigint,
+  deltas: boolean,
+  options: WatchOptions = {},
+): AsyncGenerator<WatchItem, void, undefined> {
   const maxRetries = options.maxRetries ?? DEFAULT_WATCH_RETRIES;
   const backoff = options.backoffMs ?? 1000;
   const window = options.retryWindowMs ?? DEFAULT_RETRY_WINDOW_MS;
@@ -65,13 +88,18 @@ export async function* watch(
     let dropped: ConnectError | undefined;
     try {
       // No deadline: the stream lives until it is aborted or dropped.
-      for await (const response of raw.watch({ runtimeId, afterSeq: seen }, { signal: stream.signal, timeoutMs: 0 })) {
+      const request = { runtimeId, afterSeq: seen, deltas };
+      for await (const response of raw.watch(request, { signal: stream.signal, timeoutMs: 0 })) {
+        if (response.delta !== undefined) {
+          if (deltas) yield { delta: response.delta };
+          continue;
+        }
         const event = response.event;
         if (event === undefined || event.seq <= seen) continue; // never the same event twice
         failures = 0;
         pausedMs = 0;
         seen = event.seq;
-        yield event;
+        yield { event };
       }
     } catch (error) {
       if (signal?.aborted) return; // our own cancellation, whatever code it surfaced as

@@ -10,6 +10,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from ..domain import model as m
+from ..domain.deltas import Delta, DeltaKind
 from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
 from ..domain.ports import Dispatch, RuntimeRow
@@ -167,6 +168,7 @@ def _guardrail(message: pb.Guardrail, where: str, found: list[FieldViolation]) -
 
 def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -> m.ScriptedReply:
     delay = duration_seconds(message.delay, f"{where}.delay", found) if message.HasField("delay") else 0.0
+    pause = duration_seconds(message.stream_pause, f"{where}.stream_pause", found) if message.HasField("stream_pause") else 0.0
     names = "SCRIPTED_STOP_MAX_OUTPUT_TOKENS, SCRIPTED_STOP_REFUSAL or SCRIPTED_STOP_PROVIDER_UNAVAILABLE"
     stop = _enum(message.stop, m.ReplyStop, f"{where}.stop", found, names)
     return m.ScriptedReply(
@@ -176,6 +178,8 @@ def _reply(message: pb.ScriptedReply, where: str, found: list[FieldViolation]) -
         delay=delay or 0.0,
         stop=stop or m.ReplyStop.COMPLETE,
         usage=tokens_from_proto(message.usage) if message.HasField("usage") else None,
+        stream_chunk_chars=message.stream_chunk_chars,
+        stream_pause=pause or 0.0,
     )
 
 
@@ -367,6 +371,20 @@ def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:
     )
     summary.create_time.FromNanoseconds(int(row.created_at * 1e9))
     return summary
+
+
+def delta_to_proto(delta: Delta) -> pb.Delta:
+    message = pb.Delta(handle_id=delta.handle_id, turn=delta.turn, index=delta.index, after_seq=delta.after_seq)
+    kind = delta.kind
+    if kind is DeltaKind.TEXT:
+        message.text = delta.text
+    elif kind is DeltaKind.THINKING:
+        message.thinking = delta.text
+    elif kind is DeltaKind.TOOL_CALL:
+        message.tool_call.CopyFrom(pb.ToolCallDelta(index=delta.call_index, name=delta.name, arguments=delta.text))
+    else:
+        message.reset.CopyFrom(pb.DeltaReset(reason=delta.text))
+    return message
 
 
 def event_to_proto(event: Event) -> pb.Event:

@@ -14,6 +14,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
+from ..domain.deltas import Delta
 from ..domain.errors import (
     DomainError,
     FieldViolation,
@@ -331,23 +332,30 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                 )
                             ]
                         )
-                    async for event in runtime.events.follow(seen):
+                    async for item in runtime.events.follow(seen, request.deltas):
+                        if isinstance(item, Delta):
+                            # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
+                            yield pb.WatchResponse(delta=convert.delta_to_proto(item))
+                            continue
                         await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
-                        seen = event.seq
+                        seen = item.seq
                         attempt, missed = 0, None
                         verified = await self._verified_again(context, "Watch", verified)
-                        yield pb.WatchResponse(event=convert.event_to_proto(event))
+                        yield pb.WatchResponse(event=convert.event_to_proto(item))
                     return
                 except OwnedElsewhere as moved:
                     metadata = metadata_of(context)
                     if self.forwarder is None or forwarded(metadata):
                         raise moving_between_replicas(request.runtime_id) from None
                     if moved.address:
-                        onward = pb.WatchRequest(runtime_id=request.runtime_id, after_seq=seen)
+                        onward = pb.WatchRequest(runtime_id=request.runtime_id, after_seq=seen, deltas=request.deltas)
                         try:
                             async for response in self.forwarder.stream(
                                 "Watch", onward, moved.address, metadata, context.time_remaining()
                             ):
+                                if response.HasField("delta"):
+                                    yield response
+                                    continue
                                 seen = response.event.seq
                                 attempt, missed = 0, None
                                 verified = await self._verified_again(context, "Watch", verified)

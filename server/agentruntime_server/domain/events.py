@@ -3,7 +3,9 @@ Events are derived from journal steps (journal/entry.py); the store keeps the st
 
 Watchers read the history from the store, then follow live events through a bounded
 queue; a watcher whose queue fills is dropped and told so, and resumes from the store
-with the last seq it saw: a slow consumer never slows the runtime."""
+with the last seq it saw: a slow consumer never slows the runtime. A watcher that asks for
+deltas (deltas.py) also gets the pieces of model replies as they stream, the turns in
+progress first from index 0."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from .deltas import Delta, TurnStream
 from .errors import DomainError, NotFound, ResourceExhausted, Unavailable
 from .journal.events import Event, EventKind
 
@@ -22,7 +25,8 @@ __all__ = ["Event", "EventKind", "EventLog", "Observer", "tell_gone"]  # Event a
 Observer = Callable[[str, Event], None]
 
 
-_NO_WATCHERS: set[asyncio.Queue[Event | None]] = set()  # never added to: see follow()
+Live = Event | Delta | None  # what a watcher's queue holds; None: its stream ends
+_NO_WATCHERS: set[asyncio.Queue[Live]] = set()  # never added to: see follow()
 
 
 def tell_gone(observers: Sequence[Observer], runtime_id: str, last_seq: int = 0) -> None:
@@ -46,13 +50,20 @@ class EventLog:
         self.last_seq = 0
         self.buffer = buffer
         self.observers = observers
-        self._watchers: set[asyncio.Queue[Event | None]] = _NO_WATCHERS  # made at the first watcher
+        self._watchers: set[asyncio.Queue[Live]] = _NO_WATCHERS  # made at the first watcher
+        self._delta_watchers: set[asyncio.Queue[Live]] = _NO_WATCHERS  # those of them that asked for deltas
+        self._streams: dict[str, TurnStream] = {}  # by handle: its turn in progress, while streamed
         self.closing = False
         self.deleted = False
 
     @property
     def watched(self) -> bool:
         return bool(self._watchers)
+
+    @property
+    def wants_deltas(self) -> bool:
+        """Someone watches with deltas: a model turn starting now streams its reply."""
+        return bool(self._delta_watchers)
 
     @property
     def listened(self) -> bool:
@@ -66,16 +77,37 @@ class EventLog:
                 observe(self.runtime_id, event)
         for queue in list(self._watchers):
             for event in events:
-                try:
-                    queue.put_nowait(event)
-                except asyncio.QueueFull:
-                    # Too far behind: drop what it has not read (so it cannot skip any) and
-                    # tell it to reconnect; it reads the rest from the store.
-                    self._watchers.discard(queue)
-                    while not queue.empty():
-                        queue.get_nowait()
-                    queue.put_nowait(None)
+                if not self._offer(queue, event):
                     break
+
+    def _offer(self, queue: asyncio.Queue[Live], item: Event | Delta) -> bool:
+        try:
+            queue.put_nowait(item)
+            return True
+        except asyncio.QueueFull:
+            # Too far behind: drop what it has not read (so it cannot skip any) and tell it
+            # to reconnect; it reads the rest from the store.
+            self._watchers.discard(queue)
+            self._delta_watchers.discard(queue)
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(None)
+            return False
+
+    # ---- deltas (deltas.py) ------------------------------------------------------------------
+
+    def open_stream(self, handle_id: str, turn: int) -> TurnStream:
+        """The stream of a model turn of `handle_id` that starts now."""
+        stream = self._streams[handle_id] = TurnStream(self, handle_id, turn)
+        return stream
+
+    def end_stream(self, stream: TurnStream) -> None:
+        if self._streams.get(stream.handle_id) is stream:
+            del self._streams[stream.handle_id]
+
+    def publish_delta(self, delta: Delta) -> None:
+        for queue in list(self._delta_watchers):
+            self._offer(queue, delta)
 
     def close(self, deleted: bool = False) -> None:
         """Every watcher's stream ends: at a shutdown (or when the runtime leaves this replica)
@@ -83,34 +115,62 @@ class EventLog:
         self.closing = True
         self.deleted = deleted
         tell_gone(self.observers, self.runtime_id, self.last_seq)
+        self._streams.clear()
+        self._delta_watchers = _NO_WATCHERS
         for queue in list(self._watchers):
             self._watchers.discard(queue)
             while not queue.empty():
                 queue.get_nowait()
             queue.put_nowait(None)
 
-    async def follow(self, after_seq: int) -> AsyncIterator[Event]:
-        """History after `after_seq` from the store, then live events, in order, once each."""
-        queue: asyncio.Queue[Event | None] = asyncio.Queue(self.buffer)
+    async def follow(self, after_seq: int, deltas: bool = False) -> AsyncIterator[Event | Delta]:
+        """History after `after_seq` from the store, then live events, in order, once each.
+        With `deltas`, also the pieces of model replies: those of every turn in progress from
+        index 0 (in their place among the history's events), then live ones."""
+        queue: asyncio.Queue[Live] = asyncio.Queue(self.buffer)
         if self._watchers is _NO_WATCHERS:
             self._watchers = set()
         self._watchers.add(queue)  # subscribe first, so nothing falls between history and live
+        # The history goes up to here: later events come through the queue, in order with the
+        # deltas made between them.
+        horizon = self.last_seq
+        kept: list[Delta] = []
+        if deltas:
+            if self._delta_watchers is _NO_WATCHERS:
+                self._delta_watchers = set()
+            self._delta_watchers.add(queue)
+            kept = sorted((piece for stream in self._streams.values() for piece in stream.pieces), key=_after)
+        # The last piece sent of each turn's stream: the queue may hold it again.
+        sent = {(piece.handle_id, piece.turn): (piece.attempt, piece.index) for piece in kept}
         try:
             seen = after_seq
+            at = 0
             for event in await self.history(after_seq):
+                if event.seq > horizon:
+                    break
                 if self.closing:  # a shutdown or a delete ends a stream still sending its history, at once
                     raise self._ended(seen)
+                while at < len(kept) and kept[at].after_seq < event.seq:
+                    yield kept[at]
+                    at += 1
                 yield event
                 seen = event.seq
+            for piece in kept[at:]:
+                yield piece
             while True:
                 live = None if self.closing else await queue.get()  # (a log closed before it came has no more)
                 if live is None:
                     raise self._ended(seen)
-                if live.seq > seen:
+                if isinstance(live, Delta):
+                    last = sent.get((live.handle_id, live.turn))
+                    if last is None or last[0] != live.attempt or live.index > last[1]:
+                        yield live
+                elif live.seq > seen:
                     yield live
                     seen = live.seq
         finally:
             self._watchers.discard(queue)
+            self._delta_watchers.discard(queue)
 
     def _ended(self, seen: int) -> DomainError:
         """Why a watcher's stream ends, after `seen`: its runtime deleted, the log closed (a
@@ -123,3 +183,7 @@ class EventLog:
             f"this watcher fell more than {self.buffer} events behind at seq {seen}; Watch again with after_seq={seen}",
             reason="WATCH_LAGGING",
         )
+
+
+def _after(delta: Delta) -> int:
+    return delta.after_seq

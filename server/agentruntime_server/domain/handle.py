@@ -63,6 +63,7 @@ class Handle:
         "tool_results",
         "tool_rounds",
         "transcript",
+        "turn_begun",
         "usage",
     )
 
@@ -81,6 +82,7 @@ class Handle:
         self.budget = budget
         self.child_key = child_key  # the parent's call id (or judge key) that spawned it
         self.seq = seq  # spawn order within the runtime
+        self.turn_begun = 0  # the last model turn a TurnStarted began (journal-derived): its re-run resets its stream
         self.state = HandleState.IDLE
         self.usage = Usage()
         self.children: list[Handle] = []

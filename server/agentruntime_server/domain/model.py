@@ -232,6 +232,8 @@ class ScriptedReply:
     delay: float = 0.0
     stop: ReplyStop = ReplyStop.COMPLETE
     usage: Tokens | None = None  # the split the reply reports, as a provider's would
+    stream_chunk_chars: int = 0  # streamed to delta watchers in pieces this long (0: whole)
+    stream_pause: float = 0.0  # seconds between the pieces
 
 
 @dataclass(frozen=True)

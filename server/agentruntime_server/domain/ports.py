@@ -54,6 +54,29 @@ class ModelRequest:
     # The handle's prompt-cache key when its agent asks for prompt caching (`prompt_cache`):
     # stable across its turns, different for each handle; "" otherwise.
     cache_key: str = ""
+    # Where the reply's pieces go as they arrive, while someone watches with deltas
+    # (docs/streaming.md); None: the reply is read whole.
+    stream: ReplyStream | None = None
+
+
+class ReplyStream(Protocol):
+    """A model turn's stream (domain/deltas.py): what a provider hands over as a reply
+    arrives. Called on the event loop; quick, never raises. Empty pieces are ignored."""
+
+    @property
+    def streamed(self) -> bool:
+        """Something was handed over since the stream (re)started."""
+        ...
+
+    def text(self, piece: str) -> None: ...
+
+    def thinking(self, piece: str) -> None: ...
+
+    def tool_call(self, index: int, name: str, arguments: str) -> None:
+        """A piece of the reply's tool call at `index` (from 0): its name in its first piece."""
+
+    def restart(self, reason: str) -> None:
+        """What was handed over is void (`retry`: the call is made again): a reset."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +264,9 @@ class Services:
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
     egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
     prices: PriceSource = field(default_factory=NoPrices)
+    # Stream every model reply (AGENTRUNTIME_STREAM_REPLIES=always), not only those of turns
+    # that start while someone watches their runtime with deltas (docs/streaming.md).
+    stream_always: bool = False
 
 
 @dataclass(frozen=True)

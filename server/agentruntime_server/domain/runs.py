@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import Detached, StoreUnavailable
+from .events import EventLog
 from .gate import FifoGate
 from .handle import Handle
 from .journal import Journal, MessagesAppended, Queued, RunStarted, Settled, Step, Tree
@@ -92,6 +93,7 @@ class RunHost(Protocol):
     tenant: str
     tree: Tree
     journal: Journal
+    events: EventLog
     services: Services
     draining: bool
     runs: RunDriver

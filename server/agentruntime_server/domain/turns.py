@@ -10,6 +10,7 @@ any point (after a resume, or a restart) carries on from where it stopped:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from . import budget as budgets
@@ -123,7 +124,26 @@ class TurnLoop:
                 request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
         if run.slot is not None:
             await run.slot.hold()  # the turn is work: it takes a running slot of the tenant's (back)
-        await self.host.journal.record(TurnStarted(handle.id, handle.usage.turns + 1))
+        turn = handle.usage.turns + 1
+        rerun = handle.turn_begun == turn  # begun before (a crash, a failover, an interrupt): its reply never came
+        await self.host.journal.record(TurnStarted(handle.id, turn))
+        stream = None
+        events = self.host.events
+        # A scripted reply always streams: no wire to read, and it takes as long watched or not.
+        if self.services.stream_always or events.wants_deltas or agent.script:
+            stream = events.open_stream(handle.id, turn)
+            if rerun:
+                stream.restart("rerun")  # watchers that saw an earlier go at it clear it
+            request = dataclasses.replace(request, stream=stream)
+        try:
+            await self._reply_turn(handle, request)
+        finally:
+            if stream is not None:
+                stream.close()  # after its reply's TurnEnded: a watcher reconnecting meanwhile has one or the other
+        return None
+
+    async def _reply_turn(self, handle: Handle, request: ModelRequest) -> None:
+        """The model call of a turn begun, and its reply journaled."""
         gate = self.host.model_gate
         if gate is None:
             reply = await self._complete(request)
@@ -165,7 +185,6 @@ class TurnLoop:
         after = handle.usage.after_reply(split, cost, estimated)
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, after, estimated, split, cost))
         await self.host.spend(tokens, cost.micros)
-        return None
 
     async def _complete(self, request: ModelRequest) -> ModelReply:
         """The model call, bought only while this process holds the runtime: a replica paused

@@ -285,6 +285,10 @@ def _check_reply(agent: AgentSpec, reply: ScriptedReply, at: str, callable_tools
         violations += _check_usage(reply.usage, reply.tokens, f"{at}.usage")
     if not 0 <= reply.delay <= limits.MAX_SCRIPT_DELAY:
         violations.append(FieldViolation(f"{at}.delay", f"must be between 0 and {limits.MAX_SCRIPT_DELAY:g}s"))
+    if not 0 <= reply.stream_chunk_chars <= limits.MAX_STREAM_CHUNK_CHARS:
+        violations.append(FieldViolation(f"{at}.stream_chunk_chars", f"must be between 0 and {limits.MAX_STREAM_CHUNK_CHARS:,}"))
+    if not 0 <= reply.stream_pause <= limits.MAX_STREAM_PAUSE:
+        violations.append(FieldViolation(f"{at}.stream_pause", f"must be between 0 and {limits.MAX_STREAM_PAUSE:g}s"))
     return violations
 
 

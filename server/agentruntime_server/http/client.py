@@ -7,7 +7,7 @@ import collections
 import functools
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 
 from .connection import Connection
@@ -92,12 +92,15 @@ class HttpClient:
         *,
         timeout: float,
         max_body: BodyLimit,
+        sink: Callable[[bytes], None] | None = None,
     ) -> Response:
         """One exchange. `headers` as a mapping, or as `encode_headers` made them once (a
         provider's never change); Host, Content-Length, User-Agent and Accept-Encoding are
         the client's. Raises ValueError for a URL or a header it will not send, TimeoutError
         past `timeout` seconds (ReplyTimeout once the request was written), and an HttpError
-        for the rest (ConnectionLost says whether the request was written)."""
+        for the rest (ConnectionLost says whether the request was written). With `sink`, a
+        2xx reply's body is handed to it piece by piece as it arrives (decoded; the
+        Response's body is then empty): a streamed reply. `sink` must not raise."""
         if self.closed:
             raise ConnectionLost("the client is closed", sent=False)
         loop = self._loop
@@ -110,12 +113,19 @@ class HttpClient:
         connection = self._reused(target.origin, loop.time())
         if connection is None:
             connection = await self._connect(target, deadline)
-        return await connection.exchange(request, max_body, deadline)
+        return await connection.exchange(request, max_body, deadline, sink)
 
     async def post(
-        self, url: str, body: bytes, headers: bytes | Mapping[str, str], *, timeout: float, max_body: BodyLimit
+        self,
+        url: str,
+        body: bytes,
+        headers: bytes | Mapping[str, str],
+        *,
+        timeout: float,
+        max_body: BodyLimit,
+        sink: Callable[[bytes], None] | None = None,
     ) -> Response:
-        return await self.request("POST", url, body, headers, timeout=timeout, max_body=max_body)
+        return await self.request("POST", url, body, headers, timeout=timeout, max_body=max_body, sink=sink)
 
     # ---- deadlines ---------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import httptools
@@ -41,8 +42,9 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._reset(0)
 
-    def _reset(self, limit: BodyLimit) -> None:
+    def _reset(self, limit: BodyLimit, sink: Callable[[bytes], None] | None = None) -> None:
         self.limit = limit
+        self.sink = sink  # a 2xx body's pieces go here as they come (not kept in `chunks`)
         self.max_body = limit if isinstance(limit, int) else 0  # known with the status
         self.reusable = False  # set by a whole reply that keeps the connection alive
         self.done = False  # the reply is read (or failed): anything more from the server is a fault
@@ -134,11 +136,15 @@ class Connection(asyncio.Protocol):
                 body = self.decoder.decompress(body, self.max_body + 1 - self.size)
             except zlib.error as exc:
                 raise BadReply(f"the {self.encoding} body does not decode ({exc})") from None
-        self.chunks.append(body)
         self.size += len(body)
+        streamed = self.sink is not None and 200 <= self.status < 300
+        if not streamed:
+            self.chunks.append(body)
         if self.size > self.max_body:
             self.truncated = True  # the rest is never read: the connection closes
             self._finish()
+        elif streamed:
+            self.sink(body)  # type: ignore[misc]
 
     def on_message_complete(self) -> None:
         if self.interim:
@@ -172,7 +178,9 @@ class Connection(asyncio.Protocol):
         self._fail(ReplyTimeout())
         self.close()
 
-    async def exchange(self, request: bytes, max_body: BodyLimit, deadline: float) -> Response:
+    async def exchange(
+        self, request: bytes, max_body: BodyLimit, deadline: float, sink: Callable[[bytes], None] | None = None
+    ) -> Response:
         client = self.client
         transport = self.transport
         assert transport is not None
@@ -180,7 +188,7 @@ class Connection(asyncio.Protocol):
         # come) would drop the request unsent: that is no request the server may have read.
         if self.retired or self.closing:
             raise ConnectionLost("the connection closed before the request was sent", sent=False)
-        self._reset(max_body)
+        self._reset(max_body, sink)
         waiter: asyncio.Future[Response] = client.loop.create_future()
         self.waiter = waiter
         transport.write(request)  # from here on the server may read it: a failure leaves it in doubt

@@ -7,10 +7,11 @@ import json
 from typing import Any
 
 from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
-from ..domain.ports import ModelReply, ModelRequest, ProviderError
+from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
+from .streaming import MessageStream
 
 API_VERSION = "2023-06-01"
 
@@ -59,6 +60,10 @@ class AnthropicProvider(HttpProvider):
         if request.agent.prompt_cache:
             mark_cache_breakpoints(body)
         return body
+
+    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> MessageStream:
+        body["stream"] = True
+        return MessageStream(stream)
 
     def parse(self, payload: Any, model: str) -> ModelReply:
         if payload.get("type") == "error":

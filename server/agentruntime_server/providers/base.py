@@ -8,11 +8,12 @@ from __future__ import annotations
 import abc
 import datetime
 import email.utils
+import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,11 +23,14 @@ from tenacity.asyncio import AsyncRetrying
 
 from ..domain.gate import FifoGate
 from ..domain.model import Failure, FailureReason
-from ..domain.ports import ModelReply, ModelRequest, ProviderError
+from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..http import HttpClient, HttpError, encode_headers
+from .streaming import StreamedReply
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500
+# An exchange's status, its body (empty when streamed) and, when streamed, what read it.
+Posted = tuple[int, bytes, "StreamedReply | None"]
 # How the APIs say a request does not fit the model's context window (Anthropic:
 # "prompt is too long", "input length and `max_tokens` exceed context limit").
 CONTEXT_PHRASES = ("prompt is too long", "context length", "exceed context limit")
@@ -106,12 +110,21 @@ class HttpProvider(abc.ABC):
     def parse(self, payload: Any, model: str) -> ModelReply:
         """`model`: the model the request named (the reply names it, for the price table)."""
 
+    @abc.abstractmethod
+    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> StreamedReply:
+        """Asks for the reply as a stream (in `body`), and the reader of that stream."""
+
     async def complete(self, request: ModelRequest) -> ModelReply:
         model = request.agent.model or self._default_model
         body = self.body(request, model)
-        status, raw = await self._post(_encode(body))
+        stream = request.stream
+        reader: Callable[[], StreamedReply] | None = None
+        if stream is not None:
+            reader = functools.partial(self.streamed, body, stream)
+            reader()  # the body asks for a stream
+        status, raw, read = await self._post(_encode(body), reader)
         try:
-            return self.parse(_json(raw), model)
+            return self.parse(_json(raw) if read is None else read.payload(), model)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
             raise ProviderError(
                 self._redact(
@@ -155,17 +168,23 @@ class HttpProvider(abc.ABC):
             return self._failure(FailureReason.PROVIDER_UNAVAILABLE, status, detail)
         return self._failure(FailureReason.PROVIDER_BAD_REQUEST, status, detail)
 
-    async def _post(self, data: bytes) -> tuple[int, bytes]:
+    async def _post(self, data: bytes, reader: Callable[[], StreamedReply] | None = None) -> Posted:
+        """The reply's status and body, or (with `reader`: a streamed reply) the reader that
+        read it. A fault is retried; what an attempt streamed is reset before the next."""
         # The first attempt runs bare: tenacity costs ~25 us a call, paid only after a fault.
         try:
-            return await self._attempt(data)
+            return await self._attempt(data, reader)
         except ProviderFault as fault:
             first: list[ProviderFault] = [fault]
 
-        async def attempt() -> tuple[int, bytes]:
+        async def attempt() -> Posted:
             if first:
                 raise first.pop()  # tenacity's attempt 1 is the one already made
-            return await self._attempt(data)
+            if reader is not None:
+                stream = reader().stream
+                if stream.streamed:
+                    stream.restart("retry")
+            return await self._attempt(data, reader)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._policy.max_retries + 1),
@@ -175,7 +194,7 @@ class HttpProvider(abc.ABC):
             reraise=True,
         )
         try:
-            result: tuple[int, bytes] = await retrying(attempt)
+            result: Posted = await retrying(attempt)
         except ProviderFault as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             raise ProviderError(
@@ -183,16 +202,19 @@ class HttpProvider(abc.ABC):
             ) from exc
         return result
 
-    async def _attempt(self, data: bytes) -> tuple[int, bytes]:
+    async def _attempt(self, data: bytes, reader: Callable[[], StreamedReply] | None) -> Posted:
         gate = self._policy.gate
         await gate.acquire()
         started = time.perf_counter()  # the exchange only: a wait for the gate is not the provider's
         outcome = "cancelled"
         limit = self._policy.max_reply_bytes
+        read = reader() if reader is not None else None
         try:
             # No redirect is followed (the client follows none): a key header (Anthropic's
             # x-api-key) would go along to whatever host the Location names.
-            response = await self._http.post(self._url, data, self._headers, timeout=self._timeout, max_body=limit)
+            response = await self._http.post(
+                self._url, data, self._headers, timeout=self._timeout, max_body=limit, sink=None if read is None else read.feed
+            )
             status, raw, headers = response.status, response.body, response.headers
             outcome = _outcome(status)
         except TimeoutError as exc:
@@ -227,7 +249,9 @@ class HttpProvider(abc.ABC):
                 self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"a body over {limit} bytes"),
             )
         if 200 <= status < 300:
-            return status, raw
+            if read is not None:
+                self._check_stream(read, status)
+            return status, raw, read
         if 300 <= status < 400:
             raise ProviderError(
                 f"provider {self.name!r} answered HTTP {status}, a redirect, which is not followed: check its base URL",
@@ -238,6 +262,33 @@ class HttpProvider(abc.ABC):
         if failure.retryable:
             raise ProviderFault(message, failure, retry_after=retry_after(headers), reason=outcome)
         raise ProviderError(message, failure)  # our request's fault (or a quota): retrying cannot help
+
+    def _check_stream(self, read: StreamedReply, status: int) -> None:
+        """A streamed reply that ended in an error event, or before its end, is a failure as a
+        whole reply's error would be (retried when the error is a fault); one that could not
+        be read is a bad reply."""
+        if read.error is not None:
+            error = read.error if isinstance(read.error, dict) else {"message": str(read.error)}
+            raw = _encode({"type": "error", "error": error})
+            failure = self.classify(status, raw)
+            message = f"provider {self.name!r} sent an error event mid-stream: {self._excerpt(raw)}"
+            if failure.retryable:
+                raise ProviderFault(message, failure, reason="server_error")
+            raise ProviderError(message, failure)
+        if read.problem is not None:
+            raise ProviderError(
+                self._redact(
+                    f"provider {self.name!r} answered HTTP {status} with a stream that is not one of {self.kind} events "
+                    f"({type(read.problem).__name__}: {read.problem})"
+                ),
+                self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"not a stream of {self.kind} events"),
+            )
+        if not read.complete:
+            raise ProviderFault(
+                f"provider {self.name!r} ended its stream before the reply was complete",
+                self._failure(FailureReason.PROVIDER_UNAVAILABLE, status, "the stream ended early"),
+                reason="unreachable",
+            )
 
     def _wait(self, state: RetryCallState) -> float:
         fault = state.outcome.exception() if state.outcome is not None else None

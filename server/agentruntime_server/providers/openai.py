@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from ..domain.model import Message, ReplyStop, ToolCall
-from ..domain.ports import ModelReply, ModelRequest
+from ..domain.ports import ModelReply, ModelRequest, ReplyStream
 from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
+from .streaming import ChatCompletionStream
 
 
 class OpenAIProvider(HttpProvider):
@@ -50,6 +51,11 @@ class OpenAIProvider(HttpProvider):
             # Routes this handle's requests to the machines holding its prefix (docs/usage.md#prompt-caching).
             body["prompt_cache_key"] = request.cache_key
         return body
+
+    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> ChatCompletionStream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # the last chunk carries the usage
+        return ChatCompletionStream(stream)
 
     def parse(self, payload: Any, model: str) -> ModelReply:
         first = payload["choices"][0]

@@ -91,6 +91,7 @@ const VERBS = [
   "create_runtime",
   "interrupt",
   "watch",
+  "stream_run",
 ] as const;
 
 /** The verbs that may carry `request_id` and `repeat` (README: Request ids and repeats). */
@@ -101,6 +102,9 @@ const REQUEST_ID = /^[A-Za-z0-9_-]{0,40}$/;
 
 /** The arguments a wait step may carry (README: Waiting, restarts and watching). */
 const WAIT_OPTIONS = ["handle", "client_timeout_ms", "restart_server_after_ms"];
+
+/** The arguments a stream_run step may carry. */
+const STREAM_RUN_ARGS = ["agent", "prompt", "parent"];
 
 /** The README's deadline for every call, Wait included. */
 const CALL_TIMEOUT_MS = 60_000;
@@ -521,6 +525,52 @@ async function watchStep(client: AgentRuntimeClient, runtimeId: string, where: s
   );
 }
 
+/**
+ * The client's stream-run helper (README: Waiting, restarts and watching): the text pieces it
+ * hands over joined in order (a reset empties what was joined of its turn) and counted, and the
+ * result's fields (CALL_TIMEOUT_MS for the whole step).
+ */
+async function streamRunStep(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+  const a = objectArgs(where, step, "stream_run");
+  const unknown = Object.keys(a)
+    .filter((key) => !STREAM_RUN_ARGS.includes(key))
+    .sort();
+  if (unknown.length > 0) throw new Mismatch(`${where}: unknown stream_run arguments ${show(unknown)}`);
+  const agent = strArg(where, a, "agent");
+  const prompt = strArg(where, a, "prompt");
+  const parent = strArg(where, a, "parent", "root");
+  const turns = new Map<bigint, string[]>(); // each turn's text pieces since its last reset, in turn order
+  let textDeltas = 0;
+  const stop = new AbortController();
+  const timer = setTimeout(() => stop.abort(), CALL_TIMEOUT_MS);
+  try {
+    for await (const item of client.streamRun(runtimeId, agent, prompt, parent, { signal: stop.signal })) {
+      if (item.result !== undefined) {
+        return { ...resultFields(item.result), joined: joinTurns(turns), text_deltas: textDeltas };
+      }
+      const piece = item.delta.piece;
+      if (piece.case === "reset") turns.set(item.delta.turn, []);
+      if (piece.case !== "text") continue;
+      textDeltas += 1;
+      const pieces = turns.get(item.delta.turn) ?? [];
+      pieces.push(piece.value);
+      turns.set(item.delta.turn, pieces);
+    }
+  } catch (error) {
+    if (!stop.signal.aborted) throw error;
+  } finally {
+    clearTimeout(timer);
+  }
+  throw new Mismatch(
+    `${where}: no result within ${CALL_TIMEOUT_MS / 1000}s; ${textDeltas} text deltas so far, joined: ${show(joinTurns(turns))}`,
+  );
+}
+
+/** The text of every turn, in the order the turns began. */
+function joinTurns(turns: Map<bigint, string[]>): string {
+  return [...turns.values()].map((pieces) => pieces.join("")).join("");
+}
+
 /** The worker handlers of tests/vectors/README.md (Workers), the same in every language. */
 const WORKER_HANDLERS: Record<string, ToolHandler> = {
   upper: (a) => textArg(a).replace(/[a-z]+/g, (letters) => letters.toUpperCase()),
@@ -860,6 +910,7 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
       }
       if ("list_runtimes" in step) return { outcome: await listRuntimes(client, runtimeId, where, step) };
       if ("watch" in step) return { outcome: await watchStep(client, runtimeId, where, step) };
+      if ("stream_run" in step) return { outcome: await streamRunStep(client, runtimeId, where, step) };
       return { outcome: await inspect(client, runtimeId, where, step) };
     });
     checkAnswer(where, step, got);

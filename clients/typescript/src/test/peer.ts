@@ -1,16 +1,18 @@
 // A loopback gRPC server implementing AgentRuntime (Connect's Node adapter over HTTP/2), the
 // peer of the retry tests: each method fails its next attempts as a test tells it to, then
-// answers, and every attempt it sees is recorded with its request id.
+// answers, and every attempt it sees is recorded with its request id; a Watch stream can be
+// scripted (its responses, deltas among them, then a drop or silence).
 
 import { once } from "node:events";
 import * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 
+import type { MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
-import { AgentRuntime, Status } from "../gen/agentruntime/v1/agent_runtime_pb.js";
+import { AgentRuntime, Status, type WatchResponseSchema } from "../gen/agentruntime/v1/agent_runtime_pb.js";
 import { ErrorInfoSchema, RetryInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 
 /** What the peer does with one attempt instead of answering it. */
@@ -47,8 +49,18 @@ export function withRetryInfo(code: Code, retryDelayMs: number): ConnectError {
   ]);
 }
 
+/** One Watch stream as the peer plays it: what it sends, then how it ends. */
+export interface WatchScript {
+  send: MessageInitShape<typeof WatchResponseSchema>[];
+  /** "drop": it then fails UNAVAILABLE, as a server going away; "hang" (the default): it stays open until cancelled. */
+  end?: "drop" | "hang";
+}
+
 export class Peer {
   readonly attempts: Attempt[] = [];
+  /** Each Watch request's after_seq and deltas, in order. */
+  readonly watchRequests: { afterSeq: bigint; deltas: boolean }[] = [];
+  private readonly watchScripts: WatchScript[] = [];
   private readonly faults = new Map<string, Fault[]>();
   private readonly always = new Map<string, Fault>();
   private readonly waiters: { done: () => void; ready: () => boolean }[] = [];
@@ -63,6 +75,14 @@ export class Peer {
     this.attempts.length = 0;
     this.faults.clear();
     this.always.clear();
+    this.watchRequests.length = 0;
+    this.watchScripts.length = 0;
+  }
+
+  /** The next Watch streams play these scripts, one each, in order (then the default stream). */
+  scriptWatch(...scripts: WatchScript[]): this {
+    this.watchScripts.push(...scripts);
+    return this;
   }
 
   /** The next attempts of `method` (the RPC's name, `Spawn`) meet these faults, one each, in order. */
@@ -159,10 +179,24 @@ export class Peer {
     return answer(fault);
   }
 
-  /** Watch: after the attempt's fault (if any), the event after `afterSeq`, then nothing until cancelled. */
-  private async *watchStream(afterSeq: bigint, context: HandlerContext): AsyncGenerator<{ event: { seq: bigint; handleId: string } }> {
+  /**
+   * Watch: after the attempt's fault (if any), the next script's responses and its end, or
+   * without one the event after `afterSeq`, then nothing until cancelled.
+   */
+  private async *watchStream(
+    afterSeq: bigint,
+    deltas: boolean,
+    context: HandlerContext,
+  ): AsyncGenerator<MessageInitShape<typeof WatchResponseSchema>> {
+    this.watchRequests.push({ afterSeq, deltas });
     await this.attempt("Watch", "", context, () => undefined);
-    yield { event: { seq: afterSeq + 1n, handleId: "root/worker.1" } };
+    const script = this.watchScripts.shift();
+    if (script === undefined) {
+      yield { event: { seq: afterSeq + 1n, handleId: "root/worker.1" } };
+    } else {
+      yield* script.send;
+      if (script.end === "drop") throw new ConnectError("the server went away", Code.Unavailable);
+    }
     if (!context.signal.aborted) await once(context.signal, "abort");
   }
 
@@ -192,7 +226,7 @@ export class Peer {
               ? { handleId: request.handleId, status: Status.TIMEOUT }
               : { handleId: request.handleId, status: Status.DONE, text: "done" },
         })),
-      watch: (request, context) => this.watchStream(request.afterSeq, context),
+      watch: (request, context) => this.watchStream(request.afterSeq, request.deltas, context),
     });
   }
 }

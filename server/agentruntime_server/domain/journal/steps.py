@@ -163,7 +163,8 @@ class TurnStarted:
     turn: int
 
     def apply(self, tree: Tree) -> None:
-        pass  # a model call is under way: nothing changes until its reply is recorded
+        # A model call is under way: nothing else changes until its reply is recorded.
+        tree.handles[self.handle_id].turn_begun = self.turn
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.TURN_STARTED, {"turn": self.turn})]
