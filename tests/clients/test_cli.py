@@ -23,10 +23,11 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.app import RunningServer
 from google.protobuf import json_format
 
-from tests.support.build import agent, create, http_tool, run
+from tests.support.build import agent, create, duration, http_tool, run
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.process import ServerProcess, free_port
 from tests.support.servers import Served, serve
+from tests.support.sse import Streamed
 from tests.support.tool_server import ToolServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -405,3 +406,73 @@ async def test_the_cli_prints_no_terminal_control_from_model_text(tmp_path: Path
     for out in (ran, shown):
         assert "owned" in out  # the text is shown, its control characters escaped
         assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, out
+
+
+STREAMED = "Streaming lets a person read an answer\nwhile the model is still writing it."
+
+
+def streaming_file(tmp_path: Path, pause: float) -> Path:
+    """A runtime file whose one agent's scripted reply streams in pieces of 8 characters."""
+    reply = pb.ScriptedReply(text=STREAMED, tokens=19, stream_chunk_chars=8, stream_pause=duration(pause))
+    writer = pb.AgentDef(name="writer", description="writes", script=pb.Script(replies=[reply]))
+    path = tmp_path / "writer.json"
+    path.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(runtime_id="writer", agents=[writer])))
+    return path
+
+
+async def test_run_prints_the_handles_text_as_it_streams(scripted: RunningServer, tmp_path: Path) -> None:
+    code, out, err = await cli(scripted, "run", str(streaming_file(tmp_path, 0.01)), "--prompt", "write it")
+    assert (code, err) == (0, ""), out + err
+    lines = out.splitlines()
+    started = next(i for i, line in enumerate(lines) if line.endswith("root/writer.1 turn 1 started"))
+    # The pieces, printed as they came, make the reply's lines; the next event starts a line of its own.
+    assert lines[started + 1 : started + 3] == STREAMED.splitlines()
+    assert lines[started + 3].endswith("root/writer.1 turn 1 ended: 19 tokens (own 19, total 19)")
+    # The result block as before, the whole text in it.
+    assert block(out, "result")["status"] == "DONE"
+    first, second = STREAMED.splitlines()
+    assert out.endswith(f"text          {first}\n              {second}\n")
+
+
+async def test_run_marks_a_turn_run_again_after_a_crash_and_prints_it_anew(process: ServerProcess, tmp_path: Path) -> None:
+    await process.start()
+    path = streaming_file(tmp_path, 0.2)  # two seconds of pieces: the crash comes in the middle
+    running = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentruntime.cli", "run", str(path), "--prompt", "write it",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        env={**_env(None), "AGENTRUNTIME_ADDR": process.address},
+    )  # fmt: skip
+    assert running.stdout is not None
+    seen = b""
+    while b"Streaming lets" not in seen:
+        seen += await asyncio.wait_for(running.stdout.read(4096), timeout=30)
+    await process.stop(signal.SIGKILL)
+    await process.restart()  # the turn begun before the crash runs again: a reset, then its pieces
+    rest, err = await asyncio.wait_for(running.communicate(), timeout=60)
+    out = (seen + rest).decode()
+    assert (running.returncode, err.decode()) == (0, ""), out
+    before, marker, after = out.partition("\n[running the turn again]\n")
+    assert marker, out
+    assert "Streaming lets" in before and STREAMED in after
+    assert block(out, "result")["status"] == "DONE"
+
+
+async def test_run_marks_a_provider_call_cut_mid_stream_and_prints_the_retry(model: ScriptedModelServer, tmp_path: Path) -> None:
+    attempts: list[int] = []
+
+    def script(body: dict[str, Any]) -> Reply:
+        attempts.append(1)  # the first call is cut after its fifth event; the second is whole
+        cut = 5 if len(attempts) == 1 else None
+        return Reply(text=STREAMED, tokens=30, streamed=Streamed(chunk=8, pause=0.02, cut_after=cut))
+
+    model.script("writer", script)
+    path = tmp_path / "writer.json"
+    writer = pb.AgentDef(name="writer", description="writes", model="writer")
+    path.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(runtime_id="writer", agents=[writer])))
+    async with serve(llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", llm_backoff_base=0.01) as served:
+        code, out, err = await cli(served.running, "run", str(path), "--prompt", "write it")
+    assert (code, err) == (0, ""), out + err
+    before, marker, after = out.partition("\n[retrying]\n")
+    assert marker and len(attempts) == 2, out
+    # What came before the cut, the marker on a line of its own, then the whole reply from its start.
+    assert "turn 1 started\nStreaming lets a person" in before and after.startswith(STREAMED + "\n#"), out

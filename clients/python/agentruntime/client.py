@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import json
@@ -11,7 +12,7 @@ import math
 import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -125,6 +126,33 @@ class _Failures:
             return None
         self.count += 1
         return wait
+
+
+class _FreshDeltas:
+    """Which deltas of a Watch are new to its consumer. After a reconnect the server sends every
+    turn still in progress again from index 0, so per (handle, turn) this keeps the next index
+    expected: a delta below it was handed over already. A `reset` (index 0: the turn's stream
+    starts again) is always new, and what follows it is new from index 1."""
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[str, int], int] = {}
+
+    def take(self, delta: pb.Delta) -> bool:
+        """Whether to hand `delta` over (and, if so, it counts as handed over)."""
+        key = (delta.handle_id, delta.turn)
+        if delta.WhichOneof("piece") == "reset":
+            self._next[key] = 1
+            return True
+        if delta.index < self._next.get(key, 0):
+            return False
+        self._next[key] = delta.index + 1
+        return True
+
+    def forget(self, event: pb.Event) -> None:
+        """An ended turn is never sent again (a reconnect starts after its TurnEnded): drop it,
+        so that a long watch keeps one entry per turn in progress, not per turn ever."""
+        if event.WhichOneof("payload") == "turn_ended":
+            self._next.pop((event.handle_id, event.turn_ended.turn), None)
 
 
 class AgentRuntimeError(Exception):
@@ -592,16 +620,85 @@ class Client:
         (waiting `backoff` seconds, doubling up to 30, or the RetryInfo's delay when longer,
         before each), or when such a run of failures would outlast the retry window; at once
         with `retries=False`."""
+        async for response in self._watch_responses(runtime_id, after_seq, False, max_retries, backoff):
+            yield response.event
+
+    async def watch_with_deltas(
+        self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0
+    ) -> AsyncIterator[pb.Event | pb.Delta]:
+        """`watch` with what the models write as they write it: the runtime's events and, between
+        them, the `Delta`s of every handle's model turns (docs/streaming.md); never ends by itself.
+
+        Reconnects as `watch` does (a delta handed over that is no `reset` counts as progress,
+        as an event does). The server sends a turn still in progress again from index 0 after a
+        reconnect: each delta is handed over once, by (handle_id, turn, index), except a `reset`,
+        which is always handed over and voids what was handed over of its turn."""
+        async for response in self._watch_responses(runtime_id, after_seq, True, max_retries, backoff):
+            yield response.delta if response.HasField("delta") else response.event
+
+    async def stream_run(
+        self,
+        runtime_id: str,
+        agent: str,
+        prompt: str,
+        parent: str = "root",
+        *,
+        spawn_request_id: str | None = None,
+        wake_request_id: str | None = None,
+        max_retries: int = 5,
+        backoff: float = 1.0,
+    ) -> AsyncIterator[pb.Delta | pb.TaskResult]:
+        """`run`, with the handle's model output as it streams: Spawn and Wake as `run` does,
+        then the fresh handle's `Delta`s (text, thinking, tool-call pieces, and a `reset` that
+        voids its turn's pieces so far), each once, and last its first `TaskResult` (settled, or
+        PENDING). Watches the runtime from the start with deltas, reconnecting as
+        `watch_with_deltas` does. The Wake is sent once the Watch has answered (the handle's
+        spawn, at least): a provider's turn streams only to watchers there when it starts.
+
+            async for item in client.stream_run(rt, "writer", "Tell me about streams."):
+                if isinstance(item, pb.Delta):
+                    print(item.text, end="", flush=True)
+                else:
+                    result = item"""
+        handle_id = await self.spawn(runtime_id, agent, parent, request_id=_request_id(spawn_request_id))
+        woken = False
+        async with contextlib.aclosing(self._watch_responses(runtime_id, 0, True, max_retries, backoff)) as responses:
+            async for response in responses:
+                if not woken:
+                    await self.wake(runtime_id, handle_id, prompt, request_id=_request_id(wake_request_id))
+                    woken = True
+                if response.HasField("delta"):
+                    if response.delta.handle_id == handle_id:
+                        yield response.delta
+                elif response.event.handle_id == handle_id and response.event.WhichOneof("payload") == "result":
+                    yield response.event.result
+                    return
+
+    async def _watch_responses(
+        self, runtime_id: str, after_seq: int, deltas: bool, max_retries: int, backoff: float
+    ) -> AsyncGenerator[pb.WatchResponse, None]:
+        """The Watch stream from `after_seq`, reopened from the last event's seq after a drop
+        (`watch` says when it gives up); with `deltas`, the deltas too, the ones already handed
+        over skipped. Deltas do not move the seq: the server sends a turn in progress again."""
         loop = asyncio.get_running_loop()
         seen = after_seq
         failures = self._failures()
+        fresh = _FreshDeltas()
         while True:
-            call = self._stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=seen), metadata=self._metadata)
+            request = pb.WatchRequest(runtime_id=runtime_id, after_seq=seen, deltas=deltas)
+            call = self._stub.Watch(request, metadata=self._metadata)
             try:
                 async for response in call:
-                    failures.reset()
-                    seen = response.event.seq
-                    yield response.event
+                    if response.HasField("delta"):
+                        if not fresh.take(response.delta):
+                            continue
+                        if response.delta.WhichOneof("piece") != "reset":
+                            failures.reset()
+                    else:
+                        failures.reset()
+                        seen = response.event.seq
+                        fresh.forget(response.event)
+                    yield response
                 # The server ended the stream (it is shutting down): reopen it like a drop.
                 error = AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
             except grpc.aio.AioRpcError as rpc_error:

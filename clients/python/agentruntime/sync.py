@@ -177,6 +177,29 @@ class SyncClient:
         leaving the loop (break) closes the stream."""
         return self._iterate(self._client.watch(runtime_id, after_seq, max_retries=max_retries, backoff=backoff))
 
+    def watch_with_deltas(
+        self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0
+    ) -> Iterator[pb.Event | pb.Delta]:
+        """The runtime's events and its models' deltas, as Client.watch_with_deltas gives them."""
+        return self._iterate(self._client.watch_with_deltas(runtime_id, after_seq, max_retries=max_retries, backoff=backoff))
+
+    def stream_run(
+        self,
+        runtime_id: str,
+        agent: str,
+        prompt: str,
+        parent: str = "root",
+        *,
+        spawn_request_id: str | None = None,
+        wake_request_id: str | None = None,
+        max_retries: int = 5,
+        backoff: float = 1.0,
+    ) -> Iterator[pb.Delta | pb.TaskResult]:
+        """The fresh handle's deltas, then its result, as Client.stream_run gives them."""
+        ids = {"spawn_request_id": spawn_request_id, "wake_request_id": wake_request_id}
+        items = self._client.stream_run(runtime_id, agent, prompt, parent, **ids, max_retries=max_retries, backoff=backoff)
+        return self._iterate(items)
+
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
         """An async iterator of the client's loop as a blocking one: each item is fetched on
         the loop when the caller's loop asks; leaving the loop early closes the async one."""

@@ -43,6 +43,7 @@ VERBS = (
     "create_runtime",
     "watch",
     "interrupt",
+    "stream_run",
 )
 # The verbs whose step may carry "request_id" and "repeat" (README: Request ids and repeats).
 MUTATING = ("spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime")
@@ -342,6 +343,37 @@ async def _watch(client: Client, runtime_id: str, where: str, step: dict[str, An
     return {"count": len(events), "events": events}
 
 
+async def _stream_run(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> tuple[pb.TaskResult, dict[str, Any]]:
+    """The client's stream-run helper: its result, and its text deltas joined in order (a
+    `reset` empties what was joined of its turn) and counted (README: Waiting, restarts and
+    watching)."""
+    args = _args(where, step, "stream_run")
+    agent, prompt = _arg(where, args, "agent", str), _arg(where, args, "prompt", str)
+    parent = _arg(where, args, "parent", str, "root")
+    turns: dict[int, list[str]] = {}  # each turn's pieces since its last reset, turns in the order they began
+    counted = 0
+
+    async def follow() -> pb.TaskResult:
+        nonlocal counted
+        async for item in client.stream_run(runtime_id, agent, prompt, parent):
+            if isinstance(item, pb.TaskResult):
+                return item
+            piece = item.WhichOneof("piece")
+            if piece == "reset":
+                turns[item.turn] = []
+            elif piece == "text":
+                turns.setdefault(item.turn, []).append(item.text)
+                counted += 1
+        raise Mismatch(f"{where}: the stream-run helper ended without a result")
+
+    try:
+        result = await asyncio.wait_for(follow(), CALL_TIMEOUT)
+    except TimeoutError:
+        raise Mismatch(f"{where}: no result within {CALL_TIMEOUT:.0f}s; {counted} text deltas so far") from None
+    joined = "".join("".join(pieces) for pieces in turns.values())
+    return result, {"joined": joined, "text_deltas": counted}
+
+
 async def start_workers(client: Client, entries: list[dict[str, Any]]) -> list[asyncio.Task[None]]:
     """The vector's workers (README: Workers), registered before its first step."""
     started: list[asyncio.Task[None]] = []
@@ -538,6 +570,13 @@ class VectorRun:
             return lambda: client.create_runtime(agents, request_id=request_id), lambda created: None
         if verb == "watch":
             return lambda: _watch(client, runtime_id, where, step), lambda outcome: outcome
+        if verb == "stream_run":
+
+            def streamed(outcome: tuple[pb.TaskResult, dict[str, Any]]) -> dict[str, Any]:
+                result, text = outcome
+                return {**_result_fields(self._pending(result)), **text}
+
+            return lambda: _stream_run(client, runtime_id, where, step), streamed
         raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
 
     def _answer(self, where: str, args: dict[str, Any]) -> pb.Answer:

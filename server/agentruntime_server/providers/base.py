@@ -24,7 +24,7 @@ from tenacity.asyncio import AsyncRetrying
 from ..domain.gate import FifoGate
 from ..domain.model import Failure, FailureReason
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
-from ..http import HttpClient, HttpError, encode_headers
+from ..http import HttpClient, HttpError, Response, encode_headers
 from .streaming import StreamedReply
 
 log = logging.getLogger("agentruntime.providers")
@@ -212,9 +212,7 @@ class HttpProvider(abc.ABC):
         try:
             # No redirect is followed (the client follows none): a key header (Anthropic's
             # x-api-key) would go along to whatever host the Location names.
-            response = await self._http.post(
-                self._url, data, self._headers, timeout=self._timeout, max_body=limit, sink=None if read is None else read.feed
-            )
+            response = await self._post_once(data, limit, read)
             status, raw, headers = response.status, response.body, response.headers
             outcome = _outcome(status)
         except TimeoutError as exc:
@@ -250,6 +248,7 @@ class HttpProvider(abc.ABC):
             )
         if 200 <= status < 300:
             if read is not None:
+                read.close(flush=True)
                 self._check_stream(read, status)
             return status, raw, read
         if 300 <= status < 400:
@@ -262,6 +261,15 @@ class HttpProvider(abc.ABC):
         if failure.retryable:
             raise ProviderFault(message, failure, retry_after=retry_after(headers), reason=outcome)
         raise ProviderError(message, failure)  # our request's fault (or a quota): retrying cannot help
+
+    async def _post_once(self, data: bytes, limit: int, read: StreamedReply | None) -> Response:
+        if read is None:
+            return await self._http.post(self._url, data, self._headers, timeout=self._timeout, max_body=limit)
+        try:
+            return await self._http.post(self._url, data, self._headers, timeout=self._timeout, max_body=limit, sink=read.feed)
+        except BaseException:
+            read.close(flush=False)  # a failed attempt: what it held is void
+            raise
 
     def _check_stream(self, read: StreamedReply, status: int) -> None:
         """A streamed reply that ended in an error event, or before its end, is a failure as a

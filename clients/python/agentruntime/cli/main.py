@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from google.rpc import error_details_pb2
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -28,6 +28,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from . import COMMANDS, command_first
 from .ask import Asker, LineReader, NoAnswer
 from .view import (
+    Streamed,
     Tree,
     columns,
     cost_text,
@@ -36,6 +37,7 @@ from .view import (
     key_values,
     printable,
     request_lines,
+    reset_marker,
     result_lines,
     state_name,
     status_name,
@@ -280,23 +282,29 @@ def unique_runtime_id(base: str) -> str:
 
 
 class RunView:
-    """The live tree on a terminal; one line per event anywhere else."""
+    """The live tree on a terminal, with the text the run's handle writes under it as it
+    streams; anywhere else one line per event, and that text printed as it comes."""
 
     def __init__(self, tree: Tree, live: bool) -> None:
         self.tree = tree
         self.live = live
         self.console = Console(highlight=False)
+        self.streamed = Streamed()
         self._live: Live | None = None
         self._paused = False
-        self._held: list[pb.Event] = []  # events that came while a question was on the screen
+        self._held: list[pb.Event | pb.Delta] = []  # what came while a question was on the screen
+        self._midline = False  # plain: streamed text ended without a newline
 
     def start(self) -> None:
         self._paused = False
         held, self._held = self._held, []
-        for event in held:
-            self.event(event)
+        for item in held:
+            if isinstance(item, pb.Delta):
+                self.delta(item)
+            else:
+                self.event(item)
         if self.live and self._live is None:
-            self._live = Live(console=self.console, get_renderable=self.tree.render, refresh_per_second=8)
+            self._live = Live(console=self.console, get_renderable=self.render, refresh_per_second=8)
             self._live.start()
 
     def stop(self) -> None:
@@ -306,19 +314,51 @@ class RunView:
             self._live.stop()  # the last frame stays on the screen
             self._live = None
 
+    def render(self) -> RenderableType:
+        tree = self.tree.render()
+        # The tree's rows and the heading's stay on the screen; the text gets what is left.
+        room = max(3, self.console.height - len(self.tree.nodes) - 8)
+        streamed = self.streamed.render(self.console, room)
+        return tree if streamed is None else Group(tree, streamed)
+
     def event(self, event: pb.Event) -> None:
         if self._paused:
             self._held.append(event)
             return
         self.tree.apply(event)
+        self.streamed.end(event)
         if not self.live:
+            self._line_start()
             _print(event_line(event))
+
+    def delta(self, delta: pb.Delta) -> None:
+        """A piece the run's handle wrote: its text goes on the screen at once; a reset says so."""
+        if self._paused:
+            self._held.append(delta)
+            return
+        self.streamed.apply(delta)
+        if self.live:
+            return
+        piece = delta.WhichOneof("piece")
+        if piece == "text" and delta.text:
+            print(printable(delta.text), end="", flush=True)
+            self._midline = not delta.text.endswith("\n")
+        elif piece == "reset":
+            self._line_start()
+            self.console.print(reset_marker(delta.reset), style="dim", markup=False)
+
+    def _line_start(self) -> None:
+        """Ends streamed text that stopped mid-line, so that what follows starts a line."""
+        if self._midline:
+            print(flush=True)
+            self._midline = False
 
     def say(self, text: str) -> None:
         """A question, with no newline: the answer is typed after it."""
         if self.live:
             self.console.print(printable(text), end="", markup=False)
         else:
+            self._line_start()
             print(printable(text), end="", flush=True)
 
     def block(self, title: str, rows: list[tuple[str, str]]) -> None:
@@ -326,6 +366,7 @@ class RunView:
             self.console.rule(title, align="left", style="dim")
             self.console.print(printable(key_values(rows)), markup=False)
         else:
+            self._line_start()
             _print(f"--- {title}")
             _print(key_values(rows))
 
@@ -357,20 +398,30 @@ async def _run(args: argparse.Namespace, client: Client) -> int:
     _print(f"runtime {runtime_id} created from {args.file}; running {handle_id}")
 
     results: asyncio.Queue[pb.TaskResult | Exception] = asyncio.Queue()
+    # Set once the Watch answers (or fails): a provider's turn streams to the watchers there when it starts.
+    watching = asyncio.Event()
 
     async def follow() -> None:
         try:
-            async for event in client.watch(runtime_id):
-                view.event(event)
-                if event.handle_id == handle_id and event.WhichOneof("payload") == "result":
-                    results.put_nowait(event.result)
+            async for item in client.watch_with_deltas(runtime_id):
+                watching.set()
+                if isinstance(item, pb.Delta):
+                    if item.handle_id == handle_id:
+                        view.delta(item)
+                    continue
+                view.event(item)
+                if item.handle_id == handle_id and item.WhichOneof("payload") == "result":
+                    results.put_nowait(item.result)
         except Exception as error:  # a refused Watch, or stdout gone (`| head`): the run loop raises it
             results.put_nowait(error)
+            watching.set()
 
     watcher = asyncio.create_task(follow())
     view.start()
     try:
-        await client.wake(runtime_id, handle_id, prompt)
+        await watching.wait()
+        if results.empty():  # else the Watch failed: its error comes first
+            await client.wake(runtime_id, handle_id, prompt)
         while True:
             item = await results.get()
             if isinstance(item, Exception):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -234,6 +234,50 @@ class Tree:
                 Text(printable(self.activity(node))),  # a model's words: no markup, no control
             )
         return Group(header, table)
+
+
+# What a `reset` delta says, by its reason: the provider call is made again, or the turn runs again.
+RESET_MARKERS = {"retry": "[retrying]", "rerun": "[running the turn again]"}
+
+
+def reset_marker(reset: pb.DeltaReset) -> str:
+    return RESET_MARKERS.get(reset.reason, "[starting over]")
+
+
+class Streamed:
+    """The text a handle writes in its model turn under way, for the live view: what came since
+    the turn's last reset (and that reset's marker); nothing between turns, when the result
+    or the transcript holds the whole reply."""
+
+    def __init__(self) -> None:
+        self.handle_id = ""
+        self.turn = 0
+        self.text = ""
+        self.marker = ""
+
+    def apply(self, delta: pb.Delta) -> None:
+        if (delta.handle_id, delta.turn) != (self.handle_id, self.turn):
+            self.handle_id, self.turn, self.text, self.marker = delta.handle_id, delta.turn, "", ""
+        piece = delta.WhichOneof("piece")
+        if piece == "text":
+            self.text += delta.text
+        elif piece == "reset":
+            self.text, self.marker = "", reset_marker(delta.reset)
+
+    def end(self, event: pb.Event) -> None:
+        """Forgets the turn once its reply is in (its TurnEnded), or the run settled without it."""
+        kind = event.WhichOneof("payload")
+        ended = kind == "turn_ended" and event.turn_ended.turn == self.turn
+        if event.handle_id == self.handle_id and (ended or kind == "result"):
+            self.turn, self.text, self.marker = 0, "", ""
+
+    def render(self, console: Console, lines: int) -> RenderableType | None:
+        """The turn's last `lines` lines as the console wraps them, under a dim heading."""
+        if not self.text and not self.marker:
+            return None
+        heading = Text(f"{printable(self.handle_id)} turn {self.turn}  {self.marker}".rstrip(), style="dim")
+        wrapped = Text(printable(self.text)).wrap(console, console.width)
+        return Group(heading, Text("\n").join(wrapped[-lines:]))
 
 
 def found_agent(handle_id: str) -> str:

@@ -8,6 +8,8 @@ import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CloseResponse;
 import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.DeleteRuntimeRequest;
+import dev.agentruntime.v1.Delta;
+import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
@@ -55,6 +57,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
 import java.util.function.Function;
 import java.util.stream.Stream;
 
@@ -742,6 +745,64 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return run(runtimeId, agent, prompt, "root");
   }
 
+  /**
+   * Spawn + Wake + Watch with deltas: runs a fresh handle of {@code agent} under {@code parent}, hands
+   * what its model writes to {@code onDelta} as it streams, and returns the handle's result. Its
+   * Spawn and its Wake each carry a request id generated once, as {@link #run} does.
+   *
+   * <p>The watch is the runtime's from its first event ({@code after_seq} 0) with
+   * {@code WatchRequest.deltas}, reconnected exactly as {@link #watch(String, long)} does (from the
+   * last event's seq, the same backoff and limits: a delta is no event, but starts the retry window
+   * again). {@code onDelta} gets the deltas of this handle only (not its children's), in order
+   * and each once, on the calling thread: after a reconnect the server sends a turn still in
+   * progress again from index 0, and the pieces already handed over are skipped. A {@code reset}
+   * delta is always handed over: what was streamed for its turn so far is void (the provider call
+   * is retried, or the turn runs again after a restart), so a UI clears it. The result is the
+   * {@code TaskResult} of the handle's first {@code result} event: a PENDING one too (answer it with
+   * {@link #resume}).
+   *
+   * <pre>{@code
+   * TaskResult result = client.streamRun(runtimeId, "writer", "write it", "root", delta -> {
+   *   if (delta.hasReset()) {
+   *     screen.clearTurn(delta.getTurn());
+   *   } else if (delta.getPieceCase() == Delta.PieceCase.TEXT) {
+   *     screen.append(delta.getText());
+   *   }
+   * });
+   * }</pre>
+   *
+   * @throws AgentRuntimeException a refused Spawn or Wake, the watch's failure (see {@link WatchStream}),
+   *     or CANCELLED when the client is closed or the thread interrupted; an exception of
+   *     {@code onDelta} ends the call (and its watch) as it is
+   */
+  public TaskResult streamRun(String runtimeId, String agent, String prompt, String parent, Consumer<Delta> onDelta) {
+    return streamRun(runtimeId, agent, prompt, parent, null, null, onDelta);
+  }
+
+  /**
+   * {@link #streamRun(String, String, String, String, Consumer)} with the request ids of its Spawn
+   * and its Wake ({@code null}: generated): a repeat with the same two ids spawns and wakes nothing
+   * more, and streams the same handle again (its finished turns are not streamed twice: only the
+   * turns in progress are).
+   */
+  public TaskResult streamRun(String runtimeId, String agent, String prompt, String parent, String spawnRequestId,
+      String wakeRequestId, Consumer<Delta> onDelta) {
+    Objects.requireNonNull(onDelta, "onDelta");
+    String handleId = spawn(runtimeId, agent, parent, null, spawnRequestId);
+    wake(runtimeId, handleId, prompt, wakeRequestId);
+    try (WatchStream events = openWatch(runtimeId, 0, WatchStream.MAX_RETRIES, WatchStream.BACKOFF,
+        new DeltaFilter(handleId, onDelta))) {
+      while (events.hasNext()) {
+        Event event = events.next();
+        if (event.hasResult() && event.getHandleId().equals(handleId)) {
+          return event.getResult();
+        }
+      }
+    }
+    // hasNext() is false only once the watch is closed: by closing the client.
+    throw AgentRuntimeException.cancelledByClient("the client was closed while streaming " + handleId, null);
+  }
+
   /** Cancels the handle's run and its subtree's; {@code false} when there was nothing to interrupt. */
   public boolean interrupt(String runtimeId, String handleId) {
     return interrupt(runtimeId, handleId, null);
@@ -917,8 +978,14 @@ public final class AgentRuntimeClient implements AutoCloseable {
     if (maxRetries < 0 || afterSeq < 0 || backoff.isNegative()) {
       throw new IllegalArgumentException("afterSeq, maxRetries and backoff must not be negative");
     }
+    return openWatch(runtimeId, afterSeq, maxRetries, backoff, null);
+  }
+
+  /** A watch closed with the client; with {@code onDelta} (else null) it asks for deltas and hands them over. */
+  private WatchStream openWatch(String runtimeId, long afterSeq, int maxRetries, Duration backoff,
+      Consumer<Delta> onDelta) {
     WatchStream watch = new WatchStream(stub, channel::resetConnectBackoff, runtimeId, afterSeq, maxRetries,
-        backoff, retryWindow, watches::remove);
+        backoff, retryWindow, watches::remove, onDelta);
     watches.add(watch);
     return watch;
   }

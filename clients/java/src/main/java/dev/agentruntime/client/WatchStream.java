@@ -2,6 +2,7 @@ package dev.agentruntime.client;
 
 import com.google.rpc.ErrorInfo;
 import dev.agentruntime.v1.AgentRuntimeGrpc;
+import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.WatchRequest;
 import dev.agentruntime.v1.WatchResponse;
@@ -36,7 +37,9 @@ import java.util.function.Consumer;
  *       {@code retry_delay}.
  *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, or
  *       once a run of failures in a row would last longer than the client's retry window (60 s by
- *       default: {@link AgentRuntimeClient.Builder#retryWindow}), the last failure is thrown by
+ *       default: {@link AgentRuntimeClient.Builder#retryWindow}; in the watch of
+ *       {@link AgentRuntimeClient#streamRun}, counted from the last delta when one came after the
+ *       run began), the last failure is thrown by
  *       {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
  *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
  *       of the iterating thread throws CANCELLED (with its interrupt flag set again), and so does a
@@ -68,6 +71,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private final Duration backoff;
   private final long windowNanos; // the longest run of failures in a row
   private final Consumer<WatchStream> onClose; // tells the client the watch is closed
+  private final Consumer<Delta> onDelta; // null: a watch of events only (no WatchRequest.deltas)
 
   private final Object lock = new Object();
   private final CountDownLatch closedLatch = new CountDownLatch(1); // cuts a backoff short
@@ -81,8 +85,13 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private int failures; // reconnects since the last event
   private long failingUntil; // System.nanoTime() when the window of this run of failures ends
 
+  /**
+   * A watch from {@code afterSeq}; with {@code onDelta} (else null) it asks for deltas too and hands
+   * each one to {@code onDelta} on the iterating thread, from {@link #hasNext()}, as it arrives.
+   */
   WatchStream(AgentRuntimeGrpc.AgentRuntimeBlockingStub stub, Runnable resetConnectBackoff, String runtimeId,
-      long afterSeq, int maxRetries, Duration backoff, Duration window, Consumer<WatchStream> onClose) {
+      long afterSeq, int maxRetries, Duration backoff, Duration window, Consumer<WatchStream> onClose,
+      Consumer<Delta> onDelta) {
     this.stub = stub;
     this.resetConnectBackoff = resetConnectBackoff;
     this.runtimeId = runtimeId;
@@ -91,6 +100,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
     this.backoff = backoff;
     this.windowNanos = Math.min(Requests.saturatedNanos(window), Long.MAX_VALUE / 4);
     this.onClose = onClose;
+    this.onDelta = onDelta;
   }
 
   /** The runtime being watched. */
@@ -127,21 +137,9 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
       if (responses == null && !open()) {
         return false;
       }
-      boolean lagging = false;
-      String why;
-      AgentRuntimeException failure;
+      WatchResponse response;
       try {
-        if (responses.hasNext()) {
-          Event event = responses.next().getEvent();
-          failures = 0;
-          lastSeq = event.getSeq();
-          next = event;
-          return true;
-        }
-        // The server ended the stream (it is shutting down): reopen it like a drop.
-        endStream();
-        why = "ended by the server";
-        failure = new AgentRuntimeException(Status.Code.UNAVAILABLE, "the server ended the Watch stream", List.of());
+        response = responses.hasNext() ? responses.next() : null;
       } catch (StatusRuntimeException e) {
         endStream();
         if (closed) {
@@ -152,34 +150,66 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
           close();
           throw error; // CANCELLED by the interrupt (grpc set the flag again)
         }
-        lagging = error.code() == Status.Code.RESOURCE_EXHAUSTED
+        boolean lagging = error.code() == Status.Code.RESOURCE_EXHAUSTED
             && error.errorInfo().map(ErrorInfo::getReason).orElse("").equals(WATCH_LAGGING);
         boolean dropped = Retry.retryable(error, Context.current().isCancelled(), false);
         if (!(lagging || dropped)) {
           close();
           throw error;
         }
-        why = "dropped (" + error.getMessage() + ")";
-        failure = error;
+        backOff("dropped (" + error.getMessage() + ")", error, lagging);
+        continue;
       }
-      long now = System.nanoTime();
-      if (failures == 0) {
-        failingUntil = now + windowNanos;
+      if (response == null) {
+        // The server ended the stream (it is shutting down): reopen it like a drop.
+        endStream();
+        backOff("ended by the server",
+            new AgentRuntimeException(Status.Code.UNAVAILABLE, "the server ended the Watch stream", List.of()), false);
+        continue;
       }
-      long pause = lagging ? 0 : Math.max(backoffNanos(backoff, failures), Retry.retryDelayNanos(failure));
-      if (failures >= maxRetries || pause >= failingUntil - now) {
-        close();
-        throw failure;
+      if (response.hasDelta()) {
+        if (failures > 0) {
+          // A delta is no event: a server that sends a turn's deltas again and drops each time is
+          // given up on after maxRetries. But it shows the reconnect worked, so the window starts
+          // again: a turn that streams for longer than the window between two drops is not cut.
+          failingUntil = System.nanoTime() + windowNanos;
+        }
+        if (onDelta != null) {
+          onDelta.accept(response.getDelta()); // outside the try: the consumer's exception is no drop
+        }
+        continue;
       }
-      LOG.log(System.Logger.Level.WARNING, "Watch of runtime {0} {1}; reconnecting from seq {2} in {3} ms",
-          runtimeId, why, lastSeq, TimeUnit.NANOSECONDS.toMillis(pause));
-      if (!lagging) {
-        pause(pause);
-        resetConnectBackoff.run(); // connect now, not at the channel's own (up to 2 min) backoff
-      }
-      failures++;
+      failures = 0;
+      Event event = response.getEvent();
+      lastSeq = event.getSeq();
+      next = event;
+      return true;
     }
     return false;
+  }
+
+  /**
+   * Waits before reconnecting after a failure (not after a lagging one), or closes the stream and
+   * throws {@code failure} when {@code maxRetries} or the retry window of this run of failures in a
+   * row is spent.
+   */
+  private void backOff(String why, AgentRuntimeException failure, boolean lagging) {
+    long now = System.nanoTime();
+    if (failures == 0) {
+      failingUntil = now + windowNanos;
+    }
+    long pause = lagging ? 0 : Math.max(backoffNanos(backoff, failures), Retry.retryDelayNanos(failure));
+    if (failures >= maxRetries || pause >= failingUntil - now) {
+      close();
+      throw failure;
+    }
+    LOG.log(System.Logger.Level.WARNING, "Watch of runtime {0} {1}; reconnecting from seq {2} in {3} ms",
+        runtimeId, why, lastSeq, TimeUnit.NANOSECONDS.toMillis(pause));
+    if (!lagging) {
+      pause(pause);
+      resetConnectBackoff.run(); // connect now, not at the channel's own (up to 2 min) backoff
+    }
+    failures++;
   }
 
   /** The next event, blocking until it arrives. */
@@ -214,7 +244,8 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
 
   /** Opens a stream from {@link #lastSeq} in a cancellable context; {@code false} when closed. */
   private boolean open() {
-    WatchRequest request = WatchRequest.newBuilder().setRuntimeId(runtimeId).setAfterSeq(lastSeq).build();
+    WatchRequest request = WatchRequest.newBuilder()
+        .setRuntimeId(runtimeId).setAfterSeq(lastSeq).setDeltas(onDelta != null).build();
     synchronized (lock) {
       if (closed) {
         return false;

@@ -8,7 +8,8 @@ import java.time.Duration;
  * waits at most 30 s before a reconnect, as the other clients do; and, against stand-in services on
  * loopback ports in this JVM, that a CANCELLED the caller did not cause is retried like
  * UNAVAILABLE and the client's own is not ({@link DroppedCallCheck}), and the retry loop and
- * request ids ({@link RetryCheck}). Prints one line and exits 0, or says what differed and exits 1.
+ * request ids ({@link RetryCheck}), and the stream-run helper ({@link StreamRunCheck}). Prints one
+ * line and exits 0, or says what differed and exits 1.
  */
 public final class ClientCheck {
   private ClientCheck() {}
@@ -54,8 +55,11 @@ public final class ClientCheck {
       String dropped = DroppedCallCheck.run();
       // The retry loop, its window and RetryInfo, and the request ids.
       String retries = RetryCheck.run();
+      // The stream-run helper: its deltas once each across reconnects, its result.
+      String streamRun = StreamRunCheck.run();
       System.out.println("client-check: ok (keepalive 60 s / 20 s while calls are open by default, off on request; "
-          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + "; " + retries + ")");
+          + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + "; " + retries
+          + "; " + streamRun + ")");
     } catch (IllegalStateException failure) {
       System.out.println("client-check: FAIL " + failure.getMessage());
       exitCode = 1;

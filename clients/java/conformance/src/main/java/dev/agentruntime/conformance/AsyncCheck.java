@@ -4,6 +4,7 @@ import dev.agentruntime.client.AgentRuntimeAsyncClient;
 import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.v1.AgentDef;
+import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.ApprovalPolicy;
 import dev.agentruntime.v1.HandleState;
@@ -28,6 +29,8 @@ import java.util.Objects;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 
@@ -35,8 +38,8 @@ import java.util.concurrent.atomic.AtomicInteger;
  * The async client (AgentRuntimeAsyncClient), the pagination iterators and the builder's keepalive
  * and interceptor options against the real server at AGENTRUNTIME_ADDR (TLS and token from the
  * same variables as the runner): a 2 s run waited for through a client whose default deadline is
- * 1 s, an approval answered with resume, a typed NOT_FOUND, a cancelled wait, and List's pages one
- * handle at a time. Prints one line and exits 0, or says what differed and exits 1.
+ * 1 s, an approval answered with resume, a typed NOT_FOUND, a cancelled wait, List's pages one
+ * handle at a time, and, with the restart hook, a wait and a streamRun across a server restart. Prints one line and exits 0, or says what differed and exits 1.
  */
 public final class AsyncCheck {
   private AsyncCheck() {}
@@ -49,6 +52,36 @@ public final class AsyncCheck {
 
   private static <T> T await(CompletableFuture<T> future) throws Exception {
     return future.get(60, TimeUnit.SECONDS);
+  }
+
+  /** The streamer's reply: 7.6 s of pieces, long enough for the restart and the watch's reconnect. */
+  private static final String STREAMED = "Streaming lets a person read an answer while the model is still writing it.";
+
+  /**
+   * streamRun of a turn killed mid-stream (SIGKILL) and run again after the restart: the watch
+   * reconnects, a reset comes before the re-run's pieces, and what was joined, the reset clearing
+   * the pieces before it, equals the result's text.
+   */
+  private static String streamAcrossRestart(AgentRuntimeClient client, String runtimeId, String hook) throws Exception {
+    List<Delta> deltas = new CopyOnWriteArrayList<>();
+    CountDownLatch someText = new CountDownLatch(5);
+    CompletableFuture<TaskResult> streaming = CompletableFuture.supplyAsync(
+        () -> client.streamRun(runtimeId, "streamer", "stream it", "root", delta -> {
+          deltas.add(delta);
+          if (delta.getPieceCase() == Delta.PieceCase.TEXT) {
+            someText.countDown();
+          }
+        }));
+    expect(someText.await(30, TimeUnit.SECONDS), "streamRun: no text within 30 s");
+    int status = new ProcessBuilder("sh", "-c", hook).inheritIO().start().waitFor();
+    expect(status == 0, "the restart hook exited with " + status);
+    TaskResult streamed = await(streaming);
+    String joined = Runner.joinText(deltas);
+    long resets = deltas.stream().filter(Delta::hasReset).count();
+    expect(streamed.getStatus() == Status.STATUS_DONE && streamed.getText().equals(STREAMED) && joined.equals(STREAMED)
+        && resets >= 1, "streamRun across a restart: " + streamed.getStatus() + " " + resets + " resets, joined "
+        + joined);
+    return "streamRun across a restart mid-stream (" + resets + " reset, " + deltas.size() + " deltas joined to the result)";
   }
 
   public static void main(String[] args) throws Exception {
@@ -74,6 +107,13 @@ public final class AsyncCheck {
                     .addToolCalls(ScriptedToolCall.newBuilder().setName("commit").setArgumentsJson("{}"))
                     .setTokens(50))
                 .addReplies(ScriptedReply.newBuilder().setText("reported").setTokens(50)))
+            .build(),
+        AgentDef.newBuilder()
+            .setName("streamer")
+            .setDescription("writes slowly, a character at a time")
+            .setScript(Script.newBuilder().addReplies(ScriptedReply.newBuilder()
+                .setText(STREAMED).setTokens(19).setStreamChunkChars(1)
+                .setStreamPause(com.google.protobuf.Duration.newBuilder().setNanos(100_000_000))))
             .build());
 
     AtomicInteger intercepted = new AtomicInteger();
@@ -162,6 +202,7 @@ public final class AsyncCheck {
         expect(survived.getStatus() == Status.STATUS_DONE && survived.getTurns() == 1 && survived.getOwnTokens() == 7,
             "wait across a restart: " + survived);
         restarted = "survived a server restart";
+        restarted += ", " + streamAcrossRestart(client, runtimeId, hook);
       }
 
       // The builder's keepalive and interceptor options, on a client of their own.

@@ -23,6 +23,7 @@ import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CloseResponse;
 import dev.agentruntime.v1.Cost;
+import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.Failure;
 import dev.agentruntime.v1.GetTranscriptResponse;
@@ -40,6 +41,7 @@ import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
 import dev.agentruntime.v1.Trust;
 import dev.agentruntime.v1.Usage;
+import io.grpc.Context;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -192,10 +194,13 @@ public final class Runner {
 
   private static final List<String> VERBS =
       List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-          "list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch");
+          "list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch", "stream_run");
 
   /** The arguments a wait step may have (README: Waiting, restarts and watching). */
   private static final List<String> WAIT_OPTIONS = List.of("handle", "client_timeout_ms", "restart_server_after_ms");
+
+  /** The arguments a stream_run step may have (README: Waiting, restarts and watching). */
+  private static final List<String> STREAM_RUN_OPTIONS = List.of("agent", "prompt", "parent");
 
   /** The README's deadline for every call, Wait included. */
   private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
@@ -689,6 +694,8 @@ public final class Runner {
       }
       case "watch":
         return new Reply(null, watchStep(client, runtimeId, where, step));
+      case "stream_run":
+        return streamRunStep(client, runtimeId, where, step);
       default:
         throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
     }
@@ -875,6 +882,58 @@ public final class Runner {
     }
     throw new Mismatch(where + ": no result event of " + handle + " within " + CALL_TIMEOUT.toSeconds() + "s; events: "
         + pyRepr(events));
+  }
+
+  /**
+   * The client's stream-run helper within {@link #CALL_TIMEOUT} (a Context deadline: the helper's
+   * Spawn, Wake and Watch all end with it): the result's fields, and {@code joined} (the handle's
+   * text pieces in order, a reset emptying what was joined of its turn) and {@code text_deltas}
+   * (how many text pieces were handed over).
+   */
+  private static Reply streamRunStep(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch {
+    JsonObject args = objectArgs(where, step, "stream_run");
+    JsonArray unknown = new JsonArray();
+    new TreeSet<>(args.keySet()).stream().filter(key -> !STREAM_RUN_OPTIONS.contains(key)).forEach(unknown::add);
+    if (unknown.size() > 0) {
+      throw new Mismatch(where + ": unknown stream_run arguments " + pyRepr(unknown));
+    }
+    String agent = stringArg(where, args, "agent", null);
+    String prompt = stringArg(where, args, "prompt", null);
+    String parent = stringArg(where, args, "parent", "root");
+    List<Delta> deltas = new ArrayList<>();
+    TaskResult result;
+    try (Context.CancellableContext deadline =
+        Context.current().withDeadlineAfter(CALL_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS, TIMER)) {
+      result = deadline.call(() -> client.streamRun(runtimeId, agent, prompt, parent, deltas::add));
+    } catch (RuntimeException e) {
+      throw e; // a refusal (AgentRuntimeException) is the step's answer
+    } catch (Exception e) {
+      throw new IllegalStateException(e); // streamRun throws nothing checked
+    }
+    for (Delta delta : deltas) {
+      if (!delta.getHandleId().equals(result.getHandleId())) {
+        throw new Mismatch(where + ": a delta of " + delta.getHandleId() + " in the stream of " + result.getHandleId());
+      }
+    }
+    JsonObject outcome = resultFields(result);
+    outcome.addProperty("joined", joinText(deltas));
+    outcome.addProperty("text_deltas", deltas.stream().filter(d -> d.getPieceCase() == Delta.PieceCase.TEXT).count());
+    return new Reply(result, outcome);
+  }
+
+  /** The text pieces joined in order, turn by turn; a reset empties what was joined of its turn. */
+  static String joinText(List<Delta> deltas) {
+    Map<Long, StringBuilder> turns = new LinkedHashMap<>();
+    for (Delta delta : deltas) {
+      StringBuilder turn = turns.computeIfAbsent(delta.getTurn(), t -> new StringBuilder());
+      if (delta.getPieceCase() == Delta.PieceCase.RESET) {
+        turn.setLength(0);
+      } else if (delta.getPieceCase() == Delta.PieceCase.TEXT) {
+        turn.append(delta.getText());
+      }
+    }
+    return turns.values().stream().map(StringBuilder::toString).collect(Collectors.joining());
   }
 
   /** The watch steps' deadline timer (a daemon thread). */
