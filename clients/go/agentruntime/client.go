@@ -452,8 +452,8 @@ func (c *Client) Run(ctx context.Context, runtimeID, agent, prompt string, opts 
 	return c.Wait(ctx, runtimeID, handleID, 0)
 }
 
-// spawnAndWake starts Run's and StreamRun's run: a handle of agent under parent, woken on
-// prompt, each call with its request id.
+// spawnAndWake starts Run's run: a handle of agent under parent, woken on prompt, each
+// call with its request id (StreamRun wakes only once its Watch answered).
 func (c *Client) spawnAndWake(ctx context.Context, runtimeID, agent, prompt, parent string, o runOptions) (string, error) {
 	handleID, err := c.Spawn(ctx, runtimeID, agent, parent, nil, WithRequestID(o.spawnRequestID))
 	if err != nil {

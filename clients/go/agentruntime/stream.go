@@ -13,15 +13,18 @@ import (
 // caller that repeats a StreamRun it lost track of with the same ids gets the same
 // handle, not run again, and its pieces and result from the start.
 //
-// It watches the runtime from its first event with WatchRequest.deltas, reconnecting as
-// Watch does (WithRunWatchOptions configures it): from the last event seen, after the same
-// failures and delays, and it gives up on the same errors, as an *Error; once ctx is done
-// it returns ctx's error as an *Error (CANCELLED or DEADLINE_EXCEEDED), as Run does. After
-// a reconnect the server sends each turn still in progress again from its first piece:
-// StreamRun skips the pieces it handed over already. A `reset` piece (Delta.GetReset_)
-// is always handed over: what was handed over of that turn is void (the provider call is
-// retried, or the turn runs again after a restart), and the turn's pieces follow again
-// from index 1.
+// It watches the runtime from its first event with WatchRequest.deltas and sends the
+// Wake only once that Watch has answered (the handle's `spawned` event, at least): the
+// server subscribes a watcher before it sends the history, and a provider's turn streams
+// only to the watchers subscribed when it starts, so a Wake sent earlier could run the
+// first turn unseen. It reconnects as Watch does (WithRunWatchOptions configures it),
+// from the last event seen, after the same failures and delays, and it gives up on the
+// same errors, as an *Error; once ctx is done it returns ctx's error as an *Error
+// (CANCELLED or DEADLINE_EXCEEDED), as Run does. After a reconnect the server sends each
+// turn still in progress again from its first piece: StreamRun skips the pieces it handed
+// over already. A `reset` piece (Delta.GetReset_) is always handed over: what was handed
+// over of that turn is void (the provider call is retried, or the turn runs again after a
+// restart), and the turn's pieces follow again from index 1.
 //
 //	result, err := client.StreamRun(ctx, runtimeID, "writer", "write it", "root", func(d *v1.Delta) {
 //		if d.GetReset_() != nil {
@@ -34,11 +37,11 @@ func (c *Client) StreamRun(ctx context.Context, runtimeID, agent, prompt, parent
 		parent = "root"
 	}
 	o := runOptionsOf(opts)
-	handleID, err := c.spawnAndWake(ctx, runtimeID, agent, prompt, parent, o)
+	handleID, err := c.Spawn(ctx, runtimeID, agent, parent, nil, WithRequestID(o.spawnRequestID))
 	if err != nil {
 		return nil, err
 	}
-	pieces := turnCursor{}
+	woken := false
 	var result *v1.TaskResult
 	var failed error
 	c.watchStream(ctx, runtimeID, 0, true, o.watch, func(resp *v1.WatchResponse, err error) bool {
@@ -46,20 +49,22 @@ func (c *Client) StreamRun(ctx context.Context, runtimeID, agent, prompt, parent
 			failed = err
 			return false
 		}
+		if !woken { // the Watch is subscribed: the first turn will stream to it
+			if _, err := c.Wake(ctx, runtimeID, handleID, prompt, WithRequestID(o.wakeRequestID)); err != nil {
+				failed = err
+				return false
+			}
+			woken = true
+		}
 		if delta := resp.GetDelta(); delta != nil {
-			if delta.GetHandleId() == handleID && pieces.handOver(delta) && onDelta != nil {
+			if delta.GetHandleId() == handleID && onDelta != nil {
 				onDelta(delta)
 			}
 			return true
 		}
-		event := resp.GetEvent()
-		if event.GetHandleId() != handleID {
-			return true
+		if event := resp.GetEvent(); event.GetHandleId() == handleID {
+			result = event.GetResult()
 		}
-		if ended := event.GetTurnEnded(); ended != nil {
-			delete(pieces, ended.GetTurn()) // its pieces are not sent again once it ended
-		}
-		result = event.GetResult()
 		return result == nil
 	})
 	if failed != nil {
@@ -71,22 +76,34 @@ func (c *Client) StreamRun(ctx context.Context, runtimeID, agent, prompt, parent
 	return result, nil
 }
 
-// turnCursor is, per model turn of one handle, the index of the next piece not handed
+// freshDeltas is, per model turn in progress, the index of its next piece not handed
 // over yet.
-type turnCursor map[int64]int64
+type freshDeltas map[turnKey]int64
 
-// handOver says whether delta is to be handed over, and records it when it is: a piece
-// below the turn's next index was handed over before a reconnect; a reset always is (and
-// the turn's pieces start again after it).
-func (t turnCursor) handOver(delta *v1.Delta) bool {
-	turn, index := delta.GetTurn(), delta.GetIndex()
+type turnKey struct {
+	handleID string
+	turn     int64
+}
+
+// take says whether delta is to be handed over, and records it when it is: a piece below
+// the turn's next index was handed over before a reconnect; a reset always is (and the
+// turn's pieces start again after it).
+func (f freshDeltas) take(delta *v1.Delta) bool {
+	key, index := turnKey{delta.GetHandleId(), delta.GetTurn()}, delta.GetIndex()
 	if delta.GetReset_() != nil {
-		t[turn] = 1
+		f[key] = 1
 		return true
 	}
-	if index < t[turn] {
+	if index < f[key] {
 		return false
 	}
-	t[turn] = index + 1
+	f[key] = index + 1
 	return true
+}
+
+// forget drops the turn event ends: the server sends no piece of a turn that ended again.
+func (f freshDeltas) forget(event *v1.Event) {
+	if ended := event.GetTurnEnded(); ended != nil {
+		delete(f, turnKey{event.GetHandleId(), ended.GetTurn()})
+	}
 }

@@ -22,12 +22,13 @@ import (
 // and answers the n-th Watch stream (from 1) with watch.
 type streamer struct {
 	v1.UnimplementedAgentRuntimeServer
-	mu      sync.Mutex
-	spawns  []*v1.SpawnRequest
-	wakes   []*v1.WakeRequest
-	watches []*v1.WatchRequest
-	spawn   error // what Spawn refuses with, when set
-	watch   func(n int, stream v1.AgentRuntime_WatchServer) error
+	mu           sync.Mutex
+	spawns       []*v1.SpawnRequest
+	wakes        []*v1.WakeRequest
+	watches      []*v1.WatchRequest
+	spawn        error // what Spawn refuses with, when set
+	wakeRefusals int   // how many Wakes to answer UNAVAILABLE first
+	watch        func(n int, stream v1.AgentRuntime_WatchServer) error
 }
 
 func (s *streamer) Spawn(_ context.Context, req *v1.SpawnRequest) (*v1.SpawnResponse, error) {
@@ -44,7 +45,18 @@ func (s *streamer) Wake(_ context.Context, req *v1.WakeRequest) (*v1.WakeRespons
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.wakes = append(s.wakes, req)
+	if s.wakeRefusals > 0 {
+		s.wakeRefusals--
+		return nil, status.Error(codes.Unavailable, "restarting")
+	}
 	return &v1.WakeResponse{Queued: true}, nil
+}
+
+// woken says whether a Wake was answered.
+func (s *streamer) woken() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.wakes) > 0 && s.wakeRefusals == 0
 }
 
 func (s *streamer) Watch(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
@@ -79,6 +91,10 @@ func text(handle string, turn, index int64, piece string) *v1.WatchResponse {
 
 func reset(handle string, turn int64) *v1.WatchResponse {
 	return &v1.WatchResponse{Delta: &v1.Delta{HandleId: handle, Turn: turn, Piece: &v1.Delta_Reset_{Reset_: &v1.DeltaReset{Reason: "retry"}}}}
+}
+
+func spawned(seq int64, handle string) *v1.WatchResponse {
+	return &v1.WatchResponse{Event: &v1.Event{Seq: seq, HandleId: handle, Payload: &v1.Event_Spawned{Spawned: &v1.HandleSpawned{}}}}
 }
 
 func turnEvent(seq int64, handle string, turn int64) *v1.WatchResponse {
@@ -178,6 +194,88 @@ func TestStreamRunHandsOverEachPieceOnceAcrossReconnects(t *testing.T) {
 	}
 }
 
+func TestStreamRunWakesOnceItsWatchAnswered(t *testing.T) {
+	// A provider's turn streams only to the watchers subscribed when it starts, and the
+	// server subscribes a Watch before it answers with the history: a Wake sent before the
+	// first answer could run the first turn unseen. The first stream drops before it
+	// answers; the first Wake is refused once and retried with its request id.
+	client, s := dialStreamer(t)
+	const me = "root/writer.1"
+	s.wakeRefusals = 1
+	var wakesBeforeAnswer []int
+	s.watch = func(n int, stream v1.AgentRuntime_WatchServer) error {
+		s.mu.Lock()
+		wakesBeforeAnswer = append(wakesBeforeAnswer, len(s.wakes))
+		s.mu.Unlock()
+		if n == 1 {
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		if err := sendAll(stream, spawned(1, me)); err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			if s.woken() {
+				break
+			}
+			if time.Now().After(deadline) {
+				return status.Error(codes.Internal, "no Wake after the Watch answered")
+			}
+		}
+		if err := sendAll(stream, turnEvent(2, me, 1), text(me, 1, 0, "Hi"), resultEvent(3, me, "Hi")); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		return nil
+	}
+	var got []string
+	result, err := client.StreamRun(context.Background(), "rt", "writer", "go", "root", func(d *v1.Delta) { got = append(got, piece(d)) },
+		WithRunRequestIDs("run-spawn", "run-wake"), WithRunWatchOptions(WithWatchBackoff(time.Millisecond, time.Millisecond)))
+	if err != nil || result.GetText() != "Hi" || !slices.Equal(got, []string{"1:Hi"}) {
+		t.Fatalf("StreamRun = %v, %v after pieces %q, want Hi, streamed", result, err, got)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Equal(wakesBeforeAnswer, []int{0, 0}) {
+		t.Errorf("Wakes before each Watch stream's first answer: %v, want none", wakesBeforeAnswer)
+	}
+	if len(s.wakes) != 2 || s.wakes[0].GetRequestId() != "run-wake" || s.wakes[1].GetRequestId() != "run-wake" {
+		t.Errorf("Wakes %v, want the refused one and its retry, both with request id run-wake", s.wakes)
+	}
+}
+
+func TestStreamRunFollowsATurnCutSeveralTimes(t *testing.T) {
+	// Each stream sends the turn again from index 0, then one new piece, and drops: the new
+	// pieces are progress, so WithWatchRetries(1) is not used up; the resent ones are not.
+	client, s := dialStreamer(t)
+	const me = "root/writer.1"
+	s.watch = func(n int, stream v1.AgentRuntime_WatchServer) error {
+		var responses []*v1.WatchResponse
+		if n == 1 {
+			responses = append(responses, spawned(1, me), turnEvent(2, me, 1))
+		}
+		for i := range n {
+			responses = append(responses, text(me, 1, int64(i), fmt.Sprint(i)))
+		}
+		if n < 5 {
+			if err := sendAll(stream, responses...); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		if err := sendAll(stream, append(responses, ended(3, me, 1), resultEvent(4, me, "01234"))...); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		return nil
+	}
+	var got []string
+	result, err := client.StreamRun(context.Background(), "rt", "writer", "go", "root", func(d *v1.Delta) { got = append(got, d.GetText()) },
+		WithRunWatchOptions(WithWatchRetries(1), WithWatchBackoff(time.Millisecond, time.Millisecond)))
+	if err != nil || result.GetText() != "01234" || strings.Join(got, ",") != "0,1,2,3,4" {
+		t.Fatalf("StreamRun = %v, %v after pieces %q, want the result after 0..4 once each", result, err, got)
+	}
+}
+
 func TestStreamRunSpawnsUnderRootByDefaultAndTakesNoCallback(t *testing.T) {
 	client, s := dialStreamer(t)
 	s.watch = func(_ int, stream v1.AgentRuntime_WatchServer) error {
@@ -245,7 +343,8 @@ func TestStreamRunReportsRefusalsAndTheCallersDeadline(t *testing.T) {
 
 func TestStreamRunCountsFailuresInARowAcrossDeltas(t *testing.T) {
 	// A turn sent again after each reconnect is no progress: two drops in a row with only
-	// deltas between them use up WithWatchRetries(1) (the window only bounds a broken count).
+	// resent pieces between them use up WithWatchRetries(1) (the window only bounds a
+	// broken count).
 	client, s := dialStreamer(t, WithRetryWindow(2*time.Second))
 	s.watch = func(_ int, stream v1.AgentRuntime_WatchServer) error {
 		if err := sendAll(stream, text("root/writer.1", 1, 0, "again")); err != nil {

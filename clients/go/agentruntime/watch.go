@@ -94,10 +94,12 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 
 // watchStream is the reconnecting watch under Watch, WatchFunc and StreamRun: it hands
 // yield each response (with a nil error) until yield returns false, or the final error
-// (with a nil response): each event once, in order, and, when deltas is set, every delta
-// the server sends. Only events move the seq a reconnect resumes from and end a run of
-// failures: the server sends a turn in progress again from its first piece, so a delta is
-// no progress a reconnect could keep.
+// (with a nil response): each event once, in order, and, when deltas is set, each piece
+// of every handle's turns once (a reset every time). Only events move the seq a reconnect
+// resumes from: deltas have none. An event or a new piece ends a run of failures, so a
+// long turn cut several times is followed to its end; the pieces sent again after a
+// reconnect are skipped and do not count, nor do resets (the server may send them again
+// after each one), so a server that only ever resends is still given up on.
 func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int64, deltas bool, opts []WatchOption, yield func(*v1.WatchResponse, error) bool) {
 	o := watchOptions{maxRetries: DefaultWatchRetries, backoff: defaultWatchBackoff, maxBackoff: defaultWatchMaxBackoff}
 	if !c.retries {
@@ -107,6 +109,7 @@ func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int
 		opt(&o)
 	}
 	seen, failures := afterSeq, 0
+	fresh := freshDeltas{}
 	var failingSince time.Time // the first of the failures in a row
 	for {
 		req := &v1.WatchRequest{RuntimeId: runtimeID, AfterSeq: seen, Deltas: deltas}
@@ -116,9 +119,16 @@ func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int
 					return true // already delivered: never twice
 				}
 				failures, seen = 0, event.GetSeq()
+				fresh.forget(event)
 				return yield(resp, nil)
 			}
-			if deltas && resp.GetDelta() != nil {
+			if delta := resp.GetDelta(); deltas && delta != nil {
+				if !fresh.take(delta) {
+					return true // handed over before the reconnect
+				}
+				if delta.GetReset_() == nil {
+					failures = 0
+				}
 				return yield(resp, nil)
 			}
 			return true // nothing this watcher asked for
