@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import TURNS_PER_ROOT, _agents, _free_port, _proc_cpu_seconds, _reply, _wait_healthy
+from workload import TURNS_PER_ROOT, _agents, _free_port, _proc_cpu_seconds, _reply, _wait_healthy, server_env
 
 PIECES = 40
 PIECE = "x" * 5  # 40 pieces of 5 characters: a 200-character reply
@@ -94,15 +93,7 @@ async def run(streaming: bool, roots: int, batches: int, pause: float = 0.0, con
     model = multiprocessing.Process(target=_model_server, args=(model_port, pause), daemon=True)
     model.start()
     with tempfile.TemporaryDirectory() as folder:
-        env = {
-            **os.environ,
-            "AGENTRUNTIME_STORE": f"sqlite:///{folder}/bench.db",
-            "AGENTRUNTIME_LLM_STYLE": "openai",
-            "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
-            "AGENTRUNTIME_LOG_LEVEL": "WARNING",
-            "AGENTRUNTIME_METRICS_LISTEN": "off",
-            "AGENTRUNTIME_STREAM_REPLIES": "always" if streaming else "watched",
-        }
+        env = server_env(folder, model_port, AGENTRUNTIME_STREAM_REPLIES="always" if streaming else "watched")
         address = f"127.0.0.1:{server_port}"
         command = (sys.executable, "-m", "agentruntime_server", "serve", "--listen", address)
         server = await asyncio.create_subprocess_exec(*command, env=env)

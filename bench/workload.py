@@ -120,6 +120,19 @@ def summary(rates: Sequence[float], cpu_per_turn: Sequence[float], latencies: Se
     }
 
 
+def server_env(folder: str, model_port: int, **settings: str) -> dict[str, str]:
+    """A bench server's environment: a fresh SQLite store in `folder`, the model server, quiet logs."""
+    return {
+        **os.environ,
+        "AGENTRUNTIME_STORE": f"sqlite:///{folder}/bench.db",
+        "AGENTRUNTIME_LLM_STYLE": "openai",
+        "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
+        "AGENTRUNTIME_LOG_LEVEL": "WARNING",
+        "AGENTRUNTIME_METRICS_LISTEN": "off",
+        **settings,
+    }
+
+
 async def _wait_healthy(address: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         for _ in range(300):
@@ -180,14 +193,7 @@ async def service_run(
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
     with tempfile.TemporaryDirectory() as folder:
-        env = {
-            **os.environ,
-            "AGENTRUNTIME_STORE": f"sqlite:///{folder}/bench.db",
-            "AGENTRUNTIME_LLM_STYLE": "openai",
-            "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
-            "AGENTRUNTIME_LOG_LEVEL": "WARNING",
-            "AGENTRUNTIME_METRICS_LISTEN": "off",
-        }
+        env = server_env(folder, model_port)
         address = f"127.0.0.1:{server_port}"
         server = await asyncio.create_subprocess_exec(python, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
         host: multiprocessing.Process | None = None
