@@ -153,6 +153,7 @@ smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk docs/
 bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, replicas
 	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
+	$(BIN)/python bench/streaming.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/replicas.py

@@ -278,3 +278,23 @@ async def test_a_turn_is_not_streamed_when_nobody_watches_with_deltas(
     result = await wait(stub, runtime_id, handle_id)
     assert result.text == TEXT
     assert "stream" not in model.requests[-1]
+
+
+async def test_a_streamed_reply_is_held_to_the_reply_size_and_its_framing_may_be_larger(
+    model: ScriptedModelServer,
+) -> None:
+    from tests.support.servers import serve
+
+    # 30,000 characters in 1,500 events: about 350 KB of framing for a reply under the 64 KiB cap.
+    chatty_text, cap = "abcd" * 7500, 64 * 1024
+    model.script("chatty", lambda body: Reply(text=chatty_text, streamed=Streamed(chunk=20)))
+    model.script("long", lambda body: Reply(text="x" * (cap + 1000), streamed=Streamed(chunk=1000)))
+    async with serve(llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", max_model_reply_bytes=cap) as served:
+        stub = served.stub
+        _, chatty, watched = await streamed_run(stub, agent("chatty"))
+        assert watched.result is not None and watched.result.text == chatty_text
+        assert joined(watched.of(chatty)) == chatty_text
+        _, _, long = await streamed_run(stub, agent("long"))
+        assert long.result is not None and long.result.status == pb.STATUS_ERROR
+        assert long.result.failure.reason == pb.FAILURE_REASON_PROVIDER_BAD_REPLY
+        assert f"over {cap} characters" in long.result.text

@@ -444,24 +444,25 @@ func sleep(ctx context.Context, d time.Duration) error {
 // carry a request id, generated unless WithRunRequestIDs gives them, so that their
 // retries neither spawn a second handle nor run it twice.
 func (c *Client) Run(ctx context.Context, runtimeID, agent, prompt string, opts ...RunOption) (*v1.TaskResult, error) {
-	var o runOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.spawnRequestID == "" {
-		o.spawnRequestID = NewRequestID()
-	}
-	if o.wakeRequestID == "" {
-		o.wakeRequestID = NewRequestID()
-	}
-	handleID, err := c.Spawn(ctx, runtimeID, agent, "root", nil, WithRequestID(o.spawnRequestID))
+	o := runOptionsOf(opts)
+	handleID, err := c.spawnAndWake(ctx, runtimeID, agent, prompt, "root", o)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Wake(ctx, runtimeID, handleID, prompt, WithRequestID(o.wakeRequestID)); err != nil {
-		return nil, err
-	}
 	return c.Wait(ctx, runtimeID, handleID, 0)
+}
+
+// spawnAndWake starts Run's run: a handle of agent under parent, woken on prompt, each
+// call with its request id (StreamRun wakes only once its Watch answered).
+func (c *Client) spawnAndWake(ctx context.Context, runtimeID, agent, prompt, parent string, o runOptions) (string, error) {
+	handleID, err := c.Spawn(ctx, runtimeID, agent, parent, nil, WithRequestID(o.spawnRequestID))
+	if err != nil {
+		return "", err
+	}
+	if _, err := c.Wake(ctx, runtimeID, handleID, prompt, WithRequestID(o.wakeRequestID)); err != nil {
+		return "", err
+	}
+	return handleID, nil
 }
 
 // Interrupt cancels the handle's run and its subtree's; false means nothing ran.

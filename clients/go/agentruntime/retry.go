@@ -75,18 +75,42 @@ func requestIDOf(opts []CallOption) string {
 	return o.requestID
 }
 
-// RunOption configures Run.
+// RunOption configures Run and StreamRun.
 type RunOption func(*runOptions)
 
 type runOptions struct {
 	spawnRequestID, wakeRequestID string
+	watch                         []WatchOption
 }
 
-// WithRunRequestIDs gives Run the request ids of its Spawn and of its Wake (an empty one
-// is generated), so that a caller that repeats a Run it lost track of gets the handle the
-// first one spawned and does not run it again.
+// WithRunRequestIDs gives Run (or StreamRun) the request ids of its Spawn and of its Wake
+// (an empty one is generated), so that a caller that repeats a Run it lost track of gets
+// the handle the first one spawned and does not run it again.
 func WithRunRequestIDs(spawnID, wakeID string) RunOption {
 	return func(o *runOptions) { o.spawnRequestID, o.wakeRequestID = spawnID, wakeID }
+}
+
+// WithRunWatchOptions configures StreamRun's watch as they configure Watch (its
+// reconnects: WithWatchRetries, WithWatchBackoff). Run, which waits without watching,
+// has no use for them.
+func WithRunWatchOptions(opts ...WatchOption) RunOption {
+	return func(o *runOptions) { o.watch = append(o.watch, opts...) }
+}
+
+// runOptionsOf reads Run's and StreamRun's options, with a fresh request id for the Spawn
+// and the Wake the caller gave none for.
+func runOptionsOf(opts []RunOption) runOptions {
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.spawnRequestID == "" {
+		o.spawnRequestID = NewRequestID()
+	}
+	if o.wakeRequestID == "" {
+		o.wakeRequestID = NewRequestID()
+	}
+	return o
 }
 
 // NewRequestID returns a fresh request id: a random (version 4) UUID, the kind the client

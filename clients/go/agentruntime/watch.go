@@ -87,6 +87,20 @@ func (c *Client) WatchFunc(ctx context.Context, runtimeID string, afterSeq int64
 // watch is Watch's and WatchFunc's one implementation: it hands yield each event (with a
 // nil error) until yield returns false, or the final error (with a nil event).
 func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, opts []WatchOption, yield func(*v1.Event, error) bool) {
+	c.watchStream(ctx, runtimeID, afterSeq, false, opts, func(resp *v1.WatchResponse, err error) bool {
+		return yield(resp.GetEvent(), err)
+	})
+}
+
+// watchStream is the reconnecting watch under Watch, WatchFunc and StreamRun: it hands
+// yield each response (with a nil error) until yield returns false, or the final error
+// (with a nil response): each event once, in order, and, when deltas is set, each piece
+// of every handle's turns once (a reset every time). Only events move the seq a reconnect
+// resumes from: deltas have none. An event or a new piece ends a run of failures, so a
+// long turn cut several times is followed to its end; the pieces sent again after a
+// reconnect are skipped and do not count, nor do resets (the server may send them again
+// after each one), so a server that only ever resends is still given up on.
+func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int64, deltas bool, opts []WatchOption, yield func(*v1.WatchResponse, error) bool) {
 	o := watchOptions{maxRetries: DefaultWatchRetries, backoff: defaultWatchBackoff, maxBackoff: defaultWatchMaxBackoff}
 	if !c.retries {
 		o.maxRetries = 0
@@ -95,14 +109,29 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 		opt(&o)
 	}
 	seen, failures := afterSeq, 0
+	fresh := freshDeltas{}
 	var failingSince time.Time // the first of the failures in a row
 	for {
-		stopped, err := c.watchOnce(ctx, runtimeID, seen, func(event *v1.Event) bool {
-			if event.GetSeq() <= seen {
-				return true // already delivered: never twice
+		req := &v1.WatchRequest{RuntimeId: runtimeID, AfterSeq: seen, Deltas: deltas}
+		stopped, err := c.watchOnce(ctx, req, func(resp *v1.WatchResponse) bool {
+			if event := resp.GetEvent(); event != nil {
+				if event.GetSeq() <= seen {
+					return true // already delivered: never twice
+				}
+				failures, seen = 0, event.GetSeq()
+				fresh.forget(event)
+				return yield(resp, nil)
 			}
-			failures, seen = 0, event.GetSeq()
-			return yield(event, nil)
+			if delta := resp.GetDelta(); deltas && delta != nil {
+				if !fresh.take(delta) {
+					return true // handed over before the reconnect
+				}
+				if delta.GetReset_() == nil {
+					failures = 0
+				}
+				return yield(resp, nil)
+			}
+			return true // nothing this watcher asked for
 		})
 		if stopped {
 			return
@@ -146,13 +175,13 @@ func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, op
 	}
 }
 
-// watchOnce runs one Watch stream from afterSeq, handing each event to deliver, until
+// watchOnce runs one Watch stream of req, handing each response to deliver, until
 // deliver returns false (stopped) or the stream fails (err: io.EOF when the server
 // ended it).
-func (c *Client) watchOnce(ctx context.Context, runtimeID string, afterSeq int64, deliver func(*v1.Event) bool) (stopped bool, err error) {
+func (c *Client) watchOnce(ctx context.Context, req *v1.WatchRequest, deliver func(*v1.WatchResponse) bool) (stopped bool, err error) {
 	streamCtx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream, however this returns
-	stream, err := c.stub.Watch(streamCtx, &v1.WatchRequest{RuntimeId: runtimeID, AfterSeq: afterSeq})
+	stream, err := c.stub.Watch(streamCtx, req)
 	if err != nil {
 		return false, err
 	}
@@ -161,7 +190,7 @@ func (c *Client) watchOnce(ctx context.Context, runtimeID string, afterSeq int64
 		if err != nil {
 			return false, err
 		}
-		if !deliver(resp.GetEvent()) {
+		if !deliver(resp) {
 			return true, nil
 		}
 	}

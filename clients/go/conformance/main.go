@@ -157,7 +157,7 @@ type expectedResource struct {
 
 var verbs = []string{
 	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-	"list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch",
+	"list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch", "stream_run",
 }
 
 func main() {
@@ -695,6 +695,8 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID, verb string
 		return resultFields(result, &st.lastPending), nil
 	case "watch":
 		return watch(ctx, client, runtimeID, args)
+	case "stream_run":
+		return streamRun(ctx, client, runtimeID, args)
 	case "list":
 		a, err := parsePageArgs(args, st.nextList)
 		if err != nil {
@@ -913,6 +915,59 @@ func watch(ctx context.Context, client *agentruntime.Client, runtimeID string, a
 		}
 	}
 	return map[string]any{"count": len(events), "events": events}, nil
+}
+
+// streamRun is the stream_run step: the client's StreamRun within the 60 s call deadline,
+// the handle's text pieces joined in order (a reset empties what was joined of its turn)
+// and counted, beside the result's fields as a wait step's (README: Waiting, restarts and
+// watching).
+func streamRun(ctx context.Context, client *agentruntime.Client, runtimeID string, args json.RawMessage) (map[string]any, error) {
+	var a struct {
+		Agent  *string `json:"agent"`
+		Prompt *string `json:"prompt"`
+		Parent *string `json:"parent"`
+	}
+	if err := strictArgs(args, &a); err != nil {
+		return nil, err
+	}
+	if a.Agent == nil || a.Prompt == nil {
+		return nil, errors.New("stream_run needs agent and prompt")
+	}
+	parent := "root"
+	if a.Parent != nil {
+		parent = *a.Parent
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	var turns []int64 // in the order their first piece came
+	joined := map[int64]*strings.Builder{}
+	count := 0
+	result, err := client.StreamRun(ctx, runtimeID, *a.Agent, *a.Prompt, parent, func(d *v1.Delta) {
+		turn := d.GetTurn()
+		if joined[turn] == nil {
+			turns = append(turns, turn)
+			joined[turn] = &strings.Builder{}
+		}
+		switch d.GetPiece().(type) {
+		case *v1.Delta_Reset_:
+			joined[turn].Reset()
+		case *v1.Delta_Text:
+			joined[turn].WriteString(d.GetText())
+			count++
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	var text strings.Builder
+	for _, turn := range turns {
+		text.WriteString(joined[turn].String())
+	}
+	var pending *v1.Request // a resume answers a wait's or a resume's Request, not this one's
+	outcome := resultFields(result, &pending)
+	outcome["joined"] = text.String()
+	outcome["text_deltas"] = count
+	return outcome, nil
 }
 
 // listRuntimes follows every page of ListRuntimes (of pageSize each) and says whether this

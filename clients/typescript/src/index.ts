@@ -580,15 +580,17 @@ export class AgentRuntimeClient {
   }
 
   /**
-   * Spawn + Wake + Watch with deltas: the text (and thinking, tool-call pieces, resets) of a
+   * Spawn + Watch with deltas + Wake: the text (and thinking, tool-call pieces, resets) of a
    * fresh handle's model turns as the model writes them, then its result. It yields
    * `{ delta }` for each piece of that handle's turns (other handles' are left out), each once,
    * then one `{ result }`, the TaskResult of the handle's first `result` event, and ends. The
    * Spawn and the Wake are retried like `run`'s, each with one request id
-   * (`options.spawnRequestId`, `options.wakeRequestId`, or random UUIDs). The Watch (from seq 0,
-   * `WatchRequest.deltas`) is reopened as `watch` reopens it, by the same rules and options,
-   * from the last event seen: the server then sends each turn in progress again from index 0,
-   * and the pieces already handed over are skipped. A `reset` delta (the turn's provider call is
+   * (`options.spawnRequestId`, `options.wakeRequestId`, or random UUIDs). The Wake is sent only
+   * once the Watch (from seq 0, `WatchRequest.deltas`) has answered: a provider's turn streams
+   * only to the watchers there when it starts. The Watch is reopened as `watch` reopens it, by
+   * the same rules and options (a new piece counting as progress, as an event does), from the
+   * last event seen: the server then sends each turn in progress again from index 0, and the
+   * pieces already handed over are skipped. A `reset` delta (the turn's provider call is
    * retried, or the turn runs again after a restart) is always handed over: what was shown of
    * that turn is void, and its pieces follow again from index 1. Aborting `options.signal`
    * throws CANCELED (as `run` does); leaving the loop cancels the Watch (the run goes on).
@@ -610,8 +612,8 @@ export class AgentRuntimeClient {
     const { spawnRequestId, wakeRequestId, ...watchOptions } = options;
     const signal = options.signal;
     const handleId = await this.spawn(runtimeId, agent, parent, undefined, { requestId: spawnRequestId, signal });
-    await this.wake(runtimeId, handleId, prompt, { requestId: wakeRequestId, signal });
-    yield* streamHandle(this.raw, runtimeId, handleId, {
+    const wake = () => this.wake(runtimeId, handleId, prompt, { requestId: wakeRequestId, signal });
+    yield* streamHandle(this.raw, runtimeId, handleId, wake, {
       ...watchOptions,
       retryWindowMs: watchOptions.retryWindowMs ?? this.retryWindowMs,
     });

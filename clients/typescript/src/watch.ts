@@ -13,7 +13,8 @@ export interface WatchOptions {
   /** Ends the iteration (it returns; no error): the stream is cancelled. */
   signal?: AbortSignal;
   /**
-   * Reconnections in a row with no event between them before the error is thrown (default 5).
+   * Reconnections in a row with no event between them before the error is thrown (default 5);
+   * for `streamRun`, a new piece of a turn (not a reset) counts as an event does.
    */
   maxRetries?: number;
   /** The first reconnection delay in ms (default 1000), doubled per failure in a row up to 30 s, jittered. */
@@ -59,12 +60,47 @@ export async function* watch(
 export type WatchItem = { event: Event; delta?: undefined } | { delta: Delta; event?: undefined };
 
 /**
+ * Which deltas are new to a consumer, per (handle, turn): after a reconnect the server sends
+ * every turn still in progress again from index 0, so a piece whose index is below the next one
+ * expected was handed over already. A `reset` is always new: it voids the turn's pieces so far
+ * (the turn streams again from index 1 after it), whether or not it was seen before.
+ */
+export class DeltaFilter {
+  private readonly expected = new Map<string, bigint>();
+
+  /** Whether `delta` is to be handed over; it is then counted as seen. */
+  admit(delta: Delta): boolean {
+    const key = turnKey(delta.handleId, delta.turn);
+    if (delta.piece.case === "reset") {
+      this.expected.set(key, 1n);
+      return true;
+    }
+    if (delta.index < (this.expected.get(key) ?? 0n)) return false;
+    this.expected.set(key, delta.index + 1n);
+    return true;
+  }
+
+  /**
+   * An ended turn is never sent again (a reconnection asks from after its TurnEnded): its entry
+   * goes, so a long Watch keeps one per turn in progress, not one per turn ever.
+   */
+  forget(event: Event): void {
+    if (event.payload.case === "turnEnded") this.expected.delete(turnKey(event.handleId, event.payload.value.turn));
+  }
+}
+
+function turnKey(handleId: string, turn: bigint): string {
+  return `${turn} ${handleId}`; // a handle id has no space
+}
+
+/**
  * The Watch stream of `watch`, reconnecting by the same rules, with the deltas too when
- * `deltas` is set. Deltas are handed over as they come, repeats included (after a reconnect the
- * server sends a turn in progress again from index 0): only the caller knows which it has
- * shown. They neither move the seq a reconnection asks from (they are not journaled) nor count
- * as progress between failures: a stream that keeps re-sending one turn's deltas and dropping
- * would otherwise be retried for ever.
+ * `deltas` is set, each once (DeltaFilter: the server sends a turn in progress again after a
+ * reconnect). Deltas do not move the seq a reconnection asks from (they are not journaled). A
+ * new piece counts as progress between failures, as an event does, so a long turn streamed
+ * across several drops is not given up on; a repeat does not (a stream that keeps re-sending
+ * one turn and dropping would be retried for ever), nor does a reset (a turn restarted is no
+ * further on).
  */
 export async function* watchItems(
   raw: ConnectClient<typeof AgentRuntime>,
@@ -78,8 +114,9 @@ export async function* watchItems(
   const window = options.retryWindowMs ?? DEFAULT_RETRY_WINDOW_MS;
   const signal = options.signal;
   let seen = afterSeq; // the last seq yielded: a reconnection asks for what follows it
-  let failures = 0; // reconnections in a row with no event between them
+  let failures = 0; // reconnections in a row with no progress (an event, a new piece) between them
   let pausedMs = 0; // the pauses before them, added up
+  const filter = new DeltaFilter();
   while (!signal?.aborted) {
     // This stream's own cancellation: the caller's abort, or leaving the generator (a `break`).
     const stream = new AbortController();
@@ -90,15 +127,18 @@ export async function* watchItems(
       // No deadline: the stream lives until it is aborted or dropped.
       const request = { runtimeId, afterSeq: seen, deltas };
       for await (const response of raw.watch(request, { signal: stream.signal, timeoutMs: 0 })) {
-        if (response.delta !== undefined) {
-          if (deltas) yield { delta: response.delta };
+        const delta = response.delta;
+        if (delta !== undefined) {
+          if (!deltas || !filter.admit(delta)) continue;
+          if (delta.piece.case !== "reset") [failures, pausedMs] = [0, 0];
+          yield { delta };
           continue;
         }
         const event = response.event;
         if (event === undefined || event.seq <= seen) continue; // never the same event twice
-        failures = 0;
-        pausedMs = 0;
+        [failures, pausedMs] = [0, 0];
         seen = event.seq;
+        filter.forget(event);
         yield { event };
       }
     } catch (error) {

@@ -335,6 +335,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     async for item in runtime.events.follow(seen, request.deltas):
                         if isinstance(item, Delta):
                             # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
+                            verified = await self._verified_again(context, "Watch", verified)
                             yield pb.WatchResponse(delta=convert.delta_to_proto(item))
                             continue
                         await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
@@ -354,6 +355,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                 "Watch", onward, moved.address, metadata, context.time_remaining()
                             ):
                                 if response.HasField("delta"):
+                                    verified = await self._verified_again(context, "Watch", verified)
                                     yield response
                                     continue
                                 seen = response.event.seq

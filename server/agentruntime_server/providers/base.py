@@ -29,6 +29,7 @@ from .streaming import StreamedReply
 
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500
+STREAM_FRAMING = 16  # a streamed body may be this many times max_reply_bytes
 # An exchange's status, its body (empty when streamed) and, when streamed, what read it.
 Posted = tuple[int, bytes, "StreamedReply | None"]
 # How the APIs say a request does not fit the model's context window (Anthropic:
@@ -209,6 +210,8 @@ class HttpProvider(abc.ABC):
         outcome = "cancelled"
         limit = self._policy.max_reply_bytes
         read = reader() if reader is not None else None
+        if read is not None:
+            read.max_chars = limit
         try:
             # No redirect is followed (the client follows none): a key header (Anthropic's
             # x-api-key) would go along to whatever host the Location names.
@@ -242,6 +245,8 @@ class HttpProvider(abc.ABC):
             if self.monitor is not None:
                 self.monitor.on_attempt(self.name, time.perf_counter() - started, outcome)
         if response.truncated:
+            if read is not None and 200 <= status < 300:
+                limit *= STREAM_FRAMING
             raise ProviderError(
                 f"provider {self.name!r} answered HTTP {status} with a body over {limit} bytes; not read",
                 self._failure(FailureReason.PROVIDER_BAD_REPLY, status, f"a body over {limit} bytes"),
@@ -265,8 +270,16 @@ class HttpProvider(abc.ABC):
     async def _post_once(self, data: bytes, limit: int, read: StreamedReply | None) -> Response:
         if read is None:
             return await self._http.post(self._url, data, self._headers, timeout=self._timeout, max_body=limit)
+
+        def streamed_limit(status: int) -> int:
+            # An event of a token or two costs 100-200 bytes of framing: a stream's bytes may be
+            # many times its reply's (whose text is held to `limit` by the reader).
+            return limit * STREAM_FRAMING if 200 <= status < 300 else limit
+
         try:
-            return await self._http.post(self._url, data, self._headers, timeout=self._timeout, max_body=limit, sink=read.feed)
+            return await self._http.post(
+                self._url, data, self._headers, timeout=self._timeout, max_body=streamed_limit, sink=read.feed
+            )
         except BaseException:
             read.close(flush=False)  # a failed attempt: what it held is void
             raise

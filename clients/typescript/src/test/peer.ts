@@ -58,6 +58,11 @@ export interface WatchScript {
 
 export class Peer {
   readonly attempts: Attempt[] = [];
+  /**
+   * What happened, in order: each attempt's method as it arrived, and `Watch answered` as a
+   * Watch stream sends its first response (to check what a client waits for before a call).
+   */
+  readonly timeline: string[] = [];
   /** Each Watch request's after_seq and deltas, in order. */
   readonly watchRequests: { afterSeq: bigint; deltas: boolean }[] = [];
   private readonly watchScripts: WatchScript[] = [];
@@ -73,6 +78,7 @@ export class Peer {
   /** Forgets the attempts seen and every fault not met yet. */
   reset(): void {
     this.attempts.length = 0;
+    this.timeline.length = 0;
     this.faults.clear();
     this.always.clear();
     this.watchRequests.length = 0;
@@ -160,6 +166,7 @@ export class Peer {
 
   private record(method: string, requestId: string, timeoutMs: number | undefined): void {
     this.attempts.push({ method, requestId, at: performance.now(), timeoutMs });
+    this.timeline.push(method);
     for (const waiter of [...this.waiters]) {
       if (!waiter.ready()) continue;
       this.waiters.splice(this.waiters.indexOf(waiter), 1);
@@ -191,12 +198,12 @@ export class Peer {
     this.watchRequests.push({ afterSeq, deltas });
     await this.attempt("Watch", "", context, () => undefined);
     const script = this.watchScripts.shift();
-    if (script === undefined) {
-      yield { event: { seq: afterSeq + 1n, handleId: "root/worker.1" } };
-    } else {
-      yield* script.send;
-      if (script.end === "drop") throw new ConnectError("the server went away", Code.Unavailable);
+    const send = script?.send ?? [{ event: { seq: afterSeq + 1n, handleId: "root/worker.1" } }];
+    for (const [i, response] of send.entries()) {
+      if (i === 0) this.timeline.push("Watch answered");
+      yield response;
     }
+    if (script?.end === "drop") throw new ConnectError("the server went away", Code.Unavailable);
     if (!context.signal.aborted) await once(context.signal, "abort");
   }
 

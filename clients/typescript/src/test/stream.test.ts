@@ -130,9 +130,24 @@ describe("streamRun (a loopback gRPC server)", () => {
     assert.deepEqual(await items(stream), ["text 0 Stream", "text 1 ing", "result Streaming"]);
     assert.deepEqual(
       peer.attempts.map((attempt) => `${attempt.method} ${attempt.requestId}`),
-      ["Spawn s-1", "Wake w-1", "Watch "],
+      ["Spawn s-1", "Watch ", "Wake w-1"],
     );
     assert.deepEqual(peer.watchRequests, [{ afterSeq: 0n, deltas: true }]);
+  });
+
+  it("wakes only once the Watch has answered (a provider's turn streams only to watchers there when it starts)", async () => {
+    peer.scriptWatch({ send: [event(1), text(0, "a"), result(2, "a")] });
+    assert.deepEqual(await items(client().streamRun("rt-1", "writer", "write")), ["text 0 a", "result a"]);
+    assert.deepEqual(peer.timeline, ["Spawn", "Watch", "Watch answered", "Wake"]);
+  });
+
+  it("a Watch that drops before its first response is reopened before the Wake, which waits for the new one's", async () => {
+    peer.fail("Watch", new ConnectError("the server went away", Code.Unavailable));
+    peer.scriptWatch({ send: [], end: "drop" }, { send: [event(1), text(0, "a"), result(2, "a")] });
+    const stream = client().streamRun("rt-1", "writer", "write", "root", { ...fast, wakeRequestId: "w-1" });
+    assert.deepEqual(await items(stream), ["text 0 a", "result a"]);
+    assert.deepEqual(peer.timeline, ["Spawn", "Watch", "Watch", "Watch", "Watch answered", "Wake"]);
+    assert.deepEqual(peer.watchRequests.map((request) => request.afterSeq), [0n, 0n, 0n]);
   });
 
   it("after a drop mid-turn, reconnects from the last event's seq and skips the pieces the server sends again", async () => {
@@ -172,7 +187,36 @@ describe("streamRun (a loopback gRPC server)", () => {
     ]);
   });
 
-  it("deltas do not count as progress: a stream that re-sends a turn and drops is given up after maxRetries", async () => {
+  it("new pieces count as progress: a long turn streamed across more drops than maxRetries is not given up on", async () => {
+    peer.scriptWatch(
+      { send: [event(1), text(0, "a")], end: "drop" },
+      { send: [text(0, "a"), text(1, "b")], end: "drop" },
+      { send: [text(0, "a"), text(1, "b"), reset(), text(1, "B")], end: "drop" },
+      { send: [reset(), text(1, "B"), text(2, "C"), result(2, "BC")] },
+    );
+    const stream = client().streamRun("rt-1", "writer", "write", "root", { ...fast, maxRetries: 1 });
+    assert.deepEqual(await items(stream), [
+      "text 0 a",
+      "text 1 b",
+      "reset 0",
+      "text 1 B",
+      "reset 0",
+      "text 1 B",
+      "text 2 C",
+      "result BC",
+    ]);
+    assert.equal(peer.of("Watch").length, 4);
+  });
+
+  it("a reset is no progress: a stream that only restarts the turn and drops is given up after maxRetries", async () => {
+    const again = { send: [reset()], end: "drop" as const };
+    peer.scriptWatch(again, again, again);
+    const stream = client().streamRun("rt-1", "writer", "write", "root", { ...fast, maxRetries: 1 });
+    await assert.rejects(items(stream), (error: unknown) => error instanceof ConnectError && error.code === Code.Unavailable);
+    assert.equal(peer.of("Watch").length, 2);
+  });
+
+  it("repeated deltas do not count as progress: a stream that re-sends a turn and drops is given up after maxRetries", async () => {
     const again = { send: [text(0, "a"), text(1, "b")], end: "drop" as const };
     peer.scriptWatch(again, again, again);
     const stream = client().streamRun("rt-1", "writer", "write", "root", { ...fast, maxRetries: 2 });

@@ -164,7 +164,9 @@ class TurnStarted:
 
     def apply(self, tree: Tree) -> None:
         # A model call is under way: nothing else changes until its reply is recorded.
-        tree.handles[self.handle_id].turn_begun = self.turn
+        handle = tree.handles.get(self.handle_id)
+        if handle is not None:
+            handle.turn_begun = self.turn
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.TURN_STARTED, {"turn": self.turn})]
