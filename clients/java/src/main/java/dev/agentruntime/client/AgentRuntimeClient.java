@@ -746,14 +746,17 @@ public final class AgentRuntimeClient implements AutoCloseable {
   }
 
   /**
-   * Spawn + Wake + Watch with deltas: runs a fresh handle of {@code agent} under {@code parent}, hands
+   * Spawn + Watch with deltas + Wake: runs a fresh handle of {@code agent} under {@code parent}, hands
    * what its model writes to {@code onDelta} as it streams, and returns the handle's result. Its
    * Spawn and its Wake each carry a request id generated once, as {@link #run} does.
    *
    * <p>The watch is the runtime's from its first event ({@code after_seq} 0) with
    * {@code WatchRequest.deltas}, reconnected exactly as {@link #watch(String, long)} does (from the
-   * last event's seq, the same backoff and limits: a delta is no event, but starts the retry window
-   * again). {@code onDelta} gets the deltas of this handle only (not its children's), in order
+   * last event's seq, the same backoff and limits; a delta not seen before, other than a reset,
+   * counts as progress as an event does). The Wake is sent only once the watch has answered (with
+   * the handle's {@code spawned} event, at least): a real provider's turn streams only to the
+   * watchers subscribed when it starts, and the server subscribes a watcher before it sends its
+   * history. {@code onDelta} gets the deltas of this handle only (not its children's), in order
    * and each once, on the calling thread: after a reconnect the server sends a turn still in
    * progress again from index 0, and the pieces already handed over are skipped. A {@code reset}
    * delta is always handed over: what was streamed for its turn so far is void (the provider call
@@ -789,10 +792,17 @@ public final class AgentRuntimeClient implements AutoCloseable {
       String wakeRequestId, Consumer<Delta> onDelta) {
     Objects.requireNonNull(onDelta, "onDelta");
     String handleId = spawn(runtimeId, agent, parent, null, spawnRequestId);
-    wake(runtimeId, handleId, prompt, wakeRequestId);
+    boolean woken = false;
     try (WatchStream events = openWatch(runtimeId, 0, WatchStream.MAX_RETRIES, WatchStream.BACKOFF,
         new DeltaFilter(handleId, onDelta))) {
       while (events.hasNext()) {
+        // The first event (the handle's spawned one, from the history) comes on a stream the
+        // server has subscribed already (a dropped one is reopened before it): the turn the Wake
+        // starts streams to it.
+        if (!woken) {
+          wake(runtimeId, handleId, prompt, wakeRequestId);
+          woken = true;
+        }
         Event event = events.next();
         if (event.hasResult() && event.getHandleId().equals(handleId)) {
           return event.getResult();
@@ -981,11 +991,11 @@ public final class AgentRuntimeClient implements AutoCloseable {
     return openWatch(runtimeId, afterSeq, maxRetries, backoff, null);
   }
 
-  /** A watch closed with the client; with {@code onDelta} (else null) it asks for deltas and hands them over. */
+  /** A watch closed with the client; with {@code deltas} (else null) it asks for deltas and hands them over. */
   private WatchStream openWatch(String runtimeId, long afterSeq, int maxRetries, Duration backoff,
-      Consumer<Delta> onDelta) {
+      DeltaFilter deltas) {
     WatchStream watch = new WatchStream(stub, channel::resetConnectBackoff, runtimeId, afterSeq, maxRetries,
-        backoff, retryWindow, watches::remove, onDelta);
+        backoff, retryWindow, watches::remove, deltas);
     watches.add(watch);
     return watch;
   }

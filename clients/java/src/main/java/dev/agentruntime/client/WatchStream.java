@@ -2,7 +2,6 @@ package dev.agentruntime.client;
 
 import com.google.rpc.ErrorInfo;
 import dev.agentruntime.v1.AgentRuntimeGrpc;
-import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.WatchRequest;
 import dev.agentruntime.v1.WatchResponse;
@@ -35,11 +34,10 @@ import java.util.function.Consumer;
  *       (so that the watchers of a restarted server do not all come back at once), 30 s at most.
  *   <li>A status carrying {@code google.rpc.RetryInfo} is reconnected too, after at least its
  *       {@code retry_delay}.
- *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them, or
- *       once a run of failures in a row would last longer than the client's retry window (60 s by
- *       default: {@link AgentRuntimeClient.Builder#retryWindow}; in the watch of
- *       {@link AgentRuntimeClient#streamRun}, counted from the last delta when one came after the
- *       run began), the last failure is thrown by
+ *   <li>After {@code maxRetries} (5 by default) reconnects in a row with no event between them (in
+ *       the watch of {@link AgentRuntimeClient#streamRun}: nor a delta not seen before, other than a
+ *       reset), or once a run of failures in a row would last longer than the client's retry window
+ *       (60 s by default: {@link AgentRuntimeClient.Builder#retryWindow}), the last failure is thrown by
  *       {@link #hasNext()} as an {@link AgentRuntimeException}, and so is any
  *       other status at once (NOT_FOUND for an unknown runtime, PERMISSION_DENIED, ...). An interrupt
  *       of the iterating thread throws CANCELLED (with its interrupt flag set again), and so does a
@@ -71,7 +69,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private final Duration backoff;
   private final long windowNanos; // the longest run of failures in a row
   private final Consumer<WatchStream> onClose; // tells the client the watch is closed
-  private final Consumer<Delta> onDelta; // null: a watch of events only (no WatchRequest.deltas)
+  private final DeltaFilter deltas; // null: a watch of events only (no WatchRequest.deltas)
 
   private final Object lock = new Object();
   private final CountDownLatch closedLatch = new CountDownLatch(1); // cuts a backoff short
@@ -82,16 +80,16 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   private Iterator<WatchResponse> responses; // null: no stream open
   private Event next; // fetched by hasNext(), not yet returned by next()
   private volatile long lastSeq;
-  private int failures; // reconnects since the last event
+  private int failures; // reconnects since the last event (or fresh delta)
   private long failingUntil; // System.nanoTime() when the window of this run of failures ends
 
   /**
-   * A watch from {@code afterSeq}; with {@code onDelta} (else null) it asks for deltas too and hands
-   * each one to {@code onDelta} on the iterating thread, from {@link #hasNext()}, as it arrives.
+   * A watch from {@code afterSeq}; with {@code deltas} (else null) it asks for deltas too and hands
+   * each one to {@code deltas} on the iterating thread, from {@link #hasNext()}, as it arrives.
    */
   WatchStream(AgentRuntimeGrpc.AgentRuntimeBlockingStub stub, Runnable resetConnectBackoff, String runtimeId,
       long afterSeq, int maxRetries, Duration backoff, Duration window, Consumer<WatchStream> onClose,
-      Consumer<Delta> onDelta) {
+      DeltaFilter deltas) {
     this.stub = stub;
     this.resetConnectBackoff = resetConnectBackoff;
     this.runtimeId = runtimeId;
@@ -100,7 +98,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
     this.backoff = backoff;
     this.windowNanos = Math.min(Requests.saturatedNanos(window), Long.MAX_VALUE / 4);
     this.onClose = onClose;
-    this.onDelta = onDelta;
+    this.deltas = deltas;
   }
 
   /** The runtime being watched. */
@@ -168,19 +166,20 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         continue;
       }
       if (response.hasDelta()) {
-        if (failures > 0) {
-          // A delta is no event: a server that sends a turn's deltas again and drops each time is
-          // given up on after maxRetries. But it shows the reconnect worked, so the window starts
-          // again: a turn that streams for longer than the window between two drops is not cut.
-          failingUntil = System.nanoTime() + windowNanos;
-        }
-        if (onDelta != null) {
-          onDelta.accept(response.getDelta()); // outside the try: the consumer's exception is no drop
+        // A piece not seen before is progress, as an event is: a long turn with several drops
+        // goes on. One sent again after a reconnect, or a reset, is not: a server that sends a
+        // turn again and drops each time is given up on after maxRetries.
+        // Outside the try: the consumer's exception is no drop.
+        if (deltas != null && deltas.accept(response.getDelta())) {
+          failures = 0;
         }
         continue;
       }
       failures = 0;
       Event event = response.getEvent();
+      if (deltas != null) {
+        deltas.forget(event);
+      }
       lastSeq = event.getSeq();
       next = event;
       return true;
@@ -245,7 +244,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   /** Opens a stream from {@link #lastSeq} in a cancellable context; {@code false} when closed. */
   private boolean open() {
     WatchRequest request = WatchRequest.newBuilder()
-        .setRuntimeId(runtimeId).setAfterSeq(lastSeq).setDeltas(onDelta != null).build();
+        .setRuntimeId(runtimeId).setAfterSeq(lastSeq).setDeltas(deltas != null).build();
     synchronized (lock) {
       if (closed) {
         return false;

@@ -31,6 +31,7 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.stream.Collectors;
 
 /**
@@ -39,14 +40,18 @@ import java.util.stream.Collectors;
  * stream dropped (a status), ended, or left open. It shows that the helper
  *
  * <ul>
- *   <li>spawns and wakes with a request id each, and watches from seq 0 with {@code deltas};
+ *   <li>spawns with a request id, watches from seq 0 with {@code deltas}, and wakes (with a request
+ *       id, the same on a retried attempt) only once the Watch has sent its first response, on the
+ *       stream reopened when the first one dropped before it (a real provider's turn streams only
+ *       to the watchers subscribed when it starts);
  *   <li>reconnects from the last event's seq (deltas do not move it) and hands over the handle's
  *       deltas once each when the server sends the turn in progress again from index 0, a
  *       {@code reset} every time it comes, and no other handle's (a sibling's, a child's);
  *   <li>returns the handle's first result, not another handle's;
- *   <li>counts no delta as an event (drops in a row with deltas but no event between them are
- *       given up on after 5 reconnects), but starts the retry window again at a delta (a turn that
- *       streams for longer than the window between two drops goes on);
+ *   <li>counts a delta not seen before (not a reset) as progress, as an event (a long turn with
+ *       more than 5 drops, a new piece between each two, goes on, and so does one that streams for
+ *       longer than the retry window between two drops), but not a piece sent again or a reset
+ *       (drops in a row with only those between them are given up on after 5 reconnects);
  *   <li>ends with the consumer's own exception (the stream cancelled), and with CANCELLED when the
  *       client is closed under it;
  * </ul>
@@ -139,8 +144,13 @@ final class StreamRunCheck {
   private static final class StandIn extends AgentRuntimeGrpc.AgentRuntimeImplBase {
     final Queue<Planned> plan = new ConcurrentLinkedQueue<>();
     final List<WatchRequest> watches = new CopyOnWriteArrayList<>();
-    final List<String> requestIds = new CopyOnWriteArrayList<>(); // Spawn's, then Wake's
+    final List<String> requestIds = new CopyOnWriteArrayList<>(); // Spawn's, then Wake's (each attempt)
     volatile CountDownLatch cancelled = new CountDownLatch(1); // a Watch the client cancelled
+    // When each Wake attempt came: {n, k}, n Watch calls so far, k responses sent on the last one
+    // (counted before each response goes, so a Wake that follows one is never seen as early).
+    final List<int[]> wakes = new CopyOnWriteArrayList<>();
+    final AtomicInteger sentOnLatest = new AtomicInteger();
+    volatile int wakeFailures; // UNAVAILABLE answers before a Wake is taken
 
     void reset(Planned... streams) {
       plan.clear();
@@ -148,6 +158,9 @@ final class StreamRunCheck {
       watches.clear();
       requestIds.clear();
       cancelled = new CountDownLatch(1);
+      wakes.clear();
+      sentOnLatest.set(0);
+      wakeFailures = 0;
     }
 
     @Override
@@ -160,12 +173,19 @@ final class StreamRunCheck {
     @Override
     public void wake(WakeRequest request, StreamObserver<WakeResponse> observer) {
       requestIds.add(request.getRequestId());
+      wakes.add(new int[] {watches.size(), sentOnLatest.get()});
+      if (wakeFailures > 0) {
+        wakeFailures--;
+        observer.onError(Status.UNAVAILABLE.withDescription("stand-in: wake dropped").asRuntimeException());
+        return;
+      }
       observer.onNext(WakeResponse.newBuilder().setQueued(true).build());
       observer.onCompleted();
     }
 
     @Override
     public void watch(WatchRequest request, StreamObserver<WatchResponse> observer) {
+      sentOnLatest.set(0);
       watches.add(request);
       CountDownLatch latch = cancelled;
       ((ServerCallStreamObserver<WatchResponse>) observer).setOnCancelHandler(latch::countDown);
@@ -177,6 +197,7 @@ final class StreamRunCheck {
         if (i > 0 && stream.pauseMs > 0) {
           sleep(stream.pauseMs);
         }
+        sentOnLatest.incrementAndGet();
         observer.onNext(stream.responses.get(i));
       }
       if (stream.end != null) {
@@ -200,6 +221,17 @@ final class StreamRunCheck {
     return delta.hasReset() ? "<reset>" : delta.getText();
   }
 
+  /**
+   * Every Wake attempt came on Watch call {@code watch} (1 the first), after it sent its first
+   * response: the Wake that starts the turn never precedes the subscription that streams it.
+   */
+  private static void wokeOnceWatching(StandIn standIn, int watch, int attempts) {
+    List<String> seen = standIn.wakes.stream().map(w -> "after " + w[1] + " responses of Watch call " + w[0])
+        .collect(Collectors.toList());
+    expect(standIn.wakes.size() == attempts && standIn.wakes.stream().allMatch(w -> w[0] == watch && w[1] >= 1),
+        "want " + attempts + " Wake attempt(s), each after the first response of Watch call " + watch + ": " + seen);
+  }
+
   /** Runs the checks; returns what they showed, or throws IllegalStateException saying what differed. */
   static String run() throws Exception {
     StandIn standIn = new StandIn();
@@ -212,23 +244,27 @@ final class StreamRunCheck {
     try {
       try (AgentRuntimeClient client = AgentRuntimeClient.newBuilder(target).build()) {
         replayedOnce(client, standIn);
-        deltasAreNoEvents(client, standIn);
+        wakeAfterReconnect(client, standIn);
+        freshDeltasAreProgress(client, standIn);
+        replaysAreNoProgress(client, standIn);
         consumerFails(client, standIn);
         plainWatch(client, standIn);
       }
       try (AgentRuntimeClient shortWindow = AgentRuntimeClient.newBuilder(target)
           .retryWindow(java.time.Duration.ofMillis(500)).build()) {
-        deltasRestartTheWindow(shortWindow, standIn);
+        freshDeltasRestartTheWindow(shortWindow, standIn);
       }
       clientClosed(target, standIn);
     } finally {
       server.shutdownNow();
       server.awaitTermination(5, TimeUnit.SECONDS);
     }
-    return "streamRun: Spawn and Wake with request ids, Watch from seq 0 with deltas, reconnected from the last event's "
+    return "streamRun: Spawn, Watch from seq 0 with deltas, Wake after the Watch's first response (on the reopened "
+        + "stream after a drop before it; its retry with the same request id), reconnected from the last event's "
         + "seq; a turn sent again from index 0 handed over once, a reset each time, no other handle's deltas; the "
-        + "handle's first result; 5 reconnects at most with deltas but no event between drops, the window started "
-        + "again by a delta; the consumer's exception and a closed client end it; a plain watch asks for no deltas";
+        + "handle's first result; a new piece is progress (8 drops, one between each two, and a turn longer than "
+        + "the window between drops go on), pieces sent again and resets are not (5 reconnects at most); the "
+        + "consumer's exception and a closed client end it; a plain watch asks for no deltas";
   }
 
   /**
@@ -261,14 +297,34 @@ final class StreamRunCheck {
     expect(asked.equals(List.of("rt@0+deltas", "rt@2+deltas", "rt@2+deltas")), "watches asked: " + asked);
     expect(standIn.requestIds.size() == 2 && standIn.requestIds.stream().noneMatch(String::isEmpty)
         && !standIn.requestIds.get(0).equals(standIn.requestIds.get(1)), "Spawn and Wake request ids: " + standIn.requestIds);
+    wokeOnceWatching(standIn, 1, 1);
   }
 
   /**
-   * Drops in a row with a new delta before each but no event: deltas are no events, so after the 5
-   * reconnects a watch makes without one the last failure is thrown (a server that sends a turn
-   * again and drops each time is given up on, as the other clients do).
+   * The first Watch drops before it sends anything, and the first Wake attempt is dropped: the Wake
+   * waits for the reopened stream's first response, and its retry carries the same request id.
    */
-  private static void deltasAreNoEvents(AgentRuntimeClient client, StandIn standIn) {
+  private static void wakeAfterReconnect(AgentRuntimeClient client, StandIn standIn) {
+    standIn.reset(
+        dropped(lagging()),
+        held(event(1, HANDLE), text(HANDLE, 1, 0, "Hi"), result(2, HANDLE, "Hi")));
+    standIn.wakeFailures = 1;
+    StringBuilder joined = new StringBuilder();
+    TaskResult result = client.streamRun("rt", "writer", "write it", "root", d -> joined.append(d.getText()));
+    expect(result.getText().equals("Hi") && joined.toString().equals("Hi"), "after a reconnect: " + joined + " / "
+        + result.getText());
+    wokeOnceWatching(standIn, 2, 2);
+    List<String> ids = standIn.requestIds;
+    expect(ids.size() == 3 && ids.get(1).equals(ids.get(2)) && !ids.get(1).isEmpty() && !ids.get(0).equals(ids.get(1)),
+        "Spawn's and the two Wake attempts' request ids: " + ids);
+  }
+
+  /**
+   * Eight drops in a row with no event between them, but a piece not seen before in each stream (a
+   * long turn, the stream cut again and again): each is progress, as an event is, so the watch goes
+   * on to the result.
+   */
+  private static void freshDeltasAreProgress(AgentRuntimeClient client, StandIn standIn) {
     List<Planned> streams = new ArrayList<>();
     for (int index = 0; index < 8; index++) {
       List<WatchResponse> responses = new ArrayList<>();
@@ -280,26 +336,49 @@ final class StreamRunCheck {
       }
       streams.add(dropped(lagging(), responses.toArray(new WatchResponse[0])));
     }
-    streams.add(held(result(2, HANDLE, "never reached")));
+    streams.add(held(text(HANDLE, 1, 8, "8"), result(2, HANDLE, "012345678")));
     standIn.reset(streams.toArray(new Planned[0]));
     StringBuilder joined = new StringBuilder();
+    TaskResult result = client.streamRun("rt", "writer", "write it", "root", d -> joined.append(d.getText()));
+    expect(result.getText().equals("012345678") && joined.toString().equals("012345678") && standIn.watches.size() == 9,
+        "8 drops with a new piece between each two: " + joined + " / " + result.getText() + " after "
+            + standIn.watches.size() + " streams");
+  }
+
+  /**
+   * Drops in a row with deltas but no event, and nothing new among them: the turn's pieces sent
+   * again from index 0, and a reset (handed over every time, but no progress). After the 5
+   * reconnects a watch makes without progress the last failure is thrown (a server that sends a
+   * turn again and drops each time is given up on, as the other clients do).
+   */
+  private static void replaysAreNoProgress(AgentRuntimeClient client, StandIn standIn) {
+    List<Planned> streams = new ArrayList<>();
+    streams.add(dropped(lagging(), event(1, HANDLE), text(HANDLE, 1, 0, "0"), text(HANDLE, 1, 1, "1")));
+    for (int i = 0; i < 7; i++) {
+      streams.add(dropped(lagging(), text(HANDLE, 1, 0, "0"), text(HANDLE, 1, 1, "1"), reset(HANDLE, 2)));
+    }
+    streams.add(held(result(2, HANDLE, "never reached")));
+    standIn.reset(streams.toArray(new Planned[0]));
+    List<String> pieces = new ArrayList<>();
     AgentRuntimeException error = null;
     try {
-      client.streamRun("rt", "writer", "write it", "root", d -> joined.append(d.getText()));
+      client.streamRun("rt", "writer", "write it", "root", d -> pieces.add(piece(d)));
     } catch (AgentRuntimeException e) {
       error = e;
     }
+    List<String> want = List.of("0", "1", "<reset>", "<reset>", "<reset>", "<reset>", "<reset>");
     expect(error != null && error.code() == Status.Code.RESOURCE_EXHAUSTED && standIn.watches.size() == 6
-        && joined.toString().equals("012345"), "drops with deltas but no event between them: " + error + " after "
-        + standIn.watches.size() + " streams, deltas " + joined);
+        && pieces.equals(want), "drops with only pieces sent again and resets between them: " + error + " after "
+        + standIn.watches.size() + " streams, deltas " + pieces + ", want " + want);
   }
 
   /**
    * With a 500 ms retry window: a drop, then a stream whose deltas come 700 ms apart before it drops
-   * again. The delta after the reconnect starts the window again, so the second drop is reconnected
-   * (a turn that streams for longer than the window between two drops is not cut).
+   * again. The new piece after the reconnect is progress, so the second drop starts a new run of
+   * failures and is reconnected (a turn that streams for longer than the window between two drops
+   * is not cut).
    */
-  private static void deltasRestartTheWindow(AgentRuntimeClient client, StandIn standIn) {
+  private static void freshDeltasRestartTheWindow(AgentRuntimeClient client, StandIn standIn) {
     standIn.reset(
         dropped(lagging(), event(1, HANDLE), text(HANDLE, 1, 0, "slow")),
         droppedSlowly(700, lagging(), text(HANDLE, 1, 0, "slow"), text(HANDLE, 1, 1, "ly"), text(HANDLE, 1, 2, " so")),
