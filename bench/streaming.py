@@ -5,8 +5,9 @@ latency) with every reply carrying 200 characters of text, against a model serve
 answers whole or, when asked (`stream: true`), as chat.completion.chunk events with the text
 in 40 pieces. Two figures:
 
-- CPU per model turn with streaming off (the default: nobody watches with deltas) and on
-  (AGENTRUNTIME_STREAM_REPLIES=always, and a watcher with deltas on the runtime), alternating;
+- CPU per model turn with streaming off (nobody watches with deltas: replies are read whole)
+  and on (each root's runtime watched with deltas, so its replies stream), alternating, a
+  runtime per root;
 - the time from the provider's first byte of a reply to the watching client's first delta of
   that turn, p50 and p99 over every turn: the model server stamps its first text piece with
   CLOCK_MONOTONIC (one clock for every process of the machine) as it writes it."""
@@ -86,14 +87,18 @@ def _model_server(port: int, pause: float) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-async def run(streaming: bool, roots: int, batches: int, pause: float = 0.0, concurrency: int = 20) -> dict[str, float]:
+async def run(watch: str, roots: int, batches: int, pause: float = 0.0, concurrency: int = 20) -> dict[str, float]:
     """CPU per model turn (median over batches) and, streaming, the first-delta delays (ms).
-    `pause`: seconds between a streamed reply's pieces."""
+    A runtime per root, as hosts use it (a runtime a task or a conversation). `watch`: `none`
+    (Spawn, Wake, Wait), `events` (each root watched from its spawn without deltas, as a UI
+    did before streaming) or `deltas` (watched with deltas, as a UI or a client's stream_run
+    does: its turns stream because they are watched). `pause`: seconds between a streamed
+    reply's pieces."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, pause), daemon=True)
     model.start()
     with tempfile.TemporaryDirectory() as folder:
-        env = server_env(folder, model_port, AGENTRUNTIME_STREAM_REPLIES="always" if streaming else "watched")
+        env = server_env(folder, model_port)
         address = f"127.0.0.1:{server_port}"
         command = (sys.executable, "-m", "agentruntime_server", "serve", "--listen", address)
         server = await asyncio.create_subprocess_exec(*command, env=env)
@@ -101,14 +106,18 @@ async def run(streaming: bool, roots: int, batches: int, pause: float = 0.0, con
             await _wait_healthy(address)
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = pb_grpc.AgentRuntimeStub(channel)
-                runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=_agents(model_port)))).runtime_id
+                agents = _agents(model_port)
                 delays: list[float] = []
-                watcher = asyncio.ensure_future(_watch(stub, runtime_id, delays)) if streaming else None
 
                 async def root() -> None:
+                    runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
                     handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
-                    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
-                    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
+                    wake = pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go")
+                    if watch != "none":
+                        result = await _watched(stub, runtime_id, handle, wake, watch == "deltas", delays)
+                    else:
+                        await stub.Wake(wake)
+                        result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
                     if result.status != pb.STATUS_DONE or not result.text.endswith(PIECE):
                         raise RuntimeError(f"unexpected result: {result}")
 
@@ -126,10 +135,6 @@ async def run(streaming: bool, roots: int, batches: int, pause: float = 0.0, con
                 await batch()  # warm-up
                 delays.clear()
                 cpu = statistics.median([await batch() for _ in range(batches)])
-                if watcher is not None:
-                    if watcher.done():
-                        watcher.result()  # the watcher's failure
-                    watcher.cancel()
                 figures = {"cpu_us_per_turn": cpu * 1e6}
                 if delays:
                     delays.sort()
@@ -144,25 +149,30 @@ async def run(streaming: bool, roots: int, batches: int, pause: float = 0.0, con
             model.join()
 
 
-async def _watch(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, delays: list[float]) -> None:
-    """A watcher with deltas (what a UI runs): each turn's stamped first piece, timed when it
-    first comes. One that falls too far behind reconnects from its last seq, as the clients do."""
-    seen, timed = 0, set()
-    while True:
-        try:
-            call: Any = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=seen, deltas=True))
-            async for response in call:
-                if response.HasField("event"):
-                    seen = response.event.seq
-                    continue
-                delta = response.delta
-                if delta.text.startswith(STAMP) and (delta.handle_id, delta.turn) not in timed:
-                    now = time.monotonic_ns()
-                    timed.add((delta.handle_id, delta.turn))
-                    delays.append((now - int(delta.text[len(STAMP) :].split(";", 1)[0])) / 1e9)
-        except grpc.aio.AioRpcError as error:
-            if error.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise
+async def _watched(
+    stub: Any, runtime_id: str, handle: str, wake: pb.WakeRequest, deltas: bool, delays: list[float]
+) -> pb.TaskResult:
+    """What a UI (or a client's stream_run) does: Watch the root's runtime (with deltas or not),
+    Wake the root once the Watch answered, time each turn's stamped first piece as it comes, and
+    end at the root's result."""
+    call: Any = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, deltas=deltas))
+    woken = False
+    try:
+        async for response in call:
+            if not woken:
+                await stub.Wake(wake)
+                woken = True
+            if response.HasField("event"):
+                event = response.event
+                if event.handle_id == handle and event.HasField("result"):
+                    return event.result  # type: ignore[no-any-return]
+                continue
+            if response.delta.text.startswith(STAMP):
+                stamp = int(response.delta.text[len(STAMP) :].split(";", 1)[0])
+                delays.append((time.monotonic_ns() - stamp) / 1e9)
+    finally:
+        call.cancel()
+    raise RuntimeError("the Watch ended before the root's result")
 
 
 async def main() -> None:
@@ -171,24 +181,23 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3, help="alternating runs of each side")
     args = parser.parse_args()
-    off: list[dict[str, float]] = []
-    on: list[dict[str, float]] = []
+    sides: dict[str, list[float]] = {"none": [], "events": [], "deltas": []}
     for _ in range(args.runs):
-        off.append(await run(False, args.roots, args.batches))
-        on.append(await run(True, args.roots, args.batches))
-    quiet = statistics.median(r["cpu_us_per_turn"] for r in off)
-    loud = statistics.median(r["cpu_us_per_turn"] for r in on)
-    pairs = ", ".join(f"{b['cpu_us_per_turn'] / a['cpu_us_per_turn']:.2f}" for a, b in zip(off, on, strict=True))
+        for watch, cpu in sides.items():
+            cpu.append((await run(watch, args.roots, args.batches))["cpu_us_per_turn"])
+    none, events, deltas = (statistics.median(cpu) for cpu in sides.values())
+    pairs = ", ".join(f"{b / a:.2f}" for a, b in zip(sides["events"], sides["deltas"], strict=True))
     print(
-        f"{'streaming, C=20, no latency':<34} off {quiet:.0f}µs, on {loud:.0f}µs CPU/turn: {loud / quiet - 1:+.0%} "
-        f"(40 pieces a reply, medians of {args.runs} alternating runs; pairs {pairs})"
+        f"{'streaming, C=20, no latency':<34} CPU/turn: unwatched {none:.0f}µs, watched {events:.0f}µs, watched with deltas "
+        f"{deltas:.0f}µs ({deltas / events - 1:+.0%} for the deltas; 40 pieces a reply; a runtime per root; medians of "
+        f"{args.runs} alternating runs; pairs {pairs})"
     )
-    paced = [await run(True, max(args.roots // 2, 5), 2, pause=PAUSE) for _ in range(args.runs)]
+    paced = [await run("deltas", max(args.roots // 2, 5), 2, pause=PAUSE) for _ in range(args.runs)]
     p50 = statistics.median(r["first_delta_p50_ms"] for r in paced)
     p99 = statistics.median(r["first_delta_p99_ms"] for r in paced)
     print(
         f"{'streaming, C=20, paced pieces':<34} provider's first byte -> watcher's first delta p50 {p50:.2f} ms, "
-        f"p99 {p99:.2f} ms (pieces {PAUSE * 1000:g} ms apart; medians of {args.runs} runs, "
+        f"p99 {p99:.2f} ms (pieces {PAUSE * 1000:g} ms apart after {FIRST_BYTE * 1000:g} ms; medians of {args.runs} runs, "
         f"{int(paced[0]['turns_timed'])} turns timed a run)"
     )
 

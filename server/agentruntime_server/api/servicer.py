@@ -332,13 +332,17 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                 )
                             ]
                         )
+                    durable = 0  # events up to here are known durable: one flush covers every event appended before it
                     async for item in runtime.events.follow(seen, request.deltas):
                         if isinstance(item, Delta):
                             # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
                             verified = await self._verified_again(context, "Watch", verified)
                             yield pb.WatchResponse(delta=convert.delta_to_proto(item))
                             continue
-                        await self.service.acknowledge(runtime.key)  # a watcher never sees an event a crash could lose
+                        if item.seq > durable:  # a watcher never sees an event a crash could lose
+                            appended = runtime.events.published_seq
+                            await self.service.acknowledge(runtime.key)
+                            durable = max(appended, item.seq)
                         seen = item.seq
                         attempt, missed = 0, None
                         verified = await self._verified_again(context, "Watch", verified)

@@ -48,6 +48,7 @@ class EventLog:
         self.runtime_id = runtime_id
         self.history = history  # the persisted events after a seq
         self.last_seq = 0
+        self.published_seq = 0  # the last event published: its step is appended to the store
         self.buffer = buffer
         self.observers = observers
         self._watchers: set[asyncio.Queue[Live]] = _NO_WATCHERS  # made at the first watcher
@@ -72,6 +73,8 @@ class EventLog:
 
     def publish(self, events: list[Event]) -> None:
         """Events of steps the journal has just appended to the store."""
+        if events:
+            self.published_seq = events[-1].seq
         for event in events:
             for observe in self.observers:
                 observe(self.runtime_id, event)

@@ -61,8 +61,7 @@ class AnthropicProvider(HttpProvider):
             mark_cache_breakpoints(body)
         return body
 
-    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> MessageStream:
-        body["stream"] = True
+    def stream_reader(self, stream: ReplyStream) -> MessageStream:
         return MessageStream(stream)
 
     def parse(self, payload: Any, model: str) -> ModelReply:

@@ -8,12 +8,11 @@ from __future__ import annotations
 import abc
 import datetime
 import email.utils
-import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -111,19 +110,20 @@ class HttpProvider(abc.ABC):
     def parse(self, payload: Any, model: str) -> ModelReply:
         """`model`: the model the request named (the reply names it, for the price table)."""
 
+    def ask_to_stream(self, body: dict[str, Any]) -> None:
+        """The request `body` asks for the reply as a stream."""
+        body["stream"] = True
+
     @abc.abstractmethod
-    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> StreamedReply:
-        """Asks for the reply as a stream (in `body`), and the reader of that stream."""
+    def stream_reader(self, stream: ReplyStream) -> StreamedReply:
+        """What reads one attempt's streamed reply, handing its pieces to `stream`."""
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         model = request.agent.model or self._default_model
         body = self.body(request, model)
-        stream = request.stream
-        reader: Callable[[], StreamedReply] | None = None
-        if stream is not None:
-            reader = functools.partial(self.streamed, body, stream)
-            reader()  # the body asks for a stream
-        status, raw, read = await self._post(_encode(body), reader)
+        if request.stream is not None:
+            self.ask_to_stream(body)
+        status, raw, read = await self._post(_encode(body), request.stream)
         try:
             return self.parse(_json(raw) if read is None else read.payload(), model)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
@@ -169,23 +169,21 @@ class HttpProvider(abc.ABC):
             return self._failure(FailureReason.PROVIDER_UNAVAILABLE, status, detail)
         return self._failure(FailureReason.PROVIDER_BAD_REQUEST, status, detail)
 
-    async def _post(self, data: bytes, reader: Callable[[], StreamedReply] | None = None) -> Posted:
-        """The reply's status and body, or (with `reader`: a streamed reply) the reader that
+    async def _post(self, data: bytes, stream: ReplyStream | None = None) -> Posted:
+        """The reply's status and body, or (with `stream`: a streamed reply) the reader that
         read it. A fault is retried; what an attempt streamed is reset before the next."""
         # The first attempt runs bare: tenacity costs ~25 us a call, paid only after a fault.
         try:
-            return await self._attempt(data, reader)
+            return await self._attempt(data, stream)
         except ProviderFault as fault:
             first: list[ProviderFault] = [fault]
 
         async def attempt() -> Posted:
             if first:
                 raise first.pop()  # tenacity's attempt 1 is the one already made
-            if reader is not None:
-                stream = reader().stream
-                if stream.streamed:
-                    stream.restart("retry")
-            return await self._attempt(data, reader)
+            if stream is not None and stream.streamed:
+                stream.restart("retry")
+            return await self._attempt(data, stream)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._policy.max_retries + 1),
@@ -203,14 +201,15 @@ class HttpProvider(abc.ABC):
             ) from exc
         return result
 
-    async def _attempt(self, data: bytes, reader: Callable[[], StreamedReply] | None) -> Posted:
+    async def _attempt(self, data: bytes, stream: ReplyStream | None) -> Posted:
         gate = self._policy.gate
         await gate.acquire()
         started = time.perf_counter()  # the exchange only: a wait for the gate is not the provider's
         outcome = "cancelled"
         limit = self._policy.max_reply_bytes
-        read = reader() if reader is not None else None
-        if read is not None:
+        read = None
+        if stream is not None:
+            read = self.stream_reader(stream)
             read.max_chars = limit
         try:
             # No redirect is followed (the client follows none): a key header (Anthropic's

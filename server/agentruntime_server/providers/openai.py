@@ -52,9 +52,11 @@ class OpenAIProvider(HttpProvider):
             body["prompt_cache_key"] = request.cache_key
         return body
 
-    def streamed(self, body: dict[str, Any], stream: ReplyStream) -> ChatCompletionStream:
+    def ask_to_stream(self, body: dict[str, Any]) -> None:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # the last chunk carries the usage
+
+    def stream_reader(self, stream: ReplyStream) -> ChatCompletionStream:
         return ChatCompletionStream(stream)
 
     def parse(self, payload: Any, model: str) -> ModelReply:
