@@ -46,6 +46,14 @@ class SseDecoder:
         buffer = self._buffer
         buffer += chunk
         start = 0
+        if not self._data and not self._event and b"\r" not in buffer:
+            # The usual shape, an event a `data:` line: taken whole, without going line by line.
+            while True:
+                end = buffer.find(b"\n\n", start)
+                if end < 0 or not buffer.startswith(b"data: ", start) or buffer.find(b"\n", start, end) >= 0:
+                    break
+                self._on_event("", buffer[start + 6 : end].decode("utf-8", "replace"))
+                start = end + 2
         while True:
             end = buffer.find(b"\n", start)
             if end < 0:
