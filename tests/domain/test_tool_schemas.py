@@ -169,3 +169,16 @@ def test_the_fast_metaschema_check_allows_and_refuses() -> None:
     assert not schemas.metaschema_allows({"type": "object", "properties": {"n": {"type": "integr"}}})
     with pytest.raises(schemas.SchemaProblem, match=r"not a valid JSON Schema: .*'integr' is not valid under any"):
         schemas.check({"type": "object", "properties": {"n": {"type": "integr"}}})
+
+
+def test_an_empty_enum_under_draft_4_is_refused_as_its_metaschema_says() -> None:
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "enum": []}
+    assert not schemas.metaschema_allows(draft4)
+    with pytest.raises(schemas.SchemaProblem, match="should be non-empty"):
+        schemas.check(draft4)
+
+
+def test_an_infinite_number_is_judged_by_jsonschema_not_let_through() -> None:
+    bounded = schemas.ArgumentsSchema({"type": "object", "properties": {"n": {"type": "number", "maximum": 0}}})
+    assert bounded.problem({"n": float("inf")}) is not None
+    assert bounded.problem({"n": -1.5}) is None
