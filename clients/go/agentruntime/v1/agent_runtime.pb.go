@@ -688,7 +688,10 @@ type TaskResult struct {
 	// What this handle's own model calls cost, at the prices in force when each reply came.
 	OwnCost *Cost `protobuf:"bytes,14,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
 	// What the whole subtree's model calls cost.
-	TotalCost     *Cost `protobuf:"bytes,15,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	TotalCost *Cost `protobuf:"bytes,15,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	// The answer, validated against the agent's `output_schema`: set iff the agent has one and
+	// the status is STATUS_DONE (`text` keeps the answer's JSON text).
+	Output        *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -824,6 +827,13 @@ func (x *TaskResult) GetOwnCost() *Cost {
 func (x *TaskResult) GetTotalCost() *Cost {
 	if x != nil {
 		return x.TotalCost
+	}
+	return nil
+}
+
+func (x *TaskResult) GetOutput() *structpb.Value {
+	if x != nil {
+		return x.Output
 	}
 	return nil
 }
@@ -1202,7 +1212,13 @@ type AgentDef struct {
 	// Ask the provider to cache the prompt's stable prefix between turns: for anthropic,
 	// cache breakpoints on the tools, the system prompt and the conversation so far; for
 	// openai, a prompt cache key per handle. Cache reads show in `Usage.cache_read_tokens`.
-	PromptCache   bool `protobuf:"varint,16,opt,name=prompt_cache,json=promptCache,proto3" json:"prompt_cache,omitempty"`
+	PromptCache bool `protobuf:"varint,16,opt,name=prompt_cache,json=promptCache,proto3" json:"prompt_cache,omitempty"`
+	// The JSON Schema the agent's final answer must match (docs/typed-results.md): a top-level
+	// `object` or `array` schema, checked at CreateRuntime as tool schemas are. The model is
+	// asked for it natively (openai `response_format`, anthropic `output_config`); the runtime
+	// validates the answer itself, and one that does not parse or match goes back to the model
+	// with the error, as an attempt of the completion gate. `TaskResult.output` is the answer.
+	OutputSchema  *structpb.Struct `protobuf:"bytes,17,opt,name=output_schema,json=outputSchema,proto3" json:"output_schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1347,6 +1363,13 @@ func (x *AgentDef) GetPromptCache() bool {
 		return x.PromptCache
 	}
 	return false
+}
+
+func (x *AgentDef) GetOutputSchema() *structpb.Struct {
+	if x != nil {
+		return x.OutputSchema
+	}
+	return nil
 }
 
 type Heartbeat struct {
@@ -2658,8 +2681,11 @@ type ToolOutput struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	CallId string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	// At most the server's text limit (256 KiB by default).
-	Output        string `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
-	IsError       bool   `protobuf:"varint,3,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	Output  string `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
+	IsError bool   `protobuf:"varint,3,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	// A structured output (a worker tool's), sent to the model as its JSON text in place of
+	// `output`; its JSON text counts against the same limit.
+	Structured    *structpb.Value `protobuf:"bytes,4,opt,name=structured,proto3" json:"structured,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2713,6 +2739,13 @@ func (x *ToolOutput) GetIsError() bool {
 		return x.IsError
 	}
 	return false
+}
+
+func (x *ToolOutput) GetStructured() *structpb.Value {
+	if x != nil {
+		return x.Structured
+	}
+	return nil
 }
 
 type Message struct {
@@ -5868,7 +5901,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\vhttp_status\x18\x03 \x01(\x05R\n" +
 	"httpStatus\x12\x1c\n" +
 	"\tretryable\x18\x04 \x01(\bR\tretryable\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xec\x04\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x9c\x05\n" +
 	"\n" +
 	"TaskResult\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
@@ -5890,7 +5923,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"totalUsage\x120\n" +
 	"\bown_cost\x18\x0e \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
 	"\n" +
-	"total_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\x95\x02\n" +
+	"total_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\x12.\n" +
+	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\"\x95\x02\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12*\n" +
 	"\x11cache_read_tokens\x18\x02 \x01(\x03R\x0fcacheReadTokens\x12,\n" +
@@ -5927,7 +5961,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"totalUsage\x120\n" +
 	"\bown_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
 	"\n" +
-	"total_cost\x18\x10 \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\xd7\x05\n" +
+	"total_cost\x18\x10 \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\x95\x06\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -5952,7 +5986,8 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"compaction\x12;\n" +
 	"\vmcp_servers\x18\x0f \x03(\v2\x1a.agentruntime.v1.McpServerR\n" +
 	"mcpServers\x12!\n" +
-	"\fprompt_cache\x18\x10 \x01(\bR\vpromptCacheB\x14\n" +
+	"\fprompt_cache\x18\x10 \x01(\bR\vpromptCache\x12<\n" +
+	"\routput_schema\x18\x11 \x01(\v2\x17.google.protobuf.StructR\foutputSchemaB\x14\n" +
 	"\x12_max_output_tokens\"T\n" +
 	"\tHeartbeat\x12/\n" +
 	"\x05every\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05every\x12\x16\n" +
@@ -6065,12 +6100,15 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12+\n" +
 	"\x04data\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x04data\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x125\n" +
-	"\aoutputs\x18\x05 \x03(\v2\x1b.agentruntime.v1.ToolOutputR\aoutputs\"X\n" +
+	"\aoutputs\x18\x05 \x03(\v2\x1b.agentruntime.v1.ToolOutputR\aoutputs\"\x90\x01\n" +
 	"\n" +
 	"ToolOutput\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\tR\x06output\x12\x19\n" +
-	"\bis_error\x18\x03 \x01(\bR\aisError\"\xf9\x02\n" +
+	"\bis_error\x18\x03 \x01(\bR\aisError\x126\n" +
+	"\n" +
+	"structured\x18\x04 \x01(\v2\x16.google.protobuf.ValueR\n" +
+	"structured\"\xf9\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x128\n" +
@@ -6486,9 +6524,10 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(*WorkerCall)(nil),            // 79: agentruntime.v1.WorkerCall
 	nil,                           // 80: agentruntime.v1.HttpTool.HeadersEntry
 	nil,                           // 81: agentruntime.v1.McpServer.HeadersEntry
-	(*durationpb.Duration)(nil),   // 82: google.protobuf.Duration
+	(*structpb.Value)(nil),        // 82: google.protobuf.Value
 	(*structpb.Struct)(nil),       // 83: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil), // 84: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 84: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 85: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,   // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
@@ -6500,126 +6539,129 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	11,  // 6: agentruntime.v1.TaskResult.total_usage:type_name -> agentruntime.v1.Usage
 	12,  // 7: agentruntime.v1.TaskResult.own_cost:type_name -> agentruntime.v1.Cost
 	12,  // 8: agentruntime.v1.TaskResult.total_cost:type_name -> agentruntime.v1.Cost
-	3,   // 9: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
-	18,  // 10: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
-	0,   // 11: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
-	11,  // 12: agentruntime.v1.HandleView.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 13: agentruntime.v1.HandleView.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 14: agentruntime.v1.HandleView.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 15: agentruntime.v1.HandleView.total_cost:type_name -> agentruntime.v1.Cost
-	19,  // 16: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
-	18,  // 17: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	25,  // 18: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	26,  // 19: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	27,  // 20: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	15,  // 21: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
-	16,  // 22: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	22,  // 23: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
-	82,  // 24: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	82,  // 25: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	5,   // 26: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	83,  // 27: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	20,  // 28: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	21,  // 29: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	23,  // 30: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
-	24,  // 31: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	7,   // 32: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	80,  // 33: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	82,  // 34: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	81,  // 35: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
-	82,  // 36: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
-	82,  // 37: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
-	6,   // 38: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	28,  // 39: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	29,  // 40: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	82,  // 41: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	8,   // 42: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	11,  // 43: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
-	82,  // 44: agentruntime.v1.ScriptedReply.stream_pause:type_name -> google.protobuf.Duration
-	83,  // 45: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	84,  // 46: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	31,  // 47: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	83,  // 48: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	33,  // 49: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	31,  // 50: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	35,  // 51: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,   // 52: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	14,  // 53: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	17,  // 54: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	18,  // 55: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,   // 56: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	82,  // 57: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10,  // 58: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	32,  // 59: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10,  // 60: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	82,  // 61: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	13,  // 62: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	13,  // 63: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	34,  // 64: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	63,  // 65: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	60,  // 66: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
-	61,  // 67: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
-	62,  // 68: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
-	84,  // 69: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	64,  // 70: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	65,  // 71: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	66,  // 72: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	67,  // 73: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	68,  // 74: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	69,  // 75: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	30,  // 76: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10,  // 77: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,   // 78: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	11,  // 79: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
-	12,  // 80: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
-	11,  // 81: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 82: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 83: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 84: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
-	31,  // 85: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	72,  // 86: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	84,  // 87: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	76,  // 88: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	33,  // 89: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	78,  // 90: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	79,  // 91: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	31,  // 92: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	84,  // 93: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	36,  // 94: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	38,  // 95: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	40,  // 96: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	42,  // 97: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	44,  // 98: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	46,  // 99: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	48,  // 100: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	50,  // 101: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	52,  // 102: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	54,  // 103: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	56,  // 104: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	58,  // 105: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	70,  // 106: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	73,  // 107: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	75,  // 108: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	37,  // 109: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	39,  // 110: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	41,  // 111: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	43,  // 112: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	45,  // 113: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	47,  // 114: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	49,  // 115: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	51,  // 116: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	53,  // 117: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	55,  // 118: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	57,  // 119: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	59,  // 120: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	71,  // 121: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	74,  // 122: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	77,  // 123: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	109, // [109:124] is the sub-list for method output_type
-	94,  // [94:109] is the sub-list for method input_type
-	94,  // [94:94] is the sub-list for extension type_name
-	94,  // [94:94] is the sub-list for extension extendee
-	0,   // [0:94] is the sub-list for field type_name
+	82,  // 9: agentruntime.v1.TaskResult.output:type_name -> google.protobuf.Value
+	3,   // 10: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
+	18,  // 11: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
+	0,   // 12: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
+	11,  // 13: agentruntime.v1.HandleView.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 14: agentruntime.v1.HandleView.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 15: agentruntime.v1.HandleView.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 16: agentruntime.v1.HandleView.total_cost:type_name -> agentruntime.v1.Cost
+	19,  // 17: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
+	18,  // 18: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
+	25,  // 19: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	26,  // 20: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	27,  // 21: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	15,  // 22: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
+	16,  // 23: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
+	22,  // 24: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
+	83,  // 25: agentruntime.v1.AgentDef.output_schema:type_name -> google.protobuf.Struct
+	84,  // 26: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	84,  // 27: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	5,   // 28: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
+	83,  // 29: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	20,  // 30: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	21,  // 31: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	23,  // 32: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
+	24,  // 33: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,   // 34: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	80,  // 35: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	84,  // 36: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	81,  // 37: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
+	84,  // 38: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
+	84,  // 39: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	6,   // 40: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	28,  // 41: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	29,  // 42: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	84,  // 43: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,   // 44: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	11,  // 45: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
+	84,  // 46: agentruntime.v1.ScriptedReply.stream_pause:type_name -> google.protobuf.Duration
+	83,  // 47: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	85,  // 48: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	31,  // 49: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	83,  // 50: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	33,  // 51: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	82,  // 52: agentruntime.v1.ToolOutput.structured:type_name -> google.protobuf.Value
+	31,  // 53: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	35,  // 54: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,   // 55: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	14,  // 56: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	17,  // 57: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	18,  // 58: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,   // 59: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	84,  // 60: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	10,  // 61: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	32,  // 62: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	10,  // 63: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	84,  // 64: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	13,  // 65: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	13,  // 66: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	34,  // 67: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	63,  // 68: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	60,  // 69: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
+	61,  // 70: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
+	62,  // 71: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
+	85,  // 72: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	64,  // 73: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	65,  // 74: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	66,  // 75: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	67,  // 76: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	68,  // 77: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	69,  // 78: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	30,  // 79: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10,  // 80: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,   // 81: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	11,  // 82: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
+	12,  // 83: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
+	11,  // 84: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 85: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 86: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 87: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
+	31,  // 88: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	72,  // 89: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	85,  // 90: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	76,  // 91: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	33,  // 92: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	78,  // 93: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	79,  // 94: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	31,  // 95: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	85,  // 96: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	36,  // 97: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	38,  // 98: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	40,  // 99: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	42,  // 100: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	44,  // 101: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	46,  // 102: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	48,  // 103: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	50,  // 104: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	52,  // 105: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	54,  // 106: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	56,  // 107: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	58,  // 108: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	70,  // 109: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	73,  // 110: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	75,  // 111: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	37,  // 112: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	39,  // 113: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	41,  // 114: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	43,  // 115: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	45,  // 116: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	47,  // 117: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	49,  // 118: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	51,  // 119: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	53,  // 120: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	55,  // 121: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	57,  // 122: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	59,  // 123: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	71,  // 124: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	74,  // 125: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	77,  // 126: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	112, // [112:127] is the sub-list for method output_type
+	97,  // [97:112] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }

@@ -377,6 +377,7 @@ class TaskResult(_message.Message):
     TOTAL_USAGE_FIELD_NUMBER: _builtins.int
     OWN_COST_FIELD_NUMBER: _builtins.int
     TOTAL_COST_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     text: _builtins.str
     is_error: _builtins.bool
@@ -414,6 +415,12 @@ class TaskResult(_message.Message):
     def total_cost(self) -> Global___Cost:
         """What the whole subtree's model calls cost."""
 
+    @_builtins.property
+    def output(self) -> _struct_pb2.Value:
+        """The answer, validated against the agent's `output_schema`: set iff the agent has one and
+        the status is STATUS_DONE (`text` keeps the answer's JSON text).
+        """
+
     def __init__(
         self,
         *,
@@ -432,10 +439,11 @@ class TaskResult(_message.Message):
         total_usage: Global___Usage | None = ...,
         own_cost: Global___Cost | None = ...,
         total_cost: Global___Cost | None = ...,
+        output: _struct_pb2.Value | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "own_cost", b"own_cost", "own_usage", b"own_usage", "pending", b"pending", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "output", b"output", "own_cost", b"own_cost", "own_usage", b"own_usage", "pending", b"pending", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "output", b"output", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -619,6 +627,7 @@ class AgentDef(_message.Message):
     COMPACTION_FIELD_NUMBER: _builtins.int
     MCP_SERVERS_FIELD_NUMBER: _builtins.int
     PROMPT_CACHE_FIELD_NUMBER: _builtins.int
+    OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """A slug: letters, digits, `_` and `-`, starting with a letter."""
     description: _builtins.str
@@ -675,6 +684,15 @@ class AgentDef(_message.Message):
         each tool as `<server name>__<tool name>`.
         """
 
+    @_builtins.property
+    def output_schema(self) -> _struct_pb2.Struct:
+        """The JSON Schema the agent's final answer must match (docs/typed-results.md): a top-level
+        `object` or `array` schema, checked at CreateRuntime as tool schemas are. The model is
+        asked for it natively (openai `response_format`, anthropic `output_config`); the runtime
+        validates the answer itself, and one that does not parse or match goes back to the model
+        with the error, as an attempt of the completion gate. `TaskResult.output` is the answer.
+        """
+
     def __init__(
         self,
         *,
@@ -694,10 +712,11 @@ class AgentDef(_message.Message):
         compaction: Global___Compaction | None = ...,
         mcp_servers: _abc.Iterable[Global___McpServer] | None = ...,
         prompt_cache: _builtins.bool = ...,
+        output_schema: _struct_pb2.Struct | _abc.Mapping[_builtins.str, _typing.Any] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "heartbeat", b"heartbeat", "max_output_tokens", b"max_output_tokens", "script", b"script"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "heartbeat", b"heartbeat", "max_output_tokens", b"max_output_tokens", "output_schema", b"output_schema", "script", b"script"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "mcp_servers", b"mcp_servers", "model", b"model", "name", b"name", "prompt_cache", b"prompt_cache", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens", "budget", b"budget", "compaction", b"compaction", "completion", b"completion", "description", b"description", "guardrails", b"guardrails", "heartbeat", b"heartbeat", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "mcp_servers", b"mcp_servers", "model", b"model", "name", b"name", "output_schema", b"output_schema", "prompt_cache", b"prompt_cache", "provider", b"provider", "script", b"script", "team", b"team", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_output_tokens: _TypeAlias = _typing.Literal["max_output_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_output_tokens: _TypeAlias = _typing.Literal["_max_output_tokens", b"_max_output_tokens"]  # noqa: Y015
@@ -1389,20 +1408,28 @@ class ToolOutput(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     IS_ERROR_FIELD_NUMBER: _builtins.int
+    STRUCTURED_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     output: _builtins.str
     """At most the server's text limit (256 KiB by default)."""
     is_error: _builtins.bool
+    @_builtins.property
+    def structured(self) -> _struct_pb2.Value:
+        """A structured output (a worker tool's), sent to the model as its JSON text in place of
+        `output`; its JSON text counts against the same limit.
+        """
+
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
         output: _builtins.str = ...,
         is_error: _builtins.bool = ...,
+        structured: _struct_pb2.Value | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["structured", b"structured"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output", "structured", b"structured"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
