@@ -142,6 +142,7 @@ RESULT = TaskResult(
     pending=PENDING,
     usage=USAGE,
     failure=Failure(FailureReason.PROVIDER_UNAVAILABLE, "openai", 503, True, "server_error: overloaded"),
+    output={"label": "bug", "confidence": 0.75, "tags": ["crash", "ui"], "nested": [{"deep": None}]},
 )
 ANSWER = Answer(
     id=PENDING.id,

@@ -211,6 +211,9 @@ def _agent_from_proto(message: pb.AgentDef, where: str, found: list[FieldViolati
         script=tuple(_reply(reply, f"{where}.script.replies[{i}]", found) for i, reply in enumerate(message.script.replies)),
         provider=message.provider,
         max_output_tokens=message.max_output_tokens if message.HasField("max_output_tokens") else None,
+        output_schema=struct_to_dict(message.output_schema, f"{where}.output_schema", found)
+        if message.HasField("output_schema")
+        else None,
         heartbeat=_heartbeat(message, where, found),
         compaction=m.Compaction(
             max_context_tokens=message.compaction.max_context_tokens,
@@ -319,6 +322,8 @@ def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
         )
     if result.pending is not None:
         message.pending.CopyFrom(request_to_proto(result.pending))
+    if result.output is not None:
+        json_format.ParseDict(result.output, message.output)
     return message
 
 

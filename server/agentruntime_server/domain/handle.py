@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 from .gate import FifoGate
 from .model import (
@@ -280,6 +281,7 @@ class Handle:
         is_error: bool = False,
         pending: PendingRequest | None = None,
         failure: Failure | None = None,
+        output: Any = None,
     ) -> TaskResult:
         return TaskResult(
             handle_id=self.id,
@@ -290,12 +292,14 @@ class Handle:
             pending=pending,
             usage=self.usage,
             failure=failure,
+            output=output,
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
         """A kept result re-read later: the figures are the handle's now (they never go down).
         Read under another status (a closed handle's last result reads CLOSED), only the text
-        is kept: `limit` is set iff INCOMPLETE, `pending` iff PENDING, `failure` iff ERROR."""
+        is kept: `limit` is set iff INCOMPLETE, `pending` iff PENDING, `failure` iff ERROR,
+        `output` iff DONE."""
         status = status or result.status
         return self.result(
             status,
@@ -304,6 +308,7 @@ class Handle:
             result.is_error and status is result.status,
             result.pending if status is Status.PENDING else None,
             result.failure if status is Status.ERROR else None,
+            result.output if status is Status.DONE else None,
         )
 
     def snapshot(self) -> HandleSnapshot:

@@ -272,6 +272,7 @@ class AgentSpec:
     # Listed at CreateRuntime: their tools are in `tools`, named `<server>__<tool>`.
     mcp_servers: tuple[McpServerSpec, ...] = ()
     prompt_cache: bool = False  # ask the provider to cache the prompt's stable prefix
+    output_schema: dict[str, Any] | None = None  # the JSON Schema its final answer must match (outputs.py)
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:
@@ -357,6 +358,7 @@ class TaskResult:
     pending: PendingRequest | None = None
     usage: Usage = field(default_factory=Usage)  # the handle's figures when the result was read
     failure: Failure | None = None  # set iff the status is ERROR
+    output: Any = None  # the answer as JSON data: set iff the agent has an output_schema and the status is DONE
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from .model import AgentSpec, InboxItem, Message, Status, TaskResult, Trust
@@ -60,9 +61,23 @@ ASK_TOOL = ToolSchema(
 )
 
 
+# A team mate's output schema is shown to the delegating model up to this size.
+MAX_SHOWN_SCHEMA = 4096
+
+
+def _member(agent: AgentSpec) -> str:
+    line = f"- {agent.name}: {agent.description or agent.name}"
+    if agent.output_schema is None:
+        return line
+    schema = json.dumps(agent.output_schema, separators=(",", ":"), sort_keys=True)
+    if len(schema) > MAX_SHOWN_SCHEMA:
+        return f"{line} (returns JSON matching its output schema)"
+    return f"{line} (returns JSON matching this schema: {schema})"
+
+
 def task_tool(team: list[AgentSpec]) -> ToolSchema:
     members = sorted(team, key=lambda agent: agent.name)
-    roster = "\n".join(f"- {agent.name}: {agent.description or agent.name}" for agent in members)
+    roster = "\n".join(_member(agent) for agent in members)
     return ToolSchema(
         name="task",
         description=f"Delegate a task to a team mate, who works on it alone and returns its result.\nTeam:\n{roster}",

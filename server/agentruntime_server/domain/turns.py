@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Any
 
 from . import budget as budgets
-from . import completion_gate, prompts
+from . import completion_gate, outputs, prompts
 from .delegation import run_child
 from .errors import Detached, Fenced, shown
 from .handle import Handle
@@ -45,6 +46,7 @@ class TurnLoop:
         self.host = host
         self.services = host.services
         self.tool_phase = ToolPhase(host)
+        self.outputs = outputs.OutputSchemas()
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
@@ -66,16 +68,21 @@ class TurnLoop:
                 elif outcome is not None:
                     return handle.result(Status.INCOMPLETE, text=f"stopped at {outcome.wire_name}", limit=outcome)
             elif last.role == "assistant":
-                rejection = await completion_gate.rejection(self.host, handle, run, last.content)
+                output: Any = None
+                rejection: str | PendingRequest | None = None
+                if handle.agent.output_schema is not None:  # judged before the gate: a judge reads valid JSON
+                    output, rejection = self.outputs.judge(handle.agent, last.content)
+                if rejection is None:
+                    rejection = await completion_gate.rejection(self.host, handle, run, last.content)
                 if isinstance(rejection, PendingRequest):  # the judge waits for the host
                     if self._still_live(handle, rejection):
                         return handle.result(Status.PENDING, text=rejection.prompt, pending=rejection)
                     continue  # answered meanwhile: the judge runs on, and is waited for again
                 if rejection is None:
-                    return handle.result(Status.DONE, text=last.content)
+                    return handle.result(Status.DONE, text=last.content, output=output)
                 # This rejection, after those of the run so far (counted in the transcript, so
                 # that neither a Resume nor a restart starts the count again).
-                if handle.gate_rejections() + 1 >= max(handle.agent.completion.max_attempts, 1):
+                if handle.gate_rejections() + 1 >= outputs.attempts(handle.agent):
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
                 await self.host.journal.record(MessagesAppended(handle.id, (prompts.gate_feedback(rejection),)))
             else:

@@ -155,6 +155,8 @@ def _check_agent(agent: AgentSpec, where: str, agent_names: list[str], urls: Url
         if server.name in server_names:
             violations.append(FieldViolation(f"{where}.mcp_servers[{index}].name", f"duplicate server name {server.name!r}"))
         server_names.add(server.name)
+    if agent.output_schema is not None:
+        violations.extend(_check_output_schema(agent.output_schema, f"{where}.output_schema"))
     tool_names: set[str] = set()
     for index, tool in enumerate(agent.tools[: limits.MAX_TOOLS_PER_AGENT]):
         at = f"{where}.tools[{index}]"
@@ -394,6 +396,14 @@ def _check_schema(schema: dict[str, object], where: str) -> list[FieldViolation]
     except tool_schemas.SchemaProblem as exc:
         return [FieldViolation(where, str(exc))]
     return []
+
+
+def _check_output_schema(schema: dict[str, object], where: str) -> list[FieldViolation]:
+    """As a tool's input schema, with an `object` or `array` at the top: what both providers'
+    structured outputs take, and a value a host decodes into a type of its own."""
+    if schema.get("type") not in ("object", "array"):
+        return [FieldViolation(where, 'must have "type": "object" or "type": "array" at the top')]
+    return _check_schema(schema, where)
 
 
 def _check_url(url: str, where: str, urls: UrlPolicy | None = None) -> list[FieldViolation]:

@@ -12,6 +12,7 @@ from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 from .streaming import MessageStream
+from .structured import anthropic_output_config
 
 API_VERSION = "2023-06-01"
 
@@ -57,6 +58,8 @@ class AnthropicProvider(HttpProvider):
             body["system"] = system
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+        if request.agent.output_schema is not None:
+            body["output_config"] = anthropic_output_config(request.agent.output_schema)
         if request.agent.prompt_cache:
             mark_cache_breakpoints(body)
         return body

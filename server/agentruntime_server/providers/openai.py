@@ -11,6 +11,7 @@ from ..domain.usage import Tokens
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_string
 from .streaming import ChatCompletionStream
+from .structured import openai_response_format
 
 
 class OpenAIProvider(HttpProvider):
@@ -47,6 +48,8 @@ class OpenAIProvider(HttpProvider):
                 {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
                 for t in request.tools
             ]
+        if request.agent.output_schema is not None:
+            body["response_format"] = openai_response_format(request.agent.output_schema)
         if request.cache_key:
             # Routes this handle's requests to the machines holding its prefix (docs/usage.md#prompt-caching).
             body["prompt_cache_key"] = request.cache_key

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from ..domain.journal import STEPS, Entry, Step
 from ..domain.model import AgentSpec
 
-PAYLOAD_VERSION = 5
+PAYLOAD_VERSION = 6
 
 
 def _unchanged(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -84,6 +84,8 @@ UPGRADES: dict[int, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]]
     3: _unchanged,
     # 5 split tokens as the providers bill them, and added their cost.
     4: _split_usage,
+    # 6 added a field with a default (a result's output, of an agent with an output schema).
+    5: _unchanged,
 }
 
 

@@ -1,0 +1,61 @@
+"""Typed results (docs/typed-results.md): an agent with an `output_schema` answers JSON that
+matches it. The provider is asked for it natively, but the runtime judges the answer itself:
+one that does not parse or match goes back to the model with the reason, as an attempt of the
+completion gate."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import schemas
+from .errors import shown
+from .model import AgentSpec
+
+# The attempts of an agent with an output schema whose completion gate sets none: a model that
+# gets one field wrong is told, twice, before its run stops.
+DEFAULT_ATTEMPTS = 3
+
+
+def attempts(agent: AgentSpec) -> int:
+    """The answers a run may give before it stops at LIMIT_COMPLETION."""
+    if agent.completion.max_attempts > 0:
+        return agent.completion.max_attempts
+    return DEFAULT_ATTEMPTS if agent.output_schema is not None else 1
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse(text: str) -> Any:
+    """The answer's JSON value; ValueError (its message for the model) when it is not JSON."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
+
+
+class OutputSchemas:
+    """Each agent's output schema, compiled once (an agent's definition never changes)."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[str, schemas.ArgumentsSchema] = {}
+
+    def judge(self, agent: AgentSpec, text: str) -> tuple[Any, str | None]:
+        """The answer's value and why it fails the agent's schema (None: it matches)."""
+        assert agent.output_schema is not None
+        try:
+            value = parse(text)
+        except ValueError as exc:
+            return None, f"the answer must be JSON matching the output schema, and it is not JSON ({shown(str(exc), 200)})"
+        validator = self._compiled.get(agent.name)
+        if validator is None:
+            validator = self._compiled[agent.name] = schemas.ArgumentsSchema(agent.output_schema)
+        try:
+            problem = validator.problem(value)
+        except schemas.VALIDATION_FAULTS as exc:
+            return None, f"the output schema could not be applied ({type(exc).__name__})"
+        if problem is not None:
+            return None, f"the answer does not match the output schema: {shown(problem, 300)}"
+        return value, None
