@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
 import ssl
@@ -42,7 +43,9 @@ async def test_an_agent_lists_and_calls_an_mcp_servers_tools_with_the_idempotenc
     assert advertised["calc__add"]["description"] == "Adds two integers."
     assert advertised["calc__add"]["parameters"]["required"] == ["a", "b"]
     [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
-    assert (tool_message.content, tool_message.is_error) == ("5", False)
+    # The SDK lists an output schema for the str it returns ({"result": ...}): the model reads the
+    # structured content, checked against it, as JSON (docs/typed-results.md#mcp-tools).
+    assert (tool_message.content, tool_message.is_error) == ('{"result": "5"}', False)
     assert calc.meta == [{"idempotency_key": f"{runtime_id}/{handle_id}/call_1_1"}]
 
 
@@ -190,3 +193,14 @@ async def test_tls_to_an_mcp_server_names_its_host_not_the_checked_address(
     assert "it could not be reached or did not answer as an MCP server" in (refused.value.details() or "")
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
     assert names == ["localhost"]
+
+
+async def test_an_mcp_tools_structured_content_reaches_the_model_as_json_checked_against_its_output_schema(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, calc: Calc
+) -> None:
+    model.script("counter", call_then_answer("calc__stats", {"numbers": [2, 3, 5]}))
+    runtime_id = await create(stub, mcp_agent("counter", pb.McpServer(name="calc", url=calc.url, allowed_tools=["stats"])))
+    handle_id, result = await run(stub, runtime_id, "counter", "count")
+    assert result.status == pb.STATUS_DONE
+    [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert (json.loads(tool_message.content), tool_message.is_error) == ({"count": 3, "total": 10}, False)

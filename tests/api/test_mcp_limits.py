@@ -172,7 +172,7 @@ async def test_what_a_runtime_keeps_of_its_listings_is_bounded_over_all_its_agen
     assert violation.field == "agents[2].mcp_servers[0]"
     assert violation.description == (
         "with MCP server 'huge', the tools MCP servers give this runtime come to more than 4,194,304 bytes "
-        "(descriptions, and input schemas as JSON): name the ones to use in allowed_tools"
+        "(descriptions, and input and output schemas as JSON): name the ones to use in allowed_tools"
     )
 
 

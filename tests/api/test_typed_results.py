@@ -4,6 +4,7 @@ model with the reason, as an attempt of the completion gate."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -149,3 +150,43 @@ async def test_a_hostile_output_schema_is_refused_with_its_field(
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     [violation] = [v for detail in status_details(refused.value) for v in getattr(detail, "field_violations", [])]
     assert violation.field == "agents[0].output_schema" and says in violation.description
+
+
+async def test_a_structured_tool_output_reaches_the_model_as_json(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    """A worker's (over ServeTools) and a host's (a relay tool's, in a Resume) `ToolOutput.structured`."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        if tool_results(body) == 0:
+            return Reply(calls=[("lookup", {"q": "streams"})])
+        return Reply(text=body["messages"][-1]["content"])
+
+    model.script("asker", script)
+    relay = pb.ToolDef(name="lookup", description="looks up", relay=pb.RelayTool())
+    runtime_id = await create(stub, agent("asker", tools=[relay]))
+    _, pending = await run(stub, runtime_id, "asker", "look")
+    structured = json_format.ParseDict({"hits": [1, 2], "source": "index"}, pb.ToolOutput().structured)
+    call = pending.pending.calls[0]
+    answer = pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, structured=structured)])
+    resumed = (await stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
+    assert json.loads(resumed.text) == {"hits": [1, 2], "source": "index"}
+
+    worker_tool = pb.ToolDef(name="lookup", description="looks up", worker=pb.WorkerTool(queue="typed"))
+    runtime_id = await create(stub, agent("asker", tools=[worker_tool]))
+    outputs: asyncio.Queue[pb.ServeToolsRequest] = asyncio.Queue()
+    await outputs.put(pb.ServeToolsRequest(registration=pb.WorkerRegistration(queue="typed", tools=["lookup"])))
+
+    async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+        while True:
+            yield await outputs.get()
+
+    serving = stub.ServeTools(requests())
+    assert (await anext(aiter(serving))).HasField("registered")
+    running = asyncio.ensure_future(run(stub, runtime_id, "asker", "look"))
+    dispatched = await anext(aiter(serving))
+    value = json_format.ParseDict({"hits": [3]}, pb.ToolOutput().structured)
+    await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=dispatched.call.id, structured=value)))
+    _, result = await running
+    serving.cancel()
+    assert json.loads(result.text) == {"hits": [3]}

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import uvicorn
@@ -16,6 +16,11 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from tests.support.model_server import Reply, tool_results
 from tests.support.poll import until
+
+
+class Stats(TypedDict):
+    count: int
+    total: int
 
 
 class Calc:
@@ -38,6 +43,11 @@ class Calc:
         def shout(text: str) -> str:
             """Upper-cases text."""
             return text.upper()
+
+        @server.tool()
+        def stats(numbers: list[int]) -> Stats:
+            """Counts and sums numbers."""
+            return Stats(count=len(numbers), total=sum(numbers))
 
         # The SDK's own Host check is off: it would refuse the made-up name the rebinding tests
         # use, and what a rebound name is really aimed at (a metadata service) checks nothing.

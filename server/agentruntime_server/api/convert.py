@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -363,8 +364,16 @@ def answer_from_proto(message: pb.Answer) -> m.Answer:
         ok=message.ok,
         data=_answer_data(message.data),
         reason=message.reason,
-        outputs=tuple(m.ToolOutput(o.call_id, o.output, o.is_error) for o in message.outputs),
+        outputs=tuple(m.ToolOutput(o.call_id, tool_output_text(o), o.is_error) for o in message.outputs),
     )
+
+
+def tool_output_text(output: pb.ToolOutput) -> str:
+    """What the model reads of a tool's output: its `structured` value as JSON text when it has
+    one, else its `output`."""
+    if not output.HasField("structured"):
+        return output.output
+    return json.dumps(json_format.MessageToDict(output.structured), ensure_ascii=False, separators=(",", ":"))
 
 
 def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:

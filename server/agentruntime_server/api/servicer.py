@@ -437,10 +437,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if request.WhichOneof("message") != "output":
                 raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
             output = request.output
-            if len(output.output.encode()) > self.max_text_bytes:
+            text = convert.tool_output_text(output)
+            if len(text.encode()) > self.max_text_bytes:
                 result = ToolResult(f"the worker's output is larger than {self.max_text_bytes} bytes", is_error=True)
             else:
-                result = ToolResult(output.output, is_error=output.is_error)
+                result = ToolResult(text, is_error=output.is_error)
             worker.answer(output.call_id, result)  # a late or unknown call's output is dropped
 
 

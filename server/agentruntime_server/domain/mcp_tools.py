@@ -47,14 +47,14 @@ async def with_mcp_tools(agents: Sequence[AgentSpec], client: McpClient) -> tupl
                     )
                 )
             added.extend(tools)
-            kept += sum(len(tool.description.encode()) + _json_size(tool.input_schema) for tool in tools)
+            kept += sum(len(tool.description.encode()) + _json_size(tool.input_schema) + _output_size(tool) for tool in tools)
             if kept > limits.MAX_LISTED_BYTES:
                 # Nothing more is listed: the runtime is refused whatever the other servers say.
                 found.append(
                     FieldViolation(
                         where,
                         f"with MCP server {server.name!r}, the tools MCP servers give this runtime come to more than "
-                        f"{limits.MAX_LISTED_BYTES:,} bytes (descriptions, and input schemas as JSON): "
+                        f"{limits.MAX_LISTED_BYTES:,} bytes (descriptions, and input and output schemas as JSON): "
                         "name the ones to use in allowed_tools",
                     )
                 )
@@ -83,22 +83,36 @@ def _tools_of(server: McpServerSpec, listed: list[McpTool], where: str, found: l
                 )
             )
             continue
-        try:
-            schemas.check(tool.input_schema)  # as an AgentDef's tool schema, here to name the tool
-        except schemas.SchemaProblem as problem:
+        problem = _schema_problem("input", tool.input_schema) or _schema_problem("output", tool.output_schema)
+        if problem:
             found.append(
                 FieldViolation(
                     where,
-                    f"tool {shown(tool.name)} of MCP server {server.name!r}: its input schema {problem}: "
-                    "leave it out with allowed_tools",
+                    f"tool {shown(tool.name)} of MCP server {server.name!r}: its {problem}: leave it out with allowed_tools",
                 )
             )
             continue
         # A description is prose for the model: cut to the bound an AgentDef's is held to.
         description = tool.description.encode()[: limits.MAX_DESCRIPTION_BYTES].decode(errors="ignore")
-        executor = McpExecutor(server.name, server.url, tool.name, dict(server.headers), server.timeout)
+        executor = McpExecutor(server.name, server.url, tool.name, dict(server.headers), server.timeout, tool.output_schema)
         tools.append(ToolSpec(name=name, description=description, input_schema=tool.input_schema, executor=executor))
     return tools
+
+
+def _schema_problem(which: str, schema: dict[str, Any] | None) -> str:
+    """What is wrong with a listed tool's schema, checked as an AgentDef's tool schema is; ""."""
+    if schema is None:
+        return ""
+    try:
+        schemas.check(schema)
+    except schemas.SchemaProblem as problem:
+        return f"{which} schema {problem}"
+    return ""
+
+
+def _output_size(tool: ToolSpec) -> int:
+    executor = tool.executor
+    return _json_size(executor.output_schema) if isinstance(executor, McpExecutor) and executor.output_schema else 0
 
 
 def _json_size(value: Any) -> int:

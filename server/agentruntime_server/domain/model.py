@@ -172,6 +172,7 @@ class McpExecutor:
     tool: str  # the tool's name on the server
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = 30.0
+    output_schema: dict[str, Any] | None = None  # its structuredContent must match it (docs/typed-results.md)
 
 
 @dataclass(frozen=True)

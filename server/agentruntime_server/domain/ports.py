@@ -205,6 +205,7 @@ class McpTool:
     name: str
     description: str
     input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None  # what its structuredContent must match
 
 
 class McpError(Exception):

@@ -25,6 +25,7 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from ..domain import schemas
 from ..domain.errors import shown
 from ..domain.model import McpExecutor, McpServerSpec, ToolResult
 from ..domain.ports import McpError, McpTool
@@ -111,7 +112,9 @@ class McpTools:
                         page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor) if cursor else None)
                         for tool in page.tools:
                             schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
-                            tools.append(McpTool(str(tool.name), str(tool.description or ""), dict(schema or {"type": "object"})))
+                            output = dict(tool.output_schema) if isinstance(tool.output_schema, dict) else None
+                            description = str(tool.description or "")
+                            tools.append(McpTool(str(tool.name), description, dict(schema or {"type": "object"}), output))
                         if len(tools) > MAX_TOOLS:
                             raise McpError(f"it lists more than {MAX_TOOLS} tools; name the ones to use in allowed_tools")
                         cursor = page.next_cursor
@@ -150,6 +153,14 @@ class McpTools:
             failure = _failure(executor.server, cause, progress)
             return ToolResult(f"MCP server {executor.server!r} failed: {failure}", is_error=True)
         text = self._text(result)
+        structured = getattr(result, "structured_content", None)
+        if executor.output_schema is not None and structured is not None and not getattr(result, "is_error", False):
+            # Its structured content, checked against the output schema it listed, is what the
+            # model reads (docs/typed-results.md#mcp-tools).
+            problem = _structured_problem(executor.output_schema, structured)
+            if problem is not None:
+                return ToolResult(f"MCP server {executor.server!r}: {problem}", is_error=True)
+            text = json.dumps(structured, ensure_ascii=False)
         if len(text.encode()) > self.max_text_bytes:
             return ToolResult(f"MCP server {executor.server!r}: {self._too_large}", is_error=True)
         return ToolResult(text, is_error=bool(getattr(result, "is_error", False)))
@@ -166,6 +177,15 @@ class McpTools:
         if not parts and getattr(result, "structured_content", None) is not None:
             parts.append(json.dumps(result.structured_content))
         return "\n".join(parts)
+
+
+def _structured_problem(schema: dict[str, Any], structured: Any) -> str | None:
+    """Why a tool's structured content fails its output schema (checked at CreateRuntime), or None."""
+    try:
+        problem = schemas.ArgumentsSchema(schema).problem(structured)
+    except schemas.VALIDATION_FAULTS as exc:
+        return f"its output schema could not be applied ({type(exc).__name__})"
+    return None if problem is None else f"its structured content does not match its output schema: {shown(problem, 300)}"
 
 
 # Raised while the HTTP client builds a request (a header it will not send): their words may
