@@ -1153,7 +1153,48 @@ func resultFields(r *v1.TaskResult, lastPending **v1.Request) map[string]any {
 			"call_names": callNames,
 		},
 		"failure": failureFields(r.GetFailure()),
+		"output":  outputJSON(r),
+		"decoded": decodedFields(r),
 	}
+}
+
+// outputJSON is the result's output as encoding/json reads it (so numbers compare by
+// value), nil (JSON null) when it is unset.
+func outputJSON(r *v1.TaskResult) any {
+	if r.GetOutput() == nil {
+		return nil
+	}
+	data, err := protojson.Marshal(r.GetOutput())
+	if err != nil {
+		return "unreadable output: " + err.Error()
+	}
+	var value any
+	if err := json.Unmarshal(data, &value); err != nil {
+		return "unreadable output: " + err.Error()
+	}
+	return value
+}
+
+// classification is the vectors' decoded type (README: Expectations, `decoded`).
+type classification struct {
+	Label      string   `json:"label"`
+	Confidence float64  `json:"confidence"`
+	Tags       []string `json:"tags"`
+}
+
+// decodedFields is the result's output decoded by the client's DecodeOutput into a
+// classification, as the vectors name its fields; when it cannot be decoded, the error's
+// text (so a `decoded` expectation reports it).
+func decodedFields(r *v1.TaskResult) any {
+	var c classification
+	if err := agentruntime.DecodeOutput(r, &c); err != nil {
+		return "DecodeOutput: " + err.Error()
+	}
+	tags := []any{}
+	for _, tag := range c.Tags {
+		tags = append(tags, tag)
+	}
+	return map[string]any{"label": c.Label, "confidence": c.Confidence, "tags": tags}
 }
 
 // failureFields is the TaskResult's Failure as the vectors name it; nil (JSON null) when
@@ -1304,8 +1345,13 @@ func normalize(v map[string]any) map[string]any {
 	return out
 }
 
-// check compares only the keys present in want, recursing into objects, and reports
-// every mismatch in key order (so a failure reads the same on every run).
+// wholeValues are the result fields an expect compares whole (JSON equality), not only
+// the keys it names: a wait's `output` and `decoded`.
+var wholeValues = map[string]bool{"output": true, "decoded": true}
+
+// check compares only the keys present in want, recursing into objects (but for
+// wholeValues at the top), and reports every mismatch in key order (so a failure reads
+// the same on every run).
 func check(where string, got, want map[string]any) error {
 	var bad []string
 	for _, key := range slices.Sorted(maps.Keys(want)) {
@@ -1324,6 +1370,10 @@ func check(where string, got, want map[string]any) error {
 			}
 		case !ok:
 			bad = append(bad, path+": missing from the result")
+		case wholeValues[key] && where == "expect":
+			if !reflect.DeepEqual(g, w) {
+				bad = append(bad, fmt.Sprintf("%s: expected %s, got %s", path, show(w), show(g)))
+			}
 		case isObject:
 			if gm, ok := g.(map[string]any); !ok {
 				bad = append(bad, fmt.Sprintf("%s: expected an object, got %s", path, show(g)))
