@@ -10,11 +10,12 @@ import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from agentruntime.client import AgentRuntimeError, Client
+from agentruntime.output import OutputError, output_as, output_json
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import duration_pb2, json_format, struct_pb2, text_format
 from google.protobuf.message import Message
@@ -55,6 +56,69 @@ class Mismatch(Exception):
     pass
 
 
+@dataclass
+class Verdict:
+    """The type a `decoded` expectation decodes a result's output into (README: wait)."""
+
+    label: str
+    confidence: float
+    tags: list[str]
+
+
+class _Judged:
+    """An outcome field checked by a judge of its own, not by _check's rules: the judge gets
+    the place and the expected value and raises Mismatch."""
+
+    def __init__(self, judge: Callable[[str, Any], None]) -> None:
+        self.judge = judge
+
+
+def _json_equal(got: Any, want: Any) -> bool:
+    """JSON equality: numbers by value (1 == 1.0; a boolean is no number), objects by their
+    whole key set, arrays entry by entry."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        return got == want
+    if isinstance(want, dict) and isinstance(got, dict):
+        return got.keys() == want.keys() and all(_json_equal(got[key], want[key]) for key in want)
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(_json_equal(g, w) for g, w in zip(got, want, strict=True))
+    return type(got) is type(want) and got == want
+
+
+def _output_judge(result: pb.TaskResult) -> _Judged:
+    """`output`: the result's output as JSON; `null`: none (unset)."""
+
+    def judge(where: str, want: Any) -> None:
+        if want is None:
+            if result.HasField("output"):
+                raise Mismatch(f"{where}: expected no output, got {output_json(result)!r}")
+        elif not result.HasField("output"):
+            raise Mismatch(f"{where}: expected {want!r}, got no output")
+        elif not _json_equal(output_json(result), want):
+            raise Mismatch(f"{where}: expected {want!r}, got {output_json(result)!r}")
+
+    return _Judged(judge)
+
+
+def _decoded_judge(result: pb.TaskResult) -> _Judged:
+    """`decoded`: the output through the client's output_as into a Verdict, field by field."""
+
+    def judge(where: str, want: Any) -> None:
+        if not isinstance(want, dict):
+            raise Mismatch(f"{where}: expected an object with label, confidence and tags, got {want!r}")
+        try:
+            decoded = output_as(result, Verdict)
+        except OutputError as error:
+            raise Mismatch(f"{where}: output_as failed (path {error.path}): {error}") from None
+        got = asdict(decoded)
+        if not _json_equal(got, want):
+            raise Mismatch(f"{where}: expected {want!r}, decoded {decoded!r}")
+
+    return _Judged(judge)
+
+
 def _result_fields(result: pb.TaskResult) -> dict[str, Any]:
     return {
         "handle_id": result.handle_id,
@@ -73,6 +137,8 @@ def _result_fields(result: pb.TaskResult) -> dict[str, Any]:
             "call_names": [call.name for call in result.pending.calls],
         },
         "failure": _failure_fields(result.failure) if result.HasField("failure") else None,
+        "output": _output_judge(result),
+        "decoded": _decoded_judge(result),
     }
 
 
@@ -143,7 +209,9 @@ def _check(where: str, actual: dict[str, Any], expected: dict[str, Any]) -> None
         if key not in actual:
             raise Mismatch(f"{where}.{key}: expected {want!r}, got nothing (no such entry)")
         got = actual[key]
-        if isinstance(want, dict):
+        if isinstance(got, _Judged):
+            got.judge(f"{where}.{key}", want)
+        elif isinstance(want, dict):
             if not isinstance(got, dict):
                 raise Mismatch(f"{where}.{key}: expected {want!r}, got {got!r}")
             _check(f"{where}.{key}", got, want)
