@@ -78,6 +78,7 @@ export { DEFAULT_MAX_CONCURRENT_CALLS, type ServeToolsOptions, type ToolHandler 
 export { DEFAULT_WATCH_RETRIES, type WatchOptions } from "./watch.js";
 export { type StreamRunItem, type StreamRunOptions } from "./stream.js";
 export { DEFAULT_KEEPALIVE, type KeepaliveOptions } from "./keepalive.js";
+export { OutputError, outputAs, outputJson } from "./output.js";
 export {
   DEFAULT_RETRY_WINDOW_MS,
   RESUME_RETRY,

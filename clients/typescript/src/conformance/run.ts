@@ -36,6 +36,7 @@ import {
   FailureReasonSchema,
   HandleStateSchema,
   LimitSchema,
+  OutputError,
   PostResponseSchema,
   ResourceInfoSchema,
   Status,
@@ -45,6 +46,8 @@ import {
   createClient,
   describeError,
   grpcCodeName,
+  outputAs,
+  outputJson,
   type AgentDef,
   type AgentRuntimeClient,
   type ClientOptions,
@@ -120,11 +123,54 @@ function enumName(schema: DescEnum, value: number): string {
   return schema.value[value]?.name ?? String(value);
 }
 
+/**
+ * The runner's own type for a typed result's output (v_typed_output, README: `decoded`), decoded
+ * by the client's `outputAs` with `classification` as its validator.
+ */
+interface Classification {
+  label: string;
+  confidence: number;
+  tags: string[];
+}
+
+/** A hand-written validator of Classification: the value, or an OutputError naming where it does not fit. */
+function classification(value: unknown): Classification {
+  if (!isObject(value)) throw new OutputError("expected an object", { path: "$" });
+  for (const key of Object.keys(value)) {
+    if (!["label", "confidence", "tags"].includes(key)) throw new OutputError("an unknown field", { path: `$.${key}` });
+  }
+  const { label, confidence, tags } = value;
+  if (typeof label !== "string") throw new OutputError(`expected a string, got ${show(label)}`, { path: "$.label" });
+  if (typeof confidence !== "number") {
+    throw new OutputError(`expected a number, got ${show(confidence)}`, { path: "$.confidence" });
+  }
+  if (!Array.isArray(tags)) throw new OutputError(`expected a list, got ${show(tags)}`, { path: "$.tags" });
+  const strings = tags.map((tag, i) => {
+    if (typeof tag !== "string") throw new OutputError(`expected a string, got ${show(tag)}`, { path: `$.tags[${i}]` });
+    return tag;
+  });
+  return { label, confidence, tags: strings };
+}
+
+/** A wait step's `decoded`: the output through `outputAs` into a Classification, as plain fields. */
+function decodedFields(where: string, result: TaskResult): Actual {
+  let decoded: Classification;
+  try {
+    decoded = outputAs(result, classification);
+  } catch (error) {
+    if (!(error instanceof OutputError)) throw error;
+    throw new Mismatch(`${where}.decoded: ${error.message}`);
+  }
+  return { label: decoded.label, confidence: decoded.confidence, tags: [...decoded.tags] };
+}
+
 function resultFields(result: TaskResult): Actual {
   const pending = result.pending;
   return {
     handle_id: result.handleId,
     text: result.text,
+    // JSON, compared whole (EXACT); null: unset.
+    output: outputJson(result) ?? null,
     is_error: result.isError,
     status: enumName(StatusSchema, result.status),
     limit: enumName(LimitSchema, result.limit),
@@ -199,6 +245,25 @@ function isObject(value: unknown): value is { [key: string]: JsonValue } {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
+/** The keys of `expect` whose value is compared whole as JSON (not only the keys given). */
+const EXACT = new Set(["output", "decoded"]);
+
+/** JSON equality: numbers by value, objects with the same keys (in any order), lists in order. */
+function jsonEqual(got: Value, want: JsonValue): boolean {
+  if (Array.isArray(want)) {
+    return Array.isArray(got) && got.length === want.length && want.every((item, i) => jsonEqual(got[i] as Value, item));
+  }
+  if (isObject(want)) {
+    if (typeof got !== "object" || got === null || Array.isArray(got)) return false;
+    const keys = Object.keys(want);
+    return (
+      Object.keys(got).length === keys.length &&
+      keys.every((key) => Object.hasOwn(got, key) && jsonEqual(got[key] as Value, want[key] as JsonValue))
+    );
+  }
+  return got === want;
+}
+
 /**
  * Equality of an actual value and an expected JSON value, types strictly (a number never
  * equals a boolean or a string); int64 fields (bigint) compare numerically with numbers.
@@ -247,7 +312,9 @@ function check(where: string, actual: Actual, expected: { [key: string]: JsonVal
       throw new Mismatch(`${where}.${key}: expected ${show(want)}, got nothing (no such entry)`);
     }
     const got = actual[key] as Value;
-    if (isObject(want)) {
+    if (EXACT.has(key)) {
+      if (!jsonEqual(got, want)) throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
+    } else if (isObject(want)) {
       if (typeof got !== "object" || got === null || Array.isArray(got)) {
         throw new Mismatch(`${where}.${key}: expected ${show(want)}, got ${show(got)}`);
       }
@@ -884,7 +951,9 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
       if ("wait" in step) {
         const result = await waitStep(client, runtimeId, where, step);
         if (result.status === Status.PENDING) lastPending = result.pending;
-        return { outcome: resultFields(result) };
+        const outcome = resultFields(result);
+        if ("decoded" in args(step, "expect")) outcome.decoded = decodedFields(where, result);
+        return { outcome };
       }
       if ("list" in step) {
         const [pageSize, pageToken] = pageArgs(where, step.list, nextList);
