@@ -8,7 +8,8 @@ import java.time.Duration;
  * waits at most 30 s before a reconnect, as the other clients do; and, against stand-in services on
  * loopback ports in this JVM, that a CANCELLED the caller did not cause is retried like
  * UNAVAILABLE and the client's own is not ({@link DroppedCallCheck}), and the retry loop and
- * request ids ({@link RetryCheck}), and the stream-run helper ({@link StreamRunCheck}). Prints one
+ * request ids ({@link RetryCheck}), and the stream-run helper ({@link StreamRunCheck}); and the typed-result decoder
+ * ({@link OutputCheck}). Prints one
  * line and exits 0, or says what differed and exits 1.
  */
 public final class ClientCheck {
@@ -57,9 +58,11 @@ public final class ClientCheck {
       String retries = RetryCheck.run();
       // The stream-run helper: its deltas once each across reconnects, its result.
       String streamRun = StreamRunCheck.run();
+      // Typed results: the output decoded, misfits by their path.
+      String outputs = OutputCheck.run();
       System.out.println("client-check: ok (keepalive 60 s / 20 s while calls are open by default, off on request; "
           + "Watch reconnect pause at most " + Duration.ofNanos(longest).toSeconds() + " s; " + dropped + "; " + retries
-          + "; " + streamRun + ")");
+          + "; " + streamRun + "; " + outputs + ")");
     } catch (IllegalStateException failure) {
       System.out.println("client-check: FAIL " + failure.getMessage());
       exitCode = 1;

@@ -9,11 +9,14 @@ import com.google.gson.JsonPrimitive;
 import com.google.protobuf.Descriptors.EnumValueDescriptor;
 import com.google.protobuf.InvalidProtocolBufferException;
 import com.google.protobuf.Struct;
+import com.google.protobuf.Value;
 import com.google.protobuf.util.Durations;
 import com.google.protobuf.util.JsonFormat;
 import com.google.rpc.ErrorInfo;
 import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
+import dev.agentruntime.client.OutputException;
+import dev.agentruntime.client.Outputs;
 import dev.agentruntime.client.ToolHandler;
 import dev.agentruntime.client.ToolWorker;
 import dev.agentruntime.client.WatchStream;
@@ -506,8 +509,44 @@ public final class Runner {
       if (outcome == null) {
         throw new Mismatch(where + ": this verb has nothing to expect");
       }
-      check(where, outcome, step.getAsJsonObject("expect"));
+      JsonObject expect = step.getAsJsonObject("expect").deepCopy();
+      // A wait's output and decoded value are compared whole (check compares an object's expected keys only).
+      for (String key : WHOLE) {
+        if (outcome.has(key) && expect.has(key)) {
+          JsonElement want = expect.remove(key);
+          JsonElement got = outcome.get(key);
+          if (!jsonEquals(got, want)) {
+            throw new Mismatch(where + "." + key + ": expected " + pyRepr(want) + ", got " + pyRepr(got));
+          }
+        }
+      }
+      check(where, outcome, expect);
     }
+  }
+
+  /** The expect keys of a wait compared whole, as JSON. */
+  private static final List<String> WHOLE = List.of("output", "decoded");
+
+  /** A wait's {@code decoded}: the three fields {@code v_typed_output} expects, in a type of the runner's own. */
+  record Decoded(String label, double confidence, List<String> tags) {}
+
+  /** The result's output decoded by the client's helper into {@link Decoded}, as JSON to compare. */
+  private static JsonObject decoded(String where, TaskResult result) throws Mismatch {
+    Decoded value;
+    try {
+      value = Outputs.outputAs(result, Decoded.class);
+    } catch (OutputException error) {
+      throw new Mismatch(where + ".decoded: " + error.getMessage());
+    }
+    JsonObject fields = new JsonObject();
+    fields.addProperty("label", value.label());
+    fields.addProperty("confidence", value.confidence());
+    JsonArray tags = new JsonArray();
+    if (value.tags() != null) {
+      value.tags().forEach(tags::add);
+    }
+    fields.add("tags", value.tags() == null ? JsonNull.INSTANCE : tags);
+    return fields;
   }
 
   /**
@@ -544,7 +583,11 @@ public final class Runner {
         if (result.getStatus() == Status.STATUS_PENDING) {
           state.lastPending = result.getPending();
         }
-        return new Reply(result, resultFields(result));
+        JsonObject fields = resultFields(result);
+        if (step.has("expect") && step.getAsJsonObject("expect").has("decoded")) {
+          fields.add("decoded", decoded(where, result));
+        }
+        return new Reply(result, fields);
       }
       case "resume": {
         JsonObject args = step.getAsJsonObject("resume");
@@ -1191,7 +1234,17 @@ public final class Runner {
     pending.add("call_names", callNames);
     fields.add("pending", pending);
     fields.add("failure", result.hasFailure() ? failureFields(result.getFailure()) : JsonNull.INSTANCE);
+    // The structured output as JSON (JsonFormat, not the client's helper); unset is null.
+    fields.add("output", result.hasOutput() ? outputJson(result.getOutput()) : JsonNull.INSTANCE);
     return fields;
+  }
+
+  private static JsonElement outputJson(Value output) {
+    try {
+      return JsonParser.parseString(JsonFormat.printer().print(output));
+    } catch (InvalidProtocolBufferException error) {
+      throw new IllegalStateException("the output does not print as JSON: " + error.getMessage(), error);
+    }
   }
 
   private static JsonObject failureFields(Failure failure) {
@@ -1317,7 +1370,7 @@ public final class Runner {
     }
   }
 
-  /** JSON equality with numbers compared by value (600 equals 600.0), strings, booleans and lists strictly. */
+  /** JSON equality with numbers compared by value (600 equals 600.0), strings, booleans, lists and objects strictly. */
   static boolean jsonEquals(JsonElement a, JsonElement b) {
     if (a.isJsonPrimitive() && b.isJsonPrimitive()) {
       JsonPrimitive x = a.getAsJsonPrimitive();
@@ -1329,6 +1382,19 @@ public final class Runner {
         return false;
       }
       return x.equals(y);
+    }
+    if (a.isJsonObject() && b.isJsonObject()) {
+      JsonObject x = a.getAsJsonObject();
+      JsonObject y = b.getAsJsonObject();
+      if (!x.keySet().equals(y.keySet())) {
+        return false;
+      }
+      for (String key : x.keySet()) {
+        if (!jsonEquals(x.get(key), y.get(key))) {
+          return false;
+        }
+      }
+      return true;
     }
     if (a.isJsonArray() && b.isJsonArray()) {
       JsonArray x = a.getAsJsonArray();
