@@ -862,7 +862,7 @@ async def test_an_mcp_server_is_reached_directly_never_through_a_proxy_from_the_
         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="add"))
         result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=30)).result
         [tool_message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
-        assert (result.status, tool_message.content, tool_message.is_error) == (pb.STATUS_DONE, "5", False)
+        assert (result.status, tool_message.content, tool_message.is_error) == (pb.STATUS_DONE, '{"result": "5"}', False)
     finally:
         await calc.stop()
 
