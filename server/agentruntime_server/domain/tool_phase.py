@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any
 
 from . import budget as budgets
@@ -99,8 +99,14 @@ class ToolPhase:
             if lent is not None:
                 lent.join(len(now))  # the calls work now; the loop only waits for them
                 lent.leave()
-            calls = [self._call(handle, run, *call) for call in now]
-            tasks = [asyncio.ensure_future(call if lent is None else self._activity(lent, call)) for call in calls]
+            tasks = [asyncio.ensure_future(self._call(handle, run, *call)) for call in now]
+            if lent is not None:
+                # Each call is one of its run's activities until its task is done: a done
+                # callback, which runs for a task cancelled before its first step too (a
+                # coroutine wrapped around the call would never run then, and never leave).
+                leave = _leaver(lent)
+                for task in tasks:
+                    task.add_done_callback(leave)
             try:
                 child_requests = await asyncio.gather(*tasks)
             except BaseException:
@@ -128,15 +134,6 @@ class ToolPhase:
             )
         )
         return Limit.MAX_TOOL_CALLS if refused else None
-
-    @staticmethod
-    async def _activity(slot: RunningSlot | None, call: Awaitable[PendingRequest | None]) -> PendingRequest | None:
-        """One of a phase's calls, counted among its run's activities until it ends."""
-        try:
-            return await call
-        finally:
-            if slot is not None:
-                slot.leave()
 
     def _suspension_kind(self, handle: Handle, call: ToolCall) -> str:
         """Why this call needs the host before it can complete ('' when it can run now)."""
@@ -323,3 +320,12 @@ class ToolPhase:
         if result.status is Status.PENDING and result.pending is not None:
             return result.pending
         return ToolResult(prompts.task_output(result), is_error=result.status is not Status.DONE)
+
+
+def _leaver(slot: RunningSlot) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback: the call's task ended, so it is no longer one of its run's activities."""
+
+    def leave(_: asyncio.Future[Any]) -> None:
+        slot.leave()
+
+    return leave
