@@ -21,17 +21,9 @@ from pydantic import TypeAdapter
 from tests.support.anthropic_server import ScriptedAnthropicServer, Turn
 from tests.support.build import agent, create, run, status_details, transcript
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.typed import CLASSIFICATION
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["bug", "feature", "question"]},
-        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["label", "confidence", "tags"],
-    "additionalProperties": False,
-}
+SCHEMA = CLASSIFICATION
 GOOD = {"label": "bug", "confidence": 0.75, "tags": ["crash", "ui"]}
 
 

@@ -23,19 +23,11 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import json_format
 
 from tests.support.servers import serve
+from tests.support.typed import CLASSIFICATION
 
 ROOT = Path(__file__).resolve().parents[2]
 
-VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "label": {"type": "string", "enum": ["bug", "feature", "question"]},
-        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-        "tags": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["label", "confidence", "tags"],
-    "additionalProperties": False,
-}
+VERDICT_SCHEMA = CLASSIFICATION
 REPORT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
