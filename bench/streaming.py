@@ -31,7 +31,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import TURNS_PER_ROOT, _agents, _free_port, _proc_cpu_seconds, _reply, _wait_healthy, server_env
+from workload import TURNS_PER_ROOT, _agents, _free_port, _proc_cpu_seconds, _reply, _wait_healthy, serve_model, server_env
 
 PIECES = 40
 PIECE = "x" * 5  # 40 pieces of 5 characters: a 200-character reply
@@ -77,14 +77,7 @@ def _model_server(port: int, pause: float) -> None:
         await response.write_eof()
         return response
 
-    async def lookup(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(text="42")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_post("/lookup", lookup)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_model(port, complete)
 
 
 async def run(watch: str, roots: int, batches: int, pause: float = 0.0, concurrency: int = 20) -> dict[str, float]:

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,12 @@ def _model_server(port: int, latency: float) -> None:
         if latency:
             await asyncio.sleep(latency)
         return web.Response(text=json.dumps(_reply(body)), content_type="application/json")
+
+    serve_model(port, complete)
+
+
+def serve_model(port: int, complete: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+    """A bench model server on `port`: `complete` answers chat completions; `/lookup` is the tool."""
 
     async def lookup(request: web.Request) -> web.Response:
         await request.read()

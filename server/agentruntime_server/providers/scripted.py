@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..domain.model import Failure, FailureReason, Message, ReplyStop, ScriptedReply, ToolCall
+from ..domain.model import Failure, FailureReason, Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..domain.usage import Tokens
 
@@ -21,9 +21,7 @@ class ScriptedProvider:
         if not script:
             generic = _generic(request)
             if request.stream is not None:
-                request.stream.text(generic.text)
-                for index, call in enumerate(generic.tool_calls):
-                    request.stream.tool_call(index, call.name, call.arguments_json)
+                await _stream(request.stream, generic.text, generic.tool_calls)
             return generic
         answered = sum(1 for message in request.messages if message.role == "assistant")
         reply = script[min(answered, len(script) - 1)]
@@ -37,20 +35,20 @@ class ScriptedProvider:
             for index, call in enumerate(reply.tool_calls, start=1)
         )
         if request.stream is not None:
-            await _stream(request.stream, reply, calls)
+            await _stream(request.stream, reply.text, calls, reply.stream_chunk_chars, reply.stream_pause)
         usage = reply.usage if reply.usage is not None else Tokens(output=reply.tokens)
         return ModelReply(text=reply.text, tool_calls=calls, usage=usage, stop=reply.stop, model=_model(request))
 
 
-async def _stream(stream: ReplyStream, reply: ScriptedReply, calls: tuple[ToolCall, ...]) -> None:
-    """The reply's text in pieces of `stream_chunk_chars` (all of it in one when 0), with
-    `stream_pause` between them, then each tool call in one piece: what a streaming provider
-    hands over, offline."""
-    size = reply.stream_chunk_chars or len(reply.text) or 1
-    for start in range(0, len(reply.text), size):
-        if start and reply.stream_pause:
-            await asyncio.sleep(reply.stream_pause)
-        stream.text(reply.text[start : start + size])
+async def _stream(stream: ReplyStream, text: str, calls: tuple[ToolCall, ...], chunk: int = 0, pause: float = 0.0) -> None:
+    """The reply's text in pieces of `chunk` characters (all of it in one when 0), `pause`
+    seconds apart, then each tool call in one piece: what a streaming provider hands over,
+    offline."""
+    size = chunk or len(text) or 1
+    for start in range(0, len(text), size):
+        if start and pause:
+            await asyncio.sleep(pause)
+        stream.text(text[start : start + size])
     for index, call in enumerate(calls):
         stream.tool_call(index, call.name, call.arguments_json)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import ssl
@@ -179,10 +180,16 @@ class McpTools:
         return "\n".join(parts)
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(schema_json: str) -> schemas.ArgumentsSchema:
+    """A tool's output schema, compiled once however many calls check against it."""
+    return schemas.ArgumentsSchema(json.loads(schema_json))
+
+
 def _structured_problem(schema: dict[str, Any], structured: Any) -> str | None:
     """Why a tool's structured content fails its output schema (checked at CreateRuntime), or None."""
     try:
-        problem = schemas.ArgumentsSchema(schema).problem(structured)
+        problem = _compiled(json.dumps(schema, sort_keys=True)).problem(structured)
     except schemas.VALIDATION_FAULTS as exc:
         return f"its output schema could not be applied ({type(exc).__name__})"
     return None if problem is None else f"its structured content does not match its output schema: {shown(problem, 300)}"
