@@ -13,6 +13,8 @@ from agentruntime.cli import main as client_main
 from pydantic import ValidationError
 
 from .app import start
+from .console.serve import add_arguments as add_console_arguments
+from .console.serve import main as console_main
 from .observability.logs import configure_logging
 from .process.collector import tune_for_serving
 from .process.event_loop import loop_factory
@@ -49,9 +51,13 @@ def main(argv: list[str] | None = None) -> None:
         const=True,
         help="serve a non-loopback address in plaintext with --auth none (env AGENTRUNTIME_ALLOW_INSECURE)",
     )
+    console = commands.add_parser("console", help="serve the web console for a runtime (the console extra)")
+    add_console_arguments(console)
     for name, summary in COMMANDS.items():
         commands.add_parser(name, help=summary, add_help=False)  # handled above, listed in --help
     args = parser.parse_args(argv)
+    if args.command == "console":
+        sys.exit(console_main(args))
     overrides: dict[str, Any] = {key: value for key, value in vars(args).items() if key != "command" and value is not None}
     try:
         settings = Settings(**overrides)

@@ -18,7 +18,7 @@ from agentruntime_server.domain.journal import Tree, replay
 
 from tests.support.build import agent, create, http_tool, run, spawn, struct, transcript, views
 from tests.support.calls import Stub, handle_view, resume, state_of, until_state, wake
-from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.model_server import Reply, ScriptedModelServer, last_tool_output, last_user, tool_results
 from tests.support.poll import eventually, until
 from tests.support.scripts import delegates_to_worker, relay_answer, relay_tool, stage_approve_commit
 from tests.support.servers import serve
@@ -26,10 +26,6 @@ from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tool_server import ToolServer
 
 __all__ = ["signin"]  # fixtures of tests/support, used here
-
-
-def last_tool_output(body: dict) -> str:  # type: ignore[type-arg]
-    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
 
 
 async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:

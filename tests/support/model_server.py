@@ -50,6 +50,10 @@ def tool_results(body: dict[str, Any]) -> int:
     return sum(1 for message in body["messages"] if message["role"] == "tool")
 
 
+def last_tool_output(body: dict[str, Any]) -> str:
+    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
+
+
 def last_user(body: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
 

@@ -1,0 +1,192 @@
+"""The console's web application: routes, sessions, CSRF, security headers, error pages."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+import jinja2
+from agentruntime.client import AgentRuntimeError, Client
+from aiohttp import web
+
+from . import pages
+from .sessions import COOKIE, SESSION, Session, Sessions, set_cookie
+
+HERE = Path(__file__).parent
+CONSOLE_KEY: web.AppKey[Console] = web.AppKey("console")
+# Every script, style and image is the console's own: nothing inline, nothing from elsewhere.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+OPEN_PATHS = ("/signin", "/static/", "/healthz")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The runtime the console talks to, and how (the CLI's connection options)."""
+
+    address: str
+    tls: bool = False
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    token: str | None = None  # used by people who sign in without one
+    secure_cookies: bool = False  # the console is served over HTTPS (by itself or a proxy)
+
+    def client(self, token: str | None) -> Client:
+        return Client(
+            self.address,
+            token=token or self.token,
+            tls=self.tls,
+            root_certificates=self.ca,
+            client_cert=self.cert,
+            client_key=self.key,
+            timeout=30.0,
+            retry_window=5.0,
+        )
+
+
+class Console:
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.sessions = Sessions(target.client)
+        self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,  # every text a model, a tool or a host wrote is hostile
+            undefined=jinja2.StrictUndefined,
+            enable_async=False,
+        )
+        self.templates.globals["static"] = _static_url
+
+    def render(self, request: web.Request, name: str, http_status: int = 200, **values: Any) -> web.Response:
+        session: Session | None = request.get(SESSION)
+        page = self.templates.get_template(name).render(
+            session=session,
+            csrf=session.csrf if session else "",
+            flashes=session.take_flashes() if session else [],
+            target=self.target.address,
+            request_id=secrets.token_hex(16),  # a form's Resume, Interrupt or Close: once however often it is sent
+            **values,
+        )
+        return web.Response(text=page, status=http_status, content_type="text/html", charset="utf-8")
+
+
+_VERSIONED: dict[str, str] = {}
+
+
+def _static_url(name: str) -> str:
+    """`/static/console.js?v=...`: a changed file is fetched again, an unchanged one cached."""
+    if name not in _VERSIONED:
+        _VERSIONED[name] = hashlib.sha256((HERE / "static" / name).read_bytes()).hexdigest()[:12]
+    return f"/static/{name}?v={_VERSIONED[name]}"
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        response = exc
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")  # (no-referrer makes a form's Origin "null")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    if not request.path.startswith("/static/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+    if isinstance(response, web.HTTPException):
+        raise response
+    return response
+
+
+@web.middleware
+async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
+    console = request.app[CONSOLE_KEY]
+    session = console.sessions.get(request.cookies.get(COOKIE))
+    is_open = request.path.startswith(OPEN_PATHS)
+    if session is None and not is_open:
+        if request.method == "GET" and not request.path.endswith("/live"):
+            raise web.HTTPSeeOther("/signin")
+        raise web.HTTPForbidden(text="sign in first")
+    if session is not None and not session.signed_in and not is_open:
+        raise web.HTTPSeeOther("/signin")
+    if request.method not in ("GET", "HEAD"):
+        if not _same_origin(request) or session is None or not session.csrf_ok(await _csrf_sent(request)):
+            raise web.HTTPForbidden(text="This form is stale or came from another site: reload the page and try again.")
+    if session is not None:
+        request[SESSION] = session
+    return await handler(request)
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A browser names the page a form came from (Origin, else Referer): it must be ours."""
+    origin = request.headers.get("Origin") or request.headers.get("Referer")
+    if not origin or origin == "null":
+        return origin is None  # no header at all: not a browser's cross-site form
+    return urlsplit(origin).netloc == request.host
+
+
+async def _csrf_sent(request: web.Request) -> str | None:
+    if "X-CSRF-Token" in request.headers:
+        return request.headers["X-CSRF-Token"]
+    form = await request.post()
+    value = form.get("csrf")
+    return value if isinstance(value, str) else None
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The runtime's refusals as pages a person can act on."""
+    try:
+        return await handler(request)
+    except AgentRuntimeError as error:
+        console = request.app[CONSOLE_KEY]
+        session: Session | None = request.get(SESSION)
+        if error.code is grpc.StatusCode.UNAUTHENTICATED:
+            if session is not None:
+                console.sessions.sign_out(session)
+            fresh = console.sessions.new()
+            fresh.flash("error", "The runtime did not accept your token (any more): sign in again.")
+            response = web.HTTPSeeOther("/signin")
+            set_cookie(response, fresh, console.target.secure_cookies)
+            return response
+        if error.code is grpc.StatusCode.NOT_FOUND:
+            runtime_id = request.match_info.get("runtime_id", "")
+            return console.render(request, "error.html", 404, title="Not found", runtime_id=runtime_id, message=error.message)
+        if error.code is grpc.StatusCode.PERMISSION_DENIED:
+            return console.render(request, "error.html", 403, title="Not allowed", runtime_id="", message=error.message)
+        if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            message = f"The runtime at {console.target.address} did not answer ({error.message})."
+            return console.render(request, "error.html", 503, title="Runtime unavailable", runtime_id="", message=message)
+        code = error.code.name if error.code else "UNKNOWN"
+        return console.render(request, "error.html", 502, title=f"The runtime said {code}", runtime_id="", message=error.message)
+
+
+def build(target: Target) -> web.Application:
+    console = Console(target)
+    app = web.Application(middlewares=[headers, errors, sessions], client_max_size=1 << 20)
+    app[CONSOLE_KEY] = console
+    pages.add_routes(app, console)
+    app.router.add_static("/static/", HERE / "static", append_version=False)
+
+    async def ending_streams(app: web.Application) -> None:
+        for task in list(console.streams):
+            task.cancel()
+
+    async def closing(app: web.Application) -> None:
+        await console.sessions.close()
+
+    app.on_shutdown.append(ending_streams)
+    app.on_cleanup.append(closing)
+    return app

@@ -1,0 +1,184 @@
+"""A runtime's tree kept live in the browser: Watch (with deltas) folded into the CLI's tree
+model here, and what changed sent to the page as server-sent events, a batch per frame."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from agentruntime.cli.view import Tree
+from agentruntime.client import AgentRuntimeError, Client
+from agentruntime.v1 import agent_runtime_pb2 as pb
+
+from .views import budget_text, cost_text, limit_name, state_name, status_name
+
+FRAME = 0.1  # seconds: changes are sent at most this often
+SETTLE = 0.05  # seconds without news that end the history's burst (or HISTORY_WAIT at most)
+HISTORY_WAIT = 1.0
+KEEPALIVE = 15.0  # seconds between comments on a quiet stream (proxies close silent ones)
+WRITING_KEPT = 2000  # characters of a running turn's text a row shows (the end of it)
+
+
+class LiveTree:
+    """The runtime's handles from its events, and what changed since the last frame."""
+
+    def __init__(self, runtime_id: str) -> None:
+        self.tree = Tree(runtime_id)
+        self.limits: dict[str, int] = {}
+        self.budgets: dict[str, str] = {}
+        self.writing: dict[str, str] = {}  # the text of each handle's turn in progress
+        self.dirty: set[str] = set()
+        self.text_dirty: set[str] = set()
+        self.requests_changed = False
+        self.unknown: set[str] = set()  # spawned, budget not read yet
+
+    def apply(self, item: pb.Event | pb.Delta) -> None:
+        if isinstance(item, pb.Delta):
+            self._delta(item)
+            return
+        kind = item.WhichOneof("payload")
+        handle_id = item.handle_id
+        known = handle_id in self.tree.nodes
+        self.tree.apply(item)
+        if kind == "spawned" and not known:
+            self.unknown.add(handle_id)
+        elif kind in ("turn_started", "turn_ended") or (
+            kind == "state_changed" and item.state_changed.state != pb.HANDLE_STATE_RUNNING
+        ):
+            self._clear_writing(handle_id)
+        if kind == "result":
+            self.limits[handle_id] = item.result.limit
+            self._clear_writing(handle_id)
+        if kind == "pending" or kind == "result" or kind == "state_changed":
+            self.requests_changed = True
+        self._touch(handle_id)
+
+    def _delta(self, delta: pb.Delta) -> None:
+        piece = delta.WhichOneof("piece")
+        if piece == "reset":
+            self._clear_writing(delta.handle_id)
+        elif piece == "text":
+            text = self.writing.get(delta.handle_id, "") + delta.text
+            self.writing[delta.handle_id] = text[-WRITING_KEPT:]
+            self.text_dirty.add(delta.handle_id)
+
+    def _clear_writing(self, handle_id: str) -> None:
+        if self.writing.pop(handle_id, None) is not None:
+            self.text_dirty.add(handle_id)
+
+    def _touch(self, handle_id: str) -> None:
+        node = self.tree.nodes.get(handle_id)
+        while node is not None:  # a handle's figures roll up into its ancestors' totals
+            self.dirty.add(node.handle_id)
+            node = self.tree.nodes.get(node.parent_id)
+
+    def row(self, handle_id: str) -> dict[str, Any]:
+        node = self.tree.nodes[handle_id]
+        limit = self.limits.get(handle_id, pb.LIMIT_UNSPECIFIED)
+        status = status_name(node.last_status).lower() if node.last_status else ""
+        row: dict[str, Any] = {
+            "id": handle_id,
+            "parent": node.parent_id,
+            "agent": node.agent,
+            "state": state_name(node.state).lower(),
+            "activity": self.tree.activity(node),
+            "turns": node.turns,
+            "own": node.own_tokens,
+            "total": self.tree.total(handle_id),
+            "cost": cost_text(node.total_cost),
+            "result": " · ".join(part for part in (status, limit_name(limit).lower() if limit else "") if part),
+        }
+        if handle_id in self.budgets:
+            row["budget"] = self.budgets[handle_id]
+        return row
+
+    def take(self) -> list[dict[str, Any]]:
+        """The messages for the page: changed rows, text written, requests changed."""
+        messages: list[dict[str, Any]] = []
+        rows = [self.row(handle_id) for handle_id in sorted(self.dirty) if handle_id in self.tree.nodes]
+        if rows:
+            messages.append({"t": "rows", "rows": rows})
+        for handle_id in sorted(self.text_dirty):
+            messages.append({"t": "text", "id": handle_id, "text": self.writing.get(handle_id, "")})
+        if self.requests_changed:
+            messages.append({"t": "requests"})
+        self.dirty.clear()
+        self.text_dirty.clear()
+        self.requests_changed = False
+        return messages
+
+
+async def relay(client: Client, runtime_id: str, known: set[str]) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """Batches of messages for the page, until the Watch fails: the history's burst folded
+    into one batch, then one per frame with news (an empty one: a keepalive). `known`: the
+    handles the page has rows for already."""
+    live = LiveTree(runtime_id)
+    queue: asyncio.Queue[pb.Event | pb.Delta | BaseException] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for item in client.watch_with_deltas(runtime_id):
+                queue.put_nowait(item)
+        except BaseException as exc:  # handed to the reader, which ends the stream with it
+            queue.put_nowait(exc)
+            raise
+
+    async def next_item(timeout: float) -> pb.Event | pb.Delta | None:
+        try:
+            item = await asyncio.wait_for(queue.get(), max(timeout, 0.0))
+        except TimeoutError:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    task = asyncio.create_task(pump())
+    loop = asyncio.get_running_loop()
+    history = True
+    try:
+        while True:
+            item = await next_item(HISTORY_WAIT if history else KEEPALIVE)
+            if item is None:
+                history = False
+                yield []
+                continue
+            live.apply(item)
+            # The history comes in a burst: it ends when the stream goes quiet. Later news
+            # gathers for a frame.
+            end = loop.time() + (HISTORY_WAIT if history else FRAME)
+            while (left := end - loop.time()) > 0:
+                item = await next_item(min(left, SETTLE) if history else left)
+                if item is None:
+                    if history:
+                        break
+                    continue
+                live.apply(item)
+            history = False
+            await _read_budgets(client, runtime_id, live, known)
+            yield live.take()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def _read_budgets(client: Client, runtime_id: str, live: LiveTree, known: set[str]) -> None:
+    """A handle spawned after the page was made gets its row whole: its budget is in no event."""
+    fresh = live.unknown - known
+    live.unknown.clear()
+    for handle_id in sorted(fresh):
+        with contextlib.suppress(AgentRuntimeError):
+            view = await client.inspect(runtime_id, handle_id)
+            live.budgets[handle_id] = budget_text(view.budget)
+            live.dirty.add(handle_id)
+        known.add(handle_id)
+
+
+def event_stream_bytes(batch: list[dict[str, Any]]) -> bytes:
+    if not batch:
+        return f": keepalive {int(time.time())}\n\n".encode()
+    return b"".join(b"data: " + json.dumps(message, separators=(",", ":")).encode() + b"\n\n" for message in batch)

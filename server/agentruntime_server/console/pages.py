@@ -1,0 +1,343 @@
+"""The pages and actions: each reads or does one thing through the gRPC API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+import grpc
+from agentruntime.client import AgentRuntimeError
+from agentruntime.v1 import agent_runtime_pb2 as pb
+from aiohttp import web
+from google.protobuf import struct_pb2
+
+from . import gateway, live
+from .sessions import COOKIE, SESSION, Session, set_cookie
+from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text
+
+if TYPE_CHECKING:
+    from .app import Console
+
+RESUME_WAIT = 2.0  # seconds an answer's page waits for the Resume before it moves on (the run goes on)
+MAX_FIELD = 256 * 1024  # characters of a form field (the runtime's own limit is in bytes: it says so)
+
+
+def runtime_url(runtime_id: str) -> str:
+    return f"/runtimes/{quote(runtime_id, safe='')}"
+
+
+def transcript_url(runtime_id: str, handle_id: str, page: str = "") -> str:
+    query = {"handle": handle_id, **({"page": page} if page else {})}
+    return f"{runtime_url(runtime_id)}/transcript?{urlencode(query)}"
+
+
+def confirm_url(runtime_id: str, action: str, handle_id: str) -> str:
+    return f"{runtime_url(runtime_id)}/confirm?{urlencode({'action': action, 'handle': handle_id})}"
+
+
+_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def tree_order(handle_id: str) -> list[tuple[str, int]]:
+    """Parents before children, siblings by agent and number (`writer.2` before `writer.10`)."""
+    key = []
+    for segment in handle_id.split("/"):
+        found = _NUMBERED.match(segment)
+        key.append((found.group(1), int(found.group(2))) if found else (segment, 0))
+    return key
+
+
+def depth(handle_id: str) -> int:
+    return handle_id.count("/") - 1
+
+
+HELPERS = {
+    "runtime_url": runtime_url,
+    "transcript_url": transcript_url,
+    "confirm_url": confirm_url,
+    "budget_text": budget_text,
+    "cost_text": cost_text,
+    "failure_name": failure_name,
+    "json_text": json_text,
+    "limit_name": limit_name,
+    "state_name": state_name,
+    "status_name": status_name,
+    "struct_text": struct_text,
+    "depth": depth,
+    "runtime_status": gateway.runtime_status,
+}
+
+
+def _session(request: web.Request) -> Session:
+    session: Session | None = request.get(SESSION)
+    assert session is not None
+    return session
+
+
+def _client(request: web.Request) -> Any:
+    client = _session(request).client
+    assert client is not None
+    return client
+
+
+def _text(form: Any, name: str) -> str:
+    value = form.get(name, "")
+    return value[:MAX_FIELD] if isinstance(value, str) else ""
+
+
+def _violations(error: AgentRuntimeError) -> str:
+    found = error.bad_request
+    if found is None or not found.field_violations:
+        return error.message
+    return error.message + ": " + "; ".join(f"{v.field}: {v.description}" for v in found.field_violations)
+
+
+def add_routes(app: web.Application, console: Console) -> None:
+    console.templates.globals.update(HELPERS)
+    render = console.render
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def home(request: web.Request) -> web.Response:
+        raise web.HTTPSeeOther("/runtimes")
+
+    async def signin_page(request: web.Request) -> web.StreamResponse:
+        session: Session | None = request.get(SESSION)
+        if session is not None and session.signed_in:
+            raise web.HTTPSeeOther("/runtimes")
+        fresh = session is None
+        if fresh:
+            session = console.sessions.new()
+            request[SESSION] = session
+        response = render(request, "signin.html", error="")
+        if session is not None and fresh:
+            set_cookie(response, session, console.target.secure_cookies)
+        return response
+
+    async def signin(request: web.Request) -> web.StreamResponse:
+        session = _session(request)
+        form = await request.post()
+        token = _text(form, "token").strip() or None
+        client = console.target.client(token)
+        try:
+            await client.list_runtimes_page(1)
+        except AgentRuntimeError as error:
+            await client.close_channel()
+            if error.code is grpc.StatusCode.UNAUTHENTICATED:
+                message = "The runtime did not accept that token." if token else "The runtime asks for a token."
+            elif error.code is grpc.StatusCode.PERMISSION_DENIED:
+                message = f"That token may not list runtimes: {error.message}"
+            else:
+                message = f"The runtime at {console.target.address} did not answer: {error.message}"
+            return render(request, "signin.html", 401, error=message)
+        await client.close_channel()
+        signed = console.sessions.sign_in(session, token)
+        response = web.HTTPSeeOther("/runtimes")
+        set_cookie(response, signed, console.target.secure_cookies)
+        return response
+
+    async def signout(request: web.Request) -> web.StreamResponse:
+        console.sessions.sign_out(_session(request))
+        response = web.HTTPSeeOther("/signin")
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    async def runtimes(request: web.Request) -> web.Response:
+        text = request.query.get("q", "")[:64]
+        status = request.query.get("status", "")
+        status = status if status in gateway.STATUSES else ""
+        page_token = request.query.get("page", "")[:4096]
+        found, next_token = await gateway.runtimes_page(_client(request), text, status, page_token)
+        next_url = "/runtimes?" + urlencode({"q": text, "status": status, "page": next_token}) if next_token else ""
+        return render(
+            request, "runtimes.html", runtimes=found, q=text, status=status, statuses=gateway.STATUSES, next_url=next_url
+        )
+
+    async def runtime(request: web.Request) -> web.Response:
+        runtime_id = request.match_info["runtime_id"]
+        client = _client(request)
+        views = sorted(await gateway.handles(client, runtime_id), key=lambda view: tree_order(view.handle_id))
+        pending = await gateway.pending_requests(client, runtime_id, views)
+        return render(request, "runtime.html", runtime_id=runtime_id, handles=views, pending=pending, back="runtime")
+
+    async def requests_fragment(request: web.Request) -> web.Response:
+        runtime_id = request.match_info["runtime_id"]
+        client = _client(request)
+        pending = await gateway.pending_requests(client, runtime_id, await gateway.handles(client, runtime_id))
+        return render(request, "requests.html", runtime_id=runtime_id, pending=pending, back="runtime")
+
+    async def live_events(request: web.Request) -> web.StreamResponse:
+        runtime_id = request.match_info["runtime_id"]
+        client = _client(request)
+        known = {view.handle_id for view in await gateway.handles(client, runtime_id)}  # NOT_FOUND: a page
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        await response.prepare(request)
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
+        try:
+            async with contextlib.aclosing(live.relay(client, runtime_id, known)) as batches:
+                async for batch in batches:
+                    await response.write(live.event_stream_bytes(batch))
+        except AgentRuntimeError as error:
+            gone = {"t": "gone", "message": error.message}
+            with contextlib.suppress(ConnectionError):
+                await response.write(live.event_stream_bytes([gone]))
+        except (ConnectionError, asyncio.CancelledError):  # the page went away, or the console stops
+            pass
+        finally:
+            console.streams.discard(streaming)
+        return response
+
+    async def transcript(request: web.Request) -> web.Response:
+        runtime_id = request.match_info["runtime_id"]
+        handle_id = request.query.get("handle", "")[:1024]
+        client = _client(request)
+        view = await client.inspect(runtime_id, handle_id)
+        page = await client.transcript_page(runtime_id, handle_id, gateway.TRANSCRIPT_PAGE, request.query.get("page", "")[:4096])
+        result = await gateway.settled_result(client, runtime_id, view)
+        results = {message.tool_call_id: message for message in page.messages if message.role == "tool"}
+        next_url = transcript_url(runtime_id, handle_id, page.next_page_token) if page.next_page_token else ""
+        return render(
+            request,
+            "transcript.html",
+            runtime_id=runtime_id,
+            view=view,
+            messages=list(page.messages),
+            results=results,
+            result=result,
+            next_url=next_url,
+        )
+
+    async def inbox(request: web.Request) -> web.Response:
+        return render(request, "inbox.html", pending=await gateway.inbox(_client(request)), back="inbox")
+
+    async def confirm(request: web.Request) -> web.Response:
+        runtime_id = request.match_info["runtime_id"]
+        action = request.query.get("action", "")
+        if action not in ("interrupt", "close"):
+            raise web.HTTPBadRequest(text="action must be interrupt or close")
+        handle_id = request.query.get("handle", "")[:1024]
+        view = await _client(request).inspect(runtime_id, handle_id)  # NOT_FOUND: a page
+        return render(request, "confirm.html", runtime_id=runtime_id, view=view, action=action)
+
+    async def act(request: web.Request) -> web.StreamResponse:
+        runtime_id = request.match_info["runtime_id"]
+        action = request.match_info["action"]
+        form = await request.post()
+        handle_id = _text(form, "handle")
+        request_id = _text(form, "request_id")[:128]
+        client = _client(request)
+        session = _session(request)
+        try:
+            if action == "interrupt":
+                done = await client.interrupt(runtime_id, handle_id, request_id=request_id or None)
+                session.flash("ok", f"Interrupted {handle_id}." if done else f"{handle_id} was not running.")
+            else:
+                closed = await client.close(runtime_id, handle_id, request_id=request_id or None)
+                session.flash("ok", f"Closed {', '.join(closed) or handle_id}.")
+        except AgentRuntimeError as error:
+            if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                session.flash("error", f"{action.capitalize()} refused: {_violations(error)}")
+            else:
+                raise
+        raise web.HTTPSeeOther(runtime_url(runtime_id))
+
+    async def resume(request: web.Request) -> web.StreamResponse:
+        runtime_id = request.match_info["runtime_id"]
+        form = await request.post()
+        session = _session(request)
+        back = "/inbox" if form.get("back") == "inbox" else runtime_url(runtime_id)
+        try:
+            answer = answer_from_form(form)
+        except ValueError as error:  # checked here, before anything is sent
+            session.flash("error", f"Not sent: {error}")
+            raise web.HTTPSeeOther(back) from None
+        call = asyncio.ensure_future(
+            _client(request).resume(runtime_id, answer, request_id=_text(form, "request_id")[:128] or None)
+        )
+        # A Resume answers when the run it continues settles: the page does not wait for that.
+        done, _ = await asyncio.wait({call}, timeout=RESUME_WAIT)
+        if not done:
+            call.add_done_callback(_report_late(session))
+            session.flash("ok", "Answer sent: the run goes on.")
+            raise web.HTTPSeeOther(back)
+        try:
+            result = call.result()
+        except AgentRuntimeError as error:
+            if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                session.flash("error", f"The runtime refused the answer: {_violations(error)}")
+                raise web.HTTPSeeOther(back) from None
+            raise
+        session.flash("ok", f"Answer sent: {result.handle_id} is {status_name(result.status).lower()}.")
+        raise web.HTTPSeeOther(back)
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", home)
+    app.router.add_get("/signin", signin_page)
+    app.router.add_post("/signin", signin)
+    app.router.add_post("/signout", signout)
+    app.router.add_get("/runtimes", runtimes)
+    app.router.add_get("/inbox", inbox)
+    app.router.add_get("/runtimes/{runtime_id}", runtime)
+    app.router.add_get("/runtimes/{runtime_id}/requests", requests_fragment)
+    app.router.add_get("/runtimes/{runtime_id}/live", live_events)
+    app.router.add_get("/runtimes/{runtime_id}/transcript", transcript)
+    app.router.add_get("/runtimes/{runtime_id}/confirm", confirm)
+    app.router.add_post("/runtimes/{runtime_id}/{action:interrupt|close}", act)
+    app.router.add_post("/runtimes/{runtime_id}/resume", resume)
+
+
+def _report_late(session: Session) -> Any:
+    def report(call: asyncio.Future[pb.TaskResult]) -> None:
+        if call.cancelled():
+            return
+        error = call.exception()
+        if error is not None:
+            session.flash("error", f"An answer sent earlier failed: {error}")
+
+    return report
+
+
+def answer_from_form(form: Any) -> pb.Answer:
+    """The Answer a Request's form describes; a ValueError says what is wrong with it."""
+    answer = pb.Answer(id=_text(form, "request"))
+    if not answer.id:
+        raise ValueError("the form names no request")
+    decision = _text(form, "decision")
+    reason = _text(form, "reason").strip()
+    if decision in ("deny", "decline"):
+        answer.ok = False
+        answer.reason = reason
+        return answer
+    if decision not in ("approve", "answer"):
+        raise ValueError("choose an answer")
+    answer.ok = True
+    answer.reason = reason
+    calls = [name.removeprefix("output:") for name in form if isinstance(name, str) and name.startswith("output:")]
+    for call_id in calls:
+        answer.outputs.append(
+            pb.ToolOutput(call_id=call_id, output=_text(form, f"output:{call_id}"), is_error=bool(form.get(f"error:{call_id}")))
+        )
+    text = _text(form, "answer")
+    if _text(form, "mode") == "json" and text.strip():
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"the answer is not JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError("the answer must be a JSON object, {...}")
+        struct = struct_pb2.Struct()
+        try:
+            struct.update(data)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"the answer cannot be sent as data ({error})") from None
+        answer.data.CopyFrom(struct)
+    elif text.strip():
+        answer.reason = text  # a text answer to the `ask` tool: what the model reads
+    return answer
