@@ -154,8 +154,9 @@ IMAGE      ?= localhost/agentruntime:$(shell cat VERSION)
 LOCAL_BASE := localhost/agentruntime-base:bookworm
 TEST_IMAGE := localhost/agentruntime:test
 IMAGE_CONTEXT := build/image
-# $(1): the base, $(2): the tag. HEALTHCHECK needs the docker format (OCI images have none).
-build-image = $(PODMAN) build --format docker $(ULIMITS) --build-arg BASE=$(1) -t $(2) -f deploy/Containerfile $(IMAGE_CONTEXT)
+# $(1): the base, $(2): the tag. HEALTHCHECK needs podman's docker format (OCI images have none;
+# BUILDAH_FORMAT says so to podman, and docker ignores it).
+build-image = BUILDAH_FORMAT=docker $(PODMAN) build $(ULIMITS) --build-arg BASE=$(1) -t $(2) -f deploy/Containerfile $(IMAGE_CONTEXT)
 
 image-context: $(STAMP)
 	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)
@@ -183,6 +184,7 @@ local-base: container-tools ## make the local base image from Debian's packages 
 image-test: container-tools image-context ## build the image on the local base and prove it (scripts/image_check.py)
 	PODMAN="$(PODMAN)" deploy/local-base.sh $(LOCAL_BASE)
 	$(call build-image,$(LOCAL_BASE),$(TEST_IMAGE)) >build/image-build.log 2>&1 || { tail -40 build/image-build.log; exit 1; }
+	$(PODMAN) image prune --force --filter label=io.agentruntime.image >/dev/null  # earlier builds' untagged layers
 	$(BIN)/python scripts/image_check.py --image $(TEST_IMAGE) --podman "$(PODMAN)" --run-flags "$(ULIMITS)"
 
 # The manifests: the compose file loaded as Docker Compose loads it (compose-go), the Kustomize
