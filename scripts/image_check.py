@@ -147,7 +147,7 @@ def free_port() -> int:
 
 async def serving(address: str, patience: float, podman: Podman | None = None, name: str = "") -> float:
     """Seconds until the health service at `address` says SERVING (fails after `patience`)."""
-    started = time.monotonic()
+    started = looked = time.monotonic()
     options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 200)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -156,9 +156,13 @@ async def serving(address: str, patience: float, podman: Podman | None = None, n
                 reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return time.monotonic() - started
+            if podman is not None and time.monotonic() - looked > 1.0:  # a server that exited is not waited for
+                looked = time.monotonic()
+                if await podman("inspect", "--format", "{{.State.Running}}", name) != "true":
+                    break
             await asyncio.sleep(0.05)
     logs = await podman.logs(name) if podman is not None else ""
-    raise Failed(f"{address} did not answer SERVING within {patience}s\n{logs[-3000:]}")
+    raise Failed(f"{address} did not answer SERVING within {patience}s (or its container stopped)\n{logs[-3000:]}")
 
 
 def fetched(url: str) -> str:
