@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
 from tests.support.build import agent, create, run, spawn, struct, wait
@@ -133,3 +134,35 @@ async def test_a_tenants_cost_per_day_stops_its_runs_and_survives_a_restart(tmp_
     async with serve(**settings) as served:  # the day's spend is read back from the store
         _, again = await run(served.stub, runtime_id, "spender", "four")
         assert (again.status, again.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_COST)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("database"))
+    return f"sqlite:///{tmp_path / 'store.db'}"
+
+
+async def test_list_runtimes_shows_what_each_runtimes_handles_spent(tmp_path: Path, store_url: str) -> None:
+    """A runtime's row sums its roots' totals (children included), kept in the store row, so a
+    listing reads no journal; a restart lists the same."""
+    prices = tmp_path / "prices.json"
+    write_prices(prices)
+    store = store_url
+    async with serve(store=store, prices=str(prices)) as served:
+        spending = await create(served.stub, spender(), spender("free", model="unpriced"))
+        await run(served.stub, spending, "spender", "one")
+        await run(served.stub, spending, "spender", "two")
+        untouched = await create(served.stub, spender())
+        listed = {row.runtime_id: row for row in (await served.stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+        assert (listed[spending].total_tokens, listed[spending].total_cost.micros) == (2 * 1082, 2 * FIRST)
+        assert (listed[spending].total_cost.currency, listed[spending].total_cost.priced) == ("USD", True)
+        assert (listed[untouched].total_tokens, listed[untouched].total_cost.micros) == (0, 0)
+        await run(served.stub, spending, "free", "one")  # a call no price covers: the sum says so
+        after = (await served.stub.ListRuntimes(pb.ListRuntimesRequest(page_size=1))).runtimes
+        assert [row.runtime_id for row in after] == [untouched]  # newest first
+        listed = {row.runtime_id: row for row in (await served.stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+        assert (listed[spending].total_tokens, listed[spending].total_cost.priced) == (3 * 1082, False)
+    async with serve(store=store, prices=str(prices)) as served:
+        again = {row.runtime_id: row for row in (await served.stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+        assert again[spending] == listed[spending]

@@ -67,6 +67,10 @@ async def test_list_runtimes_counts_the_release_runtimes_handles(stub: pb_grpc.A
     listed = {row.runtime_id: row for row in (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
     figures = {key: (row.handle_count, row.running_count, row.suspended_count) for key, row in listed.items()}
     assert figures == {"legacy-done": (2, 0, 0), "legacy-pending": (2, 0, 2)}, figures
+    for runtime_id, row in listed.items():  # and what its handles spent: its roots' totals
+        roots = [v for v in (await stub.List(pb.ListRequest(runtime_id=runtime_id))).handles if v.parent_id == "root"]
+        assert row.total_tokens == sum(v.total_tokens for v in roots) > 0
+        assert (row.total_cost.micros, row.total_cost.priced) == (0, all(v.total_cost.priced for v in roots))
 
 
 def fields(usage: pb.Usage) -> tuple[int, ...]:

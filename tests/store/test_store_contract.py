@@ -41,6 +41,7 @@ from agentruntime_server.domain.journal import (
     events_of,
     replay,
 )
+from agentruntime_server.domain.journal.tree import RuntimeCounts
 from agentruntime_server.domain.model import (
     AgentSpec,
     Budget,
@@ -136,7 +137,7 @@ class Tee:
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None:
         await self.store.append(runtime_id, entries, running, counts)
         self.appended[runtime_id].extend(entries)
@@ -484,10 +485,10 @@ async def test_a_suspended_runtime_is_idle_only_by_its_own_cutoff(store: Store) 
     Request: the running flag) is never idle."""
     spawned = entry(1, Spawned(SPARE, "", "worker", Budget(), "", 1))
     shapes = {
-        "settled": (False, (1, 0, 0)),
-        "suspended": (False, (2, 0, 2)),
-        "running": (True, (1, 1, 0)),
-        "suspended-expiring": (True, (1, 0, 1)),
+        "settled": (False, RuntimeCounts(1, 0, 0)),
+        "suspended": (False, RuntimeCounts(2, 0, 2)),
+        "running": (True, RuntimeCounts(1, 1, 0)),
+        "suspended-expiring": (True, RuntimeCounts(1, 0, 1)),
     }
     for runtime_id, (running, counts) in shapes.items():
         await store.create_runtime(runtime_id, AGENTS)
@@ -515,7 +516,7 @@ async def test_a_suspended_runtime_is_idle_only_by_its_own_cutoff(store: Store) 
     assert await store.runtime_exists("suspended") is False and await store.runtime_exists("running") is True
 
     # Answered and settled (its counts say nothing is suspended now): the settled cutoff is its own.
-    await store.append("suspended-expiring", [entry(2, Closed(SPARE))], False, (1, 0, 0))
+    await store.append("suspended-expiring", [entry(2, Closed(SPARE))], False, RuntimeCounts(1, 0, 0))
     await store.flush()
     await asyncio.sleep(0.01)
     later = time.time()

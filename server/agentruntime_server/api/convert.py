@@ -377,11 +377,14 @@ def tool_output_text(output: pb.ToolOutput) -> str:
 
 
 def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:
+    figures = row.counts
     summary = pb.RuntimeSummary(
         runtime_id=row.runtime_id.rpartition(":")[2],
-        handle_count=row.handles,
-        running_count=row.running,
-        suspended_count=row.suspended,
+        handle_count=figures.handles,
+        running_count=figures.running,
+        suspended_count=figures.suspended,
+        total_tokens=figures.tokens,
+        total_cost=pb.Cost(micros=figures.cost_micros, currency=figures.cost_currency, priced=figures.cost_priced),
     )
     summary.create_time.FromNanoseconds(int(row.created_at * 1e9))
     return summary

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from .events import Observer
 from .journal import Entry
+from .journal.tree import RuntimeCounts
 from .limits import Limits
 from .model import (
     AgentSpec,
@@ -275,9 +276,7 @@ class RuntimeRow:
     runtime_id: str  # the store's key
     tenant: str
     created_at: float
-    handles: int
-    running: int
-    suspended: int
+    counts: RuntimeCounts
 
 
 @dataclass(frozen=True)
@@ -339,11 +338,11 @@ class Store(Protocol):
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None:
         """The entries, after every entry appended before (atomically, in order).
         `running`: whether the runtime now needs a process (None: unchanged); `counts`: its
-        (handles, running, suspended) now, for listings (None: unchanged)."""
+        figures now, for listings (None: unchanged)."""
         ...
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:

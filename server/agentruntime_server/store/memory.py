@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ..domain.errors import RequestIdTaken, RuntimeExists
 from ..domain.journal import Entry
+from ..domain.journal.tree import NO_COUNTS, RuntimeCounts
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
@@ -20,7 +21,7 @@ class _Runtime:
     agents: tuple[AgentSpec, ...]
     tenant: str
     created_at: float
-    counts: tuple[int, int, int] = (0, 0, 0)
+    counts: RuntimeCounts = NO_COUNTS
     updated_at: float = 0.0
     entries: list[Entry] = field(default_factory=list)
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
@@ -34,7 +35,7 @@ class _Runtime:
             self.last_events.append(max(entry.last_event, self.last_events[-1] if self.last_events else 0))
 
     def idle(self, before: float | None, suspended_before: float | None) -> bool:
-        cutoff = suspended_before if self.counts[2] else before  # counts: (handles, running, suspended)
+        cutoff = suspended_before if self.counts.suspended else before
         return cutoff is not None and self.updated_at < cutoff and not self.running
 
 
@@ -73,7 +74,7 @@ class MemoryStore:
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None:
         runtime = self._runtimes[runtime_id]
         rows, _ = journal_rows(runtime_id, len(runtime.entries) + 1, entries)  # held to what a durable store can keep
@@ -98,7 +99,7 @@ class MemoryStore:
             ((runtime.created_at, key) for key, runtime in self._runtimes.items() if runtime.tenant == tenant), reverse=True
         )
         rows = [position for position in ordered if after is None or position < after][:limit]
-        return [RuntimeRow(key, tenant, created, *self._runtimes[key].counts) for created, key in rows]
+        return [RuntimeRow(key, tenant, created, self._runtimes[key].counts) for created, key in rows]
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         self._keep(reply)

@@ -5,6 +5,7 @@ or a function for a migration that must read and rewrite rows."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -12,8 +13,11 @@ from collections.abc import Callable
 from pydantic import TypeAdapter
 
 from ..domain.journal import Tree
+from ..domain.journal.replay import replay
 from ..domain.model import AgentSpec
 from . import legacy, payloads
+
+log = logging.getLogger(__name__)
 
 
 def _to_journal(db: sqlite3.Connection) -> None:
@@ -50,7 +54,32 @@ def _counted(db: sqlite3.Connection) -> None:
         db.execute(
             "UPDATE runtimes SET handles = ?, running_handles = ?, suspended_handles = ?, "
             "updated_at = max(updated_at, coalesce((SELECT max(at) FROM journal WHERE runtime_id = ?), 0)) WHERE id = ?",
-            (*tree.counts, runtime_id, runtime_id),
+            (*tree.counts[:3], runtime_id, runtime_id),
+        )
+
+
+def _spent(db: sqlite3.Connection) -> None:
+    """10: what each runtime's handles spent, tokens and cost, for ListRuntimes: read from
+    the journals of the runtimes there are (a runtime writes its figures whole from then on)."""
+    for column in ("tokens INTEGER NOT NULL DEFAULT 0", "cost_micros INTEGER NOT NULL DEFAULT 0"):
+        db.execute(f"ALTER TABLE runtimes ADD COLUMN {column}")
+    db.execute("ALTER TABLE runtimes ADD COLUMN cost_currency TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE runtimes ADD COLUMN cost_priced INTEGER NOT NULL DEFAULT 1")
+    agents = TypeAdapter(tuple[AgentSpec, ...])
+    for runtime_id, defined in db.execute("SELECT id, agents FROM runtimes").fetchall():
+        tree = Tree(runtime_id, agents.validate_json(defined))
+        rows = db.execute(
+            "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? ORDER BY seq", (runtime_id,)
+        ).fetchall()
+        try:
+            replay(tree, [entry for values in rows for entry in payloads.ungrouped(*values)])
+        except Exception as exc:  # a figure to show is not worth refusing the store for: its next write fills it in
+            log.warning("runtime %s: its spend could not be read from its journal (%s)", runtime_id, type(exc).__name__)
+            continue
+        figures = tree.counts
+        db.execute(
+            "UPDATE runtimes SET tokens = ?, cost_micros = ?, cost_currency = ?, cost_priced = ? WHERE id = ?",
+            (figures.tokens, figures.cost_micros, figures.cost_currency, figures.cost_priced, runtime_id),
         )
 
 
@@ -179,6 +208,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     "CREATE TABLE store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     # 10: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
     "ALTER TABLE tenant_tokens ADD COLUMN micros INTEGER NOT NULL DEFAULT 0",
+    _spent,
 ]
 
 

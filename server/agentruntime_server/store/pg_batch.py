@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..domain.journal.tree import RuntimeCounts
 from .payloads import Row
 
 
@@ -19,7 +20,7 @@ class Batch:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.rows: list[Row] = []
         self.running: dict[str, bool] = {}
-        self.counts: dict[str, tuple[int, int, int]] = {}
+        self.counts: dict[str, RuntimeCounts] = {}
         self.touched: set[str] = set()  # runtimes written: their updated_at moves
         self.grown: dict[str, int] = {}  # runtime -> the payload bytes appended
         self.tokens: dict[tuple[str, int], tuple[int, int]] = {}  # (tenant, minute) -> (tokens, micros)

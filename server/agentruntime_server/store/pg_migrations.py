@@ -79,6 +79,14 @@ MIGRATIONS: list[str] = [
     """,
     # 5: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
     "ALTER TABLE tenant_tokens ADD COLUMN micros BIGINT NOT NULL DEFAULT 0",
+    # 6: what each runtime's handles spent, for ListRuntimes. A runtime written before shows
+    # nothing spent until its next write, which stores its figures whole.
+    """
+    ALTER TABLE runtimes ADD COLUMN tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runtimes ADD COLUMN cost_micros BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE runtimes ADD COLUMN cost_currency TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runtimes ADD COLUMN cost_priced BOOLEAN NOT NULL DEFAULT TRUE
+    """,
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

@@ -20,7 +20,7 @@ def entry(seq: int, at: float, first_event: int, last_event: int, step: bytes) -
 # replica (NULL: no leases, every runtime is this process's), $4-$9 the journal rows,
 # $10-$13 per runtime its running flag and counts (NULL: unchanged), $14 the time, $15-$17
 # the tenants' tokens by minute, $18 per runtime the payload bytes it grew by, $19 the
-# tenants' cost (micros) by minute, beside $17.
+# tenants' cost (micros) by minute, beside $17, $20-$23 per runtime what it spent (NULL: unchanged).
 COMMIT = """
 WITH mine AS (
     SELECT r.id FROM runtimes r JOIN unnest($1::text[], $2::bigint[]) AS m(id, epoch) ON r.id = m.id
@@ -37,10 +37,16 @@ WITH mine AS (
         handles = COALESCE(u.handles, r.handles),
         running_handles = COALESCE(u.running_handles, r.running_handles),
         suspended_handles = COALESCE(u.suspended_handles, r.suspended_handles),
+        tokens = COALESCE(u.tokens, r.tokens),
+        cost_micros = COALESCE(u.cost_micros, r.cost_micros),
+        cost_currency = COALESCE(u.cost_currency, r.cost_currency),
+        cost_priced = COALESCE(u.cost_priced, r.cost_priced),
         bytes = r.bytes + u.bytes,
         updated_at = $14
-    FROM unnest($1::text[], $10::bool[], $11::int[], $12::int[], $13::int[], $18::bigint[])
-        AS u(id, running, handles, running_handles, suspended_handles, bytes)
+    FROM unnest(
+        $1::text[], $10::bool[], $11::int[], $12::int[], $13::int[], $18::bigint[],
+        $20::bigint[], $21::bigint[], $22::text[], $23::bool[]
+    ) AS u(id, running, handles, running_handles, suspended_handles, bytes, tokens, cost_micros, cost_currency, cost_priced)
     WHERE r.id = u.id AND r.id IN (SELECT id FROM mine)
 ), spent AS (
     INSERT INTO tenant_tokens (tenant, minute, tokens, micros)

@@ -44,6 +44,7 @@ from pydantic import TypeAdapter
 
 from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreUnavailable
 from ..domain.journal import Entry
+from ..domain.journal.tree import RuntimeCounts
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
@@ -349,6 +350,10 @@ class PostgresStore:
             [tokens for tokens, _ in batch.tokens.values()],
             [batch.grown.get(key, 0) for key in keys],
             [micros for _, micros in batch.tokens.values()],
+            [c.tokens if c else None for c in counts],
+            [c.cost_micros if c else None for c in counts],
+            [c.cost_currency if c else None for c in counts],
+            [c.cost_priced if c else None for c in counts],
         )
         refused = set(keys) - {row[0] for row in written}
         if not refused:
@@ -459,7 +464,7 @@ class PostgresStore:
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None:
         if runtime_id in self.fenced:  # refused already: nothing more it writes counts
             raise Fenced(runtime_id, self.fenced[runtime_id])
@@ -571,12 +576,13 @@ class PostgresStore:
         pool = await self.pool()
         # COLLATE "C": ids order by their bytes, as in SQLite, whatever the database's locale.
         query = (
-            "SELECT id, tenant, created_at, handles, running_handles, suspended_handles FROM runtimes WHERE tenant = $1"
+            "SELECT id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency,"
+            " cost_priced FROM runtimes WHERE tenant = $1"
             + (' AND (created_at < $2 OR (created_at = $2 AND id COLLATE "C" < $3))' if after else "")
             + f' ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT ${4 if after else 2}'
         )
         parameters = (tenant, after[0], after[1], limit) if after else (tenant, limit)
-        return [RuntimeRow(*row) for row in await pool.fetch(query, *parameters)]
+        return [RuntimeRow(row[0], row[1], row[2], RuntimeCounts(*row[3:])) for row in await pool.fetch(query, *parameters)]
 
     @guarded
     async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:

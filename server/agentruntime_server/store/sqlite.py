@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 
 from ..domain.errors import NotJournaled, RequestIdTaken, RuntimeExists, StoreBroken, StoreCannotWrite
 from ..domain.journal import Entry
+from ..domain.journal.tree import RuntimeCounts
 from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
 from ..domain.quotas import runtimes_quota_reached
@@ -46,9 +47,11 @@ _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _TOUCH = (
     "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
     "running_handles = coalesce(?, running_handles), suspended_handles = coalesce(?, suspended_handles), "
-    "bytes = bytes + ?, updated_at = ? WHERE id = ?"
+    "tokens = coalesce(?, tokens), cost_micros = coalesce(?, cost_micros), cost_currency = coalesce(?, cost_currency), "
+    "cost_priced = coalesce(?, cost_priced), bytes = bytes + ?, updated_at = ? WHERE id = ?"
 )
-_UNCHANGED = (None, None, None)
+_UNCHANGED = (None,) * len(RuntimeCounts._fields)
+_LISTED = "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced"
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
 LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
 # Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
@@ -74,7 +77,7 @@ class SqliteStore:
         migrate(self._db)
         self._rows: list[Row] = []  # appended, not yet written
         self._running: dict[str, bool] = {}
-        self._counts: dict[str, tuple[int, int, int]] = {}
+        self._counts: dict[str, RuntimeCounts] = {}
         self._touched: set[str] = set()  # runtimes written this tick: their updated_at moves
         self._tokens: dict[tuple[str, int], tuple[int, int]] = {}  # (tenant, minute) -> (tokens, micros) this tick
         self._commit_due = False
@@ -371,7 +374,7 @@ class SqliteStore:
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None:
         if self._down is not None or runtime_id in self.unwritten:  # the copy appending is ahead of the store
             self._unwritten([runtime_id])
@@ -418,12 +421,12 @@ class SqliteStore:
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         self._before_read()
         query = (
-            "SELECT id, tenant, created_at, handles, running_handles, suspended_handles FROM runtimes WHERE tenant = ?"
+            f"SELECT {_LISTED} FROM runtimes WHERE tenant = ?"
             + (" AND (created_at < ? OR (created_at = ? AND id < ?))" if after else "")
             + " ORDER BY created_at DESC, id DESC LIMIT ?"
         )
         parameters = (tenant, after[0], after[0], after[1], limit) if after else (tenant, limit)
-        return [RuntimeRow(*row) for row in self._db.execute(query, parameters)]
+        return [_row(*row) for row in self._db.execute(query, parameters)]
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         self._commit()
@@ -566,3 +569,9 @@ def _create_private(path: Path) -> None:
             ancestor.mkdir(mode=0o700, exist_ok=True)
     if not path.exists():
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def _row(runtime_id: str, tenant: str, created_at: float, *counts: object) -> RuntimeRow:
+    handles, running, suspended, tokens, micros, currency, priced = counts
+    figures = RuntimeCounts(handles, running, suspended, tokens, micros, currency, bool(priced))  # type: ignore[arg-type]
+    return RuntimeRow(runtime_id, tenant, created_at, figures)

@@ -5363,8 +5363,12 @@ type RuntimeSummary struct {
 	// Handles with a run in flight (RUNNING or QUEUED).
 	RunningCount   int32 `protobuf:"varint,4,opt,name=running_count,json=runningCount,proto3" json:"running_count,omitempty"`
 	SuspendedCount int32 `protobuf:"varint,5,opt,name=suspended_count,json=suspendedCount,proto3" json:"suspended_count,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The tokens every handle of the runtime spent (the sum of its roots' `total_tokens`).
+	TotalTokens int64 `protobuf:"varint,6,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
+	// What they cost (the sum of its roots' `total_cost`).
+	TotalCost     *Cost `protobuf:"bytes,7,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RuntimeSummary) Reset() {
@@ -5430,6 +5434,20 @@ func (x *RuntimeSummary) GetSuspendedCount() int32 {
 		return x.SuspendedCount
 	}
 	return 0
+}
+
+func (x *RuntimeSummary) GetTotalTokens() int64 {
+	if x != nil {
+		return x.TotalTokens
+	}
+	return 0
+}
+
+func (x *RuntimeSummary) GetTotalCost() *Cost {
+	if x != nil {
+		return x.TotalCost
+	}
+	return nil
 }
 
 type DeleteRuntimeRequest struct {
@@ -6308,7 +6326,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"{\n" +
 	"\x14ListRuntimesResponse\x12;\n" +
 	"\bruntimes\x18\x01 \x03(\v2\x1f.agentruntime.v1.RuntimeSummaryR\bruntimes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdd\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb6\x02\n" +
 	"\x0eRuntimeSummary\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12;\n" +
@@ -6316,7 +6334,10 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"createTime\x12!\n" +
 	"\fhandle_count\x18\x03 \x01(\x05R\vhandleCount\x12#\n" +
 	"\rrunning_count\x18\x04 \x01(\x05R\frunningCount\x12'\n" +
-	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\"j\n" +
+	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\x12!\n" +
+	"\ftotal_tokens\x18\x06 \x01(\x03R\vtotalTokens\x124\n" +
+	"\n" +
+	"total_cost\x18\a \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"j\n" +
 	"\x14DeleteRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x14\n" +
@@ -6621,47 +6642,48 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	31,  // 88: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
 	72,  // 89: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
 	85,  // 90: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	76,  // 91: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	33,  // 92: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	78,  // 93: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	79,  // 94: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	31,  // 95: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	85,  // 96: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	36,  // 97: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	38,  // 98: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	40,  // 99: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	42,  // 100: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	44,  // 101: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	46,  // 102: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	48,  // 103: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	50,  // 104: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	52,  // 105: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	54,  // 106: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	56,  // 107: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	58,  // 108: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	70,  // 109: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	73,  // 110: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	75,  // 111: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	37,  // 112: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	39,  // 113: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	41,  // 114: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	43,  // 115: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	45,  // 116: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	47,  // 117: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	49,  // 118: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	51,  // 119: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	53,  // 120: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	55,  // 121: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	57,  // 122: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	59,  // 123: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	71,  // 124: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	74,  // 125: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	77,  // 126: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	112, // [112:127] is the sub-list for method output_type
-	97,  // [97:112] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	12,  // 91: agentruntime.v1.RuntimeSummary.total_cost:type_name -> agentruntime.v1.Cost
+	76,  // 92: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	33,  // 93: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	78,  // 94: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	79,  // 95: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	31,  // 96: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	85,  // 97: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	36,  // 98: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	38,  // 99: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	40,  // 100: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	42,  // 101: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	44,  // 102: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	46,  // 103: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	48,  // 104: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	50,  // 105: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	52,  // 106: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	54,  // 107: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	56,  // 108: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	58,  // 109: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	70,  // 110: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	73,  // 111: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	75,  // 112: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	37,  // 113: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	39,  // 114: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	41,  // 115: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	43,  // 116: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	45,  // 117: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	47,  // 118: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	49,  // 119: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	51,  // 120: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	53,  // 121: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	55,  // 122: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	57,  // 123: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	59,  // 124: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	71,  // 125: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	74,  // 126: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	77,  // 127: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	113, // [113:128] is the sub-list for method output_type
+	98,  // [98:113] is the sub-list for method input_type
+	98,  // [98:98] is the sub-list for extension type_name
+	98,  // [98:98] is the sub-list for extension extendee
+	0,   // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }

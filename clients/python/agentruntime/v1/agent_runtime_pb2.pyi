@@ -2618,13 +2618,21 @@ class RuntimeSummary(_message.Message):
     HANDLE_COUNT_FIELD_NUMBER: _builtins.int
     RUNNING_COUNT_FIELD_NUMBER: _builtins.int
     SUSPENDED_COUNT_FIELD_NUMBER: _builtins.int
+    TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    TOTAL_COST_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_count: _builtins.int
     running_count: _builtins.int
     """Handles with a run in flight (RUNNING or QUEUED)."""
     suspended_count: _builtins.int
+    total_tokens: _builtins.int
+    """The tokens every handle of the runtime spent (the sum of its roots' `total_tokens`)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def total_cost(self) -> Global___Cost:
+        """What they cost (the sum of its roots' `total_cost`)."""
+
     def __init__(
         self,
         *,
@@ -2633,10 +2641,12 @@ class RuntimeSummary(_message.Message):
         handle_count: _builtins.int = ...,
         running_count: _builtins.int = ...,
         suspended_count: _builtins.int = ...,
+        total_tokens: _builtins.int = ...,
+        total_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "total_cost", b"total_cost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "handle_count", b"handle_count", "running_count", b"running_count", "runtime_id", b"runtime_id", "suspended_count", b"suspended_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "handle_count", b"handle_count", "running_count", b"running_count", "runtime_id", b"runtime_id", "suspended_count", b"suspended_count", "total_cost", b"total_cost", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

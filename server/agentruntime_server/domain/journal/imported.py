@@ -31,6 +31,7 @@ class Imported:
     def apply(self, tree: Tree) -> None:
         handle = tree.handles[self.handle_id]
         handle.usage = self.usage
+        tree.spent(self.usage.own_split, self.usage.own_cost)
         tree.changed_state(handle.state, self.state, handle.agent.heartbeat is not None)
         handle.state = self.state
         handle.inbox.extend(self.inbox)

@@ -15,7 +15,7 @@ from .entry import Entry
 from .events import Event, EventKind
 from .replay import apply, replay
 from .steps import Step
-from .tree import Tree
+from .tree import RuntimeCounts, Tree
 
 log = logging.getLogger("agentruntime_server.domain.journal")
 
@@ -31,7 +31,7 @@ class JournalStore(Protocol):
         runtime_id: str,
         entries: Sequence[Entry],
         running: bool | None = None,
-        counts: tuple[int, int, int] | None = None,
+        counts: RuntimeCounts | None = None,
     ) -> None: ...
 
 
@@ -58,7 +58,7 @@ class Journal:
     closed: bool = field(default=False, init=False)
     deleted: bool = field(default=False, init=False)  # closed as its runtime is deleted: a write gets NotFound
     _was_running: bool = field(default=False, init=False)
-    _counts: tuple[int, int, int] = field(default=(0, 0, 0), init=False)
+    _counts: RuntimeCounts | None = field(default=None, init=False)
 
     @classmethod
     def restore(cls, tree: Tree, store: JournalStore, events: EventSink, entries: Sequence[Entry]) -> Journal:
@@ -66,7 +66,8 @@ class Journal:
         journal = cls(tree, store, events, entries[-1].seq if entries else 0)
         events.last_seq = max((entry.last_event for entry in entries), default=0)
         journal._was_running = tree.active
-        journal._counts = tree.counts
+        # (_counts stays None: the first write after a load stores the figures whole, which
+        # fills in those a store row from before a figure existed lacks)
         return journal
 
     def first(self, *steps: Step) -> list[Entry]:

@@ -188,6 +188,7 @@ class ModelReplied:
 
     def apply(self, tree: Tree) -> None:
         tree.handles[self.handle_id].add_reply(self.message, self.split, self.cost, self.estimated)
+        tree.spent(self.split, self.cost)
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         fields: dict[str, object] = {

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..handle import Handle
 from ..model import AgentSpec, Answer, HandleState, RuntimeOptions
+from ..usage import NO_COST, Cost, Tokens
 
 if TYPE_CHECKING:
     from .steps import Replied
@@ -36,6 +37,23 @@ class ReplyBook:
         return len(self._by_id)
 
 
+class RuntimeCounts(NamedTuple):
+    """What ListRuntimes shows of a runtime, kept in its store row: its handles, those in
+    flight and those suspended, and what all of them spent (absolute figures: a write
+    replaces them)."""
+
+    handles: int = 0
+    running: int = 0
+    suspended: int = 0
+    tokens: int = 0
+    cost_micros: int = 0
+    cost_currency: str = ""
+    cost_priced: bool = True
+
+
+NO_COUNTS = RuntimeCounts()
+
+
 class Tree:
     """The state the journal builds: every handle, and the indexes over them."""
 
@@ -56,6 +74,8 @@ class Tree:
         self.running = 0  # handles with a run in flight (RUNNING or QUEUED)
         self.beating = 0  # open handles with a heartbeat
         self.suspended = 0
+        self.spent_tokens = 0  # by every handle, as ListRuntimes shows it
+        self.spent_cost = NO_COST
         self.options = RuntimeOptions()
         self.replies = ReplyBook(replies_kept)  # the answers of the host's calls made with request ids
 
@@ -67,10 +87,17 @@ class Tree:
         if beats:
             self.beating -= (after is HandleState.CLOSED) - (before is HandleState.CLOSED)
 
+    def spent(self, tokens: Tokens, cost: Cost) -> None:
+        self.spent_tokens += tokens.total
+        self.spent_cost = self.spent_cost.plus(cost)
+
     @property
-    def counts(self) -> tuple[int, int, int]:
-        """(handles, running, suspended): what ListRuntimes shows of a runtime."""
-        return len(self.handles), self.running, self.suspended
+    def counts(self) -> RuntimeCounts:
+        """What ListRuntimes shows of the runtime."""
+        cost = self.spent_cost
+        return RuntimeCounts(
+            len(self.handles), self.running, self.suspended, self.spent_tokens, cost.micros, cost.currency, cost.priced
+        )
 
     @property
     def active(self) -> bool:
