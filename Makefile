@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,7 +73,7 @@ check-gen: gen ## fail if the committed stubs differ from the proto (or new ones
 
 # --- quality -----------------------------------------------------------------
 
-PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py
+PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
@@ -111,7 +111,7 @@ consumer-tests: release ## a fresh project per language on the released artifact
 		echo "== consumer test: $$dir"; $(MAKE) -s -C $$dir consumer-test RELEASE_DIR=$(RELEASE_DIR) || failed=1; done; exit $$failed'
 
 # One line per client language: add `test-go` etc. here and define it below.
-TEST_TARGETS := test-python conformance-python test-go test-java test-typescript conformance-secure consumer-tests smoke
+TEST_TARGETS := test-python conformance-python test-go test-java test-typescript conformance-secure consumer-tests smoke deploy-check image-test
 
 test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
@@ -141,6 +141,82 @@ SECURE_RUNNERS := "$(BIN)/python clients/python/conformance/run.py" "$(MAKE) -s 
 conformance-secure: $(STAMP) $(TS_DIR)/node_modules/.installed ## every client's vectors against a server with TLS, mTLS and a bearer token
 	scripts/with-secure-server.sh bash -c 'failed=0; for runner in $(SECURE_RUNNERS); do \
 		echo "== $$runner"; $$runner || failed=1; done; exit $$failed'
+
+# --- deployment (docs/deploy.md) ---------------------------------------------
+
+# The image: deploy/Containerfile, built from a context holding the server, the client and every
+# dependency as wheels built here (pinned to what .venv holds), so no index is needed inside the
+# build. Elsewhere: `make image PODMAN=docker ULIMITS=` (or podman as it is set up there).
+PODMAN     ?= podman --runtime runc
+ULIMITS    ?= --ulimit nofile=16384:16384 --ulimit nproc=8192:8192
+BASE       ?= docker.io/library/python:3.11-slim-bookworm
+IMAGE      ?= localhost/agentruntime:$(shell cat VERSION)
+LOCAL_BASE := localhost/agentruntime-base:bookworm
+TEST_IMAGE := localhost/agentruntime:test
+IMAGE_CONTEXT := build/image
+# $(1): the base, $(2): the tag. HEALTHCHECK needs podman's docker format (OCI images have none;
+# BUILDAH_FORMAT says so to podman, and docker ignores it).
+build-image = BUILDAH_FORMAT=docker $(PODMAN) build $(ULIMITS) --build-arg BASE=$(1) -t $(2) -f deploy/Containerfile $(IMAGE_CONTEXT)
+
+image-context: $(STAMP)
+	rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT)
+	$(BIN)/pip freeze --exclude-editable >$(IMAGE_CONTEXT)/constraints.txt
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --constraint $(IMAGE_CONTEXT)/constraints.txt \
+		--wheel-dir $(IMAGE_CONTEXT)/wheels ./clients/python './server[console]'
+	cp deploy/healthcheck.py $(IMAGE_CONTEXT)/
+
+image: image-context ## build the server's image (BASE=... for another Python 3.11 bookworm base; IMAGE=... its tag)
+	$(call build-image,$(BASE),$(IMAGE))
+
+# These machines reach no container registry: podman, runc and debootstrap from Debian's
+# packages, and the base made from Debian's packages too (kept once made).
+container-tools: ## install podman, runc and debootstrap where missing (apt-get)
+	@missing=""; for tool in podman runc debootstrap; do \
+		PATH=$$PATH:/usr/sbin:/sbin command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	for package in netavark aardvark-dns; do \
+		dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$package"; done; \
+	if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing; fi
+
+local-base: container-tools ## make the local base image from Debian's packages (debootstrap), unless it exists
+	PODMAN="$(PODMAN)" deploy/local-base.sh $(LOCAL_BASE)
+
+image-test: container-tools image-context ## build the image on the local base and prove it (scripts/image_check.py)
+	PODMAN="$(PODMAN)" deploy/local-base.sh $(LOCAL_BASE)
+	$(call build-image,$(LOCAL_BASE),$(TEST_IMAGE)) >build/image-build.log 2>&1 || { tail -40 build/image-build.log; exit 1; }
+	$(PODMAN) image prune --force --filter label=io.agentruntime.image >/dev/null  # earlier builds' untagged layers
+	$(BIN)/python scripts/image_check.py --image $(TEST_IMAGE) --podman "$(PODMAN)" --run-flags "$(ULIMITS)"
+
+# The manifests: the compose file loaded as Docker Compose loads it (compose-go), the Kustomize
+# output validated strictly against the schemas of the oldest and the newest Kubernetes we
+# target (from the PyPI package kubernetes-validate: GitHub, kubeconform's usual source, is out of reach).
+KUBECONFORM := github.com/yannh/kubeconform/cmd/kubeconform@v0.8.0
+KUSTOMIZE   := sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
+K8S_SCHEMAS_PACKAGE := kubernetes-validate==1.37.0
+K8S_VERSIONS := 1.30.0 1.37.0
+K8S_SCHEMAS := $(CURDIR)/.tools/k8s-schemas
+deploy-check: $(TOOLS)/kubeconform $(TOOLS)/kustomize $(TOOLS)/composecheck $(K8S_SCHEMAS)/.installed ## validate deploy/compose.yaml and deploy/k8s (kubeconform -strict)
+	mkdir -p build
+	$(TOOLS)/composecheck deploy/compose.yaml >build/compose.resolved.yaml
+	$(TOOLS)/kustomize build deploy/k8s >build/k8s.yaml
+	for version in $(K8S_VERSIONS); do echo "kubeconform -strict, Kubernetes $$version:"; \
+		$(TOOLS)/kubeconform -strict -summary -kubernetes-version $$version -schema-location $(K8S_SCHEMAS) build/k8s.yaml; done
+
+$(TOOLS)/kubeconform:
+	GOBIN=$(TOOLS) go install $(KUBECONFORM)
+
+$(TOOLS)/kustomize:
+	GOBIN=$(TOOLS) go install $(KUSTOMIZE)
+
+$(TOOLS)/composecheck: scripts/composecheck/main.go scripts/composecheck/go.mod scripts/composecheck/go.sum
+	cd scripts/composecheck && GOBIN=$(TOOLS) go install .
+
+$(K8S_SCHEMAS)/.installed: scripts/k8s_schemas.py | $(STAMP)
+	rm -rf $(K8S_SCHEMAS) $(K8S_SCHEMAS).download && mkdir -p $(K8S_SCHEMAS)
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps --dest $(K8S_SCHEMAS).download $(K8S_SCHEMAS_PACKAGE)
+	$(BIN)/python scripts/k8s_schemas.py $(K8S_SCHEMAS).download/*.whl $(K8S_SCHEMAS) $(K8S_VERSIONS)
+	rm -rf $(K8S_SCHEMAS).download
+	touch $@
 
 # --- running -----------------------------------------------------------------
 
