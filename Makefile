@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -118,8 +118,13 @@ test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) lint
 	$(MAKE) $(TEST_TARGETS)
 
-test-python: $(STAMP)
+test-python: $(STAMP) browser-tools
 	$(BIN)/pytest -q
+
+# The console's tests drive Debian's headless Chromium through its chromedriver (Selenium).
+browser-tools: ## install chromium and chromium-driver where missing (apt-get)
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then echo "apt-get install chromium chromium-driver"; \
+		apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; fi
 
 conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the Python client
 	scripts/with-server.sh $(BIN)/python clients/python/conformance/run.py
@@ -220,8 +225,8 @@ $(K8S_SCHEMAS)/.installed: scripts/k8s_schemas.py | $(STAMP)
 
 # --- running -----------------------------------------------------------------
 
-run: $(STAMP) ## serve on 127.0.0.1:50051 (override with AGENTRUNTIME_* env, see docs/configuration.md)
-	$(BIN)/agentruntime serve
+run: $(STAMP) ## serve on 127.0.0.1:50051, and the web console on http://127.0.0.1:8080 (AGENTRUNTIME_* env, see docs/configuration.md)
+	scripts/run.sh $(BIN)/agentruntime
 
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk docs/walkthrough.md with grpcurl
 	scripts/smoke.sh
@@ -230,6 +235,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/streaming.py
+	$(BIN)/python bench/console.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/replicas.py

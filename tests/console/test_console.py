@@ -9,6 +9,7 @@ import json
 import urllib.error
 import urllib.request
 
+from agentruntime.cli.view import cost_text
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -27,7 +28,9 @@ def streamer(name: str = "writer", text: str = STORY, pause: float = 0.08) -> pb
     spoken = reply(text, tokens=120)
     spoken.stream_chunk_chars = 6
     spoken.stream_pause.CopyFrom(duration(pause))
-    return scripted(name, spoken)
+    defined = scripted(name, spoken)
+    defined.budget.CopyFrom(pb.Budget(max_turns=4, max_tokens=5000))
+    return defined
 
 
 def test_a_wrong_token_is_refused_and_the_right_one_signs_in(driver: WebDriver, stack: Stack) -> None:
@@ -57,6 +60,7 @@ def test_the_runtimes_page_lists_the_tenants_runtimes_with_their_figures_and_fil
     assert ids == sorted(listed, key=lambda key: listed[key].create_time.ToNanoseconds(), reverse=True)  # newest first
     cells = [c.text for c in rows["ledger-q3"].find_elements(By.TAG_NAME, "td")]
     assert cells[2] == "idle" and cells[6] == f"{listed['ledger-q3'].total_tokens:,}" == "321"
+    assert cells[7] == cost_text(listed["ledger-q3"].total_cost) and cells[7].endswith(" USD")
     assert rows["ledger-q4"].find_elements(By.TAG_NAME, "td")[2].text == "waiting"
     screenshot(driver, "runtimes")
 
@@ -75,7 +79,15 @@ def test_the_runtimes_page_lists_the_tenants_runtimes_with_their_figures_and_fil
 
 
 def test_a_runtimes_tree_is_live_and_a_handles_text_streams_in(driver: WebDriver, stack: Stack) -> None:
-    runtime_id = stack.create(ACME, "newsroom", streamer(), scripted("editor", reply("ok", tokens=7)))
+    checker = scripted("fact-checker", reply("checked", tokens=35))
+    runtime_id = stack.create(ACME, "newsroom", streamer(), scripted("editor", reply("ok", tokens=70)), checker)
+    editor = stack.start_run(ACME, runtime_id, "editor", "plan the issue")
+    checkers = [
+        stack.rpc(ACME, "Spawn", pb.SpawnRequest(runtime_id=runtime_id, parent_id=editor, agent="fact-checker")) for _ in "ab"
+    ]
+    for spawned in checkers:
+        stack.rpc(ACME, "Wake", pb.WakeRequest(runtime_id=runtime_id, handle_id=spawned.handle_id, prompt="check"))
+        stack.wait(ACME, runtime_id, spawned.handle_id)
     sign_in(driver, stack, ACME[1])
     driver.get(f"{stack.console_url}/runtimes/{runtime_id}")
     until(driver, lambda d: d.find_element(By.ID, "live-state").text == "live", "the live stream")
@@ -97,7 +109,13 @@ def test_a_runtimes_tree_is_live_and_a_handles_text_streams_in(driver: WebDriver
     assert result.status == pb.STATUS_DONE and result.text == STORY
     until(driver, lambda d: cell(d, handle_id, "c-total") == f"{result.total_tokens:,}", "the settled figures")
     assert cell(driver, handle_id, "c-turns") == "1" and cell(driver, handle_id, "c-result") == "done"
+    assert cell(driver, handle_id, "c-budget") == "turns 4 · tokens 5000"  # (a handle the page had no row for)
     assert not row(driver, handle_id).find_element(By.CLASS_NAME, "writing").is_displayed()  # the turn ended
+    ids = [r.get_attribute("data-id") for r in driver.find_elements(By.CSS_SELECTOR, "#tree tr[data-id]")]
+    assert ids == [editor, *(spawned.handle_id for spawned in checkers), handle_id]  # parents before their children
+    assert cell(driver, editor, "c-total") == f"{70 + 2 * 35:,}"  # its subtree's
+    view = stack.rpc(ACME, "Inspect", pb.InspectRequest(runtime_id=runtime_id, handle_id=editor)).handle
+    assert cell(driver, editor, "c-cost") == cost_text(view.total_cost) and view.total_cost.micros > view.own_cost.micros
 
 
 def committer(stack: Stack, name: str) -> pb.AgentDef:
@@ -125,7 +143,7 @@ def test_an_approval_approved_in_the_browser_runs_the_tool_and_the_run_finishes(
     screenshot(driver, "approval")
     hits = stack.tools.hits["commit"]
     form.find_element(By.XPATH, ".//button[text()='Approve']").click()
-    until(driver, lambda d: "Answer sent" in d.find_element(By.CSS_SELECTOR, ".flash").text, "the answer's flash")
+    until(driver, lambda d: "Answer sent" in d.find_element(By.CSS_SELECTOR, "main .flash").text, "the answer's flash")
     result = stack.wait(ACME, runtime_id, handle_id)
     assert (result.status, result.text) == (pb.STATUS_DONE, f"result: commit ok #{hits + 1}")
     assert stack.tools.hits["commit"] == hits + 1
@@ -143,7 +161,8 @@ def test_an_approval_denied_from_the_inbox_reaches_the_model_with_its_reason(dri
     form = driver.find_element(By.CSS_SELECTOR, f'#requests article.request[data-request^="{handle_id}/"]')
     form.find_element(By.NAME, "reason").send_keys("change freeze until Monday")
     form.find_element(By.XPATH, ".//button[text()='Deny']").click()
-    until(driver, lambda d: d.current_url.endswith("/inbox"), "the inbox again")
+    until(driver, lambda d: "Answer sent" in d.find_element(By.CSS_SELECTOR, "main .flash").text, "the answer's flash")
+    assert driver.current_url.endswith("/inbox")
     result = stack.wait(ACME, runtime_id, handle_id)
     assert (result.status, result.text) == (pb.STATUS_DONE, "result: declined by the host: change freeze until Monday")
     assert stack.tools.hits["commit"] == hits  # the tool never ran
@@ -169,7 +188,7 @@ def test_an_answer_that_is_not_json_is_not_sent(driver: WebDriver, stack: Stack)
     assert stack.wait(ACME, runtime_id, handle_id).status == pb.STATUS_PENDING  # nothing was sent
     form.find_element(By.NAME, "answer").send_keys("}")
     form.find_element(By.XPATH, ".//button[text()='Answer']").click()
-    until(driver, lambda d: "Answer sent" in d.find_element(By.CSS_SELECTOR, ".flash").text, "the answer's flash")
+    until(driver, lambda d: "Answer sent" in d.find_element(By.CSS_SELECTOR, "main .flash").text, "the answer's flash")
     assert stack.wait(ACME, runtime_id, handle_id).status == pb.STATUS_DONE
     transcript = stack.rpc(ACME, "GetTranscript", pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))
     assert json.loads(next(m for m in transcript.messages if m.role == "tool").content) == {"region": "eu-west-1"}

@@ -6,6 +6,7 @@ Selenium, so that test bodies stay synchronous as a person's clicks are."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from agentruntime_server.console.app import Target, build
 from aiohttp import web
 from google.protobuf.message import Message as ProtoMessage
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -65,6 +67,10 @@ class Stack:
         await self.tools.start()
         tokens = self.workdir / "tokens.json"
         write_tokens(tokens)
+        prices = self.workdir / "prices.json"
+        rates = {"model": "*", "input": 2.5, "cache_read": 0.25, "cache_write": 3.125, "output": 10.0}
+        table = [{"provider": provider, **rates} for provider in ("scripted", "openai")]
+        prices.write_text(json.dumps({"currency": "USD", "prices": table}))
         self.served = await self.stack.enter_async_context(
             serve(
                 auth="tokens",
@@ -73,6 +79,7 @@ class Stack:
                 llm_style="openai",
                 llm_base_url=self.model.base_url,
                 llm_api_key="sk-console-test-never-shown",
+                prices=str(prices),
                 tool_egress_allow=["127.0.0.0/8"],  # the test's tool server (closed by default with authentication on)
             )
         )
@@ -168,7 +175,9 @@ def driver() -> Iterator[WebDriver]:
 
 
 def until(driver: WebDriver, condition: Callable[[WebDriver], T], what: str, timeout: float = 20) -> T:
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(condition, message=f"waited {timeout}s for {what}")
+    # (an element read as the page navigates away is stale: asked again on the next poll)
+    waiting = WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
+    return waiting.until(condition, message=f"waited {timeout}s for {what}")
 
 
 def sign_in(driver: WebDriver, stack: Stack, token: str, expect: str = "/runtimes") -> None:
@@ -177,7 +186,10 @@ def sign_in(driver: WebDriver, stack: Stack, token: str, expect: str = "/runtime
     form = driver.find_element(By.ID, "token")
     form.send_keys(token)
     driver.find_element(By.ID, "signin").click()
-    until(driver, lambda d: d.current_url.endswith(expect) and d.find_elements(By.TAG_NAME, "main"), f"{expect} after signing in")
+    try:
+        until(driver, lambda d: d.current_url.endswith(expect) and d.find_elements(By.TAG_NAME, "main"), f"{expect}, signed in")
+    except TimeoutException:
+        raise AssertionError(f"not signed in: at {driver.current_url}: {driver.page_source[:2000]}") from None
 
 
 def row(driver: WebDriver, handle_id: str) -> WebElement:

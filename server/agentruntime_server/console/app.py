@@ -115,12 +115,12 @@ async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse
     console = request.app[CONSOLE_KEY]
     session = console.sessions.get(request.cookies.get(COOKIE))
     is_open = request.path.startswith(OPEN_PATHS)
-    if session is None and not is_open:
-        if request.method == "GET" and not request.path.endswith("/live"):
+    if (session is None or not session.signed_in) and not is_open:
+        # A page is sent to the sign-in form; a script's request (the live stream, a fragment)
+        # is refused, lest its redirect mint a session that replaces the page's own.
+        if request.method == "GET" and request.headers.get("Sec-Fetch-Mode", "navigate") == "navigate":
             raise web.HTTPSeeOther("/signin")
-        raise web.HTTPForbidden(text="sign in first")
-    if session is not None and not session.signed_in and not is_open:
-        raise web.HTTPSeeOther("/signin")
+        raise web.HTTPUnauthorized(text="sign in first")
     if request.method not in ("GET", "HEAD"):
         if not _same_origin(request) or session is None or not session.csrf_ok(await _csrf_sent(request)):
             raise web.HTTPForbidden(text="This form is stale or came from another site: reload the page and try again.")

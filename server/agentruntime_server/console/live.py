@@ -30,6 +30,7 @@ class LiveTree:
         self.tree = Tree(runtime_id)
         self.limits: dict[str, int] = {}
         self.budgets: dict[str, str] = {}
+        self.own_costs: dict[str, pb.Cost] = {}  # the latest each handle's events reported
         self.writing: dict[str, str] = {}  # the text of each handle's turn in progress
         self.dirty: set[str] = set()
         self.text_dirty: set[str] = set()
@@ -50,8 +51,12 @@ class LiveTree:
             kind == "state_changed" and item.state_changed.state != pb.HANDLE_STATE_RUNNING
         ):
             self._clear_writing(handle_id)
+        if kind == "turn_ended" and item.turn_ended.HasField("own_cost"):
+            self.own_costs[handle_id] = item.turn_ended.own_cost
         if kind == "result":
             self.limits[handle_id] = item.result.limit
+            if item.result.HasField("own_cost"):
+                self.own_costs[handle_id] = item.result.own_cost
             self._clear_writing(handle_id)
         if kind == "pending" or kind == "result" or kind == "state_changed":
             self.requests_changed = True
@@ -89,12 +94,27 @@ class LiveTree:
             "turns": node.turns,
             "own": node.own_tokens,
             "total": self.tree.total(handle_id),
-            "cost": cost_text(node.total_cost),
+            "cost": cost_text(self.total_cost(handle_id)),
             "result": " · ".join(part for part in (status, limit_name(limit).lower() if limit else "") if part),
         }
         if handle_id in self.budgets:
             row["budget"] = self.budgets[handle_id]
         return row
+
+    def total_cost(self, handle_id: str) -> pb.Cost:
+        """Its own cost and its children's totals (the server's invariant), so that a child's
+        turn shows in every ancestor's cost at once, as it does in their tokens."""
+        node = self.tree.nodes[handle_id]
+        own = self.own_costs.get(handle_id, pb.Cost(priced=True))
+        total = pb.Cost(micros=own.micros, currency=own.currency, priced=own.priced)
+        for child in node.children:
+            part = self.total_cost(child)
+            total.micros += part.micros
+            total.currency = total.currency or part.currency
+            total.priced = total.priced and part.priced and part.currency in ("", total.currency)
+        if node.total_cost.micros > total.micros:  # reported by the server: at least as current
+            return node.total_cost
+        return total
 
     def take(self) -> list[dict[str, Any]]:
         """The messages for the page: changed rows, text written, requests changed."""

@@ -65,7 +65,9 @@ class Sessions:
 
     def new(self) -> Session:
         while len(self._by_id) >= MAX_SESSIONS:
-            self._drop(next(iter(self._by_id)))
+            # The oldest not signed in goes first: a flood of sign-in forms signs nobody out.
+            anonymous = next((key for key, session in self._by_id.items() if not session.signed_in), None)
+            self._drop(anonymous or next(iter(self._by_id)))
         session = Session(id=secrets.token_urlsafe(32), csrf=secrets.token_urlsafe(32))
         self._by_id[session.id] = session
         return session
