@@ -11,6 +11,8 @@
    network of their own, each advertising its container name: a call at one replica for a
    runtime the other owns is forwarded (both ways; the audit lines say so), and the runtimes
    of a replica that is `podman kill`ed finish on the other with their exact figures.
+3. The web console of the same image (`agentruntime console`) on that network, pointed at a
+   replica: it answers, signs a person in and lists the runtimes the replicas ran.
 
 Measured and printed, never asserted beyond sanity: the image's size, the start-up time from
 `podman run` to SERVING through the published port, the drain's duration. Every container,
@@ -22,10 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.cookiejar
 import os
+import re
 import shlex
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -46,6 +51,7 @@ from tests.support.postgres import embedded_server, fresh_database  # noqa: E402
 
 GRPC_PORT = 50051
 METRICS_PORT = 9464
+CONSOLE_PORT = 8080
 STOP_TIMEOUT = 20  # podman stop -t: SIGKILL after this; the image's AGENTRUNTIME_SHUTDOWN_GRACE is 10
 LEASE = 2  # AGENTRUNTIME_LEASE_DURATION of the replicas: a killed one's runtimes move within seconds
 TAG = uuid.uuid4().hex[:8]  # names of this run's containers and network
@@ -317,9 +323,49 @@ async def replicas(podman: Podman, image: str, checks: Checks) -> None:
             checks.measured(f"failover, SIGKILL to every run settled on the survivor (lease {LEASE} s)", f"{took:.2f} s")
             code = await podman("inspect", "--format", "{{.State.ExitCode}}", names["a"])
             checks.ok(code == "137", "the killed replica died of SIGKILL", f"exit code {code}")
+        await console(podman, image, checks, network, f"{names['b']}:{GRPC_PORT}")
         for name in names.values():
             await podman("rm", "--force", "--volumes", "--time", "0", name)
             podman.containers.remove(name)
+
+
+async def console(podman: Podman, image: str, checks: Checks, network: str, target: str) -> None:
+    """The web console of the same image (its `console` extra) on the replicas' network: it
+    answers, signs a person in and lists the runtimes the replicas ran."""
+    name, port = f"console-{TAG}", free_port()
+    await podman.run(
+        name, image, "--read-only", "--health-interval", "disable", "--network", network,
+        "--publish", f"127.0.0.1:{port}:{CONSOLE_PORT}",
+        "console", "--listen", f"0.0.0.0:{CONSOLE_PORT}", "--target", target,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            answered = await asyncio.to_thread(fetched, f"{url}/healthz")
+            break
+        except OSError:
+            await asyncio.sleep(0.1)
+    else:
+        raise Failed(f"the console did not answer: {await podman.logs(name)}")
+    checks.ok(answered.strip() == "ok", "the console (agentruntime console) answers in the image", answered.strip())
+    listed = await asyncio.to_thread(_signed_in_runtimes_page, url)
+    checks.ok(
+        "owned-by-a" in listed and "owned-by-b" in listed,
+        "a person signed in to the console sees the runtimes the replicas ran",
+        f"{len(listed)} bytes",
+    )
+
+
+def _signed_in_runtimes_page(url: str) -> str:
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    form = opener.open(f"{url}/signin", timeout=10).read().decode()
+    found = re.search(r'name="csrf" value="([^"]+)"', form)
+    if found is None:
+        raise Failed("the console's sign-in form has no CSRF token")
+    body = urllib.parse.urlencode({"csrf": found.group(1), "token": ""}).encode()
+    request = urllib.request.Request(f"{url}/signin", data=body, headers={"Origin": url}, method="POST")
+    return str(opener.open(request, timeout=30).read().decode())
 
 
 async def main() -> int:

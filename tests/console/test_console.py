@@ -260,3 +260,23 @@ def test_an_action_without_the_forms_csrf_token_is_refused_and_changes_nothing(d
     view = stack.rpc(ACME, "Inspect", pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id)).handle
     assert view.state == pb.HANDLE_STATE_RUNNING
     stack.rpc(ACME, "Interrupt", pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))
+
+
+def test_close_closes_a_handle_after_a_confirmation_and_cancel_does_nothing(driver: WebDriver, stack: Stack) -> None:
+    runtime_id = stack.create(ACME, "closing", scripted("idler", reply("idle now", tokens=4)))
+    handle_id = stack.start_run(ACME, runtime_id, "idler", "go")
+    stack.wait(ACME, runtime_id, handle_id)
+    sign_in(driver, stack, ACME[1])
+    driver.get(f"{stack.console_url}/runtimes/{runtime_id}")
+    row(driver, handle_id).find_element(By.LINK_TEXT, "Close").click()
+    until(driver, lambda d: d.find_elements(By.ID, "confirm-close"), "the confirmation")
+    driver.find_element(By.LINK_TEXT, "Cancel").click()
+    until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#tree"), "the runtime again")
+    inspect = pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id)
+    assert stack.rpc(ACME, "Inspect", inspect).handle.state == pb.HANDLE_STATE_IDLE
+    row(driver, handle_id).find_element(By.LINK_TEXT, "Close").click()
+    until(driver, lambda d: d.find_elements(By.ID, "confirm-close"), "the confirmation")
+    driver.find_element(By.ID, "confirm-close").click()
+    until(driver, lambda d: "Closed" in d.find_element(By.CSS_SELECTOR, "main .flash").text, "the close's flash")
+    assert stack.rpc(ACME, "Inspect", inspect).handle.state == pb.HANDLE_STATE_CLOSED
+    until(driver, lambda d: cell(d, handle_id, "c-state").startswith("closed"), "the tree to show it closed")

@@ -175,7 +175,9 @@ def add_routes(app: web.Application, console: Console) -> None:
         runtime_id = request.match_info["runtime_id"]
         client = _client(request)
         known = {view.handle_id for view in await gateway.handles(client, runtime_id)}  # NOT_FOUND: a page
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        # (X-Accel-Buffering: a proxy such as nginx passes each batch on as it comes)
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
         streaming = asyncio.current_task()
         assert streaming is not None
@@ -304,6 +306,10 @@ def _report_late(session: Session) -> Any:
     return report
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON value")  # (Python's json reads NaN and Infinity)
+
+
 def answer_from_form(form: Any) -> pb.Answer:
     """The Answer a Request's form describes; a ValueError says what is wrong with it."""
     answer = pb.Answer(id=_text(form, "request"))
@@ -327,7 +333,7 @@ def answer_from_form(form: Any) -> pb.Answer:
     text = _text(form, "answer")
     if _text(form, "mode") == "json" and text.strip():
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_not_json)
         except ValueError as error:
             raise ValueError(f"the answer is not JSON ({error})") from None
         if not isinstance(data, dict):
