@@ -33,7 +33,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +125,9 @@ class Podman:
         )
         return await process.wait()
 
-    async def run(self, name: str, image: str, *flags: str) -> None:
+    async def run(self, name: str, image: str, *flags: str, command: Sequence[str] = ()) -> None:
         self.containers.append(name)
-        await self("run", "--detach", "--name", name, *self.run_flags, *flags, image)
+        await self("run", "--detach", "--name", name, *self.run_flags, *flags, image, *command)
 
     async def logs(self, name: str) -> str:
         process = await asyncio.create_subprocess_exec(
@@ -336,7 +336,7 @@ async def console(podman: Podman, image: str, checks: Checks, network: str, targ
     await podman.run(
         name, image, "--read-only", "--health-interval", "disable", "--network", network,
         "--publish", f"127.0.0.1:{port}:{CONSOLE_PORT}",
-        "console", "--listen", f"0.0.0.0:{CONSOLE_PORT}", "--target", target,
+        command=("console", "--listen", f"0.0.0.0:{CONSOLE_PORT}", "--target", target),
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
