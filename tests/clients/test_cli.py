@@ -266,7 +266,7 @@ async def test_a_command_sent_while_the_server_is_away_gets_through_when_it_is_b
     async with serve(listen=address, store=store):
         code, out, err = await listing
         assert (code, err) == (0, ""), out + err
-        assert out.split()[:5] == ["runtime", "created", "handles", "running", "suspended"]
+        assert out.split()[:7] == ["runtime", "created", "handles", "running", "suspended", "tokens", "cost"]
         code, out, err = await removing
         assert (code, out, err) == (0, "deleted runtime kept\n", "")
 
@@ -284,11 +284,14 @@ async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServe
     code, out, err = await cli(scripted, "runtimes")
     assert (code, err) == (0, ""), out + err
     header, *rows = out.splitlines()
-    assert header.split() == ["runtime", "created", "handles", "running", "suspended"]
+    assert header.split() == ["runtime", "created", "handles", "running", "suspended", "tokens", "cost"]
     table = {row.split()[0]: row.split() for row in rows}
     assert list(table) == ["busy", "newer", "older"]  # newest first
-    assert table["older"][3:] == table["newer"][3:] == ["3", "0", "0"]  # [1:3]: the created date and time
-    assert table["busy"][3:] == ["1", "1", "0"]
+    spent = {r.runtime_id: r.total_tokens for r in (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
+    # [1:3]: the created date and time; no price table: nothing priced
+    assert table["older"][3:] == table["newer"][3:] == ["3", "0", "0", str(spent["older"]), "unpriced"]
+    assert spent["older"] == spent["newer"] > 0
+    assert table["busy"][3:6] == ["1", "1", "0"]
     assert table["older"][1].count("-") == 2 and table["older"][2].endswith("Z")
 
     code, out, _ = await cli(scripted, "runtimes", "--json")
@@ -342,7 +345,8 @@ async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
         addr = ["--addr", f"localhost:{served.port}", "--ca", str(tmp_path / "ca.pem")]
         mtls = ["--cert", str(tmp_path / "client.pem"), "--key", str(tmp_path / "client.key")]
         code, out, err = await cli(None, "runtimes", *addr, *mtls, "--token", token)
-        assert (code, out.split(), err) == (0, ["runtime", "created", "handles", "running", "suspended"], "")
+        headers = ["runtime", "created", "handles", "running", "suspended", "tokens", "cost"]
+        assert (code, out.split(), err) == (0, headers, "")
 
         code, _, err = await cli(None, "runtimes", *addr, *mtls)
         assert code == 2 and err.startswith("error: UNAUTHENTICATED:"), err

@@ -564,7 +564,7 @@ async def _runtimes(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         _json(pb.ListRuntimesResponse(runtimes=runtimes))
         return EXIT_OK
-    headers = ["runtime", "created", "handles", "running", "suspended"]
+    headers = ["runtime", "created", "handles", "running", "suspended", "tokens", "cost"]
     rows = [
         [
             summary.runtime_id,
@@ -572,6 +572,8 @@ async def _runtimes(args: argparse.Namespace, client: Client) -> int:
             str(summary.handle_count),
             str(summary.running_count),
             str(summary.suspended_count),
+            str(summary.total_tokens),
+            cost_text(summary.total_cost),
         ]
         for summary in runtimes
     ]
