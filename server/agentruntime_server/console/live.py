@@ -14,7 +14,7 @@ from agentruntime.cli.view import Tree
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
-from .views import budget_text, cost_text, limit_name, state_name, status_name
+from .views import budget_text, cost_text, limit_name, state_name, status_name, tree_order
 
 FRAME = 0.1  # seconds: changes are sent at most this often
 SETTLE = 0.05  # seconds without news that end the history's burst (or HISTORY_WAIT at most)
@@ -119,7 +119,7 @@ class LiveTree:
     def take(self) -> list[dict[str, Any]]:
         """The messages for the page: changed rows, text written, requests changed."""
         messages: list[dict[str, Any]] = []
-        rows = [self.row(handle_id) for handle_id in sorted(self.dirty) if handle_id in self.tree.nodes]
+        rows = [self.row(handle_id) for handle_id in sorted(self.dirty, key=tree_order) if handle_id in self.tree.nodes]
         if rows:
             messages.append({"t": "rows", "rows": rows})
         for handle_id in sorted(self.text_dirty):

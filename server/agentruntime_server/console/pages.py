@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -17,7 +16,7 @@ from google.protobuf import struct_pb2
 
 from . import gateway, live
 from .sessions import COOKIE, SESSION, Session, set_cookie
-from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text
+from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
 
 if TYPE_CHECKING:
     from .app import Console
@@ -37,18 +36,6 @@ def transcript_url(runtime_id: str, handle_id: str, page: str = "") -> str:
 
 def confirm_url(runtime_id: str, action: str, handle_id: str) -> str:
     return f"{runtime_url(runtime_id)}/confirm?{urlencode({'action': action, 'handle': handle_id})}"
-
-
-_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
-
-
-def tree_order(handle_id: str) -> list[tuple[str, int]]:
-    """Parents before children, siblings by agent and number (`writer.2` before `writer.10`)."""
-    key = []
-    for segment in handle_id.split("/"):
-        found = _NUMBERED.match(segment)
-        key.append((found.group(1), int(found.group(2))) if found else (segment, 0))
-    return key
 
 
 def depth(handle_id: str) -> int:

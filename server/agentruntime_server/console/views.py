@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from agentruntime.cli.view import cost_text, failure_name, limit_name, state_name, status_name
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import json_format
 
-__all__ = ["budget_text", "cost_text", "failure_name", "json_text", "limit_name", "state_name", "status_name", "struct_text"]
+__all__ = [
+    "budget_text",
+    "cost_text",
+    "failure_name",
+    "json_text",
+    "limit_name",
+    "state_name",
+    "status_name",
+    "struct_text",
+    "tree_order",
+]
 
 
 def budget_text(budget: pb.Budget) -> str:
@@ -37,3 +48,15 @@ def json_text(text: str) -> str:
 
 def struct_text(message: Any) -> str:
     return json.dumps(json_format.MessageToDict(message), indent=2, ensure_ascii=False)
+
+
+_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+
+
+def tree_order(handle_id: str) -> list[tuple[str, int]]:
+    """Parents before children, siblings by agent and number (`writer.2` before `writer.10`)."""
+    key = []
+    for segment in handle_id.split("/"):
+        found = _NUMBERED.match(segment)
+        key.append((found.group(1), int(found.group(2))) if found else (segment, 0))
+    return key
