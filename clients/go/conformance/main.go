@@ -987,6 +987,7 @@ func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID st
 					"handle_count":    r.GetHandleCount(),
 					"running_count":   r.GetRunningCount(),
 					"suspended_count": r.GetSuspendedCount(),
+					"total_tokens":    r.GetTotalTokens(),
 				}
 			}
 		}

@@ -327,6 +327,7 @@ async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict
                     "handle_count": summary.handle_count,
                     "running_count": summary.running_count,
                     "suspended_count": summary.suspended_count,
+                    "total_tokens": summary.total_tokens,
                 }
         token = page.next_page_token
         if not token:

@@ -435,6 +435,7 @@ async function listRuntimes(client: AgentRuntimeClient, runtimeId: string, where
         handle_count: summary.handleCount,
         running_count: summary.runningCount,
         suspended_count: summary.suspendedCount,
+        total_tokens: summary.totalTokens,
       };
     }
     token = page.nextPageToken;

@@ -1107,6 +1107,7 @@ public final class Runner {
         counts.addProperty("handle_count", summary.getHandleCount());
         counts.addProperty("running_count", summary.getRunningCount());
         counts.addProperty("suspended_count", summary.getSuspendedCount());
+        counts.addProperty("total_tokens", summary.getTotalTokens());
         outcome.addProperty("contains_this_runtime", true);
         outcome.add("this_runtime", counts);
       }
