@@ -280,3 +280,9 @@ def test_close_closes_a_handle_after_a_confirmation_and_cancel_does_nothing(driv
     until(driver, lambda d: "Closed" in d.find_element(By.CSS_SELECTOR, "main .flash").text, "the close's flash")
     assert stack.rpc(ACME, "Inspect", inspect).handle.state == pb.HANDLE_STATE_CLOSED
     until(driver, lambda d: cell(d, handle_id, "c-state").startswith("closed"), "the tree to show it closed")
+
+
+def test_a_page_token_edited_by_hand_is_a_bad_request_not_the_runtimes_fault(driver: WebDriver, stack: Stack) -> None:
+    sign_in(driver, stack, ACME[1])
+    driver.get(stack.console_url + "/runtimes?page=not-a-token")
+    assert driver.find_element(By.CSS_SELECTOR, "#error h1").text == "Not a valid request"

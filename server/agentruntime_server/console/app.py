@@ -57,7 +57,7 @@ class Target:
 class Console:
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.sessions = Sessions(target.client)
+        self.sessions = Sessions()
         self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -169,6 +169,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             message = f"The runtime at {console.target.address} did not answer ({error.message})."
             return console.render(request, "error.html", 503, title="Runtime unavailable", runtime_id="", message=message)
+        if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):  # (a link edited by hand)
+            return console.render(request, "error.html", 400, title="Not a valid request", runtime_id="", message=error.message)
         code = error.code.name if error.code else "UNKNOWN"
         return console.render(request, "error.html", 502, title=f"The runtime said {code}", runtime_id="", message=error.message)
 

@@ -122,8 +122,7 @@ def add_routes(app: web.Application, console: Console) -> None:
             else:
                 message = f"The runtime at {console.target.address} did not answer: {error.message}"
             return render(request, "signin.html", 401, error=message)
-        await client.close_channel()
-        signed = console.sessions.sign_in(session, token)
+        signed = console.sessions.sign_in(session, client)
         response = web.HTTPSeeOther("/runtimes")
         set_cookie(response, signed, console.target.secure_cookies)
         return response

@@ -9,7 +9,6 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentruntime.client import Client
@@ -33,7 +32,7 @@ class Session:
         return self.client is not None
 
     def csrf_ok(self, sent: str | None) -> bool:
-        return bool(sent) and hmac.compare_digest(sent.encode(), self.csrf.encode())  # type: ignore[union-attr]
+        return sent is not None and sent != "" and hmac.compare_digest(sent.encode(), self.csrf.encode())
 
     def flash(self, kind: str, text: str) -> None:
         self.flashes.append((kind, text))
@@ -44,8 +43,7 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, make_client: Callable[[str | None], Client]) -> None:
-        self._make_client = make_client
+    def __init__(self) -> None:
         self._by_id: OrderedDict[str, Session] = OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -72,11 +70,12 @@ class Sessions:
         self._by_id[session.id] = session
         return session
 
-    def sign_in(self, before: Session, token: str | None) -> Session:
-        """A fresh session id at sign-in (an id known before it, to anyone, is worth nothing)."""
+    def sign_in(self, before: Session, client: Client) -> Session:
+        """A fresh session id at sign-in (an id known before it, to anyone, is worth nothing),
+        with the client the person's token was tried with."""
         self._drop(before.id)
         session = self.new()
-        session.client = self._make_client(token)
+        session.client = client
         return session
 
     def sign_out(self, session: Session) -> None:
