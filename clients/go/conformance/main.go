@@ -988,6 +988,7 @@ func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID st
 					"running_count":   r.GetRunningCount(),
 					"suspended_count": r.GetSuspendedCount(),
 					"total_tokens":    r.GetTotalTokens(),
+					"total_cost":      costFields(r.GetTotalCost()),
 				}
 			}
 		}

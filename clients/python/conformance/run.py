@@ -328,6 +328,7 @@ async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict
                     "running_count": summary.running_count,
                     "suspended_count": summary.suspended_count,
                     "total_tokens": summary.total_tokens,
+                    "total_cost": _cost_fields(summary.total_cost),
                 }
         token = page.next_page_token
         if not token:

@@ -436,6 +436,7 @@ async function listRuntimes(client: AgentRuntimeClient, runtimeId: string, where
         running_count: summary.runningCount,
         suspended_count: summary.suspendedCount,
         total_tokens: summary.totalTokens,
+        total_cost: costFields(summary.totalCost),
       };
     }
     token = page.nextPageToken;

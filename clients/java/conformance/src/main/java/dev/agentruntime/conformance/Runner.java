@@ -1108,6 +1108,7 @@ public final class Runner {
         counts.addProperty("running_count", summary.getRunningCount());
         counts.addProperty("suspended_count", summary.getSuspendedCount());
         counts.addProperty("total_tokens", summary.getTotalTokens());
+        counts.add("total_cost", costFields(summary.getTotalCost()));
         outcome.addProperty("contains_this_runtime", true);
         outcome.add("this_runtime", counts);
       }
