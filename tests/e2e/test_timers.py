@@ -16,7 +16,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
-from tests.support.calls import handle_view
+from tests.support.calls import events_until, handle_view
 from tests.support.model_server import Reply, ScriptedModelServer, last_user
 from tests.support.poll import until
 from tests.support.process import ServerProcess
@@ -129,6 +129,10 @@ async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_o
     handle_id = await spawn(stub, runtime_id, "worker")
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="run the steps"))
     await until(lambda: len(summarizer_calls) >= 1, "the first summarizer call", timeout=10)
+    # A model call waits for no commit, so the summarizer's can be out before the last step's
+    # result is durable (a kill then leaves that call in doubt, and RETRY runs it again). A
+    # watched event is durable, with every step before it: the kill lands after its commit.
+    await events_until(stub, runtime_id, lambda event: event.spawned.agent == "summarizer")
     await process.stop(signal.SIGKILL)
 
     stub = await process.restart()
