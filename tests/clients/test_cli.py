@@ -440,7 +440,10 @@ async def test_run_prints_the_handles_text_as_it_streams(scripted: RunningServer
 
 async def test_run_marks_a_turn_run_again_after_a_crash_and_prints_it_anew(process: ServerProcess, tmp_path: Path) -> None:
     await process.start()
-    path = streaming_file(tmp_path, 0.2)  # two seconds of pieces: the crash comes in the middle
+    # Five seconds of pieces: the crash comes in the middle, and the turn run again still streams
+    # when the CLI's Watch is back (its reconnects wait 1 s, then 2 s: on a loaded machine the
+    # first can find the server still starting).
+    path = streaming_file(tmp_path, 0.5)
     running = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agentruntime.cli", "run", str(path), "--prompt", "write it",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
