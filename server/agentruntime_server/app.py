@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import shutil
@@ -23,7 +24,7 @@ from .api.forward import Forwarder
 from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
-from .domain.errors import StoreUnavailable
+from .domain.errors import StoreBroken, StoreUnavailable
 from .domain.limits import Limits
 from .domain.ownership import SoleOwner
 from .domain.ports import Leases, NoPrices, PriceSource, Services, Store
@@ -374,6 +375,10 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         await leases.start()
     observability.start()  # before recovery: the runs it continues are counted
     await service.recover()
+    # What recovery journaled (a call in doubt, say) is committed before the server answers:
+    # a store that breaks on it is NOT_SERVING from the first health check, not a tick later.
+    with contextlib.suppress(StoreUnavailable, StoreBroken):  # told to health by the store's callback
+        await store.flush()
     retention = None
     if settings.retention or settings.suspended_retention:
         retention = asyncio.ensure_future(_retain(service, settings.retention, settings.suspended_retention))
