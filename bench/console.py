@@ -75,9 +75,16 @@ async def http_figures(console: str, runtime_id: str) -> tuple[list[float], list
         return pages, streams
 
 
+POLL = """
+const state = document.getElementById('live-state');
+return [state ? state.textContent.trim() : '', document.querySelectorAll('#tree tr[data-id]').length];
+"""
+
+
 def browser_figures(console: str, runtime_id: str) -> list[float]:
     try:
         from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.wait import WebDriverWait
 
         from tests.support.console import CHROMEDRIVER, CHROMIUM, browser
     except ImportError:
@@ -89,14 +96,19 @@ def browser_figures(console: str, runtime_id: str) -> list[float]:
     try:
         driver.get(f"{console}/signin")
         driver.find_element(By.ID, "signin").click()
+        # Signed in once the runtimes page is shown: a navigation before that cancels the form's
+        # POST, and the runtime page is the sign-in form then (a run waited on it forever).
+        WebDriverWait(driver, 30).until(lambda d: d.current_url.endswith("/runtimes"))
         for _ in range(5):
             started = time.perf_counter()
             driver.get(f"{console}/runtimes/{runtime_id}")
             while True:
-                live = driver.find_element(By.ID, "live-state").text == "live"
-                rows = driver.execute_script("return document.querySelectorAll('#tree tr[data-id]').length")
-                if live and rows == ROOTS * (CHILDREN + 1):
+                # One script per poll: on a page without the badge it answers '' (find_element raised).
+                live, rows = driver.execute_script(POLL)
+                if live == "live" and rows == ROOTS * (CHILDREN + 1):
                     break
+                if time.perf_counter() - started > 30:
+                    raise RuntimeError(f"not live after 30 s: badge {live!r}, {rows} rows, at {driver.current_url}")
                 time.sleep(0.005)
             loads.append(time.perf_counter() - started)
     finally:
