@@ -7,12 +7,14 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+START_TIMEOUT = 30.0  # seconds: a start on a loaded 2-core machine, other replicas busy beside it
 RECONNECT_QUICKLY = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 250)]
 
 
@@ -48,6 +50,7 @@ class ServerProcess:
             "AGENTRUNTIME_METRICS_LISTEN": "off",
             **self.env,
         }
+        started = time.monotonic()
         with self.log.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agentruntime_server", "serve", "--listen", self.address,
@@ -57,7 +60,9 @@ class ServerProcess:
         # reconnect backoff (a second and more): the test would meet a server well under way.
         self.channel = grpc.aio.insecure_channel(self.address, options=RECONNECT_QUICKLY)
         health = health_pb2_grpc.HealthStub(self.channel)
-        for _ in range(200):
+        # Bounded by time, not by tries: a try refused at once takes 50 ms, one that meets a
+        # busy process up to its 1 s timeout.
+        while time.monotonic() - started < START_TIMEOUT:
             try:
                 reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -67,7 +72,11 @@ class ServerProcess:
             if self.process.returncode is not None:
                 break
             await asyncio.sleep(0.05)
-        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
+        # Whether it exited or still runs: a log with no line of this start says nothing of which
+        # (a failover test met one once, its 200 tries of then about 10 s spent).
+        state = f"exit code {self.process.returncode}" if self.process.returncode is not None else "still running"
+        waited = time.monotonic() - started
+        raise AssertionError(f"the server did not start ({state}, after {waited:.1f} s):\n{self.log.read_text()}")
 
     def send(self, sig: signal.Signals) -> None:
         """Sends the signal now, with no await: the caller can snapshot what was in flight."""
