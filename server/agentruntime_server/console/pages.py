@@ -113,8 +113,11 @@ def add_routes(app: web.Application, console: Console) -> None:
         client = console.target.client(token)
         try:
             await client.list_runtimes_page(1)
-        except AgentRuntimeError as error:
+        except BaseException as error:
+            # Refused, or given up by the browser mid-call (cancelled): either way its channel goes.
             await client.close_channel()
+            if not isinstance(error, AgentRuntimeError):
+                raise
             if error.code is grpc.StatusCode.UNAUTHENTICATED:
                 message = "The runtime did not accept that token." if token else "The runtime asks for a token."
             elif error.code is grpc.StatusCode.PERMISSION_DENIED:
