@@ -76,6 +76,12 @@ def reconnections(replicas: list[ServerProcess]) -> list[int]:
     return [replica.log.read_text().count(BACK) for replica in replicas]
 
 
+def going_on(tools: ToolServer) -> Callable[[], bool]:
+    """Whether the roots went on from now: 5 more tool calls started (or every call there is)."""
+    calls = len(tools.keys)
+    return lambda: len(tools.keys) >= min(calls + 5, ROOTS * 2 * HITS)
+
+
 async def serving_again(
     replicas: list[ServerProcess], since: float, what: str, before: list[int], went_on: Callable[[], bool] = lambda: False
 ) -> float:
@@ -119,15 +125,10 @@ async def test_twenty_roots_through_a_stopped_and_a_restarted_database_see_no_er
         back = await serving_again(replicas, time.monotonic(), "of the database's start", before)
 
         # A fast restart under load, once the roots are under way again.
-        calls = len(tools.keys)
-        await until(lambda: len(tools.keys) >= min(calls + 5, ROOTS * 2 * HITS), "the roots to go on", timeout=60)
+        await until(going_on(tools), "the roots to go on", timeout=60)
         before = reconnections(replicas)
         await own_postgres.restart()
-        calls = len(tools.keys)
-
-        def went_on() -> bool:  # calls started since the restart: their steps were committed
-            return len(tools.keys) >= min(calls + 5, ROOTS * 2 * HITS)
-
+        went_on = going_on(tools)  # calls started since the restart: their steps were committed
         restarted = await serving_again(replicas, time.monotonic(), "of the database's restart", before, went_on)
 
         settled = await asyncio.gather(*roots)  # any error a client call raised fails the test here
