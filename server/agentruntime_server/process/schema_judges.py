@@ -41,6 +41,7 @@ class _Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.WriteTransport | None = None
+        self.checking = False  # a check is with the worker (tests wait for it)
 
     async def judge(self, schema: bytes, instance: bytes, seconds: float) -> str | None:
         if self.process is None or self.process.poll() is not None:
@@ -48,6 +49,7 @@ class _Worker:
         assert self.reader is not None and self.writer is not None
         try:
             self.writer.write(HEADER.pack(len(schema), len(instance)) + schema + instance)
+            self.checking = True
             async with asyncio.timeout(seconds):
                 status, size = VERDICT.unpack(await self.reader.readexactly(VERDICT.size))
                 text = (await self.reader.readexactly(size)).decode("utf-8", "surrogatepass")
@@ -60,6 +62,8 @@ class _Worker:
         except BaseException:  # cancelled mid-check: its verdict must not be read as the next check's
             await self.stop()
             raise
+        finally:
+            self.checking = False
         if status == VALID:
             return None
         if status == PROBLEM:
