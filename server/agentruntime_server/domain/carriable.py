@@ -24,13 +24,77 @@ _HINT = re2.compile(r"NaN|Infinity|[eE]\+?\d{3}|\d{309}|\\[uU][dD][89a-fA-F]")
 def problem(value: Any, text: str | None = None) -> str | None:
     """What in `value` (parsed from the JSON `text`, when given) no Value can carry, with
     where it is (`$.a[3]`), or None. Linear in the value's size; with `text`, only a value whose
-    text hints at something wrong is walked."""
-    if text is not None and _HINT.search(text) is None and text.count("[") + text.count("{") <= MAX_VALUE_DEPTH:
+    text hints at something wrong is walked for more than its depth."""
+    if text is not None and _HINT.search(text) is None:
         try:
             text.encode()  # a raw lone surrogate in the text itself
-            return None
         except UnicodeEncodeError:
             pass
+        else:
+            if text.count("[") + text.count("{") <= MAX_VALUE_DEPTH or _depth_within(value):
+                return None
+    if _carried(value):  # the common case, without a path for every item
+        return None
+    return _first_wrong(value)
+
+
+def _depth_within(value: Any) -> bool:
+    """The value nests MAX_VALUE_DEPTH levels at most (only its containers are visited)."""
+    if type(value) is not dict and type(value) is not list:
+        return True
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth >= MAX_VALUE_DEPTH:
+            return False
+        inner = item.values() if type(item) is dict else item
+        stack.extend((each, depth + 1) for each in inner if type(each) is dict or type(each) is list)
+    return True
+
+
+def _carried(value: Any) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list:
+            if depth >= MAX_VALUE_DEPTH:
+                return False
+            if kind is dict:
+                if not all(type(key) is str and _unicode(key) for key in item):
+                    return False
+                inner = item.values()
+            else:
+                inner = item
+            for each in inner:
+                kind = type(each)
+                if kind is dict or kind is list:
+                    stack.append((each, depth + 1))
+                elif not _scalar_carried(each, kind):
+                    return False
+        elif not _scalar_carried(item, kind):
+            return False
+    return True
+
+
+def _scalar_carried(item: Any, kind: type) -> bool:
+    if kind is str:
+        return _unicode(item)
+    if kind is int:
+        if item.bit_length() < 1024:
+            return True
+        try:
+            float(item)
+            return True
+        except OverflowError:
+            return False
+    if kind is float:
+        return math.isfinite(item)
+    return item is None or kind is bool
+
+
+def _first_wrong(value: Any) -> str | None:
+    """The first place no Value can carry, named."""
     stack: list[tuple[Any, int, str]] = [(value, 0, "$")]
     while stack:
         item, depth, where = stack.pop()

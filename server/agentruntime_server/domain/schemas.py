@@ -1,4 +1,5 @@
-"""Tool argument schemas: checked completely at CreateRuntime, compiled once per tool.
+"""JSON Schemas a caller defines (tool input schemas, agents' output schemas, MCP tools'
+output schemas): checked completely at CreateRuntime, compiled once.
 
 A schema is a caller's code. It may only refer inside itself (`#/...`, anchors): the
 validator's registry knows the JSON Schema metaschemas and nothing else and never
@@ -7,10 +8,12 @@ RE2 (linear time). Size, depth and the size with every reference expanded are bo
 no reference fan-out makes one validation walk millions of nodes), a reference must land on
 a subschema, and a schema that recurses without end is refused before it can be called.
 
-Arguments are checked on every tool call. A plain schema (the keywords most tools use, no
-pattern, reference or dialect of its own) is checked first by jsonschema-rs, 75 times faster
-than jsonschema; what it finds valid is valid, and anything else is judged by jsonschema,
-whose message the model is shown (ArgumentsSchema)."""
+Values are checked against them on every call and answer. A plain schema (the keywords most
+tools use, no pattern, reference or dialect of its own) is checked first by jsonschema-rs, 75
+times faster than jsonschema; what it finds valid is valid, and anything else is judged by
+jsonschema, whose message the model is shown (ArgumentsSchema). Where that happens depends on
+what it may cost: on the event loop when a bound says it is cheap (ArgumentsSchema.here), in a
+checker process with a time budget otherwise (schema_checks.py)."""
 
 from __future__ import annotations
 
