@@ -36,6 +36,7 @@ from .observability import Observability
 from .observability import build as build_observability
 from .prices_file import PriceWatch, open_prices
 from .process.event_loop import running_loop_kind
+from .process.schema_judges import SchemaJudges
 from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings, StartupError
@@ -81,6 +82,7 @@ class RunningServer:
     forwarder: Forwarder | None = None
     workers: WorkerPool | None = None  # hosts serving worker tools
     prices: PriceWatch | None = None  # AGENTRUNTIME_PRICES, re-read when it changes
+    judges: SchemaJudges | None = None  # schema checks off the event loop
 
     @property
     def metrics_port(self) -> int:
@@ -107,6 +109,8 @@ class RunningServer:
         await self.observability.stop()
         if self.prices is not None:
             await self.prices.stop()
+        if self.judges is not None:
+            await self.judges.close()
 
 
 def _health_follows_store(store: Store, health: health_aio.HealthServicer) -> None:
@@ -273,6 +277,7 @@ def build_service(
     leases: Leases | None = None,
     workers: WorkerPool | None = None,
     prices: PriceSource | None = None,
+    judges: SchemaJudges | None = None,
 ) -> RuntimeService:
     models = build_router(settings, http)
     for provider in models.providers.values():
@@ -300,6 +305,7 @@ def build_service(
         mcp=McpTools(tools.policy, settings.max_text_bytes),
         egress=tools.policy,
         prices=prices or NoPrices(),
+        schema_judge=judges or SchemaJudges(settings.schema_check_workers, settings.schema_check_seconds),
     )
     quotas = ", ".join(f"{name.replace('_', ' ')} {value or 'none'}" for name, value in vars(services.quotas).items())
     log.info("quotas per tenant (the tokens file may set a tenant's own): %s", quotas)
@@ -363,7 +369,8 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         credentials = forwarding_credentials(settings, secure.credentials is not None)
         forwarder = Forwarder(credentials, [*limits, *keepalive], leasing.replica_id)
     workers = WorkerPool()
-    service = build_service(settings, http, tools, store, observability, authenticator, leases, workers, prices)
+    judges = SchemaJudges(settings.schema_check_workers, settings.schema_check_seconds)
+    service = build_service(settings, http, tools, store, observability, authenticator, leases, workers, prices, judges)
     prices.start()
     # SERVING is set now (nobody asks until the server starts) and the store watched from here:
     # a commit that fails while leases are taken or runs recovered makes it NOT_SERVING too.
@@ -423,4 +430,5 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         forwarder=forwarder,
         workers=workers,
         prices=prices,
+        judges=judges,
     )

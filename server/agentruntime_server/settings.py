@@ -105,6 +105,15 @@ class Settings(BaseSettings):
         1 * MIB, ge=64 * KIB, le=2 * MIB, description="largest model API reply body; a larger one is a provider fault"
     )
     max_handles: int = Field(10_000, ge=1, description="handles one runtime may have; past it Spawn and task are refused")
+    schema_check_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="seconds a schema check off the event loop may take (a typed answer, tool arguments); then it is refused",
+    )
+    schema_check_workers: int = Field(
+        2, ge=1, le=16, description="processes that run the schema checks too costly for the event loop"
+    )
     # ---- tenants: quotas (0: none; unset: the mode's default, SHARED_QUOTAS with AUTH on) and retention ----
     quota_runtimes: int | None = Field(None, ge=0, description="runtimes one tenant may keep (DeleteRuntime frees one)")
     quota_running_handles: int | None = Field(

@@ -4,12 +4,13 @@ arguments valid, by jsonschema otherwise, and the two must never disagree on wha
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import jsonschema
 import pytest
-from agentruntime_server.domain import schemas
+from agentruntime_server.domain import carriable, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -182,3 +183,94 @@ def test_an_infinite_number_is_judged_by_jsonschema_not_let_through() -> None:
     bounded = schemas.ArgumentsSchema({"type": "object", "properties": {"n": {"type": "number", "maximum": 0}}})
     assert bounded.problem({"n": float("inf")}) is not None
     assert bounded.problem({"n": -1.5}) is None
+
+
+# ---- uniqueItems and enum in linear time, with jsonschema's verdicts (schema_keywords.py) ----
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, 1.0, 2.5, -0.0]), st.text(max_size=2)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(NAMES), inner, max_size=3)),
+    max_leaves=6,
+)
+ORIGINAL = jsonschema.Draft202012Validator  # jsonschema's own keywords: uniq() and equal() one by one
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(JSON_VALUES, max_size=6))
+def test_unique_items_by_hashing_agrees_with_jsonschema(items: list[Any]) -> None:
+    schema = {"type": "array", "uniqueItems": True}
+    assert schemas.compile_schema(schema).is_valid(items) == ORIGINAL(schema).is_valid(items)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(members=st.lists(JSON_VALUES, min_size=16, max_size=20), value=JSON_VALUES)
+def test_a_large_enum_by_hashing_agrees_with_jsonschema(members: list[Any], value: Any) -> None:
+    schema = {"enum": members}
+    for candidate in (value, members[len(members) // 2]):
+        assert schemas.compile_schema(schema).is_valid(candidate) == ORIGINAL(schema).is_valid(candidate)
+
+
+def test_the_red_teams_unique_items_and_enum_take_linear_time() -> None:
+    # jsonschema: 5.3 s for the first (pairwise: the items do not sort), ~30 s for the second.
+    unique = schemas.compile_schema({"type": "array", "uniqueItems": True})
+    assert unique.is_valid([{}, *range(4000)]) and not unique.is_valid([{}, *range(4000), 3999.0])
+    numbers = schemas.compile_schema({"type": "array", "items": {"enum": list(range(9000))}})
+    assert numbers.is_valid(list(range(8999, 4999, -1))) and not numbers.is_valid([*range(4000), True])
+
+
+# ---- what the event loop may judge itself (ArgumentsSchema.here) ----
+
+
+def test_a_plain_schemas_small_check_is_judged_here_and_a_large_one_elsewhere() -> None:
+    lookup = schemas.ArgumentsSchema(LOOKUP)
+    assert lookup.here({"n": 3}, '{"n": 3}') is None
+    assert lookup.here({"n": -1}, '{"n": -1}') == "-1 is less than the minimum of 0"
+    big = {"n": 3, "pad": "x" * 200_000}
+    assert isinstance(lookup.here(big, json.dumps(big)), schemas.Elsewhere)  # past FAST_UNITS
+    wrong = {"n": -1, "pad": "x" * 2000}
+    assert isinstance(lookup.here(wrong, json.dumps(wrong)), schemas.Elsewhere)  # valid cheaply, a message is not
+    assert lookup.problem(wrong) == "additional properties are not allowed ('pad' unexpected)"
+
+
+def test_a_schema_without_a_bound_on_its_cost_is_never_judged_here() -> None:
+    for schema in (
+        {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
+        {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "integer"}}},
+    ):
+        assert isinstance(schemas.ArgumentsSchema(schema).here({}, "{}"), schemas.Elsewhere)
+
+
+def test_a_number_json_reads_as_infinite_is_seen_in_the_text() -> None:
+    bounded = schemas.ArgumentsSchema({"type": "object", "properties": {"n": {"type": "number", "maximum": 0}}})
+    assert bounded.here({"n": -1.0}, '{"n": -1.0}') is None
+    # jsonschema-rs takes an infinite number as within any bound: the text sends it to jsonschema.
+    for text in ('{"n": 1e400}', '{"n": 1' + "0" * 400 + ".0}", '{"n": Infinity}'):
+        assert bounded.here(json.loads(text), text) == "inf is greater than the maximum of 0"
+
+
+# ---- what a google.protobuf.Value can carry (carriable.py) ----
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ({"n": 10**400}, "$.n is an integer past a double's range"),
+        ({"n": [1, math.inf]}, "$.n[1] is inf, not a finite number"),
+        ({"n": math.nan}, "$.n is nan, not a finite number"),
+        ({"a b": "\ud800"}, "$['a b'] is text that is not valid Unicode"),
+        ({"\udfff": 1}, "$ has a key that is not valid Unicode text"),
+        (json.loads('{"a":' * 33 + "1" + "}" * 33), "nests deeper than 32 levels"),
+        ([[[]]] * 2 + [json.loads("[" * 40 + "]" * 40)], "$[2]"),
+    ],
+)
+def test_what_no_value_can_carry_is_named_with_where_it_is(value: Any, says: str) -> None:
+    wrong = carriable.problem(value)
+    assert wrong is not None and says in wrong
+    assert carriable.problem(value, json.dumps(value)) == wrong  # the text's hints lead to the walk
+
+
+def test_what_a_value_can_carry_passes_with_or_without_its_text() -> None:
+    value = {"n": 2**60, "f": 1e308, "s": "\U0001f600 é", "deep": json.loads('{"a":' * 31 + "1" + "}" * 31)}
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        assert carriable.problem(value, text) is None
+    assert carriable.problem(value) is None

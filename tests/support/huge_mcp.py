@@ -30,16 +30,22 @@ class HugeMcp(Loopback):
         encoding: str = "",
         schema: dict[str, Any] | None = None,
         tools_per_page: int = 1,
+        output_schema: dict[str, Any] | None = None,
+        structured: Any = None,
     ) -> None:
         """`pages`: the description bytes of each listing page's tool (one page of 10 by default);
         `result_bytes`: a call's text; `schema`: the listed tools' input schema; `encoding`: the
-        Content-Encoding of every body (gzip and deflate compress it, anything else only says so)."""
+        Content-Encoding of every body (gzip and deflate compress it, anything else only says so);
+        `output_schema` and `structured`: the tools' listed output schema, and the structured
+        content a call answers with beside its text."""
         self.pages = pages or [10]
         self.result_bytes = result_bytes
         self.sse = sse
         self.encoding = encoding
         self.schema = schema or {"type": "object", "properties": {"q": {"type": "string"}}}
         self.tools_per_page = tools_per_page
+        self.output_schema = output_schema
+        self.structured = structured
         self.sent: Counter[str] = Counter()  # bytes written, by method
         self.cut: Counter[str] = Counter()  # responses whose reader went away before their end
         self.methods: list[str] = []
@@ -69,7 +75,12 @@ class HugeMcp(Loopback):
             page = int(params.get("cursor") or 0)
             return await self._answer(request, method, _envelope(message["id"], self._page(page)))
         if method == "tools/call":
-            text = [b'{"content":[{"type":"text","text":"', *_filler(self.result_bytes), b'"}],"isError":false}']
+            structured = "" if self.structured is None else f',"structuredContent":{json.dumps(self.structured)}'
+            text = [
+                b'{"content":[{"type":"text","text":"',
+                *_filler(self.result_bytes),
+                f'"}}]{structured},"isError":false}}'.encode(),
+            ]
             return await self._answer(request, method, _envelope(message["id"], text))
         return await self._answer(request, method, _envelope(message["id"], [b"{}"]))
 
@@ -77,7 +88,8 @@ class HugeMcp(Loopback):
         schema = json.dumps(self.schema)
         yield b'{"tools":['
         for index in range(self.tools_per_page):
-            yield f'{"," if index else ""}{{"name":"big{page}_{index}","inputSchema":{schema},"description":"'.encode()
+            output = "" if self.output_schema is None else f',"outputSchema":{json.dumps(self.output_schema)}'
+            yield f'{"," if index else ""}{{"name":"big{page}_{index}","inputSchema":{schema}{output},"description":"'.encode()
             yield from _filler(self.pages[page] // self.tools_per_page)
             yield b'"}'
         more = f',"nextCursor":"{page + 1}"' if page + 1 < len(self.pages) else ""

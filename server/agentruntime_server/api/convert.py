@@ -16,6 +16,7 @@ from ..domain.errors import FieldViolation, InvalidArgument
 from ..domain.events import Event, EventKind
 from ..domain.ports import Dispatch, RuntimeRow
 from ..domain.usage import Cost, Tokens, Usage
+from .values import CONVERTER as VALUES
 
 # google.protobuf.Duration's documented range (about 10,000 years).
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -324,7 +325,7 @@ def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
     if result.pending is not None:
         message.pending.CopyFrom(request_to_proto(result.pending))
     if result.output is not None:
-        json_format.ParseDict(result.output, message.output)
+        VALUES.copy(result.output, message.output, f"the typed output of {result.handle_id}")
     return message
 
 

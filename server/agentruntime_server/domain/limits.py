@@ -20,6 +20,10 @@ MAX_INSTRUCTIONS_BYTES = 256 * KIB
 MAX_MODEL_CHARS = 256
 MAX_SCHEMA_BYTES = 64 * KIB  # a tool's input_schema, as compact JSON
 MAX_SCHEMA_DEPTH = 32
+# A JSON value sent to clients in a google.protobuf.Value or Struct (a typed answer, a pending
+# Request's data): a client's protobuf parser stops at 100 levels of messages, and each object
+# level takes three (a Value, its Struct, the map entry), below the reply's own few.
+MAX_VALUE_DEPTH = 32
 # Nodes of a schema with every reference expanded (a reference back into its own path counts
 # once): what one validation may have to walk, whatever the arguments.
 MAX_SCHEMA_EXPANDED_NODES = 10_000

@@ -1,16 +1,18 @@
 """Typed results (docs/typed-results.md): an agent with an `output_schema` answers JSON that
 matches it. The provider is asked for it natively, but the runtime judges the answer itself:
-one that does not parse or match goes back to the model with the reason, as an attempt of the
-completion gate."""
+one that does not parse or match, or holds what no client can be sent (carriable.py), goes back
+to the model with the reason, as an attempt of the completion gate. The schema is applied where
+its cost is bounded (schema_checks.py)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from . import schemas
+from . import carriable, schemas
 from .errors import shown
 from .model import AgentSpec
+from .schema_checks import SchemaJudge, schema_problem
 
 # The attempts of an agent with an output schema whose completion gate sets none: a model that
 # gets one field wrong is told, twice, before its run stops.
@@ -39,21 +41,28 @@ def parse(text: str) -> Any:
 class OutputSchemas:
     """Each agent's output schema, compiled once (an agent's definition never changes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, judge: SchemaJudge, tenant: str) -> None:
+        self.judge = judge
+        self.tenant = tenant
         self._compiled: dict[str, schemas.ArgumentsSchema] = {}
 
-    def judge(self, agent: AgentSpec, text: str) -> tuple[Any, str | None]:
+    async def judge_answer(self, agent: AgentSpec, text: str) -> tuple[Any, str | None]:
         """The answer's value and why it fails the agent's schema (None: it matches)."""
         assert agent.output_schema is not None
         try:
             value = parse(text)
         except ValueError as exc:
             return None, f"the answer must be JSON matching the output schema, and it is not JSON ({shown(str(exc), 200)})"
+        wrong = carriable.problem(value, text)
+        if wrong is not None:
+            return None, f"the answer must be JSON every client can read, and it is not: {shown(wrong, 200)}"
         validator = self._compiled.get(agent.name)
         if validator is None:
             validator = self._compiled[agent.name] = schemas.ArgumentsSchema(agent.output_schema)
         try:
-            problem = validator.problem(value)
+            problem = await schema_problem(self.judge, self.tenant, validator, value, text)
+        except schemas.CheckNotDone as exc:
+            return None, f"the output schema could not be applied to the answer: {shown(str(exc), 200)}"
         except schemas.VALIDATION_FAULTS as exc:
             return None, f"the output schema could not be applied ({type(exc).__name__})"
         if problem is not None:

@@ -28,6 +28,7 @@ from .model import (
 )
 from .ownership import Claim, SoleOwner
 from .quotas import Quotas
+from .schema_checks import JudgeOnTheLoop, SchemaJudge
 from .usage import UNPRICED, Cost, Tokens
 
 
@@ -209,6 +210,16 @@ class McpTool:
     output_schema: dict[str, Any] | None = None  # what its structuredContent must match
 
 
+@dataclass(frozen=True)
+class StructuredContent:
+    """An MCP tool's structured content, for a tool that listed an output schema: the domain
+    checks it against that schema (schema_checks.py) before the model reads its JSON text."""
+
+    server: str
+    value: Any
+    text: str  # its JSON, as the model reads it
+
+
 class McpError(Exception):
     """An MCP server could not be reached or answered wrongly; the message never holds a secret."""
 
@@ -218,9 +229,10 @@ class McpClient(Protocol):
         """Every tool the server lists (McpError if it cannot be had)."""
         ...
 
-    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult | StructuredContent:
         """The call's result (`tools/call`, the idempotency key in `_meta`); a server that
-        cannot be reached or fails gives an error result."""
+        cannot be reached or fails gives an error result. A tool with an output schema that
+        answers with structured content gives it unjudged."""
         ...
 
 
@@ -266,6 +278,8 @@ class Services:
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
     egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
     prices: PriceSource = field(default_factory=NoPrices)
+    # Where a schema check whose cost has no small bound runs (schema_checks.py): off the loop.
+    schema_judge: SchemaJudge = field(default_factory=JudgeOnTheLoop)
     # Stream every model reply (AGENTRUNTIME_STREAM_REPLIES=always), not only those of turns
     # that start while someone watches their runtime with deltas (docs/streaming.md).
     stream_always: bool = False

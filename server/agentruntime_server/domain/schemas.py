@@ -1,4 +1,5 @@
-"""Tool argument schemas: checked completely at CreateRuntime, compiled once per tool.
+"""JSON Schemas a caller defines (tool input schemas, agents' output schemas, MCP tools'
+output schemas): checked completely at CreateRuntime, compiled once.
 
 A schema is a caller's code. It may only refer inside itself (`#/...`, anchors): the
 validator's registry knows the JSON Schema metaschemas and nothing else and never
@@ -7,10 +8,12 @@ RE2 (linear time). Size, depth and the size with every reference expanded are bo
 no reference fan-out makes one validation walk millions of nodes), a reference must land on
 a subschema, and a schema that recurses without end is refused before it can be called.
 
-Arguments are checked on every tool call. A plain schema (the keywords most tools use, no
-pattern, reference or dialect of its own) is checked first by jsonschema-rs, 75 times faster
-than jsonschema; what it finds valid is valid, and anything else is judged by jsonschema,
-whose message the model is shown (ArgumentsSchema)."""
+Values are checked against them on every call and answer. A plain schema (the keywords most
+tools use, no pattern, reference or dialect of its own) is checked first by jsonschema-rs, 75
+times faster than jsonschema; what it finds valid is valid, and anything else is judged by
+jsonschema, whose message the model is shown (ArgumentsSchema). Where that happens depends on
+what it may cost: on the event loop when a bound says it is cheap (ArgumentsSchema.here), in a
+checker process with a time budget otherwise (schema_checks.py)."""
 
 from __future__ import annotations
 
@@ -24,12 +27,15 @@ import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 import jsonschema_rs
+import re2
 import referencing.exceptions
 from jsonschema.protocols import Validator
 from jsonschema_specifications import REGISTRY as METASCHEMAS
 
 from .limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANDED_NODES
-from .patterns import PatternError, compile_pattern, search
+from .patterns import PatternError, compile_pattern
+from .schema_keywords import KEYWORDS
+from .schema_keywords import cut as _cut
 
 REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
 ANCHOR_KEYWORDS = ("$anchor", "$dynamicAnchor")
@@ -46,47 +52,16 @@ class SchemaProblem(ValueError):
     pass
 
 
-def _pattern(validator: Any, pattern: str, instance: Any, schema: object) -> Iterator[jsonschema.ValidationError]:
-    if validator.is_type(instance, "string") and not search(pattern, instance):
-        yield jsonschema.ValidationError(f"{_cut(instance)} does not match {pattern!r}")
-
-
-def _pattern_properties(
-    validator: Any, patterns: dict[str, Any], instance: Any, schema: object
-) -> Iterator[jsonschema.ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    assert isinstance(instance, dict)
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            if search(pattern, key):
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-def _additional_properties(
-    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
-) -> Iterator[jsonschema.ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    assert isinstance(instance, dict)
-    properties = schema.get("properties", {})
-    patterns = list(schema.get("patternProperties", {}))
-    extras = [key for key in instance if key not in properties and not any(search(p, key) for p in patterns)]
-    if validator.is_type(additional, "object"):
-        for extra in extras:
-            yield from validator.descend(instance[extra], additional, path=extra)
-    elif not additional and extras:
-        names = ", ".join(repr(extra) for extra in sorted(extras)[:10])
-        yield jsonschema.ValidationError(f"additional properties are not allowed ({names} unexpected)")
+class CheckNotDone(Exception):
+    """A value could not be judged against a schema: the reason (a time budget spent, a fault
+    of the schema's while applied) is told to whoever sent the value."""
 
 
 @functools.cache
 def _linear(base: type[Validator]) -> type[Validator]:
-    """The dialect's validator with every pattern keyword on RE2."""
-    extended: type[Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-        base,
-        {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties},
-    )
+    """The dialect's validator with every keyword of more than linear cost done again in
+    linear time (schema_keywords.py)."""
+    extended: type[Validator] = jsonschema.validators.extend(base, KEYWORDS)  # type: ignore[no-untyped-call]
     return extended
 
 
@@ -143,17 +118,45 @@ def plain(schema: Any) -> bool:
     return True
 
 
-class ArgumentsSchema:
-    """A tool's input schema that check() accepted, compiled once."""
+class Elsewhere:
+    """The verdict costs more than the event loop may spend on it: judge it off the loop."""
 
-    __slots__ = ("_fast", "_full")
+
+ELSEWHERE = Elsewhere()
+
+# The bound on a check's cost: the schema's nodes (data included) times the instance's length
+# as JSON. No plain schema makes a validator visit more (instance node, schema node) pairs than
+# that (each schema node applies once to each instance node it reaches: no references, no
+# recursion). Measured per unit of it on the costliest plain shapes (a hundred `allOf` branches
+# over every item): jsonschema-rs 2.3 ns, jsonschema about 1 µs. So the event loop runs
+# jsonschema-rs up to 2M units (5 ms at worst, a tool call's arguments are a few thousand) and
+# jsonschema's message for an invalid instance up to 10,000 (10 ms at worst); the rest is judged
+# off the loop (schema_checks.py).
+FAST_UNITS = 2_000_000
+MESSAGE_UNITS = 10_000
+
+# What JSON text may hold that reads as a number no bound can judge: NaN, an infinity, or a
+# number too large for a double (an exponent of three digits, or 309 digits in a row), which
+# json reads as infinite. Text without them needs no walk for them (re2: linear, 0.6 ms for
+# 290 KB).
+_NOT_FINITE_HINT = re2.compile(r"NaN|Infinity|[eE]\+?\d{3}|\d{309}")
+
+
+class ArgumentsSchema:
+    """A schema that check() accepted, compiled once: a tool's input schema, an agent's output
+    schema, an MCP tool's output schema."""
+
+    __slots__ = ("_fast", "_full", "_weight", "text")
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self._full = compile_schema(schema)
+        self.text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)  # what a judge elsewhere compiles
         self._fast: Any = None
+        self._weight = 0
         if plain(schema):
             try:
-                self._fast = jsonschema_rs.validator_for(schema)
+                self._fast = jsonschema_rs.validator_for(schema, validate_formats=False)
+                self._weight = _nodes(schema)
             except Exception:  # what it cannot compile, jsonschema checks alone
                 pass
 
@@ -161,19 +164,56 @@ class ArgumentsSchema:
     def fast(self) -> bool:
         return self._fast is not None
 
-    def problem(self, arguments: Any) -> str | None:
-        """The first thing wrong with the arguments (jsonschema's best match), or None. Raises
-        what a caller's schema can raise while it is applied (VALIDATION_FAULTS)."""
-        if self._fast is not None:
-            try:
-                # jsonschema-rs takes an infinite number (a model's `Infinity`, which Python's json
-                # reads) as within any bound (hypothesis found it): such arguments go to jsonschema.
-                if self._fast.is_valid(arguments) and _finite(arguments):
-                    return None
-            except Exception:  # a value it cannot take (a lone surrogate, a key not a string): jsonschema judges
-                pass
-        error = jsonschema.exceptions.best_match(self._full.iter_errors(arguments))
+    def here(self, instance: Any, text: str) -> str | Elsewhere | None:
+        """The verdict on an instance (parsed from `text`) when reaching it costs the event
+        loop little (FAST_UNITS, MESSAGE_UNITS); ELSEWHERE otherwise."""
+        if self._fast is None:
+            return ELSEWHERE  # references, uniqueItems, numbers in enums: no bound on the cost
+        units = self._weight * max(len(text), 1)
+        if units > FAST_UNITS:
+            return ELSEWHERE
+        if self._fast_valid(instance, text):
+            return None
+        if units > MESSAGE_UNITS:
+            return ELSEWHERE
+        return self._message(instance)
+
+    def problem(self, instance: Any) -> str | None:
+        """The first thing wrong with the instance (jsonschema's best match), or None, whatever
+        it costs: off the event loop only. Raises what a caller's schema can raise while it is
+        applied (VALIDATION_FAULTS)."""
+        if self._fast is not None and self._fast_valid(instance, None):
+            return None
+        return self._message(instance)
+
+    def _fast_valid(self, instance: Any, text: str | None) -> bool:
+        """jsonschema-rs finds it valid (what it finds valid is valid)."""
+        try:
+            if not self._fast.is_valid(instance):
+                return False
+        except Exception:  # a value it cannot take (a lone surrogate, a key not a string): jsonschema judges
+            return False
+        # jsonschema-rs takes an infinite number (a model's `Infinity`, which Python's json
+        # reads) as within any bound (hypothesis found it): such instances go to jsonschema.
+        return (text is not None and _NOT_FINITE_HINT.search(text) is None) or _finite(instance)
+
+    def _message(self, instance: Any) -> str | None:
+        error = jsonschema.exceptions.best_match(self._full.iter_errors(instance))
         return None if error is None else str(error.message)
+
+
+def _nodes(value: Any) -> int:
+    """The JSON nodes of a value (a schema: 64 KiB at most)."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def _finite(value: Any) -> bool:
@@ -349,8 +389,3 @@ def _walk_values(value: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]
             return
         for item in value:
             yield from _walk_values(item, depth + 1)
-
-
-def _cut(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"

@@ -31,9 +31,10 @@ from .model import (
     ToolSuspension,
     WorkerExecutor,
 )
-from .ports import CallInDoubt, CallNotSent, WorkerLost
+from .ports import CallInDoubt, CallNotSent, StructuredContent, WorkerLost
 from .quotas import RunningSlot
 from .runs import Run, RunHost
+from .schema_checks import schema_problem
 
 EFFECTS = (HttpExecutor, WorkerExecutor, McpExecutor)  # calls that run outside the process
 WORKER_ATTEMPTS = 3  # workers a call is given to, when each goes away with it, before it fails
@@ -70,12 +71,19 @@ class ToolPhase:
         starts: list[CallStarted] = []
         for call in runnable:
             kind = self._suspension_kind(handle, call)
+            arguments = None
+            if kind in ("approval", "relay"):
+                # Arguments a tool would refuse never reach the host or a person: the call is an
+                # error result for the model now (_prepare gives it), as for a tool that runs here.
+                arguments = await self._arguments(handle, call)
+                if isinstance(arguments, ToolResult):
+                    kind = ""
             if kind == "relay":
                 relay.append(call)
             elif kind:
                 held.append(self._ask(handle, kind, [call]))
             else:
-                prepared = self._prepare(handle, call)
+                prepared = await self._prepare(handle, call, arguments)
                 now.append((call, prepared))
                 if call.id not in handle.children_by_key:  # a task call started long ago is not started again
                     effect = isinstance(prepared, (HttpExecutor, WorkerExecutor, McpExecutor))
@@ -150,14 +158,10 @@ class ToolPhase:
             rail is not None and rail.action is GuardrailAction.REQUIRE_APPROVAL
         )
         if needs_approval and call.id not in handle.approved:
-            kind = "approval"
-        elif spec is not None and isinstance(spec.executor, RelayExecutor):
-            kind = "relay"
-        else:
-            return ""
-        # Arguments a tool would refuse never reach the host or a person: the call is an
-        # error result for the model now (_prepare gives it), as for a tool that runs here.
-        return "" if isinstance(self._arguments(handle, call), ToolResult) else kind
+            return "approval"
+        if spec is not None and isinstance(spec.executor, RelayExecutor):
+            return "relay"
+        return ""
 
     def _ask(self, handle: Handle, kind: str, calls: list[ToolCall]) -> PendingRequest:
         return own_request(self.host.key, self.host.tree.answered, handle, kind, calls)
@@ -181,7 +185,8 @@ class ToolPhase:
         elif isinstance(prepared, McpExecutor):
             await self.services.store.flush(self.host.key)
             arguments = json.loads(call.arguments_json)  # checked by _prepare: a JSON object
-            result = await self.services.mcp.call(prepared, arguments, idempotency_key(self.host.key, handle, call))
+            reply = await self.services.mcp.call(prepared, arguments, idempotency_key(self.host.key, handle, call))
+            result = await self._structured(handle, call, prepared, reply) if isinstance(reply, StructuredContent) else reply
         elif effect:
             assert isinstance(prepared, HttpExecutor)
             await self.services.store.flush(self.host.key)  # the call leaves the process next: it must be known to have started
@@ -255,28 +260,52 @@ class ToolPhase:
         if call.id not in handle.tool_results:
             await self.host.journal.record(CallFinished(handle.id, call, result))
 
-    def _schema_problem(self, handle: Handle, spec: ToolSpec, arguments: dict[str, Any]) -> str | None:
+    async def _schema_problem(self, handle: Handle, spec: ToolSpec, arguments: dict[str, Any], text: str) -> str | None:
         """Why the arguments fail the tool's schema (compiled once per tool), or None."""
         key = (handle.agent.name, spec.name)
         validator = self._validators.get(key)
         if validator is None:
             validator = self._validators[key] = schemas.ArgumentsSchema(spec.input_schema)
         try:
-            problem = validator.problem(arguments)
+            problem = await schema_problem(self.services.schema_judge, self.host.tenant, validator, arguments, text)
+        except schemas.CheckNotDone as exc:
+            return f"the schema could not be applied: {shown(str(exc), 200)}"
         except schemas.VALIDATION_FAULTS as exc:
             return f"the schema could not be applied ({type(exc).__name__})"
         return None if problem is None else shown(problem, 300)
 
-    def _prepare(
-        self, handle: Handle, call: ToolCall
+    async def _structured(self, handle: Handle, call: ToolCall, executor: McpExecutor, content: StructuredContent) -> ToolResult:
+        """An MCP tool's structured content as the model reads it, once it matches the output
+        schema the tool listed (compiled once per tool); an error result when it does not."""
+        assert executor.output_schema is not None
+        key = (handle.agent.name, f"{call.name} output")
+        validator = self._validators.get(key)
+        if validator is None:
+            validator = self._validators[key] = schemas.ArgumentsSchema(executor.output_schema)
+        try:
+            problem = await schema_problem(self.services.schema_judge, self.host.tenant, validator, content.value, content.text)
+        except schemas.CheckNotDone as exc:
+            problem = f"its output schema could not be applied: {shown(str(exc), 200)}"
+        except schemas.VALIDATION_FAULTS as exc:
+            problem = f"its output schema could not be applied ({type(exc).__name__})"
+        else:
+            if problem is not None:
+                problem = f"its structured content does not match its output schema: {shown(problem, 300)}"
+        if problem is not None:
+            return ToolResult(f"MCP server {content.server!r}: {problem}", is_error=True)
+        return ToolResult(content.text)
+
+    async def _prepare(
+        self, handle: Handle, call: ToolCall, arguments: dict[str, Any] | ToolResult | None = None
     ) -> ToolResult | HttpExecutor | WorkerExecutor | McpExecutor | dict[str, Any]:
         """What running the call takes: an error result now, the http tool to call, or the
-        task arguments to delegate with."""
+        task arguments to delegate with (`arguments`: what _arguments said already, if asked)."""
         agent = handle.agent
         rail = agent.guardrail(call.name)
         if rail is not None and rail.action is GuardrailAction.DENY:
             return ToolResult(f"denied by guardrail: {rail.reason or 'this tool is not allowed'}", is_error=True)
-        arguments = self._arguments(handle, call)
+        if arguments is None:
+            arguments = await self._arguments(handle, call)
         if isinstance(arguments, ToolResult) or (call.name == "task" and agent.team):
             return arguments
         spec = agent.tool(call.name)
@@ -284,7 +313,7 @@ class ToolPhase:
         assert not isinstance(spec.executor, RelayExecutor)  # valid relay calls suspend before they get here
         return spec.executor
 
-    def _arguments(self, handle: Handle, call: ToolCall) -> dict[str, Any] | ToolResult:
+    async def _arguments(self, handle: Handle, call: ToolCall) -> dict[str, Any] | ToolResult:
         """The call's arguments, or the error result that refuses them (not JSON, not an object,
         an unknown tool, or not what the tool's input_schema asks for)."""
         agent = handle.agent
@@ -301,7 +330,7 @@ class ToolPhase:
             known = sorted([tool.name for tool in agent.tools] + ["ask"] + (["task"] if agent.team else []))
             return ToolResult(f"unknown tool {call.name!r}; available tools: {known}", is_error=True)
         if spec.input_schema:
-            problem = self._schema_problem(handle, spec, arguments)
+            problem = await self._schema_problem(handle, spec, arguments, call.arguments_json)
             if problem is not None:
                 return ToolResult(f"the arguments do not match the tool's schema: {problem}", is_error=True)
         return arguments

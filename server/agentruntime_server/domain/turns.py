@@ -46,7 +46,7 @@ class TurnLoop:
         self.host = host
         self.services = host.services
         self.tool_phase = ToolPhase(host)
-        self.outputs = outputs.OutputSchemas()
+        self.outputs = outputs.OutputSchemas(self.services.schema_judge, host.tenant)
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
@@ -71,7 +71,7 @@ class TurnLoop:
                 output: Any = None
                 rejection: str | PendingRequest | None = None
                 if handle.agent.output_schema is not None:  # judged before the gate: a judge reads valid JSON
-                    output, rejection = self.outputs.judge(handle.agent, last.content)
+                    output, rejection = await self.outputs.judge_answer(handle.agent, last.content)
                 if rejection is None:
                     rejection = await completion_gate.rejection(self.host, handle, run, last.content)
                 if isinstance(rejection, PendingRequest):  # the judge waits for the host

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import ssl
@@ -26,10 +25,9 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..domain import schemas
 from ..domain.errors import shown
 from ..domain.model import McpExecutor, McpServerSpec, ToolResult
-from ..domain.ports import McpError, McpTool
+from ..domain.ports import McpError, McpTool, StructuredContent
 from .egress import EgressPolicy
 
 if TYPE_CHECKING:  # the SDK is imported when an MCP server is first used, not at every start (~0.3 s)
@@ -126,7 +124,7 @@ class McpTools:
             raise (_ours(cause, progress) or McpError(_failure(server.name, cause, progress))) from None
         return tools
 
-    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult:
+    async def call(self, executor: McpExecutor, arguments: dict[str, Any], key: str) -> ToolResult | StructuredContent:
         from mcp import types
 
         from .mcp_limits import ReplyBudget, bounded, call_bytes
@@ -155,15 +153,16 @@ class McpTools:
             return ToolResult(f"MCP server {executor.server!r} failed: {failure}", is_error=True)
         text = self._text(result)
         structured = getattr(result, "structured_content", None)
-        if executor.output_schema is not None and structured is not None and not getattr(result, "is_error", False):
-            # Its structured content, checked against the output schema it listed, is what the
-            # model reads (docs/typed-results.md#mcp-tools).
-            problem = _structured_problem(executor.output_schema, structured)
-            if problem is not None:
-                return ToolResult(f"MCP server {executor.server!r}: {problem}", is_error=True)
+        checked = executor.output_schema is not None and structured is not None and not getattr(result, "is_error", False)
+        if checked:
+            # Its structured content, checked against the output schema it listed (by the domain,
+            # off the event loop when that costs: domain/schema_checks.py), is what the model
+            # reads (docs/typed-results.md#mcp-tools).
             text = json.dumps(structured, ensure_ascii=False)
-        if len(text.encode()) > self.max_text_bytes:
+        if len(text.encode(errors="surrogatepass")) > self.max_text_bytes:
             return ToolResult(f"MCP server {executor.server!r}: {self._too_large}", is_error=True)
+        if checked:
+            return StructuredContent(executor.server, structured, text)
         return ToolResult(text, is_error=bool(getattr(result, "is_error", False)))
 
     @property
@@ -178,21 +177,6 @@ class McpTools:
         if not parts and getattr(result, "structured_content", None) is not None:
             parts.append(json.dumps(result.structured_content))
         return "\n".join(parts)
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(schema_json: str) -> schemas.ArgumentsSchema:
-    """A tool's output schema, compiled once however many calls check against it."""
-    return schemas.ArgumentsSchema(json.loads(schema_json))
-
-
-def _structured_problem(schema: dict[str, Any], structured: Any) -> str | None:
-    """Why a tool's structured content fails its output schema (checked at CreateRuntime), or None."""
-    try:
-        problem = _compiled(json.dumps(schema, sort_keys=True)).problem(structured)
-    except schemas.VALIDATION_FAULTS as exc:
-        return f"its output schema could not be applied ({type(exc).__name__})"
-    return None if problem is None else f"its structured content does not match its output schema: {shown(problem, 300)}"
 
 
 # Raised while the HTTP client builds a request (a header it will not send): their words may

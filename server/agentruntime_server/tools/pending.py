@@ -16,13 +16,13 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..domain import carriable
 from ..domain.model import ToolSuspension
 
 KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_PROMPT = 4096
 MAX_URL = 2048
 MAX_DATA_BYTES = 64 * 1024
-MAX_DATA_DEPTH = 32
 LATEST = 253_402_300_800.0  # 10000-01-01: the end of google.protobuf.Timestamp's range
 
 
@@ -56,27 +56,10 @@ def suspension(raw: bytes) -> ToolSuspension:
         size = -1
     if not 0 <= size <= MAX_DATA_BYTES:
         raise NotAPendingRequest(f"'data' must be a JSON object of at most {MAX_DATA_BYTES} bytes")
-    if not _fits_a_struct(data):
-        raise NotAPendingRequest(f"'data' must nest at most {MAX_DATA_DEPTH} levels and hold numbers a double can carry")
+    wrong = carriable.problem(data)
+    if wrong is not None:
+        raise NotAPendingRequest(f"'data' must be JSON a Struct can carry: {wrong.replace('$', 'data', 1)}")
     return ToolSuspension(kind=kind, prompt=prompt, url=url, expires_at=_expiry(body.get("expires_at")), data=data)
-
-
-def _fits_a_struct(data: dict[str, Any]) -> bool:
-    """What a google.protobuf.Struct can carry to the host: its numbers are doubles (an
-    integer past a double's range cannot be one), and it nests a bounded depth."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_DATA_DEPTH:
-                return False
-            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
-        elif isinstance(value, int) and not isinstance(value, bool):
-            try:
-                float(value)
-            except OverflowError:
-                return False
-    return True
 
 
 def _text(body: dict[str, Any], key: str, limit: int) -> str:
