@@ -437,8 +437,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if request.WhichOneof("message") != "output":
                 raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
             output = request.output
-            text = convert.tool_output_text(output)
-            if len(text.encode()) > self.max_text_bytes:
+            found: list[FieldViolation] = []
+            text = convert.tool_output_text(output, "output.structured", found)
+            if found:
+                # One bad output is that call's error, not the stream's: the worker serves on.
+                log.warning("worker %s: its output for a call %s; the call gets an error result", worker.id, found[0].description)
+                result = ToolResult(f"the worker's structured output {found[0].description} (JSON has neither)", is_error=True)
+            elif len(text.encode()) > self.max_text_bytes:
                 result = ToolResult(f"the worker's output is larger than {self.max_text_bytes} bytes", is_error=True)
             else:
                 result = ToolResult(text, is_error=output.is_error)
