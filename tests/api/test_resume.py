@@ -112,7 +112,11 @@ async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_cha
 ) -> None:
     """A Value can hold NaN and infinities, JSON cannot: such an output is the caller's mistake
     (INVALID_ARGUMENT naming the output), never INTERNAL, and the Request waits on."""
-    model.script("asker", lambda body: Reply(calls=[("fetch", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body)))
+
+    def script(body: dict[str, Any]) -> Reply:
+        return Reply(calls=[("fetch", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body))
+
+    model.script("asker", script)
     runtime_id = await create(stub, agent("asker", tools=[relay_tool("fetch")]))
     handle_id, pending = await run(stub, runtime_id, "asker", "go")
     [call] = pending.pending.calls
@@ -126,7 +130,8 @@ async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_cha
         [violation] = [v for d in status_details(refused.value) for v in getattr(d, "field_violations", [])]
         assert violation.field == "answer.outputs[0].structured" and "NaN or an infinity" in violation.description
         assert await wait(stub, runtime_id, handle_id) == pending
-    good = pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, structured=struct_pb2.Value(number_value=1.5))])
+    finite = pb.ToolOutput(call_id=call.id, structured=struct_pb2.Value(number_value=1.5))
+    good = pb.Answer(id=pending.pending.id, ok=True, outputs=[finite])
     done = await resume(stub, runtime_id, good)
     assert (done.status, done.text) == (pb.STATUS_DONE, "1.5")
 
