@@ -346,6 +346,18 @@ def reply_string(value: Any, what: str) -> str:
     return value
 
 
+def reply_count(value: Any, what: str) -> int:
+    """A token count of a reply's usage: a whole number (JSON's 12, or 12.0); null or absent is
+    0. Anything else (a string, a boolean, 1.9) makes the reply a bad one: never read as a number."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"{what} is not a whole number")
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait from `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
     millis = _seconds(headers.get("retry-after-ms"))
