@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
+from ..domain.model import AgentSpec, FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..domain.usage import Tokens
 from ..http import HttpClient
@@ -47,11 +47,14 @@ class AnthropicProvider(HttpProvider):
         )
         self._max_output_tokens = max_output_tokens
 
+    def output_cap(self, agent: AgentSpec) -> int:
+        return agent.max_output_tokens or self._max_output_tokens  # the API requires one
+
     def body(self, request: ModelRequest, model: str) -> dict[str, Any]:
         system = "\n\n".join(message.content for message in request.messages if message.role == "system" and message.content)
         body: dict[str, Any] = {
             "model": model,
-            "max_tokens": request.agent.max_output_tokens or self._max_output_tokens,
+            "max_tokens": self.output_cap(request.agent),
             "messages": wire_messages(request.messages),
         }
         if system:

@@ -21,8 +21,8 @@ from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.asyncio import AsyncRetrying
 
 from ..domain.gate import FifoGate
-from ..domain.model import Failure, FailureReason
-from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
+from ..domain.model import AgentSpec, Failure, FailureReason
+from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyBound, ReplyStream
 from ..http import HttpClient, HttpError, Response, encode_headers
 from .streaming import StreamedReply
 
@@ -117,6 +117,13 @@ class HttpProvider(abc.ABC):
     @abc.abstractmethod
     def stream_reader(self, stream: ReplyStream) -> StreamedReply:
         """What reads one attempt's streamed reply, handing its pieces to `stream`."""
+
+    def output_cap(self, agent: AgentSpec) -> int | None:
+        """The output cap sent with each call of the agent (None: none is sent)."""
+        return agent.max_output_tokens
+
+    def reply_bound(self, agent: AgentSpec) -> ReplyBound:
+        return ReplyBound(agent.model or self._default_model, self.output_cap(agent))
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         model = request.agent.model or self._default_model
