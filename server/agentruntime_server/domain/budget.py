@@ -84,12 +84,14 @@ def unaffordable(handle: Handle, tokens: int, micros: int) -> tuple[Limit, Handl
     for `exhausted`. A turn fits when, for the handle and every ancestor, spent + held + its
     reservation stays within the budget."""
     over_tokens = over_cost = None
-    for node in handle.lineage():
+    node: Handle | None = handle
+    while node is not None:
         budget = node.budget
         if budget.max_tokens is not None and node.usage.total_tokens + node.held_tokens + tokens > budget.max_tokens:
             over_tokens = node
         if budget.max_cost is not None and node.usage.total_cost.micros + node.held_micros + micros > budget.max_cost:
             over_cost = node
+        node = node.parent
     if over_tokens is not None:
         return Limit.MAX_TOKENS, over_tokens
     if over_cost is not None:

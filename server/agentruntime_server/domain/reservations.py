@@ -41,15 +41,17 @@ class Reservation:
     """One turn's hold: on its handle's lineage (`held_tokens`, `held_micros` of each node count
     the turns under way in its subtree) and, when `tenancy` is given, on its tenant's quotas."""
 
-    __slots__ = ("_lineage", "_tenancy", "_tenant", "micros", "tokens")
+    __slots__ = ("_held", "_tenancy", "_tenant", "micros", "tokens")
 
     def __init__(self, handle: Handle, tokens: int, micros: int, hold_budgets: bool) -> None:
         self.tokens = tokens
         self.micros = micros
-        self._lineage: tuple[Handle, ...] = tuple(handle.lineage()) if hold_budgets else ()
-        for node in self._lineage:
+        self._held: Handle | None = handle if hold_budgets else None  # its lineage holds it (a parent never changes)
+        node: Handle | None = self._held
+        while node is not None:  # on every reserved turn: a plain loop, not a generator
             node.held_tokens += tokens
             node.held_micros += micros
+            node = node.parent
         self._tenancy: Tenancy | None = None
         self._tenant = ""
 
@@ -59,10 +61,11 @@ class Reservation:
 
     def release_budgets(self) -> None:
         """The reply is journaled (its figures count now), or the turn ended without one."""
-        lineage, self._lineage = self._lineage, ()
-        for node in lineage:
+        node, self._held = self._held, None
+        while node is not None:
             node.held_tokens -= self.tokens
             node.held_micros -= self.micros
+            node = node.parent
 
     def release(self) -> None:
         """All of it (idempotent): the reply is journaled and its spend counted by the tenant's

@@ -49,6 +49,7 @@ class TurnLoop:
         self.tool_phase = ToolPhase(host)
         self.outputs = outputs.OutputSchemas()
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
+        self._schema_chars: dict[str, int] = {}  # agent -> its tool schemas' characters, as _sent_chars counts them
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
@@ -127,7 +128,7 @@ class TurnLoop:
         tools = self._tool_schemas(handle)
         cache_key = prompt_cache_key(self.host.key, handle.id) if agent.prompt_cache else ""
         request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
-        if agent.compaction is not None and _size(request) > agent.compaction.max_context_tokens:
+        if agent.compaction is not None and self._size(request) > agent.compaction.max_context_tokens:
             compacted = await self._compact(handle, run)
             if isinstance(compacted, PendingRequest):
                 return compacted
@@ -171,7 +172,7 @@ class TurnLoop:
         if bound is None:
             return None
         price = self.services.prices.price(self.services.models.provider_name(handle.agent), bound.model)
-        tokens, micros = reservations.estimate(_size(request), bound, price)
+        tokens, micros = reservations.estimate(self._size(request), bound, price)
         if by_budgets:
             found = budgets.unaffordable(handle, tokens, micros)
             if found is not None:
@@ -292,17 +293,28 @@ class TurnLoop:
             schemas.append(prompts.task_tool([self.host.tree.agents[name] for name in agent.team]))
         schemas.append(prompts.ASK_TOOL)
         self._schemas[agent.name] = tuple(schemas)
+        self._schema_chars[agent.name] = _schema_chars(self._schemas[agent.name])
         return self._schemas[agent.name]
 
+    def _size(self, request: ModelRequest) -> int:
+        """A request's size in tokens, as compaction counts it and a turn is reserved: about
+        four characters a token of what is sent (its tools' part counted once per agent)."""
+        chars = self._schema_chars.get(request.agent.name)
+        if chars is None:
+            chars = _schema_chars(request.tools)
+        return (_message_chars(request) + chars) // 4 + 1
 
-def _size(request: ModelRequest) -> int:
-    """A request's size in tokens, as compaction counts it: about four characters a token."""
-    return _sent_chars(request) // 4 + 1
+
+def _message_chars(request: ModelRequest) -> int:
+    return sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
+
+
+def _schema_chars(tools: tuple[ToolSchema, ...]) -> int:
+    return sum(len(tool.description) + len(str(tool.parameters)) for tool in tools)
 
 
 def _sent_chars(request: ModelRequest) -> int:
-    chars = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
-    return chars + sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    return _message_chars(request) + _schema_chars(request.tools)
 
 
 def estimate_tokens(request: ModelRequest, reply: ModelReply) -> Tokens:
