@@ -399,6 +399,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
         workers=workers,
         max_text_bytes=settings.max_text_bytes,
         kill_after_commit=frozenset(settings.test_kill_after_commit),
+        count_auth_failure=observability.metrics.auth_failed if observability.metrics is not None else None,
     )
     add_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -243,6 +243,9 @@ class PriceWatch:
         """At the prices in force now (ports.PriceSource)."""
         return self._table.cost(provider, model, tokens)
 
+    def price(self, provider: str, model: str) -> Price | None:
+        return self._table.price(provider, model)
+
     def start(self) -> None:
         if self.path and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._watch(), name="prices watch")

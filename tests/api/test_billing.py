@@ -313,18 +313,20 @@ async def test_handles_recovered_together_all_see_the_token_quota_spent_before_t
     ledger from the database (an await); the second must wait for that read, not take the
     ledger as empty meanwhile and buy a turn past a quota used up before the restart."""
     model.script("slow", lambda body: Reply(text="late", tokens=60, delay=30.0 if model.calls["slow"] <= 2 else 0.0))
-    model.script("spender", lambda body: Reply(text="spent", tokens=100))
+    model.script("spender", lambda body: Reply(text="spent", tokens=300))
     base = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": KEY, "store": database}
-    async with serve(**base, quota_tokens_per_day=100) as first:
+    # Room for the reservations of the three turns at once (their inputs' estimates), which the
+    # spender's reply then uses up.
+    async with serve(**base, quota_tokens_per_day=300) as first:
         await create(first.stub, agent("slow"), agent("spender"), runtime_id="rt")
         waiting = [await spawn(first.stub, "rt", "slow") for _ in range(2)]
         for handle in waiting:
             await first.stub.Wake(pb.WakeRequest(runtime_id="rt", handle_id=handle, prompt="go"))
         await until(lambda: model.calls["slow"] == 2, "both slow turns under way")
         _, spent = await run(first.stub, "rt", "spender", "spend it all")
-        assert spent.total_tokens == 100  # the quota is used up
+        assert spent.total_tokens == 300  # the quota is used up
         await first.stop(grace=0.0)  # the slow turns are cut: their handles go on at the next start
-    async with serve(**base, quota_tokens_per_day=100) as second:
+    async with serve(**base, quota_tokens_per_day=300) as second:
         for handle in waiting:
             result = await wait(second.stub, "rt", handle)
             assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS, 0), result

@@ -548,6 +548,71 @@ async def test_an_anthropic_block_of_the_wrong_type_is_a_bad_reply(
     assert (result.status, result.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_PROVIDER_BAD_REPLY), result
 
 
+# A token count is a whole number: a string, a boolean or a fraction is the provider's fault, never
+# read as a number ("100" as 100, true as 1, 1.9 cut to 1). 100.0 is the number 100.
+OPENAI_ODD_USAGE = {
+    "a string": {"prompt_tokens": "100", "completion_tokens": 5, "total_tokens": 105},
+    "true": {"prompt_tokens": 5, "completion_tokens": True, "total_tokens": 6},
+    "a fraction": {"prompt_tokens": 1.9, "completion_tokens": 5, "total_tokens": 6.9},
+    "a string total": {"total_tokens": "105"},
+    "a fractional cached count": {
+        "prompt_tokens": 5,
+        "completion_tokens": 5,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0.5},
+    },
+    "a string reasoning count": {
+        "prompt_tokens": 5,
+        "completion_tokens": 5,
+        "total_tokens": 10,
+        "completion_tokens_details": {"reasoning_tokens": "2"},
+    },
+}
+ANTHROPIC_ODD_USAGE = {
+    "a string": {"input_tokens": "100", "output_tokens": 5},
+    "true": {"input_tokens": 10, "output_tokens": True},
+    "a fraction": {"input_tokens": 10, "output_tokens": 1.9},
+    "a string cache read": {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": "7"},
+    "a fractional thinking count": {"input_tokens": 10, "output_tokens": 5, "output_tokens_details": {"thinking_tokens": 0.5}},
+}
+
+
+@pytest.mark.parametrize("usage", OPENAI_ODD_USAGE.values(), ids=OPENAI_ODD_USAGE.keys())
+async def test_an_openai_token_count_that_is_not_a_whole_number_is_a_bad_reply(
+    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, usage: dict[str, Any]
+) -> None:
+    model.script("odd", lambda body: Reply(raw=completion({"role": "assistant", "content": "hi"}, usage=usage)))
+    _, result = await run(both, await create(both, agent("odd")), "odd", "go")
+    assert (result.status, result.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_PROVIDER_BAD_REPLY), result
+    assert "is not a whole number" in result.text and result.total_tokens == 0
+
+
+@pytest.mark.parametrize("usage", ANTHROPIC_ODD_USAGE.values(), ids=ANTHROPIC_ODD_USAGE.keys())
+async def test_an_anthropic_token_count_that_is_not_a_whole_number_is_a_bad_reply(
+    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, usage: dict[str, Any]
+) -> None:
+    anthropic.script("claude", lambda body: Turn(raw=anthropic_message([{"type": "text", "text": "hi"}], usage)))
+    runtime_id = await create(both, agent("a", model="claude", provider="anthropic"))
+    _, result = await run(both, runtime_id, "a", "go")
+    assert (result.status, result.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_PROVIDER_BAD_REPLY), result
+    assert "is not a whole number" in result.text and result.total_tokens == 0
+
+
+async def test_whole_token_counts_written_as_decimals_are_read(
+    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
+) -> None:
+    usage = {"prompt_tokens": 100.0, "completion_tokens": 5, "total_tokens": 105.0}
+    model.script("decimal", lambda body: Reply(raw=completion({"role": "assistant", "content": "hi"}, usage=usage)))
+    _, result = await run(both, await create(both, agent("decimal")), "decimal", "go")
+    assert (result.status, result.total_tokens, result.own_usage.input_tokens) == (pb.STATUS_DONE, 105, 100), result
+    anthropic.script(
+        "claude",
+        lambda body: Turn(raw=anthropic_message([{"type": "text", "text": "hi"}], {"input_tokens": 10.0, "output_tokens": 5})),
+    )
+    _, result = await run(both, await create(both, agent("a", model="claude", provider="anthropic")), "a", "go")
+    assert (result.status, result.total_tokens) == (pb.STATUS_DONE, 15), result
+
+
 @pytest.mark.parametrize("usage", [{"input_tokens": None, "output_tokens": None}, {"service_tier": "standard"}, None])
 async def test_anthropic_usage_without_figures_is_estimated_not_zero(
     both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, usage: Any

@@ -114,6 +114,25 @@ async def test_create_and_delete_answer_again_for_their_tenant(stub: pb_grpc.Age
     assert await stub.CreateRuntime(make) == created  # recorded per tenant: it outlives the runtime
 
 
+async def test_a_request_id_of_a_runtimes_own_call_is_not_a_delete_of_it(stub: pb_grpc.AgentRuntimeStub) -> None:
+    """The id of a Spawn on the runtime (recorded in its journal), or of the CreateRuntime that
+    made it, sent again with DeleteRuntime of that runtime is another call: REQUEST_ID_REUSED,
+    and the runtime stays whole."""
+    made = pb.CreateRuntimeRequest(agents=[agent("worker")], request_id=rid())
+    runtime_id = (await stub.CreateRuntime(made)).runtime_id
+    spawn = pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="worker", request_id=rid())
+    assert (await stub.Spawn(spawn)).handle_id == "root/worker.1"
+    for used in (spawn.request_id, made.request_id):
+        assert reused(await refused(stub.DeleteRuntime(pb.DeleteRuntimeRequest(runtime_id=runtime_id, request_id=used))))
+        assert list(await views(stub, runtime_id)) == ["root/worker.1"]
+    assert await stub.Spawn(spawn) == pb.SpawnResponse(handle_id="root/worker.1")  # its own answer still stands
+    other = await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[agent("worker")]))
+    # Another runtime's DeleteRuntime may use the id of this one's CreateRuntime: ids are per runtime.
+    await stub.DeleteRuntime(pb.DeleteRuntimeRequest(runtime_id=other.runtime_id, request_id=made.request_id))
+    await stub.DeleteRuntime(pb.DeleteRuntimeRequest(runtime_id=runtime_id, request_id=rid()))
+    assert (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes == []
+
+
 async def test_a_request_id_is_checked_at_the_edge(stub: pb_grpc.AgentRuntimeStub) -> None:
     runtime_id = await create(stub, agent("worker"))
     for bad in ("x" * 65, "has space", "ünï", "a/b", "a.b"):

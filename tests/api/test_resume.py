@@ -15,8 +15,9 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Tree, replay
+from google.protobuf import struct_pb2
 
-from tests.support.build import agent, create, http_tool, run, spawn, struct, transcript, views
+from tests.support.build import agent, create, http_tool, run, spawn, status_details, struct, transcript, views
 from tests.support.calls import Stub, handle_view, resume, state_of, until_state, wake
 from tests.support.model_server import Reply, ScriptedModelServer, last_tool_output, last_user, tool_results
 from tests.support.poll import eventually, until
@@ -104,6 +105,35 @@ async def test_relay_answer_naming_an_unknown_call_changes_nothing(
     )
     assert done.status == pb.STATUS_DONE
     assert done.text == "the host returned no output for this call + two"
+
+
+async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_changes_nothing(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    """A Value can hold NaN and infinities, JSON cannot: such an output is the caller's mistake
+    (INVALID_ARGUMENT naming the output), never INTERNAL, and the Request waits on."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        return Reply(calls=[("fetch", {})]) if tool_results(body) == 0 else Reply(text=last_tool_output(body))
+
+    model.script("asker", script)
+    runtime_id = await create(stub, agent("asker", tools=[relay_tool("fetch")]))
+    handle_id, pending = await run(stub, runtime_id, "asker", "go")
+    [call] = pending.pending.calls
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        structured = struct_pb2.Value()
+        structured.struct_value.fields["hits"].list_value.values.add().number_value = bad
+        answer = pb.Answer(id=pending.pending.id, ok=True, outputs=[pb.ToolOutput(call_id=call.id, structured=structured)])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await resume(stub, runtime_id, answer)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+        [violation] = [v for d in status_details(refused.value) for v in getattr(d, "field_violations", [])]
+        assert violation.field == "answer.outputs[0].structured" and "NaN or an infinity" in violation.description
+        assert await wait(stub, runtime_id, handle_id) == pending
+    finite = pb.ToolOutput(call_id=call.id, structured=struct_pb2.Value(number_value=1.5))
+    good = pb.Answer(id=pending.pending.id, ok=True, outputs=[finite])
+    done = await resume(stub, runtime_id, good)
+    assert (done.status, done.text) == (pb.STATUS_DONE, "1.5")
 
 
 async def test_c2_approval_runs_the_tool_once_after_yes(

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 import trustme
@@ -37,6 +38,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.auth import (
     AUDIENCE,
@@ -129,6 +131,40 @@ async def test_missing_wrong_and_malformed_tokens_are_unauthenticated(token_serv
     await unauthenticated(stub.List(request, metadata=(("authorization", "Bearer "),)), "")
     # Streams too: Watch checks before it streams anything.
     await unauthenticated(_first(stub.Watch(pb.WatchRequest(runtime_id="any"))), "missing credentials")
+
+
+async def test_failed_authentications_are_logged_and_counted_never_with_the_token(
+    tokens_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reads and streams too (the audit log has only mutating calls): one warning a failure on the
+    auth logger (RPC, peer, reason) and agentruntime_auth_failures_total{grpc_method, reason}."""
+    wrong = "wrong-token-0123456789-never-logged"
+    caplog.set_level(logging.INFO)
+    async with serve(auth="tokens", auth_tokens_file=str(tokens_file), metrics_listen="127.0.0.1:0") as served:
+        stub = served.stub
+        await unauthenticated(stub.List(pb.ListRequest(runtime_id="any")), "missing credentials")
+        inspect = pb.InspectRequest(runtime_id="any", handle_id="h")
+        await unauthenticated(stub.Inspect(inspect, metadata=bearer(wrong)), "not valid")
+        await unauthenticated(_first(stub.Watch(pb.WatchRequest(runtime_id="any"), metadata=bearer(wrong))), "not valid")
+        await unauthenticated(stub.List(pb.ListRequest(runtime_id="any"), metadata=(("authorization", f"Basic {wrong}"),)), "")
+        await stub.ListRuntimes(pb.ListRuntimesRequest(), metadata=bearer(READ_TOKEN))  # a good one is neither
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{served.running.metrics_port}/metrics") as response,
+        ):
+            scraped = await response.text()
+    counted = {
+        (sample.labels["grpc_method"], sample.labels["reason"]): sample.value
+        for family in text_string_to_metric_families(scraped)
+        for sample in family.samples
+        if sample.name == "agentruntime_auth_failures_total"
+    }
+    assert counted == {("List", "missing"): 1, ("Inspect", "invalid"): 1, ("Watch", "invalid"): 1, ("List", "malformed"): 1}
+    lines = [r.getMessage() for r in caplog.records if r.name == "agentruntime_server.api.auth" and r.levelno == logging.WARNING]
+    assert len(lines) == 4, lines
+    assert all(line.startswith("authentication failed: rpc=") and "peer=ipv4:127.0.0.1:" in line for line in lines)
+    assert "rpc=Watch" in lines[2] and "reason=invalid" in lines[2]
+    assert not any(wrong in record.getMessage() or READ_TOKEN in record.getMessage() for record in caplog.records)
 
 
 async def _first(call: Any) -> Any:

@@ -127,11 +127,13 @@ async def test_the_scripted_model_answers_structured_replies(stub: pb_grpc.Agent
 @pytest.mark.parametrize(
     ("schema", "says"),
     [
-        ({"type": "string"}, '"type": "object" or "type": "array"'),
-        ({"properties": {}}, '"type": "object" or "type": "array"'),
+        ({"type": "string"}, '"type": "object" at the top'),
+        ({"properties": {}}, '"type": "object" at the top'),
+        # OpenAI's structured outputs refuse any other root (HTTP 400): a list goes in a property.
+        ({"type": "array", "items": {"type": "string"}}, 'put a list in a property: {"type": "object", "properties"'),
         ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "outside the schema"),
         ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}}, "pattern"),
-        ({"type": "array", "items": {"type": "nope"}}, "not a valid JSON Schema"),
+        ({"type": "object", "properties": {"a": {"type": "nope"}}}, "not a valid JSON Schema"),
     ],
 )
 async def test_a_hostile_output_schema_is_refused_with_its_field(

@@ -32,6 +32,7 @@ from agentruntime_server.api import jwt_auth
 from agentruntime_server.api.servicer import STREAM_RECHECK_SECONDS
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
+from google.protobuf import json_format
 
 from tests.support.auth import AUDIENCE, ISSUER, JwksServer, bearer, public_jwk, sign
 from tests.support.build import agent, create, duration, run, spawn, status_details, transcript, wait
@@ -325,6 +326,46 @@ async def test_a_bad_registration_is_refused_with_its_violations(served: Served)
         async for _ in served.stub.ServeTools(outputs_first(), timeout=10):
             pass
     assert unregistered.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_structured_output_holding_nan_is_an_error_result_and_the_stream_serves_on(
+    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+) -> None:
+    """NaN and infinities fit in a Value and not in JSON: the call that got one has an error
+    result saying so (the model reads it), and the worker's stream goes on with its next call."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        done = tool_results(body)
+        if done < 2:
+            return Reply(calls=[("lookup", {"n": done + 1})], tokens=10)
+        return Reply(text=" | ".join(m["content"] for m in body["messages"] if m["role"] == "tool"), tokens=10)
+
+    model.script("asker", script)
+    runtime_id = await create(stub, agent("asker", tools=[worker_tool("lookup", queue="typed")]))
+    outputs: asyncio.Queue[pb.ServeToolsRequest] = asyncio.Queue()
+    await outputs.put(pb.ServeToolsRequest(registration=pb.WorkerRegistration(queue="typed", tools=["lookup"])))
+
+    async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+        while True:
+            yield await outputs.get()
+
+    serving = stub.ServeTools(requests())
+    try:
+        assert (await serving.read()).HasField("registered")
+        running = asyncio.ensure_future(run(stub, runtime_id, "asker", "look"))
+        first = await serving.read()
+        infinite = json_format.ParseDict({"hits": [1]}, pb.ToolOutput().structured)
+        infinite.struct_value.fields["score"].number_value = float("inf")
+        await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=first.call.id, structured=infinite)))
+        second = await serving.read()  # the same stream, still serving
+        await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=second.call.id, output="found")))
+        handle_id, result = await running
+    finally:
+        serving.cancel()
+    assert result.status == pb.STATUS_DONE, result
+    tool_messages = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
+    assert [m.is_error for m in tool_messages] == [True, False]
+    assert "NaN or an infinity" in tool_messages[0].content and tool_messages[1].content == "found"
 
 
 async def test_a_worker_tool_definition_is_checked_at_create(stub: pb_grpc.AgentRuntimeStub) -> None:

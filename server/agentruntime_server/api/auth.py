@@ -132,7 +132,7 @@ class TokenAuthenticator(BearerAuthenticator):
                 found = entry
         if found is None:
             if digest in self.revoked:
-                raise Unauthenticated("the bearer token has been revoked")
+                raise Unauthenticated("the bearer token has been revoked", "revoked")
             raise Unauthenticated("the bearer token is not valid (no such token)")
         if not found.tenant_valid:
             raise Unauthenticated(f"the bearer token's tenant is not a tenant name ({TENANT_RULE})")

@@ -54,16 +54,11 @@ def struct_to_dict(message: struct_pb2.Struct, where: str, found: list[FieldViol
     try:
         return json_format.MessageToDict(message)
     except ValueError:
-        found.append(FieldViolation(where, "holds NaN or an infinity: every number must be finite"))
+        found.append(FieldViolation(where, NOT_FINITE))
         return {}
 
 
-def _answer_data(message: struct_pb2.Struct) -> dict[str, Any]:
-    found: list[FieldViolation] = []
-    data = struct_to_dict(message, "answer.data", found)
-    if found:
-        raise InvalidArgument(found)
-    return data
+NOT_FINITE = "holds NaN or an infinity: every number must be finite"
 
 
 def trust_from_proto(number: int, where: str, found: list[FieldViolation]) -> m.Trust:
@@ -360,21 +355,30 @@ def message_to_proto(message: m.Message) -> pb.Message:
 
 
 def answer_from_proto(message: pb.Answer) -> m.Answer:
-    return m.Answer(
-        id=message.id,
-        ok=message.ok,
-        data=_answer_data(message.data),
-        reason=message.reason,
-        outputs=tuple(m.ToolOutput(o.call_id, tool_output_text(o), o.is_error) for o in message.outputs),
+    """InvalidArgument naming each part JSON cannot carry (`data`, an output's `structured`)."""
+    found: list[FieldViolation] = []
+    data = struct_to_dict(message.data, "answer.data", found)
+    outputs = tuple(
+        m.ToolOutput(o.call_id, tool_output_text(o, f"answer.outputs[{index}].structured", found), o.is_error)
+        for index, o in enumerate(message.outputs)
     )
+    if found:
+        raise InvalidArgument(found)
+    return m.Answer(id=message.id, ok=message.ok, data=data, reason=message.reason, outputs=outputs)
 
 
-def tool_output_text(output: pb.ToolOutput) -> str:
+def tool_output_text(output: pb.ToolOutput, where: str, found: list[FieldViolation]) -> str:
     """What the model reads of a tool's output: its `structured` value as JSON text when it has
-    one, else its `output`."""
+    one, else its `output`. A `structured` holding NaN or an infinity (a Value can, JSON cannot)
+    is a violation at `where`, added to `found` (and '' returned)."""
     if not output.HasField("structured"):
         return output.output
-    return json.dumps(json_format.MessageToDict(output.structured), ensure_ascii=False, separators=(",", ":"))
+    try:
+        value = json_format.MessageToDict(output.structured)
+    except ValueError:
+        found.append(FieldViolation(where, NOT_FINITE))
+        return ""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:

@@ -232,7 +232,7 @@ class JwtAuthenticator(BearerAuthenticator):
                 options={"require": ["exp", "iss", "aud"], "enforce_minimum_key_length": True},
             )
         except jwt.ExpiredSignatureError:
-            raise Unauthenticated("the JWT has expired") from None
+            raise Unauthenticated("the JWT has expired", "expired") from None
         except jwt.ImmatureSignatureError as error:
             # PyJWT refuses a future `iat` and a future `nbf` alike; only its message tells them apart.
             if "(iat)" in str(error):

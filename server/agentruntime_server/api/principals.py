@@ -53,19 +53,19 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
     """The token of the one `authorization: Bearer <token>` metadata entry."""
     values = [value for key, value in metadata if key.lower() == "authorization"]
     if not values:
-        raise Unauthenticated(f"missing credentials: {BEARER_HINT}")
+        raise Unauthenticated(f"missing credentials: {BEARER_HINT}", "missing")
     if len(values) > 1:
-        raise Unauthenticated("more than one 'authorization' metadata entry: send exactly one")
+        raise Unauthenticated("more than one 'authorization' metadata entry: send exactly one", "malformed")
     value = values[0]
     text = value.decode("latin-1") if isinstance(value, bytes) else value
     scheme, _, token = text.strip().partition(" ")
     if scheme.lower() != "bearer":
-        raise Unauthenticated(f"the 'authorization' metadata is not a bearer token: {BEARER_HINT}")
+        raise Unauthenticated(f"the 'authorization' metadata is not a bearer token: {BEARER_HINT}", "malformed")
     token = token.strip()
     if not token:
-        raise Unauthenticated(f"the bearer token is empty: {BEARER_HINT}")
+        raise Unauthenticated(f"the bearer token is empty: {BEARER_HINT}", "malformed")
     if len(token) > MAX_TOKEN_CHARS:
-        raise Unauthenticated(f"the bearer token is longer than {MAX_TOKEN_CHARS} characters: not a valid token")
+        raise Unauthenticated(f"the bearer token is longer than {MAX_TOKEN_CHARS} characters: not a valid token", "malformed")
     return token
 
 

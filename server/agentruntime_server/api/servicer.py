@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -31,6 +31,7 @@ from ..domain.runtime import Runtime
 from ..domain.service import RuntimeService
 from ..domain.validation import TOOL_NAME, check_worker
 from . import convert, paging
+from .auth_failures import FailedAuthentications
 from .edge import (
     Context,
     Handler,
@@ -75,8 +76,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         workers: WorkerHub[Any],  # (of whatever stream type it connects: app.py's WorkerPool)
         max_text_bytes: int = 256 << 10,
         kill_after_commit: frozenset[str] = frozenset(),
+        count_auth_failure: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`count_auth_failure(method, reason)`: the failed-authentication metric, when metrics are on."""
         self.service = service
+        self.failed_authentications = FailedAuthentications(count_auth_failure)
         self.kill_after_commit = kill_after_commit
         self.authenticator = authenticator or Authenticator()
         # Replicas: calls for runtimes another replica runs go there; `retry_for` bounds how
@@ -91,7 +95,11 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     async def authenticate(self, context: Context, method: str) -> Principal:
         if self.authenticator.mode == "none":  # everyone is the default tenant: no metadata to read
             return DEFAULT
-        return await self.authenticator.authenticate(metadata_of(context), method)
+        try:
+            return await self.authenticator.authenticate(metadata_of(context), method)
+        except Unauthenticated as refused:
+            self.failed_authentications.record(method, context.peer() or "", refused)
+            raise
 
     async def _verified_again(self, context: Context, method: str, verified_at: float) -> float:
         """Streams outlive credentials: before a stream sends more, a credential revoked or
@@ -100,7 +108,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         if now - verified_at < STREAM_RECHECK_SECONDS:
             return verified_at
         if (await self.authenticate(context, method)).tenant != tenant():
-            raise Unauthenticated("the credential now names another tenant; open the stream again")
+            refused = Unauthenticated("the credential now names another tenant; open the stream again", "tenant_changed")
+            self.failed_authentications.record(method, context.peer() or "", refused)
+            raise refused
         return now
 
     async def serve(self, method: Handler[Req, Resp], request: Req, context: Context) -> Resp:
@@ -437,8 +447,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if request.WhichOneof("message") != "output":
                 raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
             output = request.output
-            text = convert.tool_output_text(output)
-            if len(text.encode()) > self.max_text_bytes:
+            found: list[FieldViolation] = []
+            text = convert.tool_output_text(output, "output.structured", found)
+            if found:
+                # One bad output is that call's error, not the stream's: the worker serves on.
+                log.warning("worker %s: its output for a call %s; the call gets an error result", worker.id, found[0].description)
+                result = ToolResult(f"the worker's structured output {found[0].description} (JSON has neither)", is_error=True)
+            elif len(text.encode()) > self.max_text_bytes:
                 result = ToolResult(f"the worker's output is larger than {self.max_text_bytes} bytes", is_error=True)
             else:
                 result = ToolResult(text, is_error=output.is_error)

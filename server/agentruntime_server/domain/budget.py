@@ -1,5 +1,6 @@
 """Budgets: carved at spawn from the parent's remaining budget, checked live up the
-ancestor chain before every turn, tool call and spawn.
+ancestor chain before every turn, tool call and spawn (a turn's tokens and cost against
+what is spent and what the turns under way are reserved: reservations.py).
 
 Scopes: turns are the handle's own; tokens, cost and tool calls are its subtree's (a
 parent's budget pays for its delegates); children, depth and concurrency are about the handle's
@@ -63,6 +64,38 @@ def exhausted(handle: Handle) -> tuple[Limit, Handle] | None:
     ]
     if spent:
         return Limit.MAX_COST, spent[-1]
+    return None
+
+
+def capped(handle: Handle) -> bool:
+    """A budget of the lineage caps tokens or cost: a turn must be reserved against it."""
+    node: Handle | None = handle
+    while node is not None:  # on every model turn: a plain loop, not a generator
+        budget = node.budget
+        if budget.max_tokens is not None or budget.max_cost is not None:
+            return True
+        node = node.parent
+    return False
+
+
+def unaffordable(handle: Handle, tokens: int, micros: int) -> tuple[Limit, Handle] | None:
+    """The limit a turn reserved `tokens` and `micros` would pass, counting what is spent and
+    what the turns under way hold (reservations.py), and whose budget it is: the topmost, as
+    for `exhausted`. A turn fits when, for the handle and every ancestor, spent + held + its
+    reservation stays within the budget."""
+    over_tokens = over_cost = None
+    node: Handle | None = handle
+    while node is not None:
+        budget = node.budget
+        if budget.max_tokens is not None and node.usage.total_tokens + node.held_tokens + tokens > budget.max_tokens:
+            over_tokens = node
+        if budget.max_cost is not None and node.usage.total_cost.micros + node.held_micros + micros > budget.max_cost:
+            over_cost = node
+        node = node.parent
+    if over_tokens is not None:
+        return Limit.MAX_TOKENS, over_tokens
+    if over_cost is not None:
+        return Limit.MAX_COST, over_cost
     return None
 
 

@@ -88,7 +88,13 @@ class ResourceExhausted(DomainError):
 
 
 class Unauthenticated(DomainError):
-    """No credentials, or credentials that are wrong, revoked or expired."""
+    """No credentials, or credentials that are wrong, revoked or expired. `reason`, one of a
+    fixed few words (what the failed-authentication metric and log line say): `missing`,
+    `malformed`, `invalid`, `revoked`, `expired`, `tenant_changed`."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class PermissionDenied(DomainError):

@@ -44,6 +44,8 @@ class Handle:
         "children_by_key",
         "compactions",
         "gate",
+        "held_micros",
+        "held_tokens",
         "id",
         "in_doubt",
         "inbox",
@@ -103,6 +105,10 @@ class Handle:
         # calls running at once (a child's and its sibling's) never pass a budget together.
         self.calls_out: frozenset[str] = NONE
         self.subtree_calls_out = 0
+        # In memory only, never journaled (reservations.py): what the model turns under way in
+        # its subtree are reserved, held against its max_tokens and max_cost until they reply.
+        self.held_tokens = 0
+        self.held_micros = 0
         self.last_result: TaskResult | None = None
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None

@@ -73,10 +73,11 @@ def tool_request(runtime_key: str, handle: Handle, call: ToolCall, asked: ToolSu
     )
 
 
-def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
+def budget_request(handle: Handle, limit: Limit, reserved: int | None = None) -> PendingRequest:
     """A budget that asks (ON_EXHAUSTED_ASK): the host may extend it. The id names the limit,
     the figure and the cap, so a re-entered turn asks with the same id, and a new ask after
-    an extension gets a new one."""
+    an extension gets a new one. `reserved`: the budget is not used up, but the next turn's
+    reservation (reservations.py) does not fit in what is left."""
     usage, budget = handle.usage, handle.budget
     figure, cap = {
         Limit.MAX_TURNS: (usage.turns, budget.max_turns),
@@ -103,8 +104,12 @@ def budget_request(handle: Handle, limit: Limit) -> PendingRequest:
             "total_cost_micros": usage.total_cost.micros,
         },
     }
+    reached = f"reached {limit.wire_name} ({figure} of {cap})"
+    if reserved is not None:
+        data["reserved"] = reserved
+        reached = f"cannot start its next turn, reserved {reserved}, within {limit.wire_name} ({figure} of {cap} used)"
     prompt = (
-        f"{handle.id} reached {limit.wire_name} ({figure} of {cap}): Resume with ok and "
+        f"{handle.id} {reached}: Resume with ok and "
         f'data {{"extend": {{"{field}": <a higher value>}}}} to raise it and go on, or not ok to stop'
     )
     return PendingRequest(

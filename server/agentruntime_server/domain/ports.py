@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .events import Observer
 from .journal import Entry
@@ -27,6 +27,7 @@ from .model import (
     WorkerExecutor,
 )
 from .ownership import Claim, SoleOwner
+from .prices import Price
 from .quotas import Quotas
 from .schema_checks import JudgeOnTheLoop, SchemaJudge
 from .usage import UNPRICED, Cost, Tokens
@@ -96,6 +97,10 @@ class PriceSource(Protocol):
 
     def cost(self, provider: str, model: str, tokens: Tokens) -> Cost: ...
 
+    def price(self, provider: str, model: str) -> Price | None:
+        """The model's prices now (None: no price covers it); a turn's reservation is priced so."""
+        ...
+
 
 class NoPrices:
     """No price table: every call costs nothing, and says it was not priced."""
@@ -103,9 +108,26 @@ class NoPrices:
     def cost(self, provider: str, model: str, tokens: Tokens) -> Cost:
         return UNPRICED
 
+    def price(self, provider: str, model: str) -> Price | None:
+        return None
+
+
+class ReplyBound(NamedTuple):
+    """What bounds a reply of an agent's model, for the reservation made before its turn
+    (domain/reservations.py): the model the request names (the price table's key, with the
+    provider's name) and the most output tokens a reply may have (None: the provider is sent
+    no cap, so none is known)."""
+
+    model: str
+    output_cap: int | None
+
 
 class ModelProvider(Protocol):
     async def complete(self, request: ModelRequest) -> ModelReply: ...
+
+    def reply_bound(self, agent: AgentSpec) -> ReplyBound | None:
+        """None: its turns reserve nothing (the embedded scripted model: its figures are its script's)."""
+        ...
 
 
 class ModelRouter(ModelProvider, Protocol):

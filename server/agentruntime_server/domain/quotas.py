@@ -16,6 +16,7 @@ from typing import Protocol
 
 from .errors import ResourceExhausted
 from .gate import FifoGate
+from .model import Limit
 
 DAY_MINUTES = 24 * 60
 MINUTE = 60.0
@@ -94,6 +95,20 @@ class Tenancy(Protocol):
         ...
 
     async def spend(self, tenant: str, tokens: int, micros: int = 0) -> None: ...
+
+    def caps_spend(self, tenant: str) -> bool:
+        """The tenant has a quota of tokens or cost per day: a turn must be reserved against it."""
+        ...
+
+    async def reserve(self, tenant: str, tokens: int, micros: int) -> tuple[Limit, str] | None:
+        """Holds a turn's reservation against the tenant's quotas of tokens and cost per day;
+        when it does not fit (with what the day spent and the turns under way hold), the
+        limit its stop names and why, and nothing is held."""
+        ...
+
+    def release(self, tenant: str, tokens: int, micros: int) -> None:
+        """A reservation `reserve` held ends (the reply's spend is counted, or there is none)."""
+        ...
 
 
 class TokenLedger:

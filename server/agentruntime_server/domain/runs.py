@@ -91,6 +91,7 @@ class RunHost(Protocol):
     id: str
     key: str
     tenant: str
+    tenancy: Tenancy | None
     tree: Tree
     journal: Journal
     events: EventLog

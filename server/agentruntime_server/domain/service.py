@@ -360,11 +360,24 @@ class RuntimeService:
             while True:
                 if await self._earlier_reply(tenant, runtime_id, "DeleteRuntime", request) is not None:
                     return None
+                await self._refuse_ids_of_the_runtime(runtime_id, tenant, request)
                 reply = TenantReply(tenant, runtime_id, request.id, "DeleteRuntime", request.digest, runtime_id, time.time())
                 try:
                     return await self._delete(runtime_id, force, tenant, reply)
                 except RequestIdTaken:
                     continue
+
+    async def _refuse_ids_of_the_runtime(self, runtime_id: str, tenant: str, request: RequestKey) -> None:
+        """A request id names one call per tenant and runtime: one the runtime's own calls
+        recorded (a Spawn, a Post, ...: its journal) or the CreateRuntime that made it used is
+        not this DeleteRuntime's (a DeleteRuntime's own answer is kept per tenant, not there)."""
+        since = time.time() - self.services.limits.request_id_ttl
+        runtime = await self.runtime(runtime_id, tenant)
+        created = await self.services.store.reply(tenant, "", request.id)
+        if runtime.tree.replies.find(request.id, since) is not None or (
+            created is not None and created.runtime_id == runtime_id and created.at >= since
+        ):
+            raise RequestIdReused(request.id, "DeleteRuntime")
 
     async def _delete(self, runtime_id: str, force: bool, tenant: str, reply: TenantReply | None) -> None:
         runtime = await self.runtime(runtime_id, tenant)

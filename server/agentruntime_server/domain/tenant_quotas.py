@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from .gate import FifoGate
+from .model import Limit
 from .ports import Services
 from .quotas import (
     DAY_MINUTES,
@@ -56,6 +57,9 @@ class TenantQuotas:
         self._ledger_loaded: set[str] = set()
         self._ledger_loading: dict[str, asyncio.Future[None]] = {}  # tenant -> its ledger's read under way
         self._ledger_pruned = -1  # the minute this process last had the store forget older ledger rows
+        # tenant -> (tokens, micros) the model turns under way in this process are reserved
+        # (reservations.py): in memory only, never journaled or stored.
+        self._held: dict[str, tuple[int, int]] = {}
 
     def quotas(self, tenant: str) -> Quotas:
         own = self.quotas_for(tenant) if self.quotas_for is not None else None
@@ -158,6 +162,40 @@ class TenantQuotas:
         if minute != self._ledger_pruned:
             self._ledger_pruned = minute
             await self._prune_ledger(minute)
+
+    def caps_spend(self, tenant: str) -> bool:
+        quotas = self.quotas(tenant)
+        return bool(quotas.tokens_per_day or quotas.cost_per_day)
+
+    async def reserve(self, tenant: str, tokens: int, micros: int) -> tuple[Limit, str] | None:
+        quotas = self.quotas(tenant)
+        await self._load_ledger(tenant)
+        # No await from here on: the check and the hold are one step for every turn of the tenant.
+        held_tokens, held_micros = self._held.get(tenant, (0, 0))
+        spent = self._ledger.spent(tenant)
+        if quotas.tokens_per_day and spent + held_tokens + tokens > quotas.tokens_per_day:
+            return Limit.MAX_TOKENS, (
+                f"stopped: the tenant's model token quota for the last 24 hours cannot cover the next turn, reserved"
+                f" {tokens:,} tokens: {quotas.tokens_per_day:,} less {spent:,} spent and {held_tokens:,} held by turns"
+                f" under way leaves {max(quotas.tokens_per_day - spent - held_tokens, 0):,}"
+            )
+        spent = self._ledger.spent_micros(tenant)
+        if quotas.cost_per_day and spent + held_micros + micros > quotas.cost_per_day:
+            return Limit.MAX_COST, (
+                f"stopped: the tenant's model cost quota for the last 24 hours cannot cover the next turn, reserved"
+                f" {micros:,} micros: {quotas.cost_per_day:,} less {spent:,} spent and {held_micros:,} held by turns"
+                f" under way leaves {max(quotas.cost_per_day - spent - held_micros, 0):,}"
+            )
+        self._held[tenant] = (held_tokens + tokens, held_micros + micros)
+        return None
+
+    def release(self, tenant: str, tokens: int, micros: int) -> None:
+        held_tokens, held_micros = self._held.get(tenant, (0, 0))
+        held_tokens, held_micros = held_tokens - tokens, held_micros - micros
+        if held_tokens <= 0 and held_micros <= 0:
+            self._held.pop(tenant, None)
+        else:
+            self._held[tenant] = (held_tokens, held_micros)
 
     async def _prune_ledger(self, minute: int) -> None:
         """Rows of minutes no quota reads any more go, every tenant's, at most once a minute

@@ -15,7 +15,7 @@ import hashlib
 from typing import Any
 
 from . import budget as budgets
-from . import completion_gate, outputs, prompts
+from . import completion_gate, outputs, prompts, reservations
 from .delegation import run_child
 from .errors import Detached, Fenced, shown
 from .handle import Handle
@@ -35,7 +35,8 @@ from .model import (
     ToolCall,
     ToolResult,
 )
-from .ports import ModelReply, ModelRequest, ProviderError, ToolSchema
+from .ports import ModelReply, ModelRequest, ProviderError, ReplyBound, ToolSchema
+from .reservations import Reservation
 from .runs import Run, RunHost
 from .tool_phase import ToolPhase
 from .usage import Tokens
@@ -48,6 +49,7 @@ class TurnLoop:
         self.tool_phase = ToolPhase(host)
         self.outputs = outputs.OutputSchemas(self.services.schema_judge, host.tenant)
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
+        self._schema_chars: dict[str, int] = {}  # agent -> its tool schemas' characters, as _sent_chars counts them
 
     async def drive(self, handle: Handle, run: Run) -> TaskResult:
         while True:
@@ -103,6 +105,8 @@ class TurnLoop:
                     text = "stopped: the tenant's model cost quota for the last 24 hours is used up"
                     return handle.result(Status.INCOMPLETE, text=text, limit=Limit.MAX_COST)
                 waiting = await self._model_turn(handle, run)
+                if isinstance(waiting, TaskResult):  # its reservation did not fit: no call was made
+                    return waiting
                 if waiting is not None and self._still_live(handle, waiting):  # the summarizer waits for the host
                     return handle.result(Status.PENDING, text=waiting.prompt, pending=waiting)
 
@@ -115,41 +119,82 @@ class TurnLoop:
 
     # ---- model ---------------------------------------------------------------------------
 
-    async def _model_turn(self, handle: Handle, run: Run) -> PendingRequest | None:
+    async def _model_turn(self, handle: Handle, run: Run) -> PendingRequest | TaskResult | None:
         """One model call, journaled; or, when the compaction before it waits on its
-        summarizer's Request, that Request (no call is made)."""
+        summarizer's Request, that Request; or, when its reservation does not fit a budget or
+        a quota, the run's result (its stop, or its budget's Request): no call is made."""
         agent = handle.agent
         system = (Message(role="system", content=agent.instructions),) if agent.instructions else ()
         tools = self._tool_schemas(handle)
         cache_key = prompt_cache_key(self.host.key, handle.id) if agent.prompt_cache else ""
         request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
-        if agent.compaction is not None and _size(request) > agent.compaction.max_context_tokens:
+        if agent.compaction is not None and self._size(request) > agent.compaction.max_context_tokens:
             compacted = await self._compact(handle, run)
             if isinstance(compacted, PendingRequest):
                 return compacted
             if compacted:
                 request = ModelRequest(agent, system + handle.model_view(), tools, cache_key)
-        if run.slot is not None:
-            await run.slot.hold()  # the turn is work: it takes a running slot of the tenant's (back)
-        turn = handle.usage.turns + 1
-        rerun = handle.turn_begun == turn  # begun before (a crash, a failover, an interrupt): its reply never came
-        await self.host.journal.record(TurnStarted(handle.id, turn))
+        reservation = await self._reserve(handle, request)
+        if isinstance(reservation, TaskResult):
+            return reservation
         stream = None
-        events = self.host.events
-        # A scripted reply always streams: no wire to read, and it takes as long watched or not.
-        if self.services.stream_always or events.wants_deltas or agent.script:
-            stream = events.open_stream(handle.id, turn)
-            if rerun:
-                stream.restart("rerun")  # watchers that saw an earlier go at it clear it
-            request = dataclasses.replace(request, stream=stream)
         try:
-            await self._reply_turn(handle, request)
+            if run.slot is not None:
+                await run.slot.hold()  # the turn is work: it takes a running slot of the tenant's (back)
+            turn = handle.usage.turns + 1
+            rerun = handle.turn_begun == turn  # begun before (a crash, a failover, an interrupt): its reply never came
+            await self.host.journal.record(TurnStarted(handle.id, turn))
+            events = self.host.events
+            # A scripted reply always streams: no wire to read, and it takes as long watched or not.
+            if self.services.stream_always or events.wants_deltas or agent.script:
+                stream = events.open_stream(handle.id, turn)
+                if rerun:
+                    stream.restart("rerun")  # watchers that saw an earlier go at it clear it
+                request = dataclasses.replace(request, stream=stream)
+            await self._reply_turn(handle, request, reservation)
         finally:
+            if reservation is not None:
+                reservation.release()  # the reply's figures count now, or there is no reply (failed, cancelled)
             if stream is not None:
                 stream.close()  # after its reply's TurnEnded: a watcher reconnecting meanwhile has one or the other
         return None
 
-    async def _reply_turn(self, handle: Handle, request: ModelRequest) -> None:
+    async def _reserve(self, handle: Handle, request: ModelRequest) -> Reservation | TaskResult | None:
+        """The turn's reservation (reservations.py), held against every budget of the lineage
+        that caps tokens or cost and the tenant's quotas of them; None when nothing caps it (or
+        its model reserves nothing); the run's result when it does not fit."""
+        tenancy, tenant = self.host.tenancy, self.host.tenant
+        by_budgets = budgets.capped(handle)
+        by_quota = tenancy is not None and tenancy.caps_spend(tenant)
+        if not by_budgets and not by_quota:
+            return None
+        bound = self.services.models.reply_bound(handle.agent)
+        if bound is None:
+            return None
+        price = self.services.prices.price(self.services.models.provider_name(handle.agent), bound.model)
+        tokens, micros = reservations.estimate(self._size(request), bound, price)
+        if by_budgets:
+            found = budgets.unaffordable(handle, tokens, micros)
+            if found is not None:
+                limit, owner = found
+                if owner is handle and handle.budget.asks:
+                    asked = budget_request(handle, limit, tokens if limit is Limit.MAX_TOKENS else micros)
+                    return handle.result(Status.PENDING, text=asked.prompt, pending=asked)
+                return handle.result(Status.INCOMPLETE, text=_unaffordable(limit, owner, tokens, micros, bound), limit=limit)
+        reservation = reservations.Reservation(handle, tokens, micros, by_budgets)
+        if by_quota and tenancy is not None:
+            try:
+                refused = await tenancy.reserve(tenant, tokens, micros)
+            except BaseException:
+                reservation.release()
+                raise
+            if refused is not None:
+                reservation.release()
+                return handle.result(Status.INCOMPLETE, text=refused[1], limit=refused[0])
+            reservation.held_by(tenancy, tenant)
+        return reservation
+
+    async def _reply_turn(self, handle: Handle, request: ModelRequest, reservation: Reservation | None = None) -> None:
         """The model call of a turn begun, and its reply journaled."""
         gate = self.host.model_gate
         if gate is None:
@@ -191,6 +236,8 @@ class TurnLoop:
         estimated = reply.usage is None
         after = handle.usage.after_reply(split, cost, estimated)
         await self.host.journal.record(ModelReplied(handle.id, message, tokens, after, estimated, split, cost))
+        if reservation is not None:
+            reservation.release_budgets()  # the reply's own figures count from this record on
         await self.host.spend(tokens, cost.micros)
 
     async def _complete(self, request: ModelRequest) -> ModelReply:
@@ -246,17 +293,28 @@ class TurnLoop:
             schemas.append(prompts.task_tool([self.host.tree.agents[name] for name in agent.team]))
         schemas.append(prompts.ASK_TOOL)
         self._schemas[agent.name] = tuple(schemas)
+        self._schema_chars[agent.name] = _schema_chars(self._schemas[agent.name])
         return self._schemas[agent.name]
 
+    def _size(self, request: ModelRequest) -> int:
+        """A request's size in tokens, as compaction counts it and a turn is reserved: about
+        four characters a token of what is sent (its tools' part counted once per agent)."""
+        chars = self._schema_chars.get(request.agent.name)
+        if chars is None:
+            chars = _schema_chars(request.tools)
+        return (_message_chars(request) + chars) // 4 + 1
 
-def _size(request: ModelRequest) -> int:
-    """A request's size in tokens, as compaction counts it: about four characters a token."""
-    return _sent_chars(request) // 4 + 1
+
+def _message_chars(request: ModelRequest) -> int:
+    return sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
+
+
+def _schema_chars(tools: tuple[ToolSchema, ...]) -> int:
+    return sum(len(tool.description) + len(str(tool.parameters)) for tool in tools)
 
 
 def _sent_chars(request: ModelRequest) -> int:
-    chars = sum(len(m.content) + sum(len(c.arguments_json) for c in m.tool_calls) for m in request.messages)
-    return chars + sum(len(tool.description) + len(str(tool.parameters)) for tool in request.tools)
+    return _message_chars(request) + _schema_chars(request.tools)
 
 
 def estimate_tokens(request: ModelRequest, reply: ModelReply) -> Tokens:
@@ -268,6 +326,35 @@ def estimate_tokens(request: ModelRequest, reply: ModelReply) -> Tokens:
     total = (sent + received) // 4 + 1
     sent_tokens = min(sent // 4 + 1, total)
     return Tokens(input=sent_tokens, output=total - sent_tokens)
+
+
+def _unaffordable(limit: Limit, owner: Handle, tokens: int, micros: int, bound: ReplyBound) -> str:
+    """Why a turn did not start: its reservation against the budget that cannot hold it."""
+    if limit is Limit.MAX_TOKENS:
+        field, cap, spent, held, need, unit = (
+            "max_tokens",
+            owner.budget.max_tokens,
+            owner.usage.total_tokens,
+            owner.held_tokens,
+            tokens,
+            "tokens",
+        )
+    else:
+        field, cap, spent, held, need, unit = (
+            "max_cost",
+            owner.budget.max_cost,
+            owner.usage.total_cost.micros,
+            owner.held_micros,
+            micros,
+            "micros",
+        )
+    output = f"its output cap of {bound.output_cap:,} tokens" if bound.output_cap else "no output cap"
+    left = max((cap or 0) - spent - held, 0)
+    return (
+        f"stopped at {limit.wire_name}: the next turn is reserved {need:,} {unit} (its input at about four characters"
+        f" a token, and {output}) and {owner.id}'s {field} of {cap:,} has {left:,} left ({spent:,} spent, {held:,}"
+        " held by turns under way)"
+    )
 
 
 def _sane(split: Tokens) -> bool:

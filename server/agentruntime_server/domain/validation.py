@@ -399,10 +399,17 @@ def _check_schema(schema: dict[str, object], where: str) -> list[FieldViolation]
 
 
 def _check_output_schema(schema: dict[str, object], where: str) -> list[FieldViolation]:
-    """As a tool's input schema, with an `object` or `array` at the top: what both providers'
-    structured outputs take, and a value a host decodes into a type of its own."""
-    if schema.get("type") not in ("object", "array"):
-        return [FieldViolation(where, 'must have "type": "object" or "type": "array" at the top')]
+    """As a tool's input schema, with an `object` at the top: OpenAI's structured outputs take
+    no other root (an array is its HTTP 400), and wrapping one would not be faithful (the
+    model would write the wrapper, which the text, the transcript and the gate then hold)."""
+    if schema.get("type") != "object":
+        return [
+            FieldViolation(
+                where,
+                'must have "type": "object" at the top, as OpenAI\'s structured outputs require; put a list in a property: '
+                '{"type": "object", "properties": {"items": {"type": "array"}}}',
+            )
+        ]
     return _check_schema(schema, where)
 
 

@@ -109,6 +109,13 @@ class Metrics:
             ("provider", "reason"),
             registry=registry,
         )
+        self._auth_failures = Counter(
+            "agentruntime_auth_failures",
+            "gRPC calls refused UNAUTHENTICATED, by method and reason: missing, malformed, invalid, revoked, "
+            "expired, tenant_changed (an open stream's credential now names another tenant)",
+            ("grpc_method", "reason"),
+            registry=registry,
+        )
         self._server: WSGIServer | None = None
         self.port = 0
 
@@ -169,6 +176,12 @@ class Metrics:
 
     def on_retry(self, provider: str, reason: str) -> None:
         self._model_retries.labels(provider, reason).inc()
+
+    # ---- the gRPC edge ---------------------------------------------------------------------
+
+    def auth_failed(self, method: str, reason: str) -> None:
+        """A failed authentication (api/auth_failures.py): the method is the service's, the reason a fixed word."""
+        self._auth_failures.labels(method, reason).inc()
 
     # ---- the /metrics endpoint -----------------------------------------------------------------
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import FailureReason, Message, ReplyStop, Thinking, ToolCall
+from ..domain.model import AgentSpec, FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..domain.usage import Tokens
 from ..http import HttpClient
-from .base import CallPolicy, HttpProvider, reply_string
+from .base import CallPolicy, HttpProvider, reply_count, reply_string
 from .streaming import MessageStream
 from .structured import anthropic_output_config
 
@@ -47,11 +47,14 @@ class AnthropicProvider(HttpProvider):
         )
         self._max_output_tokens = max_output_tokens
 
+    def output_cap(self, agent: AgentSpec) -> int:
+        return agent.max_output_tokens or self._max_output_tokens  # the API requires one
+
     def body(self, request: ModelRequest, model: str) -> dict[str, Any]:
         system = "\n\n".join(message.content for message in request.messages if message.role == "system" and message.content)
         body: dict[str, Any] = {
             "model": model,
-            "max_tokens": request.agent.max_output_tokens or self._max_output_tokens,
+            "max_tokens": self.output_cap(request.agent),
             "messages": wire_messages(request.messages),
         }
         if system:
@@ -104,8 +107,10 @@ def usage_of(usage: Any) -> Tokens | None:
     keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens")
     if all(usage.get(key) is None for key in keys):
         return None  # no figures, so estimated
-    figures = [int(usage.get(key) or 0) for key in keys]
-    thinking = int((usage.get("output_tokens_details") or {}).get("thinking_tokens") or 0)
+    figures = [reply_count(usage.get(key), f"usage.{key}") for key in keys]
+    thinking = reply_count(
+        (usage.get("output_tokens_details") or {}).get("thinking_tokens"), "usage.output_tokens_details.thinking_tokens"
+    )
     if not 0 <= thinking <= figures[3]:
         raise ValueError(f"usage details larger than their totals ({thinking} thinking of {figures[3]} output)")
     return Tokens(input=figures[0], cache_read=figures[1], cache_write=figures[2], output=figures[3], reasoning=thinking)

@@ -21,8 +21,8 @@ from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.asyncio import AsyncRetrying
 
 from ..domain.gate import FifoGate
-from ..domain.model import Failure, FailureReason
-from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
+from ..domain.model import AgentSpec, Failure, FailureReason
+from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyBound, ReplyStream
 from ..http import HttpClient, HttpError, Response, encode_headers
 from .streaming import StreamedReply
 
@@ -117,6 +117,13 @@ class HttpProvider(abc.ABC):
     @abc.abstractmethod
     def stream_reader(self, stream: ReplyStream) -> StreamedReply:
         """What reads one attempt's streamed reply, handing its pieces to `stream`."""
+
+    def output_cap(self, agent: AgentSpec) -> int | None:
+        """The output cap sent with each call of the agent (None: none is sent)."""
+        return agent.max_output_tokens
+
+    def reply_bound(self, agent: AgentSpec) -> ReplyBound:
+        return ReplyBound(agent.model or self._default_model, self.output_cap(agent))
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         model = request.agent.model or self._default_model
@@ -344,6 +351,18 @@ def reply_string(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} is not a string")
     return value
+
+
+def reply_count(value: Any, what: str) -> int:
+    """A token count of a reply's usage: a whole number (JSON's 12, or 12.0); null or absent is
+    0. Anything else (a string, a boolean, 1.9) makes the reply a bad one: never read as a number."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"{what} is not a whole number")
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

@@ -9,7 +9,7 @@ from ..domain.model import Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ReplyStream
 from ..domain.usage import Tokens
 from ..http import HttpClient
-from .base import CallPolicy, HttpProvider, reply_string
+from .base import CallPolicy, HttpProvider, reply_count, reply_string
 from .streaming import ChatCompletionStream
 from .structured import openai_response_format
 
@@ -95,10 +95,14 @@ def usage_of(usage: Any) -> Tokens | None:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if prompt is None and completion is None:
         total = usage.get("total_tokens")
-        return None if total is None else Tokens(input=int(total))
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    reasoning = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
-    prompt, completion = int(prompt or 0), int(completion or 0)
+        return None if total is None else Tokens(input=reply_count(total, "usage.total_tokens"))
+    cached = reply_count(
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens"
+    )
+    reasoning = reply_count(
+        (usage.get("completion_tokens_details") or {}).get("reasoning_tokens"), "usage.completion_tokens_details.reasoning_tokens"
+    )
+    prompt, completion = reply_count(prompt, "usage.prompt_tokens"), reply_count(completion, "usage.completion_tokens")
     if not 0 <= cached <= prompt or not 0 <= reasoning <= completion:
         raise ValueError(
             f"usage details larger than their totals ({cached} cached of {prompt}, {reasoning} reasoning of {completion})"

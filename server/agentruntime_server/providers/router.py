@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..domain.model import AgentSpec, Failure, FailureReason
-from ..domain.ports import ModelProvider, ModelReply, ModelRequest, ProviderError
+from ..domain.ports import ModelProvider, ModelReply, ModelRequest, ProviderError, ReplyBound
 from .scripted import ScriptedProvider
 
 
@@ -25,6 +25,12 @@ class ProviderRouter:
 
     def provider_name(self, agent: AgentSpec) -> str:
         return "scripted" if agent.script else agent.provider or self.default
+
+    def reply_bound(self, agent: AgentSpec) -> ReplyBound | None:
+        if agent.script:
+            return None
+        provider = self.providers.get(self.provider_name(agent))
+        return provider.reply_bound(agent) if provider is not None else None
 
     async def complete(self, request: ModelRequest) -> ModelReply:
         if request.agent.script:

@@ -10,12 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..domain.model import Failure, FailureReason, Message, ReplyStop, ToolCall
+from ..domain.model import AgentSpec, Failure, FailureReason, Message, ReplyStop, ToolCall
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
 from ..domain.usage import Tokens
 
 
 class ScriptedProvider:
+    def reply_bound(self, agent: AgentSpec) -> None:
+        """Nothing is reserved for its turns: offline, its figures are its script's (or its
+        deterministic estimate), not what a request of that size would cost a provider."""
+        return None
+
     async def complete(self, request: ModelRequest) -> ModelReply:
         script = request.agent.script
         if not script:

@@ -1214,10 +1214,11 @@ type AgentDef struct {
 	// openai, a prompt cache key per handle. Cache reads show in `Usage.cache_read_tokens`.
 	PromptCache bool `protobuf:"varint,16,opt,name=prompt_cache,json=promptCache,proto3" json:"prompt_cache,omitempty"`
 	// The JSON Schema the agent's final answer must match (docs/typed-results.md): a top-level
-	// `object` or `array` schema, checked at CreateRuntime as tool schemas are. The model is
-	// asked for it natively (openai `response_format`, anthropic `output_config`); the runtime
-	// validates the answer itself, and one that does not parse or match goes back to the model
-	// with the error, as an attempt of the completion gate. `TaskResult.output` is the answer.
+	// `object` schema (a list goes in a property: openai takes no other root), checked at
+	// CreateRuntime as tool schemas are. The model is asked for it natively (openai
+	// `response_format`, anthropic `output_config`); the runtime validates the answer itself,
+	// and one that does not parse or match goes back to the model with the error, as an attempt
+	// of the completion gate. `TaskResult.output` is the answer.
 	OutputSchema  *structpb.Struct `protobuf:"bytes,17,opt,name=output_schema,json=outputSchema,proto3" json:"output_schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

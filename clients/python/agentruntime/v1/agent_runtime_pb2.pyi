@@ -687,10 +687,11 @@ class AgentDef(_message.Message):
     @_builtins.property
     def output_schema(self) -> _struct_pb2.Struct:
         """The JSON Schema the agent's final answer must match (docs/typed-results.md): a top-level
-        `object` or `array` schema, checked at CreateRuntime as tool schemas are. The model is
-        asked for it natively (openai `response_format`, anthropic `output_config`); the runtime
-        validates the answer itself, and one that does not parse or match goes back to the model
-        with the error, as an attempt of the completion gate. `TaskResult.output` is the answer.
+        `object` schema (a list goes in a property: openai takes no other root), checked at
+        CreateRuntime as tool schemas are. The model is asked for it natively (openai
+        `response_format`, anthropic `output_config`); the runtime validates the answer itself,
+        and one that does not parse or match goes back to the model with the error, as an attempt
+        of the completion gate. `TaskResult.output` is the answer.
         """
 
     def __init__(
