@@ -73,7 +73,7 @@ check-gen: gen ## fail if the committed stubs differ from the proto (or new ones
 
 # --- quality -----------------------------------------------------------------
 
-PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
+PY_SOURCES := server tests bench clients/python/agentruntime/__init__.py clients/python/agentruntime/client.py clients/python/agentruntime/sync.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
