@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools flake-hunt
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,7 +73,7 @@ check-gen: gen ## fail if the committed stubs differ from the proto (or new ones
 
 # --- quality -----------------------------------------------------------------
 
-PY_SOURCES := server tests bench clients/python/agentruntime/__init__.py clients/python/agentruntime/client.py clients/python/agentruntime/sync.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
+PY_SOURCES := server tests bench clients/python/agentruntime/__init__.py clients/python/agentruntime/client.py clients/python/agentruntime/sync.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/flake_hunt.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
@@ -125,6 +125,17 @@ test-python: $(STAMP) browser-tools
 browser-tools: ## install chromium and chromium-driver where missing (apt-get)
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then echo "apt-get install chromium chromium-driver"; \
 		apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; fi
+
+# The Python suite FLAKE_RUNS times in a row, then the e2e folder FLAKE_E2E_RUNS times, going on
+# whatever fails; then each test that failed and the runs it failed in (scripts/flake_hunt.py:
+# the runs' logs and JUnit reports stay in build/flake-hunt/). FLAKE_SUITE and FLAKE_E2E: other
+# paths. Hours on a shared machine: run it where nobody else is.
+FLAKE_RUNS     ?= 5
+FLAKE_E2E_RUNS ?= 10
+FLAKE_SUITE    ?= tests
+FLAKE_E2E      ?= tests/e2e
+flake-hunt: $(STAMP) browser-tools ## the Python suite FLAKE_RUNS times (5), tests/e2e FLAKE_E2E_RUNS times (10): which tests failed in which run
+	$(BIN)/python scripts/flake_hunt.py --suite $(FLAKE_SUITE) --suite-runs $(FLAKE_RUNS) --e2e $(FLAKE_E2E) --e2e-runs $(FLAKE_E2E_RUNS)
 
 conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the Python client
 	scripts/with-server.sh $(BIN)/python clients/python/conformance/run.py
