@@ -185,9 +185,12 @@ image: image-context ## build the server's image (BASE=... for another Python 3.
 	$(call build-image,$(BASE),$(IMAGE))
 
 # These machines reach no container registry: podman, runc and debootstrap from Debian's
-# packages, and the base made from Debian's packages too (kept once made).
-container-tools: ## install podman, runc and debootstrap where missing (apt-get)
-	@missing=""; for tool in podman runc debootstrap; do \
+# packages, and the base made from Debian's packages too (kept once made). Podman's network
+# stack is netavark (aardvark-dns names the containers of a network), and netavark sets its rules
+# with iptables: without it the build's first RUN fails ("netavark: No such file or directory").
+# They are Recommends or Suggests of podman, which --no-install-recommends leaves out.
+container-tools: ## install podman, runc, debootstrap, netavark, aardvark-dns and iptables where missing (apt-get)
+	@missing=""; for tool in podman runc debootstrap iptables; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	for package in netavark aardvark-dns; do \
 		dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$package"; done; \
