@@ -141,8 +141,8 @@ class Settings(BaseSettings):
     )
     prices: str = Field(
         "",
-        description="JSON price table per provider and model (docs/configuration.md#prices); re-read when it changes;"
-        " empty: nothing is priced",
+        description="path of the JSON file holding the price table per provider and model (docs/configuration.md#prices);"
+        " re-read when it changes; empty: nothing is priced",
     )
     test_kill_after_commit: list[str] = Field(
         default_factory=list,
