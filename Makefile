@@ -255,7 +255,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 
-# Release 0.1.0 (before the journal), served from its own tree and venv under .bench/, and
+# Release 0.1.0 (tag v0.1.0, before the journal), served from its own tree and venv under .bench/, and
 # this tree, alternating on the bench workload: issue 10's "a third of the CPU per turn".
 BASELINE_COMMIT := 2c42bb045c38baec1c5e6ed0dd2aff13495f05b3
 BASELINE := .bench/release-0.1.0

@@ -482,6 +482,7 @@ async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
 
 PAGES = [
     ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
     *sorted(DOCS.glob("*.md")),
     *sorted((ROOT / "clients").glob("*/README.md")),
     ROOT / "tests" / "vectors" / "README.md",
@@ -509,7 +510,7 @@ def _anchors(page: Path) -> set[str]:
 
 
 def test_every_relative_link_of_the_pages_resolves() -> None:
-    """Every link from README.md, a docs/ page, a client's README or the vectors' README to a file
+    """Every link from README.md, CHANGELOG.md, a docs/ page, a client's README or the vectors' README to a file
     of the repository names one that exists, and its #fragment a heading or an id of that page."""
     broken: list[str] = []
     for page in PAGES:
@@ -531,11 +532,11 @@ PACKAGE = ROOT / "server" / "agentruntime_server"
 
 
 def test_every_file_the_pages_name_exists() -> None:
-    """A file README.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
+    """A file README.md, CHANGELOG.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
     the repository, from its root or from the server's package: a file moved or renamed takes its
     mentions along."""
     missing: list[str] = []
-    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]:
         for name in FILE_NAMED.findall(FENCE.sub("", page.read_text())):
             if "/" in name or name.endswith(".py"):
                 if not (ROOT / name).exists() and not (PACKAGE / name).exists():
