@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools
+.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools flake-hunt
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -73,7 +73,7 @@ check-gen: gen ## fail if the committed stubs differ from the proto (or new ones
 
 # --- quality -----------------------------------------------------------------
 
-PY_SOURCES := server tests bench clients/python/agentruntime/client.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
+PY_SOURCES := server tests bench clients/python/agentruntime/__init__.py clients/python/agentruntime/client.py clients/python/agentruntime/sync.py clients/python/agentruntime/output.py clients/python/agentruntime/cli clients/python/conformance clients/python/consumer scripts/widen_pyi.py scripts/flake_hunt.py scripts/image_check.py scripts/k8s_schemas.py deploy/healthcheck.py
 lint: $(STAMP) ## ruff, mypy, buf lint, buf format
 	$(BIN)/ruff check $(PY_SOURCES)
 	$(BIN)/ruff format --check $(PY_SOURCES)
@@ -126,6 +126,17 @@ browser-tools: ## install chromium and chromium-driver where missing (apt-get)
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then echo "apt-get install chromium chromium-driver"; \
 		apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; fi
 
+# The Python suite FLAKE_RUNS times in a row, then the e2e folder FLAKE_E2E_RUNS times, going on
+# whatever fails; then each test that failed and the runs it failed in (scripts/flake_hunt.py:
+# the runs' logs and JUnit reports stay in build/flake-hunt/). FLAKE_SUITE and FLAKE_E2E: other
+# paths. Hours on a shared machine: run it where nobody else is.
+FLAKE_RUNS     ?= 5
+FLAKE_E2E_RUNS ?= 10
+FLAKE_SUITE    ?= tests
+FLAKE_E2E      ?= tests/e2e
+flake-hunt: $(STAMP) browser-tools ## the Python suite FLAKE_RUNS times (5), tests/e2e FLAKE_E2E_RUNS times (10): which tests failed in which run
+	$(BIN)/python scripts/flake_hunt.py --suite $(FLAKE_SUITE) --suite-runs $(FLAKE_RUNS) --e2e $(FLAKE_E2E) --e2e-runs $(FLAKE_E2E_RUNS)
+
 conformance-python: $(STAMP) ## the shared vectors (tests/vectors) through the Python client
 	scripts/with-server.sh $(BIN)/python clients/python/conformance/run.py
 
@@ -174,9 +185,12 @@ image: image-context ## build the server's image (BASE=... for another Python 3.
 	$(call build-image,$(BASE),$(IMAGE))
 
 # These machines reach no container registry: podman, runc and debootstrap from Debian's
-# packages, and the base made from Debian's packages too (kept once made).
-container-tools: ## install podman, runc and debootstrap where missing (apt-get)
-	@missing=""; for tool in podman runc debootstrap; do \
+# packages, and the base made from Debian's packages too (kept once made). Podman's network
+# stack is netavark (aardvark-dns names the containers of a network), and netavark sets its rules
+# with iptables: without it the build's first RUN fails ("netavark: No such file or directory").
+# They are Recommends or Suggests of podman, which --no-install-recommends leaves out.
+container-tools: ## install podman, runc, debootstrap, netavark, aardvark-dns and iptables where missing (apt-get)
+	@missing=""; for tool in podman runc debootstrap iptables; do \
 		PATH=$$PATH:/usr/sbin:/sbin command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	for package in netavark aardvark-dns; do \
 		dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$package"; done; \
@@ -241,7 +255,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 
-# Release 0.1.0 (before the journal), served from its own tree and venv under .bench/, and
+# Release 0.1.0 (tag v0.1.0, before the journal), served from its own tree and venv under .bench/, and
 # this tree, alternating on the bench workload: issue 10's "a third of the CPU per turn".
 BASELINE_COMMIT := 2c42bb045c38baec1c5e6ed0dd2aff13495f05b3
 BASELINE := .bench/release-0.1.0

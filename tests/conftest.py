@@ -15,6 +15,9 @@ from tests.support.process import ServerProcess
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
 
+# A hung test fails with its name, on uvloop too (pytest-timeout with tests/support/timeouts.py).
+pytest_plugins = ["tests.support.timeouts"]
+
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, LoopFactory]:
     """Every test runs on the event loop a server runs on by default (uvloop)."""

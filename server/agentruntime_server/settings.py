@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     max_handles: int = Field(10_000, ge=1, description="handles one runtime may have; past it Spawn and task are refused")
     schema_check_seconds: float = Field(
         2.0,
-        gt=0,
+        ge=0.01,
         le=60,
         description="seconds a schema check off the event loop may take (a typed answer, tool arguments); then it is refused",
     )
@@ -150,8 +150,8 @@ class Settings(BaseSettings):
     )
     prices: str = Field(
         "",
-        description="JSON price table per provider and model (docs/configuration.md#prices); re-read when it changes;"
-        " empty: nothing is priced",
+        description="path of the JSON file holding the price table per provider and model (docs/configuration.md#prices);"
+        " re-read when it changes; empty: nothing is priced",
     )
     test_kill_after_commit: list[str] = Field(
         default_factory=list,

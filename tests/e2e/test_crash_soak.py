@@ -33,6 +33,7 @@ from tests.support.build import agent, create, http_tool, views
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.process import ServerProcess
 from tests.support.scripts import relay_tool
+from tests.support.timeouts import for_rounds
 from tests.support.tool_server import ToolServer
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_SOAK_ROUNDS", "2"))
@@ -43,7 +44,8 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.Status
 PATIENCE = 60.0  # seconds a root may take to settle before the soak calls it stuck
 STATS: Counter[str] = Counter()
 
-pytestmark = pytest.mark.soak
+# About 7 s a round here at the default 6 roots: 60 s a round before one is called hung.
+pytestmark = [pytest.mark.soak, for_rounds(ROUNDS, 60.0)]
 
 
 def _since_last_user(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -50,12 +50,15 @@ from tests.support.hunt import (
 )
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import serve
+from tests.support.timeouts import for_rounds
 
 __all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_RACE_ROUNDS", "45"))
 SEED = int(os.environ.get("AGENTRUNTIME_RACE_SEED", str(random.randrange(1 << 30))))
 EPOCH = int(os.environ.get("AGENTRUNTIME_RACE_EPOCH", "15"))  # rounds between two settles (and restarts)
+# Rounds take a few hundredths of a second here: 2 s each before the hunt is called hung.
+pytestmark = for_rounds(ROUNDS, 2.0)
 RUNTIME = "race"
 TOPS = 4  # open top-level handles at most
 CALL_TIMEOUT = 20.0  # a call that takes this long is stuck: a finding, not a slow machine

@@ -16,11 +16,13 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.cli import main as serve_main
+from agentruntime_server.providers.base import RETRYABLE_REASONS
 from agentruntime_server.settings import Settings
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
@@ -116,6 +118,113 @@ def test_the_configuration_table_is_the_settings_model(capsys: pytest.CaptureFix
             assert flag in serve_flags, f"configuration.md documents `serve {flag}`, which serve does not take"
             assert flag[2:].replace("-", "_") in fields, f"{flag} is documented on the row of {names}"
     assert documented == set(Settings.model_fields), f"undocumented: {set(Settings.model_fields) - documented}"
+
+
+UNITS = {"KiB": 1024, "MiB": 1024 * 1024, "s": 1, "h": 3600, "days": 86400}
+AMOUNT = r"[\d,.]+(?: (?:KiB|MiB|s|h|days))?"
+RANGE = re.compile(rf"\((?:(at least|above) ({AMOUNT})|({AMOUNT}) to ({AMOUNT}))\)$")
+
+
+def _amount(text: str) -> float:
+    number, _, unit = text.partition(" ")
+    return float(number.replace(",", "")) * (UNITS[unit] if unit else 1)
+
+
+def _documented_bounds(meaning: str) -> dict[str, float]:
+    """The range a row's meaning ends with: `(at least 1)`, `(above 0)`, `(1 KiB to 1 MiB)`; none: 0 or more."""
+    found = RANGE.search(meaning)
+    if found is None:
+        return {"ge": 0}
+    kind, low, low_of_two, high = found.groups()
+    if kind is not None:
+        return {"ge" if kind == "at least" else "gt": _amount(low)}
+    return {"ge": _amount(low_of_two), "le": _amount(high)}
+
+
+def _enforced_bounds(field: str) -> dict[str, float]:
+    """The bounds the settings model puts on a setting."""
+    kinds = (annotated_types.Ge, annotated_types.Gt, annotated_types.Le, annotated_types.Lt)
+    return {
+        type(bound).__name__.lower(): float(getattr(bound, type(bound).__name__.lower()))
+        for bound in Settings.model_fields[field].metadata
+        if isinstance(bound, kinds)
+    }
+
+
+NUMBERS = sorted(field for field, info in Settings.model_fields.items() if re.search(r"\b(int|float)\b", str(info.annotation)))
+
+
+def test_the_configuration_table_gives_each_number_its_range() -> None:
+    """docs/configuration.md: "A number is 0 or more unless its row gives its range, bounds included: `(at least 1)`,
+    `(above 0)`, `(1 KiB to 1 MiB)`." Each row's range is the one the settings model enforces."""
+    stated: dict[str, dict[str, float]] = {}
+    for _, variables_cell, _, meaning in _configuration_rows():
+        for name in re.findall(r"`AGENTRUNTIME_([A-Z_]+)`", variables_cell):
+            stated[name.lower()] = _documented_bounds(meaning)
+    wrong = {
+        field: (stated.get(field), _enforced_bounds(field)) for field in NUMBERS if stated.get(field) != _enforced_bounds(field)
+    }
+    assert not wrong, f"configuration.md's range (first) against the settings' (second): {wrong}"
+
+
+def _outside_and_at(bounds: dict[str, float], integral: bool) -> tuple[list[float], list[float]]:
+    """Values just outside the bounds, and the bounds themselves (or just inside an open one)."""
+    step = 1 if integral else 0.5
+    outside, inside = [], []
+    if "ge" in bounds:
+        outside.append(bounds["ge"] - step)
+        inside.append(bounds["ge"])
+    if "gt" in bounds:
+        outside.append(bounds["gt"])
+        inside.append(bounds["gt"] + step)
+    if "le" in bounds:
+        outside.append(bounds["le"] + step)
+        inside.append(bounds["le"])
+    return outside, inside
+
+
+@pytest.mark.parametrize("field", NUMBERS)
+def test_a_number_outside_its_range_is_refused_at_start(field: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/configuration.md: "A value outside it, or not a number, stops `agentruntime serve` at start with one line
+    naming the variable": the settings `serve` reads refuse it, and take the bounds themselves."""
+    integral = "int" in str(Settings.model_fields[field].annotation)
+    outside, inside = _outside_and_at(_enforced_bounds(field), integral)
+    variable = f"AGENTRUNTIME_{field.upper()}"
+    for value in outside:
+        monkeypatch.setenv(variable, str(int(value) if integral else value))
+        with pytest.raises(ValueError) as refused:
+            Settings()
+        assert [error["loc"] for error in refused.value.errors()] == [(field,)], (variable, value)  # type: ignore[attr-defined]
+    for value in inside:
+        monkeypatch.setenv(variable, str(int(value) if integral else value))
+        assert getattr(Settings(), field) == value
+
+
+def test_serve_names_the_setting_out_of_range_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/configuration.md: "$ AGENTRUNTIME_MAX_TEXT_BYTES=100 agentruntime serve" prints
+    "error: AGENTRUNTIME_MAX_TEXT_BYTES: Input should be greater than or equal to 1024" (exit code 2)."""
+    page = (DOCS / "configuration.md").read_text()
+    command, line = re.findall(r"^\$ (AGENTRUNTIME_MAX_TEXT_BYTES=\S+) agentruntime serve\n(error: .*)$", page, re.M)[0]
+    monkeypatch.setenv(*command.split("=", 1))
+    with pytest.raises(SystemExit) as exited:
+        serve_main(["serve"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_a_price_table_given_inline_stops_the_start(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/configuration.md: "`AGENTRUNTIME_PRICES` is the path of a JSON file ... the JSON itself in the variable is
+    taken for a path, and stops the start"."""
+    monkeypatch.setenv("AGENTRUNTIME_PRICES", '{"currency": "USD", "prices": []}')
+    monkeypatch.setenv("AGENTRUNTIME_STORE", "memory://")
+    monkeypatch.setenv("AGENTRUNTIME_METRICS_LISTEN", "off")
+    monkeypatch.setenv("AGENTRUNTIME_LISTEN", "127.0.0.1:0")
+    with pytest.raises(SystemExit) as exited:
+        serve_main(["serve"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith('error: AGENTRUNTIME_PRICES {"currency": "USD", "prices": []}: cannot read it')
 
 
 # ---- Walkthroughs ----------------------------------------------------------------------
@@ -286,7 +395,7 @@ async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> Non
 
 
 async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
-    """docs/budgets.md: "A `Budget` ... has seven optional limits (below); unset means unlimited, and unset is not 0."
+    """docs/budgets.md: "A `Budget` ... has eight optional limits (below); unset means unlimited, and unset is not 0."
     with "`max_turns` ... before every model call | `INCOMPLETE` + `LIMIT_MAX_TURNS`"."""
     async with serve() as served:
         runtime_id = await create(served.stub, scripted("a", pb.ScriptedReply(text="paid", tokens=5)))
@@ -299,6 +408,36 @@ async def test_a_budget_of_zero_is_a_limit_not_unset() -> None:
         )
         _, unlimited = await run(served.stub, runtime_id, "a", "go", budget=pb.Budget())
         assert (unlimited.status, unlimited.turns, unlimited.own_tokens) == (pb.STATUS_DONE, 1, 5)
+
+
+NUMBER_WORDS = {"six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def test_the_pages_count_the_budget_s_limits() -> None:
+    """README.md: "[Budgets and stops](docs/budgets.md) | the eight limits", and docs/budgets.md: "has eight optional
+    limits (below)": as many as `Budget` has fields besides `on_exhausted`, each a row of the page's table."""
+    limits = [field.name for field in pb.Budget.DESCRIPTOR.fields if field.name != "on_exhausted"]
+    readme = re.search(r"\| the (\w+) limits,", (ROOT / "README.md").read_text())
+    page = (DOCS / "budgets.md").read_text()
+    stated = re.search(r"has (\w+) optional\s+limits", page)
+    assert readme is not None and stated is not None
+    assert NUMBER_WORDS[readme.group(1)] == NUMBER_WORDS[stated.group(1)] == len(limits), limits
+    assert sorted(re.findall(r"^\| `(max_\w+)` \|", page, re.M)) == sorted(limits)
+
+
+def test_the_failures_table_advises_retrying_only_what_may_succeed_later() -> None:
+    """docs/budgets.md, Failures: a reason the server never marks `retryable` is not advised to be tried again, and
+    each reason it may mark so says `retryable` (providers/base.py: RETRYABLE_REASONS)."""
+    page = (DOCS / "budgets.md").read_text().split("## Failures", 1)[1]
+    rows = re.findall(r"^\| `FAILURE_REASON_(\w+)` \| (.*) \| (.*) \|$", page, re.M)
+    retryable = {reason.name for reason in RETRYABLE_REASONS}
+    assert {reason for reason, _, _ in rows} >= retryable
+    for reason, when, advice in rows:
+        said = re.sub(r"[Nn]ot `?retryable`?|[Dd]o not retry|does not retry", "", f"{when} {advice}")
+        if reason in retryable:
+            assert "`retryable`" in said, f"{reason}: {when} | {advice}"
+        else:
+            assert not re.search(r"retry|try again", said, re.I), f"{reason} is never retryable: {advice}"
 
 
 async def test_a_close_grace_is_at_most_ten_minutes() -> None:
@@ -343,6 +482,7 @@ async def test_a_create_refused_by_a_shutdown_is_unavailable() -> None:
 
 PAGES = [
     ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
     *sorted(DOCS.glob("*.md")),
     *sorted((ROOT / "clients").glob("*/README.md")),
     ROOT / "tests" / "vectors" / "README.md",
@@ -370,7 +510,7 @@ def _anchors(page: Path) -> set[str]:
 
 
 def test_every_relative_link_of_the_pages_resolves() -> None:
-    """Every link from README.md, a docs/ page, a client's README or the vectors' README to a file
+    """Every link from README.md, CHANGELOG.md, a docs/ page, a client's README or the vectors' README to a file
     of the repository names one that exists, and its #fragment a heading or an id of that page."""
     broken: list[str] = []
     for page in PAGES:
@@ -392,11 +532,11 @@ PACKAGE = ROOT / "server" / "agentruntime_server"
 
 
 def test_every_file_the_pages_name_exists() -> None:
-    """A file README.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
+    """A file README.md, CHANGELOG.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
     the repository, from its root or from the server's package: a file moved or renamed takes its
     mentions along."""
     missing: list[str] = []
-    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]:
         for name in FILE_NAMED.findall(FENCE.sub("", page.read_text())):
             if "/" in name or name.endswith(".py"):
                 if not (ROOT / name).exists() and not (PACKAGE / name).exists():

@@ -53,12 +53,15 @@ from tests.support.build import duration
 from tests.support.hunt import AGENTS, TOP_AGENTS, Model, ServerErrors, random_answer, reason_of, server_errors, short, store_url
 from tests.support.model_server import ScriptedModelServer
 from tests.support.servers import Served, serve
+from tests.support.timeouts import for_rounds
 
 __all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
 ROUNDS = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_ROUNDS", "24"))
 SEED = int(os.environ.get("AGENTRUNTIME_WATCH_HUNT_SEED", str(random.randrange(1 << 30))))
 EPOCH = 8  # rounds between two rests (each followed by a restart)
+# Rounds take a few hundredths of a second here: 2 s each before the hunt is called hung.
+pytestmark = for_rounds(ROUNDS, 2.0)
 RUNTIME = "watched"
 TOPS = 4  # open top-level handles at most
 STREAMS = 4  # Watch streams open at once

@@ -50,6 +50,7 @@ from tests.support.build import agent, duration, transcript
 from tests.support.hunt import ServerErrors, figures, reason_of, server_errors, short, store_url
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.servers import serve
+from tests.support.timeouts import for_rounds
 
 __all__ = ["server_errors", "store_url"]  # the hunts' fixtures (tests/support/hunt.py), used here
 
@@ -63,6 +64,7 @@ LATE = 0.3  # a late output is sent this long after the deadline
 CALL_TIMEOUT = 20.0  # an RPC that takes this long is stuck: a finding
 SETTLE = 30.0
 ROUND_LIMIT = 120.0  # a round that takes this long hangs
+pytestmark = for_rounds(ROUNDS, ROUND_LIMIT)
 WORKER_ATTEMPTS = 3  # the README: three workers at most
 Code = grpc.StatusCode
 S = pb.HandleState

@@ -147,7 +147,7 @@ async def test_a_group_commit_writes_one_row_a_runtime_and_rows_of_one_step_stil
     a read from an event inside a group gets only what follows it."""
     path = tmp_path / "s.db"
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
-        for script in MIGRATIONS[:5]:  # the schema of release 0.2.0
+        for script in MIGRATIONS[:5]:  # schema 5: a journal row a step, as every store before schema 6
             db.executescript(script) if isinstance(script, str) else script(db)
         db.execute("PRAGMA user_version = 5")
         db.execute("INSERT INTO runtimes (id, agents, created_at, updated_at) VALUES ('rt', '[]', 0, 0)")

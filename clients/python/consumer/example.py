@@ -9,8 +9,7 @@ import os
 import sys
 from datetime import timedelta
 
-from agentruntime.client import AgentRuntimeError, Client
-from agentruntime.sync import SyncClient
+from agentruntime import AgentRuntimeError, Client, SyncClient
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import json_format
 

@@ -29,6 +29,9 @@ from .streaming import StreamedReply
 log = logging.getLogger("agentruntime.providers")
 MAX_ERROR_BODY = 500
 STREAM_FRAMING = 16  # a streamed body may be this many times max_reply_bytes
+# The failures a later attempt may cure (retried here first, then `retryable` to the host; a 429
+# that waiting cannot cure is not: insufficient_quota). docs/budgets.md advises by this.
+RETRYABLE_REASONS = frozenset({FailureReason.PROVIDER_RATE_LIMITED, FailureReason.PROVIDER_UNAVAILABLE})
 # An exchange's status, its body (empty when streamed) and, when streamed, what read it.
 Posted = tuple[int, bytes, "StreamedReply | None"]
 # How the APIs say a request does not fit the model's context window (Anthropic:
@@ -143,7 +146,7 @@ class HttpProvider(abc.ABC):
             ) from exc
 
     def _failure(self, reason: FailureReason, status: int = 0, detail: str = "") -> Failure:
-        retryable = reason in (FailureReason.PROVIDER_RATE_LIMITED, FailureReason.PROVIDER_UNAVAILABLE)
+        retryable = reason in RETRYABLE_REASONS
         return Failure(reason, provider=self.name, http_status=status, retryable=retryable, detail=self._detail(detail))
 
     def _detail(self, text: str) -> str:
