@@ -23,6 +23,8 @@ SHARED_QUOTAS = {
     "store_bytes": 1 << 30,  # 1 GiB
     "tokens_per_day": 0,  # what a model costs is the operator's to bound
     "cost_per_day": 0,
+    "watch_streams": 100,
+    "worker_streams": 100,
 }
 
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
@@ -121,6 +123,12 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="what one tenant's model calls may cost in any 24 hours, in micro-units of the price table's currency",
+    )
+    quota_watch_streams: int | None = Field(
+        None, ge=0, description="Watch streams one tenant may have open at once on this process (the console's live pages too)"
+    )
+    quota_worker_streams: int | None = Field(
+        None, ge=0, description="ServeTools streams (registered workers) one tenant may have open at once on this process"
     )
     retention: float = Field(
         30 * 86400.0,

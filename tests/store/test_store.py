@@ -216,7 +216,8 @@ async def test_longer_rows_a_store_wrote_before_are_cut_when_it_opens(tmp_path: 
     await store.close()
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.execute(
-            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES ('rt', 1, 2.0, 1, 600, ?, 600)",
+            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) "
+            "VALUES ('rt', 1, 2.0, 1, 600, ?, 600)",
             (long,),
         )
         db.execute("UPDATE runtimes SET bytes = bytes + ? WHERE id = 'rt'", (len(long),))
