@@ -127,6 +127,24 @@ async def reading_watchers(server: ServerProcess, stub: pb_grpc.AgentRuntimeAsyn
     print(f"{watchers} watchers with deltas reading all {last:,} events ({took:.1f} s): {probe.summary(baseline)}")
 
 
+@contextlib.asynccontextmanager
+async def serving(folder: Path) -> AsyncIterator[tuple[ServerProcess, pb_grpc.AgentRuntimeAsyncStub]]:
+    """A server process of its own on the built store, the runtime loaded (what any reader of
+    it costs once, before a baseline is read)."""
+    env = {"AGENTRUNTIME_AUTH": "tokens", "AGENTRUNTIME_AUTH_TOKENS_FILE": str(folder / "tokens.json")}
+    server = ServerProcess(folder / "store.db", "http://127.0.0.1:9", folder / "server.log", env)
+    stub = await server.start()
+    assert server.process is not None
+    try:
+        first = stub.Watch(pb.WatchRequest(runtime_id="big"), metadata=bearer(ACME_READER[1]))
+        assert (await first.read()).event.seq == 1
+        first.cancel()
+        print(f"  (a server process with the runtime loaded: {rss_mb(server.process.pid):.0f} MB)")
+        yield server, stub
+    finally:
+        await server.stop()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--watchers", type=int, default=40)
@@ -137,20 +155,10 @@ async def main() -> None:
         started = time.perf_counter()
         handles, last = await build(Path(folder))
         print(f"runtime: {handles:,} handles, {last:,} events (built in {time.perf_counter() - started:.1f} s)")
-        env = {"AGENTRUNTIME_AUTH": "tokens", "AGENTRUNTIME_AUTH_TOKENS_FILE": str(Path(folder) / "tokens.json")}
-        server = ServerProcess(Path(folder) / "store.db", "http://127.0.0.1:9", Path(folder) / "server.log", env)
-        stub = await server.start()
-        assert server.process is not None
-        try:
-            # The runtime loaded (what any reader of it costs once), before the baseline.
-            first = stub.Watch(pb.WatchRequest(runtime_id="big"), metadata=bearer(ACME_READER[1]))
-            assert (await first.read()).event.seq == 1
-            first.cancel()
-            print(f"server RSS with the runtime loaded: {rss_mb(server.process.pid):.0f} MB")
+        async with serving(Path(folder)) as (server, stub):
             await idle_watchers(server, stub, args.watchers, args.hold)
+        async with serving(Path(folder)) as (server, stub):
             await reading_watchers(server, stub, args.readers, last)
-        finally:
-            await server.stop()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ Heavy (marked `heavy`): the runtime has 3,081 handles and 24,758 events (tests/s
 big_runtime.py, built in about a second by a server in the test's process), served by a server
 process of its own (AUTH=tokens, SQLite) whose memory is read from /proc. About 15 s on a
 loaded 2-core machine. Before paging (issue 41's finding) the 40 watchers took that server
-from 141 to 912 MiB and held another tenant's calls for up to 7 s; with it, +1 MiB and no
-call held (bench/watch_memory.py has the figures, docs/performance.md#watch-history)."""
+from 125 to 921 MiB and held another tenant's call past its 10 s deadline; with it, +1 MiB,
+nine calls in ten within 13 ms (bench/watch_memory.py, docs/performance.md#watch-history)."""
 
 from __future__ import annotations
 
