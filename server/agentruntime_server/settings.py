@@ -185,7 +185,12 @@ class Settings(BaseSettings):
     replica_ca: str = Field(
         "", description="PEM CA certificates verifying other replicas' certificates (forwarded calls); empty: system roots"
     )
-    watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
+    watch_buffer: int = Field(
+        1000,
+        ge=1,
+        description="events a Watch consumer may fall behind (its history page not yet sent, its live queue)"
+        " before it must reconnect",
+    )
     stream_replies: Literal["watched", "always"] = Field(
         "watched",
         description="which model replies stream (docs/streaming.md): those of turns that start while someone watches"
