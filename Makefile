@@ -245,13 +245,14 @@ run: $(STAMP) ## serve on 127.0.0.1:50051, and the web console on http://127.0.0
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk docs/walkthrough.md with grpcurl
 	scripts/smoke.sh
 
-bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, replicas
+bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, watchers, replicas
 	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/streaming.py
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
+	$(BIN)/python bench/watch_memory.py
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 

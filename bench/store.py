@@ -62,7 +62,7 @@ async def journal_cost(turns: int, batches: int) -> float:
         await store.create_runtime("bench", agents)
         tree = Tree("bench", agents)
 
-        async def nothing(after: int) -> list:  # type: ignore[type-arg]
+        async def nothing(after: int, limit: int) -> list:  # type: ignore[type-arg]
             return []
 
         journal = Journal(tree, store, EventLog("bench", nothing))

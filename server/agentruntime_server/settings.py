@@ -23,6 +23,8 @@ SHARED_QUOTAS = {
     "store_bytes": 1 << 30,  # 1 GiB
     "tokens_per_day": 0,  # what a model costs is the operator's to bound
     "cost_per_day": 0,
+    "watch_streams": 100,
+    "worker_streams": 100,
 }
 
 ProviderStyle = Literal["scripted", "openai", "anthropic"]
@@ -131,6 +133,12 @@ class Settings(BaseSettings):
         ge=0,
         description="what one tenant's model calls may cost in any 24 hours, in micro-units of the price table's currency",
     )
+    quota_watch_streams: int | None = Field(
+        None, ge=0, description="Watch streams one tenant may have open at once on this process (the console's live pages too)"
+    )
+    quota_worker_streams: int | None = Field(
+        None, ge=0, description="ServeTools streams (registered workers) one tenant may have open at once on this process"
+    )
     retention: float = Field(
         30 * 86400.0,
         ge=0,
@@ -186,7 +194,12 @@ class Settings(BaseSettings):
     replica_ca: str = Field(
         "", description="PEM CA certificates verifying other replicas' certificates (forwarded calls); empty: system roots"
     )
-    watch_buffer: int = Field(1000, ge=1, description="events a Watch consumer may fall behind before it must reconnect")
+    watch_buffer: int = Field(
+        1000,
+        ge=1,
+        description="events a Watch consumer may fall behind (its history page not yet sent, its live queue)"
+        " before it must reconnect",
+    )
     stream_replies: Literal["watched", "always"] = Field(
         "watched",
         description="which model replies stream (docs/streaming.md): those of turns that start while someone watches"

@@ -30,7 +30,19 @@ from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
 from tests.support.sign_in import SignInTool, crm_script, signin
-from tests.support.tenants import ACME, ASKER, GLOBEX, Caller, assert_quota, refused, reply, scripted, tenant_server
+from tests.support.tenants import (
+    ACME,
+    ACME_READER,
+    ASKER,
+    GLOBEX,
+    Caller,
+    assert_quota,
+    bearer,
+    refused,
+    reply,
+    scripted,
+    tenant_server,
+)
 
 __all__ = ["signin"]  # fixtures of tests/support, used here
 
@@ -421,6 +433,87 @@ def write_tokens(path: Path, quotas: dict[str, dict[str, int]]) -> None:
     path.write_text(json.dumps(entries))
 
 
+async def test_the_watch_streams_quota_refuses_the_next_watch_and_a_closed_stream_frees_its_place(tmp_path: Path) -> None:
+    """A tenant's Watch streams open at once, read-only tokens' too: the next is refused with
+    a QuotaFailure naming the quota, another tenant's are not counted, and a stream that ends
+    (cancelled by its client, or by its runtime's delete) gives its place back."""
+    async with tenant_server(tmp_path, quota_watch_streams=3) as served:
+        acme, globex, reader = Caller(served.stub, ACME), Caller(served.stub, GLOBEX), Caller(served.stub, ACME_READER)
+        solo = scripted("solo", reply("hi"))
+        for caller in (acme, globex):
+            for runtime_id in ("rt", "other"):
+                await caller("CreateRuntime", pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=[solo]))
+                await caller("Spawn", pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="solo"))
+
+        async def opened(caller: Caller, runtime_id: str = "rt") -> grpc.aio.UnaryStreamCall[Any, Any]:
+            call = served.stub.Watch(pb.WatchRequest(runtime_id=runtime_id), metadata=bearer(caller.token), timeout=30)
+            assert (await call.read()).event.seq == 1  # following the runtime
+            return call
+
+        streams = [await opened(acme), await opened(reader), await opened(acme, "other")]  # one runtime or several
+        tenancy = served.running.service.tenancy
+        assert tenancy.streams("watch_streams", "acme") == 3
+        for caller in (acme, reader):
+            error = await refused(opened(caller))
+            assert_quota(error, "acme", "watch_streams")
+            assert "AGENTRUNTIME_QUOTA_WATCH_STREAMS" in (error.details() or "")
+        assert tenancy.streams("watch_streams", "acme") == 3  # a refused Watch holds nothing
+        others = [await opened(globex) for _ in range(3)]  # globex has its own three
+        streams[0].cancel()
+        await until(
+            lambda: tenancy.streams("watch_streams", "acme") == 2, "the cancelled stream's place to be given back", timeout=10
+        )
+        streams[0] = await opened(reader)
+        await acme("DeleteRuntime", pb.DeleteRuntimeRequest(runtime_id="other"))  # ends its watcher's stream: NOT_FOUND
+        assert (await refused(streams[2].read())).code() == grpc.StatusCode.NOT_FOUND
+        await until(
+            lambda: tenancy.streams("watch_streams", "acme") == 2,
+            "the deleted runtime's stream's place to be given back",
+            timeout=10,
+        )
+        streams[2] = await opened(acme)
+        for call in streams + others:
+            call.cancel()
+        await until(
+            lambda: not tenancy.streams("watch_streams", "acme") and not tenancy.streams("watch_streams", "globex"),
+            "every place back",
+        )
+
+
+async def test_the_worker_streams_quota_refuses_the_next_registration_and_a_closed_stream_frees_its_place(
+    tmp_path: Path,
+) -> None:
+    """ServeTools streams of a tenant open at once (each holds its registration and its
+    calls, and wakes every second to check its credential): past the quota a registration is
+    refused with a QuotaFailure, another tenant's are not counted, and one that ends gives its
+    place back."""
+    async with tenant_server(tmp_path, quota_worker_streams=2) as served:
+        acme, globex = Caller(served.stub, ACME), Caller(served.stub, GLOBEX)
+
+        async def registered(caller: Caller, queue: str = "tools") -> grpc.aio.StreamStreamCall[Any, Any]:
+            async def requests() -> AsyncIterator[pb.ServeToolsRequest]:
+                yield pb.ServeToolsRequest(registration=pb.WorkerRegistration(queue=queue))
+                await asyncio.sleep(60)
+
+            call = served.stub.ServeTools(requests(), metadata=bearer(caller.token), timeout=30)
+            assert (await call.read()).HasField("registered")
+            return call
+
+        workers = [await registered(acme), await registered(acme, "other")]
+        tenancy = served.running.service.tenancy
+        error = await refused(registered(acme))
+        assert_quota(error, "acme", "worker_streams")
+        assert "AGENTRUNTIME_QUOTA_WORKER_STREAMS" in (error.details() or "")
+        others = [await registered(globex) for _ in range(2)]
+        assert (tenancy.streams("worker_streams", "acme"), tenancy.streams("worker_streams", "globex")) == (2, 2)
+        workers[0].cancel()
+        await until(lambda: tenancy.streams("worker_streams", "acme") == 1, "the place to be given back", timeout=10)
+        workers[0] = await registered(acme)
+        for call in workers + others:
+            call.cancel()
+        await until(lambda: not tenancy.streams("worker_streams", "acme"), "every place back", timeout=10)
+
+
 def test_quotas_default_to_none_without_auth_and_to_a_shared_servers_with_it() -> None:
     names = [field for field in Quotas.__dataclass_fields__]
     assert {name: Settings().quota(name) for name in names} == dict.fromkeys(names, 0)
@@ -432,6 +525,8 @@ def test_quotas_default_to_none_without_auth_and_to_a_shared_servers_with_it() -
         "store_bytes": 1 << 30,
         "tokens_per_day": 0,
         "cost_per_day": 0,
+        "watch_streams": 100,
+        "worker_streams": 100,
     }
     assert shared == SHARED_QUOTAS and {name: Settings(auth="jwt").quota(name) for name in names} == shared
     assert Settings(auth="tokens", quota_running_handles=0).quota("running_handles") == 0  # 0 set: none
@@ -449,7 +544,8 @@ async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_override
     said = [record.getMessage() for record in caplog.records if "quotas per tenant" in record.getMessage()]
     assert said == [
         "quotas per tenant (the tokens file may set a tenant's own): runtimes 1000, running handles 64, "
-        "tokens per day none, handles per minute 600, store bytes 1073741824, cost per day none"
+        "tokens per day none, handles per minute 600, store bytes 1073741824, cost per day none, watch streams 100, "
+        "worker streams 100"
     ]
     async with serve(auth="tokens", auth_tokens_file=str(tokens)) as served:
         assert served.running.service.services.quotas == Quotas(**SHARED_QUOTAS)

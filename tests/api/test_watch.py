@@ -10,7 +10,7 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.errors import NotFound, ResourceExhausted, Unavailable
-from agentruntime_server.domain.events import Event, EventLog
+from agentruntime_server.domain.events import HISTORY_PAGE, Event, EventLog
 from agentruntime_server.domain.journal import Journal, Tree, TurnStarted, events_of
 from agentruntime_server.store.memory import MemoryStore
 
@@ -95,10 +95,9 @@ async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
     store = MemoryStore()
     await store.create_runtime("rt", ())
 
-    async def history(after: int) -> list[Event]:
-        return [
-            event for entry in await store.entries_after_event("rt", after) for event in events_of(entry) if event.seq > after
-        ]
+    async def history(after: int, limit: int) -> list[Event]:
+        entries = await store.entries_after_event("rt", after, limit)
+        return [event for entry in entries for event in events_of(entry) if event.seq > after]
 
     log = EventLog("rt", history, buffer=3)
     journal = Journal(Tree("rt", ()), store, log)
@@ -114,6 +113,62 @@ async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
     assert resumed == list(range(2, 10))
 
 
+class PagedHistory:
+    """A runtime's stored history, as Runtime reads it for Watch, counting the reads and the
+    most entries one read asked for."""
+
+    def __init__(self, store: MemoryStore, key: str) -> None:
+        self.store, self.key = store, key
+        self.reads: list[tuple[int, int]] = []  # (after, limit)
+
+    async def __call__(self, after: int, limit: int) -> list[Event]:
+        self.reads.append((after, limit))
+        entries = await self.store.entries_after_event(self.key, after, limit)
+        return [event for entry in entries for event in events_of(entry) if event.seq > after]
+
+
+async def test_a_watcher_reads_its_history_a_page_at_a_time_and_one_that_reads_nothing_holds_one_page() -> None:
+    store = MemoryStore()
+    await store.create_runtime("rt", ())
+    history = PagedHistory(store, "rt")
+    log = EventLog("rt", history, buffer=1000)
+    journal = Journal(Tree("rt", ()), store, log)
+    for turn in range(1, 1001):
+        await journal.record(TurnStarted("root/a.1", turn))
+    idle = log.follow(0)
+    assert (await anext(idle)).seq == 1  # ...and it reads no more
+    assert history.reads == [(0, HISTORY_PAGE)]
+    seqs = [event.seq async for event in _take(log.follow(0), 1000)]  # one that reads
+    assert seqs == list(range(1, 1001))
+    assert len(history.reads) == 1 + -(-1000 // HISTORY_PAGE)
+    assert {limit for _, limit in history.reads} == {HISTORY_PAGE}
+    await idle.aclose()
+
+
+async def test_the_page_a_watcher_holds_counts_toward_how_far_behind_it_may_fall() -> None:
+    """A watcher of buffer 8 reads pages of 2 entries (a quarter of it); while it holds one,
+    the live events it may queue are 8 less what it holds. Once cut, it reads no more of
+    its history, and a Watch from where it got to misses nothing."""
+    store = MemoryStore()
+    await store.create_runtime("rt", ())
+    history = PagedHistory(store, "rt")
+    log = EventLog("rt", history, buffer=8)
+    journal = Journal(Tree("rt", ()), store, log)
+    for turn in range(1, 21):
+        await journal.record(TurnStarted("root/a.1", turn))
+    watcher = log.follow(0)
+    assert (await anext(watcher)).seq == 1  # one of its page of 2 is still to send
+    for turn in range(21, 28):  # 7 live events: 1 held + 7 queued = 8
+        await journal.record(TurnStarted("root/a.1", turn))
+    assert log.watched
+    await journal.record(TurnStarted("root/a.1", 28))  # the 9th
+    assert not log.watched
+    with pytest.raises(ResourceExhausted, match="after_seq=1"):
+        await anext(watcher)
+    assert history.reads == [(0, 2)]  # no more of its history read
+    assert [event.seq async for event in _take(log.follow(1), 27)] == list(range(2, 29))
+
+
 @pytest.mark.parametrize("deleted", [False, True])
 async def test_a_watcher_reading_its_history_is_told_at_once_when_the_log_closes(deleted: bool) -> None:
     """A shutdown (or a delete) ends a stream still sending its history at once, from where it
@@ -123,8 +178,8 @@ async def test_a_watcher_reading_its_history_is_told_at_once_when_the_log_closes
     store = MemoryStore()
     await store.create_runtime("tenant:rt", ())
 
-    async def history(after: int) -> list[Event]:
-        entries = await store.entries_after_event("tenant:rt", after)
+    async def history(after: int, limit: int) -> list[Event]:
+        entries = await store.entries_after_event("tenant:rt", after, limit)
         return [event for entry in entries for event in events_of(entry) if event.seq > after]
 
     log = EventLog("tenant:rt", history, buffer=100)

@@ -35,6 +35,7 @@ from tests.support.process import ServerProcess
 from tests.support.replicas import LEASE, Pair, cut_off, pair, settled_at, started_run
 from tests.support.servers import serve
 from tests.support.sse import Streamed
+from tests.support.tenants import assert_quota
 from tests.support.tool_server import ToolServer
 
 __all__ = ["pair", "pki", "tokens_file"]  # fixtures of tests/support (auth.py, replicas.py), used here
@@ -439,6 +440,37 @@ async def test_replicas_forward_over_mtls_with_the_callers_token(
                 other.Wake(pb.WakeRequest(runtime_id="secure", handle_id=spawned.handle_id), metadata=bearer(READ_TOKEN))
             )
             assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_watch_forwarded_to_the_runtimes_owner_counts_once_where_it_is_followed(database: str) -> None:
+    """AGENTRUNTIME_QUOTA_WATCH_STREAMS counts a Watch where its runtime is followed (the
+    owner: what the stream holds is there), not at the replica that forwards it, whatever
+    the caller's metadata says: two streams through the other replica are the owner's two,
+    the third is refused there with its QuotaFailure relayed, and a cancelled one frees its place."""
+    async with serve(store=database, quota_watch_streams=2) as first, serve(store=database, quota_watch_streams=2) as second:
+        owner, other = first.stub, second.stub
+        runtime_id = await create(owner, agent("solo"))
+        await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="solo"), timeout=10)  # the first replica runs it
+
+        async def opened(stub: pb_grpc.AgentRuntimeStub) -> Any:
+            call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=30)
+            assert (await call.read()).event.seq == 1
+            return call
+
+        streams = [await opened(other), await opened(other)]
+        at_owner, at_other = (served.running.service.tenancy for served in (first, second))
+        assert (at_owner.streams("watch_streams", "default"), at_other.streams("watch_streams", "default")) == (2, 0)
+        for stub in (other, owner):
+            error = await refused(opened(stub))
+            assert_quota(error, "default", "watch_streams")
+        # A caller that says it is a replica is counted like any other (the owner follows for it).
+        forged = owner.Watch(pb.WatchRequest(runtime_id=runtime_id), metadata=(("x-agentruntime-forwarded", "r"),), timeout=30)
+        assert_quota(await refused(forged.read()), "default", "watch_streams")
+        streams[0].cancel()
+        await until(lambda: at_owner.streams("watch_streams", "default") == 1, "the place to be given back", timeout=10)
+        streams[0] = await opened(other)
+        for call in streams:
+            call.cancel()
 
 
 # ---- an owner paused past its lease, an owner whose database connections break ----------------------

@@ -138,7 +138,7 @@ async def test_a_write_to_a_runtime_deleted_meanwhile_is_never_acknowledged(lone
     assert [row[0] for row in await sql(database, "SELECT seq FROM journal WHERE runtime_id = $1 ORDER BY seq", "rt")] == [1]
 
 
-async def _nothing(after: int) -> list[Any]:
+async def _nothing(after: int, limit: int) -> list[Any]:
     return []
 
 

@@ -44,7 +44,7 @@ async def replicas(database: str) -> AsyncIterator[tuple[Replica, Replica, Any]]
         yield replicas
 
 
-async def _nothing(after: int) -> list[Any]:
+async def _nothing(after: int, limit: int) -> list[Any]:
     return []
 
 

@@ -32,7 +32,7 @@ from agentruntime_server.domain.journal import (
 )
 from agentruntime_server.domain.model import Budget, Message
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
-from agentruntime_server.store.payloads import journal_rows
+from agentruntime_server.store.payloads import GROUP_BYTES, journal_rows
 from agentruntime_server.store.sqlite import COMMIT_PACE, LOOP_BUSY, SqliteStore
 
 from tests.support.build import agent, create, http_tool, run, spawn, views
@@ -172,6 +172,68 @@ async def test_a_group_commit_writes_one_row_a_runtime_and_rows_of_one_step_stil
     with contextlib.closing(sqlite3.connect(path)) as db:
         rows = db.execute("SELECT seq, last_seq FROM journal WHERE runtime_id = 'rt' ORDER BY seq").fetchall()
     assert rows == [(1, None), (2, None), (3, 5)]
+
+
+async def test_one_ticks_long_run_of_steps_is_cut_into_rows_a_page_of_history_can_read_cheaply(tmp_path: Path) -> None:
+    """A group row holds at most GROUP_STEPS steps and GROUP_BYTES of them after its first:
+    one tick that writes 1,000 steps of a runtime (a fan-out of task children) and 3 MiB of
+    another's writes rows of 256 steps and rows of at most 1 MiB; the journal reads back
+    whole, and a page of it from inside a row has only what follows."""
+    store = SqliteStore(str(tmp_path / "s.db"))
+    try:
+        for key in ("fan", "big"):
+            await store.create_runtime(key, ())
+        fan = [Entry(seq, 1.0, seq, 1, TurnStarted("root/a.1", seq)) for seq in range(1, 1001)]
+        big = [
+            Entry(seq, 1.0, seq, 1, MessagesAppended("root/a.1", (Message("tool", f"{seq}" * (200 << 10)),)))
+            for seq in range(1, 16)
+        ]
+        await store.append("fan", fan)
+        await store.append("big", big)
+        await store.flush()
+        assert (await store.load("fan")).entries == fan  # type: ignore[union-attr]
+        assert (await store.load("big")).entries == big  # type: ignore[union-attr]
+        assert await store.entries_after_event("fan", 300, 5) == fan[300:305]
+        assert await store.entries_after_event("fan", 510, 100) == fan[510:610]  # across two rows
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        rows = db.execute("SELECT runtime_id, seq, last_seq, length(step) FROM journal ORDER BY runtime_id, seq").fetchall()
+    assert [(seq, last) for key, seq, last, _ in rows if key == "fan"] == [(1, 256), (257, 512), (513, 768), (769, 1000)]
+    sizes = [size for key, _, _, size in rows if key == "big"]
+    assert len(sizes) >= 3 and all(size <= GROUP_BYTES + (300 << 10) for size in sizes), sizes
+
+
+async def test_longer_rows_a_store_wrote_before_are_cut_when_it_opens(tmp_path: Path) -> None:
+    """Migration 12: a row of schema 6 holding 600 steps (one tick of a wide fan-out) becomes
+    rows of GROUP_STEPS at most, the same journal; the runtime's bytes are its rows' again."""
+    path = tmp_path / "s.db"
+    entries = [Entry(seq, 1.0 + seq, seq, 1, TurnStarted("root/a.1", seq)) for seq in range(1, 601)]
+    steps = journal_rows("rt", 1, entries)[0]
+    long = b"[%s]" % b",".join(b"[%d,%r,%d,%d,%s]" % (seq, at, first, last, step) for _, seq, at, first, last, step in steps)
+    store = SqliteStore(str(path))
+    await store.create_runtime("rt", ())
+    await store.close()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute(
+            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) "
+            "VALUES ('rt', 1, 2.0, 1, 600, ?, 600)",
+            (long,),
+        )
+        db.execute("UPDATE runtimes SET bytes = bytes + ? WHERE id = 'rt'", (len(long),))
+        db.execute("PRAGMA user_version = 11")
+    store = SqliteStore(str(path))
+    try:
+        assert (await store.load("rt")).entries == entries  # type: ignore[union-attr]
+        assert await store.entries_after_event("rt", 300, 10) == entries[300:310]
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT seq, last_seq FROM journal ORDER BY seq").fetchall() == [(1, 256), (257, 512), (513, 600)]
+        stored, counted = db.execute(
+            "SELECT bytes, length(CAST(agents AS BLOB)) + (SELECT sum(length(step)) FROM journal) FROM runtimes"
+        ).fetchone()
+        assert stored == counted
 
 
 async def test_a_loop_busy_when_its_commit_comes_due_commits_at_the_pace_and_loses_nothing(tmp_path: Path) -> None:

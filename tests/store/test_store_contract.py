@@ -146,7 +146,7 @@ class Tee:
         return getattr(self.store, name)
 
 
-async def _no_history(after: int) -> list[Event]:
+async def _no_history(after: int, limit: int) -> list[Event]:
     return []
 
 
@@ -389,6 +389,30 @@ async def test_entries_after_event_are_those_with_a_later_event_in_order(store: 
     events = [event for e in await store.entries_after_event("rt-1", 0) for event in events_of(e)]
     assert [event.seq for event in events] == list(range(1, last + 1))
     assert all(event.handle_id in (COORDINATOR, WORKER, SPARE) for event in events)
+
+
+async def test_entries_after_event_come_in_pages_of_at_most_the_limit(store: Store) -> None:
+    """A watcher pages its history: each page is the first `limit` of what an unlimited read
+    gives, and paging on after the last event of each page gives every event once, in order
+    (SQLite's group rows are cut inside, at any entry)."""
+    tee = Tee(store)
+    await (await created(tee, "rt-1")).run()
+    await (await created(tee, "rt-2")).run()
+    appended = tee.appended["rt-1"]
+    last = max(e.last_event for e in appended)
+    for limit in (1, 2, 3, 7, 1000):
+        for after in [0, 1, 2, last // 2, last - 1, last]:
+            page = await store.entries_after_event("rt-1", after, limit)
+            assert page == [e for e in appended if e.last_event > after][:limit], f"after {after}, limit {limit}"
+        seen, events, pages = 0, [], 0
+        while page := await store.entries_after_event("rt-1", seen, limit):
+            assert len(page) <= limit
+            events += [event for e in page for event in events_of(e) if event.seq > seen]
+            seen = page[-1].last_event
+            pages += 1
+        assert [event.seq for event in events] == list(range(1, last + 1)), f"limit {limit}"
+        if limit == 1:  # a page for each entry with events: the entries without any after a page are passed over
+            assert pages == len([e for e in appended if e.event_count])
 
 
 async def test_an_entry_without_events_sits_between_its_neighbours(store: Store) -> None:

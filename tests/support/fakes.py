@@ -27,7 +27,7 @@ class JournalStore:
         self.entries.setdefault(runtime_id, []).extend(entries)
 
 
-async def no_history(after: int) -> list[Event]:
+async def no_history(after: int, limit: int) -> list[Event]:
     return []
 
 

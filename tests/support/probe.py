@@ -1,5 +1,6 @@
 """A bystander's latency: another client, on its own thread (so it measures wall time even if
-the server's event loop stalls), that loops Inspect on another runtime and keeps every latency.
+the server's event loop stalls), that loops Inspect on another runtime (or another tenant's
+ListRuntimes and a health check) and keeps every latency.
 
 What a test may judge from it is whether the server's loop *stalled*: a loop held by hostile work
 (a backtracking regex, a synchronous parse of megabytes) answers nothing for seconds. How fast an
@@ -12,10 +13,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.poll import until
 
@@ -53,3 +56,38 @@ class InspectProbe:
                 other.Inspect(request, metadata=self.metadata, timeout=10)
                 self.latencies.append(time.monotonic() - started)
                 time.sleep(0.002)
+
+
+class TenantProbe(InspectProbe):
+    """Another tenant's ListRuntimes and a health check, in turn, each latency kept (a call the
+    server did not answer in 10 s counts as taking them, and the probe goes on)."""
+
+    def __init__(self, address: str, metadata: Sequence[tuple[str, str]]) -> None:
+        super().__init__(address, "", "", metadata)
+
+    def _loop(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            listing = pb_grpc.AgentRuntimeStub(channel).ListRuntimes
+            health = health_pb2_grpc.HealthStub(channel).Check
+            calls = ((listing, pb.ListRuntimesRequest(), self.metadata), (health, health_pb2.HealthCheckRequest(), ()))
+            for method, request, metadata in calls:
+                method(request, metadata=metadata, timeout=10)  # the connection is up before timing starts
+            self._ready.set()
+            while not self._stop.is_set():
+                for method, request, metadata in calls:
+                    started = time.monotonic()
+                    try:
+                        method(request, metadata=metadata, timeout=10)
+                    except grpc.RpcError as error:
+                        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                            raise
+                    self.latencies.append(time.monotonic() - started)
+                time.sleep(0.01)
+
+
+def rss_mib(pid: int) -> float:
+    """The process's resident memory now, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

@@ -66,7 +66,7 @@ def journal_of(replica: Replica, runtime_id: str) -> tuple[Tree, Journal]:
     return tree, Journal(tree, replica.store, EventLog(runtime_id, no_events))  # type: ignore[arg-type]
 
 
-async def no_events(after: int) -> list[Any]:
+async def no_events(after: int, limit: int) -> list[Any]:
     return []
 
 

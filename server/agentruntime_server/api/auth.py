@@ -51,7 +51,18 @@ class TokenTable:
 
 
 ENTRY_KEYS = frozenset({"tenant", "token_sha256", "scopes", "name", "quotas"})
-QUOTA_KEYS = frozenset({"runtimes", "running_handles", "handles_per_minute", "store_bytes", "tokens_per_day", "cost_per_day"})
+QUOTA_KEYS = frozenset(
+    {
+        "runtimes",
+        "running_handles",
+        "handles_per_minute",
+        "store_bytes",
+        "tokens_per_day",
+        "cost_per_day",
+        "watch_streams",
+        "worker_streams",
+    }
+)
 
 
 def parse_tokens(data: bytes) -> TokenTable:

@@ -4,6 +4,7 @@ converts back; what every RPC goes through around that is the edge (edge.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -343,20 +344,23 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                             ]
                         )
                     durable = 0  # events up to here are known durable: one flush covers every event appended before it
-                    async for item in runtime.events.follow(seen, request.deltas):
-                        if isinstance(item, Delta):
-                            # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
+                    # Counted where the runtime is followed (what the stream holds is here), not
+                    # where a replica forwards it from: a forwarded stream counts once.
+                    with self.service.open_stream("watch_streams", tenant()):
+                        async for item in runtime.events.follow(seen, request.deltas):
+                            if isinstance(item, Delta):
+                                # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
+                                verified = await self._verified_again(context, "Watch", verified)
+                                yield pb.WatchResponse(delta=convert.delta_to_proto(item))
+                                continue
+                            if item.seq > durable:  # a watcher never sees an event a crash could lose
+                                appended = runtime.events.published_seq
+                                await self.service.acknowledge(runtime.key)
+                                durable = max(appended, item.seq)
+                            seen = item.seq
+                            attempt, missed = 0, None
                             verified = await self._verified_again(context, "Watch", verified)
-                            yield pb.WatchResponse(delta=convert.delta_to_proto(item))
-                            continue
-                        if item.seq > durable:  # a watcher never sees an event a crash could lose
-                            appended = runtime.events.published_seq
-                            await self.service.acknowledge(runtime.key)
-                            durable = max(appended, item.seq)
-                        seen = item.seq
-                        attempt, missed = 0, None
-                        verified = await self._verified_again(context, "Watch", verified)
-                        yield pb.WatchResponse(event=convert.event_to_proto(item))
+                            yield pb.WatchResponse(event=convert.event_to_proto(item))
                     return
                 except OwnedElsewhere as moved:
                     metadata = metadata_of(context)
@@ -403,6 +407,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         its queue as agents make them, while its outputs are read alongside."""
         worker: WorkerStream | None = None
         reader: asyncio.Task[None] | None = None
+        held = contextlib.ExitStack()  # its place in the tenant's quota of streams, given back last
         try:
             current_caller.set(await self.authenticate(context, "ServeTools"))
             verified = time.monotonic()
@@ -410,6 +415,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             if first is None:
                 return
             registration = _registration(decoded(first))
+            held.enter_context(self.service.open_stream("worker_streams", tenant()))
             worker = await self.workers.connect(
                 tenant(), registration.queue, list(registration.tools), registration.max_concurrent_calls or 1
             )
@@ -436,10 +442,13 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         except DomainError as error:
             await context.abort_with_status(to_grpc_status(error))  # type: ignore[arg-type]
         finally:
-            if reader is not None:
-                reader.cancel()
-            if worker is not None:
-                await self.workers.disconnect(worker)  # what it still holds is in doubt
+            try:
+                if reader is not None:
+                    reader.cancel()
+                if worker is not None:
+                    await self.workers.disconnect(worker)  # what it still holds is in doubt
+            finally:
+                held.close()
 
     async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: WorkerStream) -> None:
         async for received in requests:

@@ -437,8 +437,11 @@ class Store(Protocol):
 
     async def load(self, runtime_id: str) -> StoredRuntime | None: ...
 
-    async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
-        """Every entry that made an event numbered above `after_event`, in order."""
+    async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
+        """Every entry that made an event numbered above `after_event`, in order (and the
+        entries without events between them); with `limit`, only the first `limit` of them.
+        A watcher pages its history so (domain/events.py), each page read after the last
+        event of the one before; a page costs the same however far into the journal it starts."""
         ...
 
     async def runtimes_with_running_handles(self) -> list[str]: ...

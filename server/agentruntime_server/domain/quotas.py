@@ -1,9 +1,10 @@
 """Per-tenant quotas: live runtimes, running handles, handles created per minute, bytes in
-the store, model tokens and their cost per rolling day.
+the store, model tokens and their cost per rolling day, Watch and ServeTools streams open.
 
 The edge authenticates the tenant; these count what each tenant uses. Token spend (and its
 cost) is kept per minute for the last day, in memory and in the store (so a restart forgets nothing).
-Running slots and the handles created in the last minute are counted in memory, per process."""
+Running slots, the handles created in the last minute and the streams open are counted in
+memory, per process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from .errors import ResourceExhausted
 from .gate import FifoGate
@@ -32,6 +33,8 @@ class Quotas:
     handles_per_minute: int = 0
     store_bytes: int = 0
     cost_per_day: int = 0  # micro-units of the price table's currency (priced calls count)
+    watch_streams: int = 0  # Watch streams open at once, those this process follows a runtime for
+    worker_streams: int = 0  # ServeTools streams open at once (registered workers)
 
 
 class QuotaExceeded(ResourceExhausted):
@@ -64,6 +67,18 @@ def store_bytes_reached(tenant: str, used: int, quota: int) -> QuotaExceeded:
         "store_bytes",
         f"tenant {tenant!r} has {used:,} bytes in the store, at or past its quota of {quota:,} "
         "(AGENTRUNTIME_QUOTA_STORE_BYTES); DeleteRuntime what it no longer needs",
+    )
+
+
+StreamQuota = Literal["watch_streams", "worker_streams"]
+_STREAMS = {"watch_streams": "Watch streams", "worker_streams": "ServeTools streams (workers)"}
+
+
+def streams_quota_reached(quota: StreamQuota, tenant: str, limit: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant,
+        quota,
+        f"tenant {tenant!r} has {limit} {_STREAMS[quota]} open, its quota (AGENTRUNTIME_QUOTA_{quota.upper()}); close one first",
     )
 
 

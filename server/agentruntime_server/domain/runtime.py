@@ -68,9 +68,10 @@ from .validation import check_budget, check_text_size
 _Answer = TypeVar("_Answer")
 
 
-async def _stored_events(store: Store, key: str, after_seq: int) -> list[Event]:
-    """A runtime's events after a seq, derived from its stored journal (Watch's history)."""
-    entries = await store.entries_after_event(key, after_seq)
+async def _stored_events(store: Store, key: str, after_seq: int, limit: int) -> list[Event]:
+    """A runtime's events after a seq, derived from the next `limit` entries of its stored
+    journal (a page of Watch's history)."""
+    entries = await store.entries_after_event(key, after_seq, limit)
     return [event for entry in entries for event in events_of(entry) if event.seq > after_seq]
 
 

@@ -30,6 +30,7 @@ from .journal import Configured
 from .mcp_tools import with_mcp_tools
 from .model import AgentSpec, RuntimeOptions
 from .ports import Leases, RuntimeRow, Services, TenantReply
+from .quotas import StreamQuota
 from .replies import OneAtATime, RequestKey
 from .runtime import Runtime
 from .runtime_cache import RuntimeCache
@@ -92,6 +93,11 @@ class RuntimeService:
 
     def running_slots(self, tenant: str) -> tuple[int, int]:
         return self.tenancy.running_slots(tenant)
+
+    def open_stream(self, quota: StreamQuota, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """Held while a stream of the tenant's is open here: a Watch following a runtime, a
+        registered worker (the quota of them: QuotaExceeded)."""
+        return self.tenancy.open_stream(quota, tenant)
 
     # ---- creating ------------------------------------------------------------------------
 

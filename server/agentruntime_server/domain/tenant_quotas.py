@@ -1,15 +1,17 @@
 """Each tenant's quotas, as one process counts them (the Tenancy a runtime asks): its running
 handles and their slots, the handles it spawns a minute, its bytes in the store, the model
-tokens it spent over the last day (kept in the store too, so a restart forgets none)."""
+tokens it spent over the last day (kept in the store too, so a restart forgets none), and
+the Watch and ServeTools streams it has open."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from .gate import FifoGate
 from .model import Limit
@@ -19,10 +21,12 @@ from .quotas import (
     QuotaExceeded,
     Quotas,
     SpawnWindow,
+    StreamQuota,
     TokenLedger,
     handles_per_minute_reached,
     runtimes_quota_reached,
     store_bytes_reached,
+    streams_quota_reached,
 )
 from .runtime import Runtime
 
@@ -60,6 +64,7 @@ class TenantQuotas:
         # tenant -> (tokens, micros) the model turns under way in this process are reserved
         # (reservations.py): in memory only, never journaled or stored.
         self._held: dict[str, tuple[int, int]] = {}
+        self._streams: dict[tuple[StreamQuota, str], int] = {}  # (kind, tenant) -> open here (none: no key)
 
     def quotas(self, tenant: str) -> Quotas:
         own = self.quotas_for(tenant) if self.quotas_for is not None else None
@@ -119,6 +124,31 @@ class TenantQuotas:
         self._spawns.forget_idle()
         for tenant in [t for t, (_, read) in self._store_bytes.items() if now - read > STORE_BYTES_RECHECK]:
             del self._store_bytes[tenant]
+
+    @contextlib.contextmanager
+    def open_stream(self, quota: StreamQuota, tenant: str) -> Iterator[None]:
+        """One of the tenant's streams of a kind, held open in this process (a Watch while it
+        follows a runtime here, a ServeTools once its worker registered); QuotaExceeded at the
+        tenant's quota of them. What one holds is bounded (a Watch: a page of history and its
+        queue; a worker: its registration and its calls): this bounds how many."""
+        limit = getattr(self.quotas(tenant), quota)
+        key = (quota, tenant)
+        open_now = self._streams.get(key, 0)
+        if limit and open_now >= limit:
+            raise streams_quota_reached(quota, tenant, limit)
+        self._streams[key] = open_now + 1
+        try:
+            yield
+        finally:
+            left = self._streams[key] - 1
+            if left:
+                self._streams[key] = left
+            else:
+                del self._streams[key]  # (what is kept per tenant never outlives its use)
+
+    def streams(self, quota: StreamQuota, tenant: str) -> int:
+        """The tenant's streams of a kind open in this process."""
+        return self._streams.get((quota, tenant), 0)
 
     def count_spawn(self, tenant: str) -> None:
         self._forget_idle_tenants()

@@ -89,10 +89,11 @@ class MemoryStore:
         runtime = self._runtimes.get(runtime_id)
         return None if runtime is None else StoredRuntime(runtime.agents, list(runtime.entries))
 
-    async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
+    async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         runtime = self._runtimes[runtime_id]
         start = bisect.bisect_right(runtime.last_events, after_event)
-        return [entry for entry in runtime.entries[start:] if entry.last_event > after_event]
+        end = None if limit is None else start + limit
+        return [entry for entry in runtime.entries[start:end] if entry.last_event > after_event]
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         ordered = sorted(

@@ -83,6 +83,28 @@ def _spent(db: sqlite3.Connection) -> None:
         )
 
 
+def _short_groups(db: sqlite3.Connection) -> None:
+    """12: a journal row holds at most payloads.GROUP_STEPS steps and GROUP_BYTES of them (a
+    page of Watch's history decodes a row's whole array): the longer rows schema 6 wrote
+    (one tick of a wide fan-out: thousands of steps, megabytes) are cut. Each runtime's bytes
+    change by the framing of the new rows."""
+    long = db.execute(
+        "SELECT runtime_id, seq FROM journal WHERE last_seq - seq >= ? OR (last_seq > seq AND length(step) > ?)",
+        (payloads.GROUP_STEPS, payloads.GROUP_BYTES),
+    ).fetchall()
+    for runtime_id, seq in long:  # one row in memory at a time
+        (stored,) = db.execute("SELECT step FROM journal WHERE runtime_id = ? AND seq = ?", (runtime_id, seq)).fetchone()
+        steps = [(runtime_id, s, at, first, last, bytes(step)) for s, at, first, last, step in payloads.GROUP.decode(stored)]
+        groups = payloads.grouped(steps)
+        db.execute("DELETE FROM journal WHERE runtime_id = ? AND seq = ?", (runtime_id, seq))
+        db.executemany(
+            "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            groups,
+        )
+        grown = sum(len(group[5]) for group in groups) - len(stored)
+        db.execute("UPDATE runtimes SET bytes = bytes + ? WHERE id = ?", (grown, runtime_id))
+
+
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 1: runtimes, handles, transcripts, the tool journal, in-flight calls, answers.
     """
@@ -209,6 +231,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 10: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
     "ALTER TABLE tenant_tokens ADD COLUMN micros INTEGER NOT NULL DEFAULT 0",
     _spent,
+    _short_groups,
 ]
 
 

@@ -173,15 +173,29 @@ def decode(payload: bytes | msgspec.Raw) -> Step:
     return upgraded
 
 
+# A group row holds at most this many steps, and no more bytes than this after its first:
+# a reader of part of a journal (a page of Watch's history) decodes a row's whole array, so
+# rows stay small whatever one tick wrote (3,000 task children spawned at once, say).
+GROUP_STEPS = 256
+GROUP_BYTES = 1 << 20
+
+
 def grouped(rows: Sequence[Row]) -> list[GroupRow]:
-    """Rows as one group row per runtime, in order: one B-tree insert a runtime instead of one
-    a step (a group commit's SQLite work falls by half: bench/store.py)."""
-    runs: dict[str, list[Row]] = {}
+    """Rows as one group row per runtime (more for a long run of steps), in order: one B-tree
+    insert a runtime instead of one a step (a group commit's SQLite work falls by half:
+    bench/store.py)."""
+    runs: list[list[Row]] = []
+    filling: dict[str, tuple[list[Row], int]] = {}  # runtime -> its run being filled, and its steps' bytes
     for row in rows:
-        runs.setdefault(row[0], []).append(row)
+        run, size = filling.get(row[0], ([], 0))
+        if not run or len(run) >= GROUP_STEPS or size + len(row[5]) > GROUP_BYTES:
+            run, size = [], 0
+            runs.append(run)
+        run.append(row)
+        filling[row[0]] = (run, size + len(row[5]))
     return [
         (
-            runtime_id,
+            run[0][0],
             run[0][1],
             run[0][2],
             run[0][3],
@@ -189,19 +203,33 @@ def grouped(rows: Sequence[Row]) -> list[GroupRow]:
             b"[%s]" % b",".join(b"[%d,%r,%d,%d,%s]" % (seq, at, first, last, step) for _, seq, at, first, last, step in run),
             run[-1][1],
         )
-        for runtime_id, run in runs.items()
+        for run in runs
     ]
 
 
-_GROUP = msgspec.json.Decoder(list[tuple[int, float, int, int, msgspec.Raw]])
+GROUP = msgspec.json.Decoder(list[tuple[int, float, int, int, msgspec.Raw]])  # a group row's steps
 
 
-def ungrouped(seq: int, at: float, first_event: int, last_event: int, stored: bytes) -> list[Entry]:
+def ungrouped(
+    seq: int,
+    at: float,
+    first_event: int,
+    last_event: int,
+    stored: bytes,
+    after_event: int | None = None,
+    limit: int | None = None,
+) -> list[Entry]:
     """The entries of a store row: a group row's, or the one step of a row written before
-    groups (a step's payload is a JSON object, a group a JSON array)."""
+    groups (a step's payload is a JSON object, a group a JSON array). With `after_event`, only
+    those with an event above it, at most `limit` of them: the others' steps are not decoded."""
     if stored[:1] != b"[":
+        if after_event is not None and last_event <= after_event:
+            return []
         return [Entry(seq, at, first_event, last_event - first_event + 1, decode(stored))]
-    return [Entry(s, a, f, last - f + 1, decode(step)) for s, a, f, last, step in _GROUP.decode(stored)]
+    wanted = GROUP.decode(stored)
+    if after_event is not None:
+        wanted = [item for item in wanted if item[3] > after_event]
+    return [Entry(s, a, f, last - f + 1, decode(step)) for s, a, f, last, step in wanted[:limit]]
 
 
 def steps_in(stored: bytes) -> list[Step]:

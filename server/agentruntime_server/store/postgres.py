@@ -564,10 +564,16 @@ class PostgresStore:
         return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
     @guarded
-    async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
+    async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         await self._settle()
         pool = await self.pool()
-        rows = await pool.fetch(sql.ENTRIES + " AND last_event > $2 ORDER BY seq", runtime_id, after_event)
+        if limit is None:
+            rows = await pool.fetch(sql.ENTRIES + " AND last_event > $2 ORDER BY seq", runtime_id, after_event)
+        else:
+            # In the order of journal_by_event (the order of seq, as a journal's last events
+            # never go down): a page starts where its first row is, not at the journal's start.
+            query = sql.ENTRIES + " AND last_event > $2 ORDER BY last_event, seq LIMIT $3"
+            rows = await pool.fetch(query, runtime_id, after_event, limit)
         return [sql.entry(*row) for row in rows]
 
     @guarded

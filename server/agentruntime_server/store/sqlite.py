@@ -51,6 +51,7 @@ _TOUCH = (
     "cost_priced = coalesce(?, cost_priced), bytes = bytes + ?, updated_at = ? WHERE id = ?"
 )
 _UNCHANGED = (None,) * len(RuntimeCounts._fields)
+_AFTER_EVENT = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND last_event > ?"
 _LISTED = "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced"
 COMMIT_PACE = 0.002  # seconds: a saturated loop's commits are at least this far apart
 LOOP_BUSY = 0.0002  # seconds a commit waited for its turn: the loop had that much other work
@@ -167,7 +168,9 @@ class SqliteStore:
                 self._last_commit = time.monotonic()  # the pace spaces transactions, not reads that found nothing to write
                 now = time.time()
                 groups = grouped(rows)
-                grown = {group[0]: len(group[5]) for group in groups}  # one group a runtime: the bytes it adds
+                grown: dict[str, int] = {}  # the bytes each runtime adds
+                for group in groups:
+                    grown[group[0]] = grown.get(group[0], 0) + len(group[5])
                 with self._transaction() as db:
                     db.executemany(_APPEND, groups)
                     # One statement per runtime written: its last write, its growth, and what changed
@@ -410,13 +413,24 @@ class SqliteStore:
         )
         return StoredRuntime(_AGENTS.validate_json(row[0]), [entry for values in rows for entry in ungrouped(*values)])
 
-    async def entries_after_event(self, runtime_id: str, after_event: int) -> list[Entry]:
+    async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         self._before_read()
-        rows = self._db.execute(
-            "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND last_event > ? ORDER BY seq",
-            (runtime_id, after_event),
-        )
-        return [entry for values in rows for entry in ungrouped(*values) if entry.last_event > after_event]
+        if limit is None:
+            rows = self._db.execute(_AFTER_EVENT + " ORDER BY seq", (runtime_id, after_event))
+            return [entry for seq, at, first, last, step in rows for entry in ungrouped(seq, at, first, last, step, after_event)]
+        # In the order of journal_by_event (runtime_id, last_event, and the key's seq): a page
+        # starts where its first row is, not at the journal's start; and it is the order of seq,
+        # as a journal's last events never go down. A row holds one wanted entry at least.
+        entries: list[Entry] = []
+        rows = self._db.execute(_AFTER_EVENT + " ORDER BY last_event, seq LIMIT ?", (runtime_id, after_event, limit))
+        try:
+            for seq, at, first, last, step in rows:  # (a group row may hold the rest of the page: the others are not read)
+                entries += ungrouped(seq, at, first, last, step, after_event, limit - len(entries))
+                if len(entries) >= limit:
+                    break
+        finally:
+            rows.close()
+        return entries
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
         self._before_read()
