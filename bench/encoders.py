@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from agentruntime_server.domain.billing.usage import Usage
 from agentruntime_server.domain.journal import ModelReplied, Settled, Step
-from agentruntime_server.domain.model import HandleState, Message, PendingRequest, Status, TaskResult, ToolCall
-from agentruntime_server.domain.usage import Usage
+from agentruntime_server.domain.vocabulary import HandleState, Message, PendingRequest, Status, TaskResult, ToolCall
 from agentruntime_server.store import payloads
 from pydantic import TypeAdapter
 

@@ -22,7 +22,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from agentruntime_server.domain.events import EventLog
+from agentruntime_server.domain.billing.usage import Tokens
 from agentruntime_server.domain.journal import (
     CallFinished,
     CallStarted,
@@ -34,8 +34,8 @@ from agentruntime_server.domain.journal import (
     Tree,
     TurnStarted,
 )
-from agentruntime_server.domain.model import AgentSpec, Budget, Message, ToolCall, ToolResult
-from agentruntime_server.domain.usage import Tokens
+from agentruntime_server.domain.vocabulary import AgentSpec, Budget, Message, ToolCall, ToolResult
+from agentruntime_server.domain.watching.event_log import EventLog
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.process import free_port

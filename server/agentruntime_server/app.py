@@ -25,11 +25,10 @@ from .api.principals import Authenticator
 from .api.servicer import AgentRuntimeServicer, add_to_server
 from .api.tls import read_pem, refuse_insecure, transport
 from .domain.errors import StoreBroken, StoreUnavailable
-from .domain.limits import Limits
+from .domain.limits import Limits, Quotas
 from .domain.ownership import SoleOwner
 from .domain.ports import Leases, NoPrices, PriceSource, Services, Store
-from .domain.quotas import Quotas
-from .domain.service import RuntimeService
+from .domain.runtime.service import RuntimeService
 from .http import HttpClient
 from .http.proxy import Proxies
 from .observability import Observability

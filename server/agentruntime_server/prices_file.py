@@ -15,8 +15,8 @@ from collections.abc import Callable
 from decimal import Context, Decimal
 from typing import Any
 
-from .domain.prices import Price, PriceTable
-from .domain.usage import Cost, Tokens
+from .domain.billing.prices import Price, PriceTable
+from .domain.billing.usage import Cost, Tokens
 from .settings import PROVIDER_NAME, StartupError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_ENTRIES = 10_000
 MAX_MODEL_CHARS = 200
 MAX_PRICE = Decimal(1_000_000)
-MAX_DECIMALS = 12  # keeps every product exact (domain/prices.py) and refuses a 1e-999999 exponent
+MAX_DECIMALS = 12  # keeps every product exact (domain/billing/prices.py) and refuses a 1e-999999 exponent
 KINDS = ("input", "cache_read", "cache_write", "output")
 ENTRY_KEYS = ("provider", "model", *KINDS)
 CURRENCY = re.compile(r"[A-Z]{3}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentruntime_server.domain.schemas import CheckNotDone
+from agentruntime_server.domain.definitions.schemas import CheckNotDone
 from agentruntime_server.process.schema_judges import SchemaJudges
 
 from tests.support.poll import until

@@ -26,8 +26,8 @@ import random
 import time
 
 import pytest
-from agentruntime_server.domain.model import ToolCall, ToolResult, WorkerExecutor
 from agentruntime_server.domain.ports import WorkerLost
+from agentruntime_server.domain.vocabulary import ToolCall, ToolResult, WorkerExecutor
 from agentruntime_server.tools.workers import WorkerPool
 
 from tests.support.poll import until

@@ -19,7 +19,7 @@ import aiohttp
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain.quotas import DAY_MINUTES
+from agentruntime_server.domain.tenancy.quotas import DAY_MINUTES
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.build import agent, create, http_tool, run, spawn, struct, views, wait

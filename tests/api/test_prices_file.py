@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentruntime_server.domain.prices import Cost, PriceTable, Tokens
+from agentruntime_server.domain.billing.prices import Cost, PriceTable, Tokens
 from agentruntime_server.prices_file import MAX_ENTRIES, PricesError, load_prices, open_prices, parse_prices
 from agentruntime_server.settings import Settings, StartupError
 from hypothesis import HealthCheck, given, settings

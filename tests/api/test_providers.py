@@ -21,10 +21,10 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from agentruntime_server.domain.definitions.validation import check_agents
 from agentruntime_server.domain.errors import InvalidArgument
-from agentruntime_server.domain.model import AgentSpec, Message
 from agentruntime_server.domain.ports import ModelRequest, ProviderError
-from agentruntime_server.domain.validation import check_agents
+from agentruntime_server.domain.vocabulary import AgentSpec, Message
 from agentruntime_server.providers.base import retry_after
 from agentruntime_server.providers.router import ProviderRouter
 from agentruntime_server.providers.scripted import ScriptedProvider

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain.quotas import Quotas
+from agentruntime_server.domain.limits import Quotas
 from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
 from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait

@@ -10,8 +10,8 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.errors import NotFound, ResourceExhausted, Unavailable
-from agentruntime_server.domain.events import HISTORY_PAGE, Event, EventLog
 from agentruntime_server.domain.journal import Journal, Tree, TurnStarted, events_of
+from agentruntime_server.domain.watching.event_log import HISTORY_PAGE, Event, EventLog
 from agentruntime_server.store.memory import MemoryStore
 
 from tests.support.build import agent, create

@@ -5,11 +5,11 @@ fake store (tests/support/fakes.py), as a runtime builds them."""
 from __future__ import annotations
 
 import pytest
-from agentruntime_server.domain import budget
+from agentruntime_server.domain.billing.usage import Cost, Tokens
 from agentruntime_server.domain.errors import InvalidArgument, ResourceExhausted
 from agentruntime_server.domain.journal import CallStarted, Journal, ModelReplied, RunStarted, Spawned, TurnStarted
-from agentruntime_server.domain.model import AgentSpec, Budget, Limit, Message, ToolCall
-from agentruntime_server.domain.usage import Cost, Tokens
+from agentruntime_server.domain.runs import budgets as budget
+from agentruntime_server.domain.vocabulary import AgentSpec, Budget, Limit, Message, ToolCall
 
 from tests.support.fakes import journal
 

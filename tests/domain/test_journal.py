@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from agentruntime_server.domain.errors import Fenced, NotJournaled
-from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Spawned, Tree, events_of, replay
-from agentruntime_server.domain.model import Budget, HandleState
+from agentruntime_server.domain.vocabulary import Budget, HandleState
+from agentruntime_server.domain.watching.event_log import EventLog
 
 from tests.support.fakes import JournalStore, journal, no_history
 from tests.support.story import AGENTS, SPARE, figures, story

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from agentruntime_server.domain.prices import NO_PRICES, UNPRICED, Cost, Price, PriceTable, Tokens, micros
+from agentruntime_server.domain.billing.prices import NO_PRICES, UNPRICED, Cost, Price, PriceTable, Tokens, micros
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -5,8 +5,8 @@ spent per minute over the last day (TokenLedger) and the handles it created in t
 from __future__ import annotations
 
 import pytest
-from agentruntime_server.domain import quotas
-from agentruntime_server.domain.quotas import SpawnWindow, TokenLedger
+from agentruntime_server.domain.tenancy import quotas
+from agentruntime_server.domain.tenancy.quotas import SpawnWindow, TokenLedger
 
 from tests.support.fakes import Clock, clock
 

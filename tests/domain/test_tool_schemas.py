@@ -1,6 +1,6 @@
 """Tool argument checks: a plain schema is decided by jsonschema-rs when it finds the
 arguments valid, by jsonschema otherwise, and the two must never disagree on what is valid
-(domain/schemas.py, ArgumentsSchema). No server: the verdicts are compared directly."""
+(domain/definitions/schemas.py, ArgumentsSchema). No server: the verdicts are compared directly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from agentruntime_server.domain import carriable, schemas
+from agentruntime_server.domain.definitions import carriable, schemas
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

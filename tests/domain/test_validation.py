@@ -4,9 +4,9 @@ reported at once, by field path, with what to do about it; a zero budget is a li
 from __future__ import annotations
 
 import pytest
-from agentruntime_server.domain import validation
+from agentruntime_server.domain.definitions import validation
 from agentruntime_server.domain.errors import InvalidArgument
-from agentruntime_server.domain.model import AgentSpec, Budget, CompletionGate, RelayExecutor, ToolSpec
+from agentruntime_server.domain.vocabulary import AgentSpec, Budget, CompletionGate, RelayExecutor, ToolSpec
 
 
 def violations(agents: list[AgentSpec], providers: list[str] | None = None) -> dict[str, str]:

@@ -19,7 +19,7 @@ import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Closed, Configured, Spawned
-from agentruntime_server.domain.model import RuntimeOptions
+from agentruntime_server.domain.vocabulary import RuntimeOptions
 from agentruntime_server.store import payloads
 
 from tests.support.build import agent, create

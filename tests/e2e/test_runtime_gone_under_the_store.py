@@ -18,9 +18,9 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.errors import Fenced
-from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Configured, Journal, Spawned, Tree
-from agentruntime_server.domain.model import Budget, RuntimeOptions
+from agentruntime_server.domain.vocabulary import Budget, RuntimeOptions
+from agentruntime_server.domain.watching.event_log import EventLog
 from agentruntime_server.store import payloads
 from agentruntime_server.store.postgres import PostgresStore
 

@@ -20,9 +20,9 @@ import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.app import SERVICE_NAME
-from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Tree
 from agentruntime_server.domain.ownership import Claim
+from agentruntime_server.domain.watching.event_log import EventLog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.build import agent, create, http_tool, spawn, status_details

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentruntime_server.domain.events import Event, EventKind
+from agentruntime_server.domain.billing.usage import Cost, Tokens, Usage
 from agentruntime_server.domain.journal import (
     STEPS,
     Answered,
@@ -49,7 +49,7 @@ from agentruntime_server.domain.journal import (
     Ticked,
     TurnStarted,
 )
-from agentruntime_server.domain.model import (
+from agentruntime_server.domain.vocabulary import (
     Answer,
     Budget,
     Failure,
@@ -69,7 +69,7 @@ from agentruntime_server.domain.model import (
     ToolResult,
     Trust,
 )
-from agentruntime_server.domain.usage import Cost, Tokens, Usage
+from agentruntime_server.domain.watching.event_log import Event, EventKind
 from agentruntime_server.store import payloads
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from agentruntime_server.domain.errors import StoreUnavailable
-from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Tree, replay
+from agentruntime_server.domain.watching.event_log import EventLog
 from agentruntime_server.store.postgres import PostgresStore
 
 from tests.support.heard import listen

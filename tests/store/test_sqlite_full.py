@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from agentruntime_server.domain.errors import StoreCannotWrite
-from agentruntime_server.domain.events import EventLog
 from agentruntime_server.domain.journal import Journal, Posted, Tree, replay
-from agentruntime_server.domain.model import InboxItem
+from agentruntime_server.domain.vocabulary import InboxItem
+from agentruntime_server.domain.watching.event_log import EventLog
 from agentruntime_server.store.sqlite import SqliteStore
 
 from tests.support.disk import fill, small_disk

@@ -30,7 +30,7 @@ from agentruntime_server.domain.journal import (
     Step,
     TurnStarted,
 )
-from agentruntime_server.domain.model import Budget, Message
+from agentruntime_server.domain.vocabulary import Budget, Message
 from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
 from agentruntime_server.store.payloads import GROUP_BYTES, journal_rows
 from agentruntime_server.store.sqlite import COMMIT_PACE, LOOP_BUSY, SqliteStore

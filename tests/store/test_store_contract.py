@@ -24,7 +24,6 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.domain.errors import AlreadyExists, RequestIdTaken
-from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import (
     STEPS,
     Closed,
@@ -42,7 +41,9 @@ from agentruntime_server.domain.journal import (
     replay,
 )
 from agentruntime_server.domain.journal.tree import RuntimeCounts
-from agentruntime_server.domain.model import (
+from agentruntime_server.domain.ports import Store, TenantReply
+from agentruntime_server.domain.tenancy.quotas import QuotaExceeded
+from agentruntime_server.domain.vocabulary import (
     AgentSpec,
     Budget,
     HandleState,
@@ -53,8 +54,7 @@ from agentruntime_server.domain.model import (
     RuntimeOptions,
     TaskResult,
 )
-from agentruntime_server.domain.ports import Store, TenantReply
-from agentruntime_server.domain.quotas import QuotaExceeded
+from agentruntime_server.domain.watching.event_log import Event, EventLog
 from agentruntime_server.store.memory import MemoryStore
 from agentruntime_server.store.migrations import MIGRATIONS
 from agentruntime_server.store.payloads import definitions_json, encode

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from agentruntime_server.domain.events import Event, EventLog
 from agentruntime_server.domain.journal import Entry, Journal, Tree
-from agentruntime_server.domain.model import AgentSpec
+from agentruntime_server.domain.vocabulary import AgentSpec
+from agentruntime_server.domain.watching.event_log import Event, EventLog
 
 
 class JournalStore:

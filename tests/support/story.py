@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from agentruntime_server.domain.billing.usage import Cost, Tokens
 from agentruntime_server.domain.journal import (
     Answered,
     BudgetSet,
@@ -31,7 +32,7 @@ from agentruntime_server.domain.journal import (
     Tree,
     TurnStarted,
 )
-from agentruntime_server.domain.model import (
+from agentruntime_server.domain.vocabulary import (
     AgentSpec,
     Answer,
     Budget,
@@ -57,7 +58,6 @@ from agentruntime_server.domain.model import (
     ToolResult,
     ToolSpec,
 )
-from agentruntime_server.domain.usage import Cost, Tokens
 
 COORDINATOR = "root/coordinator.1"
 WORKER = "root/coordinator.1/worker.1"

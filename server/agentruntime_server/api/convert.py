@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
-from ..domain import model as m
-from ..domain.deltas import Delta, DeltaKind
+from ..domain import vocabulary as m
+from ..domain.billing.usage import Cost, Tokens, Usage
 from ..domain.errors import FieldViolation, InvalidArgument
-from ..domain.events import Event, EventKind
 from ..domain.ports import Dispatch, RuntimeRow
-from ..domain.usage import Cost, Tokens, Usage
+from ..domain.watching.deltas import Delta, DeltaKind
+from ..domain.watching.event_log import Event, EventKind
 from .values import CONVERTER as VALUES
 
 # google.protobuf.Duration's documented range (about 10,000 years).

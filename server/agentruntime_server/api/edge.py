@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import Message as ProtoMessage
 
+from ..domain.definitions.validation import RUNTIME_ID
 from ..domain.errors import DomainError, FieldViolation, InvalidArgument, Unavailable
 from ..domain.limits import MAX_ID_CHARS
-from ..domain.service import RuntimeService, runtime_key
-from ..domain.validation import RUNTIME_ID
+from ..domain.runtime.service import RuntimeService, runtime_key
 from ..observability.logs import escaped
 from .errors import code_name, to_grpc_status
 from .forward import Relayed, forwarded_by

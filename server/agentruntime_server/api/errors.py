@@ -9,7 +9,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ..domain import errors as e
-from ..domain.quotas import QuotaExceeded
+from ..domain.tenancy.quotas import QuotaExceeded
 
 DOMAIN = "agentruntime.dev"
 # An error never carries more than this of a caller's input: it must fit in a reply's

@@ -9,9 +9,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..domain.definitions.validation import RUNTIME_ID
 from ..domain.errors import FieldViolation, InvalidArgument
-from ..domain.service import split_key
-from ..domain.validation import RUNTIME_ID
+from ..domain.runtime.service import split_key
 
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 1000

@@ -1,5 +1,5 @@
 """A mutating request's request id, checked, with the digest of what the rest of the request
-says (domain/replies.py: the same id with another request is refused)."""
+says (domain/runtime/request_ids.py: the same id with another request is refused)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..domain.errors import FieldViolation, InvalidArgument
-from ..domain.replies import RequestKey
+from ..domain.runtime.request_ids import RequestKey
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -15,7 +15,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.deltas import Delta
+from ..domain.definitions.validation import TOOL_NAME, check_worker
 from ..domain.errors import (
     DomainError,
     FieldViolation,
@@ -27,10 +27,10 @@ from ..domain.errors import (
     shown,
 )
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_WAIT_TIMEOUT
-from ..domain.model import ToolResult, WorkerExecutor
-from ..domain.runtime import Runtime
-from ..domain.service import RuntimeService
-from ..domain.validation import TOOL_NAME, check_worker
+from ..domain.runtime.runtime import Runtime
+from ..domain.runtime.service import RuntimeService
+from ..domain.vocabulary import ToolResult, WorkerExecutor
+from ..domain.watching.deltas import Delta
 from . import convert, paging
 from .auth_failures import FailedAuthentications
 from .edge import (

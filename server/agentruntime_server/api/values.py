@@ -5,7 +5,7 @@
   RESULT event) and its value is the same object each time, so a large one is converted once
   and copied as bytes after that (2 ms for 260 KB).
 - Defensively: a value no Value can carry (a typed answer of 401 digits, nested 900 deep, with a
-  lone surrogate) is refused where it enters (domain/carriable.py), but a journal written by an
+  lone surrogate) is refused where it enters (domain/definitions/carriable.py), but a journal written by an
   earlier release may hold one. Then the field is left unset, the one broken place is logged,
   and the read goes on: never an INTERNAL on every Wait, never a Watch that ends."""
 

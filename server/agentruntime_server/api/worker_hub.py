@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from ..domain.model import ToolResult
 from ..domain.ports import Dispatch
+from ..domain.vocabulary import ToolResult
 
 
 class WorkerOutbox(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import Limit
+from .vocabulary import Limit
 
 
 def shown(value: str, limit: int = 64) -> str:

@@ -68,3 +68,18 @@ class Limits:
     request_id_ttl: float = 86400.0  # seconds a call's request id answers its repeats, at least
     request_ids_kept: int = 1000  # per runtime: the answers of its newest calls with request ids
     max_concurrent_model_calls: int = 64  # the server's, over all runtimes
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The quotas of a tenant (AGENTRUNTIME_QUOTA_*, or its own in the tokens file); 0: no quota.
+    Counted by tenancy/."""
+
+    runtimes: int = 0
+    running_handles: int = 0
+    tokens_per_day: int = 0
+    handles_per_minute: int = 0
+    store_bytes: int = 0
+    cost_per_day: int = 0  # micro-units of the price table's currency (priced calls count)
+    watch_streams: int = 0  # Watch streams open at once, those this process follows a runtime for
+    worker_streams: int = 0  # ServeTools streams open at once (registered workers)

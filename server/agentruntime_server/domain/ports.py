@@ -7,11 +7,14 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from .events import Observer
+from .billing.prices import Price
+from .billing.usage import UNPRICED, Cost, Tokens
 from .journal import Entry
+from .journal.events import Observer
 from .journal.tree import RuntimeCounts
-from .limits import Limits
-from .model import (
+from .limits import Limits, Quotas
+from .ownership import Claim, SoleOwner
+from .vocabulary import (
     AgentSpec,
     Answer,
     Failure,
@@ -26,11 +29,6 @@ from .model import (
     ToolSuspension,
     WorkerExecutor,
 )
-from .ownership import Claim, SoleOwner
-from .prices import Price
-from .quotas import Quotas
-from .schema_checks import JudgeOnTheLoop, SchemaJudge
-from .usage import UNPRICED, Cost, Tokens
 
 
 class ProviderError(Exception):
@@ -63,7 +61,7 @@ class ModelRequest:
 
 
 class ReplyStream(Protocol):
-    """A model turn's stream (domain/deltas.py): what a provider hands over as a reply
+    """A model turn's stream (domain/watching/deltas.py): what a provider hands over as a reply
     arrives. Called on the event loop; quick, never raises. Empty pieces are ignored."""
 
     @property
@@ -114,7 +112,7 @@ class NoPrices:
 
 class ReplyBound(NamedTuple):
     """What bounds a reply of an agent's model, for the reservation made before its turn
-    (domain/reservations.py): the model the request names (the price table's key, with the
+    (domain/runs/reservations.py): the model the request names (the price table's key, with the
     provider's name) and the most output tokens a reply may have (None: the provider is sent
     no cap, so none is known)."""
 
@@ -283,6 +281,15 @@ class AnyUrl:
         return None
 
 
+class SchemaJudge(Protocol):
+    async def problem(self, tenant: str, schema: str, instance: str) -> str | None:
+        """Why `instance` (JSON text) fails `schema` (the JSON text of a schema the definitions
+        check accepted): jsonschema's best match, or None when it matches, judged off the event
+        loop (process/schema_judges.py). Raises CheckNotDone with the reason when it could not
+        judge (its time budget spent, the schema not applicable)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Services:
     """What a runtime needs from outside the domain."""
@@ -300,8 +307,9 @@ class Services:
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
     egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
     prices: PriceSource = field(default_factory=NoPrices)
-    # Where a schema check whose cost has no small bound runs (schema_checks.py): off the loop.
-    schema_judge: SchemaJudge = field(default_factory=JudgeOnTheLoop)
+    # Where a schema check whose cost has no small bound runs (definitions/schema_checks.py): off
+    # the loop. None (tests of the domain): on the loop, whatever it costs.
+    schema_judge: SchemaJudge | None = None
     # Stream every model reply (AGENTRUNTIME_STREAM_REPLIES=always), not only those of turns
     # that start while someone watches their runtime with deltas (docs/streaming.md).
     stream_always: bool = False
@@ -440,7 +448,7 @@ class Store(Protocol):
     async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         """Every entry that made an event numbered above `after_event`, in order (and the
         entries without events between them); with `limit`, only the first `limit` of them.
-        A watcher pages its history so (domain/events.py), each page read after the last
+        A watcher pages its history so (domain/watching/event_log.py), each page read after the last
         event of the one before; a page costs the same however far into the journal it starts."""
         ...
 

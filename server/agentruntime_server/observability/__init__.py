@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from ..domain.events import Observer
+from ..domain.watching.event_log import Observer
 from . import logs
 from .metrics import Metrics
 from .rpc import ObservingInterceptor

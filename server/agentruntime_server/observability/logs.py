@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
-from ..domain.events import Event, EventKind
-from ..domain.model import HandleState
+from ..domain.vocabulary import HandleState
+from ..domain.watching.event_log import Event, EventKind
 
 if TYPE_CHECKING:
     from ..settings import Settings

@@ -17,8 +17,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from ..domain.events import Event, EventKind
-from ..domain.model import HandleState
+from ..domain.vocabulary import HandleState
+from ..domain.watching.event_log import Event, EventKind
 
 log = logging.getLogger(__name__)
 

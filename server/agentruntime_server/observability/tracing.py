@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from ..domain.events import Event, EventKind
-from ..domain.model import HandleState
+from ..domain.vocabulary import HandleState
+from ..domain.watching.event_log import Event, EventKind
 
 log = logging.getLogger(__name__)
 

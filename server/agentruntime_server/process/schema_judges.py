@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 
-from ..domain.schemas import CheckNotDone
+from ..domain.definitions.schemas import CheckNotDone
 from .schema_worker import FAULT, HEADER, PROBLEM, READY, VALID, VERDICT
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """A schema judge's worker process: `python -m agentruntime_server.process.schema_worker`.
 
 It reads checks from its standard input and writes verdicts to its standard output, one at a
-time, with the same code the event loop uses for cheap checks (domain/schemas.py), so a verdict
+time, with the same code the event loop uses for cheap checks (domain/definitions/schemas.py), so a verdict
 does not depend on where it was reached. The server (schema_judges.py) kills it when a check
 spends its time budget and starts another; its memory is capped so that no check can take the
 host's. It imports no more than the schema code, and is given no secret.
@@ -33,7 +33,7 @@ def main() -> None:
     except (ValueError, OSError):  # a lower hard limit is kept as it is
         pass
     sys.setrecursionlimit(10_000)  # the validators recurse with the schema and the instance
-    from ..domain.schemas import ArgumentsSchema
+    from ..domain.definitions.schemas import ArgumentsSchema
 
     compiled: collections.OrderedDict[str, ArgumentsSchema] = collections.OrderedDict()
     reader, writer = sys.stdin.buffer, sys.stdout.buffer

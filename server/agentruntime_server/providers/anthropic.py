@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import AgentSpec, FailureReason, Message, ReplyStop, Thinking, ToolCall
+from ..domain.billing.usage import Tokens
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
-from ..domain.usage import Tokens
+from ..domain.vocabulary import AgentSpec, FailureReason, Message, ReplyStop, Thinking, ToolCall
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_count, reply_string
 from .streaming import MessageStream

@@ -20,9 +20,9 @@ import msgspec
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 from tenacity.asyncio import AsyncRetrying
 
-from ..domain.gate import FifoGate
-from ..domain.model import AgentSpec, Failure, FailureReason
+from ..domain.fifo_gate import FifoGate
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyBound, ReplyStream
+from ..domain.vocabulary import AgentSpec, Failure, FailureReason
 from ..http import HttpClient, HttpError, Response, encode_headers
 from .streaming import StreamedReply
 

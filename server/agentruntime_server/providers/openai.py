@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..domain.model import Message, ReplyStop, ToolCall
+from ..domain.billing.usage import Tokens
 from ..domain.ports import ModelReply, ModelRequest, ReplyStream
-from ..domain.usage import Tokens
+from ..domain.vocabulary import Message, ReplyStop, ToolCall
 from ..http import HttpClient
 from .base import CallPolicy, HttpProvider, reply_count, reply_string
 from .streaming import ChatCompletionStream

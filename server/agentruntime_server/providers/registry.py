@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..domain.gate import FifoGate
+from ..domain.fifo_gate import FifoGate
 from ..domain.ports import ModelProvider
 from ..http import HttpClient
 from ..settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..domain.model import AgentSpec, Failure, FailureReason
 from ..domain.ports import ModelProvider, ModelReply, ModelRequest, ProviderError, ReplyBound
+from ..domain.vocabulary import AgentSpec, Failure, FailureReason
 from .scripted import ScriptedProvider
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..domain.model import AgentSpec, Failure, FailureReason, Message, ReplyStop, ToolCall
+from ..domain.billing.usage import Tokens
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
-from ..domain.usage import Tokens
+from ..domain.vocabulary import AgentSpec, Failure, FailureReason, Message, ReplyStop, ToolCall
 
 
 class ScriptedProvider:

@@ -1,7 +1,7 @@
 """Asking a provider for an answer in a JSON Schema (an agent's `output_schema`,
 docs/typed-results.md): OpenAI-compatible `response_format` (`strict` where the schema fits
 strict mode), Anthropic's `output_config.format`. The runtime validates the answer itself
-either way (domain/outputs.py)."""
+either way (domain/runs/typed_answers.py)."""
 
 from __future__ import annotations
 

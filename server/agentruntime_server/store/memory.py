@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from ..domain.errors import RequestIdTaken, RuntimeExists
 from ..domain.journal import Entry
 from ..domain.journal.tree import NO_COUNTS, RuntimeCounts
-from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
-from ..domain.quotas import runtimes_quota_reached
+from ..domain.tenancy.quotas import runtimes_quota_reached
+from ..domain.vocabulary import AgentSpec
 from .payloads import definitions_json, journal_rows, payload_bytes
 
 

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 
 from ..domain.journal import Tree
 from ..domain.journal.replay import replay
-from ..domain.model import AgentSpec
+from ..domain.vocabulary import AgentSpec
 from . import legacy, payloads
 
 log = logging.getLogger(__name__)

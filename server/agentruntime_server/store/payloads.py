@@ -19,7 +19,7 @@ import msgspec
 from pydantic import TypeAdapter
 
 from ..domain.journal import STEPS, Entry, Step
-from ..domain.model import AgentSpec
+from ..domain.vocabulary import AgentSpec
 
 PAYLOAD_VERSION = 6
 

@@ -45,9 +45,9 @@ from pydantic import TypeAdapter
 from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreUnavailable
 from ..domain.journal import Entry
 from ..domain.journal.tree import RuntimeCounts
-from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
-from ..domain.quotas import runtimes_quota_reached
+from ..domain.tenancy.quotas import runtimes_quota_reached
+from ..domain.vocabulary import AgentSpec
 from . import pg_statements as sql
 from .payloads import definitions_json, journal_rows, payload_bytes
 from .pg_batch import Batch

@@ -34,9 +34,9 @@ from pydantic import TypeAdapter
 from ..domain.errors import NotJournaled, RequestIdTaken, RuntimeExists, StoreBroken, StoreCannotWrite
 from ..domain.journal import Entry
 from ..domain.journal.tree import RuntimeCounts
-from ..domain.model import AgentSpec
 from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
-from ..domain.quotas import runtimes_quota_reached
+from ..domain.tenancy.quotas import runtimes_quota_reached
+from ..domain.vocabulary import AgentSpec
 from .migrations import migrate
 from .payloads import Row, definitions_json, grouped, journal_rows, ungrouped
 

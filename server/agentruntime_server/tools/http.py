@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import socket
 
-from ..domain.model import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..domain.ports import CallInDoubt, CallNotSent
-from ..domain.suspension import tool_answer_header
+from ..domain.suspension.answers import tool_answer_header
+from ..domain.vocabulary import Answer, HttpExecutor, ToolResult, ToolSuspension
 from ..http import BadReply, ConnectFailed, ConnectionLost, HttpClient, HttpError, ReplyTimeout, Response
 from .egress import REFUSED, EgressDenied, EgressPolicy, PolicyResolver
 from .pending import MAX_DATA_BYTES, NotAPendingRequest, suspension

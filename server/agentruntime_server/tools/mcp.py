@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..domain.errors import shown
-from ..domain.model import McpExecutor, McpServerSpec, ToolResult
 from ..domain.ports import McpError, McpTool, StructuredContent
+from ..domain.vocabulary import McpExecutor, McpServerSpec, ToolResult
 from .egress import EgressPolicy
 
 if TYPE_CHECKING:  # the SDK is imported when an MCP server is first used, not at every start (~0.3 s)
@@ -156,7 +156,7 @@ class McpTools:
         checked = executor.output_schema is not None and structured is not None and not getattr(result, "is_error", False)
         if checked:
             # Its structured content, checked against the output schema it listed (by the domain,
-            # off the event loop when that costs: domain/schema_checks.py), is what the model
+            # off the event loop when that costs: domain/definitions/schema_checks.py), is what the model
             # reads (docs/typed-results.md#mcp-tools).
             text = json.dumps(structured, ensure_ascii=False)
         if len(text.encode(errors="surrogatepass")) > self.max_text_bytes:

@@ -16,8 +16,8 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..domain import carriable
-from ..domain.model import ToolSuspension
+from ..domain.definitions import carriable
+from ..domain.vocabulary import ToolSuspension
 
 KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_PROMPT = 4096

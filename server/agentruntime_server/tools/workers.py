@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..domain.errors import Unavailable
-from ..domain.model import ToolCall, ToolResult, WorkerExecutor
 from ..domain.ports import Dispatch, WorkerLost
+from ..domain.vocabulary import ToolCall, ToolResult, WorkerExecutor
 
 log = logging.getLogger(__name__)
 

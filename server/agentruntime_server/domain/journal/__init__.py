@@ -16,6 +16,7 @@ from .events import Event, EventKind
 from .imported import EventsImported, Imported
 from .record import EventSink, Journal, JournalStore
 from .replay import apply, replay
+from .replied import Replied
 from .steps import (
     HEARTBEAT_KEY,
     OUTPUT_PREVIEW,
@@ -33,7 +34,6 @@ from .steps import (
     ModelReplied,
     Posted,
     Queued,
-    Replied,
     RunStarted,
     Settled,
     Spawned,

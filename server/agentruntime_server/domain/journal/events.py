@@ -1,13 +1,14 @@
 """What a watcher sees: the events a journaled step yields (steps.py names them, entry.py
-numbers them). Values only: the log that hands them to watchers is domain/events.py."""
+numbers them). Values only: the log that hands them to watchers is domain/watching/event_log.py."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model import HandleState, PendingRequest, TaskResult, ToolCall
-from ..usage import Cost, Tokens, Usage
+from ..billing.usage import Cost, Tokens, Usage
+from ..vocabulary import HandleState, PendingRequest, TaskResult, ToolCall
 
 
 class EventKind(enum.Enum):
@@ -48,3 +49,8 @@ class Event:
     is_error: bool = False
     pending: PendingRequest | None = None
     result: TaskResult | None = None
+
+
+# Called synchronously with every event once it is persisted (metrics, logs, traces), and
+# with RUNTIME_GONE when the log closes. An observer must be quick and must not raise.
+Observer = Callable[[str, Event], None]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model import HandleState, InboxItem, Message, PendingRequest, TaskResult, ToolResult
-from ..usage import Usage
+from ..billing.usage import Usage
+from ..vocabulary import HandleState, InboxItem, Message, PendingRequest, TaskResult, ToolResult
 from .events import Event, EventKind
 from .tree import Tree
 

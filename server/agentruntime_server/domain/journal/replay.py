@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .entry import Entry
-from .steps import Replied, Spawned, Step
+from .replied import Replied
+from .steps import Spawned, Step
 from .tree import Tree
 
 

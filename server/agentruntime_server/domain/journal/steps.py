@@ -6,21 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..handle import Handle
-from ..model import (
-    Answer,
-    Budget,
-    HandleState,
-    InboxItem,
-    Message,
-    RuntimeOptions,
-    TaskResult,
-    ToolCall,
-    ToolResult,
-)
-from ..usage import NO_COST, NO_TOKENS, Cost, Tokens, Usage
+from ..billing.usage import NO_COST, NO_TOKENS, Cost, Tokens, Usage
+from ..vocabulary import Answer, Budget, HandleState, InboxItem, Message, RuntimeOptions, TaskResult, ToolCall, ToolResult
 from .events import EventKind
+from .handle import Handle
 from .imported import EventsImported, Imported
+from .replied import Replied
 from .tree import Tree
 
 OUTPUT_PREVIEW = 1000  # characters of a tool result a ToolCallEnded event carries
@@ -401,27 +392,6 @@ class Closed:
 
     def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
         return [(self.handle_id, EventKind.STATE_CHANGED, {"state": HandleState.CLOSED})]
-
-
-@dataclass(frozen=True)
-class Replied:
-    """A host's call made with a request id was answered: a repeat of it gets this answer and
-    changes nothing (replies.py). Recorded with the call's effect, in one append (one commit).
-    `digest` is what the request said; `handle_ids` and `number` are its answer: the handle
-    spawned, the handles closed, the inbox size after a Post, whether an Interrupt stopped
-    anything. (A Resume's answer is the run it continued: the Answer's id says which.)"""
-
-    request_id: str
-    rpc: str
-    digest: str
-    handle_ids: tuple[str, ...] = ()
-    number: int = 0
-
-    def apply(self, tree: Tree) -> None:
-        pass  # kept with the time it was recorded at: replay.apply
-
-    def events(self) -> list[tuple[str, EventKind, dict[str, object]]]:
-        return []
 
 
 Step = (

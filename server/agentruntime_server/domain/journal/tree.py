@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from ..handle import Handle
-from ..model import AgentSpec, Answer, HandleState, RuntimeOptions
-from ..usage import NO_COST, Cost, Tokens
-
-if TYPE_CHECKING:
-    from .steps import Replied
+from ..billing.usage import NO_COST, Cost, Tokens
+from ..vocabulary import AgentSpec, Answer, HandleState, RuntimeOptions
+from .handle import Handle
+from .replied import Replied
 
 REPLIES_KEPT = 1000  # a runtime's answered request ids kept, newest last (AGENTRUNTIME_REQUEST_IDS_KEPT)
 
