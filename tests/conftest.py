@@ -2,18 +2,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.app import RunningServer
 from agentruntime_server.process.event_loop import DEFAULT_LOOP, LoopFactory, loop_factory
 
-from tests.support.anthropic_server import ScriptedAnthropicServer
-from tests.support.model_server import ScriptedModelServer
-from tests.support.postgres import POSTGRES, embedded_postgres, fresh_database
-from tests.support.process import ServerProcess
-from tests.support.servers import Served, serve
-from tests.support.tool_server import ToolServer
+if TYPE_CHECKING:  # the fixtures import what they start when they start it: the fast tier (tests/domain) imports no server
+    from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+    from agentruntime_server.app import RunningServer
+
+    from tests.support.anthropic_server import ScriptedAnthropicServer
+    from tests.support.model_server import ScriptedModelServer
+    from tests.support.process import ServerProcess
+    from tests.support.servers import Served
+    from tests.support.tool_server import ToolServer
 
 # A hung test fails with its name, on uvloop too (pytest-timeout with tests/support/timeouts.py).
 pytest_plugins = ["tests.support.timeouts"]
@@ -26,6 +28,8 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> d
 
 @pytest.fixture
 async def model() -> AsyncIterator[ScriptedModelServer]:
+    from tests.support.model_server import ScriptedModelServer
+
     server = ScriptedModelServer()
     await server.start()
     yield server
@@ -34,6 +38,8 @@ async def model() -> AsyncIterator[ScriptedModelServer]:
 
 @pytest.fixture
 async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
+    from tests.support.anthropic_server import ScriptedAnthropicServer
+
     server = ScriptedAnthropicServer()
     await server.start()
     yield server
@@ -42,6 +48,8 @@ async def anthropic() -> AsyncIterator[ScriptedAnthropicServer]:
 
 @pytest.fixture
 async def tools() -> AsyncIterator[ToolServer]:
+    from tests.support.tool_server import ToolServer
+
     server = ToolServer()
     await server.start()
     yield server
@@ -50,6 +58,8 @@ async def tools() -> AsyncIterator[ToolServer]:
 
 @pytest.fixture
 async def served(model: ScriptedModelServer) -> AsyncIterator[Served]:
+    from tests.support.servers import serve
+
     async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
@@ -72,6 +82,8 @@ def stub(served: Served) -> pb_grpc.AgentRuntimeStub:
 @pytest.fixture
 async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[ServerProcess]:
     """A server in a process of its own (SQLite store, the scripted model), for tests that kill it."""
+    from tests.support.process import ServerProcess
+
     server = ServerProcess(tmp_path / "store" / "agentruntime.db", model.base_url, tmp_path / "server.log")
     yield server
     if server.process is not None and server.process.returncode is None:
@@ -82,6 +94,8 @@ async def process(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[S
 def postgres() -> Iterator[str]:
     """One PostgreSQL server for the session; each test keeps its tables in a schema or a
     database of its own."""
+    from tests.support.postgres import POSTGRES, embedded_postgres
+
     with embedded_postgres() as url:
         POSTGRES["url"] = url
         try:
@@ -93,4 +107,6 @@ def postgres() -> Iterator[str]:
 @pytest.fixture
 async def database(postgres: str, tmp_path: Path) -> str:
     """The URL of a database of the test's own on the session's PostgreSQL server."""
+    from tests.support.postgres import fresh_database
+
     return await fresh_database(postgres, tmp_path.name)

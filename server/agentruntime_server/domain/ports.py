@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .billing.prices import Price
 from .billing.usage import UNPRICED, Cost, Tokens
+from .clock import SYSTEM_CLOCK, Clock
 from .journal import Entry
 from .journal.events import Observer
 from .journal.tree import RuntimeCounts
@@ -307,6 +308,7 @@ class Services:
     mcp: McpClient = field(default_factory=NoMcp)  # MCP servers as tool sources
     egress: UrlPolicy = field(default_factory=AnyUrl)  # which URLs a definition may name
     prices: PriceSource = field(default_factory=NoPrices)
+    clock: Clock = SYSTEM_CLOCK  # the only time the domain reads (clock.py)
     # Where a schema check whose cost has no small bound runs (definitions/schema_checks.py): off
     # the loop. None (tests of the domain): on the loop, whatever it costs.
     schema_judge: SchemaJudge | None = None

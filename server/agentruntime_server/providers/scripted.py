@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 from ..domain.billing.usage import Tokens
 from ..domain.ports import ModelReply, ModelRequest, ProviderError, ReplyStream
@@ -16,6 +17,10 @@ from ..domain.vocabulary import AgentSpec, Failure, FailureReason, Message, Repl
 
 
 class ScriptedProvider:
+    def __init__(self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`sleep`: how a scripted delay or pause waits (a test's clock moves it by hand)."""
+        self.sleep = sleep
+
     def reply_bound(self, agent: AgentSpec) -> None:
         """Nothing is reserved for its turns: offline, its figures are its script's (or its
         deterministic estimate), not what a request of that size would cost a provider."""
@@ -26,12 +31,12 @@ class ScriptedProvider:
         if not script:
             generic = _generic(request)
             if request.stream is not None:
-                await _stream(request.stream, generic.text, generic.tool_calls)
+                await _stream(request.stream, generic.text, generic.tool_calls, self.sleep)
             return generic
         answered = sum(1 for message in request.messages if message.role == "assistant")
         reply = script[min(answered, len(script) - 1)]
         if reply.delay:
-            await asyncio.sleep(reply.delay)
+            await self.sleep(reply.delay)
         if reply.stop is ReplyStop.PROVIDER_UNAVAILABLE:
             failure = Failure(FailureReason.PROVIDER_UNAVAILABLE, "scripted", 503, True, "the script says the provider fails")
             raise ProviderError("provider 'scripted' answered HTTP 503 (scripted failure)", failure)
@@ -40,19 +45,26 @@ class ScriptedProvider:
             for index, call in enumerate(reply.tool_calls, start=1)
         )
         if request.stream is not None:
-            await _stream(request.stream, reply.text, calls, reply.stream_chunk_chars, reply.stream_pause)
+            await _stream(request.stream, reply.text, calls, self.sleep, reply.stream_chunk_chars, reply.stream_pause)
         usage = reply.usage if reply.usage is not None else Tokens(output=reply.tokens)
         return ModelReply(text=reply.text, tool_calls=calls, usage=usage, stop=reply.stop, model=_model(request))
 
 
-async def _stream(stream: ReplyStream, text: str, calls: tuple[ToolCall, ...], chunk: int = 0, pause: float = 0.0) -> None:
+async def _stream(
+    stream: ReplyStream,
+    text: str,
+    calls: tuple[ToolCall, ...],
+    sleep: Callable[[float], Awaitable[None]],
+    chunk: int = 0,
+    pause: float = 0.0,
+) -> None:
     """The reply's text in pieces of `chunk` characters (all of it in one when 0), `pause`
     seconds apart, then each tool call in one piece: what a streaming provider hands over,
     offline."""
     size = chunk or len(text) or 1
     for start in range(0, len(text), size):
         if start and pause:
-            await asyncio.sleep(pause)
+            await sleep(pause)
         stream.text(text[start : start + size])
     for index, call in enumerate(calls):
         stream.tool_call(index, call.name, call.arguments_json)

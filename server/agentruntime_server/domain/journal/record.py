@@ -5,11 +5,11 @@ journal's only I/O, and both are handed in (ports.Store and events.EventLog are 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import DomainError, Fenced, NotFound, NotJournaled
 from .entry import Entry
 from .events import Event, EventKind
@@ -55,15 +55,18 @@ class Journal:
     store: JournalStore
     events: EventSink
     last_seq: int = 0
+    clock: Clock = SYSTEM_CLOCK
     closed: bool = field(default=False, init=False)
     deleted: bool = field(default=False, init=False)  # closed as its runtime is deleted: a write gets NotFound
     _was_running: bool = field(default=False, init=False)
     _counts: RuntimeCounts | None = field(default=None, init=False)
 
     @classmethod
-    def restore(cls, tree: Tree, store: JournalStore, events: EventSink, entries: Sequence[Entry]) -> Journal:
+    def restore(
+        cls, tree: Tree, store: JournalStore, events: EventSink, entries: Sequence[Entry], clock: Clock = SYSTEM_CLOCK
+    ) -> Journal:
         replay(tree, entries)
-        journal = cls(tree, store, events, entries[-1].seq if entries else 0)
+        journal = cls(tree, store, events, entries[-1].seq if entries else 0, clock)
         events.last_seq = max((entry.last_event for entry in entries), default=0)
         journal._was_running = tree.active
         # (_counts stays None: the first write after a load stores the figures whole, which
@@ -74,7 +77,7 @@ class Journal:
         """A new runtime's first steps (its options), applied but not appended: the store
         writes them with the runtime (Store.create_runtime), in one transaction, so that no
         runtime is ever stored without them. Nobody listens to its events yet."""
-        entries, _ = self._applied(steps, time.time())
+        entries, _ = self._applied(steps, self.clock.time())
         return entries
 
     def _applied(self, steps: Sequence[Step], now: float) -> tuple[list[Entry], list[_Made]]:
@@ -97,7 +100,7 @@ class Journal:
             if self.deleted:  # (the tree is named by the key, `tenant:id`)
                 raise NotFound("runtime", self.tree.runtime_id.rpartition(":")[2], "it was deleted")
             raise Fenced(self.tree.runtime_id)
-        now = time.time()
+        now = self.clock.time()
         entries, made = self._applied(steps, now)
         running = self.tree.active
         changed = running if running != self._was_running else None

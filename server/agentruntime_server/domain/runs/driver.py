@@ -46,7 +46,7 @@ class Run:
 
     drained: list[InboxItem]
     transcript_mark: int
-    deadline: float | None  # event-loop time
+    deadline: float | None  # the clock's monotonic time
     task: asyncio.Task[TaskResult] | None = None
     # Set by whoever cancels the run, so the run knows how to settle.
     stop: tuple[Status, Limit] | None = None
@@ -83,6 +83,7 @@ class DriverHost(Protocol):
     journal: Journal
     turns: Turns
     timers: LapseTimers
+    services: Services
 
 
 class RunHost(Protocol):
@@ -165,8 +166,8 @@ class RunDriver:
         return run
 
     def _begin(self, handle: Handle, drained: list[InboxItem], parent_run: Run | None) -> Run:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + handle.budget.max_wall_time if handle.budget.max_wall_time else None
+        now = self.host.services.clock.monotonic()
+        deadline = now + handle.budget.max_wall_time if handle.budget.max_wall_time else None
         if parent_run is not None and parent_run.deadline is not None:
             deadline = parent_run.deadline if deadline is None else min(deadline, parent_run.deadline)
         # An interrupted run rolls back to here: for a new run, to just before its prompt.
@@ -244,7 +245,8 @@ class RunDriver:
         try:
             if run.stop is not None:  # stopped before its first step
                 raise asyncio.CancelledError
-            async with asyncio.timeout_at(run.deadline):
+            clock = host.services.clock
+            async with clock.deadline(None if run.deadline is None else run.deadline - clock.monotonic()):
                 if gate is not None:
                     await self.queue_for(handle, gate)
                     holds_slot = True

@@ -208,7 +208,7 @@ class ToolPhase:
         causes: list[str] = []  # why each attempt got no answer, once the call is in doubt
         for pause in (0.0, *HTTP_RETRY_PAUSES):
             if pause:
-                await asyncio.sleep(pause)
+                await self.services.clock.sleep(pause)
             try:
                 outcome = await self.services.http_tools.run(executor, call.arguments_json, key, handle.tool_answers.get(call.id))
             except CallNotSent as error:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -75,8 +74,10 @@ class Runtime:
         # its parts hold a weak proxy): a runtime that leaves the cache is freed at once,
         # not at the cyclic collector's next full pass (bench/store.py's RSS figures).
         history = functools.partial(_stored_events, services.store, self.key)
-        self.events = EventLog(self.key, history, buffer=services.watch_buffer, observers=services.observers)
-        self.journal = Journal(self.tree, services.store, self.events)
+        self.events = EventLog(
+            self.key, history, buffer=services.watch_buffer, observers=services.observers, clock=services.clock
+        )
+        self.journal = Journal(self.tree, services.store, self.events, clock=services.clock)
         # Resumes answered by this process: request id -> the run the answer continued.
         self.resumed: dict[str, Run] = {}
         self.requests_served = OneAtATime()  # calls with request ids, one at a time per id
@@ -93,7 +94,7 @@ class Runtime:
         """Rebuilds a runtime from its journal, exactly as it was acknowledged. Nothing more:
         no timer is armed and no run starts until it is taken over."""
         runtime = cls(runtime_id, stored.agents, services, key)
-        runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries)
+        runtime.journal = Journal.restore(runtime.tree, services.store, runtime.events, stored.entries, services.clock)
         return runtime
 
     async def take_over(self) -> int:
@@ -204,7 +205,7 @@ class Runtime:
         if request is None:
             return await act()
         async with self.requests_served.turn(request.id):
-            earlier = self.tree.replies.find(request.id, time.time() - self.services.limits.request_id_ttl)
+            earlier = self.tree.replies.find(request.id, self.services.clock.time() - self.services.limits.request_id_ttl)
             if earlier is None:
                 return await act()
             if not request.matches(rpc, earlier.rpc, earlier.digest):
@@ -336,7 +337,8 @@ class Runtime:
         run = self.runs.get(handle.id)
         if run is not None and run.task is not None:
             try:
-                result = await asyncio.wait_for(asyncio.shield(run.task), timeout)
+                async with self.services.clock.deadline(timeout):
+                    result = await asyncio.shield(run.task)
             except TimeoutError:
                 return handle.result(Status.TIMEOUT, text=f"{handle_id!r} is still running")
             except asyncio.CancelledError:
@@ -443,7 +445,8 @@ class Runtime:
         leaf = self.tree.requests.get(answer.id)
         if leaf is None or leaf.pending is None:
             return await self._retried_resume(answer)
-        outcome = read_answer(leaf.pending, answer, self.services.limits)  # refuses a bad answer before any change
+        # A bad answer is refused before any change.
+        outcome = read_answer(leaf.pending, answer, self.services.limits, self.services.clock.time())
         if self.tenancy is not None and not outcome.declined:
             self.tenancy.check_running(self.tenant)  # a Resume starts a run, as a Wake does
             if not lapsed:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 
@@ -111,7 +110,7 @@ class RuntimeService:
         """The answer kept for the request id, if it is recent enough to count; the same id
         with another request is refused."""
         ttl = self.services.limits.request_id_ttl
-        now = time.time()
+        now = self.services.clock.time()
         earlier = await self.services.store.reply(tenant, scope, request.id)
         if earlier is not None and earlier.at < now - ttl:
             await self._prune_replies(now, force=True)  # so that the id can be kept again
@@ -184,7 +183,7 @@ class RuntimeService:
         # before the others' inserts: the check above is only the early answer).
         reply = None
         if request is not None:
-            reply = TenantReply(tenant, "", request.id, "CreateRuntime", request.digest, runtime_id, time.time())
+            reply = TenantReply(tenant, "", request.id, "CreateRuntime", request.digest, runtime_id, self.services.clock.time())
         await self.services.store.create_runtime(key, agents, tenant, first, self.tenancy.quotas(tenant).runtimes, reply)
         self.tenancy.store_changed(tenant)  # its definitions count from the next check on
         self.cache.remember(runtime)
@@ -367,7 +366,9 @@ class RuntimeService:
                 if await self._earlier_reply(tenant, runtime_id, "DeleteRuntime", request) is not None:
                     return None
                 await self._refuse_ids_of_the_runtime(runtime_id, tenant, request)
-                reply = TenantReply(tenant, runtime_id, request.id, "DeleteRuntime", request.digest, runtime_id, time.time())
+                reply = TenantReply(
+                    tenant, runtime_id, request.id, "DeleteRuntime", request.digest, runtime_id, self.services.clock.time()
+                )
                 try:
                     return await self._delete(runtime_id, force, tenant, reply)
                 except RequestIdTaken:
@@ -377,7 +378,7 @@ class RuntimeService:
         """A request id names one call per tenant and runtime: one the runtime's own calls
         recorded (a Spawn, a Post, ...: its journal) or the CreateRuntime that made it used is
         not this DeleteRuntime's (a DeleteRuntime's own answer is kept per tenant, not there)."""
-        since = time.time() - self.services.limits.request_id_ttl
+        since = self.services.clock.time() - self.services.limits.request_id_ttl
         runtime = await self.runtime(runtime_id, tenant)
         created = await self.services.store.reply(tenant, "", request.id)
         if runtime.tree.replies.find(request.id, since) is not None or (
@@ -419,7 +420,7 @@ class RuntimeService:
         """Retention: every runtime with nothing running that no step was written to for
         `retention` seconds goes, or for `suspended_retention` if a handle waits on a Request
         (0: that kind stays for ever)."""
-        now = time.time()
+        now = self.services.clock.time()
         before = now - retention if retention else None
         suspended_before = now - suspended_retention if suspended_retention else None
         deleted = 0
@@ -460,5 +461,5 @@ class RuntimeService:
                 runtime.stop_timers()
                 runtime.events.close(deleted=deleted)
             elif deleted:  # not in memory (evicted): observers may still count its pending handles
-                tell_gone(self.services.observers, key)
+                tell_gone(self.services.observers, key, self.services.clock.time())
         return deleted

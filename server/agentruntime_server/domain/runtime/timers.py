@@ -5,12 +5,14 @@ expiry lapses when it passes. Only a runtime this process has taken over arms th
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Protocol
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
+from ..clock import Timer
 from ..errors import DomainError
 from ..journal import Journal, Ticked, Tree
 from ..journal.handle import Handle
+from ..ports import Services
 from ..runs.driver import RunDriver, closed_ancestor
 from ..tenancy.quotas import QuotaExceeded, Tenancy
 from ..vocabulary import Answer, HandleState, PendingRequest, TaskResult
@@ -27,6 +29,7 @@ class TimersHost(Protocol):
     tenancy: Tenancy | None
     draining: bool
     runs: RunDriver
+    services: Services
 
     async def resume(self, answer: Answer, lapsed: bool = False) -> TaskResult: ...
 
@@ -34,8 +37,8 @@ class TimersHost(Protocol):
 class Timers:
     def __init__(self, host: TimersHost) -> None:
         self.host = host  # a weak proxy: nothing the runtime holds refers back to it
-        self._heartbeats: dict[str, asyncio.TimerHandle] = {}  # handle id -> its next tick
-        self._lapses: dict[str, asyncio.TimerHandle] = {}  # request id -> its expiry
+        self._heartbeats: dict[str, Timer] = {}  # handle id -> its next tick
+        self._lapses: dict[str, Timer] = {}  # request id -> its expiry
 
     @property
     def armed(self) -> int:
@@ -69,13 +72,13 @@ class Timers:
         beat = handle.agent.heartbeat
         if beat is None or handle.state is HandleState.CLOSED or self.host.draining:
             return
-        now = time.time()
+        clock = self.host.services.clock
+        now = clock.time()
         due = (handle.last_tick or now) + beat.every
-        loop = asyncio.get_running_loop()
         replaced = self._heartbeats.get(handle.id)
         if replaced is not None:  # one chain of ticks a handle, however often it is armed
             replaced.cancel()
-        self._heartbeats[handle.id] = loop.call_later(max(due - now, 0.0), lambda: loop.create_task(self._beat(handle)))
+        self._heartbeats[handle.id] = clock.call_later(max(due - now, 0.0), lambda: _spawn(self._beat(handle)))
 
     def disarm_heartbeat(self, handle_id: str) -> None:
         timer = self._heartbeats.pop(handle_id, None)
@@ -88,7 +91,7 @@ class Timers:
         beat = handle.agent.heartbeat
         if beat is None or handle.state is HandleState.CLOSED or host.draining:
             return
-        now = time.time()
+        now = host.services.clock.time()
         missed = max(int((now - handle.last_tick) // beat.every), 1) if handle.last_tick else 1
         await host.journal.record(Ticked(handle.id, now, missed))
         self.arm_heartbeat(handle)
@@ -105,12 +108,12 @@ class Timers:
     def arm_lapse(self, request: PendingRequest, at_least: float = 0.0) -> None:
         if request.expires_at is None or self.host.draining:
             return
-        loop = asyncio.get_running_loop()
-        delay = max(request.expires_at - time.time(), at_least)
+        clock = self.host.services.clock
+        delay = max(request.expires_at - clock.time(), at_least)
         replaced = self._lapses.get(request.id)
         if replaced is not None:
             replaced.cancel()
-        self._lapses[request.id] = loop.call_later(delay, lambda: loop.create_task(self._lapse(request.id)))
+        self._lapses[request.id] = clock.call_later(delay, lambda: _spawn(self._lapse(request.id)))
 
     async def _lapse(self, request_id: str) -> None:
         """An expired Request that nobody answered: its call becomes an error result."""
@@ -126,3 +129,8 @@ class Timers:
                     self.arm_lapse(leaf.pending, at_least=LAPSE_RETRY_SECONDS)
             except DomainError:
                 pass
+
+
+def _spawn(work: Coroutine[Any, Any, None]) -> None:
+    """A timer's work, as a task of its own on the running loop."""
+    asyncio.get_running_loop().create_task(work)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +37,8 @@ EXTENDABLE = {
 }
 
 
-def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> AnswerOutcome:
+def read_answer(request: PendingRequest, answer: Answer, bounds: Limits, now: float) -> AnswerOutcome:
+    """What the answer means for the request (`now`: the clock's time, for a tool's expiry)."""
     _check_sizes(answer, bounds)
     if not answer.ok and answer.outputs:
         raise InvalidArgument(
@@ -46,7 +46,7 @@ def read_answer(request: PendingRequest, answer: Answer, bounds: Limits) -> Answ
         )
     call_ids = [call.id for call, _ in request.calls]
     if request.from_tool:
-        return _tool_answer(request, call_ids[0], answer)
+        return _tool_answer(request, call_ids[0], answer, now)
     if request.kind == "budget":
         return _budget(answer)
     if request.kind == "tool_call":
@@ -88,12 +88,12 @@ def tool_answer_header(answer: Answer) -> str:
     return json.dumps({"id": answer.id, "ok": answer.ok, "data": answer.data, "reason": answer.reason}, separators=(",", ":"))
 
 
-def _tool_answer(request: PendingRequest, call_id: str, answer: Answer) -> AnswerOutcome:
+def _tool_answer(request: PendingRequest, call_id: str, answer: Answer, now: float) -> AnswerOutcome:
     if answer.outputs:
         raise InvalidArgument(
             [FieldViolation("answer.outputs", f"a {request.kind!r} request of a tool takes ok, data and reason, not outputs")]
         )
-    if request.expires_at is not None and time.time() >= request.expires_at:
+    if request.expires_at is not None and now >= request.expires_at:
         when = datetime.datetime.fromtimestamp(request.expires_at, datetime.UTC).isoformat(timespec="seconds")
         return AnswerOutcome([(call_id, ToolResult(f"the pending {request.kind} request expired at {when}", True))])
     if not answer.ok:

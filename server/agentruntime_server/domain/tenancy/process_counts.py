@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
@@ -63,12 +62,12 @@ class TenantQuotas:
         self._runtimes = runtimes
         # A tenant's own quotas over the server's (the edge knows them: the tokens file).
         self.quotas_for = quotas_for
-        self._ledger = TokenLedger()
+        self._ledger = TokenLedger(services.clock)
         self._merged: dict[str, tuple[dict[str, int], Quotas]] = {}  # tenant -> (its own quotas, merged)
         self._running_gates: dict[str, FifoGate] = {}  # tenant -> its running slots (running-handles quota)
-        self._spawns = SpawnWindow()
+        self._spawns = SpawnWindow(services.clock)
         self._store_bytes: dict[str, tuple[int, float]] = {}  # tenant -> (bytes, when read: monotonic)
-        self._tenants_pruned = time.monotonic()
+        self._tenants_pruned = services.clock.monotonic()
         self._ledger_loaded: set[str] = set()
         self._ledger_loading: dict[str, asyncio.Future[None]] = {}  # tenant -> its ledger's read under way
         self._ledger_pruned = -1  # the minute this process last had the store forget older ledger rows
@@ -125,7 +124,7 @@ class TenantQuotas:
         """At most once a minute, what is kept per tenant for its quotas is dropped for tenants
         with nothing in flight here: a gate no run of a runtime in memory can hold (a run keeps
         its runtime in memory), a spawn window with nothing in its minute, a stale byte count."""
-        now = time.monotonic()
+        now = self.services.clock.monotonic()
         if now - self._tenants_pruned < TENANT_PRUNE_SECONDS:
             return
         self._tenants_pruned = now
@@ -171,7 +170,7 @@ class TenantQuotas:
         quota = self.quotas(tenant).store_bytes
         if not quota:
             return
-        now = time.monotonic()
+        now = self.services.clock.monotonic()
         seen = self._store_bytes.get(tenant)
         if seen is None or seen[0] >= quota or now - seen[1] > STORE_BYTES_RECHECK:
             seen = (await self.services.store.tenant_bytes(tenant), now)
@@ -263,7 +262,7 @@ class TenantQuotas:
 
     async def _read_ledger(self, tenant: str) -> None:
         try:
-            since = int(time.time() // 60) - DAY_MINUTES
+            since = int(self.services.clock.time() // 60) - DAY_MINUTES
             self._ledger.load(tenant, await self.services.store.tokens_since(tenant, since))
             self._ledger_loaded.add(tenant)
         finally:

@@ -9,11 +9,11 @@ memory, per process."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import ResourceExhausted
 from ..fifo_gate import FifoGate
 from ..vocabulary import Limit
@@ -114,7 +114,8 @@ class Tenancy(Protocol):
 class TokenLedger:
     """Model tokens spent per tenant per minute over the last day, and what they cost."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self._minutes: dict[str, deque[tuple[int, int, int]]] = defaultdict(deque)  # (minute, tokens, micros)
         self._totals: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
 
@@ -124,7 +125,7 @@ class TokenLedger:
 
     def spend(self, tenant: str, tokens: int, micros: int = 0, minute: int | None = None) -> int:
         """Counts the tokens and their cost; the minute they are counted in."""
-        minute = int(time.time() // 60) if minute is None else minute
+        minute = int(self.clock.time() // 60) if minute is None else minute
         buckets = self._minutes[tenant]
         if buckets and buckets[-1][0] == minute:
             _, before, cost = buckets[-1]
@@ -144,7 +145,7 @@ class TokenLedger:
         return self._last_day(tenant)[1]
 
     def _last_day(self, tenant: str) -> tuple[int, int]:
-        oldest = int(time.time() // 60) - DAY_MINUTES
+        oldest = int(self.clock.time() // 60) - DAY_MINUTES
         buckets = self._minutes.get(tenant)
         while buckets and buckets[0][0] <= oldest:
             _, tokens, micros = buckets.popleft()
@@ -157,12 +158,13 @@ class SpawnWindow:
     """Handles created per tenant in the last minute (a rolling window): the times of the
     latest ones, never more than the quota of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self._times: dict[str, deque[float]] = {}
 
     def admit(self, tenant: str, quota: int) -> bool:
         """Counts one more unless `quota` were created in the last minute."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         times = self._times.get(tenant)
         if times is None:
             times = self._times[tenant] = deque()
@@ -181,7 +183,7 @@ class SpawnWindow:
     def forget_idle(self) -> None:
         """Tenants with no handle created in the last minute are forgotten (tenants of JWTs are
         as many as an issuer names: what is kept for each must not outlive its use)."""
-        oldest = time.monotonic() - MINUTE
+        oldest = self.clock.monotonic() - MINUTE
         for tenant in [tenant for tenant, times in self._times.items() if not times or times[-1] <= oldest]:
             del self._times[tenant]
 

@@ -12,9 +12,9 @@ first from index 0."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import DomainError, NotFound, ResourceExhausted, Unavailable
 from ..journal.events import Event, EventKind, Observer
 from .deltas import Delta, TurnStream
@@ -43,10 +43,10 @@ class Backlog(asyncio.Queue[Live]):
 _NO_WATCHERS: set[Backlog] = set()  # never added to: see follow()
 
 
-def tell_gone(observers: Sequence[Observer], runtime_id: str, last_seq: int = 0) -> None:
+def tell_gone(observers: Sequence[Observer], runtime_id: str, now: float, last_seq: int = 0) -> None:
     """Observers drop what they hold of a runtime that left this process (RUNTIME_GONE)."""
     if observers:
-        gone = Event(seq=last_seq, time=time.time(), handle_id="", kind=EventKind.RUNTIME_GONE)
+        gone = Event(seq=last_seq, time=now, handle_id="", kind=EventKind.RUNTIME_GONE)
         for observe in observers:
             observe(runtime_id, gone)
 
@@ -58,6 +58,7 @@ class EventLog:
         history: Callable[[int, int], Awaitable[list[Event]]],
         buffer: int = 1000,
         observers: tuple[Observer, ...] = (),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.runtime_id = runtime_id
         self.history = history  # the persisted events after a seq, of at most so many journal entries
@@ -66,6 +67,7 @@ class EventLog:
         self.buffer = buffer  # events a watcher may fall behind (its history page and its queue)
         # A page of history a watcher holds, with room to spare in its buffer for what happens meanwhile.
         self.page = max(1, min(HISTORY_PAGE, buffer // 4))
+        self.clock = clock
         self.observers = observers
         self._watchers: set[Backlog] = _NO_WATCHERS  # made at the first watcher
         self._delta_watchers: set[Backlog] = _NO_WATCHERS  # those of them that asked for deltas
@@ -132,7 +134,7 @@ class EventLog:
         it is told to reconnect; when the runtime is deleted, that it is gone."""
         self.closing = True
         self.deleted = deleted
-        tell_gone(self.observers, self.runtime_id, self.last_seq)
+        tell_gone(self.observers, self.runtime_id, self.clock.time(), self.last_seq)
         self._streams.clear()
         self._delta_watchers = _NO_WATCHERS
         for queue in list(self._watchers):
