@@ -24,7 +24,7 @@ from tests.support.servers import serve
 from tests.support.tenants import reply, scripted
 
 ANYTHING = {"type": "object"}
-GOOD = {"n": 1, "deep": [[["ok"]]]}
+GOOD = {"n": 1, "deep": [[["ok"]]], "nothing": {}, "none": [], "null": None}  # empty containers stay what they are
 
 
 def nested(depth: int) -> str:

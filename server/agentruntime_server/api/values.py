@@ -55,6 +55,7 @@ def _fill(value: Any, message: struct_pb2.Value, depth: int) -> None:
         if depth >= MAX_VALUE_DEPTH:
             raise NotCarried("$", f"nests deeper than {MAX_VALUE_DEPTH} levels")
         if isinstance(value, dict):
+            message.struct_value.SetInParent()  # an empty object is still an object, not null
             fields = message.struct_value.fields
             for key, item in value.items():
                 try:
@@ -64,6 +65,7 @@ def _fill(value: Any, message: struct_pb2.Value, depth: int) -> None:
                 except (UnicodeEncodeError, TypeError):
                     raise NotCarried("$", "has a key that is not valid Unicode text") from None
         else:
+            message.list_value.SetInParent()
             values = message.list_value.values
             for index, item in enumerate(value):
                 try:
