@@ -23,16 +23,14 @@ from ..errors import (
     RequestIdReused,
     ResourceExhausted,
     Unavailable,
-    shown,
 )
 from ..fifo_gate import FifoGate
-from ..journal import Answered, BudgetSet, CallFinished, Closed, Journal, Posted, Replied, Settled, Spawned, Tree, events_of
+from ..journal import Closed, Journal, Posted, Replied, Spawned, Tree, events_of
 from ..journal.handle import Handle
 from ..ports import Services, Store, StoredRuntime
 from ..runs import budgets
-from ..runs.driver import Run, RunDriver, closed_ancestor, dangling_answers
+from ..runs.driver import RunDriver, closed_ancestor
 from ..runs.turn_loop import TurnLoop
-from ..suspension.answers import read_answer
 from ..tenancy.quotas import Tenancy
 from ..vocabulary import (
     AgentSpec,
@@ -50,6 +48,7 @@ from ..vocabulary import (
 from ..watching.event_log import Event, EventLog
 from .recovery import continue_interrupted
 from .request_ids import OneAtATime, RequestKey
+from .resumes import Resumes
 from .timers import Timers
 
 _Answer = TypeVar("_Answer")
@@ -78,13 +77,12 @@ class Runtime:
             self.key, history, buffer=services.watch_buffer, observers=services.observers, clock=services.clock
         )
         self.journal = Journal(self.tree, services.store, self.events, clock=services.clock)
-        # Resumes answered by this process: request id -> the run the answer continued.
-        self.resumed: dict[str, Run] = {}
         self.requests_served = OneAtATime()  # calls with request ids, one at a time per id
         self._model_gate: FifoGate | None = None
         self._host = weakref.proxy(self)
         self.runs = RunDriver(self._host)
         self.timers = Timers(self._host)
+        self.resumes = Resumes(self._host)
         self.draining = False  # set at shutdown: runs stop at their next journal point
         self.taken_over = False  # set by take_over: this process runs it (timers armed, runs continued)
         self._taking_over: asyncio.Task[int] | None = None
@@ -437,97 +435,9 @@ class Runtime:
         """`lapsed`: the Request expired (an error result, however full the tenant's store is)."""
 
         async def resumed(replied: Replied) -> TaskResult:
-            return await self._retried_resume(answer)  # the same answer (the digest says so): its run's result
+            return await self.resumes.retried(answer)  # the same answer (the digest says so): its run's result
 
-        return await self.once(request, "Resume", lambda: self._resume(answer, lapsed, request), resumed)
-
-    async def _resume(self, answer: Answer, lapsed: bool, request: RequestKey | None) -> TaskResult:
-        leaf = self.tree.requests.get(answer.id)
-        if leaf is None or leaf.pending is None:
-            return await self._retried_resume(answer)
-        # A bad answer is refused before any change.
-        outcome = read_answer(leaf.pending, answer, self.services.limits, self.services.clock.time())
-        if self.tenancy is not None and not outcome.declined:
-            self.tenancy.check_running(self.tenant)  # a Resume starts a run, as a Wake does
-            if not lapsed:
-                await self.tenancy.check_store(self.tenant)
-        replied = [request.replied("Resume")] if request else []
-        if outcome.declined:
-            return await self._stop_at_budget(leaf, answer, replied)
-        calls = {call.id: call for call, _ in leaf.pending.calls}
-        extension = []
-        if outcome.extend:
-            budget = budgets.extended(leaf, outcome.extend)
-            budgets.check_raised(leaf, budget, str(leaf.pending.data.get("field", "")))
-            extension = [BudgetSet(leaf.id, budget)]
-        await self.journal.record(
-            Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
-            *extension,
-            *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
-            *replied,
-        )
-        run = await self.runs.continue_run(leaf)
-        self.resumed[answer.id] = run
-        try:
-            return await self._follow(run)
-        finally:
-            # A retry after the chain settled reads the settled result (_retried_resume).
-            self.resumed.pop(answer.id, None)
-
-    async def _stop_at_budget(self, leaf: Handle, answer: Answer, replied: list[Replied]) -> TaskResult:
-        """The host declined to extend a budget: the run stops there, as a STOP budget would."""
-        assert leaf.pending is not None
-        limit = next((limit for limit in Limit if limit.wire_name == leaf.pending.data.get("limit")), Limit.MAX_TURNS)
-        result = leaf.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
-        await self.journal.record(
-            Answered(answer.id, answer, leaf.id),
-            Settled(leaf.id, result, HandleState.IDLE),
-            *dangling_answers(leaf, leaf.transcript, f"not run: the run stopped at {limit.wire_name}"),
-            *replied,
-        )
-        run = await self.runs.continue_waiting_parent(leaf)
-        if run is None:
-            return self.settled_result(leaf)
-        self.resumed[answer.id] = run
-        return await self._follow(run)
-
-    async def _retried_resume(self, answer: Answer) -> TaskResult:
-        """A retried Resume: the same answer gets the same result and runs nothing again."""
-        earlier = self.tree.answered.get(answer.id)
-        if earlier is None:
-            raise FailedPrecondition(
-                f"no live request has id {shown(answer.id)} in runtime {self.id!r}; "
-                "Wait on the root handle to see its pending request",
-                reason="NO_SUCH_REQUEST",
-            )
-        if earlier[0] != answer:
-            raise FailedPrecondition(
-                f"request {shown(answer.id)} was already answered with a different answer; it cannot be answered twice",
-                reason="ALREADY_ANSWERED",
-            )
-        run = self.resumed.get(answer.id)
-        if run is not None:
-            return await self._follow(run)
-        # The topmost handle the first Resume's chain of continued runs reached (the journal
-        # tells, so also after a restart); while it still runs, the chain goes on from it.
-        topmost = self.handle(self.tree.resumed_top.get(answer.id, earlier[1]))
-        run = self.runs.get(topmost.id)
-        if run is not None and run.task is not None:
-            return await self._follow(run)
-        return self.settled_result(topmost)
-
-    @staticmethod
-    async def _follow(run: Run) -> TaskResult:
-        """The settled result of the topmost handle a Resume continued, up the chain of parents."""
-        assert run.task is not None
-        result = await asyncio.shield(run.task)
-        while run.next is not None:
-            run = run.next
-            assert run.task is not None
-            result = await asyncio.shield(run.task)
-        if result.status is Status.UNSPECIFIED:
-            raise Unavailable("the server is shutting down; Resume again (the same answer) at its replacement")
-        return result
+        return await self.once(request, "Resume", lambda: self.resumes.answer(answer, lapsed, request), resumed)
 
     def transcript(self, handle_id: str) -> list[Message]:
         return self.handle(handle_id).transcript_with_summaries()
