@@ -15,7 +15,6 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from google.protobuf.message import Message as ProtoMessage
 
-from ..domain.definitions.validation import TOOL_NAME, check_worker
 from ..domain.errors import (
     DomainError,
     FieldViolation,
@@ -24,12 +23,10 @@ from ..domain.errors import (
     StoreBroken,
     Unauthenticated,
     Unavailable,
-    shown,
 )
 from ..domain.limits import MAX_CLOSE_GRACE, MAX_WAIT_TIMEOUT
 from ..domain.runtime.runtime import Runtime
 from ..domain.runtime.service import RuntimeService
-from ..domain.vocabulary import ToolResult, WorkerExecutor
 from ..domain.watching.deltas import Delta
 from . import convert, paging
 from .auth_failures import FailedAuthentications
@@ -55,13 +52,12 @@ from .errors import to_grpc_status
 from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forwarded
 from .principals import DEFAULT, Authenticator, Principal
 from .request_ids import request_key
+from .serve_tools import checked_registration, read_outputs
 from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
-MAX_WORKER_TOOLS = 100  # tool names one worker registration may list
-MAX_WORKER_CALLS = 1000  # calls one worker may hold at once
 STREAM_RECHECK_SECONDS = 1.0  # an open stream verifies its caller's credential again at most this often
 
 
@@ -414,14 +410,14 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             first = await anext(aiter(requests), None)
             if first is None:
                 return
-            registration = _registration(decoded(first))
+            registration = checked_registration(decoded(first))
             held.enter_context(self.service.open_stream("worker_streams", tenant()))
             worker = await self.workers.connect(
                 tenant(), registration.queue, list(registration.tools), registration.max_concurrent_calls or 1
             )
             audit_call("ServeTools", registration, "OK")
             yield pb.ServeToolsResponse(registered=pb.WorkerRegistered(worker_id=worker.id))
-            reader = asyncio.ensure_future(self._read_outputs(requests, worker))
+            reader = asyncio.ensure_future(read_outputs(requests, worker, self.max_text_bytes))
             # When the host's side ends (or breaks a rule), the send loop is told like a shutdown.
             reader.add_done_callback(lambda _: worker.outbox.put_nowait(None))
             while True:
@@ -449,41 +445,6 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     await self.workers.disconnect(worker)  # what it still holds is in doubt
             finally:
                 held.close()
-
-    async def _read_outputs(self, requests: AsyncIterator[pb.ServeToolsRequest | Undecodable], worker: WorkerStream) -> None:
-        async for received in requests:
-            request = decoded(received)
-            if request.WhichOneof("message") != "output":
-                raise InvalidArgument([FieldViolation("output", "after the registration, send only outputs")])
-            output = request.output
-            found: list[FieldViolation] = []
-            text = convert.tool_output_text(output, "output.structured", found)
-            if found:
-                # One bad output is that call's error, not the stream's: the worker serves on.
-                log.warning("worker %s: its output for a call %s; the call gets an error result", worker.id, found[0].description)
-                result = ToolResult(f"the worker's structured output {found[0].description} (JSON has neither)", is_error=True)
-            elif len(text.encode()) > self.max_text_bytes:
-                result = ToolResult(f"the worker's output is larger than {self.max_text_bytes} bytes", is_error=True)
-            else:
-                result = ToolResult(text, is_error=output.is_error)
-            worker.answer(output.call_id, result)  # a late or unknown call's output is dropped
-
-
-def _registration(request: pb.ServeToolsRequest) -> pb.WorkerRegistration:
-    if request.WhichOneof("message") != "registration":
-        raise InvalidArgument([FieldViolation("registration", "the first request must register the worker")])
-    registration = request.registration
-    found = check_worker(WorkerExecutor(registration.queue, 1.0), "registration")
-    if len(registration.tools) > MAX_WORKER_TOOLS:
-        found.append(FieldViolation("registration.tools", f"names {len(registration.tools)} tools; at most {MAX_WORKER_TOOLS}"))
-    for index, name in enumerate(registration.tools[:MAX_WORKER_TOOLS]):
-        if not TOOL_NAME.fullmatch(name):
-            found.append(FieldViolation(f"registration.tools[{index}]", f"{shown(name)} is not a tool name"))
-    if not 0 <= registration.max_concurrent_calls <= MAX_WORKER_CALLS:
-        found.append(FieldViolation("registration.max_concurrent_calls", f"must be between 0 (1) and {MAX_WORKER_CALLS}"))
-    if found:
-        raise InvalidArgument(found)
-    return registration
 
 
 def add_to_server(servicer: AgentRuntimeServicer, server: grpc.aio.Server) -> None:
