@@ -20,7 +20,7 @@ TOOLS   := $(CURDIR)/.tools/bin
 PROTO   := proto/agentruntime/v1/agent_runtime.proto
 GEN_OUT := clients/python
 
-.PHONY: help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools flake-hunt
+.PHONY: test-fast help install tools gen check-gen lint release consumer-tests test test-python conformance-python test-go test-java test-typescript conformance-secure breaking proto-release run grpcurl smoke bench bench-baseline profile clean image image-context image-test local-base container-tools deploy-check browser-tools flake-hunt
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -117,6 +117,10 @@ test: $(STAMP) ## generated-code drift, lint, then every client's tests
 	$(MAKE) check-gen
 	$(MAKE) lint
 	$(MAKE) $(TEST_TARGETS)
+
+# The fast tier alone (tests/domain: no gRPC, no process, a clock moved by hand): seconds.
+test-fast: $(STAMP) ## the domain's fast tier of tests only
+	$(BIN)/pytest -q tests/domain
 
 test-python: $(STAMP) browser-tools
 	$(BIN)/pytest -q
