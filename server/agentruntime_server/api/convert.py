@@ -297,6 +297,12 @@ def cost_to_proto(cost: Cost) -> pb.Cost:
 Counted = TypeVar("Counted", pb.TaskResult, pb.HandleView)
 
 
+async def prepare_output(result: m.TaskResult) -> None:
+    """A large typed output is converted off the event loop before result_to_proto reads it."""
+    if result.output is not None:
+        await VALUES.prepare(result.output, len(result.text), f"the typed output of {result.handle_id}")
+
+
 def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
     message = pb.TaskResult(
         handle_id=result.handle_id,

@@ -220,6 +220,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         require(runtime_id=request.runtime_id, handle_id=request.handle_id)
         runtime = await self.service.awaitable(request.runtime_id, tenant(), request.handle_id)
         result = await runtime.wait(request.handle_id, timeout)
+        await convert.prepare_output(result)
         return pb.WaitResponse(result=convert.result_to_proto(result))
 
     @edge
@@ -228,6 +229,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         runtime = await self._runtime(request.runtime_id)
         require(**{"answer.id": request.answer.id})
         result = await runtime.resume(convert.answer_from_proto(request.answer), request=key)
+        await convert.prepare_output(result)
         return pb.ResumeResponse(result=convert.result_to_proto(result))
 
     @edge
@@ -356,6 +358,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                             seen = item.seq
                             attempt, missed = 0, None
                             verified = await self._verified_again(context, "Watch", verified)
+                            if item.result is not None:
+                                await convert.prepare_output(item.result)
                             yield pb.WatchResponse(event=convert.event_to_proto(item))
                     return
                 except OwnedElsewhere as moved:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import math
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 _KEPT = 256  # values whose conversion is kept (by identity)
 _KEEP_FROM = 4096  # bytes: a smaller value is converted again each time, as fast as it is copied
+# A value whose JSON is longer is converted off the event loop first (prepare): a 1 MiB answer
+# takes 93 ms of Python, which a thread spends in the GIL's 5 ms slices, the loop running between.
+OFF_LOOP_FROM = 32 * 1024
 
 
 class NotCarried(ValueError):
@@ -76,12 +80,38 @@ def _fill(value: Any, message: struct_pb2.Value, depth: int) -> None:
         raise NotCarried("$", f"is not a JSON value ({type(value).__name__})")
 
 
+def _converted(value: Any) -> bytes | str:
+    """The value as a serialized Value, or where and why no Value can carry it."""
+    converted = struct_pb2.Value()
+    try:
+        _fill(value, converted, 0)
+    except (NotCarried, RecursionError) as error:
+        return str(error) if isinstance(error, NotCarried) else f"$ nests deeper than {MAX_VALUE_DEPTH} levels"
+    return converted.SerializeToString()
+
+
 class ValueConverter:
     """Converts the values of results; keeps the bytes of the large ones it converted lately."""
 
     def __init__(self) -> None:
         self._kept: collections.OrderedDict[int, tuple[Any, bytes | None]] = collections.OrderedDict()
         self._told: collections.OrderedDict[str, None] = collections.OrderedDict()  # warnings logged lately
+
+    async def prepare(self, value: Any, size: int, what: str) -> None:
+        """Converts a value of `size` bytes as JSON off the event loop when it is large, so that
+        the copy() that follows reads it kept."""
+        if value is None or size < OFF_LOOP_FROM or self._known(value):
+            return
+        outcome = await asyncio.to_thread(_converted, value)
+        if isinstance(outcome, str):
+            self._tell(f"{what}: {outcome}; no client can be sent it, so it is left unset (its text is kept)")
+            self._keep(value, None)
+        else:
+            self._keep(value, outcome)
+
+    def _known(self, value: Any) -> bool:
+        kept = self._kept.get(id(value))
+        return kept is not None and kept[0] is value
 
     def copy(self, value: Any, message: struct_pb2.Value, what: str) -> bool:
         """Sets `message` to `value`; False (the message left unset, the broken place logged
@@ -93,18 +123,14 @@ class ValueConverter:
                 return False
             message.MergeFromString(kept[1])
             return True
-        converted = struct_pb2.Value()
-        try:
-            _fill(value, converted, 0)
-        except (NotCarried, RecursionError) as error:
-            where = str(error) if isinstance(error, NotCarried) else f"$ nests deeper than {MAX_VALUE_DEPTH} levels"
-            self._tell(f"{what}: {where}; no client can be sent it, so it is left unset (its text is kept)")
+        outcome = _converted(value)
+        if isinstance(outcome, str):
+            self._tell(f"{what}: {outcome}; no client can be sent it, so it is left unset (its text is kept)")
             self._keep(value, None)
             return False
-        data = converted.SerializeToString()
-        if len(data) >= _KEEP_FROM:
-            self._keep(value, data)
-        message.CopyFrom(converted)
+        if len(outcome) >= _KEEP_FROM:
+            self._keep(value, outcome)
+        message.MergeFromString(outcome)
         return True
 
     def _tell(self, warning: str) -> None:
