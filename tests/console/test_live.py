@@ -1,0 +1,38 @@
+"""A runtime's live pages over plain HTTP against a real server: what makes them read the Requests
+again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentruntime.v1 import agent_runtime_pb2 as pb
+
+from tests.support.console_http import console_for, live_messages, person, served, sign_in
+from tests.support.servers import Served
+from tests.support.tenants import ACME, Caller, reply, scripted
+
+__all__ = ["served"]  # the fixture of tests/support/console_http, used here
+
+
+async def test_a_run_that_asks_nothing_does_not_make_live_pages_read_the_requests_again(served: Served) -> None:
+    acme = Caller(served.stub, ACME)
+    asker = scripted("asker", reply(calls=(("ask", '{"question": "Which region?"}'),)))
+    agents = [scripted("worker", reply("done", tokens=3)), asker]
+    await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="quiet", agents=agents))
+
+    def rows(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [row for message in messages if message["t"] == "rows" for row in message["rows"]]
+
+    async with console_for(served.port) as url, person() as http:
+        await sign_in(http, url, ACME[1])
+        async with http.get(url + "/runtimes/quiet/live") as stream:
+            worker, result = await acme.run("quiet", "worker", "work")
+            assert result.status == pb.STATUS_DONE
+            done = await live_messages(stream, lambda got: any(r["id"] == worker and r["result"] == "done" for r in rows(got)))
+            # A run that asks: its Requests are read again (the page's cue is the message after its row).
+            spawned = await acme("Spawn", pb.SpawnRequest(runtime_id="quiet", parent_id="root", agent="asker"))
+            await acme("Wake", pb.WakeRequest(runtime_id="quiet", handle_id=spawned.handle_id, prompt="ask"))
+            asked = await live_messages(stream, lambda got: {"t": "requests"} in got)
+    assert {"t": "requests"} not in done
+    first = asked.index({"t": "requests"})
+    assert any(row["id"] == spawned.handle_id for row in rows(asked[:first]))
