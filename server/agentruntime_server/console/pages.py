@@ -83,6 +83,10 @@ def _violations(error: AgentRuntimeError) -> str:
     return error.message + ": " + "; ".join(f"{v.field}: {v.description}" for v in found.field_violations)
 
 
+def _unread(runtime_id: str, count: int) -> list[tuple[str, int]]:
+    return [(runtime_id, count)] if count else []
+
+
 def add_routes(app: web.Application, console: Console) -> None:
     console.templates.globals.update(HELPERS)
     render = console.render
@@ -151,14 +155,23 @@ def add_routes(app: web.Application, console: Console) -> None:
         runtime_id = request.match_info["runtime_id"]
         client = _client(request)
         views = sorted(await gateway.handles(client, runtime_id), key=lambda view: tree_order(view.handle_id))
-        pending = await gateway.pending_requests(client, runtime_id, views)
-        return render(request, "runtime.html", runtime_id=runtime_id, handles=views, pending=pending, back="runtime")
+        pending, unread = await gateway.pending_requests(client, runtime_id, views)
+        return render(
+            request,
+            "runtime.html",
+            runtime_id=runtime_id,
+            handles=views,
+            pending=pending,
+            unread=_unread(runtime_id, unread),
+            back="runtime",
+        )
 
     async def requests_fragment(request: web.Request) -> web.Response:
         runtime_id = request.match_info["runtime_id"]
         client = _client(request)
-        pending = await gateway.pending_requests(client, runtime_id, await gateway.handles(client, runtime_id))
-        return render(request, "requests.html", runtime_id=runtime_id, pending=pending, back="runtime")
+        pending, unread = await gateway.pending_requests(client, runtime_id, await gateway.handles(client, runtime_id))
+        shown: dict[str, Any] = {"pending": pending, "unread": _unread(runtime_id, unread)}
+        return render(request, "requests.html", runtime_id=runtime_id, back="runtime", **shown)
 
     async def live_events(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
@@ -206,7 +219,19 @@ def add_routes(app: web.Application, console: Console) -> None:
         )
 
     async def inbox(request: web.Request) -> web.Response:
-        return render(request, "inbox.html", pending=await gateway.inbox(_client(request)), back="inbox")
+        skip = request.query.get("skip", "0")
+        start = request.query.get("from", "")[:4096], int(skip) if skip.isdigit() and len(skip) <= 4 else 0
+        page = await gateway.inbox(_client(request), *start)
+        more = "/inbox?" + urlencode({"from": page.next_page[0], "skip": page.next_page[1]}) if page.next_page else ""
+        return render(
+            request,
+            "inbox.html",
+            pending=page.pending,
+            unread=page.unread,
+            more=more,
+            page_waits=gateway.INBOX_WAITS,
+            back="inbox",
+        )
 
     async def confirm(request: web.Request) -> web.Response:
         runtime_id = request.match_info["runtime_id"]
