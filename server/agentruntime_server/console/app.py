@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from aiohttp import web
 
 from . import pages
 from .sessions import COOKIE, SESSION, Session, Sessions, set_cookie
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 CONSOLE_KEY: web.AppKey[Console] = web.AppKey("console")
@@ -93,21 +96,14 @@ def _static_url(name: str) -> str:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:
-        response = exc
+async def security_headers(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """On every answer, as its headers are sent: pages, errors, static files, the live stream."""
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")  # (no-referrer makes a form's Origin "null")
     response.headers.setdefault("X-Frame-Options", "DENY")
     if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
-    if isinstance(response, web.HTTPException):
-        raise response
-    return response
 
 
 @web.middleware
@@ -140,18 +136,26 @@ def _same_origin(request: web.Request) -> bool:
 async def _csrf_sent(request: web.Request) -> str | None:
     if "X-CSRF-Token" in request.headers:
         return request.headers["X-CSRF-Token"]
-    form = await request.post()
-    value = form.get("csrf")
+    value = (await pages.form_of(request)).get("csrf")
     return value if isinstance(value, str) else None
 
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The runtime's refusals as pages a person can act on."""
+    """The runtime's refusals, and the console's own failures, as pages a person can act on."""
+    console = request.app[CONSOLE_KEY]
     try:
         return await handler(request)
+    except pages.NotAForm as error:
+        return console.render(request, "error.html", 400, title="Not a valid form", runtime_id="", message=str(error))
+    except web.HTTPNotFound as missing:
+        if missing.text != "404: Not Found":
+            raise
+        message = "The console has no page at this address."
+        return console.render(request, "error.html", 404, title="Not found", runtime_id="", message=message)
+    except web.HTTPException:
+        raise
     except AgentRuntimeError as error:
-        console = request.app[CONSOLE_KEY]
         session: Session | None = request.get(SESSION)
         if error.code is grpc.StatusCode.UNAUTHENTICATED:
             if session is not None:
@@ -173,14 +177,19 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             return console.render(request, "error.html", 400, title="Not a valid request", runtime_id="", message=error.message)
         code = error.code.name if error.code else "UNKNOWN"
         return console.render(request, "error.html", 502, title=f"The runtime said {code}", runtime_id="", message=error.message)
+    except Exception:
+        log.exception("console: %s %s failed", request.method, request.path)
+        message = "The console failed to answer this request (its log says why). Try again, or go back."
+        return console.render(request, "error.html", 500, title="The console failed", runtime_id="", message=message)
 
 
 def build(target: Target) -> web.Application:
     console = Console(target)
-    app = web.Application(middlewares=[headers, errors, sessions], client_max_size=1 << 20)
+    app = web.Application(middlewares=[errors, sessions], client_max_size=1 << 20)
     app[CONSOLE_KEY] = console
     pages.add_routes(app, console)
     app.router.add_static("/static/", HERE / "static", append_version=False)
+    app.on_response_prepare.append(security_headers)
 
     async def ending_streams(app: web.Application) -> None:
         for task in list(console.streams):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -12,9 +11,10 @@ import grpc
 from agentruntime.client import AgentRuntimeError
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from aiohttp import web
-from google.protobuf import struct_pb2
+from multidict import MultiDictProxy
 
 from . import gateway, live
+from .answers import answer_from_form, text_field
 from .sessions import COOKIE, SESSION, Session, set_cookie
 from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from .app import Console
 
 RESUME_WAIT = 2.0  # seconds an answer's page waits for the Resume before it moves on (the run goes on)
-MAX_FIELD = 256 * 1024  # characters of a form field (the runtime's own limit is in bytes: it says so)
 
 
 def runtime_url(runtime_id: str) -> str:
@@ -71,9 +70,16 @@ def _client(request: web.Request) -> Any:
     return client
 
 
-def _text(form: Any, name: str) -> str:
-    value = form.get(name, "")
-    return value[:MAX_FIELD] if isinstance(value, str) else ""
+class NotAForm(Exception):
+    """A POST body the console cannot read as a form (a 400 page says why)."""
+
+
+async def form_of(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
+    """The request's form; NotAForm for a body that is none (not UTF-8, say)."""
+    try:
+        return await request.post()
+    except ValueError as error:  # (UnicodeDecodeError included)
+        raise NotAForm(f"The form sent is not valid UTF-8 form data ({type(error).__name__}).") from None
 
 
 def _violations(error: AgentRuntimeError) -> str:
@@ -112,8 +118,8 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def signin(request: web.Request) -> web.StreamResponse:
         session = _session(request)
-        form = await request.post()
-        token = _text(form, "token").strip() or None
+        form = await form_of(request)
+        token = text_field(form, "token").strip() or None
         client = console.target.client(token)
         try:
             await client.list_runtimes_page(1)
@@ -245,9 +251,9 @@ def add_routes(app: web.Application, console: Console) -> None:
     async def act(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
         action = request.match_info["action"]
-        form = await request.post()
-        handle_id = _text(form, "handle")
-        request_id = _text(form, "request_id")[:128]
+        form = await form_of(request)
+        handle_id = text_field(form, "handle")
+        request_id = text_field(form, "request_id")[:128]
         client = _client(request)
         session = _session(request)
         try:
@@ -266,16 +272,16 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def resume(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
-        form = await request.post()
+        form = await form_of(request)
         session = _session(request)
         back = "/inbox" if form.get("back") == "inbox" else runtime_url(runtime_id)
         try:
             answer = answer_from_form(form)
         except ValueError as error:  # checked here, before anything is sent
-            session.flash("error", f"Not sent: {error}")
-            raise web.HTTPSeeOther(back) from None
+            message = f"{str(error)[:1].upper()}{str(error)[1:]}. Go back to change it: the form keeps what you wrote."
+            return render(request, "error.html", 400, title="Not sent", runtime_id="", message=message, back_url=back)
         call = asyncio.ensure_future(
-            _client(request).resume(runtime_id, answer, request_id=_text(form, "request_id")[:128] or None)
+            _client(request).resume(runtime_id, answer, request_id=text_field(form, "request_id")[:128] or None)
         )
         # A Resume answers when the run it continues settles: the page does not wait for that.
         done, _ = await asyncio.wait({call}, timeout=RESUME_WAIT)
@@ -318,46 +324,3 @@ def _report_late(session: Session) -> Any:
             session.flash("error", f"An answer sent earlier failed: {error}")
 
     return report
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")  # (Python's json reads NaN and Infinity)
-
-
-def answer_from_form(form: Any) -> pb.Answer:
-    """The Answer a Request's form describes; a ValueError says what is wrong with it."""
-    answer = pb.Answer(id=_text(form, "request"))
-    if not answer.id:
-        raise ValueError("the form names no request")
-    decision = _text(form, "decision")
-    reason = _text(form, "reason").strip()
-    if decision in ("deny", "decline"):
-        answer.ok = False
-        answer.reason = reason
-        return answer
-    if decision not in ("approve", "answer"):
-        raise ValueError("choose an answer")
-    answer.ok = True
-    answer.reason = reason
-    calls = [name.removeprefix("output:") for name in form if isinstance(name, str) and name.startswith("output:")]
-    for call_id in calls:
-        answer.outputs.append(
-            pb.ToolOutput(call_id=call_id, output=_text(form, f"output:{call_id}"), is_error=bool(form.get(f"error:{call_id}")))
-        )
-    text = _text(form, "answer")
-    if _text(form, "mode") == "json" and text.strip():
-        try:
-            data = json.loads(text, parse_constant=_not_json)
-        except ValueError as error:
-            raise ValueError(f"the answer is not JSON ({error})") from None
-        if not isinstance(data, dict):
-            raise ValueError("the answer must be a JSON object, {...}")
-        struct = struct_pb2.Struct()
-        try:
-            struct.update(data)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"the answer cannot be sent as data ({error})") from None
-        answer.data.CopyFrom(struct)
-    elif text.strip():
-        answer.reason = text  # a text answer to the `ask` tool: what the model reads
-    return answer
