@@ -1,4 +1,5 @@
-"""The console's web application: routes, sessions, CSRF, security headers, error pages."""
+"""The console's web application: the Host allow-list, routes, sessions, CSRF, security
+headers, error pages."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 import jinja2
@@ -18,6 +18,7 @@ from agentruntime.client import AgentRuntimeError, Client
 from aiohttp import web
 
 from . import pages
+from .hosts import Site, refusal_page
 from .sessions import COOKIE, SESSION, Session, Sessions, set_cookie
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,9 @@ class Target:
 
 
 class Console:
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, site: Site) -> None:
         self.target = target
+        self.site = site
         self.sessions = Sessions()
         self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
         self.templates = jinja2.Environment(
@@ -107,6 +109,15 @@ async def security_headers(request: web.BaseRequest, response: web.StreamRespons
 
 
 @web.middleware
+async def hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request for a name this console is not known by (a DNS-rebinding page) is refused."""
+    host = request.headers.get("Host")
+    if host is not None and not request.app[CONSOLE_KEY].site.allows(host):
+        return web.Response(text=refusal_page(host), status=421, content_type="text/html", charset="utf-8")
+    return await handler(request)
+
+
+@web.middleware
 async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
     console = request.app[CONSOLE_KEY]
     session = console.sessions.get(request.cookies.get(COOKIE))
@@ -118,19 +129,20 @@ async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse
             raise web.HTTPSeeOther("/signin")
         raise web.HTTPUnauthorized(text="sign in first")
     if request.method not in ("GET", "HEAD"):
-        if not _same_origin(request) or session is None or not session.csrf_ok(await _csrf_sent(request)):
+        if not _same_origin(request, console.site) or session is None or not session.csrf_ok(await _csrf_sent(request)):
             raise web.HTTPForbidden(text="This form is stale or came from another site: reload the page and try again.")
     if session is not None:
         request[SESSION] = session
     return await handler(request)
 
 
-def _same_origin(request: web.Request) -> bool:
-    """A browser names the page a form came from (Origin, else Referer): it must be ours."""
+def _same_origin(request: web.Request, site: Site) -> bool:
+    """A browser names the page a form came from (Origin, else Referer): one of this console's
+    names (the allowed Host the request came to, or one given with --allow-host)."""
     origin = request.headers.get("Origin") or request.headers.get("Referer")
-    if not origin or origin == "null":
-        return origin is None  # no header at all: not a browser's cross-site form
-    return urlsplit(origin).netloc == request.host
+    if origin is None:
+        return True  # not a browser's cross-site form
+    return site.allows_origin(origin, request.headers.get("Host", ""))  # ("null" is none)
 
 
 async def _csrf_sent(request: web.Request) -> str | None:
@@ -183,9 +195,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return console.render(request, "error.html", 500, title="The console failed", runtime_id="", message=message)
 
 
-def build(target: Target) -> web.Application:
-    console = Console(target)
-    app = web.Application(middlewares=[errors, sessions], client_max_size=1 << 20)
+def build(target: Target, site: Site | None = None) -> web.Application:
+    console = Console(target, site or Site())
+    app = web.Application(middlewares=[hosts, errors, sessions], client_max_size=1 << 20)
     app[CONSOLE_KEY] = console
     pages.add_routes(app, console)
     app.router.add_static("/static/", HERE / "static", append_version=False)

@@ -21,6 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"host:port to serve the console on (env AGENTRUNTIME_CONSOLE_LISTEN; default {DEFAULT_LISTEN})",
     )
     parser.add_argument(
+        "--allow-host",
+        dest="allow_hosts",
+        action="append",
+        metavar="NAME[:PORT]",
+        default=[name.strip() for name in env("AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS", "").split(",") if name.strip()],
+        help="a name people reach the console by, besides its listen address, localhost and IP addresses (a DNS name, "
+        "a proxy's); a request for any other name is refused. Repeat it for more names "
+        "(env AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS, comma-separated)",
+    )
+    parser.add_argument(
         "--target",
         default=env("AGENTRUNTIME_ADDR", DEFAULT_TARGET),
         help=f"the runtime's host:port (env AGENTRUNTIME_ADDR; default {DEFAULT_TARGET})",
@@ -54,6 +64,7 @@ def main(args: argparse.Namespace) -> int:
         from aiohttp import web
 
         from .app import Target, build
+        from .hosts import Site
     except ImportError as error:
         print(f"error: the console needs its extra ({error.name}): pip install 'agentruntime-server[console]'", file=sys.stderr)
         return 2
@@ -68,6 +79,11 @@ def main(args: argparse.Namespace) -> int:
         if given is not None and not given.is_file():
             print(f"error: no such file: {given}", file=sys.stderr)
             return 2
+    try:
+        names = Site(listen=args.listen, allowed_hosts=tuple(args.allow_hosts))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     target = Target(
         args.target,
         tls=args.tls or bool(args.ca or args.cert),
@@ -79,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     )
 
     async def serve() -> None:
-        runner = web.AppRunner(build(target), access_log=None)
+        runner = web.AppRunner(build(target, names), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host.strip("[]"), int(port))
         await site.start()
