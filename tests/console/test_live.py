@@ -1,11 +1,12 @@
 """A runtime's live pages over plain HTTP against a real server: what makes them read the Requests
-again."""
+again, and a session's cap on its live pages."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
+from agentruntime_server.console.limits import Limits
 
 from tests.support.console_http import console_for, live_messages, person, served, sign_in
 from tests.support.servers import Served
@@ -36,3 +37,22 @@ async def test_a_run_that_asks_nothing_does_not_make_live_pages_read_the_request
     assert {"t": "requests"} not in done
     first = asked.index({"t": "requests"})
     assert any(row["id"] == spawned.handle_id for row in rows(asked[:first]))
+
+
+async def test_a_sessions_live_streams_are_capped_the_oldest_told_to_stop(served: Served) -> None:
+    acme = Caller(served.stub, ACME)
+    await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="watched", agents=[scripted("a", reply("x"))]))
+    limits = Limits(live_streams_per_session=2)
+    async with console_for(served.port, limits=limits) as url, person() as http:
+        await sign_in(http, url, ACME[1])
+        first = await http.get(url + "/runtimes/watched/live")
+        second = await http.get(url + "/runtimes/watched/live")
+        third = await http.get(url + "/runtimes/watched/live")
+        try:
+            told = await live_messages(first, lambda messages: any(m["t"] == "gone" for m in messages))
+            assert "live pages" in told[-1]["message"]
+            for stream in (second, third):
+                assert stream.status == 200
+        finally:
+            for stream in (first, second, third):
+                stream.close()

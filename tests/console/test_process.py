@@ -1,5 +1,6 @@
 """`agentruntime console` as a process: the names it answers to (--allow-host and
-AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS), and a name that is none refused at start."""
+AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS), a name that is none refused at start, and a failed sign-in
+in its log without the token."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.console_http import person
+from tests.support.console_http import person, post_signin, signin_form
 from tests.support.poll import eventually
 from tests.support.process import free_port
 from tests.support.tenants import tenant_server
@@ -49,7 +50,7 @@ async def console_process(target: str, log: Path, *flags: str, env: dict[str, st
         await asyncio.wait_for(process.wait(), 30)
 
 
-async def test_the_console_answers_to_the_names_it_is_given(tmp_path: Path) -> None:
+async def test_the_console_answers_to_the_names_it_is_given_and_logs_failed_sign_ins(tmp_path: Path) -> None:
     log = tmp_path / "console.log"
     names = {"AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS": "console.example, ops.example:8443"}
     async with tenant_server(tmp_path) as served:
@@ -64,6 +65,10 @@ async def test_the_console_answers_to_the_names_it_is_given(tmp_path: Path) -> N
             ):
                 async with http.get(url + "/healthz", headers={"Host": host}) as answer:
                     assert answer.status == status, host
+            csrf = await signin_form(http, url)
+            assert (await post_signin(http, url, csrf, "wrong-token-never-logged")).status == 401
+    logged = text_of(log)
+    assert "sign-in refused from 127.0.0.1" in logged and "wrong-token-never-logged" not in logged
 
 
 async def test_an_allowed_host_that_is_no_name_stops_the_start(tmp_path: Path) -> None:

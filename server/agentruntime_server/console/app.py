@@ -1,5 +1,5 @@
-"""The console's web application: the Host allow-list, routes, sessions, CSRF, security
-headers, error pages."""
+"""The console's web application: the Host allow-list, sessions, CSRF, security headers, error
+pages."""
 
 from __future__ import annotations
 
@@ -17,14 +17,17 @@ import jinja2
 from agentruntime.client import AgentRuntimeError, Client
 from aiohttp import web
 
-from . import pages
+from . import pages, signin
 from .hosts import Site, refusal_page
-from .sessions import COOKIE, SESSION, Session, Sessions, set_cookie
+from .limits import Limits
+from .sessions import COOKIE, FORM_COOKIE, SESSION, Session, Sessions, SessionsFull, set_cookie
+from .throttle import SignInThrottle
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 CONSOLE_KEY: web.AppKey[Console] = web.AppKey("console")
+NEW_SESSION = web.RequestKey("new_session", Session)  # a session made by this request: its cookie goes with the answer
 # Every script, style and image is the console's own: nothing inline, nothing from elsewhere.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -45,25 +48,30 @@ class Target:
     token: str | None = None  # used by people who sign in without one
     secure_cookies: bool = False  # the console is served over HTTPS (by itself or a proxy)
 
-    def client(self, token: str | None) -> Client:
+    def client(self, token: str | None, *, default_token: bool = True, timeout: float = 30.0) -> Client:
+        """A client with the person's token (or the console's, unless `default_token` is off)."""
         return Client(
             self.address,
-            token=token or self.token,
+            token=token or (self.token if default_token else None),
             tls=self.tls,
             root_certificates=self.ca,
             client_cert=self.cert,
             client_key=self.key,
-            timeout=30.0,
+            timeout=timeout,
             retry_window=5.0,
         )
 
 
 class Console:
-    def __init__(self, target: Target, site: Site) -> None:
+    def __init__(self, target: Target, site: Site, limits: Limits) -> None:
         self.target = target
         self.site = site
-        self.sessions = Sessions()
+        self.limits = limits
+        self.sessions = Sessions(limits)
+        self.throttle = SignInThrottle(limits)
+        self.open_server = signin.OpenServer(target)
         self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
+        self.ended: dict[asyncio.Task[Any], str] = {}  # streams told to end, and why
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,  # every text a model, a tool or a host wrote is hostile
@@ -74,9 +82,9 @@ class Console:
 
     def render(self, request: web.Request, name: str, http_status: int = 200, **values: Any) -> web.Response:
         session: Session | None = request.get(SESSION)
+        values.setdefault("csrf", session.csrf if session else "")
         page = self.templates.get_template(name).render(
             session=session,
-            csrf=session.csrf if session else "",
             flashes=session.take_flashes() if session else [],
             target=self.target.address,
             request_id=secrets.token_hex(16),  # a form's Resume, Interrupt or Close: once however often it is sent
@@ -106,6 +114,9 @@ async def security_headers(request: web.BaseRequest, response: web.StreamRespons
     response.headers.setdefault("X-Frame-Options", "DENY")
     if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
+    made = request.get(NEW_SESSION)
+    if made is not None and isinstance(request, web.Request):
+        set_cookie(response, made, request.app[CONSOLE_KEY].target.secure_cookies, request.app[CONSOLE_KEY].limits.session_idle)
 
 
 @web.middleware
@@ -121,28 +132,37 @@ async def hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def sessions(request: web.Request, handler: Handler) -> web.StreamResponse:
     console = request.app[CONSOLE_KEY]
     session = console.sessions.get(request.cookies.get(COOKIE))
-    is_open = request.path.startswith(OPEN_PATHS)
-    if (session is None or not session.signed_in) and not is_open:
-        # A page is sent to the sign-in form; a script's request (the live stream, a fragment)
-        # is refused, lest its redirect mint a session that replaces the page's own.
-        if request.method == "GET" and request.headers.get("Sec-Fetch-Mode", "navigate") == "navigate":
-            raise web.HTTPSeeOther("/signin")
-        raise web.HTTPUnauthorized(text="sign in first")
-    if request.method not in ("GET", "HEAD"):
-        if not _same_origin(request, console.site) or session is None or not session.csrf_ok(await _csrf_sent(request)):
-            raise web.HTTPForbidden(text="This form is stale or came from another site: reload the page and try again.")
     if session is not None:
         request[SESSION] = session
+    if request.method not in ("GET", "HEAD"):
+        if session is None and request.path != "/signin":
+            raise web.HTTPUnauthorized(text="sign in first")
+        if not await _form_ok(request, console, session):
+            raise web.HTTPForbidden(text="This form is stale or came from another site: reload the page and try again.")
+        return await handler(request)
+    if session is None and not request.path.startswith(OPEN_PATHS):
+        # A page is sent to the sign-in form (or signed in, before a runtime without
+        # authentication); a script's request (the live stream, a fragment) is refused, lest
+        # its answer mint a session that replaces the page's own.
+        if request.headers.get("Sec-Fetch-Mode", "navigate") != "navigate":
+            raise web.HTTPUnauthorized(text="sign in first")
+        opened = await signin.open_session(request, console)
+        if opened is None:
+            raise web.HTTPSeeOther("/signin")
+        request[SESSION] = request[NEW_SESSION] = opened
     return await handler(request)
 
 
-def _same_origin(request: web.Request, site: Site) -> bool:
+async def _form_ok(request: web.Request, console: Console, session: Session | None) -> bool:
     """A browser names the page a form came from (Origin, else Referer): one of this console's
-    names (the allowed Host the request came to, or one given with --allow-host)."""
+    names. The form carries its CSRF token: the session's, or the sign-in form's signed one."""
     origin = request.headers.get("Origin") or request.headers.get("Referer")
-    if origin is None:
-        return True  # not a browser's cross-site form
-    return site.allows_origin(origin, request.headers.get("Host", ""))  # ("null" is none)
+    if origin is not None and not console.site.allows_origin(origin, request.headers.get("Host", "")):
+        return False  # ("null" too; no header at all: not a browser's cross-site form)
+    sent = await _csrf_sent(request)
+    if request.path == "/signin":
+        return console.sessions.form_csrf_ok(request.cookies.get(FORM_COOKIE), sent)
+    return session is not None and session.csrf_ok(sent)
 
 
 async def _csrf_sent(request: web.Request) -> str | None:
@@ -158,8 +178,13 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     console = request.app[CONSOLE_KEY]
     try:
         return await handler(request)
+    except AgentRuntimeError as error:
+        return _refused(request, console, error)
     except pages.NotAForm as error:
         return console.render(request, "error.html", 400, title="Not a valid form", runtime_id="", message=str(error))
+    except SessionsFull as error:
+        message = f"Nobody more can sign in now: {error}. Try again later."
+        return console.render(request, "error.html", 503, title="The console is full", runtime_id="", message=message)
     except web.HTTPNotFound as missing:
         if missing.text != "404: Not Found":
             raise
@@ -167,38 +192,42 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return console.render(request, "error.html", 404, title="Not found", runtime_id="", message=message)
     except web.HTTPException:
         raise
-    except AgentRuntimeError as error:
-        session: Session | None = request.get(SESSION)
-        if error.code is grpc.StatusCode.UNAUTHENTICATED:
-            if session is not None:
-                console.sessions.sign_out(session)
-            fresh = console.sessions.new()
-            fresh.flash("error", "The runtime did not accept your token (any more): sign in again.")
-            response = web.HTTPSeeOther("/signin")
-            set_cookie(response, fresh, console.target.secure_cookies)
-            return response
-        if error.code is grpc.StatusCode.NOT_FOUND:
-            runtime_id = request.match_info.get("runtime_id", "")
-            return console.render(request, "error.html", 404, title="Not found", runtime_id=runtime_id, message=error.message)
-        if error.code is grpc.StatusCode.PERMISSION_DENIED:
-            return console.render(request, "error.html", 403, title="Not allowed", runtime_id="", message=error.message)
-        if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            message = f"The runtime at {console.target.address} did not answer ({error.message})."
-            return console.render(request, "error.html", 503, title="Runtime unavailable", runtime_id="", message=message)
-        if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):  # (a link edited by hand)
-            return console.render(request, "error.html", 400, title="Not a valid request", runtime_id="", message=error.message)
-        code = error.code.name if error.code else "UNKNOWN"
-        return console.render(request, "error.html", 502, title=f"The runtime said {code}", runtime_id="", message=error.message)
     except Exception:
         log.exception("console: %s %s failed", request.method, request.path)
         message = "The console failed to answer this request (its log says why). Try again, or go back."
         return console.render(request, "error.html", 500, title="The console failed", runtime_id="", message=message)
 
 
-def build(target: Target, site: Site | None = None) -> web.Application:
-    console = Console(target, site or Site())
+def _refused(request: web.Request, console: Console, error: AgentRuntimeError) -> web.StreamResponse:
+    session: Session | None = request.get(SESSION)
+    if error.code is grpc.StatusCode.UNAUTHENTICATED:
+        if session is not None:
+            if session.open:
+                console.open_server.forget()  # the runtime asks for tokens now
+            console.sessions.sign_out(session)
+        request.pop(NEW_SESSION, None)
+        signed_out = web.HTTPSeeOther("/signin?signed_out=1")
+        signed_out.del_cookie(COOKIE, path="/")
+        raise signed_out
+    if error.code is grpc.StatusCode.NOT_FOUND:
+        runtime_id = request.match_info.get("runtime_id", "")
+        return console.render(request, "error.html", 404, title="Not found", runtime_id=runtime_id, message=error.message)
+    if error.code is grpc.StatusCode.PERMISSION_DENIED:
+        return console.render(request, "error.html", 403, title="Not allowed", runtime_id="", message=error.message)
+    if error.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        message = f"The runtime at {console.target.address} did not answer ({error.message})."
+        return console.render(request, "error.html", 503, title="Runtime unavailable", runtime_id="", message=message)
+    if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):  # (a link edited by hand)
+        return console.render(request, "error.html", 400, title="Not a valid request", runtime_id="", message=error.message)
+    code = error.code.name if error.code else "UNKNOWN"
+    return console.render(request, "error.html", 502, title=f"The runtime said {code}", runtime_id="", message=error.message)
+
+
+def build(target: Target, site: Site | None = None, limits: Limits | None = None) -> web.Application:
+    console = Console(target, site or Site(), limits or Limits())
     app = web.Application(middlewares=[hosts, errors, sessions], client_max_size=1 << 20)
     app[CONSOLE_KEY] = console
+    signin.add_routes(app, console)
     pages.add_routes(app, console)
     app.router.add_static("/static/", HERE / "static", append_version=False)
     app.on_response_prepare.append(security_headers)
@@ -209,6 +238,7 @@ def build(target: Target, site: Site | None = None) -> web.Application:
 
     async def closing(app: web.Application) -> None:
         await console.sessions.close()
+        await console.open_server.close()
 
     app.on_shutdown.append(ending_streams)
     app.on_cleanup.append(closing)

@@ -15,7 +15,7 @@ from multidict import MultiDictProxy
 
 from . import gateway, live
 from .answers import answer_from_form, text_field
-from .sessions import COOKIE, SESSION, Session, set_cookie
+from .sessions import SESSION, Session
 from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
 
 if TYPE_CHECKING:
@@ -65,9 +65,7 @@ def _session(request: web.Request) -> Session:
 
 
 def _client(request: web.Request) -> Any:
-    client = _session(request).client
-    assert client is not None
-    return client
+    return _session(request).client
 
 
 class NotAForm(Exception):
@@ -89,6 +87,12 @@ def _violations(error: AgentRuntimeError) -> str:
     return error.message + ": " + "; ".join(f"{v.field}: {v.description}" for v in found.field_violations)
 
 
+async def _last_word(response: web.StreamResponse, message: str) -> None:
+    """The page is told the stream ends, and why (it stops reconnecting)."""
+    with contextlib.suppress(ConnectionError):
+        await response.write(live.event_stream_bytes([{"t": "gone", "message": message}]))
+
+
 def _unread(runtime_id: str, count: int) -> list[tuple[str, int]]:
     return [(runtime_id, count)] if count else []
 
@@ -102,49 +106,6 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def home(request: web.Request) -> web.Response:
         raise web.HTTPSeeOther("/runtimes")
-
-    async def signin_page(request: web.Request) -> web.StreamResponse:
-        session: Session | None = request.get(SESSION)
-        if session is not None and session.signed_in:
-            raise web.HTTPSeeOther("/runtimes")
-        fresh = session is None
-        if fresh:
-            session = console.sessions.new()
-            request[SESSION] = session
-        response = render(request, "signin.html", error="")
-        if session is not None and fresh:
-            set_cookie(response, session, console.target.secure_cookies)
-        return response
-
-    async def signin(request: web.Request) -> web.StreamResponse:
-        session = _session(request)
-        form = await form_of(request)
-        token = text_field(form, "token").strip() or None
-        client = console.target.client(token)
-        try:
-            await client.list_runtimes_page(1)
-        except BaseException as error:
-            # Refused, or given up by the browser mid-call (cancelled): either way its channel goes.
-            await client.close_channel()
-            if not isinstance(error, AgentRuntimeError):
-                raise
-            if error.code is grpc.StatusCode.UNAUTHENTICATED:
-                message = "The runtime did not accept that token." if token else "The runtime asks for a token."
-            elif error.code is grpc.StatusCode.PERMISSION_DENIED:
-                message = f"That token may not list runtimes: {error.message}"
-            else:
-                message = f"The runtime at {console.target.address} did not answer: {error.message}"
-            return render(request, "signin.html", 401, error=message)
-        signed = console.sessions.sign_in(session, client)
-        response = web.HTTPSeeOther("/runtimes")
-        set_cookie(response, signed, console.target.secure_cookies)
-        return response
-
-    async def signout(request: web.Request) -> web.StreamResponse:
-        console.sessions.sign_out(_session(request))
-        response = web.HTTPSeeOther("/signin")
-        response.del_cookie(COOKIE, path="/")
-        return response
 
     async def runtimes(request: web.Request) -> web.Response:
         text = request.query.get("q", "")[:64]
@@ -181,27 +142,43 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def live_events(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
-        client = _client(request)
+        session = _session(request)
+        client = session.client
         known = {view.handle_id for view in await gateway.handles(client, runtime_id)}  # NOT_FOUND: a page
         # (X-Accel-Buffering: a proxy such as nginx passes each batch on as it comes)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
+        limits = console.limits
+        if len(console.streams) >= limits.live_streams:
+            await _last_word(response, f"the console follows as many live pages as it may ({limits.live_streams}): reload later")
+            return response
+        while len(session.live) >= limits.live_streams_per_session:  # its own oldest page goes, told why
+            oldest = session.live.pop(0)
+            most = limits.live_streams_per_session
+            console.ended[oldest] = f"more than {most} live pages are open in this session: reload this page to follow it"
+            oldest.cancel()
         streaming = asyncio.current_task()
         assert streaming is not None
         console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
+        session.live.append(streaming)
         try:
             async with contextlib.aclosing(live.relay(client, runtime_id, known)) as batches:
                 async for batch in batches:
                     await response.write(live.event_stream_bytes(batch))
         except AgentRuntimeError as error:
-            gone = {"t": "gone", "message": error.message}
-            with contextlib.suppress(ConnectionError):
-                await response.write(live.event_stream_bytes([gone]))
-        except (ConnectionError, asyncio.CancelledError):  # the page went away, or the console stops
+            await _last_word(response, error.message)
+        except asyncio.CancelledError:  # the console stops, the session ended, or a newer page took its place
+            reason = console.ended.pop(streaming, None)
+            if reason is not None:
+                await _last_word(response, reason)
+        except ConnectionError:  # the page went away
             pass
         finally:
             console.streams.discard(streaming)
+            console.ended.pop(streaming, None)
+            if streaming in session.live:
+                session.live.remove(streaming)
         return response
 
     async def transcript(request: web.Request) -> web.Response:
@@ -301,9 +278,6 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", home)
-    app.router.add_get("/signin", signin_page)
-    app.router.add_post("/signin", signin)
-    app.router.add_post("/signout", signout)
     app.router.add_get("/runtimes", runtimes)
     app.router.add_get("/inbox", inbox)
     app.router.add_get("/runtimes/{runtime_id}", runtime)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -107,5 +108,7 @@ def main(args: argparse.Namespace) -> int:
         await stop.wait()
         await runner.cleanup()
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     asyncio.run(serve())
     return 0
