@@ -1,16 +1,17 @@
 """A runtime's live pages over plain HTTP against a real server: what makes them read the Requests
-again, and a session's cap on its live pages."""
+again, a session's cap on its live pages, and the pages of one token sharing one Watch."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.console.limits import Limits
 
-from tests.support.console_http import console_for, live_messages, person, served, sign_in
+from tests.support.console_http import console_for, live_messages, person, served, sign_in, started_calls
 from tests.support.servers import Served
-from tests.support.tenants import ACME, Caller, reply, scripted
+from tests.support.tenants import ACME, Caller, reply, scripted, tenant_server
 
 __all__ = ["served"]  # the fixture of tests/support/console_http, used here
 
@@ -56,3 +57,23 @@ async def test_a_sessions_live_streams_are_capped_the_oldest_told_to_stop(served
         finally:
             for stream in (first, second, third):
                 stream.close()
+
+
+async def test_live_pages_of_one_runtime_and_one_token_share_one_watch(tmp_path: Path) -> None:
+    async with tenant_server(tmp_path, metrics_listen="127.0.0.1:0") as served:
+        acme = Caller(served.stub, ACME)
+        await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="shared", agents=[scripted("a", reply("x", tokens=4))]))
+        ran = [(await acme.run("shared", "a", "go"))[0] for _ in range(3)]
+        before = await started_calls(served)
+        async with console_for(served.port) as url, person() as first, person() as second:
+            await sign_in(first, url, ACME[1])
+            await sign_in(second, url, ACME[1])  # another session, the same token
+
+            def all_rows(got: list[dict[str, Any]]) -> bool:
+                return {row["id"] for message in got if message["t"] == "rows" for row in message["rows"]} >= set(ran)
+
+            async with first.get(url + "/runtimes/shared/live") as one, second.get(url + "/runtimes/shared/live") as other:
+                assert all_rows(await live_messages(one, all_rows))
+                assert all_rows(await live_messages(other, all_rows))  # the tree as it stands, not the history again
+                watches = (await started_calls(served))["Watch"] - before["Watch"]
+        assert watches == 1

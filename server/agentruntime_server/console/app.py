@@ -18,6 +18,7 @@ from agentruntime.client import AgentRuntimeError, Client
 from aiohttp import web
 
 from . import pages, signin
+from .feeds import Feeds
 from .hosts import Site, refusal_page
 from .limits import Limits
 from .sessions import COOKIE, FORM_COOKIE, SESSION, Session, Sessions, SessionsFull, set_cookie
@@ -70,6 +71,7 @@ class Console:
         self.sessions = Sessions(limits)
         self.throttle = SignInThrottle(limits)
         self.open_server = signin.OpenServer(target)
+        self.feeds = Feeds()  # the runtimes' Watches, each shared by the live pages of one token
         self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
         self.ended: dict[asyncio.Task[Any], str] = {}  # streams told to end, and why
         self.templates = jinja2.Environment(
@@ -235,6 +237,7 @@ def build(target: Target, site: Site | None = None, limits: Limits | None = None
     async def ending_streams(app: web.Application) -> None:
         for task in list(console.streams):
             task.cancel()
+        await asyncio.gather(*console.feeds.close(), return_exceptions=True)
 
     async def closing(app: web.Application) -> None:
         await console.sessions.close()

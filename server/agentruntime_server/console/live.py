@@ -123,6 +123,14 @@ class LiveTree:
             return node.total_cost
         return total
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every row and every text being written: what a page that joins the stream late needs."""
+        messages: list[dict[str, Any]] = []
+        if self.tree.nodes:
+            messages.append({"t": "rows", "rows": [self.row(handle_id) for handle_id in sorted(self.tree.nodes, key=tree_order)]})
+        messages.extend({"t": "text", "id": handle_id, "text": text} for handle_id, text in sorted(self.writing.items()))
+        return messages
+
     def take(self) -> list[dict[str, Any]]:
         """The messages for the page: changed rows, text written, requests changed."""
         messages: list[dict[str, Any]] = []
@@ -139,11 +147,11 @@ class LiveTree:
         return messages
 
 
-async def relay(client: Client, runtime_id: str, known: set[str]) -> AsyncGenerator[list[dict[str, Any]], None]:
-    """Batches of messages for the page, until the Watch fails: the history's burst folded
-    into one batch, then one per frame with news (an empty one: a keepalive). `known`: the
-    handles the page has rows for already."""
-    live = LiveTree(runtime_id)
+async def relay(client: Client, live: LiveTree, known: set[str]) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """Batches of messages for the pages, until the Watch fails: the history's burst folded
+    into one batch, then one per frame with news (an empty one: a keepalive); `live` is kept
+    current. `known`: the handles the pages have rows for already."""
+    runtime_id = live.tree.runtime_id
     queue: asyncio.Queue[pb.Event | pb.Delta | BaseException] = asyncio.Queue(QUEUED)
 
     async def pump() -> None:

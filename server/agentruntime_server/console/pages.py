@@ -13,7 +13,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from aiohttp import web
 from multidict import MultiDictProxy
 
-from . import gateway, live
+from . import feeds, gateway, live
 from .answers import answer_from_form, text_field
 from .sessions import SESSION, Session
 from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
@@ -143,31 +143,32 @@ def add_routes(app: web.Application, console: Console) -> None:
     async def live_events(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
         session = _session(request)
-        client = session.client
-        known = {view.handle_id for view in await gateway.handles(client, runtime_id)}  # NOT_FOUND: a page
+        limits = console.limits
         # (X-Accel-Buffering: a proxy such as nginx passes each batch on as it comes)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         response = web.StreamResponse(headers=headers)
-        await response.prepare(request)
-        limits = console.limits
         if len(console.streams) >= limits.live_streams:
+            await response.prepare(request)
             await _last_word(response, f"the console follows as many live pages as it may ({limits.live_streams}): reload later")
             return response
-        while len(session.live) >= limits.live_streams_per_session:  # its own oldest page goes, told why
-            oldest = session.live.pop(0)
-            most = limits.live_streams_per_session
-            console.ended[oldest] = f"more than {most} live pages are open in this session: reload this page to follow it"
-            oldest.cancel()
+
+        async def listed() -> set[str]:  # the handles the page has rows for (NOT_FOUND: a page)
+            return {view.handle_id for view in await gateway.handles(session.client, runtime_id)}
+
+        page = await console.feeds.join(session.credential, session.client, runtime_id, listed)
         streaming = asyncio.current_task()
         assert streaming is not None
-        console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
-        session.live.append(streaming)
         try:
-            async with contextlib.aclosing(live.relay(client, runtime_id, known)) as batches:
-                async for batch in batches:
-                    await response.write(live.event_stream_bytes(batch))
-        except AgentRuntimeError as error:
-            await _last_word(response, error.message)
+            await response.prepare(request)
+            while len(session.live) >= limits.live_streams_per_session:  # its own oldest page goes, told why
+                oldest = session.live.pop(0)
+                most = limits.live_streams_per_session
+                console.ended[oldest] = f"more than {most} live pages are open in this session: reload this page to follow it"
+                oldest.cancel()
+            console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
+            session.live.append(streaming)
+            while (data := await page.next()) != feeds.END:
+                await response.write(data)
         except asyncio.CancelledError:  # the console stops, the session ended, or a newer page took its place
             reason = console.ended.pop(streaming, None)
             if reason is not None:
@@ -175,6 +176,7 @@ def add_routes(app: web.Application, console: Console) -> None:
         except ConnectionError:  # the page went away
             pass
         finally:
+            page.feed.leave(page)
             console.streams.discard(streaming)
             console.ended.pop(streaming, None)
             if streaming in session.live:
