@@ -117,8 +117,9 @@ async def security_headers(request: web.BaseRequest, response: web.StreamRespons
     if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
     made = request.get(NEW_SESSION)
-    if made is not None and isinstance(request, web.Request):
-        set_cookie(response, made, request.app[CONSOLE_KEY].target.secure_cookies, request.app[CONSOLE_KEY].limits.session_idle)
+    if made is not None and isinstance(request, web.Request):  # opened by this request (a runtime without authentication)
+        console = request.app[CONSOLE_KEY]
+        set_cookie(response, made, console.target.secure_cookies, console.limits.session_idle)
 
 
 @web.middleware

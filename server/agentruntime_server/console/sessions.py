@@ -18,10 +18,11 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from typing import TypeVar
 
 from agentruntime.client import Client
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from .limits import Limits
 
@@ -204,8 +205,15 @@ def _forget(index: dict[K, OrderedDict[str, None]], key: K, session_id: str) -> 
 
 def set_cookie(response: web.StreamResponse, session: Session, secure: bool, lifetime: float) -> None:
     """The session's id, for this console's pages only: never to a script, never on a request
-    another site starts."""
-    response.set_cookie(COOKIE, session.id, httponly=True, samesite="Strict", secure=secure, path="/", max_age=int(lifetime))
+    another site starts. A header of its own, so that it can be added as the response's headers
+    go out (aiohttp's cookies are written before on_response_prepare)."""
+    jar: SimpleCookie = SimpleCookie()
+    jar[COOKIE] = session.id
+    morsel = jar[COOKIE]
+    morsel.update({"httponly": "1", "samesite": "Strict", "path": "/", "max-age": str(int(lifetime))})
+    if secure:
+        morsel["secure"] = "1"
+    response.headers.add(hdrs.SET_COOKIE, morsel.OutputString())
 
 
 def set_form_cookie(response: web.StreamResponse, nonce: str, secure: bool) -> None:
