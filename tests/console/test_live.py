@@ -46,9 +46,11 @@ async def test_a_sessions_live_streams_are_capped_the_oldest_told_to_stop(served
     limits = Limits(live_streams_per_session=2)
     async with console_for(served.port, limits=limits) as url, person() as http:
         await sign_in(http, url, ACME[1])
-        first = await http.get(url + "/runtimes/watched/live")
-        second = await http.get(url + "/runtimes/watched/live")
-        third = await http.get(url + "/runtimes/watched/live")
+        streams = []
+        for _ in range(3):  # one after another: each has sent something (it is counted) before the next
+            streams.append(await http.get(url + "/runtimes/watched/live"))
+            assert await streams[-1].content.readline()
+        first, second, third = streams
         try:
             told = await live_messages(first, lambda messages: any(m["t"] == "gone" for m in messages))
             assert "live pages" in told[-1]["message"]

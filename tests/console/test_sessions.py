@@ -64,15 +64,15 @@ async def test_sign_in_is_throttled_per_client_and_each_failure_is_logged_withou
 
 
 async def test_after_the_throttle_window_the_right_token_signs_in(served: Served) -> None:
-    limits = Limits(signin_failures=3, signin_window=1.0)
+    limits = Limits(signin_failures=3, signin_window=5.0)
     async with console_for(served.port, limits=limits) as url, person() as http:
         csrf = await signin_form(http, url)
         for _ in range(3):
             assert (await post_signin(http, url, csrf, "not-a-token")).status == 401
         held = await post_signin(http, url, csrf, ACME[1])
-        assert held.status == 429 and 1 <= int(held.headers["Retry-After"]) <= 2
+        assert held.status == 429 and 1 <= int(held.headers["Retry-After"]) <= 5
 
         async def signed_in() -> bool:
             return (await post_signin(http, url, csrf, ACME[1])).status == 303
 
-        await eventually(signed_in, "a sign-in once the window passed", timeout=10)
+        await eventually(signed_in, "a sign-in once the window passed", timeout=20)
