@@ -9,7 +9,9 @@ from typing import Any
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime_server.console.limits import Limits
 
-from tests.support.console_http import console_for, live_messages, person, served, sign_in, started_calls
+from tests.support.build import duration
+from tests.support.console_http import console_for, live_messages, page_csrf, person, served, sign_in, started_calls
+from tests.support.poll import eventually
 from tests.support.servers import Served
 from tests.support.tenants import ACME, Caller, reply, scripted, tenant_server
 
@@ -79,3 +81,29 @@ async def test_live_pages_of_one_runtime_and_one_token_share_one_watch(tmp_path:
                 assert all_rows(await live_messages(other, all_rows))  # the tree as it stands, not the history again
                 watches = (await started_calls(served))["Watch"] - before["Watch"]
         assert watches == 1
+
+
+async def test_a_feed_ends_its_watch_when_its_last_page_goes_mid_stream(tmp_path: Path) -> None:
+    # A reply streamed in thousands of pieces: the feed is reading when its last page goes.
+    spoken = reply("0123456789" * 2000, tokens=40)
+    spoken.stream_chunk_chars = 4
+    spoken.stream_pause.CopyFrom(duration(0.001))
+    async with tenant_server(tmp_path, metrics_listen="127.0.0.1:0") as served:
+        acme = Caller(served.stub, ACME)
+        await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="chatty", agents=[scripted("a", spoken, spoken)]))
+        async with console_for(served.port) as url, person() as http:
+            await sign_in(http, url, ACME[1])
+            csrf = await page_csrf(http, url)
+            async with http.get(url + "/runtimes/chatty/live") as stream:
+                assert await stream.content.readline()  # (its Watch is open: the turn streams to it)
+                spawned = await acme("Spawn", pb.SpawnRequest(runtime_id="chatty", parent_id="root", agent="a"))
+                await acme("Wake", pb.WakeRequest(runtime_id="chatty", handle_id=spawned.handle_id, prompt="talk"))
+                await live_messages(stream, lambda got: any(message["t"] == "text" for message in got))
+                async with http.post(url + "/signout", data={"csrf": csrf}, headers={"Origin": url}) as out:
+                    assert out.status == 200 and out.url.path == "/signin"  # the session's pages end with it
+
+                async def watch_ended() -> bool:
+                    return (await started_calls(served, "grpc_server_handled_total"))["Watch"] == 1
+
+                await eventually(watch_ended, "the feed's Watch to end", timeout=10)
+                assert (await started_calls(served))["Watch"] == 1

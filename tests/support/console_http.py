@@ -99,13 +99,14 @@ async def live_messages(response: aiohttp.ClientResponse, until: Any, timeout: f
     return messages
 
 
-async def started_calls(served: Served) -> Counter[str]:
-    """RPCs the server has started, by method (its /metrics, scraped over HTTP)."""
+async def started_calls(served: Served, metric: str = "grpc_server_started_total") -> Counter[str]:
+    """RPCs the server has started (or with `grpc_server_handled_total`, ended), by method: its
+    /metrics, scraped over HTTP."""
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{served.running.metrics_port}/metrics") as page:
         text = await page.text()
     calls: Counter[str] = Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "grpc_server_started_total":
+            if sample.name == metric:
                 calls[sample.labels["grpc_method"]] += int(sample.value)
     return calls

@@ -238,7 +238,9 @@ def build(target: Target, site: Site | None = None, limits: Limits | None = None
     async def ending_streams(app: web.Application) -> None:
         for task in list(console.streams):
             task.cancel()
-        await asyncio.gather(*console.feeds.close(), return_exceptions=True)
+        feeds = console.feeds.close()
+        if feeds:
+            await asyncio.wait(feeds, timeout=5.0)  # (a stop is never held up for long)
 
     async def closing(app: web.Application) -> None:
         await console.sessions.close()

@@ -68,6 +68,8 @@ class Feed:
                 async for batch in batches:
                     self.ready = True
                     self._send(live.event_stream_bytes(batch))
+                    if not self.pages:  # (its last page left: it was cancelled too, unless a cancel was lost)
+                        return
         except AgentRuntimeError as error:
             self._send(live.event_stream_bytes([{"t": "gone", "message": error.message}]))
         finally:

@@ -165,8 +165,11 @@ async def relay(client: Client, live: LiveTree, known: set[str]) -> AsyncGenerat
             raise
 
     async def next_item(timeout: float) -> pb.Event | pb.Delta | None:
+        # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns the item when a cancel
+        # meets one ready, and the cancel is lost: a feed whose last page went read on for ever)
         try:
-            item = await asyncio.wait_for(queue.get(), max(timeout, 0.0))
+            async with asyncio.timeout(max(timeout, 0.0)):
+                item = await queue.get()
         except TimeoutError:
             return None
         if isinstance(item, BaseException):
