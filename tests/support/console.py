@@ -45,8 +45,9 @@ T = TypeVar("T")
 class Stack:
     """Servers on a loop of their own thread; `call` runs a coroutine there."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, auth: str = "tokens") -> None:
         self.workdir = workdir
+        self.auth = auth  # "none": a runtime without authentication (what make run serves)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="console-stack", daemon=True)
         self.stack = AsyncExitStack()
@@ -73,8 +74,8 @@ class Stack:
         prices.write_text(json.dumps({"currency": "USD", "prices": table}))
         self.served = await self.stack.enter_async_context(
             serve(
-                auth="tokens",
-                auth_tokens_file=str(tokens),
+                auth=self.auth,
+                auth_tokens_file=str(tokens) if self.auth == "tokens" else "",
                 store=f"sqlite:///{self.workdir / 'store.db'}",
                 llm_style="openai",
                 llm_base_url=self.model.base_url,
@@ -150,16 +151,26 @@ def browser(profile: Path) -> WebDriver:
     return webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack_of(auth: str) -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="agentruntime-console-"))
-    running = Stack(workdir)
+    running = Stack(workdir, auth)
     running.start()
     try:
         yield running
     finally:
         running.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    yield from stack_of("tokens")
+
+
+@pytest.fixture(scope="module")
+def open_stack() -> Iterator[Stack]:
+    """A runtime without authentication (AGENTRUNTIME_AUTH=none) and its console."""
+    yield from stack_of("none")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 RUNTIMES_PER_PAGE = 50
 SCANNED_PER_PAGE = 10  # server pages (of 100) a filtered runtimes page reads at most
 TRANSCRIPT_PAGE = 50
-INBOX_RUNTIMES = 1000  # runtimes the inbox looks through (the newest)
+INBOX_WAITS = 50  # Waits an inbox page makes at most (a Request each): whole runtimes, newest first
+INBOX_SCANNED = 10  # pages of 100 runtimes an inbox page reads at most to find them
+PAGE_WAITS = 100  # Waits a runtime's page makes at most
 STATUSES = ("running", "waiting", "idle")
 
 
@@ -62,37 +64,70 @@ class Pending:
     request: pb.Request
 
 
-async def pending_requests(client: Client, runtime_id: str, views: Sequence[pb.HandleView]) -> list[Pending]:
-    """The runtime's live Requests, once each: a suspended handle's Wait answers at once with
-    the Request it (or a child of it) waits on."""
-    suspended = [view.handle_id for view in views if view.state == pb.HANDLE_STATE_SUSPENDED]
-    results = await asyncio.gather(*(client.wait(runtime_id, handle_id, timeout=1.0) for handle_id in suspended))
+async def pending_requests(
+    client: Client, runtime_id: str, views: Sequence[pb.HandleView], limit: int = PAGE_WAITS
+) -> tuple[list[Pending], int]:
+    """The runtime's live Requests, once each, from at most `limit` Waits, and how many suspended
+    handles were left unasked. A suspended handle's Wait answers at once with the Request it (or
+    a child of it) waits on: those whose children wait on nothing are asked first."""
+    suspended = [view for view in views if view.state == pb.HANDLE_STATE_SUSPENDED]
+    presenting = {view.parent_id for view in suspended}  # (a parent presents a child's Request)
+    suspended.sort(key=lambda view: view.handle_id in presenting)
+    asked = [view.handle_id for view in suspended[: max(limit, 0)]]
+    results = await asyncio.gather(*(client.wait(runtime_id, handle_id, timeout=1.0) for handle_id in asked))
     found: dict[str, Pending] = {}
     for result in results:
         if result.status == pb.STATUS_PENDING and result.pending.id and result.pending.id not in found:
             asker = "/".join(result.pending.path) or result.handle_id
             found[result.pending.id] = Pending(runtime_id, asker, result.pending)
-    return sorted(found.values(), key=lambda pending: pending.request.id)
+    return sorted(found.values(), key=lambda pending: pending.request.id), len(suspended) - len(asked)
 
 
-async def inbox(client: Client) -> list[Pending]:
-    """Every live Request of the tenant's newest runtimes."""
-    waiting: list[str] = []
-    token = ""
-    for _ in range(INBOX_RUNTIMES // 100):
+@dataclass(frozen=True)
+class InboxPage:
+    pending: list[Pending]
+    unread: list[tuple[str, int]]  # (runtime, its waiting handles this page did not ask: past the cap)
+    next_page: tuple[str, int] | None  # where the next inbox page starts: a ListRuntimes page token, runtimes to skip in it
+
+
+async def inbox(client: Client, page_token: str = "", skip: int = 0) -> InboxPage:
+    """A page of the live Requests of the tenant's runtimes, newest runtimes first: whole
+    runtimes while their waiting handles (ListRuntimes counts them) fit in INBOX_WAITS, so a
+    page makes at most INBOX_SCANNED ListRuntimes, a List per runtime and INBOX_WAITS Waits."""
+    chosen: list[tuple[str, int]] = []  # (runtime, Waits it may make)
+    left = INBOX_WAITS
+    token = page_token
+    next_page: tuple[str, int] | None = None
+    for _ in range(INBOX_SCANNED):
         page = await client.list_runtimes_page(100, token)
-        waiting.extend(summary.runtime_id for summary in page.runtimes if summary.suspended_count)
-        token = page.next_page_token
-        if not token:
+        summaries = list(page.runtimes)
+        for index in range(skip, len(summaries)):
+            waiting = summaries[index].suspended_count
+            if not waiting:
+                continue
+            if left <= 0 or (chosen and waiting > left):
+                next_page = (token, index)
+                break
+            chosen.append((summaries[index].runtime_id, min(waiting, left)))
+            left -= min(waiting, left)
+        if next_page is not None or not page.next_page_token:
             break
-    found: list[Pending] = []
-    for runtime_id in waiting:
+        token, skip = page.next_page_token, 0
+    else:
+        next_page = (token, 0)  # looked through INBOX_SCANNED pages: the next inbox page goes on
+
+    async def read(runtime_id: str, limit: int) -> tuple[list[Pending], int]:
         try:
-            found.extend(await pending_requests(client, runtime_id, await handles(client, runtime_id)))
+            return await pending_requests(client, runtime_id, await handles(client, runtime_id), limit)
         except AgentRuntimeError as error:
-            if not error.is_not_found:  # deleted meanwhile
-                raise
-    return found
+            if error.is_not_found:  # deleted meanwhile
+                return [], 0
+            raise
+
+    results = await asyncio.gather(*(read(runtime_id, limit) for runtime_id, limit in chosen))
+    found = [item for requests, _ in results for item in requests]
+    unread = [(runtime_id, missed) for (runtime_id, _), (_, missed) in zip(chosen, results, strict=True) if missed]
+    return InboxPage(found, unread, next_page)
 
 
 async def settled_result(client: Client, runtime_id: str, view: pb.HandleView) -> pb.TaskResult | None:

@@ -21,6 +21,8 @@ SETTLE = 0.05  # seconds without news that end the history's burst (or HISTORY_W
 HISTORY_WAIT = 1.0
 KEEPALIVE = 15.0  # seconds between comments on a quiet stream (proxies close silent ones)
 WRITING_KEPT = 2000  # characters of a running turn's text a row shows (the end of it)
+QUEUED = 256  # Watch items read ahead of the page: past it the Watch waits (gRPC's flow control holds the rest)
+INSPECTED = 8  # new handles a frame reads the budget of one by one; more: List's pages instead
 
 
 class LiveTree:
@@ -43,9 +45,10 @@ class LiveTree:
             return
         kind = item.WhichOneof("payload")
         handle_id = item.handle_id
-        known = handle_id in self.tree.nodes
+        node = self.tree.nodes.get(handle_id)
+        was_suspended = node is not None and node.state == pb.HANDLE_STATE_SUSPENDED
         self.tree.apply(item)
-        if kind == "spawned" and not known:
+        if kind == "spawned" and node is None:
             self.unknown.add(handle_id)
         elif kind in ("turn_started", "turn_ended") or (
             kind == "state_changed" and item.state_changed.state != pb.HANDLE_STATE_RUNNING
@@ -58,7 +61,11 @@ class LiveTree:
             if item.result.HasField("own_cost"):
                 self.own_costs[handle_id] = item.result.own_cost
             self._clear_writing(handle_id)
-        if kind == "pending" or kind == "result" or kind == "state_changed":
+        # The Requests change when a handle suspends or goes on: only then does the page read
+        # them again (a List and a Wait per waiting handle), not on every turn of a busy runtime.
+        if kind == "pending" or (
+            kind == "state_changed" and was_suspended != (item.state_changed.state == pb.HANDLE_STATE_SUSPENDED)
+        ):
             self.requests_changed = True
         self._touch(handle_id)
 
@@ -116,6 +123,14 @@ class LiveTree:
             return node.total_cost
         return total
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every row and every text being written: what a page that joins the stream late needs."""
+        messages: list[dict[str, Any]] = []
+        if self.tree.nodes:
+            messages.append({"t": "rows", "rows": [self.row(handle_id) for handle_id in sorted(self.tree.nodes, key=tree_order)]})
+        messages.extend({"t": "text", "id": handle_id, "text": text} for handle_id, text in sorted(self.writing.items()))
+        return messages
+
     def take(self) -> list[dict[str, Any]]:
         """The messages for the page: changed rows, text written, requests changed."""
         messages: list[dict[str, Any]] = []
@@ -132,24 +147,29 @@ class LiveTree:
         return messages
 
 
-async def relay(client: Client, runtime_id: str, known: set[str]) -> AsyncGenerator[list[dict[str, Any]], None]:
-    """Batches of messages for the page, until the Watch fails: the history's burst folded
-    into one batch, then one per frame with news (an empty one: a keepalive). `known`: the
-    handles the page has rows for already."""
-    live = LiveTree(runtime_id)
-    queue: asyncio.Queue[pb.Event | pb.Delta | BaseException] = asyncio.Queue()
+async def relay(client: Client, live: LiveTree, known: set[str]) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """Batches of messages for the pages, until the Watch fails: the history's burst folded
+    into one batch, then one per frame with news (an empty one: a keepalive); `live` is kept
+    current. `known`: the handles the pages have rows for already."""
+    runtime_id = live.tree.runtime_id
+    queue: asyncio.Queue[pb.Event | pb.Delta | BaseException] = asyncio.Queue(QUEUED)
 
     async def pump() -> None:
         try:
             async for item in client.watch_with_deltas(runtime_id):
-                queue.put_nowait(item)
-        except BaseException as exc:  # handed to the reader, which ends the stream with it
-            queue.put_nowait(exc)
+                await queue.put(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handed to the reader, which ends the stream with it
+            await queue.put(exc)
             raise
 
     async def next_item(timeout: float) -> pb.Event | pb.Delta | None:
+        # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns the item when a cancel
+        # meets one ready, and the cancel is lost: a feed whose last page went read on for ever)
         try:
-            item = await asyncio.wait_for(queue.get(), max(timeout, 0.0))
+            async with asyncio.timeout(max(timeout, 0.0)):
+                item = await queue.get()
         except TimeoutError:
             return None
         if isinstance(item, BaseException):
@@ -190,6 +210,14 @@ async def _read_budgets(client: Client, runtime_id: str, live: LiveTree, known: 
     """A handle spawned after the page was made gets its row whole: its budget is in no event."""
     fresh = live.unknown - known
     live.unknown.clear()
+    if len(fresh) > INSPECTED:  # a burst of spawns: the runtime's List pages (1000 handles each), not an Inspect each
+        with contextlib.suppress(AgentRuntimeError):
+            async for view in client.iter_handles(runtime_id, page_size=1000):
+                if view.handle_id in fresh:
+                    live.budgets[view.handle_id] = budget_text(view.budget)
+                    live.dirty.add(view.handle_id)
+        known.update(fresh)
+        return
     for handle_id in sorted(fresh):
         with contextlib.suppress(AgentRuntimeError):
             view = await client.inspect(runtime_id, handle_id)

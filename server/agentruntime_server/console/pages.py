@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
@@ -12,17 +11,17 @@ import grpc
 from agentruntime.client import AgentRuntimeError
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from aiohttp import web
-from google.protobuf import struct_pb2
+from multidict import MultiDictProxy
 
-from . import gateway, live
-from .sessions import COOKIE, SESSION, Session, set_cookie
+from . import feeds, gateway, live
+from .answers import answer_from_form, text_field
+from .sessions import SESSION, Session
 from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
 
 if TYPE_CHECKING:
     from .app import Console
 
 RESUME_WAIT = 2.0  # seconds an answer's page waits for the Resume before it moves on (the run goes on)
-MAX_FIELD = 256 * 1024  # characters of a form field (the runtime's own limit is in bytes: it says so)
 
 
 def runtime_url(runtime_id: str) -> str:
@@ -66,14 +65,19 @@ def _session(request: web.Request) -> Session:
 
 
 def _client(request: web.Request) -> Any:
-    client = _session(request).client
-    assert client is not None
-    return client
+    return _session(request).client
 
 
-def _text(form: Any, name: str) -> str:
-    value = form.get(name, "")
-    return value[:MAX_FIELD] if isinstance(value, str) else ""
+class NotAForm(Exception):
+    """A POST body the console cannot read as a form (a 400 page says why)."""
+
+
+async def form_of(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
+    """The request's form; NotAForm for a body that is none (not UTF-8, say)."""
+    try:
+        return await request.post()
+    except ValueError as error:  # (UnicodeDecodeError included)
+        raise NotAForm(f"The form sent is not valid UTF-8 form data ({type(error).__name__}).") from None
 
 
 def _violations(error: AgentRuntimeError) -> str:
@@ -81,6 +85,16 @@ def _violations(error: AgentRuntimeError) -> str:
     if found is None or not found.field_violations:
         return error.message
     return error.message + ": " + "; ".join(f"{v.field}: {v.description}" for v in found.field_violations)
+
+
+async def _last_word(response: web.StreamResponse, message: str) -> None:
+    """The page is told the stream ends, and why (it stops reconnecting)."""
+    with contextlib.suppress(ConnectionError):
+        await response.write(live.event_stream_bytes([{"t": "gone", "message": message}]))
+
+
+def _unread(runtime_id: str, count: int) -> list[tuple[str, int]]:
+    return [(runtime_id, count)] if count else []
 
 
 def add_routes(app: web.Application, console: Console) -> None:
@@ -92,49 +106,6 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def home(request: web.Request) -> web.Response:
         raise web.HTTPSeeOther("/runtimes")
-
-    async def signin_page(request: web.Request) -> web.StreamResponse:
-        session: Session | None = request.get(SESSION)
-        if session is not None and session.signed_in:
-            raise web.HTTPSeeOther("/runtimes")
-        fresh = session is None
-        if fresh:
-            session = console.sessions.new()
-            request[SESSION] = session
-        response = render(request, "signin.html", error="")
-        if session is not None and fresh:
-            set_cookie(response, session, console.target.secure_cookies)
-        return response
-
-    async def signin(request: web.Request) -> web.StreamResponse:
-        session = _session(request)
-        form = await request.post()
-        token = _text(form, "token").strip() or None
-        client = console.target.client(token)
-        try:
-            await client.list_runtimes_page(1)
-        except BaseException as error:
-            # Refused, or given up by the browser mid-call (cancelled): either way its channel goes.
-            await client.close_channel()
-            if not isinstance(error, AgentRuntimeError):
-                raise
-            if error.code is grpc.StatusCode.UNAUTHENTICATED:
-                message = "The runtime did not accept that token." if token else "The runtime asks for a token."
-            elif error.code is grpc.StatusCode.PERMISSION_DENIED:
-                message = f"That token may not list runtimes: {error.message}"
-            else:
-                message = f"The runtime at {console.target.address} did not answer: {error.message}"
-            return render(request, "signin.html", 401, error=message)
-        signed = console.sessions.sign_in(session, client)
-        response = web.HTTPSeeOther("/runtimes")
-        set_cookie(response, signed, console.target.secure_cookies)
-        return response
-
-    async def signout(request: web.Request) -> web.StreamResponse:
-        console.sessions.sign_out(_session(request))
-        response = web.HTTPSeeOther("/signin")
-        response.del_cookie(COOKIE, path="/")
-        return response
 
     async def runtimes(request: web.Request) -> web.Response:
         text = request.query.get("q", "")[:64]
@@ -151,38 +122,65 @@ def add_routes(app: web.Application, console: Console) -> None:
         runtime_id = request.match_info["runtime_id"]
         client = _client(request)
         views = sorted(await gateway.handles(client, runtime_id), key=lambda view: tree_order(view.handle_id))
-        pending = await gateway.pending_requests(client, runtime_id, views)
-        return render(request, "runtime.html", runtime_id=runtime_id, handles=views, pending=pending, back="runtime")
+        pending, unread = await gateway.pending_requests(client, runtime_id, views)
+        return render(
+            request,
+            "runtime.html",
+            runtime_id=runtime_id,
+            handles=views,
+            pending=pending,
+            unread=_unread(runtime_id, unread),
+            back="runtime",
+        )
 
     async def requests_fragment(request: web.Request) -> web.Response:
         runtime_id = request.match_info["runtime_id"]
         client = _client(request)
-        pending = await gateway.pending_requests(client, runtime_id, await gateway.handles(client, runtime_id))
-        return render(request, "requests.html", runtime_id=runtime_id, pending=pending, back="runtime")
+        pending, unread = await gateway.pending_requests(client, runtime_id, await gateway.handles(client, runtime_id))
+        shown: dict[str, Any] = {"pending": pending, "unread": _unread(runtime_id, unread)}
+        return render(request, "requests.html", runtime_id=runtime_id, back="runtime", **shown)
 
     async def live_events(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
-        client = _client(request)
-        known = {view.handle_id for view in await gateway.handles(client, runtime_id)}  # NOT_FOUND: a page
+        session = _session(request)
+        limits = console.limits
         # (X-Accel-Buffering: a proxy such as nginx passes each batch on as it comes)
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         response = web.StreamResponse(headers=headers)
-        await response.prepare(request)
+        if len(console.streams) >= limits.live_streams:
+            await response.prepare(request)
+            await _last_word(response, f"the console follows as many live pages as it may ({limits.live_streams}): reload later")
+            return response
+
+        async def listed() -> set[str]:  # the handles the page has rows for (NOT_FOUND: a page)
+            return {view.handle_id for view in await gateway.handles(session.client, runtime_id)}
+
+        page = await console.feeds.join(session.credential, session.client, runtime_id, listed)
         streaming = asyncio.current_task()
         assert streaming is not None
-        console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
         try:
-            async with contextlib.aclosing(live.relay(client, runtime_id, known)) as batches:
-                async for batch in batches:
-                    await response.write(live.event_stream_bytes(batch))
-        except AgentRuntimeError as error:
-            gone = {"t": "gone", "message": error.message}
-            with contextlib.suppress(ConnectionError):
-                await response.write(live.event_stream_bytes([gone]))
-        except (ConnectionError, asyncio.CancelledError):  # the page went away, or the console stops
+            await response.prepare(request)
+            while len(session.live) >= limits.live_streams_per_session:  # its own oldest page goes, told why
+                oldest = session.live.pop(0)
+                most = limits.live_streams_per_session
+                console.ended[oldest] = f"more than {most} live pages are open in this session: reload this page to follow it"
+                oldest.cancel()
+            console.streams.add(streaming)  # ended at shutdown: a page would keep it open for ever
+            session.live.append(streaming)
+            while (data := await page.next()) != feeds.END:
+                await response.write(data)
+        except asyncio.CancelledError:  # the console stops, the session ended, or a newer page took its place
+            reason = console.ended.pop(streaming, None)
+            if reason is not None:
+                await _last_word(response, reason)
+        except ConnectionError:  # the page went away
             pass
         finally:
+            page.feed.leave(page)
             console.streams.discard(streaming)
+            console.ended.pop(streaming, None)
+            if streaming in session.live:
+                session.live.remove(streaming)
         return response
 
     async def transcript(request: web.Request) -> web.Response:
@@ -206,7 +204,19 @@ def add_routes(app: web.Application, console: Console) -> None:
         )
 
     async def inbox(request: web.Request) -> web.Response:
-        return render(request, "inbox.html", pending=await gateway.inbox(_client(request)), back="inbox")
+        skip = request.query.get("skip", "0")
+        start = request.query.get("from", "")[:4096], int(skip) if skip.isdigit() and len(skip) <= 4 else 0
+        page = await gateway.inbox(_client(request), *start)
+        more = "/inbox?" + urlencode({"from": page.next_page[0], "skip": page.next_page[1]}) if page.next_page else ""
+        return render(
+            request,
+            "inbox.html",
+            pending=page.pending,
+            unread=page.unread,
+            more=more,
+            page_waits=gateway.INBOX_WAITS,
+            back="inbox",
+        )
 
     async def confirm(request: web.Request) -> web.Response:
         runtime_id = request.match_info["runtime_id"]
@@ -220,9 +230,9 @@ def add_routes(app: web.Application, console: Console) -> None:
     async def act(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
         action = request.match_info["action"]
-        form = await request.post()
-        handle_id = _text(form, "handle")
-        request_id = _text(form, "request_id")[:128]
+        form = await form_of(request)
+        handle_id = text_field(form, "handle")
+        request_id = text_field(form, "request_id")[:128]
         client = _client(request)
         session = _session(request)
         try:
@@ -241,16 +251,16 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     async def resume(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
-        form = await request.post()
+        form = await form_of(request)
         session = _session(request)
         back = "/inbox" if form.get("back") == "inbox" else runtime_url(runtime_id)
         try:
             answer = answer_from_form(form)
         except ValueError as error:  # checked here, before anything is sent
-            session.flash("error", f"Not sent: {error}")
-            raise web.HTTPSeeOther(back) from None
+            message = f"{str(error)[:1].upper()}{str(error)[1:]}. Go back to change it: the form keeps what you wrote."
+            return render(request, "error.html", 400, title="Not sent", runtime_id="", message=message, back_url=back)
         call = asyncio.ensure_future(
-            _client(request).resume(runtime_id, answer, request_id=_text(form, "request_id")[:128] or None)
+            _client(request).resume(runtime_id, answer, request_id=text_field(form, "request_id")[:128] or None)
         )
         # A Resume answers when the run it continues settles: the page does not wait for that.
         done, _ = await asyncio.wait({call}, timeout=RESUME_WAIT)
@@ -270,9 +280,6 @@ def add_routes(app: web.Application, console: Console) -> None:
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/", home)
-    app.router.add_get("/signin", signin_page)
-    app.router.add_post("/signin", signin)
-    app.router.add_post("/signout", signout)
     app.router.add_get("/runtimes", runtimes)
     app.router.add_get("/inbox", inbox)
     app.router.add_get("/runtimes/{runtime_id}", runtime)
@@ -293,46 +300,3 @@ def _report_late(session: Session) -> Any:
             session.flash("error", f"An answer sent earlier failed: {error}")
 
     return report
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is no JSON value")  # (Python's json reads NaN and Infinity)
-
-
-def answer_from_form(form: Any) -> pb.Answer:
-    """The Answer a Request's form describes; a ValueError says what is wrong with it."""
-    answer = pb.Answer(id=_text(form, "request"))
-    if not answer.id:
-        raise ValueError("the form names no request")
-    decision = _text(form, "decision")
-    reason = _text(form, "reason").strip()
-    if decision in ("deny", "decline"):
-        answer.ok = False
-        answer.reason = reason
-        return answer
-    if decision not in ("approve", "answer"):
-        raise ValueError("choose an answer")
-    answer.ok = True
-    answer.reason = reason
-    calls = [name.removeprefix("output:") for name in form if isinstance(name, str) and name.startswith("output:")]
-    for call_id in calls:
-        answer.outputs.append(
-            pb.ToolOutput(call_id=call_id, output=_text(form, f"output:{call_id}"), is_error=bool(form.get(f"error:{call_id}")))
-        )
-    text = _text(form, "answer")
-    if _text(form, "mode") == "json" and text.strip():
-        try:
-            data = json.loads(text, parse_constant=_not_json)
-        except ValueError as error:
-            raise ValueError(f"the answer is not JSON ({error})") from None
-        if not isinstance(data, dict):
-            raise ValueError("the answer must be a JSON object, {...}")
-        struct = struct_pb2.Struct()
-        try:
-            struct.update(data)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"the answer cannot be sent as data ({error})") from None
-        answer.data.CopyFrom(struct)
-    elif text.strip():
-        answer.reason = text  # a text answer to the `ask` tool: what the model reads
-    return answer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -19,6 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         default=env("AGENTRUNTIME_CONSOLE_LISTEN", DEFAULT_LISTEN),
         help=f"host:port to serve the console on (env AGENTRUNTIME_CONSOLE_LISTEN; default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--allow-host",
+        dest="allow_hosts",
+        action="append",
+        metavar="NAME[:PORT]",
+        default=[name.strip() for name in env("AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS", "").split(",") if name.strip()],
+        help="a name people reach the console by, besides its listen address, localhost and IP addresses (a DNS name, "
+        "a proxy's); a request for any other name is refused. Repeat it for more names "
+        "(env AGENTRUNTIME_CONSOLE_ALLOWED_HOSTS, comma-separated)",
     )
     parser.add_argument(
         "--target",
@@ -54,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
         from aiohttp import web
 
         from .app import Target, build
+        from .hosts import Site
     except ImportError as error:
         print(f"error: the console needs its extra ({error.name}): pip install 'agentruntime-server[console]'", file=sys.stderr)
         return 2
@@ -68,6 +80,11 @@ def main(args: argparse.Namespace) -> int:
         if given is not None and not given.is_file():
             print(f"error: no such file: {given}", file=sys.stderr)
             return 2
+    try:
+        names = Site(listen=args.listen, allowed_hosts=tuple(args.allow_hosts))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     target = Target(
         args.target,
         tls=args.tls or bool(args.ca or args.cert),
@@ -79,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     )
 
     async def serve() -> None:
-        runner = web.AppRunner(build(target), access_log=None)
+        runner = web.AppRunner(build(target, names), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host.strip("[]"), int(port))
         await site.start()
@@ -91,5 +108,7 @@ def main(args: argparse.Namespace) -> int:
         await stop.wait()
         await runner.cleanup()
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     asyncio.run(serve())
     return 0
