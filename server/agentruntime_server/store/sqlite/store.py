@@ -31,14 +31,14 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from ..domain.errors import NotJournaled, RequestIdTaken, RuntimeExists, StoreBroken, StoreCannotWrite
-from ..domain.journal import Entry
-from ..domain.journal.tree import RuntimeCounts
-from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
-from ..domain.tenancy.quotas import runtimes_quota_reached
-from ..domain.vocabulary import AgentSpec
+from ...domain.errors import NotJournaled, RequestIdTaken, RuntimeExists, StoreBroken, StoreCannotWrite
+from ...domain.journal import Entry
+from ...domain.journal.tree import RuntimeCounts
+from ...domain.ports import RuntimeRow, StoredRuntime, TenantReply
+from ...domain.tenancy.quotas import runtimes_quota_reached
+from ...domain.vocabulary import AgentSpec
+from ..payloads import Row, definitions_json, grouped, journal_rows, ungrouped
 from .migrations import migrate
-from .payloads import Row, definitions_json, grouped, journal_rows, ungrouped
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])

@@ -1,9 +1,9 @@
 """`postgresql://user:password@host:port/db`: the store on PostgreSQL (asyncpg, one pool).
 
-The same logical tables and the same semantics as SqliteStore (store/sqlite.py): a runtime
+The same logical tables and the same semantics as SqliteStore (store/sqlite/): a runtime
 is a row of definitions plus its journal, one row per step, appended in order; an append is
 checked (its seqs) and encoded when it is made, all or nothing, and buffered; the rows every
-runtime appended are written by one statement (pg_statements.COMMIT: one round trip,
+runtime appended are written by one statement (statements.COMMIT: one round trip,
 atomic) over one kept connection, when the tick ends or, while a commit is under way, as
 soon as it ends (the next commit gathers everything appended meanwhile); `flush` awaits that commit.
 
@@ -23,7 +23,7 @@ migrated, on first use: opening a store (app.open_store) is synchronous.
 
 Every commit first locks the rows of the runtimes it writes, and writes only runtimes whose
 row is there (one deleted meanwhile, by another process, takes no rows). Replicas
-(store/pg_leases.py): once a PostgresLeases is attached, it keeps only the writes of
+(store/postgres/leases.py): once a PostgresLeases is attached, it keeps only the writes of
 runtimes this process owns at the epoch it appended them under. The rest are refused
 (fenced), never written, and every later append or flush(runtime) of that runtime raises
 errors.Fenced, which says whether the runtime was deleted or another replica holds it.
@@ -42,25 +42,25 @@ from typing import Any, Protocol
 import asyncpg  # type: ignore[import-untyped]
 from pydantic import TypeAdapter
 
-from ..domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreUnavailable
-from ..domain.journal import Entry
-from ..domain.journal.tree import RuntimeCounts
-from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
-from ..domain.tenancy.quotas import runtimes_quota_reached
-from ..domain.vocabulary import AgentSpec
-from . import pg_statements as sql
-from .payloads import definitions_json, journal_rows, payload_bytes
-from .pg_batch import Batch
-from .pg_migrations import migrate
-from .pg_weather import PROBE_EVERY, PROBE_TIMEOUT, WEATHER, guarded
-from .urls import redacted
+from ...domain.errors import Fenced, RequestIdTaken, RuntimeExists, StoreUnavailable
+from ...domain.journal import Entry
+from ...domain.journal.tree import RuntimeCounts
+from ...domain.ports import RuntimeRow, StoredRuntime, TenantReply
+from ...domain.tenancy.quotas import runtimes_quota_reached
+from ...domain.vocabulary import AgentSpec
+from ..payloads import definitions_json, journal_rows, payload_bytes
+from ..urls import redacted
+from . import statements as sql
+from .batch import Batch
+from .migrations import migrate
+from .weather import PROBE_EVERY, PROBE_TIMEOUT, WEATHER, guarded
 
 log = logging.getLogger(__name__)
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
 
 
 class Leasing(Protocol):
-    """What the store needs of the leases attached to it (store/pg_leases.py): the replica
+    """What the store needs of the leases attached to it (store/postgres/leases.py): the replica
     whose writes it keeps, whom to tell of the writes it refused (`gone`: their runtime's row
     was deleted), and the runtime it creates for this replica meanwhile."""
 
