@@ -33,8 +33,8 @@ from agentruntime_server.domain.journal import (
 from agentruntime_server.domain.vocabulary import Budget, Message
 from agentruntime_server.store.payloads import GROUP_BYTES, journal_rows
 from agentruntime_server.store.sqlite import SqliteStore
+from agentruntime_server.store.sqlite.commits import COMMIT_PACE, LOOP_BUSY
 from agentruntime_server.store.sqlite.migrations import MIGRATIONS, SchemaTooNew, migrate
-from agentruntime_server.store.sqlite.store import COMMIT_PACE, LOOP_BUSY
 
 from tests.support.build import agent, create, http_tool, run, spawn, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results

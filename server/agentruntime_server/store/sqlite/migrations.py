@@ -227,7 +227,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     CREATE INDEX replies_by_age ON replies (at);
     """,
     # 9: one row the store writes to learn whether it can write again, after a write failed
-    # for want of space or I/O (store/sqlite/).
+    # for want of space or I/O (store/sqlite/connection.py).
     "CREATE TABLE store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     # 10: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
     "ALTER TABLE tenant_tokens ADD COLUMN micros INTEGER NOT NULL DEFAULT 0",
