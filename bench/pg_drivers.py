@@ -1,7 +1,7 @@
 """asyncpg against psycopg 3 on the journal's write pattern (issue 13: which driver, and why).
 
 The pattern is PostgresStore's: commits one after another over one kept connection, each
-one statement (store/pg_statements.py `COMMIT`) carrying a tick's journal rows for several
+one statement (store/postgres/statements.py `COMMIT`) carrying a tick's journal rows for several
 runtimes as arrays, with the fencing check, the runtime updates and the tenants' tokens;
 and a runtime's whole journal read back (a restore). Both drivers run the same SQL on an
 embedded PostgreSQL, asynchronously, with binary parameters and a prepared statement.
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentruntime_server.store.pg_statements import COMMIT, ENTRIES
 from agentruntime_server.store.postgres import PostgresStore
+from agentruntime_server.store.postgres.statements import COMMIT, ENTRIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.postgres import embedded_postgres, fresh_database

@@ -40,8 +40,8 @@ from .providers.base import HttpProvider
 from .providers.registry import build_router
 from .settings import Settings, StartupError
 from .store.memory import MemoryStore
-from .store.migrations import SchemaTooNew
 from .store.sqlite import SqliteStore, disk_full
+from .store.sqlite.migrations import SchemaTooNew
 from .store.urls import redacted
 from .tools.egress import EgressPolicy
 from .tools.http import HttpTools
@@ -225,8 +225,8 @@ async def opened_store(url: str) -> Store:
         return _opened_sqlite(url)
     import asyncpg  # type: ignore[import-untyped]
 
-    from .store.pg_migrations import SchemaTooNew as PgSchemaTooNew
     from .store.postgres import PostgresStore
+    from .store.postgres.migrations import SchemaTooNew as PgSchemaTooNew
 
     store = PostgresStore(url)
     try:
@@ -350,8 +350,7 @@ async def start(settings: Settings, *, span_exporter: SpanExporter | None = None
     leases: Leases | None = None
     forwarder: Forwarder | None = None
     if store.__class__.__name__ == "PostgresStore":  # replicas may share it: run under leases
-        from .store.pg_leases import PostgresLeases
-        from .store.postgres import PostgresStore
+        from .store.postgres import PostgresLeases, PostgresStore
 
         assert isinstance(store, PostgresStore)
         leasing = PostgresLeases(store, advertised(settings, port), settings.lease_duration)

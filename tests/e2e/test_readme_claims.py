@@ -532,7 +532,7 @@ PACKAGE = ROOT / "server" / "agentruntime_server"
 
 
 def test_every_file_the_pages_name_exists() -> None:
-    """A file README.md, CHANGELOG.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/sqlite.py`) is in
+    """A file README.md, CHANGELOG.md or a docs/ page names in code (`tests/api/test_quotas.py`, `store/payloads.py`) is in
     the repository, from its root or from the server's package: a file moved or renamed takes its
     mentions along."""
     missing: list[str] = []

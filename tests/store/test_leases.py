@@ -16,7 +16,7 @@ from agentruntime_server.domain.errors import Fenced
 from agentruntime_server.domain.journal import Journal, Tree, replay
 from agentruntime_server.domain.ownership import Claim
 from agentruntime_server.domain.watching.event_log import EventLog
-from agentruntime_server.store.pg_leases import PRUNE_AFTER
+from agentruntime_server.store.postgres.leases import PRUNE_AFTER
 
 from tests.support.replicas import LEASE, Replica, journal_of, no_events, two_replicas
 from tests.support.story import AGENTS, figures, story

@@ -31,9 +31,10 @@ from agentruntime_server.domain.journal import (
     TurnStarted,
 )
 from agentruntime_server.domain.vocabulary import Budget, Message
-from agentruntime_server.store.migrations import MIGRATIONS, SchemaTooNew, migrate
 from agentruntime_server.store.payloads import GROUP_BYTES, journal_rows
-from agentruntime_server.store.sqlite import COMMIT_PACE, LOOP_BUSY, SqliteStore
+from agentruntime_server.store.sqlite import SqliteStore
+from agentruntime_server.store.sqlite.commits import COMMIT_PACE, LOOP_BUSY
+from agentruntime_server.store.sqlite.migrations import MIGRATIONS, SchemaTooNew, migrate
 
 from tests.support.build import agent, create, http_tool, run, spawn, views
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results

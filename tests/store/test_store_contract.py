@@ -56,11 +56,11 @@ from agentruntime_server.domain.vocabulary import (
 )
 from agentruntime_server.domain.watching.event_log import Event, EventLog
 from agentruntime_server.store.memory import MemoryStore
-from agentruntime_server.store.migrations import MIGRATIONS
 from agentruntime_server.store.payloads import definitions_json, encode
-from agentruntime_server.store.pg_migrations import MIGRATIONS as PG_MIGRATIONS
 from agentruntime_server.store.postgres import PostgresStore
+from agentruntime_server.store.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
 from agentruntime_server.store.sqlite import SqliteStore
+from agentruntime_server.store.sqlite.migrations import MIGRATIONS
 
 from tests.support.build import agent, create, run
 from tests.support.model_server import Reply, ScriptedModelServer

@@ -21,8 +21,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Journal, Tree
 from agentruntime_server.domain.watching.event_log import EventLog
-from agentruntime_server.store.pg_leases import PostgresLeases
-from agentruntime_server.store.postgres import PostgresStore
+from agentruntime_server.store.postgres import PostgresLeases, PostgresStore
 
 from tests.support.build import agent, http_tool
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results

@@ -6,7 +6,7 @@ again; a forwarded call is never forwarded a second time.
 Forwarding rather than a command table: a call reaches the owner in one hop with no
 polling and no table to clean, Wait and Watch stream from the process where the events
 happen, and the owner's answer (a TaskResult, an error with its details) needs no second
-encoding. The database still decides who the owner is (store/pg_leases.py)."""
+encoding. The database still decides who the owner is (store/postgres/leases.py)."""
 
 from __future__ import annotations
 

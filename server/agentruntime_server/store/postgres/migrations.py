@@ -2,7 +2,7 @@
 the version (one row).
 
 Append a new entry to change the schema; never edit one that has shipped. The logical
-tables are SQLite's (store/migrations.py), at that schema's last version: a PostgreSQL
+tables are SQLite's (store/sqlite/migrations.py), at that schema's last version: a PostgreSQL
 store starts there, with no history to migrate."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ MIGRATIONS: list[str] = [
     """,
     # 2: replicas and leases. A runtime's owner is the replica executing it (NULL: none);
     # its epoch grows with every claim, and a journal write is accepted only from the owner
-    # at the epoch it claimed (store/pg_leases.py).
+    # at the epoch it claimed (store/postgres/leases.py).
     """
     CREATE TABLE replicas (
         id TEXT PRIMARY KEY,

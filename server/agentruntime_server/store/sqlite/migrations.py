@@ -12,16 +12,17 @@ from collections.abc import Callable
 
 from pydantic import TypeAdapter
 
-from ..domain.journal import Tree
-from ..domain.journal.replay import replay
-from ..domain.vocabulary import AgentSpec
-from . import legacy, payloads
+from ...domain.journal import Tree
+from ...domain.journal.replay import replay
+from ...domain.vocabulary import AgentSpec
+from .. import payloads
+from . import legacy
 
 log = logging.getLogger(__name__)
 
 
 def _to_journal(db: sqlite3.Connection) -> None:
-    """3: the journal. Every runtime's rows become journal steps (store/legacy.py); the
+    """3: the journal. Every runtime's rows become journal steps (store/sqlite/legacy.py); the
     tables they came from are dropped."""
     db.execute(
         "CREATE TABLE journal (runtime_id TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL, "
@@ -226,7 +227,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     CREATE INDEX replies_by_age ON replies (at);
     """,
     # 9: one row the store writes to learn whether it can write again, after a write failed
-    # for want of space or I/O (store/sqlite.py).
+    # for want of space or I/O (store/sqlite/connection.py).
     "CREATE TABLE store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL)",
     # 10: what the tenants' model calls cost, by minute, beside their tokens (micro-units).
     "ALTER TABLE tenant_tokens ADD COLUMN micros INTEGER NOT NULL DEFAULT 0",

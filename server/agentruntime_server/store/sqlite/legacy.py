@@ -8,9 +8,9 @@ import json
 import sqlite3
 from typing import Any
 
-from ..domain.billing.usage import Usage
-from ..domain.journal import Answered, Entry, EventsImported, Imported, Spawned, Step
-from ..domain.vocabulary import (
+from ...domain.billing.usage import Usage
+from ...domain.journal import Answered, Entry, EventsImported, Imported, Spawned, Step
+from ...domain.vocabulary import (
     Answer,
     Budget,
     HandleState,
@@ -24,7 +24,7 @@ from ..domain.vocabulary import (
     ToolOutput,
     ToolResult,
 )
-from ..domain.watching.event_log import Event, EventKind
+from ...domain.watching.event_log import Event, EventKind
 
 
 def _json(raw: bytes | str | None) -> Any:

@@ -34,9 +34,9 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 
-from ..domain.ownership import Claim
-from .pg_weather import guarded
-from .postgres import PostgresStore
+from ...domain.ownership import Claim
+from .store import PostgresStore
+from .weather import guarded
 
 log = logging.getLogger(__name__)
 

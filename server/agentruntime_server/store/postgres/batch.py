@@ -1,12 +1,12 @@
-"""What one tick appended to the PostgreSQL store (store/postgres.py), by every runtime,
+"""What one tick appended to the PostgreSQL store (store/postgres/), by every runtime,
 and the commit that writes it."""
 
 from __future__ import annotations
 
 import asyncio
 
-from ..domain.journal.tree import RuntimeCounts
-from .payloads import Row
+from ...domain.journal.tree import RuntimeCounts
+from ..payloads import Row
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:

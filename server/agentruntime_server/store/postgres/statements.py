@@ -1,12 +1,12 @@
-"""The statements of the PostgreSQL store (store/postgres.py) that are more than a line, and
+"""The statements of the PostgreSQL store (store/postgres/) that are more than a line, and
 how a journal row it reads (`ENTRIES`) becomes an entry again."""
 
 from __future__ import annotations
 
 import zlib
 
-from ..domain.journal import Entry
-from . import payloads
+from ...domain.journal import Entry
+from .. import payloads
 
 ENTRIES = "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1"
 
