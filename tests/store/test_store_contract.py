@@ -1,4 +1,4 @@
-"""The store conformance suite (issue 10): the contract of domain/ports.py `Store`, held to
+"""The store conformance suite (issue 10): the contract of domain/ports/store.py `Store`, held to
 every backend the same way, without gRPC.
 
 Each test takes a `backend` (a way to open a store on one place: `backend.open()`), made by

@@ -1,5 +1,5 @@
 """Who executes a runtime. A process on a store of its own executes all of them (SoleOwner);
-replicas sharing a database take a lease per runtime (ports.Leases; store/pg_leases.py)."""
+replicas sharing a database take a lease per runtime (ports.Leases; store/postgres/leases.py)."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ class Store(Protocol):
 class Leases(Protocol):
     """Which process executes which runtime. One process on its own store owns every runtime
     (ownership.SoleOwner); replicas sharing a database hold a lease per runtime, with a
-    fencing epoch the store checks on every journal write (store/pg_leases.py)."""
+    fencing epoch the store checks on every journal write (store/postgres/leases.py)."""
 
     shared: bool  # True: other processes may execute runtimes of this store
 
