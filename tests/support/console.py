@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
-from agentruntime_server.console.app import Target, build
+from agentruntime_server.console.app import build
+from agentruntime_server.console.target import Target
 from aiohttp import web
 from google.protobuf.message import Message as ProtoMessage
 from selenium import webdriver

@@ -17,7 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agentruntime_server.console.app import Target, build
+from agentruntime_server.console.app import build
+from agentruntime_server.console.target import Target
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -4,29 +4,22 @@ pages."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import grpc
-import jinja2
-from agentruntime.client import AgentRuntimeError, Client
+from agentruntime.client import AgentRuntimeError
 from aiohttp import web
 
 from . import pages, signin
-from .feeds import Feeds
+from .context import HERE, Console
 from .hosts import Site, refusal_page
 from .limits import Limits
-from .sessions import COOKIE, FORM_COOKIE, SESSION, Session, Sessions, SessionsFull, set_cookie
-from .throttle import SignInThrottle
+from .sessions import COOKIE, FORM_COOKIE, SESSION, Session, SessionsFull, set_cookie
+from .target import Target
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).parent
 CONSOLE_KEY: web.AppKey[Console] = web.AppKey("console")
 NEW_SESSION = web.RequestKey("new_session", Session)  # a session made by this request: its cookie goes with the answer
 # Every script, style and image is the console's own: nothing inline, nothing from elsewhere.
@@ -35,74 +28,6 @@ CSP = (
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 OPEN_PATHS = ("/signin", "/static/", "/healthz")
-
-
-@dataclass(frozen=True)
-class Target:
-    """The runtime the console talks to, and how (the CLI's connection options)."""
-
-    address: str
-    tls: bool = False
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-    token: str | None = None  # used by people who sign in without one
-    secure_cookies: bool = False  # the console is served over HTTPS (by itself or a proxy)
-
-    def client(self, token: str | None, *, default_token: bool = True, timeout: float = 30.0) -> Client:
-        """A client with the person's token (or the console's, unless `default_token` is off)."""
-        return Client(
-            self.address,
-            token=token or (self.token if default_token else None),
-            tls=self.tls,
-            root_certificates=self.ca,
-            client_cert=self.cert,
-            client_key=self.key,
-            timeout=timeout,
-            retry_window=5.0,
-        )
-
-
-class Console:
-    def __init__(self, target: Target, site: Site, limits: Limits) -> None:
-        self.target = target
-        self.site = site
-        self.limits = limits
-        self.sessions = Sessions(limits)
-        self.throttle = SignInThrottle(limits)
-        self.open_server = signin.OpenServer(target)
-        self.feeds = Feeds()  # the runtimes' Watches, each shared by the live pages of one token
-        self.streams: set[asyncio.Task[Any]] = set()  # the live pages' event streams
-        self.ended: dict[asyncio.Task[Any], str] = {}  # streams told to end, and why
-        self.templates = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(HERE / "templates"),
-            autoescape=True,  # every text a model, a tool or a host wrote is hostile
-            undefined=jinja2.StrictUndefined,
-            enable_async=False,
-        )
-        self.templates.globals["static"] = _static_url
-
-    def render(self, request: web.Request, name: str, http_status: int = 200, **values: Any) -> web.Response:
-        session: Session | None = request.get(SESSION)
-        values.setdefault("csrf", session.csrf if session else "")
-        page = self.templates.get_template(name).render(
-            session=session,
-            flashes=session.take_flashes() if session else [],
-            target=self.target.address,
-            request_id=secrets.token_hex(16),  # a form's Resume, Interrupt or Close: once however often it is sent
-            **values,
-        )
-        return web.Response(text=page, status=http_status, content_type="text/html", charset="utf-8")
-
-
-_VERSIONED: dict[str, str] = {}
-
-
-def _static_url(name: str) -> str:
-    """`/static/console.js?v=...`: a changed file is fetched again, an unchanged one cached."""
-    if name not in _VERSIONED:
-        _VERSIONED[name] = hashlib.sha256((HERE / "static" / name).read_bytes()).hexdigest()[:12]
-    return f"/static/{name}?v={_VERSIONED[name]}"
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

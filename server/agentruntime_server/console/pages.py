@@ -19,7 +19,7 @@ from .sessions import SESSION, Session
 from .views import budget_text, cost_text, failure_name, json_text, limit_name, state_name, status_name, struct_text, tree_order
 
 if TYPE_CHECKING:
-    from .app import Console
+    from .context import Console
 
 RESUME_WAIT = 2.0  # seconds an answer's page waits for the Resume before it moves on (the run goes on)
 

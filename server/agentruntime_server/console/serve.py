@@ -64,8 +64,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         from aiohttp import web
 
-        from .app import Target, build
+        from .app import build
         from .hosts import Site
+        from .target import Target
     except ImportError as error:
         print(f"error: the console needs its extra ({error.name}): pip install 'agentruntime-server[console]'", file=sys.stderr)
         return 2
