@@ -103,7 +103,7 @@ def turn_key(body: dict[str, Any]) -> tuple[str, str, int]:
 class Connection:
     """The current server's stub; drivers wait on `up` while it is down."""
 
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeAsyncStub
     up: asyncio.Event = field(default_factory=asyncio.Event)
 
 

@@ -30,7 +30,7 @@ from tests.support.tool_server import ToolServer
 __all__ = ["signin"]  # fixtures of tests/support, used here
 
 
-async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+async def wait(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=60)).result
 
 

@@ -115,7 +115,7 @@ class Race:
 class Hunt:
     model: Model
     rng: random.Random
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     gen: int = 0
     tops: list[str] = field(default_factory=list)  # top-level handles of this generation
     closed: set[str] = field(default_factory=set)
@@ -448,7 +448,7 @@ class Hunt:
             if late:
                 self.flag(f"runtime generation {gen} was deleted, and its handles called the model after: {late[:3]}")
 
-    async def start(self, stub: pb_grpc.AgentRuntimeStub) -> None:
+    async def start(self, stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
         self.stub = stub
         if self.round == 0:
             await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=RUNTIME, agents=AGENTS), timeout=CALL_TIMEOUT)

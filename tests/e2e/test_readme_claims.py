@@ -60,7 +60,7 @@ def ask(question: str) -> pb.ScriptedReply:
     return pb.ScriptedReply(tool_calls=[pb.ScriptedToolCall(name="ask", arguments_json=json.dumps({"question": question}))])
 
 
-async def from_example(stub: pb_grpc.AgentRuntimeStub, name: str) -> str:
+async def from_example(stub: pb_grpc.AgentRuntimeAsyncStub, name: str) -> str:
     request = json_format.Parse((ROOT / "examples" / name).read_text(), pb.CreateRuntimeRequest())
     return (await stub.CreateRuntime(request)).runtime_id
 

@@ -74,7 +74,7 @@ class Cluster:
     def __init__(self, database: str, model: ScriptedModelServer, tmp: Path, size: int) -> None:
         env = {"AGENTRUNTIME_LEASE_DURATION": str(LEASE), "AGENTRUNTIME_SHUTDOWN_GRACE": "5"}
         self.replicas = [ServerProcess(database, model.base_url, tmp / f"replica-{n}.log", env) for n in range(size)]
-        self.stubs: dict[int, pb_grpc.AgentRuntimeStub] = {}
+        self.stubs: dict[int, pb_grpc.AgentRuntimeAsyncStub] = {}
 
     async def start(self, *which: int) -> None:
         for n in which or range(len(self.replicas)):
@@ -83,7 +83,7 @@ class Cluster:
     def down(self, n: int) -> None:
         self.stubs.pop(n, None)
 
-    async def call(self, rpc: Callable[[pb_grpc.AgentRuntimeStub], Awaitable[T]], patience: float = 60.0) -> T:
+    async def call(self, rpc: Callable[[pb_grpc.AgentRuntimeAsyncStub], Awaitable[T]], patience: float = 60.0) -> T:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience
         while True:
@@ -127,7 +127,7 @@ async def start_root(cluster: Cluster, tools: ToolServer, job: int) -> tuple[str
     handle_id = spawned.handle_id
     attempts = 0
 
-    async def wake(stub: pb_grpc.AgentRuntimeStub) -> None:
+    async def wake(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
         nonlocal attempts
         attempts += 1
         try:
@@ -156,7 +156,7 @@ async def settled(cluster: Cluster, runtime_id: str, handle_id: str) -> pb.TaskR
             return reply.result
 
 
-async def watched(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[int]:
+async def watched(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> list[int]:
     """Every event seq of a runtime's stream, up to its root settling."""
     seqs = []
     async for response in stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=120):
@@ -266,7 +266,7 @@ async def test_a_forwarded_call_answers_as_the_owner_does_errors_and_details_inc
 
 
 async def reconnecting_watch(
-    cluster: Cluster, stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str
+    cluster: Cluster, stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str
 ) -> tuple[list[int], int]:
     """A client's Watch that starts on `stub`'s replica and, when that replica goes away,
     reconnects to another live one with its last seq; the seqs it saw, and its reconnects."""
@@ -452,7 +452,7 @@ async def test_a_watch_forwarded_to_the_runtimes_owner_counts_once_where_it_is_f
         runtime_id = await create(owner, agent("solo"))
         await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="solo"), timeout=10)  # the first replica runs it
 
-        async def opened(stub: pb_grpc.AgentRuntimeStub) -> Any:
+        async def opened(stub: pb_grpc.AgentRuntimeAsyncStub) -> Any:
             call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=30)
             assert (await call.read()).event.seq == 1
             return call

@@ -103,7 +103,7 @@ class Stream:
 class Hunt:
     model: Model
     rng: random.Random
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     streams: list[Stream] = field(default_factory=list)  # open ones
     retired: list[Stream] = field(default_factory=list)
     tops: list[str] = field(default_factory=list)

@@ -432,7 +432,7 @@ class Hunt:
     model: Model
     rng: random.Random
     client: Client
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     round: int = 0
     runtime: str = ""
     tops: list[str] = field(default_factory=list)

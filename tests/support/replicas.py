@@ -110,7 +110,7 @@ async def pair(database: str, model: ScriptedModelServer, tmp_path: Path) -> Asy
         await made.stop()
 
 
-async def started_run(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> tuple[str, str]:
+async def started_run(stub: pb_grpc.AgentRuntimeAsyncStub, tools: ToolServer) -> tuple[str, str]:
     created = await stub.CreateRuntime(
         pb.CreateRuntimeRequest(agents=[agent("solo", tools=[http_tool("hit", tools.url("hit"))])]), timeout=10
     )
@@ -120,7 +120,7 @@ async def started_run(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> tupl
 
 
 async def settled_at(
-    stub: pb_grpc.AgentRuntimeStub,
+    stub: pb_grpc.AgentRuntimeAsyncStub,
     runtime_id: str,
     handle_id: str,
     patience: float,

@@ -36,7 +36,7 @@ def bearer(token: str) -> tuple[tuple[str, str]]:
 class Caller:
     """One tenant's token on a stub: `await acme("Inspect", request)`."""
 
-    def __init__(self, stub: pb_grpc.AgentRuntimeStub, entry: tuple[str, str, list[str], str]) -> None:
+    def __init__(self, stub: pb_grpc.AgentRuntimeAsyncStub, entry: tuple[str, str, list[str], str]) -> None:
         self.stub = stub
         self.tenant, self.token, _, self.name = entry
 
