@@ -74,7 +74,7 @@ def status_details(error: grpc.aio.AioRpcError) -> list[Any]:
     """The google.rpc details packed in the error's trailing metadata."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)  # type: ignore[arg-type]
+            status = status_pb2.Status.FromString(value)
             found: list[Any] = []
             for detail in status.details:
                 for kind in (
