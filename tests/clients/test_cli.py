@@ -149,7 +149,9 @@ async def test_a_run_left_pending_is_finished_by_resume(scripted: RunningServer)
     assert (result["status"], result["own tokens"], result["total tokens"]) == ("DONE", "200", "220")
 
 
-async def test_run_asks_for_approval_and_input(scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, tmp_path: Path) -> None:
+async def test_run_asks_for_approval_and_input(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, tmp_path: Path
+) -> None:
     ask = {"name": "ask", "arguments_json": json.dumps({"question": "Which table?"})}
     drop = {"name": "drop", "arguments_json": json.dumps({"table": "users"})}
     ops = {
@@ -334,7 +336,7 @@ async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
     token = "cli-test-token"
     entry = {"tenant": "acme", "token_sha256": hashlib.sha256(token.encode()).hexdigest(), "scopes": ["read"], "name": "cli"}
     (tmp_path / "tokens.json").write_text(json.dumps([entry]))
-    security = {
+    security: dict[str, Any] = {
         "tls_cert": str(tmp_path / "server.pem"),
         "tls_key": str(tmp_path / "server.key"),
         "tls_client_ca": str(tmp_path / "ca.pem"),
