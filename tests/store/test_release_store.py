@@ -58,6 +58,7 @@ async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntim
     ]
     stream = stub.Watch(pb.WatchRequest(runtime_id="legacy-done"))
     first = await stream.read()
+    assert isinstance(first, pb.WatchResponse)
     assert first.event.seq == 1 and first.event.spawned.agent == "coordinator"
     stream.cancel()
 

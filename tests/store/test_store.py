@@ -14,7 +14,7 @@ import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -43,7 +43,9 @@ from tests.support.tool_server import ToolServer
 
 
 @pytest.fixture
-async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub]]:
+async def durable(
+    tmp_path: Path, model: ScriptedModelServer
+) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub]]:
     async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
