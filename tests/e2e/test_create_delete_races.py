@@ -79,7 +79,9 @@ async def committed_steps(url: str, runtime_id: str) -> list[object]:
     return [step for (stored,) in rows for step in payloads.steps_in(bytes(stored))]  # SQLite's rows: a group commit's
 
 
-async def spawn_until_deleted(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, deleted: asyncio.Event) -> list[tuple[bool, str]]:
+async def spawn_until_deleted(
+    stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, deleted: asyncio.Event
+) -> list[tuple[bool, str]]:
     """Every Spawn's outcome: (sent after DeleteRuntime answered OK, the handle or the code)."""
     outcomes: list[tuple[bool, str]] = []
     after = 0

@@ -24,6 +24,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import CallFinished, CallStarted
 from agentruntime_server.store import payloads
+from google.protobuf import duration_pb2
 
 from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.support.build import agent, create, http_tool, run, status_details
@@ -149,7 +150,9 @@ async def start_root(cluster: Cluster, tools: ToolServer, job: int) -> tuple[str
 async def settled(cluster: Cluster, runtime_id: str, handle_id: str) -> pb.TaskResult:
     while True:
         reply = await cluster.call(
-            lambda s: s.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout={"seconds": 5}), timeout=20),
+            lambda s: s.Wait(
+                pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=duration_pb2.Duration(seconds=5)), timeout=20
+            ),
             patience=120,
         )
         if reply.result.status != pb.STATUS_TIMEOUT:
@@ -411,7 +414,7 @@ async def test_replicas_forward_over_mtls_with_the_callers_token(
     authenticates the call again."""
     ca = tmp_path / "ca.pem"  # one CA signs the replicas' certificates and the clients'
     pki.ca.cert_pem.write_to_path(str(ca))
-    settings = {
+    settings: dict[str, Any] = {
         "store": database,
         "tls_cert": str(pki.cert),
         "tls_key": str(pki.key),
@@ -452,9 +455,10 @@ async def test_a_watch_forwarded_to_the_runtimes_owner_counts_once_where_it_is_f
         runtime_id = await create(owner, agent("solo"))
         await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="solo"), timeout=10)  # the first replica runs it
 
-        async def opened(stub: pb_grpc.AgentRuntimeAsyncStub) -> Any:
+        async def opened(stub: pb_grpc.AgentRuntimeAsyncStub) -> grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.WatchResponse]:
             call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=30)
-            assert (await call.read()).event.seq == 1
+            first = await call.read()
+            assert isinstance(first, pb.WatchResponse) and first.event.seq == 1
             return call
 
         streams = [await opened(other), await opened(other)]
