@@ -137,7 +137,8 @@ async def serving(folder: Path) -> AsyncIterator[tuple[ServerProcess, pb_grpc.Ag
     assert server.process is not None
     try:
         first = stub.Watch(pb.WatchRequest(runtime_id="big"), metadata=bearer(ACME_READER[1]))
-        assert (await first.read()).event.seq == 1
+        loaded = await first.read()
+        assert isinstance(loaded, pb.WatchResponse) and loaded.event.seq == 1
         first.cancel()
         print(f"  (a server process with the runtime loaded: {rss_mb(server.process.pid):.0f} MB)")
         yield server, stub

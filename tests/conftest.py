@@ -75,7 +75,7 @@ def server(served: Served) -> RunningServer:
 
 
 @pytest.fixture
-def stub(served: Served) -> pb_grpc.AgentRuntimeStub:
+def stub(served: Served) -> pb_grpc.AgentRuntimeAsyncStub:
     return served.stub
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import trustme
-from agentruntime_server.http import BadReply, ConnectFailed, ConnectionLost, HttpClient, ReplyTimeout
+from agentruntime_server.http import BadReply, BodyLimit, ConnectFailed, ConnectionLost, HttpClient, ReplyTimeout, Response
 from aiohttp import web
 
 from tests.support.poll import until
@@ -88,9 +88,12 @@ def ok(body: bytes = b"hello", *extra: str) -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), headers.encode(), body)
 
 
-async def post(client: HttpClient, port: int, body: bytes = b"{}", path: str = "/x", **kwargs: object) -> object:
-    options: dict[str, object] = {"timeout": 5.0, "max_body": 1 << 20, **kwargs}
-    return await client.post(f"http://127.0.0.1:{port}{path}", body, {"Content-Type": "application/json"}, **options)  # type: ignore[arg-type]
+async def post(
+    client: HttpClient, port: int, body: bytes = b"{}", path: str = "/x", *, timeout: float = 5.0, max_body: BodyLimit = 1 << 20
+) -> Response:
+    return await client.post(
+        f"http://127.0.0.1:{port}{path}", body, {"Content-Type": "application/json"}, timeout=timeout, max_body=max_body
+    )
 
 
 # ---- the exchange ------------------------------------------------------------------------
@@ -151,7 +154,7 @@ async def test_connection_close_and_http_1_0_replies_are_not_reused() -> None:
     async with raw_server(lambda _: reply) as server:
         client = HttpClient()
         for _ in range(2):
-            assert (await post(client, server.port)).body == b"hi"  # type: ignore[attr-defined]
+            assert (await post(client, server.port)).body == b"hi"
         assert server.connections == 2
         await client.close()
 
@@ -160,15 +163,15 @@ async def test_chunked_and_read_until_close_bodies() -> None:
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     async with raw_server(lambda _: chunked) as server:
         client = HttpClient()
-        assert (await post(client, server.port)).body == b"hello world"  # type: ignore[attr-defined]
-        assert (await post(client, server.port)).body == b"hello world"  # type: ignore[attr-defined]
+        assert (await post(client, server.port)).body == b"hello world"
+        assert (await post(client, server.port)).body == b"hello world"
         assert server.connections == 1
         await client.close()
     unframed = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it until the end"
     async with raw_server(lambda _: unframed, close_after=True) as server:
         client = HttpClient()
         response = await post(client, server.port)
-        assert response.body == b"all of it until the end"  # type: ignore[attr-defined]
+        assert response.body == b"all of it until the end"
         await client.close()
 
 
@@ -177,7 +180,7 @@ async def test_interim_replies_are_skipped() -> None:
     async with raw_server(lambda _: reply) as server:
         client = HttpClient()
         response = await post(client, server.port)
-        assert (response.status, response.body, response.headers.get("x-final"), "link" in response.headers) == (  # type: ignore[attr-defined]
+        assert (response.status, response.body, response.headers.get("x-final"), "link" in response.headers) == (
             200,
             b"final",
             "1",
@@ -194,8 +197,8 @@ async def test_headers_are_lower_cased_repeated_ones_joined_and_charset_read() -
         client = HttpClient()
         response = await post(client, server.port)
         await client.close()
-    assert response.headers["x-many"] == "a, b" and response.headers["retry-after"] == "3"  # type: ignore[attr-defined]
-    assert response.charset == "ISO-8859-1"  # type: ignore[attr-defined]
+    assert response.headers["x-many"] == "a, b" and response.headers["retry-after"] == "3"
+    assert response.charset == "ISO-8859-1"
 
 
 # ---- bounds ------------------------------------------------------------------------------
@@ -206,9 +209,9 @@ async def test_a_body_over_the_limit_is_cut_not_read_and_its_connection_closed()
     async with raw_server(lambda _: ok(big)) as server:
         client = HttpClient()
         response = await post(client, server.port, max_body=1000)
-        assert (len(response.body), response.truncated) == (1000, True)  # type: ignore[attr-defined]
+        assert (len(response.body), response.truncated) == (1000, True)
         exact = await post(client, server.port, max_body=100_000)
-        assert (len(exact.body), exact.truncated) == (100_000, False)  # type: ignore[attr-defined]
+        assert (len(exact.body), exact.truncated) == (100_000, False)
         assert server.connections == 2  # the cut one was not reused
         await client.close()
 
@@ -223,9 +226,9 @@ async def test_a_body_limit_may_depend_on_the_status() -> None:
             return 60_000 if status < 300 else 100
 
         whole = await post(client, server.port, max_body=limit)
-        assert (len(whole.body), whole.truncated) == (50_000, False)  # type: ignore[attr-defined]
+        assert (len(whole.body), whole.truncated) == (50_000, False)
         error = await post(client, server.port, max_body=limit)
-        assert (error.status, error.body, error.truncated) == (500, b"y" * 100, True)  # type: ignore[attr-defined]
+        assert (error.status, error.body, error.truncated) == (500, b"y" * 100, True)
         await client.close()
 
 
@@ -243,9 +246,9 @@ async def test_compressed_bodies_are_decoded_and_bounded_when_decoded(encoding: 
     async with raw_server(lambda _: ok(packed, f"Content-Encoding: {name}")) as server:
         client = HttpClient()
         whole = await post(client, server.port)
-        assert (whole.body, whole.truncated) == (text, False)  # type: ignore[attr-defined]
+        assert (whole.body, whole.truncated) == (text, False)
         bomb = await post(client, server.port, max_body=4096)  # small on the wire, over the limit decoded
-        assert (bomb.body, bomb.truncated) == (text[:4096], True)  # type: ignore[attr-defined]
+        assert (bomb.body, bomb.truncated) == (text[:4096], True)
         await client.close()
 
 
@@ -266,8 +269,8 @@ async def test_a_reply_that_is_not_http_or_too_big_in_its_headers_is_a_bad_reply
 async def test_a_server_that_says_more_than_one_reply_loses_its_connection() -> None:
     async with raw_server(lambda _: ok(b"one") + ok(b"two")) as server:
         client = HttpClient()
-        assert (await post(client, server.port)).body == b"one"  # type: ignore[attr-defined]
-        assert (await post(client, server.port)).body == b"one"  # type: ignore[attr-defined]
+        assert (await post(client, server.port)).body == b"one"
+        assert (await post(client, server.port)).body == b"one"
         assert server.connections == 2
         await client.close()
 
@@ -306,7 +309,7 @@ async def test_a_deadline_covers_the_whole_exchange_and_closes_the_connection() 
         assert asyncio.get_running_loop().time() - started < 2
         await until(lambda: server.eofs == 1, "the server to see the client go", timeout=5)
         assert server.eofs == 1  # the server saw the client go
-        assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
+        assert (await post(client, server.port)).status == 200
         assert server.connections == 2 and client.connections == 1
         await client.close()
 
@@ -327,7 +330,7 @@ async def test_each_exchange_times_out_at_its_own_deadline() -> None:
         late = asyncio.ensure_future(timed(0.6))
         await asyncio.sleep(0.05)
         early = asyncio.ensure_future(timed(0.2))
-        assert (await post(client, server.port, timeout=0.3)).status == 200  # type: ignore[attr-defined]
+        assert (await post(client, server.port, timeout=0.3)).status == 200
         # (uvloop's timers count whole milliseconds: one may fire a hair before its time)
         assert 0.199 <= await early < 0.5
         assert 0.599 <= await late < 1.0
@@ -344,7 +347,7 @@ async def test_a_cancelled_exchange_closes_its_connection_and_frees_its_slot() -
             await call
         await until(lambda: server.eofs == 1, "the server to see the client go", timeout=5)
         assert server.eofs == 1 and client.connections == 0
-        assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
+        assert (await post(client, server.port)).status == 200
         await client.close()
 
 
@@ -355,7 +358,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> 
         server.close_after = True  # the next reply, then the server hangs up
         await post(client, server.port)
         await until(lambda: client.connections == 0, "the close to reach the client while its connection is idle", timeout=5)
-        assert (await post(client, server.port)).status == 200  # type: ignore[attr-defined]
+        assert (await post(client, server.port)).status == 200
         assert server.connections == 2
         await client.close()
 
@@ -418,7 +421,7 @@ async def test_the_pool_size_caps_connections_and_the_rest_wait_their_turn() -> 
         await until(lambda: client.connections == 2, "two connections to open", timeout=5)
         assert client.connections == 2
         gate.set()
-        bodies = [response.body for response in await asyncio.gather(*calls)]  # type: ignore[attr-defined]
+        bodies = [response.body for response in await asyncio.gather(*calls)]
         assert bodies == [b"%d" % i for i in range(6)]
         assert server.connections == 2 and server.most_open <= 2
         await client.close()

@@ -48,7 +48,7 @@ def scripted(scripted_served: Served) -> RunningServer:
 
 
 @pytest.fixture
-def stub(scripted_served: Served) -> pb_grpc.AgentRuntimeStub:
+def stub(scripted_served: Served) -> pb_grpc.AgentRuntimeAsyncStub:
     return scripted_served.stub
 
 
@@ -93,7 +93,7 @@ def runtime_of(stdout: str) -> str:
 
 
 async def test_run_shows_every_event_and_ends_done_with_the_tree_bill(
-    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub
 ) -> None:
     prompt = "How does the Python GIL affect CPU-bound threads?"
     code, out, err = await cli(scripted, "run", str(AGENTS), "--prompt", prompt)
@@ -118,7 +118,7 @@ async def test_run_shows_every_event_and_ends_done_with_the_tree_bill(
 
 
 async def test_run_asks_for_the_relay_output_on_stdin_and_resumes_to_done(
-    scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub
 ) -> None:
     code, out, err = await cli(scripted, "run", str(RELEASE), "--prompt", "Ship v2.", stdin="deployed v2 at 12:00\n")
     assert (code, err) == (0, ""), out + err
@@ -149,7 +149,9 @@ async def test_a_run_left_pending_is_finished_by_resume(scripted: RunningServer)
     assert (result["status"], result["own tokens"], result["total tokens"]) == ("DONE", "200", "220")
 
 
-async def test_run_asks_for_approval_and_input(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub, tmp_path: Path) -> None:
+async def test_run_asks_for_approval_and_input(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, tmp_path: Path
+) -> None:
     ask = {"name": "ask", "arguments_json": json.dumps({"question": "Which table?"})}
     drop = {"name": "drop", "arguments_json": json.dumps({"table": "users"})}
     ops = {
@@ -271,7 +273,7 @@ async def test_a_command_sent_while_the_server_is_away_gets_through_when_it_is_b
         assert (code, out, err) == (0, "deleted runtime kept\n", "")
 
 
-async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServer, stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_runtimes_lists_newest_first_and_rm_deletes(scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     for runtime_id in ("older", "newer"):
         code, _, err = await cli(scripted, "run", str(AGENTS), "--runtime-id", runtime_id, "--prompt", "hi")
         assert (code, err) == (0, "")
@@ -334,7 +336,7 @@ async def test_runtimes_over_mtls_with_a_token(tmp_path: Path) -> None:
     token = "cli-test-token"
     entry = {"tenant": "acme", "token_sha256": hashlib.sha256(token.encode()).hexdigest(), "scopes": ["read"], "name": "cli"}
     (tmp_path / "tokens.json").write_text(json.dumps([entry]))
-    security = {
+    security: dict[str, Any] = {
         "tls_cert": str(tmp_path / "server.pem"),
         "tls_key": str(tmp_path / "server.key"),
         "tls_client_ca": str(tmp_path / "ca.pem"),

@@ -86,7 +86,8 @@ def refusal(code: grpc.StatusCode, message: str, *, reason: str = "", retry_dela
         retry = any_pb2.Any()
         retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         details.append(retry)
-    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=details))
+    status: grpc.Status = rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=details))
+    return status
 
 
 UNAVAILABLE = refusal(grpc.StatusCode.UNAVAILABLE, "the server is restarting")
@@ -161,7 +162,9 @@ for _method in ANSWERS:
 
 @pytest.fixture
 async def flaky() -> AsyncIterator[tuple[Flaky, str]]:
-    servicer = Flaky()
+    # The generated .pyi marks every servicer method abstract; at run time the base answers
+    # UNIMPLEMENTED (ServeTools here) and the unary methods are the ones set above.
+    servicer = Flaky()  # type: ignore[abstract]
     server = grpc.aio.server()
     pb_grpc.add_AgentRuntimeServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -338,20 +341,20 @@ async def test_nothing_is_retried_after_the_caller_cancels(flaky: tuple[Flaky, s
     servicer, address = flaky
     async with Client(address) as client:
         servicer.holds = 1  # cancelled during an attempt
-        calling = asyncio.ensure_future(client.wake("rt", "root/a.1"))
+        waking = asyncio.ensure_future(client.wake("rt", "root/a.1"))
         await until(lambda: len(servicer.attempts) == 1, "the first attempt at the server")
-        calling.cancel()
+        waking.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await calling
+            await waking
 
         # cancelled while it waits to try again (the server asked for half a second)
         servicer.refuse(None, refusal(grpc.StatusCode.UNAVAILABLE, "moving", reason="RUNTIME_MOVING", retry_delay=0.5))
-        calling = asyncio.ensure_future(client.post("rt", "root/a.1", "hi"))
+        posting = asyncio.ensure_future(client.post("rt", "root/a.1", "hi"))
         await until(lambda: len(servicer.attempts) == 2, "the Post's first attempt at the server")
         await asyncio.sleep(0.2)  # its refusal back at the client, which waits
-        calling.cancel()
+        posting.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await calling
+            await posting
         await asyncio.sleep(0.6)  # a retry would have come by now
     assert [attempt.method for attempt in servicer.attempts] == ["Wake", "Post"]
 

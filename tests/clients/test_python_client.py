@@ -108,7 +108,7 @@ async def test_the_sync_client_runs_watches_serves_and_refuses_like_the_async_on
     assert seqs == [1, 2, 3] and refused == "root/nobody.1"
 
 
-class _Recorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc's aio interceptors are untyped
+class _Recorder(grpc.aio.UnaryUnaryClientInterceptor):
     """A caller's interceptor: sees every unary call's method and metadata."""
 
     def __init__(self) -> None:

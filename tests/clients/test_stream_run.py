@@ -90,7 +90,7 @@ async def test_a_providers_turn_streams_and_a_call_cut_mid_stream_comes_as_a_res
     assert joined(deltas) == result.text == TEXT and result.status == pb.STATUS_DONE
 
 
-class CutFirstWatch(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]  # grpc's aio interceptors are untyped
+class CutFirstWatch(grpc.aio.UnaryStreamClientInterceptor):
     """Drops the first Watch with deltas after `after` deltas, as a proxy cutting it mid-turn
     would (UNAVAILABLE); the client's reconnect and the server's resend are the real ones."""
 

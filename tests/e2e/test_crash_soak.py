@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.soak, for_rounds(ROUNDS, 60.0)]
 
 
 def _since_last_user(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body["messages"]
+    messages: list[dict[str, Any]] = body["messages"]
     last = max(index for index, message in enumerate(messages) if message["role"] == "user")
     return messages[last + 1 :]
 
@@ -103,7 +103,7 @@ def turn_key(body: dict[str, Any]) -> tuple[str, str, int]:
 class Connection:
     """The current server's stub; drivers wait on `up` while it is down."""
 
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeAsyncStub
     up: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -126,7 +126,7 @@ async def call(conn: Connection, rpc: Any, request: Any, timeout: float = 10.0) 
 
 async def woken(conn: Connection, runtime_id: str, handle_id: str, turns_before: int) -> bool:
     """Whether a Wake whose reply was lost took effect: the handle ran or runs since."""
-    view = (await call(conn, "Inspect", pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
+    view: pb.HandleView = (await call(conn, "Inspect", pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
     return view.state != pb.HANDLE_STATE_IDLE or view.turns > turns_before
 
 
@@ -153,9 +153,11 @@ async def start_run(conn: Connection, runtime_id: str, handle_id: str, note: str
 async def settle(conn: Connection, runtime_id: str, handle_id: str) -> pb.TaskResult:
     """Wait, answering every Request on the way, until the run settles."""
     while True:
-        result = (await call(conn, "Wait", pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), PATIENCE)).result
+        result: pb.TaskResult = (
+            await call(conn, "Wait", pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), PATIENCE)
+        ).result
         if result.status != pb.STATUS_PENDING:
-            return result  # type: ignore[no-any-return]
+            return result
         pending = result.pending
         if pending.kind == "in_doubt":
             STATS["in-doubt requests answered"] += 1

@@ -79,7 +79,9 @@ async def committed_steps(url: str, runtime_id: str) -> list[object]:
     return [step for (stored,) in rows for step in payloads.steps_in(bytes(stored))]  # SQLite's rows: a group commit's
 
 
-async def spawn_until_deleted(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, deleted: asyncio.Event) -> list[tuple[bool, str]]:
+async def spawn_until_deleted(
+    stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, deleted: asyncio.Event
+) -> list[tuple[bool, str]]:
     """Every Spawn's outcome: (sent after DeleteRuntime answered OK, the handle or the code)."""
     outcomes: list[tuple[bool, str]] = []
     after = 0
@@ -94,7 +96,7 @@ async def spawn_until_deleted(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, d
     return outcomes
 
 
-async def delete_under_spawns(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, url: str) -> None:
+async def delete_under_spawns(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, url: str) -> None:
     deleted = asyncio.Event()
     spawners = [asyncio.create_task(spawn_until_deleted(stub, runtime_id, deleted)) for _ in range(SPAWNERS)]
     await asyncio.sleep(0.1)  # Spawns land all the time from here on

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
@@ -30,7 +31,7 @@ from tests.support.tool_server import ToolServer
 __all__ = ["signin"]  # fixtures of tests/support, used here
 
 
-async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+async def wait(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=60)).result
 
 
@@ -99,7 +100,7 @@ async def _journal(store: Path) -> tuple[Counter[str], set[str]]:
     return journaled, in_doubt
 
 
-def _key(body: dict) -> str:  # type: ignore[type-arg]
+def _key(body: dict[str, Any]) -> str:
     """Which handle a model call belongs to: the agent (model) and its first prompt."""
     first_prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
     return f"{body['model']}|{first_prompt}"
@@ -108,14 +109,14 @@ def _key(body: dict) -> str:  # type: ignore[type-arg]
 async def test_crash_mid_turn_recovers_every_runtime(
     process: ServerProcess, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
-    def coordinator(body: dict) -> Reply:  # type: ignore[type-arg]
+    def coordinator(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             job = last_user(body)
             calls = [("task", {"agent": "worker", "prompt": f"{job} part {part}"}) for part in (1, 2)]
             return Reply(calls=calls, tokens=100, delay=0.2)
         return Reply(text="merged", tokens=100, delay=0.2)
 
-    def worker(body: dict) -> Reply:  # type: ignore[type-arg]
+    def worker(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("hit", {"job": last_user(body)})], tokens=10, delay=0.2)
         return Reply(text="worked", tokens=10, delay=0.2)
@@ -136,6 +137,7 @@ async def test_crash_mid_turn_recovers_every_runtime(
 
     process.send(signal.SIGKILL)
     await process.stop()
+    assert isinstance(process.store, Path)  # a SQLite file (the `process` fixture's)
     journaled, in_doubt = await _journal(process.store)
     calls_before = Counter(_key(body) for body in model.requests)
     assert sum(calls_before[key] - journaled[key] for key in calls_before) > 0, "the kill should land mid-call"
@@ -160,7 +162,7 @@ async def test_crash_mid_turn_recovers_every_runtime(
 async def test_in_doubt_call_with_ask_policy_suspends_after_a_crash(
     process: ServerProcess, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
-    def payer(body: dict) -> Reply:  # type: ignore[type-arg]
+    def payer(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("charge", {"cents": 500})], tokens=10)
         last_tool = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")

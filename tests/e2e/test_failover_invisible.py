@@ -66,8 +66,9 @@ async def test_thirty_roots_through_a_kill_a_pause_and_a_rolling_restart_see_no_
         busiest = (await owners(database)).most_common(1)[0][0]
         victim = next(n for n, replica in enumerate(replicas) if replica.address == busiest)
         replicas[victim].send(signal.SIGKILL)
-        assert replicas[victim].process is not None
-        await replicas[victim].process.wait()
+        killed = replicas[victim].process
+        assert killed is not None
+        await killed.wait()
         await replicas[victim].start()
 
         # Another one stops past its lease, and wakes to find its runtimes moved.

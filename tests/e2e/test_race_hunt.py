@@ -115,14 +115,14 @@ class Race:
 class Hunt:
     model: Model
     rng: random.Random
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     gen: int = 0
     tops: list[str] = field(default_factory=list)  # top-level handles of this generation
     closed: set[str] = field(default_factory=set)
     views: dict[str, pb.HandleView] = field(default_factory=dict)  # the last List
     live: dict[str, pb.Request] = field(default_factory=dict)  # Requests pending at the batch's start
     answered: list[pb.Answer] = field(default_factory=list)
-    high: dict[tuple[int, str], tuple[int, int, int, int]] = field(default_factory=dict)
+    high: dict[tuple[int, str], tuple[int, ...]] = field(default_factory=dict)
     cuts: Counter[str] = field(default_factory=Counter)  # top key -> verbs that may have cut a call in it
     lost_outputs: set[str] = field(default_factory=set)  # outputs of Resumes that were refused
     won_outputs: set[str] = field(default_factory=set)  # and of those that were taken
@@ -174,7 +174,7 @@ class Hunt:
         earlier = before.get(key, (0, 0, 0, 0))
         if any(a < b for a, b in zip(now, earlier, strict=True)):
             self.flag(f"the figures (turns, own, total, tool calls) of {handle_id} went from {earlier} to {now}")
-        self.high[key] = tuple(max(a, b) for a, b in zip(now, self.high.get(key, now), strict=True))  # type: ignore[assignment]
+        self.high[key] = tuple(max(a, b) for a, b in zip(now, self.high.get(key, now), strict=True))
         if isinstance(item, pb.TaskResult):
             check_result(self, item)
 
@@ -245,14 +245,14 @@ class Hunt:
                             answer.CopyFrom(self.answer_like(old))
                         add("Resume", answer.id, pb.ResumeRequest(runtime_id=rt, answer=answer))
                 else:
-                    request = self.rng.choice(live)
-                    resumed.add(request.id)
-                    first = self.answer(request)
-                    i = add("Resume", request.id, pb.ResumeRequest(runtime_id=rt, answer=first))
+                    pending = self.rng.choice(live)
+                    resumed.add(pending.id)
+                    first = self.answer(pending)
+                    i = add("Resume", pending.id, pb.ResumeRequest(runtime_id=rt, answer=first))
                     if how != "right":
-                        second = first if how == "same" else self.answer(request)
-                        j = add("Resume", request.id, pb.ResumeRequest(runtime_id=rt, answer=second))
-                        races.append((request.id, how == "same", i, j))
+                        second = first if how == "same" else self.answer(pending)
+                        j = add("Resume", pending.id, pb.ResumeRequest(runtime_id=rt, answer=second))
+                        races.append((pending.id, how == "same", i, j))
             elif roll < 0.88:
                 timeout = self.rng.choice([0.001, 0.02, 0.1, 0.3])
                 add("Wait", h, pb.WaitRequest(runtime_id=rt, handle_id=h, timeout=duration(timeout)))
@@ -425,11 +425,14 @@ class Hunt:
             (own_calls if seen.key == top else child_calls)[top].append(seen.tokens)
         for top_id in {top_of(h) for h in views}:
             key = f"h:{self.gen}:{top_id}"
-            top = views[top_id]
-            below = [v for v in views.values() if v.handle_id.startswith(top_id + "/")]
+            top_view = views[top_id]
+            descendants = [v for v in views.values() if v.handle_id.startswith(top_id + "/")]
             cuts = self.cuts[key]
             # Host-woken children are not part of this hunt: every child here runs on its task prompt.
-            for label, handles, calls in (("its own", [top], own_calls[key]), ("its children's", below, child_calls[key])):
+            for label, handles, calls in (
+                ("its own", [top_view], own_calls[key]),
+                ("its children's", descendants, child_calls[key]),
+            ):
                 turns = sum(v.turns for v in handles)
                 tokens = sum(v.own_tokens for v in handles)
                 slack = cuts * max(1, len(handles))
@@ -448,7 +451,7 @@ class Hunt:
             if late:
                 self.flag(f"runtime generation {gen} was deleted, and its handles called the model after: {late[:3]}")
 
-    async def start(self, stub: pb_grpc.AgentRuntimeStub) -> None:
+    async def start(self, stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
         self.stub = stub
         if self.round == 0:
             await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=RUNTIME, agents=AGENTS), timeout=CALL_TIMEOUT)
@@ -469,7 +472,7 @@ def check_result(hunt: Hunt, result: pb.TaskResult) -> None:
 async def test_verbs_sent_at_once_keep_the_documented_invariants(
     store_url: str, model: ScriptedModelServer, server_errors: ServerErrors
 ) -> None:
-    settings = {
+    settings: dict[str, Any] = {
         "store": store_url,
         "llm_style": "openai",
         "llm_base_url": model.base_url,

@@ -60,7 +60,7 @@ def ask(question: str) -> pb.ScriptedReply:
     return pb.ScriptedReply(tool_calls=[pb.ScriptedToolCall(name="ask", arguments_json=json.dumps({"question": question}))])
 
 
-async def from_example(stub: pb_grpc.AgentRuntimeStub, name: str) -> str:
+async def from_example(stub: pb_grpc.AgentRuntimeAsyncStub, name: str) -> str:
     request = json_format.Parse((ROOT / "examples" / name).read_text(), pb.CreateRuntimeRequest())
     return (await stub.CreateRuntime(request)).runtime_id
 
@@ -370,13 +370,16 @@ async def test_a_watcher_that_falls_behind_is_told_where_to_watch_again() -> Non
         runtime_id = await create(stub, scripted("a", pb.ScriptedReply(text="ok", tokens=3)))
         handle_id = await spawn(stub, runtime_id, "a")
         behind = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=30)
-        seen = [(await behind.read()).event.seq]  # read from the history: the watcher is subscribed
+        first = await behind.read()  # read from the history: the watcher is subscribed
+        assert isinstance(first, pb.WatchResponse)
+        seen = [first.event.seq]
         # A settled run publishes its result and its state change at once: two events for
         # a buffer of one, however fast this watcher reads.
         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
         assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_DONE
         with pytest.raises(grpc.aio.AioRpcError) as lagged:
             while (response := await behind.read()) is not grpc.aio.EOF:
+                assert isinstance(response, pb.WatchResponse)
                 seen.append(response.event.seq)
         assert (lagged.value.code(), reason(lagged.value)) == (Code.RESOURCE_EXHAUSTED, "WATCH_LAGGING")
         after = int(re.findall(r"after_seq=(\d+)", lagged.value.details() or "")[-1])

@@ -24,6 +24,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import CallFinished, CallStarted
 from agentruntime_server.store import payloads
+from google.protobuf import duration_pb2
 
 from tests.support.auth import READ_TOKEN, WRITE_TOKEN, Pki, bearer, pki, refused, tokens_file, unauthenticated
 from tests.support.build import agent, create, http_tool, run, status_details
@@ -74,7 +75,7 @@ class Cluster:
     def __init__(self, database: str, model: ScriptedModelServer, tmp: Path, size: int) -> None:
         env = {"AGENTRUNTIME_LEASE_DURATION": str(LEASE), "AGENTRUNTIME_SHUTDOWN_GRACE": "5"}
         self.replicas = [ServerProcess(database, model.base_url, tmp / f"replica-{n}.log", env) for n in range(size)]
-        self.stubs: dict[int, pb_grpc.AgentRuntimeStub] = {}
+        self.stubs: dict[int, pb_grpc.AgentRuntimeAsyncStub] = {}
 
     async def start(self, *which: int) -> None:
         for n in which or range(len(self.replicas)):
@@ -83,7 +84,7 @@ class Cluster:
     def down(self, n: int) -> None:
         self.stubs.pop(n, None)
 
-    async def call(self, rpc: Callable[[pb_grpc.AgentRuntimeStub], Awaitable[T]], patience: float = 60.0) -> T:
+    async def call(self, rpc: Callable[[pb_grpc.AgentRuntimeAsyncStub], Awaitable[T]], patience: float = 60.0) -> T:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience
         while True:
@@ -127,7 +128,7 @@ async def start_root(cluster: Cluster, tools: ToolServer, job: int) -> tuple[str
     handle_id = spawned.handle_id
     attempts = 0
 
-    async def wake(stub: pb_grpc.AgentRuntimeStub) -> None:
+    async def wake(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
         nonlocal attempts
         attempts += 1
         try:
@@ -149,14 +150,16 @@ async def start_root(cluster: Cluster, tools: ToolServer, job: int) -> tuple[str
 async def settled(cluster: Cluster, runtime_id: str, handle_id: str) -> pb.TaskResult:
     while True:
         reply = await cluster.call(
-            lambda s: s.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout={"seconds": 5}), timeout=20),
+            lambda s: s.Wait(
+                pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=duration_pb2.Duration(seconds=5)), timeout=20
+            ),
             patience=120,
         )
         if reply.result.status != pb.STATUS_TIMEOUT:
             return reply.result
 
 
-async def watched(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[int]:
+async def watched(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> list[int]:
     """Every event seq of a runtime's stream, up to its root settling."""
     seqs = []
     async for response in stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=120):
@@ -266,7 +269,7 @@ async def test_a_forwarded_call_answers_as_the_owner_does_errors_and_details_inc
 
 
 async def reconnecting_watch(
-    cluster: Cluster, stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str
+    cluster: Cluster, stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str
 ) -> tuple[list[int], int]:
     """A client's Watch that starts on `stub`'s replica and, when that replica goes away,
     reconnects to another live one with its last seq; the seqs it saw, and its reconnects."""
@@ -411,7 +414,7 @@ async def test_replicas_forward_over_mtls_with_the_callers_token(
     authenticates the call again."""
     ca = tmp_path / "ca.pem"  # one CA signs the replicas' certificates and the clients'
     pki.ca.cert_pem.write_to_path(str(ca))
-    settings = {
+    settings: dict[str, Any] = {
         "store": database,
         "tls_cert": str(pki.cert),
         "tls_key": str(pki.key),
@@ -452,9 +455,10 @@ async def test_a_watch_forwarded_to_the_runtimes_owner_counts_once_where_it_is_f
         runtime_id = await create(owner, agent("solo"))
         await owner.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="solo"), timeout=10)  # the first replica runs it
 
-        async def opened(stub: pb_grpc.AgentRuntimeStub) -> Any:
+        async def opened(stub: pb_grpc.AgentRuntimeAsyncStub) -> grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.WatchResponse]:
             call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=30)
-            assert (await call.read()).event.seq == 1
+            first = await call.read()
+            assert isinstance(first, pb.WatchResponse) and first.event.seq == 1
             return call
 
         streams = [await opened(other), await opened(other)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -23,10 +24,10 @@ def killing(tmp_path: Path, model: ScriptedModelServer, rpc: str) -> ServerProce
     return ServerProcess(tmp_path / "store" / "a.db", model.base_url, tmp_path / "server.log", env)
 
 
-async def lost(server: ServerProcess, call: object) -> None:
+async def lost(server: ServerProcess, call: Awaitable[object]) -> None:
     """The call's answer never comes: its server died once the effect was committed."""
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await call  # type: ignore[misc]
+        await call
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
     assert server.process is not None
     assert await server.process.wait() == -signal.SIGKILL

@@ -82,7 +82,11 @@ async def test_a_runtime_created_over_journal_rows_of_no_runtime_starts_clean(st
     rows = await sql(
         store_url, "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = $1 ORDER BY seq", "reborn"
     )
-    entries = [entry for row in rows for entry in payloads.ungrouped(*row[:4], bytes(row[4]))]  # a row: a step, or a group
+    entries = [  # a row: a step, or a group
+        entry
+        for seq, at, first_event, last_event, step in rows
+        for entry in payloads.ungrouped(seq, at, first_event, last_event, bytes(step))
+    ]
     steps = [entry.step for entry in entries]
     expected: list[object] = [Configured(RuntimeOptions(inbox_capacity=7))] if options else []
     expected.append(Spawned("root/a.1", "", "a", Budget(), "", 1))
@@ -113,7 +117,7 @@ async def test_a_write_to_a_runtime_deleted_meanwhile_is_never_acknowledged(lone
     store = lone_store
     await store.create_runtime("rt", AGENTS)
     tree = Tree("rt", AGENTS)
-    journal = Journal(tree, store, EventLog("rt", _nothing))  # type: ignore[arg-type]
+    journal = Journal(tree, store, EventLog("rt", _nothing))
     groups = story(tree)
     await journal.record(*next(groups))
     await store.flush("rt")
@@ -132,7 +136,7 @@ async def test_a_write_to_a_runtime_deleted_meanwhile_is_never_acknowledged(lone
     await store.flush()  # the other runtimes' commits go on
 
     await store.create_runtime("rt", AGENTS)  # a runtime of that id again: it is written to
-    again = Journal(Tree("rt", AGENTS), store, EventLog("rt", _nothing))  # type: ignore[arg-type]
+    again = Journal(Tree("rt", AGENTS), store, EventLog("rt", _nothing))
     await again.record(*next(story(again.tree)))
     await store.flush("rt")
     assert [row[0] for row in await sql(database, "SELECT seq FROM journal WHERE runtime_id = $1 ORDER BY seq", "rt")] == [1]

@@ -69,7 +69,7 @@ class Filler:
     """Runtimes of its own, each a create, a spawn and one note, through bare stubs (no
     retries): what each call was answered, and which notes were acknowledged."""
 
-    def __init__(self, stub: pb_grpc.AgentRuntimeStub) -> None:
+    def __init__(self, stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
         self.stub = stub
         self.n = 0
         self.created = 0

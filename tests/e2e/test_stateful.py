@@ -358,8 +358,9 @@ class RuntimeMachine(RuleBasedStateMachine):
             answer.data.CopyFrom(struct({"answer": "the first"}))
         elif request.kind == "budget" and ok:
             field = request.data["field"] if "field" in request.data else "max_turns"
-            used = int(request.data["used"]) if "used" in request.data else 0
-            answer.data.CopyFrom(struct({"extend": {field: used + extend_by}}))
+            used = request.data["used"] if "used" in request.data else 0
+            assert isinstance(used, (int, float)), used  # a figure
+            answer.data.CopyFrom(struct({"extend": {field: int(used) + extend_by}}))
         return answer
 
     @rule(
@@ -564,13 +565,15 @@ class RuntimeMachine(RuleBasedStateMachine):
 
 
 def run_machine(examples: int, steps: int) -> None:
+    current = settings.default
+    assert current is not None  # hypothesis loads its default profile on import
     RuntimeMachine.TestCase.settings = settings(
         max_examples=examples,
         stateful_step_count=steps,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         derandomize=examples <= 10,
-        database=None if examples <= 10 else settings.default.database,
+        database=None if examples <= 10 else current.database,
     )
     RuntimeMachine.TestCase().runTest()
 

@@ -11,7 +11,7 @@ import os
 import sqlite3
 import sys
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +136,7 @@ async def test_a_broken_sqlite_store_answers_unavailable_and_the_health_service_
         runtime_id = await create(served.stub, agent("solo"))
         await served.stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="solo"), timeout=10)
         await break_sqlite(url)
-        calls = [
+        calls: list[Awaitable[object]] = [
             served.stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="solo"), timeout=10),
             served.stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id="root"), timeout=10),
             served.stub.ListRuntimes(pb.ListRuntimesRequest(), timeout=10),
@@ -224,7 +224,8 @@ async def test_an_owner_whose_connections_are_cut_reconnects_and_its_run_goes_on
 
     async def serving() -> bool:
         checked = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-        return checked.status == health_pb2.HealthCheckResponse.SERVING
+        serves: bool = checked.status == health_pb2.HealthCheckResponse.SERVING
+        return serves
 
     await eventually(serving, "the owner to serve again by itself")
 

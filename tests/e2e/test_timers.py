@@ -152,7 +152,7 @@ async def test_a_crash_mid_compaction_summarizes_once_and_bills_the_summarizer_o
 # ---- a Request that expires -------------------------------------------------------------------------
 
 
-async def _pending_sign_in(stub: pb_grpc.AgentRuntimeStub, tool: SignInTool) -> tuple[str, str]:
+async def _pending_sign_in(stub: pb_grpc.AgentRuntimeAsyncStub, tool: SignInTool) -> tuple[str, str]:
     runtime_id = await create(stub, agent("crm", tools=[http_tool("crm_login", tool.url())]))
     handle_id = await spawn(stub, runtime_id, "crm")
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="log in"))
@@ -160,7 +160,7 @@ async def _pending_sign_in(stub: pb_grpc.AgentRuntimeStub, tool: SignInTool) -> 
     return runtime_id, handle_id
 
 
-async def _lapses(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, model: ScriptedModelServer, within: float) -> None:
+async def _lapses(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, model: ScriptedModelServer, within: float) -> None:
     """The Request lapses on its own: the model is called again without any RPC on the runtime."""
     await until(lambda: model.calls["crm"] >= 2, "the expired Request to lapse", timeout=within)
     rows = (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes

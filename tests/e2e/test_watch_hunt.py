@@ -103,7 +103,7 @@ class Stream:
 class Hunt:
     model: Model
     rng: random.Random
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     streams: list[Stream] = field(default_factory=list)  # open ones
     retired: list[Stream] = field(default_factory=list)
     tops: list[str] = field(default_factory=list)
@@ -306,9 +306,9 @@ class Hunt:
             elif roll < 0.85:
                 live = [r for r in self.live.values() if r.id not in resumed]
                 if live:
-                    request = self.rng.choice(live)
-                    resumed.add(request.id)
-                    add("Resume", pb.ResumeRequest(runtime_id=rt, answer=self.answer(request)))
+                    pending = self.rng.choice(live)
+                    resumed.add(pending.id)
+                    add("Resume", pb.ResumeRequest(runtime_id=rt, answer=self.answer(pending)))
             else:
                 timeout = self.rng.choice([0.001, 0.05, 0.3])
                 add("Wait", pb.WaitRequest(runtime_id=rt, handle_id=h, timeout=duration(timeout)))
@@ -465,7 +465,7 @@ class Implied:
     own: int = 0
     total: int = 0
     tool_calls: int = 0
-    reported: tuple[int, int, int, int] = (0, 0, 0, 0)  # the highest (turns, own, total, tool calls) an event reported
+    reported: tuple[int, ...] = (0, 0, 0, 0)  # the highest (turns, own, total, tool calls) an event reported
 
 
 def fold(hunt: Hunt, events: list[pb.Event]) -> dict[str, Implied]:
@@ -488,7 +488,7 @@ def fold(hunt: Hunt, events: list[pb.Event]) -> dict[str, Implied]:
         if handle is None:
             hunt.flag(f"{where}: before its handle was spawned")
             continue
-        reported: tuple[int, int, int, int] | None = None
+        reported: tuple[int, ...] | None = None
         if kind == "state_changed":
             handle.state = event.state_changed.state
         elif kind == "turn_started":
@@ -518,14 +518,14 @@ def fold(hunt: Hunt, events: list[pb.Event]) -> dict[str, Implied]:
         if reported is not None:
             if any(a < b for a, b in zip(reported, handle.reported, strict=True)):
                 hunt.flag(f"{where}: the figures went from {handle.reported} to {reported}")
-            handle.reported = tuple(max(a, b) for a, b in zip(reported, handle.reported, strict=True))  # type: ignore[assignment]
+            handle.reported = tuple(max(a, b) for a, b in zip(reported, handle.reported, strict=True))
     return handles
 
 
 async def test_watch_streams_see_every_event_once_in_order_under_load(
     store_url: str, model: ScriptedModelServer, server_errors: ServerErrors
 ) -> None:
-    settings = {
+    settings: dict[str, Any] = {
         "store": store_url,
         "llm_style": "openai",
         "llm_base_url": model.base_url,

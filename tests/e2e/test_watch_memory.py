@@ -95,7 +95,8 @@ async def test_watchers_from_seq_0_that_never_read_hold_no_history_and_stall_no_
     reader = bearer(ACME_READER[1])  # a read-only token suffices
     try:
         first = stub.Watch(pb.WatchRequest(runtime_id="big"), metadata=reader, timeout=60)
-        assert (await first.read()).event.seq == 1  # the runtime loaded: what any reader costs once
+        loaded = await first.read()
+        assert isinstance(loaded, pb.WatchResponse) and loaded.event.seq == 1  # the runtime loaded: what any reader costs once
         first.cancel()
         await until(Quiet(pid), "the server to be idle", timeout=30)
         baseline = rss_mib(pid)

@@ -91,12 +91,12 @@ ATTEMPTS = f"{WORKER_ATTEMPTS} workers took the call and none answered: it may o
 BEHAVIOURS = ["ok"] * 6 + ["error", "late", "hang", "cut", "answer_cut", "answer_close"]
 
 
-def worker_tool(name: str, on_interrupted: int = pb.ON_INTERRUPTED_UNSPECIFIED) -> pb.ToolDef:
+def worker_tool(name: str, on_interrupted: pb.OnInterrupted.ValueType = pb.ON_INTERRUPTED_UNSPECIFIED) -> pb.ToolDef:
     tool = pb.ToolDef(
         name=name,
         description=f"the {name} tool",
         worker=pb.WorkerTool(queue=QUEUE, timeout=duration(TIMEOUT)),
-        on_interrupted=on_interrupted,  # type: ignore[arg-type]
+        on_interrupted=on_interrupted,
     )
     tool.input_schema.update({"type": "object"})
     return tool
@@ -432,7 +432,7 @@ class Hunt:
     model: Model
     rng: random.Random
     client: Client
-    stub: pb_grpc.AgentRuntimeStub = field(init=False)
+    stub: pb_grpc.AgentRuntimeAsyncStub = field(init=False)
     round: int = 0
     runtime: str = ""
     tops: list[str] = field(default_factory=list)
@@ -447,7 +447,7 @@ class Hunt:
     reruns: Counter[str] = field(default_factory=Counter)  # key -> `ok` without an output
     in_doubt_asked: Counter[str] = field(default_factory=Counter)  # key -> in_doubt Requests answered
     resumed: set[str] = field(default_factory=set)
-    high: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    high: dict[str, tuple[int, ...]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
     names: int = 0
@@ -482,7 +482,7 @@ class Hunt:
         earlier = self.high.get(item.handle_id, (0, 0, 0, 0))
         if any(a < b for a, b in zip(now, earlier, strict=True)):
             self.flag(f"the figures (turns, own, total, tool calls) of {item.handle_id} went from {earlier} to {now}")
-        self.high[item.handle_id] = tuple(max(a, b) for a, b in zip(now, earlier, strict=True))  # type: ignore[assignment]
+        self.high[item.handle_id] = tuple(max(a, b) for a, b in zip(now, earlier, strict=True))
         if item.total_tokens < item.own_tokens:
             self.flag(f"{item.handle_id}: total < own: {item}")
         if isinstance(item, pb.TaskResult):

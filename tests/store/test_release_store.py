@@ -20,14 +20,14 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture(params=["store-v0.1.0.db", "store-v0.2.0.db"])
-async def stub(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     store = tmp_path / "store.db"
     shutil.copyfile(FIXTURES / request.param, store)
     async with serve(store=f"sqlite:///{store}") as served:
         yield served.stub
 
 
-async def test_a_pending_handle_of_the_release_resumes_with_exact_figures(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_pending_handle_of_the_release_resumes_with_exact_figures(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     waited = await stub.Wait(pb.WaitRequest(runtime_id="legacy-pending", handle_id="root/coordinator.1"))
     pending = waited.result.pending
     assert waited.result.status == pb.STATUS_PENDING
@@ -45,7 +45,7 @@ async def test_a_pending_handle_of_the_release_resumes_with_exact_figures(stub: 
     assert (worker.result.turns, worker.result.own_tokens, worker.result.tool_calls) == (2, 20, 1)
 
 
-async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     transcript = await stub.GetTranscript(
         pb.GetTranscriptRequest(runtime_id="legacy-done", handle_id="root/coordinator.1/worker.1")
     )
@@ -58,11 +58,12 @@ async def test_the_release_transcripts_and_events_read(stub: pb_grpc.AgentRuntim
     ]
     stream = stub.Watch(pb.WatchRequest(runtime_id="legacy-done"))
     first = await stream.read()
+    assert isinstance(first, pb.WatchResponse)
     assert first.event.seq == 1 and first.event.spawned.agent == "coordinator"
     stream.cancel()
 
 
-async def test_list_runtimes_counts_the_release_runtimes_handles(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_list_runtimes_counts_the_release_runtimes_handles(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     """The schema migration replays each release runtime once for what ListRuntimes shows."""
     listed = {row.runtime_id: row for row in (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes}
     figures = {key: (row.handle_count, row.running_count, row.suspended_count) for key, row in listed.items()}
@@ -78,7 +79,7 @@ def fields(usage: pb.Usage) -> tuple[int, ...]:
 
 
 async def test_an_older_journal_keeps_its_totals_with_its_tokens_read_as_input_and_unpriced(
-    stub: pb_grpc.AgentRuntimeStub,
+    stub: pb_grpc.AgentRuntimeAsyncStub,
 ) -> None:
     done = (await stub.Wait(pb.WaitRequest(runtime_id="legacy-done", handle_id="root/coordinator.1"))).result
     worker = (await stub.Wait(pb.WaitRequest(runtime_id="legacy-done", handle_id="root/coordinator.1/worker.1"))).result

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -44,7 +44,9 @@ from tests.support.tool_server import ToolServer
 
 
 @pytest.fixture
-async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeStub]]:
+async def durable(
+    tmp_path: Path, model: ScriptedModelServer
+) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub]]:
     async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
@@ -55,7 +57,7 @@ async def durable(tmp_path: Path, model: ScriptedModelServer) -> AsyncIterator[t
 
 
 async def test_idle_runtimes_leave_memory_and_come_back_whole(
-    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub], model: ScriptedModelServer
 ) -> None:
     running, stub = durable
     model.script(
@@ -99,7 +101,7 @@ async def test_idle_runtimes_leave_memory_and_come_back_whole(
 
 
 async def test_each_message_is_stored_once(
-    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub], model: ScriptedModelServer, tools: ToolServer, tmp_path: Path
 ) -> None:
     _, stub = durable
     model.script(
@@ -261,7 +263,7 @@ async def test_a_loop_busy_when_its_commit_comes_due_commits_at_the_pace_and_los
 
 
 async def test_a_runtime_that_leaves_memory_is_freed_as_it_leaves(
-    durable: tuple[RunningServer, pb_grpc.AgentRuntimeStub], model: ScriptedModelServer
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub], model: ScriptedModelServer
 ) -> None:
     """Nothing a runtime holds refers back to it, so one that leaves the cache is freed then,
     with the cyclic collector off: idle runtimes do not wait in memory for its next full pass."""

@@ -163,7 +163,7 @@ class Lived:
 
     def __init__(self, store: Store | Tee, runtime_id: str, agents: tuple[AgentSpec, ...] = AGENTS) -> None:
         self.tree = Tree(runtime_id, agents)
-        self.journal = Journal(self.tree, store, EventLog(runtime_id, _no_history))  # type: ignore[arg-type]
+        self.journal = Journal(self.tree, store, EventLog(runtime_id, _no_history))
         self.groups = story(self.tree)
         self.figures: dict[int, dict[str, Any]] = {}
 
@@ -632,7 +632,7 @@ async def test_a_closed_store_reopens_with_everything_and_carries_on(backend: Ba
     assert stored is not None and stored.entries == tee.appended["rt-1"]
     # The journal goes on where it stopped, in the reopened store, as a restarted server does.
     tree = Tree("rt-1", stored.agents)
-    journal = Journal.restore(tree, Tee(second), EventLog("rt-1", _no_history), stored.entries)  # type: ignore[arg-type]
+    journal = Journal.restore(tree, Tee(second), EventLog("rt-1", _no_history), stored.entries)
     assert figures(tree) == figures(lived.tree)
     lived.tree, lived.journal = tree, journal
     lived.groups = story(tree)

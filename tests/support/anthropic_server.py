@@ -17,12 +17,14 @@ from anthropic.types import (
     InputJSONDelta,
     Message,
     MessageDeltaUsage,
+    RawContentBlockDelta,
     RawContentBlockDeltaEvent,
     RawContentBlockStartEvent,
     RawContentBlockStopEvent,
     RawMessageDeltaEvent,
     RawMessageStartEvent,
     RawMessageStopEvent,
+    RawMessageStreamEvent,
     SignatureDelta,
     TextBlock,
     TextDelta,
@@ -31,8 +33,8 @@ from anthropic.types import (
     ToolUseBlock,
     Usage,
 )
+from anthropic.types.raw_content_block_start_event import ContentBlock
 from anthropic.types.raw_message_delta_event import Delta
-from pydantic import BaseModel
 
 from tests.support.loopback import ScriptedServer
 from tests.support.sse import Streamed, pieces, send
@@ -132,27 +134,29 @@ def message_events(turn: Turn, model: str) -> list[tuple[str | None, str]]:
         ),
     )
     size = turn.streamed.chunk
-    events: list[BaseModel] = [RawMessageStartEvent(type="message_start", message=started)]
-    blocks: list[tuple[BaseModel, list[BaseModel]]] = []
+    events: list[RawMessageStreamEvent] = [RawMessageStartEvent(type="message_start", message=started)]
+    blocks: list[tuple[ContentBlock, list[RawContentBlockDelta]]] = []
     if turn.thinking:
         thinking = [ThinkingDelta(type="thinking_delta", thinking=p) for p in pieces(turn.thinking, size)]
-        signed: list[BaseModel] = [*thinking, SignatureDelta(type="signature_delta", signature=turn.signature)]
+        signed: list[RawContentBlockDelta] = [*thinking, SignatureDelta(type="signature_delta", signature=turn.signature)]
         blocks.append((ThinkingBlock(type="thinking", thinking="", signature=""), signed))
     if turn.text:
         blocks.append((TextBlock(type="text", text=""), [TextDelta(type="text_delta", text=p) for p in pieces(turn.text, size)]))
     for index, (name, args) in enumerate(turn.calls, start=1):
         started_call = ToolUseBlock(type="tool_use", id=f"toolu_{index:02d}", name=name, input={})
-        parts = [InputJSONDelta(type="input_json_delta", partial_json=p) for p in pieces(json.dumps(args), size)]
+        parts: list[RawContentBlockDelta] = [
+            InputJSONDelta(type="input_json_delta", partial_json=p) for p in pieces(json.dumps(args), size)
+        ]
         blocks.append((started_call, parts))
     for index, (block, deltas) in enumerate(blocks):
-        events.append(RawContentBlockStartEvent(type="content_block_start", index=index, content_block=block))  # type: ignore[arg-type]
-        events += [RawContentBlockDeltaEvent(type="content_block_delta", index=index, delta=d) for d in deltas]  # type: ignore[arg-type]
+        events.append(RawContentBlockStartEvent(type="content_block_start", index=index, content_block=block))
+        events += [RawContentBlockDeltaEvent(type="content_block_delta", index=index, delta=d) for d in deltas]
         events.append(RawContentBlockStopEvent(type="content_block_stop", index=index))
     stop = turn.stop_reason or ("tool_use" if turn.calls else "end_turn")
     events.append(
         RawMessageDeltaEvent(
             type="message_delta",
-            delta=Delta(stop_reason=stop, stop_sequence=None),  # type: ignore[arg-type]
+            delta=Delta(stop_reason=stop, stop_sequence=None),  # type: ignore[arg-type]  # a script may stop for a reason the SDK does not list
             usage=MessageDeltaUsage(output_tokens=usage.output_tokens),
         )
     )

@@ -67,8 +67,11 @@ def tokens_file(tmp_path: Path) -> Path:
 
 
 def public_jwk(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, kid: str, alg: str) -> dict[str, Any]:
-    algorithm = jwt.algorithms.RSAAlgorithm if alg.startswith("RS") else jwt.algorithms.ECAlgorithm
-    jwk = json.loads(algorithm.to_jwk(key.public_key()))
+    public = key.public_key()
+    if isinstance(public, rsa.RSAPublicKey):
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(public))
+    else:
+        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(public))
     return {**jwk, "kid": kid, "alg": alg, "use": "sig"}
 
 

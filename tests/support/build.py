@@ -28,24 +28,24 @@ def agent(name: str, model: str = "", **fields: Any) -> pb.AgentDef:
     return pb.AgentDef(name=name, description=f"the {name} agent", model=model or name, **fields)
 
 
-async def create(stub: pb_grpc.AgentRuntimeStub, *agents: pb.AgentDef, runtime_id: str = "") -> str:
+async def create(stub: pb_grpc.AgentRuntimeAsyncStub, *agents: pb.AgentDef, runtime_id: str = "") -> str:
     response = await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=list(agents)))
     return response.runtime_id
 
 
-async def spawn(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str, budget: pb.Budget | None = None) -> str:
+async def spawn(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, agent_name: str, budget: pb.Budget | None = None) -> str:
     """A top-level handle of `agent_name`."""
     spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent=agent_name, budget=budget))
     return spawned.handle_id
 
 
-async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+async def wait(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
     """The handle's result; a deadline so that a test fails rather than hangs."""
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id), timeout=60)).result
 
 
 async def run(
-    stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent_name: str, prompt: str, budget: pb.Budget | None = None
+    stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, agent_name: str, prompt: str, budget: pb.Budget | None = None
 ) -> tuple[str, pb.TaskResult]:
     """Spawn a top-level handle, wake it, wait for its result."""
     handle_id = await spawn(stub, runtime_id, agent_name, budget)
@@ -53,7 +53,7 @@ async def run(
     return handle_id, await wait(stub, runtime_id, handle_id)
 
 
-async def transcript(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[pb.Message]:
+async def transcript(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> list[pb.Message]:
     """The handle's whole transcript, every page of it."""
     messages: list[pb.Message] = []
     token = ""
@@ -65,7 +65,7 @@ async def transcript(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id:
             return messages
 
 
-async def views(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> dict[str, pb.HandleView]:
+async def views(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> dict[str, pb.HandleView]:
     listed = await stub.List(pb.ListRequest(runtime_id=runtime_id))
     return {view.handle_id: view for view in listed.handles}
 
@@ -74,7 +74,7 @@ def status_details(error: grpc.aio.AioRpcError) -> list[Any]:
     """The google.rpc details packed in the error's trailing metadata."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)  # type: ignore[arg-type]
+            status = status_pb2.Status.FromString(value)
             found: list[Any] = []
             for detail in status.details:
                 for kind in (

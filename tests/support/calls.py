@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import grpc
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -15,7 +16,12 @@ from google.rpc import error_details_pb2
 from tests.support.build import status_details
 from tests.support.poll import eventually
 
-Stub = pb_grpc.AgentRuntimeStub
+# A stub on a grpc.aio channel: its calls are awaited. The async stub's type exists only in the
+# generated .pyi; at run time the one class is AgentRuntimeStub.
+if TYPE_CHECKING:
+    Stub: TypeAlias = pb_grpc.AgentRuntimeAsyncStub
+else:
+    Stub = pb_grpc.AgentRuntimeStub
 
 
 async def wake(stub: Stub, runtime_id: str, handle_id: str, prompt: str = "") -> None:

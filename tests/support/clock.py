@@ -53,7 +53,12 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_later(seconds, lambda: woken.done() or woken.set_result(None))
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        timer = self.call_later(seconds, wake)
         try:
             await woken
         finally:

@@ -125,7 +125,8 @@ class Stack:
     def wait(self, tenant: tuple[str, str, list[str], str], runtime_id: str, handle_id: str) -> pb.TaskResult:
         request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id)
         request.timeout.FromSeconds(30)
-        return self.rpc(tenant, "Wait", request, timeout=40).result
+        result: pb.TaskResult = self.rpc(tenant, "Wait", request, timeout=40).result
+        return result
 
 
 def browser(profile: Path) -> WebDriver:

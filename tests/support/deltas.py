@@ -47,7 +47,7 @@ def joined(deltas: list[pb.Delta], turn: int | None = None) -> str:
 
 
 async def watch(
-    stub: pb_grpc.AgentRuntimeStub,
+    stub: pb_grpc.AgentRuntimeAsyncStub,
     runtime_id: str,
     handle_id: str,
     after: int = 0,

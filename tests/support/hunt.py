@@ -159,12 +159,13 @@ def short(request: Any) -> str:
 def reason_of(error: grpc.aio.AioRpcError) -> str:
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)  # type: ignore[arg-type]
+            status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                     info = error_details_pb2.ErrorInfo()
                     detail.Unpack(info)
-                    return info.reason
+                    reason: str = info.reason
+                    return reason
     return ""
 
 

@@ -51,11 +51,13 @@ def tool_results(body: dict[str, Any]) -> int:
 
 
 def last_tool_output(body: dict[str, Any]) -> str:
-    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
+    output: str = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
+    return output
 
 
 def last_user(body: dict[str, Any]) -> str:
-    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    prompt: str = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+    return prompt
 
 
 def usage_of(reply: Reply) -> CompletionUsage:

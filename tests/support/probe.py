@@ -79,7 +79,7 @@ class TenantProbe(InspectProbe):
                     try:
                         method(request, metadata=metadata, timeout=10)
                     except grpc.RpcError as error:
-                        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                             raise
                     self.latencies.append(time.monotonic() - started)
                 time.sleep(0.01)

@@ -39,7 +39,7 @@ class ServerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def start(self) -> pb_grpc.AgentRuntimeStub:
+    async def start(self) -> pb_grpc.AgentRuntimeAsyncStub:
         env = {
             **os.environ,
             "AGENTRUNTIME_STORE": self.store if isinstance(self.store, str) else f"sqlite:///{self.store}",
@@ -91,5 +91,5 @@ class ServerProcess:
             self.process.send_signal(sig)
         return await asyncio.wait_for(self.process.wait(), timeout=30)
 
-    async def restart(self) -> pb_grpc.AgentRuntimeStub:
+    async def restart(self) -> pb_grpc.AgentRuntimeAsyncStub:
         return await self.start()

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -22,6 +22,7 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.journal import Journal, Tree
 from agentruntime_server.domain.watching.event_log import EventLog
 from agentruntime_server.store.postgres import PostgresLeases, PostgresStore
+from google.protobuf import duration_pb2
 
 from tests.support.build import agent, http_tool
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
@@ -62,7 +63,7 @@ async def two_replicas(database: str) -> AsyncIterator[tuple[Replica, Replica, A
 
 def journal_of(replica: Replica, runtime_id: str) -> tuple[Tree, Journal]:
     tree = Tree(runtime_id, AGENTS)
-    return tree, Journal(tree, replica.store, EventLog(runtime_id, no_events))  # type: ignore[arg-type]
+    return tree, Journal(tree, replica.store, EventLog(runtime_id, no_events))
 
 
 async def no_events(after: int, limit: int) -> list[Any]:
@@ -109,7 +110,7 @@ async def pair(database: str, model: ScriptedModelServer, tmp_path: Path) -> Asy
         await made.stop()
 
 
-async def started_run(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> tuple[str, str]:
+async def started_run(stub: pb_grpc.AgentRuntimeAsyncStub, tools: ToolServer) -> tuple[str, str]:
     created = await stub.CreateRuntime(
         pb.CreateRuntimeRequest(agents=[agent("solo", tools=[http_tool("hit", tools.url("hit"))])]), timeout=10
     )
@@ -119,7 +120,7 @@ async def started_run(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> tupl
 
 
 async def settled_at(
-    stub: pb_grpc.AgentRuntimeStub,
+    stub: pb_grpc.AgentRuntimeAsyncStub,
     runtime_id: str,
     handle_id: str,
     patience: float,
@@ -132,7 +133,7 @@ async def settled_at(
     while True:
         try:
             reply = await stub.Wait(
-                pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout={"seconds": 2}),
+                pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=duration_pb2.Duration(seconds=2)),
                 timeout=max(1.0, deadline - loop.time()),
             )
             if reply.result.status != pb.STATUS_TIMEOUT:

@@ -17,7 +17,7 @@ def relay_tool(name: str) -> pb.ToolDef:
     return pb.ToolDef(name=name, description=f"the host's {name}", relay=RELAY)
 
 
-def stage_approve_commit(body: dict) -> Reply:  # type: ignore[type-arg]
+def stage_approve_commit(body: dict[str, Any]) -> Reply:
     """The library's failing plan, chosen by the number k of tool results so far."""
     k = tool_results(body)
     if k == 0:

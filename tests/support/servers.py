@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {"listen": "127.0.0.1:0", "metrics_listen": "off", "s
 class Served:
     running: RunningServer
     channel: grpc.aio.Channel
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeAsyncStub
     stopped: bool = False
 
     @property

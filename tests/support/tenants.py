@@ -36,18 +36,19 @@ def bearer(token: str) -> tuple[tuple[str, str]]:
 class Caller:
     """One tenant's token on a stub: `await acme("Inspect", request)`."""
 
-    def __init__(self, stub: pb_grpc.AgentRuntimeStub, entry: tuple[str, str, list[str], str]) -> None:
+    def __init__(self, stub: pb_grpc.AgentRuntimeAsyncStub, entry: tuple[str, str, list[str], str]) -> None:
         self.stub = stub
         self.tenant, self.token, _, self.name = entry
 
     def __call__(self, method: str, request: ProtoMessage, timeout: float = 30) -> Awaitable[Any]:
-        return getattr(self.stub, method)(request, metadata=bearer(self.token), timeout=timeout)  # type: ignore[no-any-return]
+        call: Awaitable[Any] = getattr(self.stub, method)(request, metadata=bearer(self.token), timeout=timeout)
+        return call
 
     async def watch_first(self, request: pb.WatchRequest, timeout: float = 5) -> pb.WatchResponse | None:
         call = self.stub.Watch(request, metadata=bearer(self.token), timeout=timeout)
         try:
             async for response in call:
-                return response  # type: ignore[no-any-return]
+                return response
             return None
         finally:
             call.cancel()
@@ -102,7 +103,7 @@ def details(error: grpc.aio.AioRpcError) -> list[Any]:
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin":
             found: list[Any] = []
-            for packed in status_pb2.Status.FromString(value).details:  # type: ignore[arg-type]
+            for packed in status_pb2.Status.FromString(value).details:
                 for kind in kinds:
                     if packed.Is(kind.DESCRIPTOR):
                         unpacked = kind()

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
-import pytest_timeout
+import pytest_timeout  # type: ignore[import-untyped]
 
 GRACE = 30.0  # seconds a cancelled test has to end before the run is stopped
 TIMED_OUT = pytest.StashKey[float]()  # the alarm came (the item's timeout)
