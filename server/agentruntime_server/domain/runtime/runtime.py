@@ -8,6 +8,7 @@ runs nothing. `take_over` is the one step by which this process starts running i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import weakref
 from collections.abc import Awaitable, Callable
@@ -401,7 +402,9 @@ class Runtime:
         if running and grace:
             tasks = [run.task for run in running.values() if run.task is not None]
             if tasks:
-                await asyncio.wait(tasks, timeout=grace)
+                with contextlib.suppress(TimeoutError):  # the grace is over: what still runs is closed
+                    async with self.services.clock.deadline(grace):
+                        await asyncio.wait(tasks)
         closed: list[str] = []
         # Listed again after the grace, and until nothing is left open: a handle running
         # meanwhile may have spawned children (a task call), which close with it.

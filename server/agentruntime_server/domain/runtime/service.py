@@ -329,7 +329,9 @@ class RuntimeService:
             runtime.events.close()
         tasks = [task for runtime in runtimes for task in runtime.runs.tasks()]
         if tasks:
-            await asyncio.wait(tasks, timeout=grace)
+            with contextlib.suppress(TimeoutError):  # the grace is over: what still runs is detached
+                async with self.services.clock.deadline(grace):
+                    await asyncio.wait(tasks)
         for runtime in runtimes:
             runtime.timers.release()
             await runtime.runs.detach_all()
