@@ -72,7 +72,9 @@ class FakeClock:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as timeout:
             # Due: the block's own asyncio timeout is moved to now, so it raises TimeoutError
-            # in the block's task at its next step, as a real deadline would.
+            # in the block's task at its next step, as a real deadline would (at once for none left).
+            if seconds <= 0:
+                timeout.reschedule(loop.time())
             timer = self.call_later(seconds, lambda: timeout.reschedule(loop.time()))
             try:
                 yield
