@@ -6,6 +6,7 @@ imports only the rooms below it."""
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ LAYERS = [
 FORBIDDEN_IN_DOMAIN = {"grpc", "httpx", "aiohttp", "asyncpg", "psycopg", "sqlite3", "google", "agentruntime"}
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
@@ -41,6 +43,16 @@ def modules() -> dict[str, Path]:
 
 def imports(module: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
     """Every module of the package (or outside it) `module` imports, wherever the import is."""
+    yield from _imports(module, path)
+
+
+@functools.cache
+def _imports(module: str, path: Path) -> tuple[str, ...]:
+    known = modules()
+    return tuple(_read_imports(module, path, known))
+
+
+def _read_imports(module: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

@@ -5,7 +5,7 @@ jsonschema compares `uniqueItems` pairwise when the items do not sort (4,000 ite
 types: 5.3 s) and `enum` value by value (an enum of 9,000 numbers: 7 ms an item). Both are
 judged here by a hashable key per value that is equal exactly when jsonschema's `equal` says
 the values are: 1 and 1.0 are one number, True is not 1, key order does not count
-(tests/domain/test_tool_schemas.py holds the two to it)."""
+(tests/properties/test_tool_schemas.py holds the two to it)."""
 
 from __future__ import annotations
 

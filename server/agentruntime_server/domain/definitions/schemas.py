@@ -78,7 +78,7 @@ def compile_schema(schema: dict[str, Any]) -> Validator:
 
 
 # The keywords of a plain schema, on which jsonschema-rs and jsonschema agree (and a test
-# holds them to it: tests/domain/test_tool_schemas.py): values, literals and subschemas.
+# holds them to it: tests/properties/test_tool_schemas.py): values, literals and subschemas.
 _PLAIN_VALUES = frozenset(
     {
         "type", "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
@@ -292,7 +292,7 @@ def metaschema_allows(schema: dict[str, Any]) -> bool:
     """Whether jsonschema-rs finds the schema valid against its dialect's metaschema: 1-2 ms
     for a 60 KiB schema where jsonschema's check_schema takes 300-500 ms (7 ms for ten plain
     properties: 0.6 s of the event loop for an MCP server's 90 tools). What it allows, jsonschema
-    allows too (tests/domain/test_tool_schemas.py holds them to it), but for `regex` formats, which
+    allows too (tests/properties/test_tool_schemas.py holds them to it), but for `regex` formats, which
     jsonschema checks with Python's `re` and RE2 has judged already (_check_pattern)."""
     if str(schema.get("$schema", "")).rstrip("#").endswith("draft-04/schema"):
         # jsonschema-rs lets an empty `enum` through draft 4's metaschema, which asks for a
