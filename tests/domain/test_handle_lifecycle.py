@@ -300,6 +300,18 @@ async def test_close_with_a_grace_lets_the_run_finish_then_closes_it(stage: Stag
     assert (after.status, after.text, after.usage.own_tokens) == (Status.CLOSED, "late", 10)
 
 
+async def test_a_wait_sent_during_a_closes_grace_returns_the_runs_own_result(stage: Stage) -> None:
+    runtime = await running_slow(stage)
+    closing = asyncio.ensure_future(runtime.close("root", force=False, grace=3600))
+    await stage.clock.advance(10)
+    assert not closing.done()
+    waiting = asyncio.ensure_future(runtime.wait(SLOW, None))  # sent during the grace: it waits for the run too
+    await stage.clock.advance(60)
+    assert await closing == [SLOW]
+    settled = await waiting
+    assert (settled.status, settled.text) == (Status.DONE, "late")
+
+
 async def test_close_with_a_grace_closes_children_spawned_during_it(stage: Stage) -> None:
     lead = agent(
         "lead", reply(calls=(("task", {"agent": "worker", "prompt": "w"}),), delay=5), reply("coordinated"), team=("worker",)
