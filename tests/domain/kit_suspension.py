@@ -13,6 +13,7 @@ memory store, as a crash and a restart would leave it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections import Counter
@@ -28,6 +29,7 @@ from agentruntime_server.domain.runtime.service import RuntimeService
 from agentruntime_server.domain.vocabulary import (
     AgentSpec,
     Answer,
+    Budget,
     HttpExecutor,
     PendingRequest,
     RelayExecutor,
@@ -46,6 +48,7 @@ from tests.domain.harness import Bench, HttpTools, agent, http_tool, reply
 from tests.support.clock import FakeClock
 
 Chooser = Callable[[ModelRequest], ScriptedReply]
+SETTLE_TRIES = 20  # rounds of the clock's settle a call is given to return, time standing still
 
 
 class CountedModel(ScriptedProvider):
@@ -136,8 +139,32 @@ class Stage(Bench):
         assert stored is not None
         return Runtime.restore(runtime.id, stored, self.made, runtime.key)
 
+    async def run(self, runtime: Runtime, agent_name: str, prompt: str, budget: Budget | None = None) -> TaskResult:
+        """Spawns a top-level handle, wakes it with the prompt, and reads its result (settled)."""
+        handle_id = await self.spawn(runtime, agent_name, budget=budget)
+        await runtime.wake(handle_id, prompt)
+        return await self.settled(runtime, handle_id)
+
+    async def settled(self, runtime: Runtime, handle_id: str) -> TaskResult:
+        """The handle's result (Wait), once what is ready has run with time standing still: a
+        handle that would need the clock moved fails the test here instead of hanging it."""
+        return await self.done(runtime.wait(handle_id, None), f"a Wait on {handle_id}")
+
+    async def resumed(self, runtime: Runtime, answer: Answer) -> TaskResult:
+        """Resume, settled as `settled` is."""
+        return await self.done(runtime.resume(answer), f"the Resume of {answer.id}")
+
     async def answer(self, runtime: Runtime, request: PendingRequest, **answer: Any) -> TaskResult:
-        return await runtime.resume(Answer(id=request.id, **{"ok": True, **answer}))
+        return await self.resumed(runtime, Answer(id=request.id, **{"ok": True, **answer}))
+
+    async def done(self, work: Awaitable[TaskResult], what: str) -> TaskResult:
+        task = asyncio.ensure_future(work)
+        for _ in range(SETTLE_TRIES):
+            if task.done():
+                return task.result()
+            await self.clock.settle()
+        task.cancel()
+        raise AssertionError(f"{what} did not return with the clock standing still (it waits on time, or for ever)")
 
     async def stop(self) -> None:
         for service in self.processes:

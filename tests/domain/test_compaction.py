@@ -128,12 +128,12 @@ async def test_a_compaction_after_a_rolled_back_run_is_written_again_without_it(
     await stage.clock.advance(1)
     assert (len(asked), stage.model.in_flight) == (1, 1)  # compacted, and the next turn is at the model
     await runtime.interrupt(handle_id)
-    assert (await runtime.wait(handle_id, None)).status is Status.INTERRUPTED  # run one is rolled back
+    assert (await stage.settled(runtime, handle_id)).status is Status.INTERRUPTED  # run one is rolled back
 
     run["number"] = 2
     await runtime.wake(handle_id, "two " + BIG)
     await stage.clock.settle()
-    assert (await runtime.wait(handle_id, None)).text == "r2"
+    assert (await stage.settled(runtime, handle_id)).text == "r2"
     assert len(asked) == 2 and "user: one" not in asked[1]  # summarized again, without the rolled-back run
     summaries = [m.content for m in stage.model.sent("w")[-1].messages if m.summary]
     assert summaries == ["Summary of the conversation so far:\nSUMMARY#2 mentions-one=False"]

@@ -158,7 +158,7 @@ async def test_a_childs_suspension_travels_to_the_root_naming_the_child(stage: S
     assert (pending.usage.total_tokens, pending.usage.own_tokens) == (110, 100)
     states = {h.handle_id: (h.state, h.pending_kind) for h in runtime.list_handles()}
     assert states == {LEAD: (HandleState.SUSPENDED, "tool_call"), f"{LEAD}/worker.1": (HandleState.SUSPENDED, "tool_call")}
-    assert (await runtime.wait(f"{LEAD}/worker.1", None)).pending == request
+    assert (await stage.settled(runtime, f"{LEAD}/worker.1")).pending == request
 
 
 async def test_resume_continues_the_child_then_the_parent_and_buys_no_turn_again(stage: Stage) -> None:
@@ -188,7 +188,7 @@ async def test_two_suspensions_in_one_turn_take_a_resume_each_in_any_order(stage
     runtime, pending = await delegated(stage, "0", "1", "2", suspending=("0", "2"))
     first = pending_of(pending)
     assert first.path == ("root", "coordinator.1", "worker.1")
-    third = pending_of(await runtime.wait(f"{LEAD}/worker.3", None))
+    third = pending_of(await stage.settled(runtime, f"{LEAD}/worker.3"))
     still = await stage.answer(runtime, third, outputs=outputs_for(third, "ok"))
     assert (still.handle_id, still.status, pending_of(still).id) == (LEAD, Status.PENDING, first.id)
     assert stage.model.calls["coordinator"] == 1
@@ -201,8 +201,8 @@ async def test_interrupting_a_suspended_child_lets_its_parent_go_on(stage: Stage
     runtime, pending = await delegated(stage, "0", suspending=("0",))
     child = f"{LEAD}/worker.1"
     assert await runtime.interrupt(child)
-    assert (await runtime.wait(child, None)).status is Status.INTERRUPTED
-    done = await runtime.wait(LEAD, None)
+    assert (await stage.settled(runtime, child)).status is Status.INTERRUPTED
+    done = await stage.settled(runtime, LEAD)
     assert (done.status, done.text) == (Status.DONE, "all done")
     [(told, is_error)] = tool_messages(runtime, LEAD)
     assert is_error and told.startswith(f"[{child} INTERRUPTED]")
@@ -215,7 +215,7 @@ async def test_closing_a_suspended_parent_closes_its_child_and_cancels_the_reque
     runtime, pending = await delegated(stage, "0", suspending=("0",))
     child = f"{LEAD}/worker.1"
     assert await runtime.close(LEAD, force=False) == [child, LEAD]
-    assert [(await runtime.wait(h, None)).status for h in (LEAD, child)] == [Status.CLOSED, Status.CLOSED]
+    assert [(await stage.settled(runtime, h)).status for h in (LEAD, child)] == [Status.CLOSED, Status.CLOSED]
     assert {h.state for h in runtime.list_handles()} == {HandleState.CLOSED}
     with pytest.raises(FailedPrecondition) as stale:
         await stage.answer(runtime, pending_of(pending))
@@ -228,13 +228,13 @@ async def test_interrupting_a_running_parent_withdraws_its_suspended_child(stage
     await runtime.wake(await stage.spawn(runtime, "coordinator"), "go")
     await stage.clock.settle()
     fast, slow = f"{LEAD}/worker.1", f"{LEAD}/worker.2"
-    request = pending_of(await runtime.wait(fast, None))
+    request = pending_of(await stage.settled(runtime, fast))
     assert runtime.inspect(LEAD).state is HandleState.RUNNING  # its slow child still runs
 
     assert await runtime.interrupt(LEAD)
-    assert (await runtime.wait(LEAD, None)).status is Status.INTERRUPTED
+    assert (await stage.settled(runtime, LEAD)).status is Status.INTERRUPTED
     assert {h: runtime.inspect(h).state for h in (LEAD, fast, slow)} == dict.fromkeys((LEAD, fast, slow), HandleState.IDLE)
-    withdrawn = await runtime.wait(fast, None)
+    withdrawn = await stage.settled(runtime, fast)
     assert (withdrawn.status, withdrawn.text) == (Status.INTERRUPTED, "the pending tool_call request was cancelled")
     with pytest.raises(FailedPrecondition):  # nothing could continue it under a rolled-back task call
         await stage.answer(runtime, request, outputs=outputs_for(request, "late"))
@@ -263,7 +263,7 @@ async def test_interrupting_a_suspended_parent_stops_the_child_a_resume_continue
     assert (runtime.inspect(child).state, runtime.inspect(LEAD).state) == (HandleState.IDLE, HandleState.IDLE)
     resumed = await resuming  # the topmost handle it continued: the child, interrupted
     assert (resumed.handle_id, resumed.status) == (child, Status.INTERRUPTED)
-    assert [(await runtime.wait(h, None)).status for h in (LEAD, child)] == [Status.INTERRUPTED, Status.INTERRUPTED]
+    assert [(await stage.settled(runtime, h)).status for h in (LEAD, child)] == [Status.INTERRUPTED, Status.INTERRUPTED]
     assert stage.model.calls["coordinator"] == 1  # not continued on the interrupted result
 
 
@@ -271,7 +271,7 @@ async def test_a_retried_resume_under_a_parent_still_running_returns_the_childs_
     runtime = await stage.create(coordinator("fast", "slow"), worker_suspending_on(stage, "fast", delays={"slow": 30}))
     await runtime.wake(await stage.spawn(runtime, "coordinator"), "go")
     await stage.clock.settle()
-    request = pending_of(await runtime.wait(f"{LEAD}/worker.1", None))
+    request = pending_of(await stage.settled(runtime, f"{LEAD}/worker.1"))
     first = await stage.answer(runtime, request, outputs=outputs_for(request, "fetched"))
     assert (first.handle_id, first.status, first.text) == (f"{LEAD}/worker.1", Status.DONE, "worker fast done")
     again = await stage.answer(runtime, request, outputs=outputs_for(request, "fetched"))

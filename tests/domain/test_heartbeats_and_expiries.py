@@ -43,7 +43,7 @@ async def test_a_heartbeat_wakes_an_idle_handle_with_a_tick_once_a_period(stage:
     assert runs_on(stage) == [TICK]
     await stage.clock.advance(1)
     assert runs_on(stage) == [TICK, TICK]
-    assert (await runtime.wait(BEATER, None)).status is Status.DONE
+    assert (await stage.settled(runtime, BEATER)).status is Status.DONE
     assert [m.content for m in runtime.transcript(BEATER) if m.role == "user"] == [TICK, TICK]
 
 
@@ -52,7 +52,7 @@ async def test_ticks_that_come_while_a_run_is_long_coalesce_into_one_counted_tic
     await runtime.wake(await stage.spawn(runtime, "beater"), "work")
     await stage.clock.advance(250)  # ticks at 60, 120, 180 and 240 find it running
     assert runtime.inspect(BEATER).inbox_size == 1
-    assert (await runtime.wait(BEATER, None)).text == "long"
+    assert (await stage.settled(runtime, BEATER)).text == "long"
     await stage.clock.advance(50)  # the tick at 300 wakes it, with the four before it
     assert runs_on(stage) == ["work", "Messages received:\n[from heartbeat, 5 times: the latest shown] tick"]
 
@@ -137,7 +137,7 @@ async def test_a_request_that_expires_lapses_on_time_after_a_restart(stage: Stag
     assert stage.model.calls["crm"] == 1
     await after.clock.advance(1)  # nobody called the runtime: its new process lapses it on its own
     runtime = await after.service.runtime("crm")
-    done = await runtime.wait("root/crm.1", None)
+    done = await stage.settled(runtime, "root/crm.1")
     assert (done.status, done.text, stage.model.calls["crm"]) == (Status.DONE, "went on", 2)
     [(content, is_error)] = tool_messages(runtime, "root/crm.1")
     assert is_error and "expired" in content
@@ -148,5 +148,5 @@ async def test_a_request_whose_expiry_passed_while_no_process_ran_lapses_at_the_
     after = await stage.restarted(down=600)
     runtime = await after.service.runtime("crm")
     assert runtime.inspect("root/crm.1").state is HandleState.IDLE
-    assert (await runtime.wait("root/crm.1", None)).text == "went on"
+    assert (await stage.settled(runtime, "root/crm.1")).text == "went on"
     assert stage.tools.count("login") == 1

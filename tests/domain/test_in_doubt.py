@@ -69,7 +69,7 @@ async def cut_by_a_crash(stage: Stage, policy: OnInterrupted) -> tuple[Stage, Ru
 async def test_a_call_out_at_a_crash_is_sent_again_with_the_same_key_under_retry(stage: Stage, policy: OnInterrupted) -> None:
     after, runtime = await cut_by_a_crash(stage, policy)
     await after.clock.advance(10)
-    done = await runtime.wait(PAYER, None)
+    done = await stage.settled(runtime, PAYER)
     assert (done.status, done.text, done.usage.turns, done.usage.tool_calls) == (Status.DONE, "paid", 2, 1)
     assert stage.tools.keys("charge") == [KEY, KEY]
     assert tool_messages(runtime, PAYER) == [("charge ok #2", False)]
@@ -78,7 +78,7 @@ async def test_a_call_out_at_a_crash_is_sent_again_with_the_same_key_under_retry
 
 async def test_with_ask_a_call_out_at_a_crash_suspends_on_an_in_doubt_request(stage: Stage) -> None:
     after, runtime = await cut_by_a_crash(stage, OnInterrupted.ASK)
-    pending = await runtime.wait(PAYER, None)
+    pending = await stage.settled(runtime, PAYER)
     request = pending_of(pending)
     [(call, key)] = request.calls
     assert (pending.status, request.kind, call.name, call.arguments_json, key) == (
@@ -107,7 +107,7 @@ async def test_the_answer_to_an_in_doubt_request_decides_the_call(
     stage: Stage, answer: dict[str, Any], sent: int, told: tuple[str, bool]
 ) -> None:
     after, runtime = await cut_by_a_crash(stage, OnInterrupted.ASK)
-    request = pending_of(await runtime.wait(PAYER, None))
+    request = pending_of(await stage.settled(runtime, PAYER))
     stage.tools.delays.clear()
     done = await after.answer(runtime, request, **answer)
     assert (done.status, done.text, done.usage.tool_calls) == (Status.DONE, "paid", 1)
@@ -118,11 +118,11 @@ async def test_the_answer_to_an_in_doubt_request_decides_the_call(
 
 async def test_an_in_doubt_request_takes_one_output_for_its_own_call_only(stage: Stage) -> None:
     _, runtime = await cut_by_a_crash(stage, OnInterrupted.ASK)
-    request = pending_of(await runtime.wait(PAYER, None))
+    request = pending_of(await stage.settled(runtime, PAYER))
     before = figures(runtime.tree)
     for outputs in ((ToolOutput("call_9_9", "x"),), (ToolOutput("", "a"), ToolOutput("", "b"))):
         with pytest.raises(InvalidArgument) as refused:
-            await runtime.resume(Answer(id=request.id, ok=True, outputs=outputs))
+            await stage.resumed(runtime, Answer(id=request.id, ok=True, outputs=outputs))
         assert [v.field for v in refused.value.violations] == ["answer.outputs"]
     assert figures(runtime.tree) == before and stage.tools.keys("charge") == [KEY]
 
@@ -135,7 +135,7 @@ async def test_a_model_call_out_at_a_crash_is_made_again_and_its_turn_counted_on
     after = await stage.restarted()
     runtime = await after.service.runtime("slow")
     await after.clock.advance(30)
-    done = await runtime.wait("root/slow.1", None)
+    done = await stage.settled(runtime, "root/slow.1")
     assert (done.status, done.text, done.usage.turns, done.usage.own_tokens) == (Status.DONE, "late", 1, 10)
     assert stage.model.calls["slow"] == 2  # its reply never came: the call is made again, and billed once
 
@@ -165,7 +165,7 @@ async def test_with_retry_three_cut_attempts_tell_the_model_the_call_may_have_ac
     await stage.clock.advance(2.9)
     assert len(stage.tools.keys("charge")) == 2  # after 1 s, then 2 s more
     await stage.clock.advance(0.1)
-    done = await runtime.wait(PAYER, None)
+    done = await stage.settled(runtime, PAYER)
     assert done.status is Status.DONE  # the model is told, and goes on
     assert stage.tools.keys("charge") == [KEY] * 3
     assert tool_messages(runtime, PAYER) == [
@@ -178,7 +178,7 @@ async def test_a_call_in_doubt_stays_in_doubt_when_the_resends_reach_nothing(sta
     runtime = await stage.create(payer(), runtime_id="pay")
     await runtime.wake(await stage.spawn(runtime, "payer"), "pay")
     await stage.clock.advance(3)
-    assert (await runtime.wait(PAYER, None)).status is Status.DONE
+    assert (await stage.settled(runtime, PAYER)).status is Status.DONE
     assert tool_messages(runtime, PAYER) == [
         (f"no answer in 3 attempts with the same Idempotency-Key ({CUT}; {UNREACHABLE}): {MAY_HAVE}", True)
     ]
@@ -189,7 +189,7 @@ async def test_an_attempt_that_reached_nothing_is_a_plain_error_tried_once(stage
     runtime = await stage.create(payer(OnInterrupted.ASK), runtime_id="pay")
     await runtime.wake(await stage.spawn(runtime, "payer"), "pay")
     await stage.clock.advance(5)
-    assert (await runtime.wait(PAYER, None)).status is Status.DONE  # not in doubt: nothing to ask
+    assert (await stage.settled(runtime, PAYER)).status is Status.DONE  # not in doubt: nothing to ask
     assert tool_messages(runtime, PAYER) == [(UNREACHABLE, True)]
     assert stage.tools.keys("charge") == [KEY]
 

@@ -101,7 +101,7 @@ async def test_a_suspended_handle_is_resumed_after_a_restart_exactly_as_before(s
     pending = await stage.run(runtime, "worker", "stage then commit")
     after = await stage.restarted()
     runtime = await after.service.runtime("plan")
-    assert await runtime.wait(WORKER, None) == pending
+    assert await stage.settled(runtime, WORKER) == pending
     snapshot = runtime.inspect(WORKER)
     assert (snapshot.state, snapshot.pending_kind) == (HandleState.SUSPENDED, "tool_call")
     request = pending_of(pending)
@@ -127,9 +127,9 @@ async def test_a_retried_resume_after_a_restart_returns_what_the_first_returned(
     )
     await runtime.wake(await stage.spawn(runtime, "coordinator"), "go")
     await stage.clock.settle()
-    request = pending_of(await runtime.wait(f"{LEAD}/worker.1", None))
+    request = pending_of(await stage.settled(runtime, f"{LEAD}/worker.1"))
     answer = Answer(id=request.id, ok=True, outputs=outputs_for(request, "fetched"))
-    first = await runtime.resume(answer)
+    first = await stage.resumed(runtime, answer)
     stored = await stage.store.load(runtime.key)
     assert stored is not None
     rebuilt = Tree(runtime.key, stored.agents)
@@ -138,10 +138,10 @@ async def test_a_retried_resume_after_a_restart_returns_what_the_first_returned(
 
     after = await stage.restarted()  # the coordinator goes on from its journal
     runtime = await after.service.runtime("retry")
-    again = await runtime.resume(answer)
+    again = await stage.resumed(runtime, answer)
     assert (again.handle_id, again.status, again.text) == (first.handle_id, first.status, first.text)
     await after.clock.advance(30)
-    assert (await runtime.wait(LEAD, None)).text == "all done"
+    assert (await stage.settled(runtime, LEAD)).text == "all done"
     assert stage.model.calls["worker"] == 4  # fast twice, slow cut by the restart and made again
 
 
@@ -154,7 +154,7 @@ async def test_a_child_running_at_a_crash_goes_on_and_its_parents_task_call_reat
     runtime = await after.service.runtime("child")
     assert (runtime.inspect(LEAD).state, runtime.inspect(f"{LEAD}/worker.1").state) == (HandleState.RUNNING, HandleState.RUNNING)
     await after.clock.advance(30)
-    done = await runtime.wait(LEAD, None)
+    done = await stage.settled(runtime, LEAD)
     assert (done.status, done.text, done.usage.total_tokens) == (Status.DONE, "coordinated", 25)
     assert [h.handle_id for h in runtime.list_handles()] == [LEAD, f"{LEAD}/worker.1"]  # no second child
     assert (stage.model.calls["coordinator"], stage.model.calls["worker"]) == (2, 2)
@@ -175,7 +175,7 @@ async def test_results_recorded_before_a_crash_are_read_not_run_again(stage: Sta
     after = await stage.restarted()
     await after.clock.advance(10)
     runtime = await after.service.runtime("both")
-    done = await runtime.wait("root/both.1", None)
+    done = await stage.settled(runtime, "root/both.1")
     assert (done.status, done.usage.turns, done.usage.tool_calls) == (Status.DONE, 2, 2)
     assert (stage.tools.count("quick"), stage.tools.count("slow"), stage.model.calls["both"]) == (1, 2, 2)
     assert tool_messages(runtime, "root/both.1") == [("quick ok #1", False), ("slow ok #2", False)]

@@ -72,7 +72,7 @@ async def test_a_relay_call_suspends_the_handle_with_typed_calls_and_their_idemp
     transcript = runtime.transcript(WORKER)
     assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
     assert [c.name for c in transcript[-1].tool_calls] == ["approve"]
-    assert await runtime.wait(WORKER, None) == pending  # a Wait reads the same pending result
+    assert await stage.settled(runtime, WORKER) == pending  # a Wait reads the same pending result
 
 
 async def test_resume_continues_from_the_checkpoint_and_runs_or_buys_nothing_again(stage: Stage) -> None:
@@ -95,11 +95,11 @@ async def test_a_retried_resume_returns_the_same_result_and_runs_nothing_again(s
     runtime, pending = await suspended_on_approve(stage)
     request = pending_of(pending)
     answer = Answer(id=request.id, ok=True, outputs=outputs_for(request, "approved"))
-    done = await runtime.resume(answer)
-    again = await runtime.resume(answer)
+    done = await stage.resumed(runtime, answer)
+    again = await stage.resumed(runtime, answer)
     assert again == done
     assert (stage.tools.count("counter"), stage.model.calls["worker"]) == (2, 4)
-    assert await runtime.wait(WORKER, None) == done
+    assert await stage.settled(runtime, WORKER) == done
 
 
 async def test_the_same_request_answered_differently_is_refused_and_changes_nothing(stage: Stage) -> None:
@@ -108,7 +108,7 @@ async def test_the_same_request_answered_differently_is_refused_and_changes_noth
     await stage.answer(runtime, request, outputs=outputs_for(request, "approved"))
     before = unchanged(stage, runtime)
     with pytest.raises(FailedPrecondition) as refused:
-        await runtime.resume(Answer(id=request.id, ok=False, reason="changed my mind"))
+        await stage.resumed(runtime, Answer(id=request.id, ok=False, reason="changed my mind"))
     assert refused.value.reason == "ALREADY_ANSWERED"
     assert unchanged(stage, runtime) == before
     assert (stage.tools.count("counter"), stage.model.calls["worker"]) == (2, 4)
@@ -118,10 +118,10 @@ async def test_an_answer_to_no_live_request_is_refused_and_changes_nothing(stage
     runtime, pending = await suspended_on_approve(stage)
     before = unchanged(stage, runtime)
     with pytest.raises(FailedPrecondition) as refused:
-        await runtime.resume(Answer(id="not-the-request", ok=True))
+        await stage.resumed(runtime, Answer(id="not-the-request", ok=True))
     assert refused.value.reason == "NO_SUCH_REQUEST" and "'not-the-request'" in str(refused.value)
     assert unchanged(stage, runtime) == before
-    assert await runtime.wait(WORKER, None) == pending
+    assert await stage.settled(runtime, WORKER) == pending
 
 
 def _bad_answers(request_id: str, call_id: str) -> dict[str, tuple[Answer, str]]:
@@ -151,7 +151,7 @@ async def test_an_answer_the_request_cannot_take_is_refused_naming_its_field_and
     answer, field = _bad_answers(request.id, request.calls[0][0].id)[case]
     before = unchanged(stage, runtime)
     with pytest.raises(InvalidArgument) as refused:
-        await runtime.resume(answer)
+        await stage.resumed(runtime, answer)
     assert [violation.field for violation in refused.value.violations] == [field]
     assert unchanged(stage, runtime) == before
     assert stage.model.calls["worker"] == 2
@@ -177,7 +177,7 @@ async def test_a_declined_relay_request_gives_every_call_a_declined_error(stage:
     asker = agent("asker", reply(calls=(("fetch", {}), ("fetch", {}))), reply("none read"), tools=(relay_tool("fetch"),))
     runtime = await stage.create(asker)
     request = pending_of(await stage.run(runtime, "asker", "go"))
-    done = await runtime.resume(Answer(id=request.id, ok=False, reason="no network"))
+    done = await stage.resumed(runtime, Answer(id=request.id, ok=False, reason="no network"))
     assert (done.status, done.usage.tool_calls) == (Status.DONE, 2)
     assert tool_messages(runtime, "root/asker.1") == [("declined by the host: no network", True)] * 2
 
@@ -227,7 +227,7 @@ async def test_an_approved_call_runs_once_after_yes(stage: Stage) -> None:
 async def test_a_denied_call_never_runs_and_the_model_reads_a_declined_error(stage: Stage) -> None:
     runtime = await stage.create(committer())
     request = pending_of(await stage.run(runtime, "committer", "ship it"))
-    done = await runtime.resume(Answer(id=request.id, ok=False, reason="change freeze"))
+    done = await stage.resumed(runtime, Answer(id=request.id, ok=False, reason="change freeze"))
     assert done.status is Status.DONE  # the run goes on: the model judges the refusal
     assert tool_messages(runtime, "root/committer.1") == [("declined by the host: change freeze", True)]
     assert stage.tools.count("commit") == 0
@@ -286,7 +286,7 @@ async def test_the_ask_tool_suspends_for_input_and_the_answer_data_is_its_result
 async def test_an_unanswered_question_tells_the_model_so(stage: Stage) -> None:
     runtime = await stage.create(agent("curious", reply(calls=(("ask", {"question": "Which region?"}),)), reply("guessing")))
     request = pending_of(await stage.run(runtime, "curious", "deploy"))
-    await runtime.resume(Answer(id=request.id, ok=False, reason="nobody knows"))
+    await stage.resumed(runtime, Answer(id=request.id, ok=False, reason="nobody knows"))
     assert tool_messages(runtime, "root/curious.1") == [("the host did not answer: nobody knows", True)]
 
 
@@ -339,7 +339,7 @@ async def test_an_unanswered_tools_request_lapses_into_an_error_result_when_the_
     assert runtime.inspect("root/crm.1").state is HandleState.SUSPENDED
     await stage.clock.advance(1)
     assert runtime.inspect("root/crm.1").state is HandleState.IDLE
-    done = await runtime.wait("root/crm.1", None)
+    done = await stage.settled(runtime, "root/crm.1")
     assert (done.status, done.text) == (Status.DONE, "logged in")
     [(content, is_error)] = tool_messages(runtime, "root/crm.1")
     assert is_error and content == "the pending authorization request expired at 2027-01-15T08:01:00+00:00"
