@@ -208,6 +208,23 @@ async def test_an_interrupt_rolls_the_run_back_and_gives_its_inbox_back(stage: S
     assert runtime.inspect(SLOW).usage.turns == 0  # the cut reply never lands
 
 
+async def test_an_interrupt_of_a_suspended_handle_withdraws_its_request_and_it_can_be_woken_again(stage: Stage) -> None:
+    worker = agent("w", reply(calls=(("fetch", {}),)), reply("fresh start"), tools=(relay_tool("fetch"),))
+    runtime = await stage.create(worker)
+    request = pending_of(await stage.run(runtime, "w", "go"))
+    assert await runtime.interrupt("root/w.1")
+    withdrawn = await stage.settled(runtime, "root/w.1")  # never a stale PENDING
+    assert (withdrawn.status, withdrawn.pending, runtime.inspect("root/w.1").state) == (
+        Status.INTERRUPTED,
+        None,
+        HandleState.IDLE,
+    )
+    with pytest.raises(FailedPrecondition):
+        await stage.answer(runtime, request, outputs=outputs_for(request, "late"))
+    await runtime.wake("root/w.1", "again")
+    assert (await stage.settled(runtime, "root/w.1")).status is Status.DONE
+
+
 async def test_an_interrupt_stops_the_whole_subtree_and_keeps_what_it_spent(stage: Stage) -> None:
     boss = agent("boss", reply(calls=(("task", {"agent": "slow", "prompt": "x"}),), tokens=10), team=("slow",))
     runtime = await stage.create(boss, agent("slow", reply("late", delay=60)))

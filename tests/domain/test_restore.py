@@ -110,6 +110,22 @@ async def test_a_suspended_handle_is_resumed_after_a_restart_exactly_as_before(s
     assert (stage.tools.count("counter"), stage.model.calls["worker"]) == (2, 4)
 
 
+async def test_a_copy_restored_with_runtime_restore_and_taken_over_resumes_what_was_suspended(stage: Stage) -> None:
+    runtime = await stage.create(stage_approve_commit(), runtime_id="plan")
+    request = pending_of(await stage.run(runtime, "worker", "stage then commit"))
+    after = await stage.restarted(recover=False)  # nothing needs a process: nothing is taken over
+    copy = await after.reloaded(runtime)
+    assert (copy.taken_over, copy.inspect(WORKER).state, copy.inspect(WORKER).pending_kind) == (
+        False,
+        HandleState.SUSPENDED,
+        "tool_call",
+    )
+    assert await copy.take_over() == 0  # nothing was running
+    done = await after.answer(copy, request, outputs=outputs_for(request, "approved"))
+    assert (done.status, done.text, done.usage.turns) == (Status.DONE, "committed", 4)
+    assert (stage.tools.count("counter"), stage.model.calls["worker"]) == (2, 4)
+
+
 async def test_a_nested_suspension_is_resumed_after_a_restart_child_then_parent(stage: Stage) -> None:
     runtime = await stage.create(coordinator("0"), worker_suspending_on(stage, "0"), runtime_id="nested")
     request = pending_of(await stage.run(runtime, "coordinator", "go"))
