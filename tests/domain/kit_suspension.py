@@ -6,9 +6,9 @@ memory store, as a crash and a restart would leave it.
 
     async def test_x(stage: Stage) -> None:
         runtime = await stage.create(agent("w", reply(calls=(("fetch", {}),)), reply("done"), tools=(relay_tool("fetch"),)))
-        pending = await stage.run(runtime, "w", "go")
-        done = await stage.resume(runtime, pending, outputs=(ToolOutput(call_id, "data"),))
-        assert stage.model.calls["w"] == 2
+        request = pending_of(await stage.run(runtime, "w", "go"))
+        done = await stage.answer(runtime, request, outputs=outputs_for(request, "data"))
+        assert (done.text, stage.model.calls["w"]) == ("done", 2)
 """
 
 from __future__ import annotations

@@ -44,9 +44,11 @@ async def suspended_on_approve(stage: Stage) -> tuple[Runtime, Any]:
     return runtime, await stage.run(runtime, "worker", "stage then commit")
 
 
-def unchanged(stage: Stage, runtime: Runtime) -> tuple[Any, int]:
+async def unchanged(stage: Stage, runtime: Runtime) -> tuple[Any, int]:
     """Everything the journal built, and how many entries the store holds: what a refusal must leave alone."""
-    return figures(runtime.tree), len(stage.store._runtimes[runtime.key].entries)
+    stored = await stage.store.load(runtime.key)
+    assert stored is not None
+    return figures(runtime.tree), len(stored.entries)
 
 
 # ---- relay calls -------------------------------------------------------------------------------
@@ -106,21 +108,21 @@ async def test_the_same_request_answered_differently_is_refused_and_changes_noth
     runtime, pending = await suspended_on_approve(stage)
     request = pending_of(pending)
     await stage.answer(runtime, request, outputs=outputs_for(request, "approved"))
-    before = unchanged(stage, runtime)
+    before = await unchanged(stage, runtime)
     with pytest.raises(FailedPrecondition) as refused:
         await stage.resumed(runtime, Answer(id=request.id, ok=False, reason="changed my mind"))
     assert refused.value.reason == "ALREADY_ANSWERED"
-    assert unchanged(stage, runtime) == before
+    assert await unchanged(stage, runtime) == before
     assert (stage.tools.count("counter"), stage.model.calls["worker"]) == (2, 4)
 
 
 async def test_an_answer_to_no_live_request_is_refused_and_changes_nothing(stage: Stage) -> None:
     runtime, pending = await suspended_on_approve(stage)
-    before = unchanged(stage, runtime)
+    before = await unchanged(stage, runtime)
     with pytest.raises(FailedPrecondition) as refused:
         await stage.resumed(runtime, Answer(id="not-the-request", ok=True))
     assert refused.value.reason == "NO_SUCH_REQUEST" and "'not-the-request'" in str(refused.value)
-    assert unchanged(stage, runtime) == before
+    assert await unchanged(stage, runtime) == before
     assert await stage.settled(runtime, WORKER) == pending
 
 
@@ -149,11 +151,11 @@ async def test_an_answer_the_request_cannot_take_is_refused_naming_its_field_and
     runtime, pending = await suspended_on_approve(stage)
     request = pending_of(pending)
     answer, field = _bad_answers(request.id, request.calls[0][0].id)[case]
-    before = unchanged(stage, runtime)
+    before = await unchanged(stage, runtime)
     with pytest.raises(InvalidArgument) as refused:
         await stage.resumed(runtime, answer)
     assert [violation.field for violation in refused.value.violations] == [field]
-    assert unchanged(stage, runtime) == before
+    assert await unchanged(stage, runtime) == before
     assert stage.model.calls["worker"] == 2
     # The Request is still live: the right answer is taken after the wrong one.
     done = await stage.answer(runtime, request, outputs=outputs_for(request, "approved"))
@@ -250,11 +252,11 @@ async def test_a_require_approval_guardrail_asks_with_its_reason(stage: Stage) -
 async def test_an_approval_takes_no_tool_outputs(stage: Stage) -> None:
     runtime = await stage.create(committer())
     request = pending_of(await stage.run(runtime, "committer", "ship it"))
-    before = unchanged(stage, runtime)
+    before = await unchanged(stage, runtime)
     with pytest.raises(InvalidArgument) as refused:
         await stage.answer(runtime, request, outputs=(ToolOutput(request.calls[0][0].id, "done"),))
     assert [violation.field for violation in refused.value.violations] == ["answer.outputs"]
-    assert unchanged(stage, runtime) == before and stage.tools.count("commit") == 0
+    assert await unchanged(stage, runtime) == before and stage.tools.count("commit") == 0
 
 
 async def test_a_relay_call_behind_an_approval_asks_twice_with_a_request_each(stage: Stage) -> None:
