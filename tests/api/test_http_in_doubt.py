@@ -1,11 +1,11 @@
-"""An http tool call cut mid-exchange is in doubt, not failed: once its request was written the
-tool may have acted on it, so its tool's `on_interrupted` policy applies, as for a call in
-flight at a crash. RETRY sends it again with the same Idempotency-Key (three attempts in all,
-a pause of 1 s and then 2 s before each resend); ASK suspends on an `in_doubt` Request. A call
-whose request never left (nothing listening) is a plain error result, and a call in doubt stays
-in doubt: attempts that then reach nothing do not turn it into one. A real server, a scripted
-model over HTTP, tool servers on loopback (in this process, or in a process of its own that a
-test kills with calls in flight)."""
+"""An http tool call cut mid-exchange is in doubt, not failed, over real HTTP: a connection lost
+after the request was written, and a reply past the tool's deadline, reach the runtime as a
+call in doubt (RETRY sends it again with the same Idempotency-Key, three attempts in all); a
+call whose request never left (nothing listening) is a plain error result; a tool server killed
+with calls in flight gets them again when back. What the runtime does with a call in doubt
+(ASK's Request and its answers, the pauses, a call in doubt that stays so) is the fast tier's:
+tests/domain/test_in_doubt.py. A real server, a scripted model over HTTP, tool servers on
+loopback (in this process, or in a process of its own that a test kills with calls in flight)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.tools.http import UNREACHABLE
 
 from tests.support.build import agent, create, duration, http_tool, run, spawn, transcript, wait
-from tests.support.calls import resume, wake
+from tests.support.calls import wake
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
-from tests.support.poll import until
 from tests.support.process import free_port
 from tests.support.tool_server import ToolServer
 
-CUT = "the connection was lost after the request was sent"
 MAY_HAVE = "the call may or may not have taken effect"
 
 
@@ -69,39 +67,6 @@ async def test_with_retry_a_call_cut_after_its_request_is_sent_again_with_the_sa
     assert (message.content, message.is_error) == ("charge ok #2", False)
 
 
-async def test_with_ask_a_cut_call_suspends_in_doubt_and_resume_runs_it_again(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
-) -> None:
-    tools.cuts["charge"] = 1
-    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
-    runtime_id = await create(stub, agent("payer", tools=[charge_tool(tools.url("charge"), pb.ON_INTERRUPTED_ASK)]))
-    handle_id, pending = await run(stub, runtime_id, "payer", "pay")
-    assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "in_doubt"), pending
-    [call] = pending.pending.calls
-    key = f"{runtime_id}/{handle_id}/call_1_1"
-    assert (call.name, call.idempotency_key) == ("charge", key)
-    assert "the connection to its endpoint was lost after the request was sent" in pending.pending.prompt
-    assert tools.keys == [key]  # asked, not sent again
-    done = await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True))  # ok, no output: run it again
-    assert (done.status, done.text) == (pb.STATUS_DONE, "charge ok #2"), done
-    assert tools.keys == [key, key]
-
-
-async def test_with_ask_a_reply_past_the_deadline_is_in_doubt_and_the_hosts_output_is_the_result(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
-) -> None:
-    tools.delays["charge"] = 30
-    model.script("payer", calls_then_answer(("charge", {"cents": 500})))
-    tool = charge_tool(tools.url("charge"), pb.ON_INTERRUPTED_ASK, timeout=0.3)
-    runtime_id = await create(stub, agent("payer", tools=[tool]))
-    handle_id, pending = await run(stub, runtime_id, "payer", "pay")
-    assert (pending.status, pending.pending.kind) == (pb.STATUS_PENDING, "in_doubt"), pending
-    output = pb.ToolOutput(call_id=pending.pending.calls[0].id, output="it went through")
-    done = await resume(stub, runtime_id, pb.Answer(id=pending.pending.id, ok=True, outputs=[output]))
-    assert (done.status, done.text) == (pb.STATUS_DONE, "it went through"), done
-    assert tools.keys == [f"{runtime_id}/{handle_id}/call_1_1"]
-
-
 async def test_with_retry_three_attempts_past_the_deadline_say_it_may_have_taken_effect(
     stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
@@ -117,33 +82,6 @@ async def test_with_retry_three_attempts_past_the_deadline_say_it_may_have_taken
     assert message.content == (
         f"no answer in 3 attempts with the same Idempotency-Key (no reply within 0.3s of sending the request): {MAY_HAVE}"
     )
-
-
-async def test_a_call_in_doubt_whose_endpoint_is_then_gone_still_says_it_may_have_taken_effect(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
-) -> None:
-    """The first attempt is read and cut; the tool server is gone before the resends (1 s
-    later), which reach nothing. "Could not be reached" alone would tell the model the call
-    never ran, and invite it to make it again under a new key."""
-    tools = ToolServer()
-    await tools.start()
-    try:
-        tools.cuts["charge"] = 1
-        model.script("payer", calls_then_answer(("charge", {"cents": 500})))
-        runtime_id = await create(stub, agent("payer", tools=[charge_tool(tools.url("charge"))]))
-        handle_id = await spawn(stub, runtime_id, "payer")
-        await wake(stub, runtime_id, handle_id, "pay")
-        await until(lambda: bool(tools.keys), "the tool server to read the call")
-    finally:
-        await tools.stop()
-    result = await wait(stub, runtime_id, handle_id)
-    assert result.status == pb.STATUS_DONE, result
-    message = await tool_message(stub, runtime_id, handle_id)
-    assert (message.content, message.is_error) == (
-        f"no answer in 3 attempts with the same Idempotency-Key ({CUT}; {UNREACHABLE}): {MAY_HAVE}",
-        True,
-    )
-    assert tools.keys == [f"{runtime_id}/{handle_id}/call_1_1"]
 
 
 async def test_a_refused_connection_is_a_plain_error_result_tried_once(

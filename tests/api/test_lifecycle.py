@@ -1,8 +1,10 @@
-"""Interrupt, Close (of root too, with a grace), Wait timeouts, the inbox (its posts coalesced, an
-external post quoted as data), runtime options that bound model calls and the inbox, and
-compaction on a long run, over a real server. A closed handle's result carries no limit, a
-Close with a grace closes what was spawned during it, nothing runs under a closed ancestor,
-and an Interrupt withdraws the whole subtree."""
+"""The lifecycle verbs over the wire: Post (its channel, sender, coalesce key and trust as fields),
+Wake, Inspect, Interrupt, GetTranscript, Wait with a timeout, runtime options and their
+refusal, Close of root with a grace in real time (and the events a watcher sees), a closed
+handle's result as a client reads it, and compaction on a long run against a model whose
+context window refuses (a provider's error). The rules themselves (what an Interrupt rolls back,
+what Close cancels, leaf first, under a closed ancestor, ...) are the fast tier's:
+tests/domain/test_handle_lifecycle.py, test_delegation.py."""
 
 from __future__ import annotations
 
@@ -11,22 +13,18 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
-from agentruntime_server.domain.journal import Closed
-from google.rpc import error_details_pb2
 
-from tests.support.build import agent, create, duration, http_tool, run, spawn, status_details, transcript, views, wait
-from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, resume, state_of, until_state, wake
-from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
+from tests.support.build import agent, create, duration, http_tool, run, spawn, transcript, views, wait
+from tests.support.calls import Stub, bad_request_fields, events_until, handle_view, wake
+from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.poll import eventually, until
-from tests.support.scripts import delegates_to_worker, relay_answer
 from tests.support.sdk_servers import openai_error
-from tests.support.servers import Served
 from tests.support.tool_server import ToolServer
 
 
@@ -59,77 +57,6 @@ async def test_interrupt_running_turn_restores_the_inbox(stub: pb_grpc.AgentRunt
     assert not again.interrupted
 
 
-async def test_interrupt_cascades_to_the_subtree(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("boss", lambda body: Reply(calls=[("task", {"agent": "slow", "prompt": "x"})], tokens=10))
-    model.script("slow", lambda body: Reply(text="late", delay=5))
-    runtime_id = await create(stub, agent("boss", team=["slow"]), agent("slow"))
-    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="boss"))).handle_id
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    await _until_model_called(model, "slow")
-    await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))
-    child = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=f"{handle_id}/slow.1"))).result
-    assert child.status == pb.STATUS_INTERRUPTED
-    root = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert root.status == pb.STATUS_INTERRUPTED
-    assert root.total_tokens == 10  # what was spent stays counted
-
-
-async def test_interrupting_a_child_lets_the_parent_go_on(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    def boss(body: dict) -> Reply:  # type: ignore[type-arg]
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": "slow", "prompt": "x"})], tokens=10)
-        return Reply(text="went on: " + body["messages"][-1]["content"], tokens=10)
-
-    model.script("boss", boss)
-    model.script("slow", lambda body: Reply(text="late", delay=5))
-    runtime_id = await create(stub, agent("boss", team=["slow"]), agent("slow"))
-    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="boss"))).handle_id
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    await _until_model_called(model, "slow")
-    await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=f"{handle_id}/slow.1"))
-    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert result.status == pb.STATUS_DONE
-    assert "INTERRUPTED" in result.text
-
-
-async def test_close_cascades_leaf_first_and_keeps_the_last_result(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
-) -> None:
-    def coordinator(body: dict) -> Reply:  # type: ignore[type-arg]
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": "explore", "prompt": "look"})], tokens=100)
-        return Reply(text="coordinated", tokens=100)
-
-    model.script("coordinator", coordinator)
-    model.script("explore", lambda body: Reply(text="found", tokens=400))
-    runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
-    handle_id, _ = await run(stub, runtime_id, "coordinator", "go")
-
-    closed = await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id))
-    assert list(closed.closed_handle_ids) == [f"{handle_id}/explore.1", handle_id]
-    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert (result.status, result.text, result.total_tokens) == (pb.STATUS_CLOSED, "coordinated", 600)
-    assert all(view.state == pb.HANDLE_STATE_CLOSED for view in (await views(stub, runtime_id)).values())
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="again"))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-
-
-async def test_close_a_running_handle_needs_force(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("slow", lambda body: Reply(text="late", delay=5))
-    runtime_id = await create(stub, agent("slow"))
-    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="slow"))).handle_id
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "force" in (refused.value.details() or "")
-    closed = await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, force=True))
-    assert list(closed.closed_handle_ids) == [handle_id]
-    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert result.status == pb.STATUS_CLOSED
-
-
 async def test_wait_timeout_leaves_the_handle_running(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
     model.script("slowish", lambda body: Reply(text="finally", tokens=10, delay=0.6))
     runtime_id = await create(stub, agent("slowish"))
@@ -141,21 +68,6 @@ async def test_wait_timeout_leaves_the_handle_running(stub: pb_grpc.AgentRuntime
     assert view.state == pb.HANDLE_STATE_RUNNING
     final = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
     assert (final.status, final.text, final.own_tokens) == (pb.STATUS_DONE, "finally", 10)
-
-
-async def test_wake_drains_only_the_inbox(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("reader", lambda body: Reply(text="read", tokens=3))
-    runtime_id = await create(stub, agent("reader"))
-    handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="reader"))).handle_id
-    posted = await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="news"))
-    assert (posted.ok, posted.inbox_size) == (True, 1)
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id))
-    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert result.status == pb.STATUS_DONE
-    assert model.requests[0]["messages"][-1]["content"] == "Messages received:\n[from host] news"
-
-
-# ---- coalescing ---------------------------------------------------------------------------
 
 
 async def test_coalesced_posts_merge_and_never_refuse_when_they_merge(stub: Stub, model: ScriptedModelServer) -> None:
@@ -372,20 +284,6 @@ async def test_close_root_refuses_a_running_tree_and_with_a_grace_lets_the_run_f
     assert (after.status, after.text, after.own_tokens) == (pb.STATUS_CLOSED, "finished", 10)
 
 
-async def test_a_wait_sent_during_the_grace_returns_the_run_s_own_done(stub: Stub, model: ScriptedModelServer) -> None:
-    runtime_id, _, busy = await _two_top_level_handles(stub, model, delay=1.0)
-
-    async def close() -> pb.CloseResponse:
-        return await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id="root", grace=duration(5)))
-
-    closing = asyncio.create_task(close())
-    await asyncio.sleep(0.2)  # the Close is in its grace, waiting on the run
-    assert not closing.done()
-    settled = await wait(stub, runtime_id, busy)  # sent during the grace: it waits for the run too
-    await closing
-    assert (settled.status, settled.text) == (pb.STATUS_DONE, "finished")
-
-
 async def test_close_root_with_a_short_grace_closes_the_run(stub: Stub, model: ScriptedModelServer) -> None:
     runtime_id, idle, busy = await _two_top_level_handles(stub, model, delay=3.0)
     waiting = asyncio.create_task(wait(stub, runtime_id, busy))
@@ -442,9 +340,6 @@ async def test_an_external_post_reaches_the_model_as_quoted_data(stub: Stub, mod
     assert bad_request_fields(bad.value) == ["trust"]
 
 
-RELAY = pb.ToolDef(name="fetch", description="the host's fetch", relay=pb.RelayTool())
-
-
 # ---- a closed handle's result carries no limit -----------------------------------------
 
 
@@ -460,112 +355,3 @@ async def test_a_closed_handles_result_has_no_limit(stub: pb_grpc.AgentRuntimeAs
     assert (closed.status, closed.limit, closed.is_error) == (pb.STATUS_CLOSED, pb.LIMIT_UNSPECIFIED, False)
     assert (closed.text, closed.turns, closed.own_tokens) == (result.text, 1, 10)
     assert not closed.HasField("pending") and not closed.HasField("failure")
-
-
-# ---- Close with a grace closes what was spawned during the grace -------------------------
-
-
-async def test_close_with_a_grace_closes_children_spawned_during_it(
-    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
-) -> None:
-    model.script("coordinator", delegates_to_worker("w", delay=0.3))  # it delegates only once the grace began
-    model.script("worker", lambda body: Reply(text="worked", tokens=5))
-    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker"))
-    handle_id = await spawn(stub, runtime_id, "coordinator")
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-
-    closed = await stub.Close(pb.CloseRequest(runtime_id=runtime_id, handle_id=handle_id, grace=duration(5)))
-    worker = f"{handle_id}/worker.1"
-    assert set(closed.closed_handle_ids) == {handle_id, worker}
-    listed = await views(stub, runtime_id)
-    assert {listed[h].state for h in (handle_id, worker)} == {pb.HANDLE_STATE_CLOSED}
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=worker, prompt="again"))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert model.calls["worker"] == 1
-
-
-async def test_wake_under_a_closed_ancestor_is_refused(served: Served, model: ScriptedModelServer) -> None:
-    """A child left open under a closed parent (a store written before Close re-listed the
-    subtree after its grace) cannot be woken to run under it."""
-    stub = cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
-    model.script("coordinator", lambda body: Reply(text="coordinated", tokens=10))
-    model.script("worker", lambda body: Reply(text="worked", tokens=5))
-    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker"))
-    parent = await spawn(stub, runtime_id, "coordinator")
-    child = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id=parent, agent="worker"))).handle_id
-    runtime = await served.running.service.runtime(runtime_id)
-    await runtime.journal.record(Closed(parent))  # the parent alone, as such a store holds it
-
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=child, prompt="work"))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"closed subtree of {parent!r}" in (refused.value.details() or "")
-    infos = [d for d in status_details(refused.value) if isinstance(d, error_details_pb2.ErrorInfo)]
-    assert [info.reason for info in infos] == ["HANDLE_CLOSED"]
-    assert model.calls["worker"] == 0
-
-
-# ---- Interrupt withdraws the whole subtree ------------------------------------------
-
-
-async def test_interrupting_a_running_parent_withdraws_its_suspended_child(
-    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
-) -> None:
-    def worker(body: dict[str, Any]) -> Reply:
-        if last_user(body) == "fast" and tool_results(body) == 0:
-            return Reply(calls=[("fetch", {})], tokens=5)
-        return Reply(text="w", tokens=5, delay=30 if last_user(body) == "slow" else 0)
-
-    model.script("coordinator", delegates_to_worker("fast", "slow"))
-    model.script("worker", worker)
-    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[RELAY]))
-    handle_id = await spawn(stub, runtime_id, "coordinator")
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    fast, slow = f"{handle_id}/worker.1", f"{handle_id}/worker.2"
-    await until_state(stub, runtime_id, fast, pb.HANDLE_STATE_SUSPENDED)
-    pending = (await wait(stub, runtime_id, fast)).pending
-
-    assert (await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))).interrupted
-    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_INTERRUPTED
-    listed = await views(stub, runtime_id)
-    assert {h: listed[h].state for h in (handle_id, fast, slow)} == dict.fromkeys((handle_id, fast, slow), pb.HANDLE_STATE_IDLE)
-    withdrawn = await wait(stub, runtime_id, fast)
-    assert (withdrawn.status, withdrawn.text) == (pb.STATUS_INTERRUPTED, "the pending tool_call request was cancelled")
-    # Its Request is no longer live: nothing could continue it under a rolled-back task call.
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await resume(stub, runtime_id, relay_answer(pending))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    messages = await transcript(stub, runtime_id, fast)
-    assert [m.role for m in messages] == ["user", "assistant", "tool"]  # the fetch call has its answer
-
-
-async def test_interrupting_a_suspended_parent_stops_the_child_a_resume_continues(
-    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
-) -> None:
-    def worker(body: dict[str, Any]) -> Reply:
-        if tool_results(body) == 0:
-            return Reply(calls=[("fetch", {})], tokens=5)
-        return Reply(text="worker finished", tokens=5, delay=30)
-
-    model.script("coordinator", delegates_to_worker("w"))
-    model.script("worker", worker)
-    runtime_id = await create(stub, agent("coordinator", team=["worker"]), agent("worker", tools=[RELAY]))
-    handle_id, pending = await run(stub, runtime_id, "coordinator", "go")
-    assert pending.status == pb.STATUS_PENDING
-    worker_id = f"{handle_id}/worker.1"
-    resuming = stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=relay_answer(pending.pending)), timeout=60)
-    await until(lambda: model.in_flight == 1, "the worker's resumed turn at the model")
-    assert (await state_of(stub, runtime_id, worker_id), await state_of(stub, runtime_id, handle_id)) == (
-        pb.HANDLE_STATE_RUNNING,
-        pb.HANDLE_STATE_SUSPENDED,
-    )
-
-    assert (await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))).interrupted
-    listed = await views(stub, runtime_id)
-    assert (listed[worker_id].state, listed[handle_id].state) == (pb.HANDLE_STATE_IDLE, pb.HANDLE_STATE_IDLE)
-    resumed = (await resuming).result  # the topmost handle it continued: the worker, interrupted
-    assert (resumed.handle_id, resumed.status) == (worker_id, pb.STATUS_INTERRUPTED)
-    assert (await wait(stub, runtime_id, handle_id)).status == pb.STATUS_INTERRUPTED
-    assert (await wait(stub, runtime_id, worker_id)).status == pb.STATUS_INTERRUPTED
-    assert model.calls["coordinator"] == 1  # the coordinator was not continued on the interrupted result

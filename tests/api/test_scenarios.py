@@ -1,4 +1,6 @@
-"""The numbers a host bills from and branches on, over a real server and a scripted HTTP model."""
+"""The numbers a host bills from and branches on, over a real server and a scripted HTTP model.
+(Delegation's rules, the tree's figures, the team advertised, parallel task calls, are the fast
+tier's: tests/domain/test_delegation.py.)"""
 
 from __future__ import annotations
 
@@ -21,35 +23,6 @@ def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") 
         return Reply(text=answer, tokens=tokens)
 
     return script
-
-
-async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("coordinator", delegate_then_answer("explore", 100))  # type: ignore[arg-type]
-    model.script("explore", lambda body: Reply(text="found it", tokens=400))
-    runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
-
-    handle_id, result = await run(stub, runtime_id, "coordinator", "map the repo")
-
-    assert handle_id == "root/coordinator.1"
-    assert result.status == pb.STATUS_DONE
-    assert result.limit == pb.LIMIT_UNSPECIFIED
-    assert result.text == "coordinated"
-    assert (result.total_tokens, result.own_tokens, result.turns, result.tool_calls) == (600, 200, 2, 1)
-    listed = await views(stub, runtime_id)
-    explore = listed["root/coordinator.1/explore.1"]
-    assert (explore.own_tokens, explore.total_tokens, explore.turns) == (400, 400, 1)
-    assert explore.parent_id == "root/coordinator.1"
-    assert explore.state == pb.HANDLE_STATE_IDLE
-    assert listed["root/coordinator.1"].total_tokens == 600
-
-
-async def test_task_tool_advertises_only_the_team_sorted(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("lead", lambda body: Reply(text="ok"))
-    runtime_id = await create(stub, agent("lead", team=["zeta", "alpha"]), agent("zeta"), agent("alpha"), agent("outsider"))
-    await run(stub, runtime_id, "lead", "go")
-    task = next(tool for tool in model.requests[0]["tools"] if tool["function"]["name"] == "task")
-    assert task["function"]["parameters"]["properties"]["agent"]["enum"] == ["alpha", "zeta"]
-    assert "outsider" not in task["function"]["description"]
 
 
 async def test_b_max_turns(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
@@ -172,20 +145,6 @@ async def test_b_max_depth(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelS
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     [info] = status_details(refused.value)
     assert info.metadata["limit"] == "LIMIT_MAX_DEPTH"
-
-
-async def test_parallel_task_calls_run_concurrently(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    def fan_out(body: dict) -> Reply:  # type: ignore[type-arg]
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": "worker", "prompt": str(i)}) for i in range(3)], tokens=10)
-        return Reply(text="merged", tokens=10)
-
-    model.script("fan", fan_out)
-    model.script("worker", lambda body: Reply(text="w", tokens=5, delay=0.3))
-    runtime_id = await create(stub, agent("fan", team=["worker"]), agent("worker"))
-    _, result = await run(stub, runtime_id, "fan", "go")
-    assert result.total_tokens == 20 + 15
-    assert model.peak_in_flight == 3
 
 
 async def test_max_concurrent_queues_children_in_wake_order(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
