@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from ..clock import wait_at_most
 from ..definitions.validation import check_budget, check_text_size
 from ..errors import (
     FailedPrecondition,
@@ -401,9 +402,7 @@ class Runtime:
                 reason="HANDLE_RUNNING",
             )
         if running and grace:
-            tasks = [run.task for run in running.values() if run.task is not None]
-            if tasks:
-                await asyncio.wait(tasks, timeout=grace)
+            await wait_at_most(self.services.clock, [run.task for run in running.values() if run.task is not None], grace)
         closed: list[str] = []
         # Listed again after the grace, and until nothing is left open: a handle running
         # meanwhile may have spawned children (a task call), which close with it.
