@@ -53,7 +53,12 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_later(seconds, lambda: woken.done() or woken.set_result(None))
+
+        def wake() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        timer = self.call_later(seconds, wake)
         try:
             await woken
         finally:
@@ -66,6 +71,8 @@ class FakeClock:
             return
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as timeout:
+            if seconds <= 0:  # due already, as asyncio.timeout(0) is: no time has to pass
+                timeout.reschedule(loop.time())
             # Due: the block's own asyncio timeout is moved to now, so it raises TimeoutError
             # in the block's task at its next step, as a real deadline would.
             timer = self.call_later(seconds, lambda: timeout.reschedule(loop.time()))
