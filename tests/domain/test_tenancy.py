@@ -304,6 +304,28 @@ async def test_the_days_spend_is_kept_in_the_store_and_a_restarted_process_count
     assert (await again.run(loaded, "spender", "a day later")).status is Status.DONE
 
 
+async def test_the_ledgers_rows_older_than_a_day_leave_the_store_at_a_turn_and_the_days_stay() -> None:
+    """Every tenant's, at most once a minute, a minute past the day a quota reads (a replica
+    whose clock is a minute behind still finds its day)."""
+    bench = await bench_with(quotas=Quotas(tokens_per_day=1000))
+    spender = agent("spender", reply("spent", tokens=10))
+    acme, globex = await bench.create(spender, tenant="acme"), await bench.create(spender, tenant="globex")
+    first = int(bench.clock.time() // 60)
+    await bench.run(acme, "spender", "go")
+    await bench.run(globex, "spender", "go")
+    await bench.clock.advance(3600)
+    await bench.run(globex, "spender", "an hour on")
+    await bench.clock.advance(DAY - 3600 + 60)  # a day and a minute after the first spends
+    await bench.run(acme, "spender", "a day on")
+    now = int(bench.clock.time() // 60)
+    assert now == first + 24 * 60 + 1
+    assert await bench.store.tokens_since("acme", 0) == [(first, 10, 0), (now, 10, 0)]  # a minute past the day: kept
+    await bench.clock.advance(60)
+    await bench.run(acme, "spender", "a minute more")
+    assert await bench.store.tokens_since("acme", 0) == [(now, 10, 0), (now + 1, 10, 0)]
+    assert await bench.store.tokens_since("globex", 0) == [(first + 60, 10, 0)]  # another tenant's old row went too
+
+
 async def test_the_cost_per_day_quota_counts_priced_replies_in_a_rolling_day() -> None:
     two_micros_a_token = PriceTable("USD", (Price("scripted", "scripted", Decimal(0), Decimal(0), Decimal(0), Decimal(2)),))
     bench = await bench_with(quotas=Quotas(cost_per_day=200), prices=two_micros_a_token)
