@@ -42,7 +42,7 @@ async def turn(live: Journal, handle_id: str, tokens: int, *calls: ToolCall, mic
 
 async def lead_with_a_child(lead_budget: Budget, child_budget: Budget = UNBOUNDED) -> Journal:
     """A lead that spent 60 tokens on a turn whose task call spawned a child, carved as a runtime carves it."""
-    live, _ = journal(AGENTS, clock=FakeClock())
+    live: Journal = journal(AGENTS, clock=FakeClock())[0]
     await live.record(Spawned(LEAD, "", "lead", lead_budget, "", 1))
     await turn(live, LEAD, 60, TASK)
     carved = budget.carve(child_budget, live.tree.handles[LEAD])

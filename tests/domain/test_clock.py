@@ -133,7 +133,7 @@ async def test_a_block_done_in_time_is_not_cut_and_its_deadline_is_dropped() -> 
     async def within(seconds: float | None, takes: float) -> float:
         async with clock.deadline(seconds):
             await clock.sleep(takes)
-        return clock.monotonic()
+        return float(clock.monotonic())
 
     done = asyncio.ensure_future(within(30, 10))
     await clock.advance(10)
