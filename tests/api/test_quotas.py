@@ -1,10 +1,11 @@
 """Quotas that hold for trees: delegated children count against the tenant's running-handles
 quota (a handle waiting only for its children lends its slot out; one waiting for a slot is
-QUEUED), and so do the runs a tenant's own timers start (a heartbeat, a Request's lapse); a
-quota of handles created per minute, a quota of bytes in the store, and non-zero defaults of
-all of them once authentication is on. Real servers on loopback; how
-many handles work at once is measured outside the server, as the model requests it has in
-flight at the scripted model server, and as List shows the handles' states."""
+QUEUED); a quota of handles created per minute, a quota of bytes in the store, and non-zero
+defaults of all of them once authentication is on. Real servers on loopback; how many handles
+work at once is measured outside the server, as the model requests it has in flight at the
+scripted model server, and as List shows the handles' states. What time does to a quota (the
+runs a tenant's own timers start, a queued child's wall time, the rolling minute and day) is
+the fast tier's: tests/domain/test_tenancy.py moves the clock by hand."""
 
 from __future__ import annotations
 
@@ -24,12 +25,11 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.limits import Quotas
 from agentruntime_server.settings import SHARED_QUOTAS, Settings
 
-from tests.support.build import agent, create, duration, http_tool, spawn, transcript, views, wait
+from tests.support.build import agent, create, spawn, transcript, views, wait
 from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.poll import eventually, until
 from tests.support.process import ServerProcess
 from tests.support.servers import serve
-from tests.support.sign_in import SignInTool, crm_script, signin
 from tests.support.tenants import (
     ACME,
     ACME_READER,
@@ -43,8 +43,6 @@ from tests.support.tenants import (
     scripted,
     tenant_server,
 )
-
-__all__ = ["signin"]  # fixtures of tests/support, used here
 
 IN_FLIGHT = (pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED)
 
@@ -219,36 +217,6 @@ async def test_an_interrupt_or_close_of_a_tree_with_queued_handles_settles_it_an
         assert peak == 2
 
 
-async def test_a_child_queued_past_its_wall_time_stops_at_it_and_gives_its_place_back(model: ScriptedModelServer) -> None:
-    model.script(
-        "lead",
-        lambda body: (
-            Reply(calls=[("task", {"agent": "slow", "prompt": "x"}), ("task", {"agent": "hasty", "prompt": "y"})])
-            if tool_results(body) == 0
-            else Reply(text="lead done")
-        ),
-    )
-    model.script("slow", lambda body: Reply(text="slow done", delay=1.0))
-    model.script("hasty", lambda body: Reply(text="hasty done"))
-    async with serve(llm_style="openai", llm_base_url=model.base_url, quota_running_handles=1) as served:
-        stub = served.stub
-        runtime_id = await create(
-            stub,
-            agent("lead", team=["hasty", "slow"]),
-            agent("slow"),
-            agent("hasty", budget=pb.Budget(max_wall_time=duration(0.3))),
-        )
-        root = await spawn(stub, runtime_id, "lead")
-        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=root, prompt="go"))
-        result = await wait(stub, runtime_id, root)
-        assert (result.status, result.text) == (pb.STATUS_DONE, "lead done"), result
-        hasty = next(view for view in (await views(stub, runtime_id)).values() if view.agent == "hasty")
-        assert (hasty.state, hasty.last_status, hasty.turns) == (pb.HANDLE_STATE_IDLE, pb.STATUS_INCOMPLETE, 0)
-        told = [m.content for m in await transcript(stub, runtime_id, root) if m.role == "tool"]
-        assert any("MAX_WALL_TIME" in text for text in told), told
-        assert model.calls["hasty"] == 0 and served.running.service.running_slots("default") == (0, 0)
-
-
 async def test_a_tree_killed_with_queued_handles_goes_on_after_a_restart_within_the_quota(
     tmp_path: Path, model: ScriptedModelServer
 ) -> None:
@@ -280,48 +248,6 @@ async def test_a_tree_killed_with_queued_handles_goes_on_after_a_restart_within_
         assert model.peak_in_flight == 2
     finally:
         await server.stop()
-
-
-# ---- the runs a tenant's own timers start (a heartbeat, a Request's lapse) keep to its quota --------
-
-
-async def test_a_heartbeat_starts_no_run_past_the_tenants_running_handles_quota(tmp_path: Path) -> None:
-    beating = scripted("beating", reply("slow", delay=20), reply("slow", delay=20))
-    beating.heartbeat.CopyFrom(pb.Heartbeat(every=duration(1), prompt="tick"))
-    async with tenant_server(tmp_path, quota_running_handles=1) as served:
-        acme = Caller(served.stub, ACME)
-        await acme("CreateRuntime", pb.CreateRuntimeRequest(runtime_id="beats", agents=[beating]))
-        spawned = [await acme("Spawn", pb.SpawnRequest(runtime_id="beats", parent_id="root", agent="beating")) for _ in range(3)]
-        await asyncio.sleep(2.5)  # two beats of every handle
-        listed = await acme("List", pb.ListRequest(runtime_id="beats"))
-        states = [view.state for view in listed.handles]
-        assert states.count(pb.HANDLE_STATE_RUNNING) == 1, states
-        # A handle the quota held back keeps its tick and is woken as a Wake would be: refused.
-        held = next(view.handle_id for view in listed.handles if view.state != pb.HANDLE_STATE_RUNNING)
-        assert held in {handle.handle_id for handle in spawned}
-        error = await refused(acme("Wake", pb.WakeRequest(runtime_id="beats", handle_id=held, prompt="now")))
-        assert_quota(error, "acme", "running_handles")
-
-
-async def test_an_expired_request_lapses_once_the_tenants_running_handles_quota_has_room(
-    model: ScriptedModelServer, signin: SignInTool
-) -> None:
-    signin.expires_in = 1.0
-    model.script("crm", crm_script)
-    slow = scripted("slow", reply("slow done", delay=4))
-    async with serve(llm_style="openai", llm_base_url=model.base_url, quota_running_handles=1) as served:
-        stub = served.stub
-        crm = agent("crm", tools=[http_tool("crm_login", signin.url())])
-        await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="lapse", agents=[crm, slow]))
-        asking = await spawn(stub, "lapse", "crm")
-        await stub.Wake(pb.WakeRequest(runtime_id="lapse", handle_id=asking, prompt="log in"))
-        assert (await wait(stub, "lapse", asking)).status == pb.STATUS_PENDING
-        # The tenant's one running handle holds the quota when the Request expires.
-        busy = await spawn(stub, "lapse", "slow")
-        await stub.Wake(pb.WakeRequest(runtime_id="lapse", handle_id=busy, prompt="take your time"))
-        assert (await wait(stub, "lapse", busy)).status == pb.STATUS_DONE
-        await until(lambda: model.calls["crm"] >= 2, timeout=5, what="the expired Request lapsed once the quota had room")
-        assert (await wait(stub, "lapse", asking)).status == pb.STATUS_DONE
 
 
 # ---- handles per minute ---------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Budgets in the domain alone: carved at spawn from what the parent has left, checked up the
 ancestor chain, extended only past what is used. The handles are built by a journal over a
-fake store (tests/support/fakes.py), as a runtime builds them."""
+fake store (tests/support/fakes.py) on a fake clock, as a runtime builds them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from agentruntime_server.domain.journal import CallStarted, Journal, ModelReplie
 from agentruntime_server.domain.runs import budgets as budget
 from agentruntime_server.domain.vocabulary import AgentSpec, Budget, Limit, Message, ToolCall
 
+from tests.support.clock import FakeClock
 from tests.support.fakes import journal
 
 AGENTS = (AgentSpec("lead", team=("w",)), AgentSpec("w"))
@@ -41,7 +42,7 @@ async def turn(live: Journal, handle_id: str, tokens: int, *calls: ToolCall, mic
 
 async def lead_with_a_child(lead_budget: Budget, child_budget: Budget = UNBOUNDED) -> Journal:
     """A lead that spent 60 tokens on a turn whose task call spawned a child, carved as a runtime carves it."""
-    live, _ = journal(AGENTS)
+    live: Journal = journal(AGENTS, clock=FakeClock())[0]
     await live.record(Spawned(LEAD, "", "lead", lead_budget, "", 1))
     await turn(live, LEAD, 60, TASK)
     carved = budget.carve(child_budget, live.tree.handles[LEAD])

@@ -71,6 +71,8 @@ class FakeClock:
             return
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as timeout:
+            if seconds <= 0:  # due already, as asyncio.timeout(0) is: no time has to pass
+                timeout.reschedule(loop.time())
             # Due: the block's own asyncio timeout is moved to now, so it raises TimeoutError
             # in the block's task at its next step, as a real deadline would (at once for none left).
             if seconds <= 0:

@@ -1,17 +1,18 @@
 """Fakes of the domain's ports, for tests that drive the domain directly: no gRPC, no store
-adapter, no process. A store that keeps what a journal appends (or refuses it when told), a
-journal over it, and a clock a test moves by hand."""
+adapter, no process. A store that keeps what a journal appends (or refuses it when told), and
+a journal over it that reads time from a clock the test moves by hand (tests/support/clock.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
+from agentruntime_server.domain.clock import Clock
 from agentruntime_server.domain.journal import Entry, Journal, Tree
 from agentruntime_server.domain.vocabulary import AgentSpec
 from agentruntime_server.domain.watching.event_log import Event, EventLog
+
+from tests.support.clock import FakeClock
 
 
 class JournalStore:
@@ -32,35 +33,11 @@ async def no_history(after: int, limit: int) -> list[Event]:
 
 
 def journal(
-    agents: Sequence[AgentSpec], runtime_id: str = "rt", store: JournalStore | None = None
+    agents: Sequence[AgentSpec], runtime_id: str = "rt", store: JournalStore | None = None, clock: Clock | None = None
 ) -> tuple[Journal, list[Event]]:
-    """A journal of a fresh runtime over a JournalStore; the events it tells its observer, live."""
+    """A journal of a fresh runtime over a JournalStore, its times read from `clock` (a FakeClock
+    of its own when none is given: never the machine's); the events it tells its observer, live."""
+    clock = clock or FakeClock()
     told: list[Event] = []
-    events = EventLog(runtime_id, no_history, observers=(lambda _, event: told.append(event),))
-    return Journal(Tree(runtime_id, tuple(agents)), store or JournalStore(), events), told
-
-
-class Clock:
-    """time.time and time.monotonic, moved by the test (`advance`) rather than by time."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """A Clock standing in for the time module's clocks: for synchronous tests only (an event
-    loop would read it too)."""
-    made = Clock()
-    monkeypatch.setattr(time, "time", made.time)
-    monkeypatch.setattr(time, "monotonic", made.monotonic)
-    return made
+    events = EventLog(runtime_id, no_history, observers=(lambda _, event: told.append(event),), clock=clock)
+    return Journal(Tree(runtime_id, tuple(agents)), store or JournalStore(), events, clock=clock), told

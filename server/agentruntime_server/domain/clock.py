@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import Any, Protocol
 
 
 class Timer(Protocol):
@@ -61,3 +61,13 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+async def wait_at_most(clock: Clock, tasks: Collection[asyncio.Future[Any]], seconds: float) -> None:
+    """Until every task is done or `seconds` have passed on the clock, whichever comes first
+    (a Close's grace, a shutdown's): the tasks themselves go on either way."""
+    if not tasks:
+        return
+    with contextlib.suppress(TimeoutError):
+        async with clock.deadline(seconds):
+            await asyncio.wait(tasks)

@@ -8,12 +8,12 @@ runs nothing. `take_over` is the one step by which this process starts running i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from ..clock import wait_at_most
 from ..definitions.validation import check_budget, check_text_size
 from ..errors import (
     FailedPrecondition,
@@ -400,11 +400,7 @@ class Runtime:
                 reason="HANDLE_RUNNING",
             )
         if running and grace:
-            tasks = [run.task for run in running.values() if run.task is not None]
-            if tasks:
-                with contextlib.suppress(TimeoutError):  # the grace is over: what still runs is closed
-                    async with self.services.clock.deadline(grace):
-                        await asyncio.wait(tasks)
+            await wait_at_most(self.services.clock, [run.task for run in running.values() if run.task is not None], grace)
         closed: list[str] = []
         # Listed again after the grace, and until nothing is left open: a handle running
         # meanwhile may have spawned children (a task call), which close with it.

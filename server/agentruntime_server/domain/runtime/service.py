@@ -14,6 +14,7 @@ import logging
 import uuid
 from collections.abc import Callable, Collection, Sequence
 
+from ..clock import wait_at_most
 from ..definitions.mcp_tools import with_mcp_tools
 from ..definitions.validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
 from ..errors import (
@@ -327,11 +328,7 @@ class RuntimeService:
         for runtime in runtimes:
             runtime.draining = True
             runtime.events.close()
-        tasks = [task for runtime in runtimes for task in runtime.runs.tasks()]
-        if tasks:
-            with contextlib.suppress(TimeoutError):  # the grace is over: what still runs is detached
-                async with self.services.clock.deadline(grace):
-                    await asyncio.wait(tasks)
+        await wait_at_most(self.services.clock, [task for runtime in runtimes for task in runtime.runs.tasks()], grace)
         for runtime in runtimes:
             runtime.timers.release()
             await runtime.runs.detach_all()
