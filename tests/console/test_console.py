@@ -168,7 +168,7 @@ def test_an_approval_denied_from_the_inbox_reaches_the_model_with_its_reason(dri
     assert stack.tools.hits["commit"] == hits  # the tool never ran
     driver.get(f"{stack.console_url}/runtimes/{runtime_id}/transcript?handle={handle_id}")
     tool = driver.find_element(By.CSS_SELECTOR, "#transcript li.message.tool")
-    assert "declined by the host: change freeze until Monday" in tool.text and "error" in tool.get_attribute("class")
+    assert "declined by the host: change freeze until Monday" in tool.text and "error" in (tool.get_attribute("class") or "")
 
 
 def test_an_answer_that_is_not_json_is_not_sent(driver: WebDriver, stack: Stack) -> None:
