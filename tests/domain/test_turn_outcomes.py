@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from typing import Any
 
 from agentruntime_server.domain.vocabulary import (
     Answer,
@@ -100,7 +101,12 @@ async def test_a_call_to_an_unknown_tool_is_an_error_result_naming_the_tools(ben
 
 async def test_arguments_a_tool_would_refuse_are_error_results_and_the_tool_is_never_called(benches: Benches) -> None:
     bench, model = await benches.planned()
-    refused = (("ping", "{not json"), ("ping", "[1, 2]"), ("ping", {"n": "one"}), ("ping", {}))
+    refused: tuple[tuple[str, dict[str, Any] | str], ...] = (
+        ("ping", "{not json"),
+        ("ping", "[1, 2]"),
+        ("ping", {"n": "one"}),
+        ("ping", {}),
+    )
     model.plan("worker", reply(calls=refused), reply("fixed"))
     runtime = await bench.create(agent("worker", tools=(PING,)))
     result = await bench.run(runtime, "worker", "go")
