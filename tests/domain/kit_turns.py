@@ -56,17 +56,25 @@ class PlannedModel:
     """The ModelProvider of agents without a script: each agent's replies are planned by the
     test (`plan`), played by the embedded scripted model (the same stops, usage, delays and
     streamed pieces), and its reply bound is the agent's model and output cap, so a turn is
-    reserved before it starts."""
+    reserved before it starts. Reply i answers the call made after i assistant messages, as a
+    script does; or, planned `by_call`, the agent's i-th call (a failed, interrupted or cut turn
+    leaves no assistant message). An agent in `unreported` gets replies without usage, as from
+    a provider that reports none."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.scripted = ScriptedProvider(sleep=clock.sleep)
         self.scripts: dict[str, tuple[ScriptedReply, ...]] = {}
+        self.by_call: set[str] = set()
+        self.unreported: set[str] = set()
         self.calls: Counter[str] = Counter()
+        self.requests: list[ModelRequest] = []
         self.in_flight = 0
         self.peak = 0  # the most calls in flight at once
 
-    def plan(self, agent_name: str, *replies: ScriptedReply) -> None:
+    def plan(self, agent_name: str, *replies: ScriptedReply, by_call: bool = False) -> None:
         self.scripts[agent_name] = replies
+        if by_call:
+            self.by_call.add(agent_name)
 
     def reply_bound(self, agent: AgentSpec) -> ReplyBound:
         return ReplyBound(agent.model or "scripted", agent.max_output_tokens)
@@ -74,13 +82,18 @@ class PlannedModel:
     async def complete(self, request: ModelRequest) -> ModelReply:
         name = request.agent.name
         self.calls[name] += 1
+        self.requests.append(request)
+        replies = self.scripts[name]
+        if name in self.by_call:
+            replies = (replies[min(self.calls[name], len(replies)) - 1],)
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
-            played = dataclasses.replace(request.agent, script=self.scripts[name])
-            return await self.scripted.complete(dataclasses.replace(request, agent=played))
+            played = dataclasses.replace(request, agent=dataclasses.replace(request.agent, script=replies))
+            made = await self.scripted.complete(played)
         finally:
             self.in_flight -= 1
+        return dataclasses.replace(made, usage=None) if name in self.unreported else made
 
 
 async def planned_bench(
