@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from agentruntime_server.domain.billing.prices import Price, PriceTable
-from agentruntime_server.domain.billing.usage import Usage
+from agentruntime_server.domain.billing.usage import Cost, Tokens, Usage
 from agentruntime_server.domain.journal.events import Event, EventKind
 from agentruntime_server.domain.journal.handle import Handle
 from agentruntime_server.domain.limits import Limits, Quotas
@@ -50,6 +50,19 @@ def price(provider: str, model: str, input: str, cache_read: str = "0", cache_wr
 
 def prices(*entries: Price, currency: str = "USD") -> PriceTable:
     return PriceTable(currency, entries)
+
+
+class SwitchablePrices:
+    """A PriceSource whose table the test changes, as a new AGENTRUNTIME_PRICES file would."""
+
+    def __init__(self, table: PriceTable) -> None:
+        self.current = table
+
+    def cost(self, provider: str, model: str, tokens: Tokens) -> Cost:
+        return self.current.cost(provider, model, tokens)
+
+    def price(self, provider: str, model: str) -> Price | None:
+        return self.current.price(provider, model)
 
 
 class PlannedModel:
