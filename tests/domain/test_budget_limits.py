@@ -220,6 +220,22 @@ async def test_a_child_that_asks_stops_at_its_parents_token_budget_used_up_with_
     assert (result.status, result.limit, result.usage.total_tokens) == (Status.INCOMPLETE, Limit.MAX_TOKENS, 400)
 
 
+async def test_a_child_that_asks_stops_at_its_parents_tool_call_budget_used_up_with_its_own(bench: Bench) -> None:
+    lead = delegating("lead", "w:a", team=("w",))
+    worker = agent("w", reply(calls=(("ping", {}),) * 3), reply("pinged"), tools=(PING,), budget=asking())
+    runtime = await bench.create(lead, worker)
+    result = await bench.run(runtime, "lead", "go", budget=Budget(max_tool_calls=3))
+    child = child_of(runtime, result.handle_id)
+    # The task call is under way: the child is carved 2 calls, and its 2 use up the lead's too.
+    assert bench.tools.count("ping") == 2
+    assert (child.budget.max_tool_calls, child.usage.tool_calls, child.state, child.pending) == (2, 2, HandleState.IDLE, None)
+    assert child.last_result is not None and (child.last_result.status, child.last_result.limit) == (
+        Status.INCOMPLETE,
+        Limit.MAX_TOOL_CALLS,
+    )
+    assert result.status is Status.DONE, result  # the lead's model reads the child's stop
+
+
 async def test_a_child_that_asks_with_room_in_its_parents_budget_asks_and_is_extended_within_it(bench: Bench) -> None:
     lead = delegating("lead", "w:a", team=("w",))
     runtime = await bench.create(lead, pinging("w", tokens=30, budget=asking(max_tokens=40)))
@@ -397,3 +413,18 @@ async def test_a_child_waiting_for_its_parents_max_concurrent_shows_queued(bench
 
     assert states(second) == [HandleState.RUNNING, HandleState.QUEUED, HandleState.RUNNING, HandleState.IDLE]
     assert HandleState.QUEUED not in states(first)
+
+
+async def test_children_queued_by_max_concurrent_run_in_the_order_they_were_woken(benches: Benches) -> None:
+    bench, model = await benches.planned()
+    model.plan("fan", reply(calls=tuple(("task", {"agent": "worker", "prompt": f"job {n}"}) for n in range(4))), reply("merged"))
+    model.plan("worker", reply("worked", delay=1))
+    runtime = await bench.create(agent("fan", team=("worker",), budget=Budget(max_concurrent=1)), agent("worker"))
+    handle_id = await bench.spawn(runtime, "fan")
+    await runtime.wake(handle_id, "go")
+    waiting = asyncio.ensure_future(runtime.wait(handle_id, None))
+    await bench.clock.advance(4)
+    assert (await waiting).status is Status.DONE
+    assert model.peak == 1
+    jobs = [request.messages[-1].content for request in model.requests if request.agent.name == "worker"]
+    assert jobs == ["job 0", "job 1", "job 2", "job 3"]

@@ -199,3 +199,20 @@ async def test_a_token_budget_stops_a_run_on_estimated_usage(benches: Benches) -
     # does not fit beside the first's estimated usage (counted as 0, it would).
     assert (result.status, result.limit, model.calls["lead"]) == (Status.INCOMPLETE, Limit.MAX_TOKENS, 1), result
     assert result.usage.own_estimated and result.usage.own_tokens >= 100
+
+
+async def test_a_child_that_asks_stops_when_its_next_turn_fits_neither_its_budget_nor_its_parents(benches: Benches) -> None:
+    bench, model = await benches.planned()
+    model.plan("lead", reply(calls=(("task", {"agent": "w", "prompt": "go"}),), tokens=10), reply("done", tokens=10))
+    model.plan("w", reply(calls=(("ping", {}),), tokens=130))
+    worker = agent("w", tools=(http_tool("ping"),), budget=Budget(on_exhausted=OnExhausted.ASK))
+    runtime = await bench.create(agent("lead", team=("w",)), worker)
+    result = await bench.run(runtime, "lead", "go", budget=Budget(max_tokens=300))
+    [child] = runtime.handle(result.handle_id).children
+    # Carved the lead's 290 left. After two turns (260) its third, reserved its input's estimate
+    # (more than the 30 left), fits neither its budget nor the lead's, and any extension of its
+    # own would be capped by the lead's: it stops instead of asking.
+    assert (child.budget.max_tokens, child.usage.total_tokens, child.usage.turns) == (290, 260, 2)
+    assert (child.pending, runtime.settled_result(child).status) == (None, Status.INCOMPLETE)
+    assert (result.status, result.limit) == (Status.INCOMPLETE, Limit.MAX_TOKENS), result
+    assert result.usage.total_tokens == result.usage.own_tokens + child.usage.total_tokens == 270
