@@ -42,6 +42,11 @@ from tests.support.clock import FakeClock
 
 PLANNED = "planned"  # the planned model's provider name (the price table's key)
 
+# Each test runs in milliseconds: one that has not ended in 20 s is a rule broken into a run
+# that never settles (a loop with no limit, a Wait on a clock nobody moves), and fails as such
+# (with the stacks) instead of holding the suite to its 300 s timeout. Set as `pytestmark`.
+NEVER_HANGS = pytest.mark.timeout(20)
+
 
 def price(provider: str, model: str, input: str, cache_read: str = "0", cache_write: str = "0", output: str = "0") -> Price:
     """Prices per million tokens: a token of a kind costs that many micro-units."""

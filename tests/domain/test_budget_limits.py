@@ -30,9 +30,10 @@ from agentruntime_server.domain.vocabulary import (
 )
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import Benches, Watcher, benches, child_of, price, prices
+from tests.domain.kit_turns import NEVER_HANGS, Benches, Watcher, benches, child_of, price, prices
 
 __all__ = ["benches"]  # the fixture of kit_turns.py, used here
+pytestmark = NEVER_HANGS
 
 PING = http_tool("ping")
 # 1001 x 2.5 + 3 x 0.25 + 1 x 3.125 + 77 x 10 = 3276.375 micros: 3276 a reply (reasoning is inside output).
@@ -106,6 +107,7 @@ async def test_a_childs_run_ends_at_its_parents_wall_time(bench: Bench) -> None:
     await bench.clock.advance(4.9)
     assert not waiting.done()
     await bench.clock.advance(0.1)
+    assert waiting.done()  # settled by then: a run still waiting fails here, not hangs
     result = await waiting
     assert (result.status, result.limit) == (Status.INCOMPLETE, Limit.MAX_WALL_TIME)
     child = child_of(runtime, handle_id)
@@ -195,6 +197,7 @@ async def test_a_childs_turn_is_checked_against_every_ancestors_budget_live(benc
     await runtime.wake(handle_id, "go")
     waiting = asyncio.ensure_future(runtime.wait(handle_id, None))
     await bench.clock.advance(5)
+    assert waiting.done()  # settled by then: a run still waiting fails here, not hangs
     result = await waiting
     fast, slow = runtime.handle(handle_id).children
     assert (fast.budget.max_tokens, slow.budget.max_tokens) == (90, 90)
@@ -372,6 +375,7 @@ async def test_a_call_out_to_the_host_counts_until_answered_and_replay_rebuilds_
     await runtime.wake(handle_id, "go")
     waiting = asyncio.ensure_future(runtime.wait(handle_id, None))
     await bench.clock.advance(1)
+    assert waiting.done()  # settled by then: a run still waiting fails here, not hangs
     pending = await waiting
     assert pending.pending is not None and pending.pending.kind == "tool_call"
     assert bench.tools.count("ping") == 0  # two task calls and the relay call out: nothing left
@@ -424,7 +428,7 @@ async def test_children_queued_by_max_concurrent_run_in_the_order_they_were_woke
     await runtime.wake(handle_id, "go")
     waiting = asyncio.ensure_future(runtime.wait(handle_id, None))
     await bench.clock.advance(4)
-    assert (await waiting).status is Status.DONE
+    assert waiting.done() and (await waiting).status is Status.DONE
     assert model.peak == 1
     jobs = [request.messages[-1].content for request in model.requests if request.agent.name == "worker"]
     assert jobs == ["job 0", "job 1", "job 2", "job 3"]

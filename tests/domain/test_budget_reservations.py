@@ -17,9 +17,10 @@ from agentruntime_server.domain.runtime.runtime import Runtime
 from agentruntime_server.domain.vocabulary import Budget, Limit, OnExhausted, ReplyStop, Status, TaskResult
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import PLANNED, Benches, PlannedModel, benches, price, prices
+from tests.domain.kit_turns import NEVER_HANGS, PLANNED, Benches, PlannedModel, benches, price, prices
 
 __all__ = ["benches"]  # the fixture of kit_turns.py, used here
+pytestmark = NEVER_HANGS
 
 CHILDREN = 30
 CAP = 100  # the children's max_output_tokens: what a reply may bill as output, at most
@@ -40,6 +41,7 @@ async def fan_out(bench: Bench, model: PlannedModel, lead_budget: Budget) -> tup
     await runtime.wake(handle_id, "split the work")
     waiting = asyncio.ensure_future(runtime.wait(handle_id, None))
     await bench.clock.advance(5)
+    assert waiting.done()  # settled by then: a run still waiting fails here, not hangs
     result = await waiting
     assert len(runtime.handle(handle_id).children) == CHILDREN
     assert model.peak == model.calls["w"]  # the children's turns that started were all under way at once

@@ -15,7 +15,9 @@ from agentruntime_server.domain.vocabulary import ReplyStop, ScriptedReply, Stat
 from agentruntime_server.domain.watching.deltas import Delta, DeltaKind
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import Watcher, joined
+from tests.domain.kit_turns import NEVER_HANGS, Watcher, joined
+
+pytestmark = NEVER_HANGS
 
 TEXT = "Streaming lets a person read an answer while the model is still writing it."  # 75 characters
 PIECES = 10  # of 8 characters, the last of 3

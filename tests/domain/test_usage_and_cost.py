@@ -28,9 +28,20 @@ from agentruntime_server.domain.vocabulary import (
 )
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import Benches, Figures, SwitchablePrices, Watcher, assert_tree_rule, benches, price, prices
+from tests.domain.kit_turns import (
+    NEVER_HANGS,
+    Benches,
+    Figures,
+    SwitchablePrices,
+    Watcher,
+    assert_tree_rule,
+    benches,
+    price,
+    prices,
+)
 
 __all__ = ["benches"]  # the fixture of kit_turns.py, used here
+pytestmark = NEVER_HANGS
 
 # The lead's two replies and the worker's two (the first writes a cache, the second reads it):
 # input at the base rate, cache reads, cache writes, output, reasoning (inside output).
