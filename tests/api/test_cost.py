@@ -1,8 +1,9 @@
 """What model calls cost (docs/usage.md#cost): each reply is priced when it comes, from the
 AGENTRUNTIME_PRICES table in force then, rounded once, half up, to micro-units; the cost is
 journaled with the reply, so a later price change and a restart's replay leave it as it was.
-Budget.max_cost caps a subtree as max_tokens does (carved down the tree, LIMIT_MAX_COST, or a
-`budget` Request with on_exhausted ASK). A bad price file stops the start with one line."""
+A bad price file stops the start with one line. What Budget.max_cost does (carved down the
+tree, LIMIT_MAX_COST, or a `budget` Request with on_exhausted ASK) is the fast tier's:
+tests/domain/test_budget_limits.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
-from tests.support.build import agent, create, run, spawn, struct, wait
+from tests.support.build import agent, create, run, wait
 from tests.support.poll import until
 from tests.support.servers import serve
 
@@ -67,38 +68,6 @@ async def test_a_reply_is_priced_when_it_comes_and_a_changed_price_applies_to_la
         view = (await served.stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=handle_id))).handle
         both = FIRST + SECOND
         assert (view.own_cost.micros, view.total_cost.micros, view.own_usage.output_tokens) == (both, both, 154)
-
-
-async def test_max_cost_is_carved_down_the_tree_and_stops_a_run_or_asks_the_host(tmp_path: Path) -> None:
-    prices = tmp_path / "prices.json"
-    write_prices(prices)
-    async with serve(prices=str(prices)) as served:
-        capped = spender("capped", budget=pb.Budget(max_cost=1000))
-        asking = spender("asking", budget=pb.Budget(max_cost=1000, on_exhausted=pb.ON_EXHAUSTED_ASK))
-        runtime_id = await create(served.stub, capped, asking, spender("uncapped"))
-
-        handle_id, first = await run(served.stub, runtime_id, "capped", "one")
-        assert first.status == pb.STATUS_DONE  # the cap is checked before a turn: this one started under it
-        await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="two"))
-        stopped = await wait(served.stub, runtime_id, handle_id)
-        assert (stopped.status, stopped.limit, stopped.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_COST, 1)
-
-        # A child is carved to what its parent has left: 10,000 less the 3,276 spent.
-        parent = await spawn(served.stub, runtime_id, "capped", pb.Budget(max_cost=10_000))
-        await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=parent, prompt="one"))
-        await wait(served.stub, runtime_id, parent)
-        child = await served.stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id=parent, agent="uncapped"))
-        view = (await served.stub.Inspect(pb.InspectRequest(runtime_id=runtime_id, handle_id=child.handle_id))).handle
-        assert view.budget.max_cost == 10_000 - FIRST
-
-        handle_id, _ = await run(served.stub, runtime_id, "asking", "one")
-        await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="two"))
-        asked = await wait(served.stub, runtime_id, handle_id)
-        assert asked.status == pb.STATUS_PENDING and asked.pending.kind == "budget"
-        assert asked.pending.data["field"] == "max_cost" and asked.pending.data["used"] == FIRST
-        answer = pb.Answer(id=asked.pending.id, ok=True, data=struct({"extend": {"max_cost": 100_000}}))
-        done = (await served.stub.Resume(pb.ResumeRequest(runtime_id=runtime_id, answer=answer))).result
-        assert (done.status, done.turns, done.own_cost.micros) == (pb.STATUS_DONE, 2, 2 * FIRST)
 
 
 async def test_a_bad_price_file_stops_the_start_with_one_line_naming_the_line(tmp_path: Path) -> None:

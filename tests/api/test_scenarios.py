@@ -1,6 +1,8 @@
-"""The numbers a host bills from and branches on, over a real server and a scripted HTTP model.
-(Delegation's rules, the tree's figures, the team advertised, parallel task calls, are the fast
-tier's: tests/domain/test_delegation.py.)"""
+"""The numbers a host bills from and branches on, over a real server and a scripted HTTP model:
+a tree's figures in results and views, the task tool a provider is sent, a wall time that cuts
+the call in flight, a refused Spawn's ErrorInfo, a provider failure without its key, an http
+tool's idempotency key. What each limit, the completion gate and guardrails do is the fast
+tier's: tests/domain/test_budget_limits.py, test_completion_gate.py, test_turn_outcomes.py."""
 
 from __future__ import annotations
 
@@ -25,62 +27,33 @@ def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") 
     return script
 
 
-async def test_b_max_turns(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
-    model.script("looper", lambda body: Reply(calls=[("ping", {})], tokens=10))
-    looper = agent("looper", tools=[http_tool("ping", tools.url("ping"))], budget=pb.Budget(max_turns=3))
-    runtime_id = await create(stub, looper)
-    _, result = await run(stub, runtime_id, "looper", "go")
-    assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TURNS, 3)
-    assert result.own_tokens == result.total_tokens == 30
-    assert tools.hits["ping"] == 3
+async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+    model.script("coordinator", delegate_then_answer("explore", 100))  # type: ignore[arg-type]
+    model.script("explore", lambda body: Reply(text="found it", tokens=400))
+    runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
 
+    handle_id, result = await run(stub, runtime_id, "coordinator", "map the repo")
 
-async def test_b_completion_gate_counts_every_attempt(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("sloppy", lambda body: Reply(text="nope", tokens=25))
-    gate = pb.CompletionGate(must_match="^VERIFIED", max_attempts=2)
-    runtime_id = await create(stub, agent("sloppy", completion=gate))
-    _, result = await run(stub, runtime_id, "sloppy", "verify it")
-    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_COMPLETION)
-    assert "^VERIFIED" in result.text
-    assert (result.turns, result.own_tokens, result.total_tokens) == (2, 50, 50)
-    assert model.calls["sloppy"] == 2
-    # The rejection was fed back to the model with the reason.
-    assert "not accepted" in model.requests[1]["messages"][-1]["content"]
-
-
-async def test_completion_gate_judge_agent(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("writer", lambda body: Reply(text=f"draft {tool_results(body)}", tokens=10))
-    verdicts = iter(["FAIL too short", "PASS"])
-    model.script("judge", lambda body: Reply(text=next(verdicts), tokens=5))
-    writer = agent("writer", completion=pb.CompletionGate(judge_agent="judge", max_attempts=3))
-    runtime_id = await create(stub, writer, agent("judge"))
-    handle_id, result = await run(stub, runtime_id, "writer", "write")
+    assert handle_id == "root/coordinator.1"
     assert result.status == pb.STATUS_DONE
-    assert (result.turns, result.own_tokens, result.total_tokens) == (2, 20, 30)
+    assert result.limit == pb.LIMIT_UNSPECIFIED
+    assert result.text == "coordinated"
+    assert (result.total_tokens, result.own_tokens, result.turns, result.tool_calls) == (600, 200, 2, 1)
     listed = await views(stub, runtime_id)
-    assert sorted(listed) == [handle_id, f"{handle_id}/judge.1", f"{handle_id}/judge.2"]
+    explore = listed["root/coordinator.1/explore.1"]
+    assert (explore.own_tokens, explore.total_tokens, explore.turns) == (400, 400, 1)
+    assert explore.parent_id == "root/coordinator.1"
+    assert explore.state == pb.HANDLE_STATE_IDLE
+    assert listed["root/coordinator.1"].total_tokens == 600
 
 
-async def test_b_max_tokens_stops_before_the_model_call(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("spender", lambda body: Reply(text="spent", tokens=100))
-    runtime_id = await create(stub, agent("spender", budget=pb.Budget(max_tokens=50)))
-    handle_id, first = await run(stub, runtime_id, "spender", "one")
-    assert first.status == pb.STATUS_DONE
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="two"))
-    second = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
-    assert (second.status, second.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOKENS)
-    assert model.calls["spender"] == 1
-    assert (second.turns, second.own_tokens) == (1, 100)
-
-
-async def test_b_max_tool_calls(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer) -> None:
-    model.script("caller", lambda body: Reply(calls=[("ping", {}), ("ping", {})], tokens=10))
-    caller = agent("caller", tools=[http_tool("ping", tools.url("ping"))], budget=pb.Budget(max_tool_calls=3))
-    runtime_id = await create(stub, caller)
-    _, result = await run(stub, runtime_id, "caller", "go")
-    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_TOOL_CALLS)
-    assert (result.tool_calls, result.turns) == (3, 2)
-    assert tools.hits["ping"] == 3
+async def test_task_tool_advertises_only_the_team_sorted(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+    model.script("lead", lambda body: Reply(text="ok"))
+    runtime_id = await create(stub, agent("lead", team=["zeta", "alpha"]), agent("zeta"), agent("alpha"), agent("outsider"))
+    await run(stub, runtime_id, "lead", "go")
+    task = next(tool for tool in model.requests[0]["tools"] if tool["function"]["name"] == "task")
+    assert task["function"]["parameters"]["properties"]["agent"]["enum"] == ["alpha", "zeta"]
+    assert "outsider" not in task["function"]["description"]
 
 
 async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
@@ -92,17 +65,6 @@ async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntim
     assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_WALL_TIME)
     assert elapsed < 2.5, f"the result came after {elapsed:.2f}s, not at the 0.3s deadline"
     assert result.turns == 0
-
-
-async def test_wall_time_is_carved_for_delegates(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("boss", delegate_then_answer("sloth", 10))  # type: ignore[arg-type]
-    model.script("sloth", lambda body: Reply(text="zzz", tokens=10, delay=5))
-    boss = agent("boss", team=["sloth"], budget=pb.Budget(max_wall_time=duration(0.3)))
-    runtime_id = await create(stub, boss, agent("sloth"))
-    handle_id, result = await run(stub, runtime_id, "boss", "go")
-    assert (result.status, result.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_WALL_TIME)
-    child = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=f"{handle_id}/sloth.1"))).result
-    assert (child.status, child.limit) == (pb.STATUS_INCOMPLETE, pb.LIMIT_MAX_WALL_TIME)
 
 
 async def test_b_max_children(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
@@ -126,42 +88,6 @@ async def test_b_max_children(stub: pb_grpc.AgentRuntimeStub, model: ScriptedMod
     [info] = status_details(refused.value)
     assert info.metadata["limit"] == "LIMIT_MAX_CHILDREN"
     assert len(await views(stub, runtime_id)) == 2
-
-
-async def test_b_max_depth(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    model.script("top", delegate_then_answer("mid", 10))  # type: ignore[arg-type]
-    model.script("mid", delegate_then_answer("leaf", 10, answer="mid done"))  # type: ignore[arg-type]
-    model.script("leaf", lambda body: Reply(text="leaf done"))
-    top = agent("top", team=["mid"], budget=pb.Budget(max_depth=1))
-    runtime_id = await create(stub, top, agent("mid", team=["leaf"]), agent("leaf"))
-    handle_id, result = await run(stub, runtime_id, "top", "go")
-    assert result.status == pb.STATUS_DONE
-    mid_id = f"{handle_id}/mid.1"
-    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=mid_id))
-    [refusal] = [m for m in transcript.messages if m.role == "tool"]
-    assert refusal.is_error and "LIMIT_MAX_DEPTH" in refusal.content
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id=mid_id, agent="leaf"))
-    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    [info] = status_details(refused.value)
-    assert info.metadata["limit"] == "LIMIT_MAX_DEPTH"
-
-
-async def test_max_concurrent_queues_children_in_wake_order(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    def fan_out(body: dict) -> Reply:  # type: ignore[type-arg]
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": "worker", "prompt": f"job {i}"}) for i in range(4)])
-        return Reply(text="merged")
-
-    model.script("fan", fan_out)
-    model.script("worker", lambda body: Reply(text=body["messages"][-1]["content"], delay=0.05))
-    fan = agent("fan", team=["worker"], budget=pb.Budget(max_concurrent=1))
-    runtime_id = await create(stub, fan, agent("worker"))
-    _, result = await run(stub, runtime_id, "fan", "go")
-    assert result.status == pb.STATUS_DONE
-    assert model.peak_in_flight == 1
-    order = [body["messages"][-1]["content"] for body in model.requests if body["model"] == "worker"]
-    assert order == ["job 0", "job 1", "job 2", "job 3"]
 
 
 async def test_provider_failure_is_an_error_result_without_the_key(
@@ -196,20 +122,3 @@ async def test_http_tool_sends_idempotency_key_and_reports_errors(
     assert (ping.content, ping.is_error) == ("ping ok #1", False)
     assert fail.is_error and fail.content.startswith("HTTP 503")
     assert '{"n": 1}' in tools.bodies
-
-
-async def test_guardrail_deny_never_runs_the_tool(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
-) -> None:
-    def script(body: dict) -> Reply:  # type: ignore[type-arg]
-        return Reply(calls=[("wipe", {})]) if tool_results(body) == 0 else Reply(text="could not")
-
-    model.script("risky", script)
-    rail = pb.Guardrail(tool="wipe", action=pb.GUARDRAIL_ACTION_DENY, reason="wiping is forbidden")
-    runtime_id = await create(stub, agent("risky", tools=[http_tool("wipe", tools.url("wipe"))], guardrails=[rail]))
-    handle_id, result = await run(stub, runtime_id, "risky", "go")
-    assert result.status == pb.STATUS_DONE
-    assert tools.hits["wipe"] == 0
-    transcript = await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))
-    [denied] = [m for m in transcript.messages if m.role == "tool"]
-    assert denied.is_error and "wiping is forbidden" in denied.content

@@ -1,4 +1,7 @@
-"""Watch with deltas: what the models write, as they write it (docs/streaming.md)."""
+"""Watch with deltas: what the models write, as they write it (docs/streaming.md), on the wire:
+Delta messages joined to the transcript and ordered among events, Watch without deltas, a
+scripted stream out of range refused. How watchers get deltas (late, reconnected, children,
+resets, never contradicting the journal) is the fast tier's: tests/domain/test_deltas.py."""
 
 from __future__ import annotations
 
@@ -61,57 +64,6 @@ async def test_a_watcher_without_deltas_sees_todays_stream(stub: pb_grpc.AgentRu
         if response.event.HasField("result"):
             break
     assert [e.seq for e in plain] == list(range(1, len(plain) + 1))
-
-
-async def test_a_watcher_cut_mid_turn_gets_the_turn_again_from_index_0_once(stub: pb_grpc.AgentRuntimeStub) -> None:
-    runtime_id = await create(stub, agent("writer", script=streamed(pause=0.05)))
-    handle_id = await spawn(stub, runtime_id, "writer")
-    first = asyncio.ensure_future(watch(stub, runtime_id, handle_id, cut_after_deltas=4))
-    await asyncio.sleep(0.1)
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="write"))
-    cut = await first
-    assert [d.index for d in cut.deltas] == [0, 1, 2, 3]
-    last_seq = cut.events[-1].seq
-
-    again = await watch(stub, runtime_id, handle_id, after=last_seq)
-    pieces = again.of(handle_id)
-    assert [d.index for d in pieces] == list(range(10))  # from 0, each once, then the live ones
-    assert joined(pieces) == TEXT
-    assert [e.seq for e in again.events] == list(range(last_seq + 1, last_seq + 1 + len(again.events)))
-
-
-async def test_every_handle_streams_children_included(stub: pb_grpc.AgentRuntimeStub) -> None:
-    lead = agent(
-        "lead",
-        team=["worker"],
-        script=pb.Script(
-            replies=[
-                pb.ScriptedReply(tool_calls=[pb.ScriptedToolCall(name="task", arguments_json=DELEGATE)]),
-                pb.ScriptedReply(text="the lead sums up", stream_chunk_chars=4),
-            ]
-        ),
-    )
-    worker = agent("worker", script=streamed("the worker's own words", chunk=5))
-    runtime_id = await create(stub, lead, worker)
-    handle_id = await spawn(stub, runtime_id, "lead")
-    watching = asyncio.ensure_future(watch(stub, runtime_id, handle_id))
-    await asyncio.sleep(0.1)
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
-    watched = await watching
-    calls = [d.tool_call for d in watched.of(handle_id) if d.HasField("tool_call")]
-    assert [(c.index, c.name, c.arguments) for c in calls] == [(0, "task", DELEGATE)]
-    assert joined(watched.of(f"{handle_id}/worker.1")) == "the worker's own words"
-    assert joined(watched.of(handle_id), turn=2) == "the lead sums up"
-
-
-async def test_a_scripted_turn_streams_though_nobody_watched_when_it_began(stub: pb_grpc.AgentRuntimeStub) -> None:
-    runtime_id = await create(stub, agent("writer", script=streamed(pause=0.05)))
-    handle_id = await spawn(stub, runtime_id, "writer")
-    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="write"))
-    await asyncio.sleep(0.12)
-    late = await watch(stub, runtime_id, handle_id)
-    pieces = late.of(handle_id)
-    assert [d.index for d in pieces] == list(range(10)) and joined(pieces) == TEXT
 
 
 async def test_a_scripted_stream_out_of_range_is_refused_with_its_field(stub: pb_grpc.AgentRuntimeStub) -> None:

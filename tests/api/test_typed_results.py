@@ -63,21 +63,6 @@ async def test_a_wrong_answer_goes_back_with_the_reason_and_the_second_wins(
     TypeAdapter(CompletionCreateParamsNonStreaming).validate_python(body)  # the SDK's own request type
 
 
-async def test_attempts_run_out_into_the_gates_stop_with_no_output(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
-) -> None:
-    model.script("stubborn", lambda body: Reply(text="It is a bug, I think.", tokens=5))
-    runtime_id = await create(stub, typed("stubborn", completion=pb.CompletionGate(max_attempts=2)))
-    _, result = await run(stub, runtime_id, "stubborn", "Classify.")
-    assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_COMPLETION, 2)
-    assert not result.HasField("output") and "it is not JSON" in result.text
-    # Without a gate's max_attempts, an agent with an output schema gets three answers.
-    model.script("default", lambda body: Reply(text="[1, 2]", tokens=5))
-    runtime_id = await create(stub, typed("default"))
-    _, result = await run(stub, runtime_id, "default", "Classify.")
-    assert (result.status, result.limit, result.turns) == (pb.STATUS_INCOMPLETE, pb.LIMIT_COMPLETION, 3)
-
-
 async def test_a_schema_strict_mode_does_not_take_is_sent_with_strict_false(
     stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
 ) -> None:
@@ -99,22 +84,6 @@ async def test_anthropic_is_asked_through_output_config(
     body = anthropic.requests[-1]
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": SCHEMA}}
     TypeAdapter(MessageCreateParamsNonStreaming).validate_python(body)
-
-
-async def test_a_childs_structured_answer_reaches_its_parent(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
-    def lead(body: dict[str, Any]) -> Reply:
-        if tool_results(body) == 0:
-            return Reply(calls=[("task", {"agent": "classifier", "prompt": "classify the crash"})])
-        return Reply(text="classified as " + json.loads(body["messages"][-1]["content"])["label"])
-
-    model.script("lead", lead)
-    model.script("classifier", lambda body: Reply(text=json.dumps(GOOD)))
-    runtime_id = await create(stub, agent("lead", team=["classifier"]), typed("classifier"))
-    _, result = await run(stub, runtime_id, "lead", "triage")
-    assert (result.status, result.text) == (pb.STATUS_DONE, "classified as bug")
-    assert not result.HasField("output")  # the lead has no schema
-    task = next(tool for tool in model.requests[0]["tools"] if tool["function"]["name"] == "task")
-    assert '"required":["label","confidence","tags"]' in task["function"]["description"]
 
 
 async def test_the_scripted_model_answers_structured_replies(stub: pb_grpc.AgentRuntimeStub) -> None:

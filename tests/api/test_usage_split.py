@@ -154,21 +154,6 @@ async def settled(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, lead_id: str)
     return finished, done
 
 
-async def test_the_split_through_a_delegating_tree_over_a_resume(
-    tmp_path: Path, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
-) -> None:
-    model.script("lead", lead_script)
-    anthropic.script("claude-test", worker_script)
-    async with serving(tmp_path, model, anthropic) as stub:
-        runtime_id, lead_id, suspended = await suspend_the_worker(stub)
-
-        # The tree suspended with its only busy worker: the Resume runs it on to its top's result.
-        first = await resume(stub, runtime_id, relay_answer(suspended.pending, "approved"))
-        finished, _ = await settled(stub, runtime_id, lead_id)
-        assert first == finished
-        assert (model.calls["lead"], anthropic.calls["claude-test"]) == (2, 2)
-
-
 async def test_the_split_through_a_delegating_tree_over_a_restart_and_a_resume(
     tmp_path: Path, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
 ) -> None:
