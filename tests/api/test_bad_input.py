@@ -22,7 +22,7 @@ Code = grpc.StatusCode
 
 @dataclass
 class Ctx:
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeAsyncStub
     idle: str
     closed: str
     full: str
@@ -309,7 +309,7 @@ ROWS = [
 ]
 
 
-async def _state(stub: pb_grpc.AgentRuntimeStub) -> tuple[Any, ...]:
+async def _state(stub: pb_grpc.AgentRuntimeAsyncStub) -> tuple[Any, ...]:
     listed = await stub.List(pb.ListRequest(runtime_id="base"))
     try:
         await stub.List(pb.ListRequest(runtime_id="fresh"))
@@ -320,7 +320,7 @@ async def _state(stub: pb_grpc.AgentRuntimeStub) -> tuple[Any, ...]:
 
 
 @pytest.fixture
-async def ctx(stub: pb_grpc.AgentRuntimeStub) -> Ctx:
+async def ctx(stub: pb_grpc.AgentRuntimeAsyncStub) -> Ctx:
     await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="base", agents=[agent("worker", model="worker")]))
 
     async def spawn() -> str:

@@ -61,7 +61,7 @@ async def counters(port: int) -> tuple[float, float]:
     return values.get("agentruntime_turns_total", 0.0), values.get("agentruntime_tokens_total", 0.0)
 
 
-async def turn_ends(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> list[pb.Event]:
+async def turn_ends(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> list[pb.Event]:
     """Every TurnEnded of a settled runtime, from Watch's history (sent at once from the
     store: the stream then stays open for live events, so a quiet second ends the read)."""
     events: list[pb.Event] = []
@@ -82,7 +82,7 @@ async def turn_ends(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> list[pb.
     return events
 
 
-async def check_tree(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> dict[str, pb.HandleView]:
+async def check_tree(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> dict[str, pb.HandleView]:
     """Every handle's figures agree with its children's and with its TurnEnded events."""
     listed = await views(stub, runtime_id)
     for view in listed.values():

@@ -74,7 +74,7 @@ def test_a_bad_network_is_refused(entry: str) -> None:
 
 
 @asynccontextmanager
-async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     async with serve(
         llm_style="openai",
         llm_base_url=model.base_url,
@@ -86,7 +86,7 @@ async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator
 
 
 async def call_tools(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, urls: dict[str, str], runtime_id: str = ""
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, urls: dict[str, str], runtime_id: str = ""
 ) -> dict[str, pb.Message]:
     """One agent calls each tool once (all in its first turn); returns each tool's result message.
     `runtime_id`: a runtime defining agent "user" with those tools already (else one is created)."""

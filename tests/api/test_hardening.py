@@ -44,7 +44,9 @@ MIB = 1024 * KIB
 
 
 @asynccontextmanager
-async def serving(model: ScriptedModelServer, **overrides: Any) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeStub]]:
+async def serving(
+    model: ScriptedModelServer, **overrides: Any
+) -> AsyncIterator[tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub]]:
     """A server with settings of the test's own (memory store unless `store` is given)."""
     fields: dict[str, Any] = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": KEY, **overrides}
     async with serve(**fields) as served:
@@ -76,7 +78,7 @@ def assert_invalid(error: grpc.aio.AioRpcError, field: str, says: str) -> None:
     assert says in (error.details() or ""), error.details()
 
 
-async def assert_absent(stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> None:
+async def assert_absent(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> None:
     error = await refused(stub.List(pb.ListRequest(runtime_id=runtime_id)))
     assert error.code() == Code.NOT_FOUND, error.details()
 
@@ -111,7 +113,7 @@ OUTSIDE = {
 
 
 @pytest.mark.parametrize("schema", OUTSIDE.values(), ids=OUTSIDE.keys())
-async def test_a_ref_outside_the_schema_is_refused(stub: pb_grpc.AgentRuntimeStub, schema: dict[str, Any]) -> None:
+async def test_a_ref_outside_the_schema_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub, schema: dict[str, Any]) -> None:
     tool = tool_with_schema("lookup", "http://127.0.0.1:9/tool", schema)
     started = time.monotonic()
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="refs", agents=[agent("a", tools=[tool])])))
@@ -120,14 +122,14 @@ async def test_a_ref_outside_the_schema_is_refused(stub: pb_grpc.AgentRuntimeStu
     await assert_absent(stub, "refs")
 
 
-async def test_a_schema_referring_to_itself_is_refused(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_schema_referring_to_itself_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     tool = tool_with_schema("lookup", "http://127.0.0.1:9/tool", {"type": "object", "$ref": "#"})
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="selfref", agents=[agent("a", tools=[tool])])))
     assert_invalid(error, "agents[0].tools[0].input_schema", "refers to itself")
     await assert_absent(stub, "selfref")
 
 
-async def test_a_local_ref_is_accepted_and_validates_calls(stub: pb_grpc.AgentRuntimeStub, tools: ToolServer) -> None:
+async def test_a_local_ref_is_accepted_and_validates_calls(stub: pb_grpc.AgentRuntimeAsyncStub, tools: ToolServer) -> None:
     schema = {
         "type": "object",
         "$defs": {"short": {"type": "string", "maxLength": 5}},
@@ -155,13 +157,13 @@ async def test_a_local_ref_is_accepted_and_validates_calls(stub: pb_grpc.AgentRu
 # ---- catastrophic regexes run in linear time ----
 
 
-async def bystander(stub: pb_grpc.AgentRuntimeStub) -> tuple[str, str]:
+async def bystander(stub: pb_grpc.AgentRuntimeAsyncStub) -> tuple[str, str]:
     runtime_id = await create(stub, scripted("idle", pb.ScriptedReply(text="idle")))
     return runtime_id, await spawn(stub, runtime_id, "idle")
 
 
 async def test_a_catastrophic_must_match_does_not_freeze_the_server(
-    server: RunningServer, stub: pb_grpc.AgentRuntimeStub
+    server: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub
 ) -> None:
     answer = "a" * 100_000 + "!"
     gate = pb.CompletionGate(must_match="(a+)+$", max_attempts=3)
@@ -178,7 +180,7 @@ async def test_a_catastrophic_must_match_does_not_freeze_the_server(
 
 
 async def test_a_catastrophic_schema_pattern_does_not_freeze_the_server(
-    server: RunningServer, stub: pb_grpc.AgentRuntimeStub, tools: ToolServer
+    server: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, tools: ToolServer
 ) -> None:
     schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}, "required": ["s"]}
     delay = duration_pb2.Duration(nanos=50_000_000)
@@ -201,7 +203,7 @@ async def test_a_catastrophic_schema_pattern_does_not_freeze_the_server(
     assert max(probe.latencies) < STALLED, f"an Inspect took {max(probe.latencies) * 1000:.0f} ms"
 
 
-async def test_a_huge_or_backtracking_must_match_is_refused(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_huge_or_backtracking_must_match_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     huge = agent("a", completion=pb.CompletionGate(must_match="a" * MIB))
     started = time.monotonic()
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="huge", agents=[huge])))
@@ -236,7 +238,7 @@ async def test_a_reply_reporting_2_62_tokens_errors_and_the_runtime_survives_a_r
             assert (result.own_tokens, result.total_tokens) == (0, 0)
         assert model.calls["poison"] == 2
 
-        async def answers(stub: pb_grpc.AgentRuntimeStub) -> None:
+        async def answers(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
             assert await wait(stub, runtime_id, kept) == kept_result
             assert (await wait(stub, runtime_id, closed)).status in (pb.STATUS_ERROR, pb.STATUS_CLOSED)
             listed = await stub.List(pb.ListRequest(runtime_id=runtime_id), timeout=10)
@@ -266,7 +268,7 @@ async def test_a_reply_reporting_2_62_tokens_errors_and_the_runtime_survives_a_r
     assert "Traceback" not in process.log.read_text()
 
 
-async def test_a_negative_token_count_errors(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_negative_token_count_errors(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("refund", lambda body: Reply(text="refund", tokens=-5))
     runtime_id = await create(stub, agent("refund"))
     handle_id, result = await run(stub, runtime_id, "refund", "spend")
@@ -287,7 +289,7 @@ CYCLES = {
 
 
 @pytest.mark.parametrize("agents", CYCLES.values(), ids=CYCLES.keys())
-async def test_a_delegation_cycle_is_refused(stub: pb_grpc.AgentRuntimeStub, agents: list[pb.AgentDef]) -> None:
+async def test_a_delegation_cycle_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub, agents: list[pb.AgentDef]) -> None:
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="cyclic", agents=agents)))
     assert error.code() == Code.INVALID_ARGUMENT, error.details()
     teams = {field: text for field, text in violations(error).items() if field in (f"agents[{i}].team" for i in range(2))}
@@ -297,7 +299,7 @@ async def test_a_delegation_cycle_is_refused(stub: pb_grpc.AgentRuntimeStub, age
     await assert_absent(stub, "cyclic")
 
 
-async def test_a_deep_acyclic_chain_runs(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_deep_acyclic_chain_runs(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     chain = [
         agent("a", team=["b"], provider="scripted"),
         agent("b", team=["c"], provider="scripted"),
@@ -319,7 +321,7 @@ async def test_a_deep_acyclic_chain_runs(stub: pb_grpc.AgentRuntimeStub) -> None
 # ---- sizes and pages ----
 
 
-async def test_a_900_kb_post_is_refused(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_900_kb_post_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, agent("worker"))
     handle_id = await spawn(stub, runtime_id, "worker")
     for n in range(5):
@@ -419,7 +421,7 @@ OUT_OF_RANGE = {
 
 @pytest.mark.parametrize(("definition", "field"), OUT_OF_RANGE.values(), ids=OUT_OF_RANGE.keys())
 async def test_out_of_range_durations_and_enums_are_refused(
-    stub: pb_grpc.AgentRuntimeStub, definition: pb.AgentDef, field: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, definition: pb.AgentDef, field: str
 ) -> None:
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="ranges", agents=[definition])))
     assert error.code() == Code.INVALID_ARGUMENT, error.details()
@@ -428,7 +430,7 @@ async def test_out_of_range_durations_and_enums_are_refused(
 
 
 @pytest.mark.parametrize("seconds", [2**62, 25 * 3600], ids=["2**62 s", "25 h"])
-async def test_out_of_range_wait_timeout_is_refused(stub: pb_grpc.AgentRuntimeStub, seconds: int) -> None:
+async def test_out_of_range_wait_timeout_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub, seconds: int) -> None:
     runtime_id = await create(stub, scripted("quick", pb.ScriptedReply(text="done")))
     handle_id, _ = await run(stub, runtime_id, "quick", "go")
     request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=duration_pb2.Duration(seconds=seconds))
@@ -467,7 +469,7 @@ def _deep_create_runtime(levels: int) -> bytes:
 
 
 async def test_undecodable_requests_are_invalid_argument_without_a_traceback(
-    server: RunningServer, stub: pb_grpc.AgentRuntimeStub, caplog: pytest.LogCaptureFixture
+    server: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     cases = {
@@ -488,7 +490,7 @@ async def test_undecodable_requests_are_invalid_argument_without_a_traceback(
 # ---- a huge id ----
 
 
-async def test_a_huge_runtime_id_is_invalid_argument(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_huge_runtime_id_is_invalid_argument(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     error = await refused(stub.List(pb.ListRequest(runtime_id="r" * 10_000)))
     assert error.code() == Code.INVALID_ARGUMENT, (error.code(), (error.details() or "")[:200])
     assert len(error.details() or "") < 1000
@@ -524,7 +526,7 @@ RUN_FAILURES = {
 
 @pytest.mark.parametrize(("definition", "field", "says"), RUN_FAILURES.values(), ids=RUN_FAILURES.keys())
 async def test_definitions_that_would_fail_when_run_are_refused(
-    stub: pb_grpc.AgentRuntimeStub, definition: pb.AgentDef, field: str, says: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, definition: pb.AgentDef, field: str, says: str
 ) -> None:
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id="runfail", agents=[definition])))
     assert_invalid(error, field, says)
@@ -551,7 +553,7 @@ async def test_a_spawn_past_max_handles_is_resource_exhausted(model: ScriptedMod
 # ---- a declining answer with outputs ----
 
 
-async def test_a_declining_answer_with_outputs_is_refused_and_the_request_stays_live(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_declining_answer_with_outputs_is_refused_and_the_request_stays_live(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     host = scripted(
         "host",
         pb.ScriptedReply(tool_calls=[call("approve", {"what": "deploy"})], tokens=5),
@@ -652,7 +654,7 @@ async def test_the_store_is_private_and_header_values_never_come_back(
 
 
 async def test_a_lone_surrogate_in_a_model_reply_is_stored_as_valid_utf8(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     raw = json.dumps(
         {
@@ -678,7 +680,7 @@ async def test_a_lone_surrogate_in_a_model_reply_is_stored_as_valid_utf8(
 TOOL_URL = "http://127.0.0.1:9/tool"
 
 
-async def _create_refused(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, *agents: pb.AgentDef) -> grpc.aio.AioRpcError:
+async def _create_refused(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, *agents: pb.AgentDef) -> grpc.aio.AioRpcError:
     started = time.monotonic()
     error = await refused(stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=list(agents))))
     assert time.monotonic() - started < 2.0, "the check took long enough to hold the event loop"
@@ -697,7 +699,7 @@ def _fan_out(levels: int, width: int) -> dict[str, Any]:
     return {"type": "object", "allOf": [{"$ref": "#/$defs/l0"}], "$defs": defs}
 
 
-async def test_a_schema_whose_references_fan_out_is_refused_at_once(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_schema_whose_references_fan_out_is_refused_at_once(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     tool = http_tool("lookup", TOOL_URL, _fan_out(levels=6, width=10))
     error = await _create_refused(stub, "fanout", agent("a", tools=[tool]))
     assert_invalid(error, "agents[0].tools[0].input_schema", "nodes with its references expanded")
@@ -713,7 +715,7 @@ DATA_REFERENCES = {
 
 
 @pytest.mark.parametrize("target", DATA_REFERENCES.values(), ids=DATA_REFERENCES.keys())
-async def test_a_reference_to_data_is_refused(stub: pb_grpc.AgentRuntimeStub, target: dict[str, Any]) -> None:
+async def test_a_reference_to_data_is_refused(stub: pb_grpc.AgentRuntimeAsyncStub, target: dict[str, Any]) -> None:
     schema = {
         "type": "object",
         "properties": {"a": target, "b": {"enum": ["x"], "default": {"type": "string"}}},
@@ -729,7 +731,7 @@ SECRET = "HDR-SECRET-never-shown"
 
 
 @pytest.mark.parametrize("value", [f"Bearer {SECRET}\x01", f"Bearer {SECRET}\x0b", f"Bearer {SECRET}\x7f", f"Bearer {SECRET}é"])
-async def test_a_header_value_must_be_visible_ascii_and_is_never_quoted(stub: pb_grpc.AgentRuntimeStub, value: str) -> None:
+async def test_a_header_value_must_be_visible_ascii_and_is_never_quoted(stub: pb_grpc.AgentRuntimeAsyncStub, value: str) -> None:
     tool = pb.ToolDef(name="lookup", description="d", http=pb.HttpTool(url=TOOL_URL, headers={"Authorization": value}))
     mcp = pb.McpServer(name="m", url=TOOL_URL, headers={"X-Api-Key": value})
     for where, defined in (
@@ -742,7 +744,9 @@ async def test_a_header_value_must_be_visible_ascii_and_is_never_quoted(stub: pb
 
 
 @pytest.mark.parametrize("url", ["http://user:URL-SECRET@example.invalid/x", "http://admin:URL-SECRET@example.com:99999/x"])
-async def test_a_url_with_credentials_is_refused_and_the_password_never_quoted(stub: pb_grpc.AgentRuntimeStub, url: str) -> None:
+async def test_a_url_with_credentials_is_refused_and_the_password_never_quoted(
+    stub: pb_grpc.AgentRuntimeAsyncStub, url: str
+) -> None:
     tool = pb.ToolDef(name="lookup", description="d", http=pb.HttpTool(url=url, headers={"Authorization": "Bearer x"}))
     for where, defined in (
         ("agents[0].tools[0].http.url", agent("a", tools=[tool])),
@@ -763,7 +767,9 @@ def _forged(created: str, key: str) -> str:
 
 
 @pytest.mark.parametrize(("created", "key"), [("1e300", "a\x00b"), ("nan", "a"), ("inf", "a"), ("1.0", "z" * 1000)])
-async def test_a_forged_list_runtimes_token_is_invalid_argument(stub: pb_grpc.AgentRuntimeStub, created: str, key: str) -> None:
+async def test_a_forged_list_runtimes_token_is_invalid_argument(
+    stub: pb_grpc.AgentRuntimeAsyncStub, created: str, key: str
+) -> None:
     await create(stub, agent("a"), runtime_id="listed")
     error = await refused(stub.ListRuntimes(pb.ListRuntimesRequest(page_size=1, page_token=_forged(created, key))))
     assert_invalid(error, "page_token", "is not a next_page_token of this listing")
@@ -772,7 +778,7 @@ async def test_a_forged_list_runtimes_token_is_invalid_argument(stub: pb_grpc.Ag
 # ---- an external post stays quoted data ----
 
 
-async def test_an_external_post_cannot_forge_a_line_or_close_its_quote(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_an_external_post_cannot_forge_a_line_or_close_its_quote(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, scripted("reader", pb.ScriptedReply(text="read", tokens=1)))
     handle_id = await spawn(stub, runtime_id, "reader")
     await stub.Post(
@@ -797,7 +803,7 @@ async def test_an_external_post_cannot_forge_a_line_or_close_its_quote(stub: pb_
 # ---- DeleteRuntime ----
 
 
-async def test_a_refused_delete_changes_nothing(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_refused_delete_changes_nothing(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     """A delete while a handle runs is FAILED_PRECONDITION and leaves the runtime as it was (its
     heartbeats go on: tests/domain/test_heartbeats_and_expiries.py); with force it goes."""
     slow = scripted("slow", pb.ScriptedReply(text="late", tokens=1, delay=duration(60)))
@@ -813,7 +819,7 @@ async def test_a_refused_delete_changes_nothing(stub: pb_grpc.AgentRuntimeStub) 
     assert gone.code() == Code.NOT_FOUND, gone.details()
 
 
-async def test_deleting_a_runtime_ends_its_watch_with_not_found(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_deleting_a_runtime_ends_its_watch_with_not_found(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, scripted("a", pb.ScriptedReply(text="ok", tokens=1)))
     await spawn(stub, runtime_id, "a")
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=10)
@@ -828,7 +834,7 @@ async def test_deleting_a_runtime_ends_its_watch_with_not_found(stub: pb_grpc.Ag
     assert "deleted" in (caught.value.details() or ""), caught.value.details()
 
 
-async def test_a_watch_from_past_the_last_event_is_refused_not_left_waiting(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_watch_from_past_the_last_event_is_refused_not_left_waiting(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, scripted("a", pb.ScriptedReply(text="ok", tokens=1)))
     await spawn(stub, runtime_id, "a")
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=2**62), timeout=10)
@@ -841,7 +847,7 @@ async def test_a_watch_from_past_the_last_event_is_refused_not_left_waiting(stub
 
 
 async def test_an_mcp_server_is_reached_directly_never_through_a_proxy_from_the_environment(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # ALL_PROXY: httpx honours it, gRPC does not (the test's own channel stays direct).
     monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")

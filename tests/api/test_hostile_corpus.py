@@ -163,7 +163,7 @@ class StoreReader:
 @dataclass
 class Corpus:
     channel: grpc.Channel
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeStub  # on a blocking channel: the corpus calls one by one
     store: StoreReader
     log: Records
     handles: dict[str, str]  # placeholder -> real handle id

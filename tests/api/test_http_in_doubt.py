@@ -48,13 +48,13 @@ def charge_tool(url: str, policy: pb.OnInterrupted.ValueType = pb.ON_INTERRUPTED
     return tool
 
 
-async def tool_message(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.Message:
+async def tool_message(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> pb.Message:
     [message] = [m for m in await transcript(stub, runtime_id, handle_id) if m.role == "tool"]
     return message
 
 
 async def test_with_retry_a_call_cut_after_its_request_is_sent_again_with_the_same_key(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     tools.cuts["charge"] = 1
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
@@ -68,7 +68,7 @@ async def test_with_retry_a_call_cut_after_its_request_is_sent_again_with_the_sa
 
 
 async def test_with_retry_three_attempts_past_the_deadline_say_it_may_have_taken_effect(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     tools.delays["charge"] = 30
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
@@ -85,7 +85,7 @@ async def test_with_retry_three_attempts_past_the_deadline_say_it_may_have_taken
 
 
 async def test_a_refused_connection_is_a_plain_error_result_tried_once(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
     runtime_id = await create(stub, agent("payer", tools=[charge_tool(f"http://127.0.0.1:{free_port()}/charge")]))
@@ -116,7 +116,7 @@ asyncio.run(main())
 
 
 async def test_a_tool_server_killed_with_calls_in_flight_gets_them_again_with_the_same_keys_when_back(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tmp_path: Path
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tmp_path: Path
 ) -> None:
     """Three calls of one turn held by a tool server in a process of its own, SIGKILLed; a
     tool server back on the same port within the 1 s pause gets each again, with its key."""

@@ -32,7 +32,7 @@ async def _until_model_called(model: ScriptedModelServer, name: str, times: int 
     await until(lambda: model.calls[name] >= times, f"model {name} to be called {times} times", timeout=5)
 
 
-async def test_interrupt_running_turn_restores_the_inbox(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_interrupt_running_turn_restores_the_inbox(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("slow", lambda body: Reply(text="late", tokens=10, delay=5))
     runtime_id = await create(stub, agent("slow"))
     handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="slow"))).handle_id
@@ -57,7 +57,7 @@ async def test_interrupt_running_turn_restores_the_inbox(stub: pb_grpc.AgentRunt
     assert not again.interrupted
 
 
-async def test_wait_timeout_leaves_the_handle_running(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_wait_timeout_leaves_the_handle_running(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("slowish", lambda body: Reply(text="finally", tokens=10, delay=0.6))
     runtime_id = await create(stub, agent("slowish"))
     handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="slowish"))).handle_id

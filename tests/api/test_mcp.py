@@ -32,7 +32,7 @@ def mcp_agent(name: str, *servers: pb.McpServer) -> pb.AgentDef:
 
 
 async def test_an_agent_lists_and_calls_an_mcp_servers_tools_with_the_idempotency_key(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, calc: Calc
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, calc: Calc
 ) -> None:
     model.script("mathematician", call_then_answer("calc__add", {"a": 2, "b": 3}))
     runtime_id = await create(stub, mcp_agent("mathematician", pb.McpServer(name="calc", url=calc.url)))
@@ -50,7 +50,7 @@ async def test_an_agent_lists_and_calls_an_mcp_servers_tools_with_the_idempotenc
 
 
 async def test_allowed_tools_filters_and_an_unknown_one_is_refused(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, calc: Calc
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, calc: Calc
 ) -> None:
     model.script("shouter", call_then_answer("calc__shout", {"text": "hey"}))
     only = pb.McpServer(name="calc", url=calc.url, allowed_tools=["shout"])
@@ -66,7 +66,7 @@ async def test_allowed_tools_filters_and_an_unknown_one_is_refused(
     assert violation.field == "agents[0].mcp_servers[0].allowed_tools[0]" and "lists no tool 'divide'" in violation.description
 
 
-async def test_an_unreachable_or_denied_server_refuses_the_runtime_naming_it(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_an_unreachable_or_denied_server_refuses_the_runtime_naming_it(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]  # nothing listens here once the socket closes
@@ -83,7 +83,7 @@ async def test_an_unreachable_or_denied_server_refuses_the_runtime_naming_it(stu
     assert not listed.runtimes  # nothing was created
 
 
-async def test_a_bad_server_definition_is_refused_before_any_connection(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_bad_server_definition_is_refused_before_any_connection(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     bad = pb.McpServer(name="9lives", url="ftp://example.test/mcp", headers={"Bad Header": "x"})
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(stub, mcp_agent("user", bad))
@@ -94,7 +94,7 @@ async def test_a_bad_server_definition_is_refused_before_any_connection(stub: pb
 
 
 async def test_a_server_gone_mid_run_gives_an_error_result_not_a_stuck_run(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, calc: Calc
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, calc: Calc
 ) -> None:
     model.script("mathematician", call_then_answer("calc__add", {"a": 1, "b": 1}))
     runtime_id = await create(stub, mcp_agent("mathematician", pb.McpServer(name="calc", url=calc.url)))
@@ -109,7 +109,7 @@ async def test_a_server_gone_mid_run_gives_an_error_result_not_a_stuck_run(
 
 
 @contextlib.asynccontextmanager
-async def denying_loopback(model: ScriptedModelServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def denying_loopback(model: ScriptedModelServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     """A server whose egress policy denies 127.0.0.1 (and only it: 127.0.0.2 and .3 are allowed)."""
     async with serve(
         llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", tool_egress_deny=["127.0.0.1/32"]
@@ -172,7 +172,7 @@ async def test_a_name_rebound_after_the_listing_is_not_called(
 
 
 async def test_tls_to_an_mcp_server_names_its_host_not_the_checked_address(
-    stub: pb_grpc.AgentRuntimeStub, caplog: pytest.LogCaptureFixture
+    stub: pb_grpc.AgentRuntimeAsyncStub, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The connection goes to the address the policy judged; TLS still asks for and verifies the name."""
     caplog.set_level(logging.INFO, logger="agentruntime_server.tools.mcp")
@@ -196,7 +196,7 @@ async def test_tls_to_an_mcp_server_names_its_host_not_the_checked_address(
 
 
 async def test_an_mcp_tools_structured_content_reaches_the_model_as_json_checked_against_its_output_schema(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, calc: Calc
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, calc: Calc
 ) -> None:
     model.script("counter", call_then_answer("calc__stats", {"numbers": [2, 3, 5]}))
     runtime_id = await create(stub, mcp_agent("counter", pb.McpServer(name="calc", url=calc.url, allowed_tools=["stats"])))

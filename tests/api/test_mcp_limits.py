@@ -49,7 +49,7 @@ def user_of(server: HugeMcp, **fields: Any) -> pb.AgentDef:
     return agent("user", mcp_servers=[pb.McpServer(name="huge", url=server.url, timeout=duration(20), **fields)])
 
 
-async def refusal(stub: pb_grpc.AgentRuntimeStub, *definitions: pb.AgentDef) -> tuple[grpc.aio.AioRpcError, float]:
+async def refusal(stub: pb_grpc.AgentRuntimeAsyncStub, *definitions: pb.AgentDef) -> tuple[grpc.aio.AioRpcError, float]:
     started = time.monotonic()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(stub, *definitions)
@@ -68,7 +68,7 @@ def the_violation(error: grpc.aio.AioRpcError) -> Any:
 
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
 async def test_a_50_mb_listing_is_refused_at_once_naming_the_server_and_read_no_further(
-    stub: pb_grpc.AgentRuntimeStub, sse: bool
+    stub: pb_grpc.AgentRuntimeAsyncStub, sse: bool
 ) -> None:
     async with huge_mcp(pages=[HUGE], sse=sse) as server:
         error, seconds = await refusal(stub, user_of(server))
@@ -84,7 +84,7 @@ async def test_a_50_mb_listing_is_refused_at_once_naming_the_server_and_read_no_
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-async def test_a_compression_bomb_of_a_listing_is_counted_decoded(stub: pb_grpc.AgentRuntimeStub, encoding: str) -> None:
+async def test_a_compression_bomb_of_a_listing_is_counted_decoded(stub: pb_grpc.AgentRuntimeAsyncStub, encoding: str) -> None:
     async with huge_mcp(pages=[HUGE], encoding=encoding) as server:
         error, seconds = await refusal(stub, user_of(server))
         assert "its listing is larger than the limit of 4,194,304 bytes" in the_violation(error).description
@@ -92,7 +92,7 @@ async def test_a_compression_bomb_of_a_listing_is_counted_decoded(stub: pb_grpc.
         assert server.sent["tools/list"] < 1 * MIB  # 50 MB of one letter: 50 KB compressed
 
 
-async def test_a_small_compressed_listing_is_read_and_another_encoding_refused(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_small_compressed_listing_is_read_and_another_encoding_refused(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     async with huge_mcp(encoding="gzip") as server:
         await create(stub, user_of(server))
     async with huge_mcp(encoding="br") as server:
@@ -105,7 +105,7 @@ async def test_a_small_compressed_listing_is_read_and_another_encoding_refused(s
     )
 
 
-async def test_the_pages_of_a_listing_count_together(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_the_pages_of_a_listing_count_together(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     async with huge_mcp(pages=[LISTING_LIMIT // 3 + 1] * 3) as server:
         error, _ = await refusal(stub, user_of(server))
         assert "its listing is larger than the limit" in the_violation(error).description
@@ -114,7 +114,7 @@ async def test_the_pages_of_a_listing_count_together(stub: pb_grpc.AgentRuntimeS
 
 @pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
 async def test_a_listing_just_under_the_limit_is_accepted(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, sse: bool
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, sse: bool
 ) -> None:
     # Two pages, their envelopes and the initialize reply: 8 KiB under the limit on the wire.
     async with huge_mcp(pages=[LISTING_LIMIT // 2 - 4 * KIB] * 2, sse=sse) as server:
@@ -130,7 +130,7 @@ async def test_a_listing_just_under_the_limit_is_accepted(
     assert (tool_message.content, tool_message.is_error) == ("xx", False)
 
 
-async def test_a_listed_schema_is_checked_as_an_agentdefs_naming_the_tool(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_listed_schema_is_checked_as_an_agentdefs_naming_the_tool(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     deep: dict[str, Any] = {"type": "object"}
     for _ in range(40):
         deep = {"type": "object", "properties": {"a": deep}}
@@ -148,7 +148,7 @@ async def test_a_listed_schema_is_checked_as_an_agentdefs_naming_the_tool(stub: 
     assert f"its input schema is {size} bytes as JSON; the limit is 65536" in the_violation(error).description
 
 
-async def test_more_tools_than_an_agent_may_have_are_refused_at_the_server(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_more_tools_than_an_agent_may_have_are_refused_at_the_server(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     async with huge_mcp(tools_per_page=129) as server:
         error, _ = await refusal(stub, user_of(server))
         violations = status_details(error)[0].field_violations
@@ -160,7 +160,7 @@ async def test_more_tools_than_an_agent_may_have_are_refused_at_the_server(stub:
         await create(stub, user_of(server, allowed_tools=["big0_7"]))  # as allowed_tools would have it
 
 
-async def test_what_a_runtime_keeps_of_its_listings_is_bounded_over_all_its_agents(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_what_a_runtime_keeps_of_its_listings_is_bounded_over_all_its_agents(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     """Each listing is under 4 MiB, but three agents listing it would keep 4.7 MiB: as much as
     one CreateRuntime request may hold is the bound (descriptions cut to 16 KiB count so)."""
     async with huge_mcp(pages=[100 * 16 * KIB], tools_per_page=100) as server:
@@ -185,7 +185,7 @@ async def test_what_a_runtime_keeps_of_its_listings_is_bounded_over_all_its_agen
     ids=["50MB-json", "50MB-sse", "one-byte-over"],
 )
 async def test_a_result_over_max_text_bytes_is_an_error_result_and_the_run_goes_on(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, size: int, sse: bool
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, size: int, sse: bool
 ) -> None:
     async with huge_mcp(result_bytes=size, sse=sse) as server:
         runtime_id = await create(stub, user_of(server))
@@ -205,7 +205,7 @@ async def test_a_result_over_max_text_bytes_is_an_error_result_and_the_run_goes_
     )
 
 
-async def test_a_result_of_max_text_bytes_is_whole(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_result_of_max_text_bytes_is_whole(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     async with huge_mcp(result_bytes=TEXT_LIMIT, sse=True) as server:
         runtime_id = await create(stub, user_of(server))
         model.script("user", call_then_answer("huge__big0_0", {"q": "x"}))

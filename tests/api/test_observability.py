@@ -43,7 +43,7 @@ AGENT_RUNTIME = "agentruntime.v1.AgentRuntime"
 @dataclass
 class Observed:
     server: RunningServer
-    stub: pb_grpc.AgentRuntimeStub
+    stub: pb_grpc.AgentRuntimeAsyncStub
     spans: InMemorySpanExporter
 
     async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

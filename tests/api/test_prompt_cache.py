@@ -29,7 +29,7 @@ INSTRUCTIONS = "You keep the ledger. " * 40
 
 
 @pytest.fixture
-async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     providers = {"anthropic": {"style": "anthropic", "base_url": anthropic.base_url, "api_key": "sk-ant-test"}}
     async with serve(llm_style="openai", llm_base_url=model.base_url, llm_api_key="sk-test", providers=providers) as served:
         yield served.stub
@@ -63,7 +63,7 @@ def ledger(agent_name: str, tools: ToolServer, **fields: Any) -> pb.AgentDef:
 
 
 async def test_anthropic_breakpoints_and_the_second_turn_read_back_as_cache_reads(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer, tools: ToolServer
 ) -> None:
     def script(body: dict[str, Any]) -> Turn:
         if not anthropic_results(body):  # the first turn writes the prefix to the cache
@@ -107,7 +107,7 @@ async def test_anthropic_breakpoints_and_the_second_turn_read_back_as_cache_read
 
 
 async def test_anthropic_without_prompt_cache_sends_no_breakpoint(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer, tools: ToolServer
 ) -> None:
     anthropic.script("claude-test", lambda body: Turn(text="done") if anthropic_results(body) else Turn(calls=[("ping", {})]))
     runtime_id = await create(stub, ledger("keeper", tools))
@@ -133,7 +133,7 @@ def cached_turns(body: dict[str, Any]) -> Reply:
 
 
 async def test_openai_sends_one_prompt_cache_key_per_handle_and_reads_cached_tokens(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     model.script("gpt-test", cached_turns)
     ping = http_tool("ping", tools.url("ping"))

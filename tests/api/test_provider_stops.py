@@ -84,7 +84,7 @@ async def sdk() -> AsyncIterator[dict[str, SdkServer]]:
 
 
 @pytest.fixture
-async def stub(sdk: dict[str, SdkServer]) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(sdk: dict[str, SdkServer]) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     """`openai` (the default provider), `anthropic` and `anthropic-512` (its own output cap);
     one retry after a fault, with a tiny backoff."""
     anthropic_url = sdk["anthropic"].base_url
@@ -124,13 +124,13 @@ def by_call(*replies: Callable[[dict[str, Any]], Model | Answer]) -> Callable[[d
     return script
 
 
-async def post_and_wake(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str, text: str) -> pb.TaskResult:
+async def post_and_wake(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str, text: str) -> pb.TaskResult:
     await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text=text))
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id))
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
 
 
-async def turn_ends(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> list[pb.TurnEnded]:
+async def turn_ends(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> list[pb.TurnEnded]:
     """The handle's TurnEnded events, from the runtime's history up to its settled result."""
     ended: list[pb.TurnEnded] = []
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=0))
@@ -228,7 +228,7 @@ def test_the_request_validators_refuse_what_the_sdk_types_do_not_declare() -> No
 
 
 async def test_a_truncated_reply_is_incomplete_and_its_calls_never_run(
-    stub: pb_grpc.AgentRuntimeStub, api: Api, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, api: Api, tools: ToolServer
 ) -> None:
     api.server.script(
         "lead",
@@ -270,7 +270,7 @@ async def test_a_truncated_reply_is_incomplete_and_its_calls_never_run(
         assert after[0]["is_error"] is True and after[0]["content"].startswith("not run: ")
 
 
-async def test_the_output_cap_sent_when_the_agent_sets_none(stub: pb_grpc.AgentRuntimeStub, api: Api) -> None:
+async def test_the_output_cap_sent_when_the_agent_sets_none(stub: pb_grpc.AgentRuntimeAsyncStub, api: Api) -> None:
     api.server.script("lead", lambda body: api.reply("lead", "short"))
     providers = [api.name] + (["anthropic-512"] if api.name == "anthropic" else [])
     runtime_id = await create(stub, *(agent(f"lead{index}", "lead", provider=name) for index, name in enumerate(providers)))
@@ -283,7 +283,7 @@ async def test_the_output_cap_sent_when_the_agent_sets_none(stub: pb_grpc.AgentR
         assert [body["max_tokens"] for body in bodies] == [4096, 512]
 
 
-async def test_a_truncated_child_is_an_error_task_result(stub: pb_grpc.AgentRuntimeStub, api: Api) -> None:
+async def test_a_truncated_child_is_an_error_task_result(stub: pb_grpc.AgentRuntimeAsyncStub, api: Api) -> None:
     api.server.script(
         "lead",
         lambda body: (
@@ -323,7 +323,7 @@ async def test_a_truncated_child_is_an_error_task_result(stub: pb_grpc.AgentRunt
     ids=["openai", "anthropic-text", "anthropic-empty"],
 )
 async def test_a_refusal_is_an_error_kept_in_the_transcript_and_the_next_request(
-    stub: pb_grpc.AgentRuntimeStub, sdk: dict[str, SdkServer], provider: str, refusal: str | None, expected: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, sdk: dict[str, SdkServer], provider: str, refusal: str | None, expected: str
 ) -> None:
     api = Api(provider, sdk[provider])
     api.server.script(
@@ -354,7 +354,7 @@ async def test_a_refusal_is_an_error_kept_in_the_transcript_and_the_next_request
     assert second["messages"][-1]["role"] == "user"
 
 
-async def test_an_openai_content_filter_stop_is_a_refusal(stub: pb_grpc.AgentRuntimeStub, sdk: dict[str, SdkServer]) -> None:
+async def test_an_openai_content_filter_stop_is_a_refusal(stub: pb_grpc.AgentRuntimeAsyncStub, sdk: dict[str, SdkServer]) -> None:
     sdk["openai"].script("lead", lambda body: openai_reply("lead", "Here is how to", finish="content_filter"))
     runtime_id = await create(stub, agent("lead"))
     _, result = await run(stub, runtime_id, "lead", "go")
@@ -413,7 +413,7 @@ def _failure_cases() -> list[Any]:
 
 @pytest.mark.parametrize(("provider", "status", "body", "reason", "retryable", "detail", "attempts"), _failure_cases())
 async def test_provider_failures_have_names(
-    stub: pb_grpc.AgentRuntimeStub,
+    stub: pb_grpc.AgentRuntimeAsyncStub,
     sdk: dict[str, SdkServer],
     provider: str,
     status: int,
@@ -453,7 +453,7 @@ async def test_provider_failures_have_names(
     [("openai", "absent"), ("openai", "null"), ("openai", "reported"), ("anthropic", "reported")],
 )
 async def test_missing_usage_is_estimated_and_said_so(
-    stub: pb_grpc.AgentRuntimeStub, sdk: dict[str, SdkServer], tools: ToolServer, provider: str, usage: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, sdk: dict[str, SdkServer], tools: ToolServer, provider: str, usage: str
 ) -> None:
     api = Api(provider, sdk[provider])
 
@@ -495,7 +495,7 @@ async def test_missing_usage_is_estimated_and_said_so(
 
 
 async def test_a_token_budget_stops_a_run_on_estimated_usage(
-    stub: pb_grpc.AgentRuntimeStub, sdk: dict[str, SdkServer], tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, sdk: dict[str, SdkServer], tools: ToolServer
 ) -> None:
     server = sdk["openai"]
     server.script("lead", lambda body: openai_reply("lead", None, [("ping", {"n": answered(body)})], usage=None))
@@ -517,7 +517,7 @@ async def test_a_token_budget_stops_a_run_on_estimated_usage(
 
 
 async def test_thinking_blocks_go_back_verbatim_and_first(
-    stub: pb_grpc.AgentRuntimeStub, sdk: dict[str, SdkServer], tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, sdk: dict[str, SdkServer], tools: ToolServer
 ) -> None:
     server = sdk["anthropic"]
     thought = "The user wants a ping. Let me call it — once."

@@ -49,7 +49,7 @@ BACKOFF_MAX = 0.5
 
 
 @asynccontextmanager
-async def serving(**overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def serving(**overrides: Any) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     async with serve(**overrides) as served:
         yield served.stub
 
@@ -74,7 +74,7 @@ def fast_settings(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
 
 
 @pytest.fixture
-async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     """Overrides conftest's stub: the same server, with named providers and fast retries."""
     async with serving(**fast_settings(model, anthropic)) as stub:
         yield stub
@@ -90,7 +90,7 @@ def timed(replies: list[Reply], then: Reply, times: list[float]) -> Any:
     return script
 
 
-async def still_serves(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, runtime_id: str = "") -> None:
+async def still_serves(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, runtime_id: str = "") -> None:
     model.script("healthy", lambda body: Reply(text="fine", tokens=3))
     runtime_id = await create(stub, agent("healthy"))
     _, result = await run(stub, runtime_id, "healthy", "are you there?")
@@ -101,7 +101,7 @@ async def still_serves(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServe
 
 
 async def test_anthropic_end_to_end(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer, tools: ToolServer
 ) -> None:
     def lead(body: dict[str, Any]) -> Turn:
         if not anthropic_results(body):
@@ -160,7 +160,7 @@ async def test_anthropic_end_to_end(
 
 
 async def test_anthropic_error_names_the_status_never_the_key(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
 ) -> None:
     body = json.dumps({"type": "error", "error": {"type": "authentication_error", "message": f"bad key {ANTHROPIC_KEY}"}})
     anthropic.script("claude-test", lambda body_: Turn(status=401, raw=body))
@@ -173,7 +173,7 @@ async def test_anthropic_error_names_the_status_never_the_key(
     await still_serves(stub, model)
 
 
-async def test_anthropic_overloaded_is_retried(stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer) -> None:
+async def test_anthropic_overloaded_is_retried(stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer) -> None:
     replies = iter([Turn(status=529, raw='{"type": "error", "error": {"type": "overloaded_error"}}')])
     anthropic.script("claude-test", lambda body: next(replies, Turn(text="calm again", input_tokens=4, output_tokens=2)))
     runtime_id = await create(stub, pb.AgentDef(name="lead", provider="anthropic"))  # no model: the provider's
@@ -186,7 +186,7 @@ async def test_anthropic_overloaded_is_retried(stub: pb_grpc.AgentRuntimeStub, a
 
 
 async def test_each_agent_runs_on_its_provider_with_its_model_verbatim(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
 ) -> None:
     routed = "meta-llama/llama-3.1-8b-instruct:free"
     model.script(routed, lambda body: Reply(text="local answer"))
@@ -209,7 +209,7 @@ async def test_each_agent_runs_on_its_provider_with_its_model_verbatim(
     assert not anthropic.requests
 
 
-async def test_an_unknown_provider_is_refused_at_create_runtime(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_an_unknown_provider_is_refused_at_create_runtime(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(stub, agent("fine", provider="local"), agent("typo", provider="antropic"))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -293,7 +293,7 @@ def test_retry_after_reads_seconds_dates_and_milliseconds() -> None:
 # ---- faults ------------------------------------------------------------------------------
 
 
-async def test_a_429_burst_honours_retry_after(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_429_burst_honours_retry_after(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     busy = Reply(status=429, raw='{"error": {"message": "slow down"}}', headers={"Retry-After": "0.3"})
     times: list[float] = []
     model.script("eager", timed([busy, busy], Reply(text="finally", tokens=5), times))
@@ -307,7 +307,7 @@ async def test_a_429_burst_honours_retry_after(stub: pb_grpc.AgentRuntimeStub, m
     await still_serves(stub, model)
 
 
-async def test_retry_after_is_capped_by_the_max_backoff(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_retry_after_is_capped_by_the_max_backoff(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
     replies = [
         Reply(status=429, raw="{}", headers={"Retry-After": "3600"}),
@@ -322,7 +322,7 @@ async def test_retry_after_is_capped_by_the_max_backoff(stub: pb_grpc.AgentRunti
     assert all(BACKOFF_MAX - 0.05 <= gap < BACKOFF_MAX + 0.4 for gap in gaps), gaps
 
 
-async def test_5xx_then_success_is_retried(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_5xx_then_success_is_retried(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     replies = [Reply(status=500, raw='{"error": "boom"}'), Reply(status=502, raw="<html>bad gateway</html>")]
     model.script("shaky", timed(replies, Reply(text="recovered", tokens=9), []))
     runtime_id = await create(stub, agent("shaky"))
@@ -331,7 +331,9 @@ async def test_5xx_then_success_is_retried(stub: pb_grpc.AgentRuntimeStub, model
     assert model.calls["shaky"] == 3
 
 
-async def test_5xx_forever_settles_error_after_max_retries(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_5xx_forever_settles_error_after_max_retries(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
     model.script("down", lambda body: Reply(status=500, raw=f'{{"error": "down, key {OPENAI_KEY}"}}'))
     runtime_id = await create(stub, agent("down"))
     started = time.monotonic()
@@ -345,7 +347,7 @@ async def test_5xx_forever_settles_error_after_max_retries(stub: pb_grpc.AgentRu
     await still_serves(stub, model)
 
 
-async def test_a_4xx_is_not_retried(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_4xx_is_not_retried(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("picky", lambda body: Reply(status=400, raw='{"error": {"message": "bad tool schema"}}'))
     runtime_id = await create(stub, agent("picky"))
     _, result = await run(stub, runtime_id, "picky", "go")
@@ -354,7 +356,7 @@ async def test_a_4xx_is_not_retried(stub: pb_grpc.AgentRuntimeStub, model: Scrip
 
 
 async def test_a_reply_that_never_comes_times_out_each_attempt(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("mute", lambda body: Reply(text="too late", delay=30))
     runtime_id = await create(stub, agent("mute", provider="impatient"))  # 0.3 s a call
@@ -373,7 +375,7 @@ async def test_a_reply_that_never_comes_times_out_each_attempt(
     [("this is not json", "JSONDecodeError"), ('{"choices": []}', "IndexError"), ('{"choices": [{"message": 7}]}', "")],
 )
 async def test_a_malformed_reply_settles_error_without_retrying(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, raw: str, why: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, raw: str, why: str
 ) -> None:
     model.script("garbled", lambda body: Reply(raw=raw))
     runtime_id = await create(stub, agent("garbled"))
@@ -386,7 +388,7 @@ async def test_a_malformed_reply_settles_error_without_retrying(
 
 
 async def test_a_malformed_anthropic_reply_settles_error(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     anthropic.script("claude-test", lambda body: Turn(raw='{"type": "message", "content": "not blocks"}'))
     runtime_id = await create(stub, agent("lead", model="claude-test", provider="anthropic"))
@@ -395,7 +397,7 @@ async def test_a_malformed_anthropic_reply_settles_error(
     assert "'anthropic' answered HTTP 200 with a reply that is not a message" in result.text
 
 
-async def test_a_dropped_connection_is_retried(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_dropped_connection_is_retried(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("flaky", timed([Reply(drop=True)], Reply(text="reconnected", tokens=4), []))
     runtime_id = await create(stub, agent("flaky"))
     _, result = await run(stub, runtime_id, "flaky", "go")
@@ -404,7 +406,9 @@ async def test_a_dropped_connection_is_retried(stub: pb_grpc.AgentRuntimeStub, m
     await still_serves(stub, model)
 
 
-async def test_a_dropped_connection_every_time_settles_error(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_dropped_connection_every_time_settles_error(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
+) -> None:
     model.script("gone", lambda body: Reply(drop=True))
     runtime_id = await create(stub, agent("gone"))
     _, result = await run(stub, runtime_id, "gone", "go")
@@ -458,7 +462,7 @@ async def test_the_gate_is_not_held_during_a_backoff(model: ScriptedModelServer,
 
 
 @pytest.fixture
-async def both(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def both(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     """OpenAI-style by default, and an `anthropic` provider."""
     async with serve(
         llm_style="openai",
@@ -516,14 +520,14 @@ OPENAI_WRONG_TYPES = {
 
 @pytest.mark.parametrize("message", OPENAI_WRONG_TYPES.values(), ids=OPENAI_WRONG_TYPES.keys())
 async def test_an_openai_reply_field_of_the_wrong_type_is_a_bad_reply(
-    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, message: dict[str, Any]
+    both: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, message: dict[str, Any]
 ) -> None:
     model.script("odd", lambda body: Reply(raw=completion({"role": "assistant", **message}, "tool_calls")))
     _, result = await run(both, await create(both, agent("odd")), "odd", "go")
     assert (result.status, result.failure.reason) == (pb.STATUS_ERROR, pb.FAILURE_REASON_PROVIDER_BAD_REPLY), result
 
 
-async def test_openai_content_as_text_parts_is_read(both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_openai_content_as_text_parts_is_read(both: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     parts = [{"type": "text", "text": "hel"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "lo"}]
     model.script("parts", lambda body: Reply(raw=completion({"role": "assistant", "content": parts})))
     _, result = await run(both, await create(both, agent("parts")), "parts", "go")
@@ -540,7 +544,7 @@ ANTHROPIC_WRONG_TYPES = {
 
 @pytest.mark.parametrize("content", ANTHROPIC_WRONG_TYPES.values(), ids=ANTHROPIC_WRONG_TYPES.keys())
 async def test_an_anthropic_block_of_the_wrong_type_is_a_bad_reply(
-    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, content: list[dict[str, Any]]
+    both: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer, content: list[dict[str, Any]]
 ) -> None:
     anthropic.script("claude", lambda body: Turn(raw=anthropic_message(content)))
     runtime_id = await create(both, agent("a", model="claude", provider="anthropic"))
@@ -579,7 +583,7 @@ ANTHROPIC_ODD_USAGE = {
 
 @pytest.mark.parametrize("usage", OPENAI_ODD_USAGE.values(), ids=OPENAI_ODD_USAGE.keys())
 async def test_an_openai_token_count_that_is_not_a_whole_number_is_a_bad_reply(
-    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, usage: dict[str, Any]
+    both: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, usage: dict[str, Any]
 ) -> None:
     model.script("odd", lambda body: Reply(raw=completion({"role": "assistant", "content": "hi"}, usage=usage)))
     _, result = await run(both, await create(both, agent("odd")), "odd", "go")
@@ -589,7 +593,7 @@ async def test_an_openai_token_count_that_is_not_a_whole_number_is_a_bad_reply(
 
 @pytest.mark.parametrize("usage", ANTHROPIC_ODD_USAGE.values(), ids=ANTHROPIC_ODD_USAGE.keys())
 async def test_an_anthropic_token_count_that_is_not_a_whole_number_is_a_bad_reply(
-    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, usage: dict[str, Any]
+    both: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer, usage: dict[str, Any]
 ) -> None:
     anthropic.script("claude", lambda body: Turn(raw=anthropic_message([{"type": "text", "text": "hi"}], usage)))
     runtime_id = await create(both, agent("a", model="claude", provider="anthropic"))
@@ -599,7 +603,7 @@ async def test_an_anthropic_token_count_that_is_not_a_whole_number_is_a_bad_repl
 
 
 async def test_whole_token_counts_written_as_decimals_are_read(
-    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
+    both: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
 ) -> None:
     usage = {"prompt_tokens": 100.0, "completion_tokens": 5, "total_tokens": 105.0}
     model.script("decimal", lambda body: Reply(raw=completion({"role": "assistant", "content": "hi"}, usage=usage)))
@@ -615,7 +619,7 @@ async def test_whole_token_counts_written_as_decimals_are_read(
 
 @pytest.mark.parametrize("usage", [{"input_tokens": None, "output_tokens": None}, {"service_tier": "standard"}, None])
 async def test_anthropic_usage_without_figures_is_estimated_not_zero(
-    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer, usage: Any
+    both: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer, usage: Any
 ) -> None:
     anthropic.script("claude", lambda body: Turn(raw=anthropic_message([{"type": "text", "text": "x" * 4000}], usage)))
     runtime_id = await create(both, agent("a", model="claude", provider="anthropic"))
@@ -633,7 +637,7 @@ async def test_anthropic_usage_without_figures_is_estimated_not_zero(
     ids=["nan ms", "nan s", "a year past any clock"],
 )
 async def test_a_retry_after_that_is_no_time_falls_back_to_the_backoff(
-    both: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, headers: dict[str, str]
+    both: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, headers: dict[str, str]
 ) -> None:
     model.script(
         "m", first_then(Reply(status=429, raw='{"error": {"message": "slow"}}', headers=headers), Reply(text="ok", tokens=3))
@@ -648,7 +652,7 @@ async def test_a_retry_after_that_is_no_time_falls_back_to_the_backoff(
 
 
 async def test_a_filtered_reply_with_tool_calls_leaves_the_transcript_sendable(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     filtered = {
         "role": "assistant",
@@ -754,7 +758,7 @@ class HugeNumber(Loopback):
 
 
 async def test_a_pending_request_with_a_number_past_a_double_is_an_error_result(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     tool = HugeNumber()
     await tool.start()
@@ -772,7 +776,7 @@ async def test_a_pending_request_with_a_number_past_a_double_is_an_error_result(
 
 
 async def test_anthropics_input_and_max_tokens_over_the_context_is_context_length_exceeded(
-    both: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    both: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     error = {
         "type": "error",

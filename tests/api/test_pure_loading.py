@@ -102,7 +102,7 @@ def _last_event(database: Path, runtime_id: str) -> int:
         return int(db.execute("SELECT max(last_event) FROM journal WHERE runtime_id = ?", (runtime_id,)).fetchone()[0])
 
 
-async def _watch(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, seen: list[pb.Event]) -> None:
+async def _watch(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, seen: list[pb.Event]) -> None:
     with_history = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=0))
     try:
         async for response in with_history:

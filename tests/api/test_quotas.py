@@ -93,7 +93,7 @@ class States:
     """List polled while a tree runs: the most handles seen RUNNING or QUEUED at once, and
     whether any was QUEUED."""
 
-    def __init__(self, stub: pb_grpc.AgentRuntimeStub, runtime_id: str) -> None:
+    def __init__(self, stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> None:
         self.stub, self.runtime_id = stub, runtime_id
         self.queued_seen = 0
         self.polls = 0
@@ -116,7 +116,7 @@ class States:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
-async def assert_all_done(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, size: int) -> None:
+async def assert_all_done(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, size: int) -> None:
     """Every handle settled DONE; each total is its own spend plus its children's totals."""
     listed = await views(stub, runtime_id)
     assert len(listed) == dag_handles(size)

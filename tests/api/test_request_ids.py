@@ -43,7 +43,7 @@ def reused(error: grpc.aio.AioRpcError) -> bool:
 
 
 async def test_each_mutating_call_sent_twice_takes_effect_once(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("worker", lambda body: Reply(text="done", tokens=7))
     model.script("asker", lambda body: Reply(calls=[("approve", {})], tokens=5) if len(body["messages"]) < 3 else Reply("ok"))
@@ -94,7 +94,7 @@ async def test_each_mutating_call_sent_twice_takes_effect_once(
     assert reused(await refused(stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="worker", request_id=wake.request_id))))
 
 
-async def test_create_and_delete_answer_again_for_their_tenant(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_create_and_delete_answer_again_for_their_tenant(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     make = pb.CreateRuntimeRequest(agents=[agent("solo")], request_id=rid())
     created = await stub.CreateRuntime(make)
     assert await stub.CreateRuntime(make) == created  # the id the server chose the first time
@@ -114,7 +114,7 @@ async def test_create_and_delete_answer_again_for_their_tenant(stub: pb_grpc.Age
     assert await stub.CreateRuntime(make) == created  # recorded per tenant: it outlives the runtime
 
 
-async def test_a_request_id_of_a_runtimes_own_call_is_not_a_delete_of_it(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_request_id_of_a_runtimes_own_call_is_not_a_delete_of_it(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     """The id of a Spawn on the runtime (recorded in its journal), or of the CreateRuntime that
     made it, sent again with DeleteRuntime of that runtime is another call: REQUEST_ID_REUSED,
     and the runtime stays whole."""
@@ -133,7 +133,7 @@ async def test_a_request_id_of_a_runtimes_own_call_is_not_a_delete_of_it(stub: p
     assert (await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes == []
 
 
-async def test_a_request_id_is_checked_at_the_edge(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_request_id_is_checked_at_the_edge(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, agent("worker"))
     for bad in ("x" * 65, "has space", "ünï", "a/b", "a.b"):
         error = await refused(stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="worker", request_id=bad)))
@@ -146,7 +146,7 @@ async def test_a_request_id_is_checked_at_the_edge(stub: pb_grpc.AgentRuntimeStu
     assert (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="worker", request_id=ok))).handle_id == "root/worker.1"
 
 
-async def test_a_refusal_records_nothing_and_the_same_id_may_act_later(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_refusal_records_nothing_and_the_same_id_may_act_later(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     """A call refused without an effect (here: the agent does not exist) keeps no answer: sent
     again once it can succeed, it acts (the caller never saw an answer that it acted on)."""
     runtime_id = await create(stub, agent("worker"))

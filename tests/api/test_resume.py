@@ -25,12 +25,12 @@ from tests.support.servers import serve
 from tests.support.tool_server import ToolServer
 
 
-async def wait(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
+async def wait(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, handle_id: str) -> pb.TaskResult:
     return (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))).result
 
 
 async def start_scenario_c(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> tuple[str, str, pb.TaskResult]:
     """A worker with counter (http) and approve (relay), run until it suspends on approve."""
     model.script("worker", stage_approve_commit)
@@ -41,7 +41,7 @@ async def start_scenario_c(
 
 
 async def test_c_resume_replays_the_checkpoint(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     runtime_id, handle_id, pending = await start_scenario_c(stub, model, tools)
 
@@ -78,7 +78,7 @@ async def test_c_resume_replays_the_checkpoint(
 
 
 async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_changes_nothing(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     """A Value can hold NaN and infinities, JSON cannot: such an output is the caller's mistake
     (INVALID_ARGUMENT naming the output), never INTERNAL, and the Request waits on."""
@@ -107,7 +107,7 @@ async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_cha
 
 
 async def test_c2_approval_runs_the_tool_once_after_yes(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     def commit_then_report(body: dict) -> Reply:  # type: ignore[type-arg]
         if tool_results(body) == 0:
@@ -135,7 +135,7 @@ async def test_c2_approval_runs_the_tool_once_after_yes(
 
 
 async def test_transcript_shows_what_will_be_replayed(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     runtime_id, handle_id, _ = await start_scenario_c(stub, model, tools)
     transcript = (await stub.GetTranscript(pb.GetTranscriptRequest(runtime_id=runtime_id, handle_id=handle_id))).messages

@@ -27,7 +27,7 @@ def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") 
     return script
 
 
-async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("coordinator", delegate_then_answer("explore", 100))  # type: ignore[arg-type]
     model.script("explore", lambda body: Reply(text="found it", tokens=400))
     runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
@@ -47,7 +47,7 @@ async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeStub
     assert listed["root/coordinator.1"].total_tokens == 600
 
 
-async def test_task_tool_advertises_only_the_team_sorted(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_task_tool_advertises_only_the_team_sorted(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("lead", lambda body: Reply(text="ok"))
     runtime_id = await create(stub, agent("lead", team=["zeta", "alpha"]), agent("zeta"), agent("alpha"), agent("outsider"))
     await run(stub, runtime_id, "lead", "go")
@@ -56,7 +56,7 @@ async def test_task_tool_advertises_only_the_team_sorted(stub: pb_grpc.AgentRunt
     assert "outsider" not in task["function"]["description"]
 
 
-async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     model.script("slow", lambda body: Reply(text="late", tokens=10, delay=5))
     runtime_id = await create(stub, agent("slow", budget=pb.Budget(max_wall_time=duration(0.3))))
     started = time.monotonic()
@@ -67,7 +67,7 @@ async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntim
     assert result.turns == 0
 
 
-async def test_b_max_children(stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer) -> None:
+async def test_b_max_children(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
     def lead(body: dict) -> Reply:  # type: ignore[type-arg]
         if tool_results(body) == 0:
             return Reply(calls=[("task", {"agent": "helper", "prompt": "a"}), ("task", {"agent": "helper", "prompt": "b"})])
@@ -91,7 +91,7 @@ async def test_b_max_children(stub: pb_grpc.AgentRuntimeStub, model: ScriptedMod
 
 
 async def test_provider_failure_is_an_error_result_without_the_key(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("broken", lambda body: Reply(status=401, raw='{"error": "bad key sk-test-secret-never-shown"}'))
     runtime_id = await create(stub, agent("broken"))
@@ -103,7 +103,7 @@ async def test_provider_failure_is_an_error_result_without_the_key(
 
 
 async def test_http_tool_sends_idempotency_key_and_reports_errors(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     def script(body: dict) -> Reply:  # type: ignore[type-arg]
         if tool_results(body) == 0:

@@ -87,7 +87,7 @@ async def health_check(channel: grpc.aio.Channel) -> int:
     return int(reply.status)
 
 
-async def settle_one(stub: pb_grpc.AgentRuntimeStub, token: str, runtime_id: str) -> str:
+async def settle_one(stub: pb_grpc.AgentRuntimeAsyncStub, token: str, runtime_id: str) -> str:
     """CreateRuntime, Spawn, Wake and Wait as `token`; the settled handle's id."""
     metadata = bearer(token)
     await stub.CreateRuntime(pb.CreateRuntimeRequest(runtime_id=runtime_id, agents=[agent("solo")]), metadata=metadata)
@@ -253,7 +253,7 @@ WORKER = ("acme", "review-acme-worker-token-9a4b", ["read", "write"], "acme-work
 REVOKED_EVERYWHERE = 2.2
 
 
-async def revoke(path: Path, stub: pb_grpc.AgentRuntimeStub, token: str, *kept: tuple[str, str, list[str], str]) -> None:
+async def revoke(path: Path, stub: pb_grpc.AgentRuntimeAsyncStub, token: str, *kept: tuple[str, str, list[str], str]) -> None:
     """Rewrites the file without `token`, and waits until a new call with it is refused."""
     write_tokens(path, *kept)
     await asyncio.sleep(REVOKED_EVERYWHERE)

@@ -25,7 +25,7 @@ def streamed(text: str = TEXT, chunk: int = 8, pause: float = 0.02, **fields: ob
     )
 
 
-async def test_a_scripted_reply_streams_in_pieces_that_join_to_the_transcript(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_scripted_reply_streams_in_pieces_that_join_to_the_transcript(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, agent("writer", script=streamed()))
     handle_id = await spawn(stub, runtime_id, "writer")
     watching = asyncio.ensure_future(watch(stub, runtime_id, handle_id))
@@ -49,7 +49,7 @@ async def test_a_scripted_reply_streams_in_pieces_that_join_to_the_transcript(st
     assert {d.after_seq for d in pieces} == {turn_started_seq}
 
 
-async def test_a_watcher_without_deltas_sees_todays_stream(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_watcher_without_deltas_sees_todays_stream(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     runtime_id = await create(stub, agent("writer", script=streamed()))
     handle_id = await spawn(stub, runtime_id, "writer")
     with_deltas = asyncio.ensure_future(watch(stub, runtime_id, handle_id))
@@ -66,7 +66,7 @@ async def test_a_watcher_without_deltas_sees_todays_stream(stub: pb_grpc.AgentRu
     assert [e.seq for e in plain] == list(range(1, len(plain) + 1))
 
 
-async def test_a_scripted_stream_out_of_range_is_refused_with_its_field(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_scripted_stream_out_of_range_is_refused_with_its_field(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     bad = pb.Script(
         replies=[
             pb.ScriptedReply(text="x", stream_chunk_chars=-1),

@@ -25,7 +25,7 @@ SLOW = Streamed(chunk=10, pause=0.05)
 
 
 @pytest.fixture
-async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     from tests.support.servers import serve
 
     providers = {"anthropic": {"style": "anthropic", "base_url": anthropic.base_url, "api_key": "sk-ant-test"}}
@@ -35,7 +35,7 @@ async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -
         yield served.stub
 
 
-async def streamed_run(stub: pb_grpc.AgentRuntimeStub, definition: pb.AgentDef) -> tuple[str, str, Watched]:
+async def streamed_run(stub: pb_grpc.AgentRuntimeAsyncStub, definition: pb.AgentDef) -> tuple[str, str, Watched]:
     """Spawns a handle, watches with deltas (subscribed first: its turns stream), wakes it, and
     reads until its result."""
     runtime_id = await create(stub, definition)
@@ -54,7 +54,7 @@ def kinds(deltas: list[pb.Delta]) -> list[str]:
 
 
 async def test_openai_text_reaches_the_watcher_before_the_provider_has_finished(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     streamed = Streamed(chunk=10, pause=0.1)
     model.script("writer", lambda body: Reply(text=TEXT, tokens=30, streamed=streamed))
@@ -86,7 +86,7 @@ async def test_openai_text_reaches_the_watcher_before_the_provider_has_finished(
 
 
 async def test_openai_tool_call_arguments_stream_and_the_call_runs_with_them_whole(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     arguments = {"question": "what streams?", "depth": 3}
 
@@ -109,7 +109,7 @@ async def test_openai_tool_call_arguments_stream_and_the_call_runs_with_them_who
 
 
 async def test_openai_refusal_and_truncation_end_a_streamed_reply_as_a_whole_one(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("refuser", lambda body: Reply(refusal="I cannot help with that.", finish="stop", streamed=SLOW))
     model.script("rambler", lambda body: Reply(text=TEXT, finish="length", streamed=SLOW))
@@ -125,7 +125,7 @@ async def test_openai_refusal_and_truncation_end_a_streamed_reply_as_a_whole_one
 
 
 async def test_openai_error_mid_stream_is_retried_after_a_reset(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     attempts: list[int] = []
 
@@ -149,7 +149,7 @@ async def test_openai_error_mid_stream_is_retried_after_a_reset(
 
 
 async def test_openai_connection_cut_mid_stream_is_retried_after_a_reset(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     attempts: list[int] = []
 
@@ -165,7 +165,7 @@ async def test_openai_connection_cut_mid_stream_is_retried_after_a_reset(
 
 
 async def test_openai_fatal_error_mid_stream_fails_the_run_and_a_garbled_stream_is_a_bad_reply(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     error = {"type": "invalid_request_error", "message": "that is not allowed"}
     model.script("fatal", lambda body: Reply(text=TEXT, streamed=SLOW, error=error, error_after=2))
@@ -189,7 +189,7 @@ def claude(name: str, **fields: Any) -> pb.AgentDef:
 
 
 async def test_anthropic_thinking_text_and_a_tool_call_stream_and_the_reply_is_kept_whole(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     usage = AnthropicUsage(input_tokens=120, cache_read_input_tokens=40, cache_creation_input_tokens=8, output_tokens=64)
 
@@ -233,7 +233,7 @@ async def test_anthropic_thinking_text_and_a_tool_call_stream_and_the_reply_is_k
 
 
 async def test_anthropic_overloaded_error_event_mid_stream_is_retried_after_a_reset(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     attempts: list[int] = []
 
@@ -252,7 +252,7 @@ async def test_anthropic_overloaded_error_event_mid_stream_is_retried_after_a_re
 
 
 async def test_anthropic_refusal_truncation_and_a_fatal_error_event(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     anthropic.script("claude-test", lambda body: Turn(text="No.", stop_reason="refusal", streamed=SLOW))
     _, refuser, refused = await streamed_run(stub, claude("refuser"))
@@ -269,7 +269,7 @@ async def test_anthropic_refusal_truncation_and_a_fatal_error_event(
 
 
 async def test_a_turn_is_not_streamed_when_nobody_watches_with_deltas(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("quiet", lambda body: Reply(text=TEXT))
     runtime_id = await create(stub, agent("quiet"))

@@ -37,7 +37,7 @@ def calls_then_answers(name: str, arguments: dict[str, Any]) -> Any:
 
 
 async def test_a_relay_call_the_schema_refuses_is_an_error_result_and_suspends_nothing(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("relayer", calls_then_answers("lookup", {"n": "not a number"}))
     runtime_id = await create(stub, agent("relayer", tools=[relay_tool("lookup")]))
@@ -50,7 +50,7 @@ async def test_a_relay_call_the_schema_refuses_is_an_error_result_and_suspends_n
 
 
 async def test_a_relay_call_the_schema_accepts_suspends_for_the_host(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("relayer", calls_then_answers("lookup", {"n": 7}))
     runtime_id = await create(stub, agent("relayer", tools=[relay_tool("lookup")]))
@@ -60,7 +60,7 @@ async def test_a_relay_call_the_schema_accepts_suspends_for_the_host(
 
 
 async def test_an_approval_gated_call_the_schema_refuses_asks_nobody(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, tools: ToolServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
     gated = http_tool("commit", tools.url("commit"), SCHEMA)
     gated.approval.CopyFrom(pb.ApprovalPolicy(required=True, prompt="Commit?"))

@@ -38,7 +38,7 @@ def output_of(result: pb.TaskResult) -> Any:
 
 
 @pytest.fixture
-async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     from tests.support.servers import serve
 
     providers = {"anthropic": {"style": "anthropic", "base_url": anthropic.base_url, "api_key": "sk-ant-test"}}
@@ -47,7 +47,7 @@ async def stub(model: ScriptedModelServer, anthropic: ScriptedAnthropicServer) -
 
 
 async def test_a_wrong_answer_goes_back_with_the_reason_and_the_second_wins(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     answers = iter(['{"label": "bug", "confidence": 1.5, "tags": []}', json.dumps(GOOD)])
     model.script("classifier", lambda body: Reply(text=next(answers), tokens=10))
@@ -64,7 +64,7 @@ async def test_a_wrong_answer_goes_back_with_the_reason_and_the_second_wins(
 
 
 async def test_a_schema_strict_mode_does_not_take_is_sent_with_strict_false(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     loose = {"type": "object", "properties": {"n": {"type": "integer"}}}  # open, n optional
     model.script("loose", lambda body: Reply(text='{"n": 3}'))
@@ -75,7 +75,7 @@ async def test_a_schema_strict_mode_does_not_take_is_sent_with_strict_false(
 
 
 async def test_anthropic_is_asked_through_output_config(
-    stub: pb_grpc.AgentRuntimeStub, anthropic: ScriptedAnthropicServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, anthropic: ScriptedAnthropicServer
 ) -> None:
     anthropic.script("claude-test", lambda body: Turn(text=json.dumps(GOOD)))
     runtime_id = await create(stub, typed("claude", model="claude-test", provider="anthropic"))
@@ -86,7 +86,7 @@ async def test_anthropic_is_asked_through_output_config(
     TypeAdapter(MessageCreateParamsNonStreaming).validate_python(body)
 
 
-async def test_the_scripted_model_answers_structured_replies(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_the_scripted_model_answers_structured_replies(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     script = pb.Script(replies=[pb.ScriptedReply(text=json.dumps(GOOD))])
     runtime_id = await create(stub, typed("offline", script=script))
     _, result = await run(stub, runtime_id, "offline", "classify")
@@ -106,7 +106,7 @@ async def test_the_scripted_model_answers_structured_replies(stub: pb_grpc.Agent
     ],
 )
 async def test_a_hostile_output_schema_is_refused_with_its_field(
-    stub: pb_grpc.AgentRuntimeStub, schema: dict[str, Any], says: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, schema: dict[str, Any], says: str
 ) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(stub, typed("bad", schema))
@@ -116,7 +116,7 @@ async def test_a_hostile_output_schema_is_refused_with_its_field(
 
 
 async def test_a_structured_tool_output_reaches_the_model_as_json(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     """A worker's (over ServeTools) and a host's (a relay tool's, in a Resume) `ToolOutput.structured`."""
 

@@ -39,7 +39,7 @@ def typed(name: str, *answers: str) -> pb.AgentDef:
     return definition
 
 
-async def settle(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent: str) -> tuple[str, pb.TaskResult]:
+async def settle(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, agent: str) -> tuple[str, pb.TaskResult]:
     spawned = await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent=agent))
     await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=spawned.handle_id, prompt="answer"))
     waited = await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=spawned.handle_id), timeout=30)
@@ -47,7 +47,7 @@ async def settle(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, agent: str) ->
 
 
 @pytest.fixture
-async def stub() -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+async def stub() -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     async with serve() as served:
         yield served.stub
 
@@ -65,7 +65,7 @@ async def stub() -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
     ],
 )
 async def test_an_answer_no_client_can_be_sent_is_a_slip_and_the_next_one_wins(
-    stub: pb_grpc.AgentRuntimeStub, answer: str, says: str
+    stub: pb_grpc.AgentRuntimeAsyncStub, answer: str, says: str
 ) -> None:
     runtime_id = await create(stub, typed("typed", answer, json.dumps(GOOD)))
     handle_id, result = await settle(stub, runtime_id, "typed")
@@ -81,7 +81,7 @@ async def test_an_answer_no_client_can_be_sent_is_a_slip_and_the_next_one_wins(
     assert json_format.MessageToDict(events[-1].result.output) == GOOD
 
 
-async def test_thirty_two_levels_are_carried_through_wait_and_watch(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_thirty_two_levels_are_carried_through_wait_and_watch(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     deepest = json.loads(nested(32))
     runtime_id = await create(stub, typed("typed", json.dumps(deepest)))
     handle_id, result = await settle(stub, runtime_id, "typed")

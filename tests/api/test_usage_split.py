@@ -95,7 +95,7 @@ def worker_script(body: dict[str, Any]) -> Turn:
 @asynccontextmanager
 async def serving(
     tmp_path: Path, model: ScriptedModelServer, anthropic: ScriptedAnthropicServer
-) -> AsyncIterator[pb_grpc.AgentRuntimeStub]:
+) -> AsyncIterator[pb_grpc.AgentRuntimeAsyncStub]:
     providers = {"anthropic": {"style": "anthropic", "base_url": anthropic.base_url, "api_key": "sk-ant-test"}}
     async with serve(
         llm_style="openai",
@@ -107,12 +107,12 @@ async def serving(
         yield served.stub
 
 
-async def both(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, lead_id: str) -> tuple[pb.HandleView, pb.HandleView]:
+async def both(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, lead_id: str) -> tuple[pb.HandleView, pb.HandleView]:
     listed = await views(stub, runtime_id)
     return listed[lead_id], listed[f"{lead_id}/worker.1"]
 
 
-async def suspend_the_worker(stub: pb_grpc.AgentRuntimeStub) -> tuple[str, str, pb.TaskResult]:
+async def suspend_the_worker(stub: pb_grpc.AgentRuntimeAsyncStub) -> tuple[str, str, pb.TaskResult]:
     """The lead delegates, the worker asks for approval: the split so far, exact."""
     runtime_id = await create(
         stub,
@@ -133,7 +133,7 @@ async def suspend_the_worker(stub: pb_grpc.AgentRuntimeStub) -> tuple[str, str, 
     return runtime_id, lead_id, suspended
 
 
-async def settled(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, lead_id: str) -> tuple[pb.TaskResult, pb.TaskResult]:
+async def settled(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, lead_id: str) -> tuple[pb.TaskResult, pb.TaskResult]:
     """Both results once the tree is done: every reply counted once, where it belongs."""
     finished = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=lead_id), timeout=60)).result
     done = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=f"{lead_id}/worker.1"), timeout=60)).result

@@ -31,7 +31,7 @@ def worker_script(body: dict) -> Reply:  # type: ignore[type-arg]
     return Reply(text="worked", tokens=10, delay=0.05)
 
 
-async def _read(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, after: int, until: int | None = None) -> list[pb.Event]:
+async def _read(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str, after: int, until: int | None = None) -> list[pb.Event]:
     """Events after `after`; stops after `until` of them, or at the root's settled result."""
     events = []
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=after))
@@ -48,7 +48,7 @@ async def _read(stub: pb_grpc.AgentRuntimeStub, runtime_id: str, after: int, unt
 
 
 async def test_reconnecting_watcher_misses_nothing_and_sees_nothing_twice(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("lead", team_script)
     model.script("worker", worker_script)
@@ -79,7 +79,7 @@ async def test_reconnecting_watcher_misses_nothing_and_sees_nothing_twice(
     assert [e.SerializeToString() for e in replay] == [e.SerializeToString() for e in first + rest]
 
 
-async def test_watch_refuses_bad_input(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_watch_refuses_bad_input(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         async for _ in stub.Watch(pb.WatchRequest(runtime_id="nope")):
             pass

@@ -80,7 +80,7 @@ async def client(served: Served) -> AsyncIterator[Client]:
 
 
 async def test_an_agent_calls_two_worker_tools_in_one_turn_and_the_figures_are_exact(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("planner", calls_then_answer(("weather", {"city": "Oslo"}), ("clock", {"zone": "CET"})))
     seen: list[pb.WorkerCall] = []
@@ -110,7 +110,7 @@ async def test_an_agent_calls_two_worker_tools_in_one_turn_and_the_figures_are_e
 
 
 async def test_a_handler_that_raises_answers_an_error_result(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("planner", calls_then_answer(("weather", {})))
 
@@ -126,7 +126,7 @@ async def test_a_handler_that_raises_answers_an_error_result(
 
 
 async def test_with_no_worker_connected_the_call_fails_after_its_timeout(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     model.script("planner", calls_then_answer(("weather", {})))
     runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather", queue="nobody", timeout=0.3)]))
@@ -137,7 +137,7 @@ async def test_with_no_worker_connected_the_call_fails_after_its_timeout(
 
 
 async def test_a_call_waits_for_a_worker_that_connects_within_its_timeout(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("planner", calls_then_answer(("weather", {})))
     runtime_id = await create(stub, agent("planner", tools=[worker_tool("weather", timeout=10)]))
@@ -150,7 +150,7 @@ async def test_a_call_waits_for_a_worker_that_connects_within_its_timeout(
 
 
 async def test_200_calls_spread_over_3_workers_never_past_their_limit(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("fan", calls_then_answer(*[("work", {"n": n}) for n in range(10)]))
     runtime_id = await create(stub, agent("fan", tools=[worker_tool("work")]))
@@ -181,7 +181,7 @@ async def test_200_calls_spread_over_3_workers_never_past_their_limit(
 
 
 async def test_a_worker_that_goes_away_with_a_call_leaves_it_to_another_with_the_same_key(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
     runtime_id = await create(stub, agent("payer", tools=[worker_tool("charge")]))
@@ -216,7 +216,7 @@ def one_call_then_echo(body: dict[str, Any]) -> Reply:
 
 
 async def test_a_worker_that_misses_the_deadline_keeps_the_call_in_hand_and_never_gets_it_again(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("a", one_call_then_echo)
     running = {"now": 0, "peak": 0, "calls": 0}
@@ -244,7 +244,7 @@ async def test_a_worker_that_misses_the_deadline_keeps_the_call_in_hand_and_neve
 
 
 async def test_a_call_a_worker_kept_past_its_deadline_goes_to_another_worker_and_counts_against_the_first(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("a", one_call_then_echo)
     invoked: list[str] = []
@@ -274,7 +274,7 @@ async def test_a_call_a_worker_kept_past_its_deadline_goes_to_another_worker_and
 
 
 async def test_with_ask_a_lost_call_suspends_in_doubt_and_the_host_decides(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client
 ) -> None:
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
     charge = worker_tool("charge", on_interrupted=pb.ON_INTERRUPTED_ASK)
@@ -329,7 +329,7 @@ async def test_a_bad_registration_is_refused_with_its_violations(served: Served)
 
 
 async def test_a_structured_output_holding_nan_is_an_error_result_and_the_stream_serves_on(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer
 ) -> None:
     """NaN and infinities fit in a Value and not in JSON: the call that got one has an error
     result saying so (the model reads it), and the worker's stream goes on with its next call."""
@@ -368,7 +368,7 @@ async def test_a_structured_output_holding_nan_is_an_error_result_and_the_stream
     assert "NaN or an infinity" in tool_messages[0].content and tool_messages[1].content == "found"
 
 
-async def test_a_worker_tool_definition_is_checked_at_create(stub: pb_grpc.AgentRuntimeStub) -> None:
+async def test_a_worker_tool_definition_is_checked_at_create(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
     tools = [worker_tool("a", queue=""), worker_tool("b", timeout=0), worker_tool("c", queue="x" * 65)]
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await create(stub, agent("planner", tools=tools))
@@ -399,7 +399,7 @@ asyncio.run(main())
 
 
 async def test_a_worker_process_killed_mid_call_leaves_the_call_to_the_next_worker(
-    stub: pb_grpc.AgentRuntimeStub, model: ScriptedModelServer, client: Client, served: Served, tmp_path: Path
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, client: Client, served: Served, tmp_path: Path
 ) -> None:
     model.script("payer", calls_then_answer(("charge", {"cents": 500})))
     runtime_id = await create(stub, agent("payer", tools=[worker_tool("charge")]))
