@@ -314,7 +314,7 @@ async def test_handles_recovered_together_all_see_the_token_quota_spent_before_t
     ledger as empty meanwhile and buy a turn past a quota used up before the restart."""
     model.script("slow", lambda body: Reply(text="late", tokens=60, delay=30.0 if model.calls["slow"] <= 2 else 0.0))
     model.script("spender", lambda body: Reply(text="spent", tokens=300))
-    base = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": KEY, "store": database}
+    base: dict[str, Any] = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": KEY, "store": database}
     # Room for the reservations of the three turns at once (their inputs' estimates), which the
     # spender's reply then uses up.
     async with serve(**base, quota_tokens_per_day=300) as first:

@@ -91,7 +91,11 @@ async def test_a_tenants_cost_per_day_stops_its_runs_and_survives_a_restart(tmp_
     last 24 hours (kept per minute in the store, beside its tokens) must be under it."""
     prices = tmp_path / "prices.json"
     write_prices(prices)
-    settings = {"store": f"sqlite:///{tmp_path / 'store.db'}", "prices": str(prices), "quota_cost_per_day": FIRST + 1}
+    settings: dict[str, Any] = {
+        "store": f"sqlite:///{tmp_path / 'store.db'}",
+        "prices": str(prices),
+        "quota_cost_per_day": FIRST + 1,
+    }
     async with serve(**settings) as served:
         runtime_id = await create(served.stub, spender())
         _, first = await run(served.stub, runtime_id, "spender", "one")

@@ -41,11 +41,11 @@ HELD = 0.1
 WAITED = 1.0
 CHECK_SECONDS = 1.0
 
-UNIQUE = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
+UNIQUE: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
 RED_TEAM_ITEMS: list[Any] = [{}, *range(4000)]  # items that do not sort: jsonschema compares them pairwise
-NUMBERS = {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": list(range(9000))}}}}
+NUMBERS: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": list(range(9000))}}}}
 # Two ways back into itself at every level: a validator explores 2^depth paths to refuse a leaf.
-TWO_WAYS = {
+TWO_WAYS: dict[str, Any] = {
     "type": "object",
     "properties": {"t": {"$ref": "#/$defs/n"}},
     "$defs": {

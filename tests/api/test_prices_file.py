@@ -32,7 +32,8 @@ def write(path: Path, text: str) -> None:
     os.replace(spare, path)
 
 
-def document(*entries: dict[str, Any], currency: str = "USD") -> str:
+def document(*entries: object, currency: str = "USD") -> str:
+    """A prices file of these entries (an entry that is not an object, too: the file is checked)."""
     return json.dumps({"currency": currency, "prices": list(entries)}, indent=2)
 
 

@@ -160,7 +160,7 @@ def assert_alternates(body: dict[str, Any]) -> None:
 
 
 def test_the_request_validators_refuse_what_the_sdk_types_do_not_declare() -> None:
-    openai_ok = {
+    openai_ok: dict[str, Any] = {
         "model": "m",
         "messages": [
             {"role": "system", "content": "be brief"},
@@ -176,7 +176,7 @@ def test_the_request_validators_refuse_what_the_sdk_types_do_not_declare() -> No
         "max_completion_tokens": 64,
         "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": PING_SCHEMA}}],
     }
-    anthropic_ok = {
+    anthropic_ok: dict[str, Any] = {
         "model": "m",
         "max_tokens": 64,
         "system": "be brief",
@@ -418,7 +418,7 @@ async def test_provider_failures_have_names(
     provider: str,
     status: int,
     body: dict[str, Any] | Model,
-    reason: int,
+    reason: pb.FailureReason.ValueType,
     retryable: bool,
     detail: str,
     attempts: int,

@@ -10,6 +10,7 @@ import base64
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -53,7 +54,7 @@ async def tls_model(tmp_path: Path, clean_proxies: pytest.MonkeyPatch) -> AsyncI
 async def test_model_calls_go_through_the_proxys_tunnel_and_no_proxy_skips_it(
     tls_model: ScriptedModelServer, clean_proxies: pytest.MonkeyPatch
 ) -> None:
-    settings = {"llm_style": "openai", "llm_base_url": tls_model.base_url, "llm_api_key": KEY}
+    settings: dict[str, Any] = {"llm_style": "openai", "llm_base_url": tls_model.base_url, "llm_api_key": KEY}
     async with connect_proxy() as proxy:
         clean_proxies.setenv("HTTPS_PROXY", f"http://agent:p%40ss@127.0.0.1:{proxy.port}")
         async with serve(**settings) as served:
@@ -79,7 +80,7 @@ async def test_a_proxy_that_refuses_the_tunnel_fails_the_call_as_unreachable(
     async with connect_proxy() as proxy:
         proxy.refuse = True
         clean_proxies.setenv("HTTPS_PROXY", proxy.url)
-        settings = {"llm_style": "openai", "llm_base_url": tls_model.base_url, "llm_api_key": KEY}
+        settings: dict[str, Any] = {"llm_style": "openai", "llm_base_url": tls_model.base_url, "llm_api_key": KEY}
         async with serve(**settings) as served:
             runtime_id = await create(served.stub, agent("m"))
             _, result = await run(served.stub, runtime_id, "m", "go")

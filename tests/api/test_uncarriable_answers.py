@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -129,7 +130,12 @@ async def test_a_one_mib_answer_is_judged_and_sent_without_holding_the_loop(mode
     model.script("typed", lambda body: Reply(text=json.dumps(large), tokens=10))
     definition = pb.AgentDef(name="typed", description="answers in JSON", model="typed")
     definition.output_schema.update(ANYTHING)
-    settings = {"llm_style": "openai", "llm_base_url": model.base_url, "llm_api_key": "sk-test", "max_model_reply_bytes": 2 << 20}
+    settings: dict[str, Any] = {
+        "llm_style": "openai",
+        "llm_base_url": model.base_url,
+        "llm_api_key": "sk-test",
+        "max_model_reply_bytes": 2 << 20,
+    }
     async with serve(**settings) as served:
         runtime_id = await create(served.stub, definition)
         async with loop_held() as held:
