@@ -25,8 +25,8 @@ def probe_script(body: dict[str, Any]) -> Reply:
     return Reply(text="finished", tokens=10)
 
 
-def asking(**fields: int) -> pb.Budget:
-    return pb.Budget(on_exhausted=pb.ON_EXHAUSTED_ASK, **fields)
+def asking(max_turns: int) -> pb.Budget:
+    return pb.Budget(on_exhausted=pb.ON_EXHAUSTED_ASK, max_turns=max_turns)
 
 
 async def test_a_turn_budget_that_asks_is_extended_declined_or_refused(

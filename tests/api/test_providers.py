@@ -28,10 +28,10 @@ from agentruntime_server.domain.vocabulary import AgentSpec, Message
 from agentruntime_server.providers.base import retry_after
 from agentruntime_server.providers.router import ProviderRouter
 from agentruntime_server.providers.scripted import ScriptedProvider
-from agentruntime_server.settings import Settings
+from agentruntime_server.settings import ProviderSettings, Settings
 from aiohttp import web
 from multidict import CIMultiDict
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from tests.support.anthropic_server import ScriptedAnthropicServer, Turn
 from tests.support.anthropic_server import tool_results as anthropic_results
@@ -105,7 +105,7 @@ async def test_anthropic_end_to_end(
 ) -> None:
     def lead(body: dict[str, Any]) -> Turn:
         if not anthropic_results(body):
-            calls = [("ping", {"n": 1}), ("task", {"agent": "worker", "prompt": "dig"})]
+            calls: list[tuple[str, dict[str, Any]]] = [("ping", {"n": 1}), ("task", {"agent": "worker", "prompt": "dig"})]
             return Turn(text="Let me check.", calls=calls, input_tokens=100, output_tokens=20)
         return Turn(text="all done", input_tokens=150, output_tokens=30)
 
@@ -266,14 +266,14 @@ def test_named_providers_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert "'nowhere' is not a provider" in str(refused.value) and ANTHROPIC_KEY not in str(refused.value)
     monkeypatch.delenv("AGENTRUNTIME_DEFAULT_PROVIDER")
     with pytest.raises(ValidationError, match="LLM_\\* already define"):
-        Settings(providers={"openai": {"api_key": ANTHROPIC_KEY}})
+        Settings(providers={"openai": ProviderSettings(api_key=SecretStr(ANTHROPIC_KEY))})
 
 
 def test_a_key_with_a_line_break_is_refused_at_start_without_being_shown() -> None:
     """A key goes in a header, which cannot carry a line break (a key file's last newline)."""
     for settings in ({"llm_api_key": f"{OPENAI_KEY}\n"}, {"providers": {"other": {"api_key": f"{ANTHROPIC_KEY}\r\n"}}}):
         with pytest.raises(ValidationError) as refused:
-            Settings(metrics_listen="off", **settings)  # type: ignore[arg-type]
+            Settings(metrics_listen="off", **settings)
         assert "the key holds a line break or a NUL" in str(refused.value)
         assert OPENAI_KEY not in str(refused.value) and ANTHROPIC_KEY not in str(refused.value)
 

@@ -19,10 +19,8 @@ DELEGATE = '{"agent": "worker", "prompt": "go"}'
 TEXT = "Streaming lets a person read an answer while the model is still writing it."
 
 
-def streamed(text: str = TEXT, chunk: int = 8, pause: float = 0.02, **fields: object) -> pb.Script:
-    return pb.Script(
-        replies=[pb.ScriptedReply(text=text, tokens=19, stream_chunk_chars=chunk, stream_pause=duration(pause), **fields)]
-    )
+def streamed(text: str = TEXT, chunk: int = 8, pause: float = 0.02) -> pb.Script:
+    return pb.Script(replies=[pb.ScriptedReply(text=text, tokens=19, stream_chunk_chars=chunk, stream_pause=duration(pause))])
 
 
 async def test_a_scripted_reply_streams_in_pieces_that_join_to_the_transcript(stub: pb_grpc.AgentRuntimeAsyncStub) -> None:
