@@ -73,6 +73,7 @@ async def turn_ends(stub: pb_grpc.AgentRuntimeAsyncStub, runtime_id: str) -> lis
             quiet = 1.0
             if response is grpc.aio.EOF:
                 break
+            assert isinstance(response, pb.WatchResponse)
             if response.event.WhichOneof("payload") == "turn_ended":
                 events.append(response.event)
     except TimeoutError:

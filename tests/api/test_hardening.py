@@ -824,7 +824,7 @@ async def test_deleting_a_runtime_ends_its_watch_with_not_found(stub: pb_grpc.Ag
     await spawn(stub, runtime_id, "a")
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id), timeout=10)
     first = await call.read()
-    assert first.event.HasField("spawned"), first
+    assert isinstance(first, pb.WatchResponse) and first.event.HasField("spawned"), first
     await stub.DeleteRuntime(pb.DeleteRuntimeRequest(runtime_id=runtime_id))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         while True:
@@ -842,7 +842,8 @@ async def test_a_watch_from_past_the_last_event_is_refused_not_left_waiting(stub
         await call.read()
     assert_invalid(caught.value, "after_seq", "is past the runtime's last event (1)")
     call = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, after_seq=0), timeout=10)
-    assert (await call.read()).event.seq == 1
+    first = await call.read()
+    assert isinstance(first, pb.WatchResponse) and first.event.seq == 1
     call.cancel()
 
 

@@ -373,7 +373,8 @@ async def test_the_watch_streams_quota_refuses_the_next_watch_and_a_closed_strea
 
         async def opened(caller: Caller, runtime_id: str = "rt") -> grpc.aio.UnaryStreamCall[Any, Any]:
             call = served.stub.Watch(pb.WatchRequest(runtime_id=runtime_id), metadata=bearer(caller.token), timeout=30)
-            assert (await call.read()).event.seq == 1  # following the runtime
+            first = await call.read()
+            assert isinstance(first, pb.WatchResponse) and first.event.seq == 1  # following the runtime
             return call
 
         streams = [await opened(acme), await opened(reader), await opened(acme, "other")]  # one runtime or several
@@ -422,7 +423,8 @@ async def test_the_worker_streams_quota_refuses_the_next_registration_and_a_clos
                 await asyncio.sleep(60)
 
             call = served.stub.ServeTools(requests(), metadata=bearer(caller.token), timeout=30)
-            assert (await call.read()).HasField("registered")
+            first = await call.read()
+            assert isinstance(first, pb.ServeToolsResponse) and first.HasField("registered")
             return call
 
         workers = [await registered(acme), await registered(acme, "other")]

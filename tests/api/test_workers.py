@@ -351,13 +351,16 @@ async def test_a_structured_output_holding_nan_is_an_error_result_and_the_stream
 
     serving = stub.ServeTools(requests())
     try:
-        assert (await serving.read()).HasField("registered")
+        registered = await serving.read()
+        assert isinstance(registered, pb.ServeToolsResponse) and registered.HasField("registered")
         running = asyncio.ensure_future(run(stub, runtime_id, "asker", "look"))
         first = await serving.read()
+        assert isinstance(first, pb.ServeToolsResponse)
         infinite = json_format.ParseDict({"hits": [1]}, pb.ToolOutput().structured)
         infinite.struct_value.fields["score"].number_value = float("inf")
         await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=first.call.id, structured=infinite)))
         second = await serving.read()  # the same stream, still serving
+        assert isinstance(second, pb.ServeToolsResponse)
         await outputs.put(pb.ServeToolsRequest(output=pb.ToolOutput(call_id=second.call.id, output="found")))
         handle_id, result = await running
     finally:
