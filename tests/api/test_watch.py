@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -11,6 +12,7 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.domain.errors import NotFound, ResourceExhausted, Unavailable
 from agentruntime_server.domain.journal import Journal, Tree, TurnStarted, events_of
+from agentruntime_server.domain.watching.deltas import Delta
 from agentruntime_server.domain.watching.event_log import HISTORY_PAGE, Event, EventLog
 from agentruntime_server.store.memory import MemoryStore
 
@@ -103,7 +105,7 @@ async def test_a_slow_watcher_is_dropped_not_waited_for() -> None:
     journal = Journal(Tree("rt", ()), store, log)
     watcher = log.follow(0)
     await journal.record(TurnStarted("root/a.1", 1))
-    assert (await anext(watcher)).seq == 1
+    assert (await next_event(watcher)).seq == 1
     for turn in range(2, 10):  # the runtime never waits for the watcher
         await journal.record(TurnStarted("root/a.1", turn))
     assert not log.watched
@@ -136,7 +138,7 @@ async def test_a_watcher_reads_its_history_a_page_at_a_time_and_one_that_reads_n
     for turn in range(1, 1001):
         await journal.record(TurnStarted("root/a.1", turn))
     idle = log.follow(0)
-    assert (await anext(idle)).seq == 1  # ...and it reads no more
+    assert (await next_event(idle)).seq == 1  # ...and it reads no more
     assert history.reads == [(0, HISTORY_PAGE)]
     seqs = [event.seq async for event in _take(log.follow(0), 1000)]  # one that reads
     assert seqs == list(range(1, 1001))
@@ -157,7 +159,7 @@ async def test_the_page_a_watcher_holds_counts_toward_how_far_behind_it_may_fall
     for turn in range(1, 21):
         await journal.record(TurnStarted("root/a.1", turn))
     watcher = log.follow(0)
-    assert (await anext(watcher)).seq == 1  # one of its page of 2 is still to send
+    assert (await next_event(watcher)).seq == 1  # one of its page of 2 is still to send
     for turn in range(21, 28):  # 7 live events: 1 held + 7 queued = 8
         await journal.record(TurnStarted("root/a.1", turn))
     assert log.watched
@@ -187,7 +189,7 @@ async def test_a_watcher_reading_its_history_is_told_at_once_when_the_log_closes
     for turn in range(1, 6):
         await journal.record(TurnStarted("root/a.1", turn))
     watcher = log.follow(0)
-    assert (await anext(watcher)).seq == 1
+    assert (await next_event(watcher)).seq == 1
     log.close(deleted=deleted)
     with pytest.raises(NotFound if deleted else Unavailable, match="after seq 1" if deleted else "after_seq=1"):
         await anext(watcher)
@@ -196,8 +198,16 @@ async def test_a_watcher_reading_its_history_is_told_at_once_when_the_log_closes
         await asyncio.wait_for(anext(log.follow(5)), 5)  # (not a hang, if it fails)
 
 
-async def _take(events, count: int):  # type: ignore[no-untyped-def]
+async def next_event(watcher: AsyncIterator[Event | Delta]) -> Event:
+    """The next item of a watcher that follows without deltas: an event."""
+    item = await anext(watcher)
+    assert isinstance(item, Event), item
+    return item
+
+
+async def _take(events: AsyncIterator[Event | Delta], count: int) -> AsyncIterator[Event]:
     async for event in events:
+        assert isinstance(event, Event), event  # followed without deltas
         yield event
         count -= 1
         if count == 0:
@@ -211,7 +221,7 @@ async def test_shutdown_ends_watch_streams_at_once(model: ScriptedModelServer) -
         await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, parent_id="root", agent="a"))
         stream = stub.Watch(pb.WatchRequest(runtime_id=runtime_id))
         first = await stream.read()
-        assert first.event.seq == 1
+        assert isinstance(first, pb.WatchResponse) and first.event.seq == 1
         started = time.monotonic()
         stopping = asyncio.ensure_future(served.stop(grace=10))
         with pytest.raises(grpc.aio.AioRpcError) as ended:

@@ -12,7 +12,7 @@ first from index 0."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import DomainError, NotFound, ResourceExhausted, Unavailable
@@ -143,7 +143,7 @@ class EventLog:
                 queue.get_nowait()
             queue.put_nowait(None)
 
-    async def follow(self, after_seq: int, deltas: bool = False) -> AsyncIterator[Event | Delta]:
+    async def follow(self, after_seq: int, deltas: bool = False) -> AsyncGenerator[Event | Delta, None]:
         """History after `after_seq` from the store, then live events, in order, once each.
         With `deltas`, also the pieces of model replies: those of every turn in progress from
         index 0 (in their place among the history's events), then live ones."""
