@@ -19,13 +19,13 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from agentruntime.client import Client
+from agentruntime.client import Client, ToolHandler
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 from agentruntime_server.api import jwt_auth
@@ -60,7 +60,7 @@ def calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def serving(client: Client, queue: str, handlers: dict[str, Any], limit: int = 10) -> AsyncIterator[list[str]]:
+async def serving(client: Client, queue: str, handlers: Mapping[str, ToolHandler], limit: int = 10) -> AsyncIterator[list[str]]:
     """A worker of this process serving `queue` while the block runs; yields its ids."""
     ids: list[str] = []
     task = asyncio.ensure_future(client.serve_tools(queue, handlers, max_concurrent_calls=limit, registered=ids.append))
@@ -426,7 +426,12 @@ async def test_a_worker_process_killed_mid_call_leaves_the_call_to_the_next_work
             process.kill()
             await process.wait()
     second: list[str] = []
-    async with serving(client, "tools", {"charge": lambda arguments, call: second.append(call.call.idempotency_key) or "ok"}):
+
+    def charge(arguments: dict[str, Any], call: pb.WorkerCall) -> str:
+        second.append(call.call.idempotency_key)
+        return "ok"
+
+    async with serving(client, "tools", {"charge": charge}):
         result = await wait(stub, runtime_id, handle_id)
     [first] = [json.loads(line)["key"] for line in log.read_text().splitlines()]
     assert result.status == pb.STATUS_DONE and second == [first] == [f"{runtime_id}/{handle_id}/call_1_1"]
@@ -513,7 +518,7 @@ class HeldModel(ScriptedModelServer):
         self.arrived = 0
         self.go = asyncio.Event()
 
-    async def _complete(self, request: web.Request) -> web.Response:
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.arrived += 1
         await self.go.wait()
         return await super()._complete(request)
