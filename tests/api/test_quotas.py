@@ -80,12 +80,12 @@ def in_flight(model: ScriptedModelServer, name: str) -> int:
 
 
 def dag_handles(size: int) -> int:
-    return 2 ** (size - 1)
+    return 1 << (size - 1)
 
 
 def dag_tokens(size: int) -> int:
     """10 tokens a model call: two for each agent that delegates, one for the last agent's."""
-    delegating = leaves = 2 ** (size - 2)
+    delegating = leaves = 1 << (size - 2)
     return 20 * delegating + 10 * leaves
 
 

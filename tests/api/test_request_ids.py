@@ -64,7 +64,7 @@ async def test_each_mutating_call_sent_twice_takes_effect_once(
 
     wake = pb.WakeRequest(runtime_id=runtime_id, handle_id="root/worker.1", prompt="go", request_id=rid())
     answers = await asyncio.gather(stub.Wake(wake), stub.Wake(wake), stub.Wake(wake))  # at once, too
-    assert answers == [pb.WakeResponse(queued=True)] * 3
+    assert list(answers) == [pb.WakeResponse(queued=True)] * 3
     result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id="root/worker.1"))).result
     assert (result.status, result.turns, result.own_tokens) == (pb.STATUS_DONE, 1, 7)
     assert model.calls["worker"] == 1

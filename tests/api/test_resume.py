@@ -8,7 +8,7 @@ test_delegation.py, test_compaction.py, test_restore.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import grpc
 import pytest
@@ -181,9 +181,7 @@ async def test_a_retried_resume_after_a_restart_returns_what_the_first_returned(
         "store": f"sqlite:///{tmp_path / 'store.db'}",
     }
     async with serve(**settings) as served:
-        runtime_id, handle_id, answer, first = await _answered_under_a_running_parent(
-            cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
-        )
+        runtime_id, handle_id, answer, first = await _answered_under_a_running_parent(served.stub)
         live = (await served.running.service.runtime(runtime_id)).tree.resumed_top
         stored = await served.running.store.load(runtime_id)
         assert stored is not None
@@ -191,7 +189,7 @@ async def test_a_retried_resume_after_a_restart_returns_what_the_first_returned(
         replay(rebuilt, stored.entries)
         assert rebuilt.resumed_top == live == {answer.id: first.handle_id}
     async with serve(**settings) as served:  # the coordinator goes on from its journal
-        stub = cast("pb_grpc.AgentRuntimeAsyncStub", served.stub)
+        stub = served.stub
         again = await resume(stub, runtime_id, answer, timeout=5)
         assert (again.handle_id, again.status, again.text) == (first.handle_id, first.status, first.text)
         await stub.Interrupt(pb.InterruptRequest(runtime_id=runtime_id, handle_id=handle_id))

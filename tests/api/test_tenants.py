@@ -208,7 +208,9 @@ async def test_another_tenants_runtime_answers_every_rpc_as_a_missing_one_and_ch
         assert {key: value.handle_count for key, value in (await globex.runtimes()).items()} == {"demo": 1}
         assert (await globex("List", pb.ListRequest(runtime_id="demo"))).handles[0].agent == "solo"
         mine = await acme("Inspect", pb.InspectRequest(runtime_id="demo", handle_id=done_id))
-        assert mine.handle == before[1].handle  # untouched by globex's run on its own "demo"
+        inspected_before = before[1]  # what_a_sees: the List, then each handle's Inspect first
+        assert isinstance(inspected_before, pb.InspectResponse)
+        assert mine.handle == inspected_before.handle  # untouched by globex's run on its own "demo"
 
 
 # ---- the same runtime id in two tenants ----

@@ -62,7 +62,7 @@ W2: Split = (7, 300, 40, 11, 0)
 
 
 def plus(*splits: Split) -> Split:
-    return tuple(sum(figures) for figures in zip(*splits, strict=True))  # type: ignore[return-value]
+    return tuple(sum(figures) for figures in zip(*splits, strict=True))
 
 
 def split(usage: pb.Usage) -> Split:
