@@ -409,11 +409,15 @@ OUT_OF_RANGE = {
         "agents[0].script.replies[0].delay",
     ),
     "guardrail action 999": (
-        agent("a", tools=[_http(duration_pb2.Duration(seconds=1))], guardrails=[pb.Guardrail(tool="lookup", action=999)]),  # type: ignore[arg-type]
+        agent(
+            "a",
+            tools=[_http(duration_pb2.Duration(seconds=1))],
+            guardrails=[pb.Guardrail(tool="lookup", action=pb.GuardrailAction.ValueType(999))],
+        ),
         "agents[0].guardrails[0].action",
     ),
     "on_interrupted 3": (
-        agent("a", tools=[pb.ToolDef(name="lookup", relay=pb.RelayTool(), on_interrupted=3)]),  # type: ignore[arg-type]
+        agent("a", tools=[pb.ToolDef(name="lookup", relay=pb.RelayTool(), on_interrupted=pb.OnInterrupted.ValueType(3))]),
         "agents[0].tools[0].on_interrupted",
     ),
 }

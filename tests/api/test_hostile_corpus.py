@@ -801,7 +801,7 @@ def _guardrail(tool: str, action: int) -> Mutation:
 
 def _on_interrupted(value: int) -> Mutation:
     def apply(request: pb.CreateRuntimeRequest) -> None:
-        _lookup(request).on_interrupted = value  # type: ignore[assignment]
+        _lookup(request).on_interrupted = pb.OnInterrupted.ValueType(value)
 
     return Mutation(f"on_interrupted = {value}", apply)
 

@@ -335,7 +335,7 @@ async def test_an_external_post_reaches_the_model_as_quoted_data(stub: Stub, mod
     assert (user.trust, user.content) == (pb.TRUST_EXTERNAL, content)
 
     with pytest.raises(grpc.aio.AioRpcError) as bad:
-        await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="x", trust=9))  # type: ignore[arg-type]
+        await stub.Post(pb.PostRequest(runtime_id=runtime_id, handle_id=handle_id, text="x", trust=pb.Trust.ValueType(9)))
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_request_fields(bad.value) == ["trust"]
 

@@ -505,5 +505,6 @@ async def test_with_auth_on_the_default_quotas_hold_and_the_tokens_file_override
         )
         # Running handles: the default's gate for globex, none for acme (its 0 lifts the quota).
         service = served.running.service
-        assert service.tenancy.running_gate("globex") is not None and service.tenancy.running_gate("globex").capacity == 64  # type: ignore[union-attr]
+        gate = service.tenancy.running_gate("globex")
+        assert gate is not None and gate.capacity == 64
         assert service.tenancy.running_gate("acme") is None

@@ -109,7 +109,7 @@ async def test_a_structured_output_holding_nan_or_an_infinity_is_refused_and_cha
 async def test_c2_approval_runs_the_tool_once_after_yes(
     stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
-    def commit_then_report(body: dict) -> Reply:  # type: ignore[type-arg]
+    def commit_then_report(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("commit", {})], tokens=50)
         return Reply(text="result: " + last_tool_output(body), tokens=50)

@@ -7,6 +7,7 @@ tier's: tests/domain/test_budget_limits.py, test_completion_gate.py, test_turn_o
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -14,12 +15,12 @@ from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, duration, http_tool, run, status_details, views
-from tests.support.model_server import Reply, ScriptedModelServer, tool_results
+from tests.support.model_server import Reply, Script, ScriptedModelServer, tool_results
 from tests.support.tool_server import ToolServer
 
 
-def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") -> Reply | object:
-    def script(body: dict) -> Reply:  # type: ignore[type-arg]
+def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") -> Script:
+    def script(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("task", {"agent": worker, "prompt": "look around"})], tokens=tokens)
         return Reply(text=answer, tokens=tokens)
@@ -28,7 +29,7 @@ def delegate_then_answer(worker: str, tokens: int, answer: str = "coordinated") 
 
 
 async def test_a_tree_total_counts_every_delegate(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
-    model.script("coordinator", delegate_then_answer("explore", 100))  # type: ignore[arg-type]
+    model.script("coordinator", delegate_then_answer("explore", 100))
     model.script("explore", lambda body: Reply(text="found it", tokens=400))
     runtime_id = await create(stub, agent("coordinator", team=["explore"]), agent("explore"))
 
@@ -68,7 +69,7 @@ async def test_b_max_wall_time_cuts_the_turn_in_flight(stub: pb_grpc.AgentRuntim
 
 
 async def test_b_max_children(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
-    def lead(body: dict) -> Reply:  # type: ignore[type-arg]
+    def lead(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("task", {"agent": "helper", "prompt": "a"}), ("task", {"agent": "helper", "prompt": "b"})])
         return Reply(text="done")
@@ -105,7 +106,7 @@ async def test_provider_failure_is_an_error_result_without_the_key(
 async def test_http_tool_sends_idempotency_key_and_reports_errors(
     stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, tools: ToolServer
 ) -> None:
-    def script(body: dict) -> Reply:  # type: ignore[type-arg]
+    def script(body: dict[str, Any]) -> Reply:
         if tool_results(body) == 0:
             return Reply(calls=[("ping", {"n": 1}), ("fail", {})])
         return Reply(text="ok")

@@ -13,7 +13,7 @@ import time
 import uuid
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -85,10 +85,13 @@ def rows_naming(path: Path, key: str) -> dict[str, int]:
     return found
 
 
-def with_runtime(request: ProtoMessage, runtime_id: str) -> ProtoMessage:
+Request = TypeVar("Request", bound=ProtoMessage)
+
+
+def with_runtime(request: Request, runtime_id: str) -> Request:
     other = type(request)()
     other.CopyFrom(request)
-    other.runtime_id = runtime_id  # type: ignore[attr-defined]
+    other.runtime_id = runtime_id  # type: ignore[attr-defined]  # each request given names a runtime
     return other
 
 
@@ -170,8 +173,9 @@ async def test_another_tenants_runtime_answers_every_rpc_as_a_missing_one_and_ch
                 covered.add(method)
                 for request in requests:
                     if method == "Watch":
-                        error = await refused(globex.watch_first(request))  # type: ignore[arg-type]
-                        missing = await refused(globex.watch_first(with_runtime(request, ghost)))  # type: ignore[arg-type]
+                        assert isinstance(request, pb.WatchRequest)
+                        error = await refused(globex.watch_first(request))
+                        missing = await refused(globex.watch_first(with_runtime(request, ghost)))
                     else:
                         error = await refused(globex(method, request))
                         missing = await refused(globex(method, with_runtime(request, ghost)))
@@ -582,7 +586,7 @@ async def test_quota_tokens_per_day_stops_the_next_turn_and_survives_a_restart(
 
 def audit_records(records: list[logging.LogRecord]) -> list[tuple[str, str, str, str, str, str]]:
     return [
-        (r.tenant, r.caller, r.rpc, r.runtime_id, r.handle_id, r.code)  # type: ignore[attr-defined]
+        (r.tenant, r.caller, r.rpc, r.runtime_id, r.handle_id, r.code)  # type: ignore[attr-defined]  # the audit record's extra fields
         for r in records
         if r.name == "agentruntime.audit"
     ]
@@ -636,8 +640,8 @@ async def test_every_mutating_rpc_writes_one_audit_record_and_no_token_is_logged
             if record.name == "agentruntime.audit":
                 message = record.getMessage()
                 assert message.startswith("audit tenant=acme caller=acme-ci rpc="), message
-                assert f"runtime={record.runtime_id or '-'}" in message  # type: ignore[attr-defined]
-                assert f"handle={record.handle_id or '-'} code={record.code}" in message  # type: ignore[attr-defined]
+                assert f"runtime={record.runtime_id or '-'}" in message  # type: ignore[attr-defined]  # an extra field
+                assert f"handle={record.handle_id or '-'} code={record.code}" in message  # type: ignore[attr-defined]  # extra fields
 
         # Another tenant, another name; its NOT_FOUND on acme's runtime is audited as its own.
         globex = Caller(served.stub, GLOBEX)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -21,13 +22,13 @@ from tests.support.model_server import Reply, ScriptedModelServer, tool_results
 from tests.support.servers import serve
 
 
-def team_script(body: dict) -> Reply:  # type: ignore[type-arg]
+def team_script(body: dict[str, Any]) -> Reply:
     if tool_results(body) == 0:
         return Reply(calls=[("task", {"agent": "worker", "prompt": str(i)}) for i in range(2)], tokens=100, delay=0.05)
     return Reply(text="all done", tokens=100, delay=0.05)
 
 
-def worker_script(body: dict) -> Reply:  # type: ignore[type-arg]
+def worker_script(body: dict[str, Any]) -> Reply:
     if tool_results(body) < 2:
         return Reply(calls=[("ask_nothing", {})], tokens=10, delay=0.05)
     return Reply(text="worked", tokens=10, delay=0.05)

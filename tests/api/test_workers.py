@@ -564,7 +564,9 @@ async def test_a_call_whose_deadline_passes_while_its_stream_checks_the_credenti
                 return response is not grpc.aio.EOF
 
             await read()  # registered
-            [worker] = [worker for workers in served.running.workers._queues.values() for worker in workers]  # type: ignore[union-attr]
+            pool = served.running.workers
+            assert pool is not None
+            [worker] = [worker for workers in pool._queues.values() for worker in workers]
             await until(lambda: model.arrived == 1, "the turn to ask the model")
 
             jwks.holding = True
@@ -608,13 +610,14 @@ async def test_a_worker_leaving_with_a_call_it_kept_past_its_deadline_logs_no_un
         return "never"
 
     pool = served.running.workers
+    assert pool is not None
     async with Client(f"127.0.0.1:{served.port}") as client:
         async with serving(client, "tools", {"charge": hangs}):
             _, result = await run(served.stub, runtime_id, "payer", "pay")
             assert held, "the worker should have been sent the call"
             assert result.status == pb.STATUS_DONE, result
             assert "may or may not have taken effect" in result.text, result.text
-        await until(lambda: not pool._queues, "the worker to leave")  # type: ignore[union-attr]
+        await until(lambda: not pool._queues, "the worker to leave")
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         await asyncio.sleep(0.1)  # the kept call's done callbacks run
         gc.collect()
@@ -636,13 +639,14 @@ async def _lost_call_result(served: Served, model: ScriptedModelServer, timeout:
         return "never"
 
     pool = served.running.workers
+    assert pool is not None
     async with Client(f"127.0.0.1:{served.port}") as client:
         async with serving(client, "tools", {"charge": hangs}) as ids:
             handle_id = await spawn(served.stub, runtime_id, "payer")
             await served.stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="pay"))
             await until(lambda: bool(held), "the worker to hold the call")
             if leave_when_kept:
-                [worker] = [w for workers in pool._queues.values() for w in workers]  # type: ignore[union-attr]
+                [worker] = [w for workers in pool._queues.values() for w in workers]
                 await until(lambda: held[0] in worker.missed, "the call to be kept past its deadline", timeout=10)
         # The worker is gone with the call; the retry waits for another one, and none comes.
         result = await wait(served.stub, runtime_id, handle_id)
