@@ -34,8 +34,7 @@ from ..vocabulary import (
     ToolCall,
     ToolResult,
 )
-from . import budgets, completion_gate, prompts, reservations
-from . import typed_answers as outputs
+from . import budgets, completion_gate, prompts, reservations, typed_answers
 from .delegation import run_child
 from .driver import Run, RunHost
 from .reservations import Reservation
@@ -47,7 +46,7 @@ class TurnLoop:
         self.host = host
         self.services = host.services
         self.tool_phase = ToolPhase(host)
-        self.outputs = outputs.OutputSchemas(self.services.schema_judge, host.tenant)
+        self.typed_answers = typed_answers.OutputSchemas(self.services.schema_judge, host.tenant)
         self._schemas: dict[str, tuple[ToolSchema, ...]] = {}
         self._schema_chars: dict[str, int] = {}  # agent -> its tool schemas' characters, as _sent_chars counts them
 
@@ -73,7 +72,7 @@ class TurnLoop:
                 output: Any = None
                 rejection: str | PendingRequest | None = None
                 if handle.agent.output_schema is not None:  # judged before the gate: a judge reads valid JSON
-                    output, rejection = await self.outputs.judge_answer(handle.agent, last.content)
+                    output, rejection = await self.typed_answers.judge_answer(handle.agent, last.content)
                 if rejection is None:
                     rejection = await completion_gate.rejection(self.host, handle, run, last.content)
                 if isinstance(rejection, PendingRequest):  # the judge waits for the host
@@ -84,7 +83,7 @@ class TurnLoop:
                     return handle.result(Status.DONE, text=last.content, output=output)
                 # This rejection, after those of the run so far (counted in the transcript, so
                 # that neither a Resume nor a restart starts the count again).
-                if handle.gate_rejections() + 1 >= outputs.attempts(handle.agent):
+                if handle.gate_rejections() + 1 >= typed_answers.attempts(handle.agent):
                     return handle.result(Status.INCOMPLETE, text=rejection, limit=Limit.COMPLETION)
                 await self.host.journal.record(MessagesAppended(handle.id, (prompts.gate_feedback(rejection),)))
             else:
