@@ -257,6 +257,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/http_clients.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/watch_memory.py
+	$(BIN)/python bench/large_answers.py
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 
