@@ -49,6 +49,14 @@ def runtime_key(tenant: str, runtime_id: str) -> str:
     return runtime_id if tenant == DEFAULT_TENANT else f"{tenant}:{runtime_id}"
 
 
+def new_runtime_id(now: float) -> str:
+    """A fresh runtime id: the time of its creation (milliseconds, fixed width) before 64 random
+    bits. Ids made later sort later, so the runtimes at work at any moment, the recent ones,
+    share the store's B-tree pages (a commit writes a few pages for all of them, where random
+    ids put each on a page of its own), and the random part keeps them unguessable."""
+    return f"rt-{int(now * 1000):011x}{uuid.uuid4().hex[:16]}"
+
+
 def split_key(key: str) -> tuple[str, str]:
     tenant, _, runtime_id = key.rpartition(":")
     return tenant or DEFAULT_TENANT, runtime_id
@@ -163,7 +171,7 @@ class RuntimeService:
         if runtime_id:
             check_runtime_id(runtime_id)
         else:
-            runtime_id = f"rt-{uuid.uuid4().hex[:16]}"
+            runtime_id = new_runtime_id(self.services.clock.time())
         options = options or RuntimeOptions()
         check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)], self.services.egress)
         key = runtime_key(tenant, runtime_id)
