@@ -375,6 +375,29 @@ async def test_interleaved_runtimes_keep_their_own_order_and_never_mix(store: St
     assert steps[0] == steps[1] == steps[2]
 
 
+async def test_a_runtime_forgotten_at_any_point_goes_on_with_its_own_seqs(store: Store) -> None:
+    # forget() comes as a runtime leaves the cache: with its last entries buffered or written,
+    # and before it is loaded again (every third step here) or not.
+    tee = Tee(store)
+    forgotten, kept = await created(tee, "rt-forgotten"), await created(tee, "rt-kept")
+    steps = 0
+    while await forgotten.step():
+        await kept.step()
+        store.forget("rt-forgotten")
+        steps += 1
+        if steps % 2 == 0:
+            await asyncio.sleep(0)  # a commit may land between two steps, or not
+        if steps % 3 == 0:
+            assert await store.load("rt-forgotten") is not None
+    await kept.run()
+    assert steps > 3
+    for lived in (forgotten, kept):
+        runtime_id = lived.tree.runtime_id
+        loaded = await store.load(runtime_id)
+        assert loaded is not None and loaded.entries == tee.appended[runtime_id]
+        assert [e.seq for e in loaded.entries] == list(range(1, len(loaded.entries) + 1))
+
+
 async def test_entries_after_event_are_those_with_a_later_event_in_order(store: Store) -> None:
     tee = Tee(store)
     await (await created(tee, "rt-1")).run()

@@ -148,6 +148,9 @@ class MemoryStore:
     async def runtimes_with_running_handles(self) -> list[str]:
         return sorted(runtime_id for runtime_id, runtime in self._runtimes.items() if runtime.running)
 
+    def forget(self, runtime_id: str) -> None:
+        pass  # it keeps every runtime (nothing leaves the memory of a store that is not durable)
+
     async def flush(self, runtime_id: str | None = None) -> None:
         pass
 

@@ -153,6 +153,12 @@ class Store(Protocol):
 
     async def runtimes_with_running_handles(self) -> list[str]: ...
 
+    def forget(self, runtime_id: str) -> None:
+        """The runtime left this process's memory: what the store kept of it to append faster
+        (its next seq) goes, once nothing of it is left to commit; it is read again at the
+        runtime's next append (after a load, which reads its journal)."""
+        ...
+
     async def flush(self, runtime_id: str | None = None) -> None:
         """Everything appended so far is durable. `runtime_id`: and that runtime's writes were
         accepted (errors.Fenced: a store shared by replicas once its lease is lost; PostgreSQL

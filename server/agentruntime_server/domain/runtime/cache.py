@@ -129,6 +129,7 @@ class RuntimeCache:
                 return  # everything in memory is working: keep it all
             idle.timers.release()
             del self.runtimes[idle.key]
+            self.services.store.forget(idle.key)
             if self.leases.shared:
                 task = asyncio.get_running_loop().create_task(self._release(idle.key))
                 self._releasing.add(task)

@@ -94,6 +94,16 @@ class GroupCommit(Ownership):
         self._unwritten(batch.touched)
         return self._refusal()
 
+    def forget(self, runtime_id: str) -> None:
+        # Replicas give the runtime's lease up as it leaves memory, which drops its next seq
+        # (Ownership.released). A sole process drops it here, unless rows of it may be on
+        # their way (buffered, or in the commit under way): kept then, as read from the
+        # database before they land it would repeat their seqs.
+        if self.leasing is not None or self._committing:
+            return
+        if self._open is None or runtime_id not in self._open.touched:
+            self._next_seq.pop(runtime_id, None)
+
     def _unwritten(self, keys: Collection[str]) -> None:
         """These runtimes' copies are ahead of the store: their rows still buffered go (they
         follow seqs that were never written) and whoever holds the copies is told."""

@@ -49,7 +49,8 @@ class GroupCommit(SqliteConnection):
         # Runtimes whose rows a failed commit carried (or whose append was refused), until
         # loaded or created again: their copies are ahead of the store.
         self.unwritten: set[str] = set()
-        self._next_seq: dict[str, int] = {}  # per runtime: the seq its next entry must have
+        self._next_seq: dict[str, int] = {}  # per runtime in memory: the seq its next entry must have
+        self._forgetting: set[str] = set()  # runtimes gone from memory whose rows are still buffered
 
     # Group commit: the entries appended in one event-loop tick, by every runtime, are
     # written in one statement and one transaction when the tick ends. flush() waits for
@@ -108,6 +109,7 @@ class GroupCommit(SqliteConnection):
             # wait for the store to write again, and reads go on.
             if committed is not None and not committed.done():
                 committed.set_exception(self._refusal())
+            self._forget_committed()
             return
         running: dict[str, bool] = {}
         touched: set[str] = set()  # (for the failure's report)
@@ -155,6 +157,21 @@ class GroupCommit(SqliteConnection):
             raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
+        self._forget_committed()
+
+    def forget(self, runtime_id: str) -> None:
+        # A runtime whose rows are still buffered keeps its next seq until they are committed:
+        # read from the file before, it would repeat theirs.
+        if runtime_id in self._touched or runtime_id in self._running:
+            self._forgetting.add(runtime_id)
+        else:
+            self._next_seq.pop(runtime_id, None)
+
+    def _forget_committed(self) -> None:
+        if self._forgetting:
+            for runtime_id in self._forgetting:
+                self._next_seq.pop(runtime_id, None)
+            self._forgetting.clear()
 
     def _before_read(self) -> None:
         """Reads see every entry appended so far: what is buffered is committed first. A read
