@@ -3,6 +3,10 @@ while bench/workload.py drives it, and this prints the samples grouped by compon
 
     make profile                      # C=20, no model latency, 15 s of samples
     .venv/bin/python bench/profile.py --latency 0.02 --raw /tmp/server.txt
+    .venv/bin/python bench/profile.py --per-root --defaults    # a runtime per root, default logs and metrics
+
+Below the components, the samples are summed by part of a model turn (the parts of
+docs/performance.md#by-part) and scaled to the CPU per turn measured in the same run.
 
 Each sample is counted once, for the frame it was taken in (self time): the server's own
 modules by package, the HTTP client (http/ and httptools), the event loop
@@ -82,6 +86,39 @@ def component(frames: list[str]) -> str:
     return f"other: {top.removesuffix('.py')}"
 
 
+# What a model turn pays for, as the issue of record names it (#43): a sample belongs to the first
+# of these its stack meets, from the innermost frame out; the work of a CreateRuntime call, the
+# provider's and the HTTP client's is theirs wherever it runs.
+_PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("CreateRuntime (definitions checked, tools compiled, the runtime written)", re.compile(r"\.CreateRuntime ")),
+    ("logs and metrics", re.compile(r"\(logging/|\(prometheus_client/|agentruntime_server/observability/(metrics|logs)")),
+    ("HTTP client (http/, httptools)", re.compile(r"agentruntime_server/http/|\(httptools/")),
+    ("provider: request body, reply parsing (providers/)", re.compile(r"agentruntime_server/providers/")),
+    ("journal: encoding, appending, committing (store/)", re.compile(r"agentruntime_server/store/")),
+    ("journal: steps recorded and applied (domain/journal/)", re.compile(r"agentruntime_server/domain/journal/")),
+    ("tool calls (tools/, the tool phase)", re.compile(r"agentruntime_server/tools/|domain/runs/tool_phase")),
+    ("gRPC handling (api/, interceptors, grpc.aio)", re.compile(r"agentruntime_server/(api|observability)/|\(grpc/")),
+    ("turn loop's bookkeeping (domain/: budgets, quotas, usage, events, runs)", re.compile(r"agentruntime_server/domain/")),
+    ("the server's process (process/: collector, checker processes)", re.compile(r"agentruntime_server/process/")),
+)
+
+
+def part(frames: list[str]) -> str:
+    """The part of a model turn's cost a sample is counted in (_PARTS), else where it ran."""
+    for name, pattern in _PARTS[:1]:
+        if any(pattern.search(frame) for frame in frames):
+            return name
+    for frame in reversed(frames):
+        if frame.startswith("Runner.run "):
+            break  # the frames below it start the server, they do not run a turn
+        for name, pattern in _PARTS[1:]:
+            if pattern.search(frame):
+                return name
+    if frames and frames[-1].startswith("Runner.run "):
+        return "event loop: uvloop's C work (sockets, task steps, gRPC completions)"
+    return component(frames)
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) per thread of `pid`, by thread id."""
     seconds: dict[str, float] = {}
@@ -106,8 +143,9 @@ def print_thread_split(pid: int, before: dict[str, float], after: dict[str, floa
     )
 
 
-def summarize(raw: Path, lines: int) -> None:
+def summarize(raw: Path, lines: int, cpu_per_turn: float | None = None) -> None:
     by_component: collections.Counter[str] = collections.Counter()
+    by_part: collections.Counter[str] = collections.Counter()
     own_lines: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
@@ -118,6 +156,7 @@ def summarize(raw: Path, lines: int) -> None:
         total += samples
         frames = [frame for frame in stack.split(";") if frame]
         by_component[component(frames)] += samples
+        by_part[part(frames)] += samples
         if frames and "agentruntime_server/" in frames[-1]:
             own_lines[re.sub(r"\(.*agentruntime_server/", "(", frames[-1])] += samples
     if not total:
@@ -126,6 +165,11 @@ def summarize(raw: Path, lines: int) -> None:
     print(f"{total:,} samples of the server process")
     for name, samples in by_component.most_common():
         print(f"  {samples / total:6.1%}  {name}")
+    scale = f", µs of a model turn's {cpu_per_turn:.0f} µs" if cpu_per_turn else ""
+    print(f"by part of a model turn (share of samples{scale}):")
+    for name, samples in by_part.most_common():
+        share = samples / total
+        print(f"  {share:6.1%}  {share * cpu_per_turn:5.0f} µs  {name}" if cpu_per_turn else f"  {share:6.1%}  {name}")
     print(f"the server's own lines, top {lines} (self time):")
     for name, samples in own_lines.most_common(lines):
         print(f"  {samples / total:6.1%}  {name}")
@@ -139,6 +183,10 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="samples a second")
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--lines", type=int, default=15)
+    parser.add_argument(
+        "--per-root", action="store_true", help="a runtime per root (CreateRuntime each root), as ../shared/bench-floor measures"
+    )
+    parser.add_argument("--defaults", action="store_true", help="the server's default logs (INFO) and metrics (on)")
     parser.add_argument(
         "--native",
         action="store_true",
@@ -172,7 +220,9 @@ async def main() -> None:
         # a root, past the default limit of handles a runtime may have.
         roots = args.seconds * 100
         os.environ["AGENTRUNTIME_MAX_HANDLES"] = str(2 * roots * 5 + 100)
-        figures = await service_run(args.concurrency, args.latency, roots, 1, on_server=record)
+        figures = await service_run(
+            args.concurrency, args.latency, roots, 1, on_server=record, per_root=args.per_root, quiet=not args.defaults
+        )
         for recorder in recorders:
             _, errors = recorder.communicate()
             if recorder.returncode != 0:
@@ -181,7 +231,7 @@ async def main() -> None:
             f"C={args.concurrency}, model latency {args.latency * 1000:.0f} ms: {figures['turns_per_s']:,.0f} turns/s, "
             f"{figures['cpu_us_per_turn']:.0f} µs of server CPU per turn (under the profiler)"
         )
-        summarize(raw, args.lines)
+        summarize(raw, args.lines, figures["cpu_us_per_turn"])
         for pid, before, after in split:
             print_thread_split(pid, before, after)
 

@@ -117,8 +117,8 @@ async def _serve(store: Path, cache: int) -> tuple[asyncio.subprocess.Process, s
     return process, address
 
 
-async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int = 50) -> list[tuple[int, float]]:
-    """RSS after each fifth of `runtimes` runtimes, each one handle run to its result."""
+async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int = 50, parts: int = 5) -> list[tuple[int, float]]:
+    """RSS after each of `parts` equal parts of `runtimes` runtimes, each one handle run to its result."""
     with tempfile.TemporaryDirectory() as folder:
         process, address = await _serve(Path(folder) / "rss.db", cache)
         points = []
@@ -134,7 +134,7 @@ async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int
                         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
                         await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))
 
-                step = runtimes // 5
+                step = runtimes // parts
                 for done in range(step, runtimes + 1, step):
                     await asyncio.gather(*(one() for _ in range(step)))
                     points.append((done, rss_mb(process.pid)))
@@ -147,7 +147,22 @@ async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runtimes", type=int, default=10_000)
+    parser.add_argument(
+        "--flat", type=int, default=20_000, help="finished runtimes for the flatness figure (RSS from the 2,000th on)"
+    )
+    parser.add_argument("--only-flat", action="store_true", help="only the flatness figure")
     args = parser.parse_args()
+    # Memory that stays flat (issue 43): a server that runs many small roots, each in a runtime
+    # of its own, past its cache of 1,000, holds what the cache holds and nothing per root more.
+    started = time.perf_counter()
+    points = await memory(args.flat, FINISHER, 1000, parts=args.flat // 2000)
+    elapsed = time.perf_counter() - started
+    series = ", ".join(f"{count:,}: {rss:.1f}" for count, rss in points)
+    grown = points[-1][1] / points[0][1] - 1
+    print(f"RSS (MB) by finished runtimes, default cache (1000): {series}  ({elapsed:.0f} s)")
+    print(f"  from the {points[0][0]:,}th to the {points[-1][0]:,}th: {grown:+.1%}")
+    if args.only_flat:
+        return
     cost = await journal_cost(turns=2000, batches=5)
     print(f"journal writes per tool-calling turn (WAL, synchronous=NORMAL, group commit): {cost:.0f} µs (median of 5 x 2000)")
     for label, agent, cache in (

@@ -191,15 +191,22 @@ async def service_run(
     on_server: Callable[[int], None] | None = None,
     python: str = sys.executable,
     request_ids: bool = False,
+    per_root: bool = False,
+    quiet: bool = True,
 ) -> dict[str, float]:
     """The workload's figures; `on_server` is told the server's pid once it serves (a profiler);
     `python` runs the server (another release's interpreter, for a baseline); `request_ids`:
-    Spawn and Wake carry one each, as every client sends them."""
+    Spawn and Wake carry one each, as every client sends them; `per_root`: each root in a
+    runtime of its own (CreateRuntime, then Spawn, Wake, Wait: how hosts use it, and how
+    ../shared/bench-floor measures); `quiet=False`: the server's default logs and metrics."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
     with tempfile.TemporaryDirectory() as folder:
         env = server_env(folder, model_port)
+        if not quiet:
+            del env["AGENTRUNTIME_LOG_LEVEL"], env["AGENTRUNTIME_METRICS_LISTEN"]
+            env["AGENTRUNTIME_METRICS_LISTEN"] = f"127.0.0.1:{_free_port()}"
         address = f"127.0.0.1:{server_port}"
         server = await asyncio.create_subprocess_exec(python, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
         host: multiprocessing.Process | None = None
@@ -219,10 +226,13 @@ async def service_run(
                 async def root() -> None:
                     started = time.perf_counter()
                     spawn_id, wake_id = (str(uuid.uuid4()), str(uuid.uuid4())) if request_ids else ("", "")
-                    spawn = pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator", request_id=spawn_id)
+                    runtime = runtime_id
+                    if per_root:
+                        runtime = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
+                    spawn = pb.SpawnRequest(runtime_id=runtime, agent="coordinator", request_id=spawn_id)
                     handle = (await stub.Spawn(spawn)).handle_id
-                    await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go", request_id=wake_id))
-                    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
+                    await stub.Wake(pb.WakeRequest(runtime_id=runtime, handle_id=handle, prompt="go", request_id=wake_id))
+                    result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime, handle_id=handle))).result
                     if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
                         raise RuntimeError(f"unexpected result: {result}")
                     latencies.append(time.perf_counter() - started)
