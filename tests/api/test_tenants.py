@@ -649,6 +649,10 @@ async def test_every_mutating_rpc_writes_one_audit_record_and_no_token_is_logged
         caplog.clear()
         await refused(globex("DeleteRuntime", pb.DeleteRuntimeRequest(runtime_id="audited", force=True)))
         assert audit_records(caplog.records) == [("globex", "globex-ci", "DeleteRuntime", "audited", "", "NOT_FOUND")]
+        # A runtime the server names is audited by that name.
+        caplog.clear()
+        named = await acme("CreateRuntime", pb.CreateRuntimeRequest(agents=[SOLO]))
+        assert audit_records(caplog.records) == [(*who, "CreateRuntime", named.runtime_id, "", "OK")]
 
         logged = [record.getMessage() + repr(vars(record)) for record in caplog.records]
         for _, token, _, _ in TOKENS:

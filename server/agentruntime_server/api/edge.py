@@ -100,12 +100,13 @@ def plain(value: str) -> str:
     return "".join(char if (char.isalnum() and char.isprintable()) or char in "_.:/-" else escaped(char) for char in value)
 
 
-def audit_call(method: str, request: Any, code: str) -> None:
-    """One line per mutating RPC: who (tenant, token name; never the token), what, the outcome."""
+def audit_call(method: str, request: Any, code: str, response: Any = None) -> None:
+    """One line per mutating RPC: who (tenant, token name; never the token), what, the outcome
+    (a runtime the server named, CreateRuntime's without an id, by the name it was given)."""
     if method in READ_METHODS:
         return
     caller = current_caller.get()
-    runtime_id = str(getattr(request, "runtime_id", ""))[:128]
+    runtime_id = str(getattr(request, "runtime_id", "") or getattr(response, "runtime_id", ""))[:128]
     handle_id = str(getattr(request, "handle_id", "") or getattr(request, "parent_id", ""))[:256]
     hop = route.get()
     audit.info(
@@ -153,7 +154,7 @@ def edge(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
             if name in self.kill_after_commit and not route.get():
                 # A fault a test arms: the call's effect is committed and its answer never leaves.
                 os.kill(os.getpid(), signal.SIGKILL)
-            audit_call(name, request, "OK")
+            audit_call(name, request, "OK", response)
             return response
         except asyncio.CancelledError:
             current = asyncio.current_task()
