@@ -36,8 +36,7 @@ class Runtimes(GroupCommit):
         quota: int = 0,
         reply: TenantReply | None = None,
     ) -> None:
-        rows, next_seq = journal_rows(runtime_id, 1, entries)
-        groups = grouped(rows)
+        groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         now = time.time()
         # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
         with self._writing() as db:
@@ -57,8 +56,7 @@ class Runtimes(GroupCommit):
             db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
             db.executemany(APPEND, groups)
             keep(db, reply)
-        self._next_seq[runtime_id] = next_seq  # its journal is what this transaction wrote: no read at its first append
-        self._forgetting.discard(runtime_id)
+        self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
         self.unwritten.discard(runtime_id)
 
     async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
