@@ -30,9 +30,8 @@ from agentruntime_server.domain.vocabulary import (
 )
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import NEVER_HANGS, Benches, Watcher, benches, child_of, price, prices
+from tests.domain.kit_turns import NEVER_HANGS, Benches, Watcher, child_of, price, prices
 
-__all__ = ["benches"]  # the fixture of kit_turns.py, used here
 pytestmark = NEVER_HANGS
 
 PING = http_tool("ping")

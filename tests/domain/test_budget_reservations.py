@@ -17,9 +17,8 @@ from agentruntime_server.domain.runtime.runtime import Runtime
 from agentruntime_server.domain.vocabulary import Budget, Limit, OnExhausted, ReplyStop, Status, TaskResult
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import NEVER_HANGS, PLANNED, Benches, PlannedModel, benches, price, prices
+from tests.domain.kit_turns import NEVER_HANGS, PLANNED, Benches, PlannedModel, price, prices
 
-__all__ = ["benches"]  # the fixture of kit_turns.py, used here
 pytestmark = NEVER_HANGS
 
 CHILDREN = 30

@@ -9,9 +9,7 @@ from agentruntime_server.domain.ports import ModelRequest
 from agentruntime_server.domain.vocabulary import Budget, Compaction, ScriptedReply, Status
 
 from tests.domain.harness import agent, http_tool, reply
-from tests.domain.kit_suspension import Stage, last_user, pending_of, stage, tool_results_sent
-
-__all__ = ["stage"]  # the fixture, used here
+from tests.domain.kit_suspension import Stage, last_user, pending_of, tool_results_sent
 
 STEPS = 8
 SUMMARY = "Steps so far all succeeded."

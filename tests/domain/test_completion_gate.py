@@ -23,10 +23,9 @@ from agentruntime_server.domain.vocabulary import (
 )
 
 from tests.domain.harness import Bench, agent, reply
-from tests.domain.kit_turns import NEVER_HANGS, Benches, benches, child_of
+from tests.domain.kit_turns import NEVER_HANGS, Benches, child_of
 from tests.support.typed import CLASSIFICATION
 
-__all__ = ["benches"]  # the fixture of kit_turns.py, used here
 pytestmark = NEVER_HANGS
 
 GOOD = {"label": "bug", "confidence": 0.75, "tags": ["crash", "ui"]}

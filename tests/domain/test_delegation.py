@@ -30,13 +30,10 @@ from tests.domain.kit_suspension import (
     outputs_for,
     pending_of,
     relay_tool,
-    stage,
     task,
     tool_messages,
     worker_suspending_on,
 )
-
-__all__ = ["stage"]  # the fixture, used here
 
 
 async def delegated(stage: Stage, *prompts: str, suspending: tuple[str, ...] = ()) -> tuple[Runtime, TaskResult]:

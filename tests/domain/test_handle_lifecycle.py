@@ -16,10 +16,8 @@ from agentruntime_server.domain.runtime.runtime import Runtime
 from agentruntime_server.domain.vocabulary import Budget, HandleState, Limit, RuntimeOptions, Status, ToolSuspension, Trust
 
 from tests.domain.harness import agent, http_tool, reply
-from tests.domain.kit_suspension import Stage, outputs_for, pending_of, relay_tool, stage, tool_messages
+from tests.domain.kit_suspension import Stage, outputs_for, pending_of, relay_tool, tool_messages
 from tests.support.story import figures
-
-__all__ = ["stage"]  # the fixture, used here
 
 SLOW = "root/slow.1"
 

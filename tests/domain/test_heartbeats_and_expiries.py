@@ -14,9 +14,7 @@ from agentruntime_server.domain.runtime.runtime import Runtime
 from agentruntime_server.domain.vocabulary import HandleState, Heartbeat, Status, ToolSuspension
 
 from tests.domain.harness import agent, http_tool, reply
-from tests.domain.kit_suspension import Stage, relay_tool, stage, tool_messages
-
-__all__ = ["stage"]  # the fixture, used here
+from tests.domain.kit_suspension import Stage, relay_tool, tool_messages
 
 BEATER = "root/beater.1"
 TICK = "Messages received:\n[from heartbeat] tick"

@@ -17,10 +17,8 @@ from agentruntime_server.domain.runtime.runtime import Runtime
 from agentruntime_server.domain.vocabulary import Answer, HandleState, OnInterrupted, Status, ToolOutput
 
 from tests.domain.harness import agent, http_tool, reply
-from tests.domain.kit_suspension import Stage, pending_of, stage, tool_messages
+from tests.domain.kit_suspension import Stage, pending_of, tool_messages
 from tests.support.story import figures
-
-__all__ = ["stage"]  # the fixture, used here
 
 PAYER = "root/payer.1"
 KEY = f"pay/{PAYER}/call_1_1"

@@ -20,15 +20,12 @@ from tests.domain.kit_suspension import (
     coordinator,
     outputs_for,
     pending_of,
-    stage,
     stage_approve_commit,
     task,
     tool_messages,
     worker_suspending_on,
 )
 from tests.support.story import figures
-
-__all__ = ["stage"]  # the fixture, used here
 
 
 async def a_lived_in_runtime(stage: Stage) -> Runtime:

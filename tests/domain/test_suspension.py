@@ -30,13 +30,10 @@ from tests.domain.kit_suspension import (
     outputs_for,
     pending_of,
     relay_tool,
-    stage,
     stage_approve_commit,
     tool_messages,
 )
 from tests.support.story import figures
-
-__all__ = ["stage"]  # the fixture, used here
 
 
 async def suspended_on_approve(stage: Stage) -> tuple[Runtime, Any]:

@@ -27,9 +27,8 @@ from agentruntime_server.domain.vocabulary import (
 )
 
 from tests.domain.harness import Bench, agent, http_tool, reply
-from tests.domain.kit_turns import NEVER_HANGS, Benches, benches, child_of
+from tests.domain.kit_turns import NEVER_HANGS, Benches, child_of
 
-__all__ = ["benches"]  # the fixture of kit_turns.py, used here
 pytestmark = NEVER_HANGS
 
 PING = http_tool("ping", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})

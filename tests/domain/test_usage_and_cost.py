@@ -35,12 +35,10 @@ from tests.domain.kit_turns import (
     SwitchablePrices,
     Watcher,
     assert_tree_rule,
-    benches,
     price,
     prices,
 )
 
-__all__ = ["benches"]  # the fixture of kit_turns.py, used here
 pytestmark = NEVER_HANGS
 
 # The lead's two replies and the worker's two (the first writes a cache, the second reads it):
