@@ -86,11 +86,11 @@ def component(frames: list[str]) -> str:
     return f"other: {top.removesuffix('.py')}"
 
 
-# What a model turn pays for, as the issue of record names it (#43): a sample belongs to the first
-# of these its stack meets, from the innermost frame out; the work of a CreateRuntime call, the
-# provider's and the HTTP client's is theirs wherever it runs.
+# What a model turn pays for, as the issue of record names it (#43): a sample within a CreateRuntime
+# call is that call's, wherever it runs; any other belongs to the first of _PARTS its stack meets,
+# from the innermost frame out.
+_CREATE_RUNTIME = ("CreateRuntime (definitions checked, tools compiled, the runtime written)", re.compile(r"\.CreateRuntime "))
 _PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("CreateRuntime (definitions checked, tools compiled, the runtime written)", re.compile(r"\.CreateRuntime ")),
     ("logs and metrics", re.compile(r"\(logging/|\(prometheus_client/|agentruntime_server/observability/(metrics|logs)")),
     ("HTTP client (http/, httptools)", re.compile(r"agentruntime_server/http/|\(httptools/")),
     ("provider: request body, reply parsing (providers/)", re.compile(r"agentruntime_server/providers/")),
@@ -105,13 +105,13 @@ _PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def part(frames: list[str]) -> str:
     """The part of a model turn's cost a sample is counted in (_PARTS), else where it ran."""
-    for name, pattern in _PARTS[:1]:
-        if any(pattern.search(frame) for frame in frames):
-            return name
+    name, pattern = _CREATE_RUNTIME
+    if any(pattern.search(frame) for frame in frames):
+        return name
     for frame in reversed(frames):
         if frame.startswith("Runner.run "):
             break  # the frames below it start the server, they do not run a turn
-        for name, pattern in _PARTS[1:]:
+        for name, pattern in _PARTS:
             if pattern.search(frame):
                 return name
     if frames and frames[-1].startswith("Runner.run "):

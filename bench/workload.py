@@ -205,8 +205,8 @@ async def service_run(
     with tempfile.TemporaryDirectory() as folder:
         env = server_env(folder, model_port)
         if not quiet:
-            del env["AGENTRUNTIME_LOG_LEVEL"], env["AGENTRUNTIME_METRICS_LISTEN"]
-            env["AGENTRUNTIME_METRICS_LISTEN"] = f"127.0.0.1:{_free_port()}"
+            del env["AGENTRUNTIME_LOG_LEVEL"]
+            env["AGENTRUNTIME_METRICS_LISTEN"] = f"127.0.0.1:{_free_port()}"  # on, as by default, on a free port
         address = f"127.0.0.1:{server_port}"
         server = await asyncio.create_subprocess_exec(python, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
         host: multiprocessing.Process | None = None
