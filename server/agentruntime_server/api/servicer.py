@@ -30,6 +30,7 @@ from ..domain.runtime.service import RuntimeService
 from ..domain.watching.deltas import Delta
 from . import convert, paging
 from .auth_failures import FailedAuthentications
+from .definitions_memo import DecodedDefinitions
 from .edge import (
     Context,
     Handler,
@@ -77,6 +78,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     ) -> None:
         """`count_auth_failure(method, reason)`: the failed-authentication metric, when metrics are on."""
         self.service = service
+        self.definitions = DecodedDefinitions()
         self.failed_authentications = FailedAuthentications(count_auth_failure)
         self.kill_after_commit = kill_after_commit
         self.authenticator = authenticator or Authenticator()
@@ -166,7 +168,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
 
     @edge
     async def CreateRuntime(self, request: pb.CreateRuntimeRequest, context: Context) -> pb.CreateRuntimeResponse:
-        agents, found = convert.agents_from_proto(request.agents)
+        agents, found = self.definitions.decode(tenant(), request.agents)
         options = convert.options_from_proto(request.options)
         key = request_key(request)
         runtime_id = await self.service.create_runtime(request.runtime_id, agents, found, options, tenant(), key)

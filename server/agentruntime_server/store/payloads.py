@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from pydantic import TypeAdapter
 
+from ..domain.definitions.same_objects import SameObjects
 from ..domain.journal import STEPS, Entry, Step
 from ..domain.vocabulary import AgentSpec
 
@@ -100,6 +101,7 @@ class PayloadTooNew(RuntimeError):
 
 
 _AGENTS = TypeAdapter(tuple[AgentSpec, ...])
+_ENCODED_DEFINITIONS: SameObjects[tuple[AgentSpec, ...], bytes] = SameObjects(64)
 _encoder = msgspec.json.Encoder()
 _envelope = msgspec.json.Decoder(_Envelope)
 _decoders = {kind.__name__: msgspec.json.Decoder(kind) for kind in STEPS}
@@ -126,8 +128,12 @@ def payload_bytes(rows: Sequence[Row]) -> int:
 
 
 def definitions_json(agents: tuple[AgentSpec, ...]) -> bytes:
-    """A runtime's definitions as every store keeps them (and the store-bytes quota counts them)."""
-    return _AGENTS.dump_json(agents)
+    """A runtime's definitions as every store keeps them (and the store-bytes quota counts them):
+    encoded once for definitions a host creates runtimes of again and again (the same object)."""
+    encoded = _ENCODED_DEFINITIONS.get(agents)
+    if encoded is None:
+        encoded = _ENCODED_DEFINITIONS.put(agents, _AGENTS.dump_json(agents))
+    return encoded
 
 
 def check_sequence(runtime_id: str, expected: int, entries: Sequence[Entry]) -> int:

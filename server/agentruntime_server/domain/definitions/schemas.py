@@ -34,6 +34,7 @@ from jsonschema_specifications import REGISTRY as METASCHEMAS
 
 from ..limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_SCHEMA_EXPANDED_NODES
 from .patterns import PatternError, compile_pattern
+from .same_objects import SameObjects
 from .schema_keywords import KEYWORDS
 from .schema_keywords import cut as _cut
 
@@ -140,6 +141,13 @@ MESSAGE_UNITS = 10_000
 # json reads as infinite. Text without them needs no walk for them (re2: linear, 0.6 ms for
 # 290 KB).
 _NOT_FINITE_HINT = re2.compile(r"NaN|Infinity|[eE]\+?\d{3}|\d{309}")
+
+
+def compiled(schema: dict[str, Any]) -> ArgumentsSchema:
+    """The schema compiled, once per schema object: the definitions of runtimes a host creates
+    again and again are one object (same_objects.py), and so are their schemas."""
+    found = _COMPILED.get(schema)
+    return found if found is not None else _COMPILED.put(schema, ArgumentsSchema(schema))
 
 
 class ArgumentsSchema:
@@ -389,3 +397,6 @@ def _walk_values(value: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]
             return
         for item in value:
             yield from _walk_values(item, depth + 1)
+
+
+_COMPILED: SameObjects[dict[str, Any], ArgumentsSchema] = SameObjects(256)

@@ -265,7 +265,7 @@ class ToolPhase:
         key = (handle.agent.name, spec.name)
         validator = self._validators.get(key)
         if validator is None:
-            validator = self._validators[key] = schemas.ArgumentsSchema(spec.input_schema)
+            validator = self._validators[key] = schemas.compiled(spec.input_schema)
         try:
             problem = await schema_problem(self.services.schema_judge, self.host.tenant, validator, arguments, text)
         except schemas.CheckNotDone as exc:

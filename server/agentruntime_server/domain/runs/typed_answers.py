@@ -59,7 +59,7 @@ class OutputSchemas:
             return None, f"the answer must be JSON every client can read, and it is not: {shown(wrong, 200)}"
         validator = self._compiled.get(agent.name)
         if validator is None:
-            validator = self._compiled[agent.name] = schemas.ArgumentsSchema(agent.output_schema)
+            validator = self._compiled[agent.name] = schemas.compiled(agent.output_schema)
         try:
             problem = await schema_problem(self.judge, self.tenant, validator, value, text)
         except schemas.CheckNotDone as exc:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from ..clock import wait_at_most
 from ..definitions.mcp_tools import with_mcp_tools
+from ..definitions.same_objects import SameObjects
 from ..definitions.validation import RUNTIME_ID, check_agents, check_options, check_runtime_id
 from ..errors import (
     FieldViolation,
@@ -40,6 +41,7 @@ from .runtime import Runtime
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
+CHECKED_KEPT = 64  # definitions objects known to pass their checks
 PRUNE_REPLIES_EVERY = 60.0  # seconds: a tenant's expired CreateRuntime/DeleteRuntime answers go at most this often
 
 
@@ -74,6 +76,7 @@ class RuntimeService:
         self.recovered = 0  # handles continued from their journal since the start
         self.requests_served = OneAtATime()  # CreateRuntime and DeleteRuntime calls with request ids
         self._replies_pruned = 0.0
+        self._checked: SameObjects[tuple[AgentSpec, ...], bool] = SameObjects(CHECKED_KEPT)
         services.leases.on_lost(self.cache.lost)
         # The store going away (docs/durability.md#store-unavailable): the copies it did not
         # write stop, and those that ran are taken over again from the store once it is back.
@@ -173,7 +176,7 @@ class RuntimeService:
         else:
             runtime_id = new_runtime_id(self.services.clock.time())
         options = options or RuntimeOptions()
-        check_agents(agents, self.services.models.names, [*found, *check_options(options, self.services)], self.services.egress)
+        self._check(agents, found, check_options(options, self.services))
         key = runtime_key(tenant, runtime_id)
         if any(agent.mcp_servers for agent in agents):
             # Only definitions that are otherwise right, for a runtime that may be created,
@@ -198,6 +201,17 @@ class RuntimeService:
         self.cache.remember(runtime)
         await self.take_over(runtime)  # nothing to arm or continue yet: it is this process's from the start
         return runtime
+
+    def _check(self, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation], options: list[FieldViolation]) -> None:
+        """The definitions and options checked (InvalidArgument with every violation): the
+        same definitions object (the edge hands the same one on for the same AgentDefs) is
+        checked once, as nothing it is checked against changes while the process runs."""
+        if found or self._checked.get(agents) is None:
+            check_agents(agents, self.services.models.names, [*found, *options], self.services.egress)
+            if not found:
+                self._checked.put(agents, True)
+        elif options:
+            raise InvalidArgument(options)
 
     # ---- reading, and taking over -----------------------------------------------------------
 
