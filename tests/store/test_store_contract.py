@@ -261,6 +261,45 @@ async def test_stores_on_one_place_creating_at_once_keep_the_quota(backend: Back
     assert await first.count_runtimes("acme") == await second.count_runtimes("acme") == 5
 
 
+async def test_stores_on_one_place_creating_one_id_at_once_create_it_once_and_spare_the_rest(backend: Backend) -> None:
+    """Two stores on one database create the same runtime, and the same request id's runtime,
+    at once (SQLite writes creations with the group commit of the tick): one of each is
+    created, the other refused whole (no row, no answer, no step), and what was written in the
+    same commits is written."""
+    first = backend.open()
+    if not first.durable:
+        pytest.skip(f"{type(first).__name__} is not shared: a second one is another place")
+    second = backend.open()
+    made = TenantReply("acme", "", "id-1", "CreateRuntime", "d1", "", time.time())
+    configured = [entry(1, Configured(RuntimeOptions(inbox_capacity=3)))]
+    outcomes = await asyncio.gather(
+        first.create_runtime("acme:twice", AGENTS, "acme", configured),
+        first.create_runtime("acme:first-only", AGENTS, "acme", configured),
+        first.create_runtime("acme:asked-1", AGENTS, "acme", configured, reply=dataclasses.replace(made, runtime_id="asked-1")),
+        second.create_runtime("acme:twice", AGENTS, "acme", configured),
+        second.create_runtime("acme:second-only", AGENTS, "acme", configured),
+        second.create_runtime("acme:asked-2", AGENTS, "acme", configured, reply=dataclasses.replace(made, runtime_id="asked-2")),
+        return_exceptions=True,
+    )
+    twice = [outcomes[0], outcomes[3]]
+    assert sorted(type(o).__name__ for o in twice) == ["NoneType", "RuntimeExists"], outcomes
+    asked = [outcomes[2], outcomes[5]]
+    assert sorted(type(o).__name__ for o in asked) == ["NoneType", "RequestIdTaken"], outcomes
+    assert outcomes[1] is None and outcomes[4] is None
+    winner = "asked-1" if asked[0] is None else "asked-2"
+    loser = "asked-2" if winner == "asked-1" else "asked-1"
+    for store in (first, second):
+        await store.flush()
+    reader = backend.open()
+    for runtime_id in ("acme:twice", "acme:first-only", "acme:second-only", f"acme:{winner}"):
+        loaded = await reader.load(runtime_id)
+        assert loaded is not None and [e.seq for e in loaded.entries] == [1], runtime_id
+    assert await reader.runtime_exists(f"acme:{loser}") is False and await reader.load(f"acme:{loser}") is None
+    kept = await reader.reply("acme", "", "id-1")
+    assert kept is not None and kept.runtime_id == winner
+    assert await reader.count_runtimes("acme") == 4
+
+
 async def test_a_tenants_bytes_are_its_runtimes_definitions_and_steps(backend: Backend) -> None:
     """What the store-bytes quota reads: per tenant, each runtime's definitions (their JSON) and
     its steps (their payloads, and the few bytes a backend frames each in: SQLite's group

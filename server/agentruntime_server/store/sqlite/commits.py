@@ -16,9 +16,10 @@ from ...domain.errors import NotJournaled, StoreBroken, StoreCannotWrite
 from ...domain.journal.tree import RuntimeCounts
 from ..payloads import Row, grouped
 from .connection import SqliteConnection
+from .creations import APPEND, Creation
+from .creations import write as write_creations
 
 log = logging.getLogger("agentruntime_server.store.sqlite")  # the store's log, named as before its split
-APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?)"
 _TOUCH = (
     "UPDATE runtimes SET running = coalesce(?, running), handles = coalesce(?, handles), "
     "running_handles = coalesce(?, running_handles), suspended_handles = coalesce(?, suspended_handles), "
@@ -49,6 +50,8 @@ class GroupCommit(SqliteConnection):
         # Runtimes whose rows a failed commit carried (or whose append was refused), until
         # loaded or created again: their copies are ahead of the store.
         self.unwritten: set[str] = set()
+        self._creations: list[Creation] = []  # runtimes to create, in the next commit
+        self._creating: set[str] = set()  # their ids, until it is written
         self._next_seq: dict[str, int] = {}  # per runtime in memory: the seq its next entry must have
         self._forgetting: set[str] = set()  # runtimes gone from memory whose rows are still buffered
 
@@ -100,21 +103,25 @@ class GroupCommit(SqliteConnection):
             self._paced.cancel()
             self._paced = None
         committed, self._committed = self._committed, None
+        creations, self._creations = self._creations, []
         if self._broken is not None:
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
+            self._created(creations, self._broken)
             raise self._broken.with_traceback(None)
         if self._down is not None:
             # Nothing of a runtime is buffered (appends are refused meanwhile): tokens counted
             # wait for the store to write again, and reads go on.
             if committed is not None and not committed.done():
                 committed.set_exception(self._refusal())
+            self._created(creations, self._refusal())
             self._forget_committed()
             return
         running: dict[str, bool] = {}
         touched: set[str] = set()  # (for the failure's report)
+        refused: dict[Creation, Exception] = {}
         try:
-            if self._rows or self._running or self._tokens:
+            if self._rows or self._running or self._tokens or creations:
                 rows, running, counts, touched = self._rows, self._running, self._counts, self._touched
                 self._rows, self._running, self._counts, self._touched = [], {}, {}, set()
                 tokens, self._tokens = self._tokens, {}
@@ -125,6 +132,7 @@ class GroupCommit(SqliteConnection):
                 for group in groups:
                     grown[group[0]] = grown.get(group[0], 0) + len(group[5])
                 with self._transaction() as db:
+                    refused = write_creations(db, creations)
                     db.executemany(APPEND, groups)
                     # One statement per runtime written: its last write, its growth, and what changed
                     # of its running flag and handle counts (NULL: unchanged).
@@ -146,18 +154,35 @@ class GroupCommit(SqliteConnection):
             self._unwritten(touched | running.keys())
             if committed is not None and not committed.done():
                 committed.set_exception(refusal)
+            self._created(creations, refusal)
             raise refusal from exc
         except BaseException as exc:
             log.error("the store could not commit (%s); restart the server", type(exc).__name__, exc_info=exc)
             self._broken = StoreBroken()
             if committed is not None and not committed.done():
                 committed.set_exception(self._broken)
+            self._created(creations, self._broken)
             for callback in self._on_health:
                 callback(False)
             raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
+        for creation in creations:
+            self._creating.discard(creation.runtime_id)
+            if not creation.written.done():
+                failure = refused.get(creation)
+                if failure is None:
+                    creation.written.set_result(None)
+                else:
+                    creation.written.set_exception(failure)
         self._forget_committed()
+
+    def _created(self, creations: list[Creation], failure: BaseException) -> None:
+        """Creations the commit did not write: their callers are told why."""
+        for creation in creations:
+            self._creating.discard(creation.runtime_id)
+            if not creation.written.done():
+                creation.written.set_exception(failure.with_traceback(None))
 
     def forget(self, runtime_id: str) -> None:
         # A runtime whose rows are still buffered keeps its next seq until they are committed:

@@ -3,7 +3,7 @@ journal), the listing of a tenant's, their count, and retention's idle ones."""
 
 from __future__ import annotations
 
-import sqlite3
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -11,12 +11,12 @@ from ...domain.errors import RuntimeExists
 from ...domain.journal import Entry
 from ...domain.journal.tree import RuntimeCounts
 from ...domain.ports import RuntimeRow, TenantReply
-from ...domain.tenancy.quotas import runtimes_quota_reached
 from ...domain.vocabulary import AgentSpec
 from ..payloads import definitions_json, grouped, journal_rows
-from .commits import APPEND, GroupCommit
-from .tenants import keep
+from .commits import GroupCommit
+from .creations import Creation, keep
 
+_EXISTS = "SELECT 1 FROM runtimes WHERE id = ?"
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _LISTED = "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced"
 # Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
@@ -36,26 +36,17 @@ class Runtimes(GroupCommit):
         quota: int = 0,
         reply: TenantReply | None = None,
     ) -> None:
+        # Written by the group commit, with the steps of every runtime at work (creations.py):
+        # a runtime's own transaction cost as much as a commit of theirs, one a root.
+        self._raise_if_cannot_write()
+        if runtime_id in self._creating or self._db.execute(_EXISTS, (runtime_id,)).fetchone() is not None:
+            raise RuntimeExists(runtime_id)
         groups = grouped(journal_rows(runtime_id, 1, entries)[0])
-        now = time.time()
-        # Its own transaction, not the group commit's: a runtime is created once, and acknowledged at once.
-        with self._writing() as db:
-            if quota and db.execute(_COUNT, (tenant,)).fetchone()[0] >= quota:
-                raise runtimes_quota_reached(tenant, quota)
-            try:
-                definitions = definitions_json(agents)
-                db.execute(
-                    "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, bytes) VALUES (?, ?, ?, ?, ?, ?)",
-                    (runtime_id, definitions, now, tenant, now, len(definitions) + sum(len(group[5]) for group in groups)),
-                )
-            except sqlite3.IntegrityError:
-                raise RuntimeExists(runtime_id) from None
-            # Journal rows under the id belong to no runtime (its row was just inserted): its
-            # row was deleted without them (by hand, or by another process on the file while
-            # this one appended). The new runtime must not inherit their seqs and handles.
-            db.execute("DELETE FROM journal WHERE runtime_id = ?", (runtime_id,))
-            db.executemany(APPEND, groups)
-            keep(db, reply)
+        creation = Creation(runtime_id, tenant, definitions_json(agents), time.time(), groups, reply, quota)
+        self._creations.append(creation)
+        self._creating.add(runtime_id)
+        self._schedule_commit()
+        await asyncio.shield(creation.written)
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
         self.unwritten.discard(runtime_id)
 

@@ -3,9 +3,6 @@ of their effect), the bytes their runtimes take, and their tokens and cost by mi
 
 from __future__ import annotations
 
-import sqlite3
-
-from ...domain.errors import RequestIdTaken
 from ...domain.ports import TenantReply
 from .commits import GroupCommit
 
@@ -45,16 +42,3 @@ class Tenants(GroupCommit):
         self._commit()  # counts still buffered are written first: the delete sees them too
         with self._writing() as db:
             db.execute("DELETE FROM tenant_tokens WHERE minute < ?", (minute,))
-
-
-def keep(db: sqlite3.Connection, reply: TenantReply | None) -> None:
-    """A CreateRuntime's or DeleteRuntime's answer, in the transaction of its effect."""
-    if reply is None:
-        return
-    try:
-        db.execute(
-            "INSERT INTO replies (tenant, scope, request_id, rpc, digest, runtime_id, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (reply.tenant, reply.scope, reply.request_id, reply.rpc, reply.digest, reply.runtime_id, reply.at),
-        )
-    except sqlite3.IntegrityError:  # (the transaction rolls back: nothing created or deleted)
-        raise RequestIdTaken(f"request id {reply.request_id!r} was answered already") from None
