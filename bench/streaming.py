@@ -80,13 +80,16 @@ def _model_server(port: int, pause: float) -> None:
     serve_model(port, complete)
 
 
-async def run(watch: str, roots: int, batches: int, pause: float = 0.0, concurrency: int = 20) -> dict[str, float]:
+async def run(
+    watch: str, roots: int, batches: int, pause: float = 0.0, concurrency: int = 20, batched: bool = False
+) -> dict[str, float]:
     """CPU per model turn (median over batches) and, streaming, the first-delta delays (ms).
     A runtime per root, as hosts use it (a runtime a task or a conversation). `watch`: `none`
     (Spawn, Wake, Wait), `events` (each root watched from its spawn without deltas, as a UI
     did before streaming) or `deltas` (watched with deltas, as a UI or a client's stream_run
     does: its turns stream because they are watched). `pause`: seconds between a streamed
-    reply's pieces."""
+    reply's pieces. `batched`: the watchers ask for their events in batches (WatchRequest.batch),
+    as every client's watch and stream_run do."""
     model_port, server_port = _free_port(), _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, pause), daemon=True)
     model.start()
@@ -107,7 +110,7 @@ async def run(watch: str, roots: int, batches: int, pause: float = 0.0, concurre
                     handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
                     wake = pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go")
                     if watch != "none":
-                        result = await _watched(stub, runtime_id, handle, wake, watch == "deltas", delays)
+                        result = await _watched(stub, runtime_id, handle, wake, watch == "deltas", delays, batched)
                     else:
                         await stub.Wake(wake)
                         result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
@@ -143,22 +146,22 @@ async def run(watch: str, roots: int, batches: int, pause: float = 0.0, concurre
 
 
 async def _watched(
-    stub: Any, runtime_id: str, handle: str, wake: pb.WakeRequest, deltas: bool, delays: list[float]
+    stub: Any, runtime_id: str, handle: str, wake: pb.WakeRequest, deltas: bool, delays: list[float], batch: bool = False
 ) -> pb.TaskResult:
     """What a UI (or a client's stream_run) does: Watch the root's runtime (with deltas or not),
     Wake the root once the Watch answered, time each turn's stamped first piece as it comes, and
     end at the root's result."""
-    call: Any = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, deltas=deltas))
+    call: Any = stub.Watch(pb.WatchRequest(runtime_id=runtime_id, deltas=deltas, batch=batch))
     woken = False
     try:
         async for response in call:
             if not woken:
                 await stub.Wake(wake)
                 woken = True
-            if response.HasField("event"):
-                event = response.event
-                if event.handle_id == handle and event.HasField("result"):
-                    return event.result  # type: ignore[no-any-return]
+            if not response.HasField("delta"):
+                for event in response.events or (response.event,):
+                    if event.handle_id == handle and event.HasField("result"):
+                        return event.result  # type: ignore[no-any-return]
                 continue
             if response.delta.text.startswith(STAMP):
                 stamp = int(response.delta.text[len(STAMP) :].split(";", 1)[0])
@@ -174,18 +177,27 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3, help="alternating runs of each side")
     args = parser.parse_args()
-    sides: dict[str, list[float]] = {"none": [], "events": [], "deltas": []}
+    # Each watched side twice: one event a response (as before batches, and as a raw stub asks
+    # by default) and batched (as every client's watch and stream_run asks).
+    sides: dict[tuple[str, bool], list[float]] = {
+        ("none", False): [],
+        ("events", False): [],
+        ("events", True): [],
+        ("deltas", False): [],
+        ("deltas", True): [],
+    }
     for _ in range(args.runs):
-        for watch, cpu in sides.items():
-            cpu.append((await run(watch, args.roots, args.batches))["cpu_us_per_turn"])
-    none, events, deltas = (statistics.median(cpu) for cpu in sides.values())
-    pairs = ", ".join(f"{b / a:.2f}" for a, b in zip(sides["events"], sides["deltas"], strict=True))
+        for (watch, batch), cpu in sides.items():
+            cpu.append((await run(watch, args.roots, args.batches, batched=batch))["cpu_us_per_turn"])
+    none, events, events_batched, deltas, deltas_batched = (statistics.median(cpu) for cpu in sides.values())
+    pairs = ", ".join(f"{b / a:.2f}" for a, b in zip(sides[("events", True)], sides[("deltas", True)], strict=True))
     print(
-        f"{'streaming, C=20, no latency':<34} CPU/turn: unwatched {none:.0f}µs, watched {events:.0f}µs, watched with deltas "
-        f"{deltas:.0f}µs ({deltas / events - 1:+.0%} for the deltas; 40 pieces a reply; a runtime per root; medians of "
-        f"{args.runs} alternating runs; pairs {pairs})"
+        f"{'streaming, C=20, no latency':<34} CPU/turn: unwatched {none:.0f}µs; watched {events:.0f}µs, "
+        f"{events_batched:.0f}µs batched ({events_batched / none:.2f}x); with deltas {deltas:.0f}µs, {deltas_batched:.0f}µs "
+        f"batched ({deltas_batched / none:.2f}x; {deltas_batched / events_batched - 1:+.0%} for the deltas); 40 pieces a "
+        f"reply; a runtime per root; medians of {args.runs} alternating runs; batched pairs {pairs})"
     )
-    paced = [await run("deltas", max(args.roots // 2, 5), 2, pause=PAUSE) for _ in range(args.runs)]
+    paced = [await run("deltas", max(args.roots // 2, 5), 2, pause=PAUSE, batched=True) for _ in range(args.runs)]
     p50 = statistics.median(r["first_delta_p50_ms"] for r in paced)
     p99 = statistics.median(r["first_delta_p99_ms"] for r in paced)
     print(

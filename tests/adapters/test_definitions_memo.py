@@ -36,7 +36,7 @@ def test_definitions_with_a_fault_are_not_kept() -> None:
 
 def test_the_memo_keeps_the_latest_and_nothing_too_large() -> None:
     memo = DecodedDefinitions(kept=2, kept_bytes=2_000)
-    one, two, three = (memo.decode("acme", _agents(text))[0] for text in ("one", "two", "three"))
+    one, _two, three = (memo.decode("acme", _agents(text))[0] for text in ("one", "two", "three"))
     assert len(memo) == 2 and memo.decode("acme", _agents("one"))[0] is not one
     assert memo.decode("acme", _agents("three"))[0] is three
     large, _ = memo.decode("acme", _agents("x" * 3_000))

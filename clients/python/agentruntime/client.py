@@ -620,8 +620,9 @@ class Client:
         (waiting `backoff` seconds, doubling up to 30, or the RetryInfo's delay when longer,
         before each), or when such a run of failures would outlast the retry window; at once
         with `retries=False`."""
-        async for response in self._watch_responses(runtime_id, after_seq, False, max_retries, backoff):
-            yield response.event
+        async for item in self._watch_items(runtime_id, after_seq, False, max_retries, backoff):
+            if isinstance(item, pb.Event):
+                yield item
 
     async def watch_with_deltas(
         self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0
@@ -633,8 +634,8 @@ class Client:
         as an event does). The server sends a turn still in progress again from index 0 after a
         reconnect: each delta is handed over once, by (handle_id, turn, index), except a `reset`,
         which is always handed over and voids what was handed over of its turn."""
-        async for response in self._watch_responses(runtime_id, after_seq, True, max_retries, backoff):
-            yield response.delta if response.HasField("delta") else response.event
+        async for item in self._watch_items(runtime_id, after_seq, True, max_retries, backoff):
+            yield item
 
     async def stream_run(
         self,
@@ -662,30 +663,31 @@ class Client:
                     result = item"""
         handle_id = await self.spawn(runtime_id, agent, parent, request_id=_request_id(spawn_request_id))
         woken = False
-        async with contextlib.aclosing(self._watch_responses(runtime_id, 0, True, max_retries, backoff)) as responses:
-            async for response in responses:
+        async with contextlib.aclosing(self._watch_items(runtime_id, 0, True, max_retries, backoff)) as items:
+            async for item in items:
                 if not woken:
                     await self.wake(runtime_id, handle_id, prompt, request_id=_request_id(wake_request_id))
                     woken = True
-                if response.HasField("delta"):
-                    if response.delta.handle_id == handle_id:
-                        yield response.delta
-                elif response.event.handle_id == handle_id and response.event.WhichOneof("payload") == "result":
-                    yield response.event.result
+                if isinstance(item, pb.Delta):
+                    if item.handle_id == handle_id:
+                        yield item
+                elif item.handle_id == handle_id and item.WhichOneof("payload") == "result":
+                    yield item.result
                     return
 
-    async def _watch_responses(
+    async def _watch_items(
         self, runtime_id: str, after_seq: int, deltas: bool, max_retries: int, backoff: float
-    ) -> AsyncGenerator[pb.WatchResponse, None]:
-        """The Watch stream from `after_seq`, reopened from the last event's seq after a drop
-        (`watch` says when it gives up); with `deltas`, the deltas too, the ones already handed
-        over skipped. Deltas do not move the seq: the server sends a turn in progress again."""
+    ) -> AsyncGenerator[pb.Event | pb.Delta, None]:
+        """The Watch stream's events from `after_seq`, reopened from the last event's seq after
+        a drop (`watch` says when it gives up); with `deltas`, the deltas too, the ones already
+        handed over skipped. Deltas do not move the seq: the server sends a turn in progress
+        again. The events come in batches (WatchRequest.batch), handed over one at a time."""
         loop = asyncio.get_running_loop()
         seen = after_seq
         failures = self._failures()
         fresh = _FreshDeltas()
         while True:
-            request = pb.WatchRequest(runtime_id=runtime_id, after_seq=seen, deltas=deltas)
+            request = pb.WatchRequest(runtime_id=runtime_id, after_seq=seen, deltas=deltas, batch=True)
             call = self._stub.Watch(request, metadata=self._metadata)
             try:
                 async for response in call:
@@ -694,11 +696,14 @@ class Client:
                             continue
                         if response.delta.WhichOneof("piece") != "reset":
                             failures.reset()
-                    else:
+                        yield response.delta
+                        continue
+                    # (a server from before batches sends one event a response, in `event`)
+                    for event in response.events or (response.event,):
                         failures.reset()
-                        seen = response.event.seq
-                        fresh.forget(response.event)
-                    yield response
+                        seen = event.seq
+                        fresh.forget(event)
+                        yield event
                 # The server ended the stream (it is shutting down): reopen it like a drop.
                 error = AgentRuntimeError(grpc.StatusCode.UNAVAILABLE, "the server ended the Watch stream", [])
             except grpc.aio.AioRpcError as rpc_error:

@@ -28,6 +28,7 @@ from ..domain.limits import MAX_CLOSE_GRACE, MAX_WAIT_TIMEOUT
 from ..domain.runtime.runtime import Runtime
 from ..domain.runtime.service import RuntimeService
 from ..domain.watching.deltas import Delta
+from ..domain.watching.event_log import BATCH, Event
 from . import convert, paging
 from .auth_failures import FailedAuthentications
 from .definitions_memo import DecodedDefinitions
@@ -99,6 +100,25 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         except Unauthenticated as refused:
             self.failed_authentications.record(method, context.peer() or "", refused)
             raise
+
+    async def _batches(self, events: list[Event]) -> list[pb.WatchResponse]:
+        """Events as batched responses, each within half the send limit (an event larger than
+        that goes alone: the limit is the events' own, as for one a response)."""
+        responses: list[pb.WatchResponse] = []
+        batch: list[pb.Event] = []
+        size = 0
+        for event in events:
+            if event.result is not None:
+                await convert.prepare_output(event.result)
+            converted = convert.event_to_proto(event)
+            weight = converted.ByteSize() + 8  # (its tag and length in the response)
+            if batch and size + weight > self.page_bytes:
+                responses.append(pb.WatchResponse(events=batch))
+                batch, size = [], 0
+            batch.append(converted)
+            size += weight
+        responses.append(pb.WatchResponse(events=batch))
+        return responses
 
     async def _verified_again(self, context: Context, method: str, verified_at: float) -> float:
         """Streams outlive credentials: before a stream sends more, a credential revoked or
@@ -347,29 +367,38 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                     # Counted where the runtime is followed (what the stream holds is here), not
                     # where a replica forwards it from: a forwarded stream counts once.
                     with self.service.open_stream("watch_streams", tenant()):
-                        async for item in runtime.events.follow(seen, request.deltas):
+                        most = BATCH if request.batch else 1
+                        async for item in runtime.events.follow_batches(seen, request.deltas, most):
                             if isinstance(item, Delta):
                                 # Not journaled: nothing to acknowledge. A reconnect gets its turn again.
                                 verified = await self._verified_again(context, "Watch", verified)
                                 yield pb.WatchResponse(delta=convert.delta_to_proto(item))
                                 continue
-                            if item.seq > durable:  # a watcher never sees an event a crash could lose
+                            last = item[-1].seq
+                            if last > durable:  # a watcher never sees an event a crash could lose
                                 appended = runtime.events.published_seq
                                 await self.service.acknowledge(runtime.key)
-                                durable = max(appended, item.seq)
-                            seen = item.seq
+                                durable = max(appended, last)
                             attempt, missed = 0, None
                             verified = await self._verified_again(context, "Watch", verified)
-                            if item.result is not None:
-                                await convert.prepare_output(item.result)
-                            yield pb.WatchResponse(event=convert.event_to_proto(item))
+                            if not request.batch:
+                                if item[0].result is not None:
+                                    await convert.prepare_output(item[0].result)
+                                seen = last
+                                yield pb.WatchResponse(event=convert.event_to_proto(item[0]))
+                                continue
+                            for response in await self._batches(item):
+                                yield response
+                                seen = response.events[-1].seq
                     return
                 except OwnedElsewhere as moved:
                     metadata = metadata_of(context)
                     if self.forwarder is None or forwarded(metadata):
                         raise moving_between_replicas(request.runtime_id) from None
                     if moved.address:
-                        onward = pb.WatchRequest(runtime_id=request.runtime_id, after_seq=seen, deltas=request.deltas)
+                        onward = pb.WatchRequest(
+                            runtime_id=request.runtime_id, after_seq=seen, deltas=request.deltas, batch=request.batch
+                        )
                         try:
                             async for response in self.forwarder.stream(
                                 "Watch", onward, moved.address, metadata, context.time_remaining()
@@ -378,7 +407,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                     verified = await self._verified_again(context, "Watch", verified)
                                     yield response
                                     continue
-                                seen = response.event.seq
+                                seen = response.events[-1].seq if response.events else response.event.seq
                                 attempt, missed = 0, None
                                 verified = await self._verified_again(context, "Watch", verified)
                                 yield response

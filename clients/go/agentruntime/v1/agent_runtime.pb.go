@@ -4281,7 +4281,13 @@ type WatchRequest struct {
 	// Also send what the models write as they write it (`WatchResponse.delta`), for every
 	// handle of the runtime. Deltas are not journaled: a watcher that reconnects in the middle
 	// of a model turn gets that turn's deltas again from index 0. False: events only.
-	Deltas        bool `protobuf:"varint,3,opt,name=deltas,proto3" json:"deltas,omitempty"`
+	Deltas bool `protobuf:"varint,3,opt,name=deltas,proto3" json:"deltas,omitempty"`
+	// Send the events at hand together, in one response's `events` (a page of the history,
+	// or what happened while the last response was sent), rather than one response each: a
+	// watched run costs the server, the network and the client fewer messages
+	// (docs/streaming.md#batches). Deltas still come one a response, in their place between
+	// events. False: one event a response, in `event`.
+	Batch         bool `protobuf:"varint,4,opt,name=batch,proto3" json:"batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4337,11 +4343,23 @@ func (x *WatchRequest) GetDeltas() bool {
 	return false
 }
 
-// WatchResponse holds one event or, for a watcher that asked for deltas, one delta.
+func (x *WatchRequest) GetBatch() bool {
+	if x != nil {
+		return x.Batch
+	}
+	return false
+}
+
+// WatchResponse holds one event, one delta (for a watcher that asked for deltas) or, for a
+// watcher that asked for batches, one or more events.
 type WatchResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Event         *Event                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
-	Delta         *Delta                 `protobuf:"bytes,2,opt,name=delta,proto3" json:"delta,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next event (a watcher that did not ask for batches).
+	Event *Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
+	Delta *Delta `protobuf:"bytes,2,opt,name=delta,proto3" json:"delta,omitempty"`
+	// The next events, in seq order (a watcher that asked for batches: `event` is then unset).
+	// A batch stays within the server's message size limit.
+	Events        []*Event `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4386,6 +4404,13 @@ func (x *WatchResponse) GetEvent() *Event {
 func (x *WatchResponse) GetDelta() *Delta {
 	if x != nil {
 		return x.Delta
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
 	}
 	return nil
 }
@@ -6248,15 +6273,17 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"u\n" +
 	"\x15GetTranscriptResponse\x124\n" +
 	"\bmessages\x18\x01 \x03(\v2\x18.agentruntime.v1.MessageR\bmessages\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"x\n" +
 	"\fWatchRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x03R\bafterSeq\x12\x16\n" +
-	"\x06deltas\x18\x03 \x01(\bR\x06deltas\"k\n" +
+	"\x06deltas\x18\x03 \x01(\bR\x06deltas\x12\x14\n" +
+	"\x05batch\x18\x04 \x01(\bR\x05batch\"\x9b\x01\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x05event\x18\x01 \x01(\v2\x16.agentruntime.v1.EventR\x05event\x12,\n" +
-	"\x05delta\x18\x02 \x01(\v2\x16.agentruntime.v1.DeltaR\x05delta\"\x9c\x02\n" +
+	"\x05delta\x18\x02 \x01(\v2\x16.agentruntime.v1.DeltaR\x05delta\x12.\n" +
+	"\x06events\x18\x03 \x03(\v2\x16.agentruntime.v1.EventR\x06events\"\x9c\x02\n" +
 	"\x05Delta\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
 	"\x04turn\x18\x02 \x01(\x03R\x04turn\x12\x14\n" +
@@ -6622,69 +6649,70 @@ var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	34,  // 67: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
 	63,  // 68: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
 	60,  // 69: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
-	61,  // 70: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
-	62,  // 71: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
-	85,  // 72: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	64,  // 73: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	65,  // 74: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	66,  // 75: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	67,  // 76: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	68,  // 77: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	69,  // 78: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	30,  // 79: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10,  // 80: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,   // 81: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	11,  // 82: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
-	12,  // 83: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
-	11,  // 84: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 85: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 86: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 87: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
-	31,  // 88: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	72,  // 89: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	85,  // 90: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	12,  // 91: agentruntime.v1.RuntimeSummary.total_cost:type_name -> agentruntime.v1.Cost
-	76,  // 92: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	33,  // 93: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	78,  // 94: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	79,  // 95: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	31,  // 96: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	85,  // 97: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	36,  // 98: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	38,  // 99: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	40,  // 100: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	42,  // 101: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	44,  // 102: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	46,  // 103: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	48,  // 104: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	50,  // 105: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	52,  // 106: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	54,  // 107: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	56,  // 108: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	58,  // 109: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	70,  // 110: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	73,  // 111: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	75,  // 112: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	37,  // 113: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	39,  // 114: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	41,  // 115: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	43,  // 116: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	45,  // 117: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	47,  // 118: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	49,  // 119: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	51,  // 120: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	53,  // 121: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	55,  // 122: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	57,  // 123: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	59,  // 124: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	71,  // 125: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	74,  // 126: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	77,  // 127: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	113, // [113:128] is the sub-list for method output_type
-	98,  // [98:113] is the sub-list for method input_type
-	98,  // [98:98] is the sub-list for extension type_name
-	98,  // [98:98] is the sub-list for extension extendee
-	0,   // [0:98] is the sub-list for field type_name
+	63,  // 70: agentruntime.v1.WatchResponse.events:type_name -> agentruntime.v1.Event
+	61,  // 71: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
+	62,  // 72: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
+	85,  // 73: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	64,  // 74: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	65,  // 75: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	66,  // 76: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	67,  // 77: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	68,  // 78: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	69,  // 79: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	30,  // 80: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	10,  // 81: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,   // 82: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	11,  // 83: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
+	12,  // 84: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
+	11,  // 85: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
+	11,  // 86: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
+	12,  // 87: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
+	12,  // 88: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
+	31,  // 89: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	72,  // 90: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	85,  // 91: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	12,  // 92: agentruntime.v1.RuntimeSummary.total_cost:type_name -> agentruntime.v1.Cost
+	76,  // 93: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	33,  // 94: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	78,  // 95: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	79,  // 96: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	31,  // 97: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	85,  // 98: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	36,  // 99: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	38,  // 100: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	40,  // 101: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	42,  // 102: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	44,  // 103: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	46,  // 104: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	48,  // 105: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	50,  // 106: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	52,  // 107: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	54,  // 108: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	56,  // 109: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	58,  // 110: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	70,  // 111: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	73,  // 112: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	75,  // 113: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	37,  // 114: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	39,  // 115: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	41,  // 116: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	43,  // 117: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	45,  // 118: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	47,  // 119: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	49,  // 120: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	51,  // 121: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	53,  // 122: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	55,  // 123: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	57,  // 124: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	59,  // 125: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	71,  // 126: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	74,  // 127: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	77,  // 128: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	114, // [114:129] is the sub-list for method output_type
+	99,  // [99:114] is the sub-list for method input_type
+	99,  // [99:99] is the sub-list for extension type_name
+	99,  // [99:99] is the sub-list for extension extendee
+	0,   // [0:99] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }

@@ -2165,6 +2165,7 @@ class WatchRequest(_message.Message):
     RUNTIME_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     DELTAS_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     after_seq: _builtins.int
     """Events with a greater seq are sent; 0 sends the runtime's whole history."""
@@ -2173,16 +2174,24 @@ class WatchRequest(_message.Message):
     handle of the runtime. Deltas are not journaled: a watcher that reconnects in the middle
     of a model turn gets that turn's deltas again from index 0. False: events only.
     """
+    batch: _builtins.bool
+    """Send the events at hand together, in one response's `events` (a page of the history,
+    or what happened while the last response was sent), rather than one response each: a
+    watched run costs the server, the network and the client fewer messages
+    (docs/streaming.md#batches). Deltas still come one a response, in their place between
+    events. False: one event a response, in `event`.
+    """
     def __init__(
         self,
         *,
         runtime_id: _builtins.str = ...,
         after_seq: _builtins.int = ...,
         deltas: _builtins.bool = ...,
+        batch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "deltas", b"deltas", "runtime_id", b"runtime_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "batch", b"batch", "deltas", b"deltas", "runtime_id", b"runtime_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2190,25 +2199,37 @@ Global___WatchRequest: _TypeAlias = WatchRequest  # noqa: Y015
 
 @_typing.final
 class WatchResponse(_message.Message):
-    """WatchResponse holds one event or, for a watcher that asked for deltas, one delta."""
+    """WatchResponse holds one event, one delta (for a watcher that asked for deltas) or, for a
+    watcher that asked for batches, one or more events.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def event(self) -> Global___Event: ...
+    def event(self) -> Global___Event:
+        """The next event (a watcher that did not ask for batches)."""
+
     @_builtins.property
     def delta(self) -> Global___Delta: ...
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___Event]:
+        """The next events, in seq order (a watcher that asked for batches: `event` is then unset).
+        A batch stays within the server's message size limit.
+        """
+
     def __init__(
         self,
         *,
         event: Global___Event | None = ...,
         delta: Global___Delta | None = ...,
+        events: _abc.Iterable[Global___Event] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "event", b"event", "events", b"events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,6 +12,7 @@ first from index 0."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -29,6 +30,8 @@ Live = Event | Delta | None  # what a watcher's queue holds; None: its stream en
 # for about 0.7 ms on SQLite (bench/watch_memory.py; 200: 2 ms), so 40 watchers that start
 # together hold it for 30 ms a round.
 HISTORY_PAGE = 64
+# Events a watcher that asked for batches gets in one (follow_batches): what is at hand, up to this.
+BATCH = 64
 
 
 class Backlog(asyncio.Queue[Live]):
@@ -147,6 +150,20 @@ class EventLog:
         """History after `after_seq` from the store, then live events, in order, once each.
         With `deltas`, also the pieces of model replies: those of every turn in progress from
         index 0 (in their place among the history's events), then live ones."""
+        async with contextlib.aclosing(self.follow_batches(after_seq, deltas, 1)) as items:
+            async for item in items:
+                if isinstance(item, Delta):
+                    yield item
+                else:
+                    for event in item:
+                        yield event
+
+    async def follow_batches(
+        self, after_seq: int, deltas: bool = False, most: int = BATCH
+    ) -> AsyncGenerator[list[Event] | Delta, None]:
+        """`follow`, with the events that are at hand together in one list (a page of history,
+        or what came live while the watcher sent the last batch), at most `most` of them; a
+        delta comes alone, in its place between them."""
         queue = Backlog()
         if self._watchers is _NO_WATCHERS:
             self._watchers = set()
@@ -162,6 +179,7 @@ class EventLog:
             kept = sorted((piece for stream in self._streams.values() for piece in stream.pieces), key=_after)
         # The last piece sent of each turn's stream: the queue may hold it again.
         sent = {(piece.handle_id, piece.turn): (piece.attempt, piece.index) for piece in kept}
+        batch: list[Event] = []
         try:
             seen = after_seq
             at = 0
@@ -178,29 +196,57 @@ class EventLog:
                     if event.seq > horizon:  # later events come through the queue
                         break
                     while at < len(kept) and kept[at].after_seq < event.seq:
+                        if batch:
+                            yield batch
+                            batch = []
                         yield kept[at]
                         at += 1
                     queue.held -= 1
-                    yield event
+                    batch.append(event)
                     seen = event.seq
+                    if len(batch) >= most:
+                        yield batch
+                        batch = []
                 else:
+                    if batch:
+                        yield batch
+                        batch = []
                     await asyncio.sleep(0)  # the page is sent: others' turn before the next is read
                     continue
                 break
+            if batch:
+                yield batch
+                batch = []
             queue.held = 0
             for piece in kept[at:]:
                 yield piece
             while True:
                 live = None if self.closing else await queue.get()  # (a log closed before it came has no more)
-                if live is None:
-                    raise self._ended(seen)
-                if isinstance(live, Delta):
-                    last = sent.get((live.handle_id, live.turn))
-                    if last is None or last[0] != live.attempt or live.index > last[1]:
-                        yield live
-                elif live.seq > seen:
-                    yield live
-                    seen = live.seq
+                while True:
+                    if live is None:
+                        if batch:
+                            yield batch  # (what came before the end, then the end)
+                            batch = []
+                        raise self._ended(seen)
+                    if isinstance(live, Delta):
+                        if batch:
+                            yield batch
+                            batch = []
+                        last = sent.get((live.handle_id, live.turn))
+                        if last is None or last[0] != live.attempt or live.index > last[1]:
+                            yield live
+                    elif live.seq > seen:
+                        batch.append(live)
+                        seen = live.seq
+                        if len(batch) >= most:
+                            yield batch
+                            batch = []
+                    if queue.empty():
+                        break
+                    live = queue.get_nowait()  # at hand: it joins the batch
+                if batch:
+                    yield batch
+                    batch = []
         finally:
             self._watchers.discard(queue)
             self._delta_watchers.discard(queue)
