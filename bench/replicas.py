@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -50,72 +52,79 @@ def _machine() -> tuple[int, int]:
     return ticks[3] + ticks[4], sum(ticks)
 
 
-async def cluster_run(
-    store: str, replicas: int, latency: float, roots: int, batches: int, concurrency: int = 20
-) -> dict[str, float]:
+class Cluster:
+    """Replicas serving the bench workload (see `cluster`): each root is created on the next
+    replica in turn, and its Spawn, Wake and Wait go to that same replica."""
+
+    def __init__(self, servers: Sequence[asyncio.subprocess.Process], addresses: Sequence[str], model_port: int) -> None:
+        self.servers = list(servers)
+        self.addresses = list(addresses)
+        self.channels = [grpc.aio.insecure_channel(address) for address in addresses]
+        self.stubs = [pb_grpc.AgentRuntimeStub(channel) for channel in self.channels]
+        self.agents = _agents(model_port)
+        self.latencies: list[float] = []  # seconds, each root's, since the last clear
+        self._turn = 0
+
+    async def root(self) -> None:
+        stub = self.stubs[self._turn % len(self.stubs)]
+        self._turn += 1
+        started = time.perf_counter()
+        runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=self.agents))).runtime_id
+        handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
+        await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
+        result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
+        if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
+            raise RuntimeError(f"unexpected result: {result}")
+        self.latencies.append(time.perf_counter() - started)
+
+    def cpu(self) -> float:
+        """The replicas' CPU seconds so far."""
+        return sum(_proc_cpu_seconds(server.pid) for server in self.servers)
+
+    async def batch(self, roots: int, concurrency: int) -> tuple[float, float]:
+        """`roots` roots, `concurrency` in flight: model turns/s, and the replicas' CPU seconds per turn."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def gated() -> None:
+            async with gate:
+                await self.root()
+
+        cpu_before, started = self.cpu(), time.perf_counter()
+        await asyncio.gather(*(gated() for _ in range(roots)))
+        elapsed = time.perf_counter() - started
+        return roots * TURNS_PER_ROOT / elapsed, (self.cpu() - cpu_before) / (roots * TURNS_PER_ROOT)
+
+
+@contextlib.asynccontextmanager
+async def cluster(stores: Sequence[str], latency: float, **settings: str) -> AsyncIterator[Cluster]:
+    """A replica per store URL (the same database, or one each), the bench model server
+    replying after `latency` seconds, and `settings` (AGENTRUNTIME_* variables) for every
+    replica; stopped when the block ends."""
     model_port = _free_port()
     model = multiprocessing.Process(target=_model_server, args=(model_port, latency), daemon=True)
     model.start()
-    env = {
+    common = {
         **os.environ,
-        "AGENTRUNTIME_STORE": store,
         "AGENTRUNTIME_LLM_STYLE": "openai",
         "AGENTRUNTIME_LLM_BASE_URL": f"http://127.0.0.1:{model_port}/v1",
         "AGENTRUNTIME_LOG_LEVEL": "WARNING",
         "AGENTRUNTIME_METRICS_LISTEN": "off",
+        **settings,
     }
-    addresses = [f"127.0.0.1:{_free_port()}" for _ in range(replicas)]
+    addresses = [f"127.0.0.1:{_free_port()}" for _ in stores]
     servers = [
-        await asyncio.create_subprocess_exec(sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env=env)
-        for address in addresses
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentruntime_server", "serve", "--listen", address, env={**common, "AGENTRUNTIME_STORE": store}
+        )
+        for address, store in zip(addresses, stores, strict=True)
     ]
-    channels = [grpc.aio.insecure_channel(address) for address in addresses]
+    running = Cluster(servers, addresses, model_port)
     try:
         for address in addresses:
             await _wait_healthy(address)
-        stubs = [pb_grpc.AgentRuntimeStub(channel) for channel in channels]
-        agents = _agents(model_port)
-        turn = 0
-        latencies: list[float] = []
-
-        async def root() -> None:
-            nonlocal turn
-            stub = stubs[turn % replicas]
-            turn += 1
-            started = time.perf_counter()
-            runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
-            handle = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent="coordinator"))).handle_id
-            await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle, prompt="go"))
-            result = (await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle))).result
-            if result.status != pb.STATUS_DONE or result.total_tokens != 50 * TURNS_PER_ROOT:
-                raise RuntimeError(f"unexpected result: {result}")
-            latencies.append(time.perf_counter() - started)
-
-        def cpu() -> float:
-            return sum(_proc_cpu_seconds(server.pid) for server in servers)
-
-        busy: list[float] = []
-
-        async def batch() -> tuple[float, float]:
-            gate = asyncio.Semaphore(concurrency)
-
-            async def gated() -> None:
-                async with gate:
-                    await root()
-
-            cpu_before, started, machine = cpu(), time.perf_counter(), _machine()
-            await asyncio.gather(*(gated() for _ in range(roots)))
-            elapsed = time.perf_counter() - started
-            (idle, total), (idle_before, total_before) = _machine(), machine
-            busy.append(1 - (idle - idle_before) / max(total - total_before, 1))
-            return roots * TURNS_PER_ROOT / elapsed, (cpu() - cpu_before) / (roots * TURNS_PER_ROOT)
-
-        await batch()  # warm-up
-        latencies.clear()
-        rates, cpus = zip(*[await batch() for _ in range(batches)], strict=True)
-        return {**summary(rates, cpus, latencies), "machine_busy": statistics.median(busy[1:])}
+        yield running
     finally:
-        for channel in channels:
+        for channel in running.channels:
             await channel.close()
         for server in servers:
             server.terminate()
@@ -123,6 +132,25 @@ async def cluster_run(
             await server.wait()
         model.terminate()
         model.join()
+
+
+async def cluster_run(
+    store: str, replicas: int, latency: float, roots: int, batches: int, concurrency: int = 20
+) -> dict[str, float]:
+    async with cluster([store] * replicas, latency) as running:
+        busy: list[float] = []
+
+        async def batch() -> tuple[float, float]:
+            machine = _machine()
+            figures = await running.batch(roots, concurrency)
+            (idle, total), (idle_before, total_before) = _machine(), machine
+            busy.append(1 - (idle - idle_before) / max(total - total_before, 1))
+            return figures
+
+        await batch()  # warm-up
+        running.latencies.clear()
+        rates, cpus = zip(*[await batch() for _ in range(batches)], strict=True)
+        return {**summary(rates, cpus, running.latencies), "machine_busy": statistics.median(busy[1:])}
 
 
 async def main() -> None:
