@@ -567,7 +567,9 @@ export class AgentRuntimeClient {
    * drawn from its upper half (none when lagging), at least RetryInfo's retry_delay. After
    * `maxRetries` (default 5) reconnections in a row with no event between them, or failures in a
    * row for longer than the client's `retryWindowMs`, the last error is thrown; any other code is
-   * thrown at once. `options.signal` (or leaving the loop) ends it.
+   * thrown at once. `options.signal` (or leaving the loop) ends it. The server is asked for
+   * batches (`WatchRequest.batch`: the events at hand in one response), whose events are handed
+   * over one at a time.
    *
    * ```ts
    * const stop = new AbortController();

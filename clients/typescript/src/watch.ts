@@ -100,7 +100,8 @@ function turnKey(handleId: string, turn: bigint): string {
  * new piece counts as progress between failures, as an event does, so a long turn streamed
  * across several drops is not given up on; a repeat does not (a stream that keeps re-sending
  * one turn and dropping would be retried for ever), nor does a reset (a turn restarted is no
- * further on).
+ * further on). It asks for batches (WatchRequest.batch: the events at hand in one response)
+ * and hands their events over one at a time, each moving the seq, as one event a response.
  */
 export async function* watchItems(
   raw: ConnectClient<typeof AgentRuntime>,
@@ -125,7 +126,7 @@ export async function* watchItems(
     let dropped: ConnectError | undefined;
     try {
       // No deadline: the stream lives until it is aborted or dropped.
-      const request = { runtimeId, afterSeq: seen, deltas };
+      const request = { runtimeId, afterSeq: seen, deltas, batch: true };
       for await (const response of raw.watch(request, { signal: stream.signal, timeoutMs: 0 })) {
         const delta = response.delta;
         if (delta !== undefined) {
@@ -134,12 +135,16 @@ export async function* watchItems(
           yield { delta };
           continue;
         }
-        const event = response.event;
-        if (event === undefined || event.seq <= seen) continue; // never the same event twice
-        [failures, pausedMs] = [0, 0];
-        seen = event.seq;
-        filter.forget(event);
-        yield { event };
+        // A batch (WatchRequest.batch) holds the events at hand, in seq order; a server from
+        // before batches sends one event a response, in `event`.
+        const events = response.events.length > 0 ? response.events : response.event ? [response.event] : [];
+        for (const event of events) {
+          if (event.seq <= seen) continue; // never the same event twice
+          [failures, pausedMs] = [0, 0];
+          seen = event.seq;
+          filter.forget(event);
+          yield { event };
+        }
       }
     } catch (error) {
       if (signal?.aborted) return; // our own cancellation, whatever code it surfaced as

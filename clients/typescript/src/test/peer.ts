@@ -1,7 +1,7 @@
 // A loopback gRPC server implementing AgentRuntime (Connect's Node adapter over HTTP/2), the
 // peer of the retry tests: each method fails its next attempts as a test tells it to, then
 // answers, and every attempt it sees is recorded with its request id; a Watch stream can be
-// scripted (its responses, deltas among them, then a drop or silence).
+// scripted (its responses, deltas and batches of events among them, then a drop or silence).
 
 import { once } from "node:events";
 import * as http2 from "node:http2";
@@ -63,8 +63,8 @@ export class Peer {
    * Watch stream sends its first response (to check what a client waits for before a call).
    */
   readonly timeline: string[] = [];
-  /** Each Watch request's after_seq and deltas, in order. */
-  readonly watchRequests: { afterSeq: bigint; deltas: boolean }[] = [];
+  /** Each Watch request's after_seq, deltas and batch, in order. */
+  readonly watchRequests: { afterSeq: bigint; deltas: boolean; batch: boolean }[] = [];
   private readonly watchScripts: WatchScript[] = [];
   private readonly faults = new Map<string, Fault[]>();
   private readonly always = new Map<string, Fault>();
@@ -187,18 +187,21 @@ export class Peer {
   }
 
   /**
-   * Watch: after the attempt's fault (if any), the next script's responses and its end, or
-   * without one the event after `afterSeq`, then nothing until cancelled.
+   * Watch: after the attempt's fault (if any), the next script's responses (as written, whatever
+   * the request's `batch`) and its end, or without one the event after `afterSeq` (in `events`
+   * when the request asked for batches, else in `event`), then nothing until cancelled.
    */
   private async *watchStream(
     afterSeq: bigint,
     deltas: boolean,
+    batch: boolean,
     context: HandlerContext,
   ): AsyncGenerator<MessageInitShape<typeof WatchResponseSchema>> {
-    this.watchRequests.push({ afterSeq, deltas });
+    this.watchRequests.push({ afterSeq, deltas, batch });
     await this.attempt("Watch", "", context, () => undefined);
     const script = this.watchScripts.shift();
-    const send = script?.send ?? [{ event: { seq: afterSeq + 1n, handleId: "root/worker.1" } }];
+    const next = { seq: afterSeq + 1n, handleId: "root/worker.1" };
+    const send = script?.send ?? [batch ? { events: [next] } : { event: next }];
     for (const [i, response] of send.entries()) {
       if (i === 0) this.timeline.push("Watch answered");
       yield response;
@@ -233,7 +236,7 @@ export class Peer {
               ? { handleId: request.handleId, status: Status.TIMEOUT }
               : { handleId: request.handleId, status: Status.DONE, text: "done" },
         })),
-      watch: (request, context) => this.watchStream(request.afterSeq, request.deltas, context),
+      watch: (request, context) => this.watchStream(request.afterSeq, request.deltas, request.batch, context),
     });
   }
 }

@@ -1,5 +1,6 @@
 // streamRun: which deltas a consumer is handed (DeltaFilter), and the helper against the loopback
-// gRPC server (peer.ts) playing Watch streams that carry deltas, drop mid-turn and start over.
+// gRPC server (peer.ts) playing Watch streams that carry deltas, drop mid-turn and start over;
+// then watch() and streamRun on Watch batches (WatchResponse.events) and on single events.
 
 import assert from "node:assert/strict";
 import { after, before, beforeEach, describe, it } from "node:test";
@@ -14,6 +15,7 @@ import {
   type AgentRuntimeClient,
   type ClientOptions,
   type Delta,
+  type Event,
   type StreamRunItem,
   type StreamRunOptions,
   type WatchResponseSchema,
@@ -41,6 +43,11 @@ function result(seq: number, value: string, handleId = HANDLE): Response {
   return {
     event: { seq: BigInt(seq), handleId, payload: { case: "result", value: { handleId, status: Status.DONE, text: value } } },
   };
+}
+
+/** One response holding the events of `responses` together (WatchRequest.batch), in that order. */
+function batch(...responses: Response[]): Response {
+  return { events: responses.map((response) => response.event ?? {}) };
 }
 
 /** A delta as DeltaFilter sees it. */
@@ -132,7 +139,7 @@ describe("streamRun (a loopback gRPC server)", () => {
       peer.attempts.map((attempt) => `${attempt.method} ${attempt.requestId}`),
       ["Spawn s-1", "Watch ", "Wake w-1"],
     );
-    assert.deepEqual(peer.watchRequests, [{ afterSeq: 0n, deltas: true }]);
+    assert.deepEqual(peer.watchRequests, [{ afterSeq: 0n, deltas: true, batch: true }]);
   });
 
   it("wakes only once the Watch has answered (a provider's turn streams only to watchers there when it starts)", async () => {
@@ -163,8 +170,8 @@ describe("streamRun (a loopback gRPC server)", () => {
     assert.deepEqual(await items(stream), ["text 0 Stream", "text 1 ing", "text 2  lets", "result Streaming lets"]);
     // Deltas are not journaled: the reconnection asks from the last event, not from a delta.
     assert.deepEqual(peer.watchRequests, [
-      { afterSeq: 0n, deltas: true },
-      { afterSeq: 1n, deltas: true },
+      { afterSeq: 0n, deltas: true, batch: true },
+      { afterSeq: 1n, deltas: true, batch: true },
     ]);
     assert.deepEqual(disconnects, [Code.Unavailable]);
   });
@@ -245,6 +252,102 @@ describe("streamRun (a loopback gRPC server)", () => {
     const events = client().watch("rt-1", 0);
     assert.equal((await events.next()).value?.seq, 1n);
     await events.return(undefined);
-    assert.deepEqual(peer.watchRequests, [{ afterSeq: 0n, deltas: false }]);
+    assert.deepEqual(peer.watchRequests, [{ afterSeq: 0n, deltas: false, batch: true }]);
+  });
+});
+
+// A client that ignored a batch would wait on its Watch for ever: the suite fails instead.
+describe("Watch batches (a loopback gRPC server)", { timeout: 20_000 }, () => {
+  let peer: Peer;
+  const clients: AgentRuntimeClient[] = [];
+  const client = (): AgentRuntimeClient => {
+    const made = createClient(peer.address, { keepalive: false });
+    clients.push(made);
+    return made;
+  };
+  const fast: StreamRunOptions = { backoffMs: 1 };
+
+  before(async () => {
+    peer = await new Peer().start();
+  });
+  beforeEach(() => peer.reset());
+  after(async () => {
+    for (const made of clients) made.disconnect();
+    await peer.stop();
+  });
+
+  /** The seqs of the first `count` events of `stream`, then it is left (the Watch cancelled). */
+  async function seqs(stream: AsyncGenerator<Event, void, undefined>, count: number): Promise<bigint[]> {
+    const seen: bigint[] = [];
+    for await (const item of stream) {
+      seen.push(item.seq);
+      if (seen.length === count) break;
+    }
+    return seen;
+  }
+
+  it("watch(): hands a batch's events over one at a time, in order, and reconnects after the last event of the last batch", async () => {
+    peer.scriptWatch(
+      { send: [batch(event(1), event(2), event(3)), batch(event(4), event(5))], end: "drop" },
+      { send: [batch(event(6), event(7))] },
+    );
+    const handed: string[] = [];
+    const stream = client().watch("rt-1", 0, { ...fast, onDisconnect: () => handed.push("drop") });
+    for await (const item of stream) {
+      handed.push(`${item.seq}`);
+      if (item.seq === 7n) break;
+    }
+    assert.deepEqual(handed, ["1", "2", "3", "4", "5", "drop", "6", "7"]);
+    assert.deepEqual(peer.watchRequests, [
+      { afterSeq: 0n, deltas: false, batch: true },
+      { afterSeq: 5n, deltas: false, batch: true },
+    ]);
+  });
+
+  it("watch(): one event a response in `event` (a server from before batches) is handed over and resumed from as before", async () => {
+    peer.scriptWatch({ send: [event(1), event(2)], end: "drop" }, { send: [event(3)] });
+    assert.deepEqual(await seqs(client().watch("rt-1", 0, fast), 3), [1n, 2n, 3n]);
+    assert.deepEqual(
+      peer.watchRequests.map((request) => request.afterSeq),
+      [0n, 2n],
+    );
+  });
+
+  it("watch(): an event of a batch already handed over is not handed over again", async () => {
+    peer.scriptWatch({ send: [batch(event(1), event(2))], end: "drop" }, { send: [batch(event(2), event(3))] });
+    assert.deepEqual(await seqs(client().watch("rt-1", 0, fast), 3), [1n, 2n, 3n]);
+  });
+
+  it("watch(): leaving the loop in the middle of a batch cancels the Watch; the next one starts after the last event handed over", async () => {
+    peer.scriptWatch({ send: [batch(event(1), event(2), event(3))] });
+    assert.deepEqual(await seqs(client().watch("rt-1", 0), 2), [1n, 2n]);
+    peer.scriptWatch({ send: [batch(event(3), event(4))] });
+    assert.deepEqual(await seqs(client().watch("rt-1", 2n), 2), [3n, 4n]);
+    assert.deepEqual(
+      peer.watchRequests.map((request) => request.afterSeq),
+      [0n, 2n],
+    );
+  });
+
+  it("streamRun: batches between deltas, a drop after a batch, the reconnection from its last event", async () => {
+    peer.scriptWatch(
+      {
+        send: [
+          batch(event(1), event(2, "root/other.1")),
+          text(0, "Stream"),
+          batch(event(3, "root/other.1"), event(4)),
+          text(1, "ing"),
+        ],
+        end: "drop",
+      },
+      { send: [text(0, "Stream"), text(1, "ing"), text(2, " on"), batch(event(5, "root/other.1"), result(6, "Streaming on"))] },
+    );
+    const stream = client().streamRun("rt-1", "writer", "write", "root", fast);
+    assert.deepEqual(await items(stream), ["text 0 Stream", "text 1 ing", "text 2  on", "result Streaming on"]);
+    assert.deepEqual(peer.watchRequests, [
+      { afterSeq: 0n, deltas: true, batch: true },
+      { afterSeq: 4n, deltas: true, batch: true },
+    ]);
+    assert.deepEqual(peer.timeline, ["Spawn", "Watch", "Watch answered", "Wake", "Watch", "Watch answered"]);
   });
 });
