@@ -751,8 +751,9 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * Spawn and its Wake each carry a request id generated once, as {@link #run} does.
    *
    * <p>The watch is the runtime's from its first event ({@code after_seq} 0) with
-   * {@code WatchRequest.deltas}, reconnected exactly as {@link #watch(String, long)} does (from the
-   * last event's seq, the same backoff and limits; a delta not seen before, other than a reset,
+   * {@code WatchRequest.deltas} (and batches, as {@link #watch(String, long)} asks for), reconnected
+   * exactly as {@link #watch(String, long)} does (from the last event's seq, the last of its batch,
+   * the same backoff and limits; a delta not seen before, other than a reset,
    * counts as progress as an event does). The Wake is sent only once the watch has answered (with
    * the handle's {@code spawned} event, at least): a real provider's turn streams only to the
    * watchers subscribed when it starts, and the server subscribes a watcher before it sends its
@@ -959,7 +960,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * The runtime's events after {@code afterSeq} (0: its whole history), in order, once each, as a
    * blocking iterator that never ends by itself: {@code hasNext()} blocks until the next event and
    * is {@code false} only once the stream is closed. The stream uses this client's channel (its TLS
-   * and call credentials) and has no deadline.
+   * and call credentials) and has no deadline. It asks for batches ({@code WatchRequest.batch}: the
+   * events at hand in one response) and hands their events over one at a time.
    *
    * <p>A dropped stream (UNAVAILABLE, or a CANCELLED the caller did not cause, as a stopping grpc-core
    * server sends, grpc/grpc#41785; RESOURCE_EXHAUSTED with {@code ErrorInfo} reason

@@ -9,6 +9,7 @@ import io.grpc.Context;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
+import java.util.ArrayDeque;
 import java.util.Iterator;
 import java.util.List;
 import java.util.NoSuchElementException;
@@ -23,6 +24,11 @@ import java.util.function.Consumer;
  * {@link AutoCloseable} that stops it.
  *
  * <ul>
+ *   <li>Every stream it opens asks for batches ({@code WatchRequest.batch}): the server sends the
+ *       events at hand together in one response's {@code events}, and they are handed over one at a
+ *       time, in order, as from one event a response (which a server from before batches sends, in
+ *       {@code event}, and which is taken as well). {@link #lastSeq()} moves with each event handed
+ *       over, so a reconnect goes on after the last event of the last batch.
  *   <li>{@link #hasNext()} blocks until the next event arrives; it is {@code false} only once the
  *       stream is closed (by {@link #close()}, from any thread, or by closing the client).
  *   <li>A dropped stream (UNAVAILABLE, or a CANCELLED the caller did not cause, which a grpc-core
@@ -78,6 +84,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
 
   // The iterating thread's.
   private Iterator<WatchResponse> responses; // null: no stream open
+  private final ArrayDeque<Event> batch = new ArrayDeque<>(); // the last response's events not yet handed over
   private Event next; // fetched by hasNext(), not yet returned by next()
   private volatile long lastSeq;
   private int failures; // reconnects since the last event (or fresh delta)
@@ -132,6 +139,11 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
       return true;
     }
     while (!closed) {
+      Event pending = batch.poll();
+      if (pending != null) {
+        hold(pending);
+        return true;
+      }
       if (responses == null && !open()) {
         return false;
       }
@@ -175,16 +187,23 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
         }
         continue;
       }
-      failures = 0;
-      Event event = response.getEvent();
-      if (deltas != null) {
-        deltas.forget(event);
+      if (response.getEventsCount() == 0) {
+        hold(response.getEvent()); // a server from before batches: one event a response, in `event`
+        return true;
       }
-      lastSeq = event.getSeq();
-      next = event;
-      return true;
+      batch.addAll(response.getEventsList()); // handed over one at a time, from the top of the loop
     }
     return false;
+  }
+
+  /** Holds {@code event} for {@link #next()}: progress, and the seq a reconnect goes on after. */
+  private void hold(Event event) {
+    failures = 0;
+    if (deltas != null) {
+      deltas.forget(event);
+    }
+    lastSeq = event.getSeq();
+    next = event;
   }
 
   /**
@@ -244,7 +263,7 @@ public final class WatchStream implements Iterator<Event>, AutoCloseable {
   /** Opens a stream from {@link #lastSeq} in a cancellable context; {@code false} when closed. */
   private boolean open() {
     WatchRequest request = WatchRequest.newBuilder()
-        .setRuntimeId(runtimeId).setAfterSeq(lastSeq).setDeltas(deltas != null).build();
+        .setRuntimeId(runtimeId).setAfterSeq(lastSeq).setDeltas(deltas != null).setBatch(true).build();
     synchronized (lock) {
       if (closed) {
         return false;

@@ -13,6 +13,7 @@ import dev.agentruntime.v1.WakeRequest;
 import dev.agentruntime.v1.WakeResponse;
 import dev.agentruntime.v1.WatchRequest;
 import dev.agentruntime.v1.WatchResponse;
+import io.grpc.Context;
 import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
 import io.grpc.Status;
@@ -40,10 +41,10 @@ import java.util.stream.Collectors;
  * stream dropped (a status), ended, or left open. It shows that the helper
  *
  * <ul>
- *   <li>spawns with a request id, watches from seq 0 with {@code deltas}, and wakes (with a request
- *       id, the same on a retried attempt) only once the Watch has sent its first response, on the
- *       stream reopened when the first one dropped before it (a real provider's turn streams only
- *       to the watchers subscribed when it starts);
+ *   <li>spawns with a request id, watches from seq 0 with {@code deltas} and {@code batch}, and
+ *       wakes (with a request id, the same on a retried attempt) only once the Watch has sent its
+ *       first response, on the stream reopened when the first one dropped before it (a real
+ *       provider's turn streams only to the watchers subscribed when it starts);
  *   <li>reconnects from the last event's seq (deltas do not move it) and hands over the handle's
  *       deltas once each when the server sends the turn in progress again from index 0, a
  *       {@code reset} every time it comes, and no other handle's (a sibling's, a child's);
@@ -54,10 +55,13 @@ import java.util.stream.Collectors;
  *       (drops in a row with only those between them are given up on after 5 reconnects);
  *   <li>ends with the consumer's own exception (the stream cancelled), and with CANCELLED when the
  *       client is closed under it;
+ *   <li>takes batched events ({@code WatchResponse.events}) and single ones ({@code event}, a server
+ *       from before batches) alike, among deltas, and reconnects from the last event of the last batch;
  * </ul>
  *
- * and that a plain {@code watch} asks for no deltas and skips one sent all the same. Run by
- * {@link ClientCheck}.
+ * and that a plain {@code watch} asks for batches but no deltas, skips a delta sent all the same,
+ * hands a batch's events over one at a time in order ({@code lastSeq()} moving with each) and
+ * reconnects after the last event of the last batch. Run by {@link ClientCheck}.
  */
 final class StreamRunCheck {
   private StreamRunCheck() {}
@@ -128,6 +132,15 @@ final class StreamRunCheck {
     return WatchResponse.newBuilder().setEvent(Event.newBuilder().setSeq(seq).setHandleId(handleId)
         .setResult(TaskResult.newBuilder().setHandleId(handleId).setText(text)
             .setStatus(dev.agentruntime.v1.Status.STATUS_DONE))).build();
+  }
+
+  /** One batched response ({@code events}) of the events of single-event responses, in their order. */
+  private static WatchResponse batch(WatchResponse... singles) {
+    WatchResponse.Builder batch = WatchResponse.newBuilder();
+    for (WatchResponse single : singles) {
+      batch.addEvents(single.getEvent());
+    }
+    return batch.build();
   }
 
   private static WatchResponse text(String handleId, long turn, long index, String text) {
@@ -249,6 +262,8 @@ final class StreamRunCheck {
         replaysAreNoProgress(client, standIn);
         consumerFails(client, standIn);
         plainWatch(client, standIn);
+        batchedWatch(client, standIn);
+        batchedStreamRun(client, standIn);
       }
       try (AgentRuntimeClient shortWindow = AgentRuntimeClient.newBuilder(target)
           .retryWindow(java.time.Duration.ofMillis(500)).build()) {
@@ -259,12 +274,14 @@ final class StreamRunCheck {
       server.shutdownNow();
       server.awaitTermination(5, TimeUnit.SECONDS);
     }
-    return "streamRun: Spawn, Watch from seq 0 with deltas, Wake after the Watch's first response (on the reopened "
-        + "stream after a drop before it; its retry with the same request id), reconnected from the last event's "
+    return "streamRun: Spawn, Watch from seq 0 with deltas and batches, Wake after the Watch's first response (on "
+        + "the reopened stream after a drop before it; its retry with the same request id), reconnected from the last event's "
         + "seq; a turn sent again from index 0 handed over once, a reset each time, no other handle's deltas; the "
         + "handle's first result; a new piece is progress (8 drops, one between each two, and a turn longer than "
         + "the window between drops go on), pieces sent again and resets are not (5 reconnects at most); the "
-        + "consumer's exception and a closed client end it; a plain watch asks for no deltas";
+        + "consumer's exception and a closed client end it; a plain watch asks for batches, no deltas; batches of "
+        + "events (with single events and deltas between them) handed over one at a time in order, reconnected "
+        + "after the last event of the last batch";
   }
 
   /**
@@ -292,9 +309,9 @@ final class StreamRunCheck {
     expect(pieces.equals(want), "deltas handed over " + pieces + ", want " + want);
     expect(deltas.stream().allMatch(d -> d.getHandleId().equals(HANDLE)), "another handle's delta: " + deltas);
     List<String> asked = standIn.watches.stream()
-        .map(w -> w.getRuntimeId() + "@" + w.getAfterSeq() + (w.getDeltas() ? "+deltas" : ""))
-        .collect(Collectors.toList());
-    expect(asked.equals(List.of("rt@0+deltas", "rt@2+deltas", "rt@2+deltas")), "watches asked: " + asked);
+        .map(StreamRunCheck::asked).collect(Collectors.toList());
+    expect(asked.equals(List.of("rt@0+deltas+batch", "rt@2+deltas+batch", "rt@2+deltas+batch")),
+        "watches asked: " + asked);
     expect(standIn.requestIds.size() == 2 && standIn.requestIds.stream().noneMatch(String::isEmpty)
         && !standIn.requestIds.get(0).equals(standIn.requestIds.get(1)), "Spawn and Wake request ids: " + standIn.requestIds);
     wokeOnceWatching(standIn, 1, 1);
@@ -405,14 +422,86 @@ final class StreamRunCheck {
     expect(standIn.cancelled.await(5, TimeUnit.SECONDS), "the Watch was not cancelled after the consumer's exception");
   }
 
-  /** A plain watch sends deltas=false, and a delta sent all the same is not taken for an event. */
+  /** A Watch call as the checks compare them: runtime@after_seq, +deltas, +batch. */
+  private static String asked(WatchRequest request) {
+    return request.getRuntimeId() + "@" + request.getAfterSeq() + (request.getDeltas() ? "+deltas" : "")
+        + (request.getBatch() ? "+batch" : "");
+  }
+
+  /**
+   * A plain watch sends deltas=false and batch=true, and a delta sent all the same is not taken for
+   * an event.
+   */
   private static void plainWatch(AgentRuntimeClient client, StandIn standIn) {
     standIn.reset(held(text(HANDLE, 1, 0, "stray"), event(1, HANDLE)));
     try (WatchStream events = client.watch("rt", 0)) {
       Event first = events.next();
       expect(first.getSeq() == 1 && events.lastSeq() == 1, "a plain watch's first event: seq " + first.getSeq());
     }
-    expect(!standIn.watches.get(0).getDeltas(), "a plain watch asked for deltas");
+    expect(asked(standIn.watches.get(0)).equals("rt@0+batch"), "a plain watch asked " + asked(standIn.watches.get(0)));
+  }
+
+  /**
+   * A plain watch of batches: two batches of several events, the stream dropped after them, then a
+   * batch and a single event (as a server from before batches sends it) on the reopened one. The
+   * events come one at a time, in order, each once, {@code lastSeq()} moving with each, and the
+   * reconnect asks for the seqs after the last event of the last batch (5).
+   */
+  private static void batchedWatch(AgentRuntimeClient client, StandIn standIn) {
+    standIn.reset(
+        dropped(lagging(), batch(event(1, HANDLE), event(2, HANDLE), event(3, HANDLE)),
+            batch(event(4, HANDLE), event(5, HANDLE))),
+        held(batch(event(6, HANDLE), event(7, HANDLE)), event(8, HANDLE)));
+    List<String> seen = new ArrayList<>();
+    ScheduledExecutorService timer = Executors.newSingleThreadScheduledExecutor();
+    try (WatchStream events = client.watch("rt", 0)) {
+      timer.schedule((Runnable) events::close, 10, TimeUnit.SECONDS); // a client that waits for more ends
+      for (int i = 0; i < 8 && events.hasNext(); i++) {
+        Event event = events.next();
+        seen.add(event.getSeq() + (events.lastSeq() == event.getSeq() ? "" : " (lastSeq " + events.lastSeq() + ")"));
+      }
+    } finally {
+      timer.shutdownNow();
+    }
+    List<String> want = List.of("1", "2", "3", "4", "5", "6", "7", "8");
+    expect(seen.equals(want), "a batched watch handed over " + seen + ", want " + want);
+    List<String> asked = standIn.watches.stream().map(StreamRunCheck::asked).collect(Collectors.toList());
+    expect(asked.equals(List.of("rt@0+batch", "rt@5+batch")), "a batched watch asked " + asked);
+  }
+
+  /**
+   * streamRun on batches: a batch (the handle's spawn and a sibling's event) and the turn's first
+   * pieces, a drop, then the turn again from index 0 and its last piece, and a batch holding the
+   * TurnEnded, a sibling's result, the handle's result and an event after it. The Wake follows the
+   * first batch, the reconnect asks from the last event of that batch (2), each piece is handed over
+   * once, and the result is the handle's.
+   */
+  private static void batchedStreamRun(AgentRuntimeClient client, StandIn standIn) throws Exception {
+    String sibling = "root/other.1";
+    standIn.reset(
+        dropped(lagging(), batch(event(1, HANDLE), event(2, sibling)), text(HANDLE, 1, 0, "Hel"),
+            text(HANDLE, 1, 1, "lo")),
+        held(text(HANDLE, 1, 0, "Hel"), text(HANDLE, 1, 1, "lo"), text(HANDLE, 1, 2, "!"),
+            batch(turnEnded(3, HANDLE, 1), result(4, sibling, "not this one"), result(5, HANDLE, "Hello!"),
+                event(6, HANDLE))));
+    List<Delta> deltas = new ArrayList<>();
+    ScheduledExecutorService timer = Executors.newSingleThreadScheduledExecutor();
+    Context.CancellableContext bounded = Context.current().withDeadlineAfter(10, TimeUnit.SECONDS, timer);
+    TaskResult result;
+    try {
+      result = bounded.call(() -> client.streamRun("rt", "writer", "write it", "root", deltas::add));
+    } catch (AgentRuntimeException e) {
+      throw new IllegalStateException("streamRun on batches: " + e, e);
+    } finally {
+      bounded.cancel(null);
+      timer.shutdownNow();
+    }
+    List<String> pieces = deltas.stream().map(StreamRunCheck::piece).collect(Collectors.toList());
+    expect(result.getHandleId().equals(HANDLE) && result.getText().equals("Hello!")
+        && pieces.equals(List.of("Hel", "lo", "!")), "streamRun on batches: " + pieces + " / " + result.getText());
+    List<String> asked = standIn.watches.stream().map(StreamRunCheck::asked).collect(Collectors.toList());
+    expect(asked.equals(List.of("rt@0+deltas+batch", "rt@2+deltas+batch")), "streamRun on batches asked " + asked);
+    wokeOnceWatching(standIn, 1, 1);
   }
 
   /** Closing the client under a streamRun ends it with the client's own CANCELLED. */
