@@ -13,6 +13,8 @@ import (
 // each once, as a sequence for range; it never ends by itself. The stream uses the
 // client's connection (TLS and the token apply as for every call) and has no deadline.
 // (Go 1.22, which cannot range over functions: WatchFunc, the same watch with a callback.)
+// It asks the server for batches (WatchRequest.batch, several events a response) and hands
+// their events over one at a time; a server from before batches works as well.
 //
 // A dropped stream (UNAVAILABLE; a CANCELLED the caller did not cause, which grpc-core
 // gives calls at a server's shutdown, grpc/grpc#41785; the server ending it; or

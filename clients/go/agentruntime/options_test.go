@@ -123,6 +123,53 @@ func TestWatchFuncReconnectsAndStops(t *testing.T) {
 	}
 }
 
+func TestWatchFuncHandsOverBatchesOneEventAtATime(t *testing.T) {
+	// Batches, then, after a restart, a server from before batches (one event in `event`)
+	// that then sends batches again: the callback gets 1..6 one at a time and stops in the
+	// middle of the last batch.
+	client, f := dialFake(t)
+	var calls counter
+	var mu sync.Mutex
+	var afterSeqs []int64
+	batches := true
+	f.watch = func(req *v1.WatchRequest, s v1.AgentRuntime_WatchServer) error {
+		mu.Lock()
+		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+		batches = batches && req.GetBatch()
+		mu.Unlock()
+		if calls.next() == 1 {
+			if err := sendAll(s, eventBatch(1, 2), eventBatch(3)); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		if err := sendAll(s, event(4), eventBatch(5, 6, 7)); err != nil {
+			return err
+		}
+		<-s.Context().Done()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a client blind to batches waits forever
+	defer cancel()
+	var got []int64
+	err := client.WatchFunc(ctx, "rt", 0, func(e *v1.Event) error {
+		got = append(got, e.GetSeq())
+		if e.GetSeq() == 6 {
+			return ErrStopWatch
+		}
+		return nil
+	}, WithWatchBackoff(time.Millisecond, 10*time.Millisecond))
+	if err != nil {
+		t.Fatalf("WatchFunc = %v after events %v, want nil after ErrStopWatch", err, got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got, []int64{1, 2, 3, 4, 5, 6}) || !slices.Equal(afterSeqs, []int64{0, 3}) || !batches {
+		t.Errorf("events %v over streams from %v (batches asked: %v), want 1..6 over streams from 0 and 3, batches asked",
+			got, afterSeqs, batches)
+	}
+}
+
 func TestListStopsAtARefusedPage(t *testing.T) {
 	client, f := dialFake(t)
 	f.listErr = status.Error(codes.InvalidArgument, "bad page_token")

@@ -13,11 +13,11 @@ import (
 // caller that repeats a StreamRun it lost track of with the same ids gets the same
 // handle, not run again, and its pieces and result from the start.
 //
-// It watches the runtime from its first event with WatchRequest.deltas and sends the
-// Wake only once that Watch has answered (the handle's `spawned` event, at least): the
-// server subscribes a watcher before it sends the history, and a provider's turn streams
-// only to the watchers subscribed when it starts, so a Wake sent earlier could run the
-// first turn unseen. It reconnects as Watch does (WithRunWatchOptions configures it),
+// It watches the runtime from its first event with WatchRequest.deltas (and batch, as
+// Watch does) and sends the Wake only once that Watch has answered (the handle's
+// `spawned` event, at least): the server subscribes a watcher before it sends the
+// history, and a provider's turn streams only to the watchers subscribed when it starts,
+// so a Wake sent earlier could run the first turn unseen. It reconnects as Watch does (WithRunWatchOptions configures it),
 // from the last event seen, after the same failures and delays, and it gives up on the
 // same errors, as an *Error; once ctx is done it returns ctx's error as an *Error
 // (CANCELLED or DEADLINE_EXCEEDED), as Run does. After a reconnect the server sends each
@@ -44,7 +44,7 @@ func (c *Client) StreamRun(ctx context.Context, runtimeID, agent, prompt, parent
 	woken := false
 	var result *v1.TaskResult
 	var failed error
-	c.watchStream(ctx, runtimeID, 0, true, o.watch, func(resp *v1.WatchResponse, err error) bool {
+	c.watchStream(ctx, runtimeID, 0, true, o.watch, func(event *v1.Event, delta *v1.Delta, err error) bool {
 		if err != nil {
 			failed = err
 			return false
@@ -56,13 +56,13 @@ func (c *Client) StreamRun(ctx context.Context, runtimeID, agent, prompt, parent
 			}
 			woken = true
 		}
-		if delta := resp.GetDelta(); delta != nil {
+		if delta != nil {
 			if delta.GetHandleId() == handleID && onDelta != nil {
 				onDelta(delta)
 			}
 			return true
 		}
-		if event := resp.GetEvent(); event.GetHandleId() == handleID {
+		if event.GetHandleId() == handleID {
 			result = event.GetResult()
 		}
 		return result == nil

@@ -176,8 +176,8 @@ func TestStreamRunHandsOverEachPieceOnceAcrossReconnects(t *testing.T) {
 	defer s.mu.Unlock()
 	var afterSeqs []int64
 	for _, w := range s.watches {
-		if !w.GetDeltas() || w.GetRuntimeId() != "rt" {
-			t.Errorf("Watch %v, want deltas on rt", w)
+		if !w.GetDeltas() || !w.GetBatch() || w.GetRuntimeId() != "rt" {
+			t.Errorf("Watch %v, want deltas and batches on rt", w)
 		}
 		afterSeqs = append(afterSeqs, w.GetAfterSeq())
 	}
@@ -191,6 +191,64 @@ func TestStreamRunHandsOverEachPieceOnceAcrossReconnects(t *testing.T) {
 	if len(s.wakes) != 1 || s.wakes[0].GetHandleId() != me || s.wakes[0].GetPrompt() != "write it" ||
 		s.wakes[0].GetRequestId() != "run-wake" {
 		t.Errorf("Wakes %v, want one of %s on the prompt with request id run-wake", s.wakes, me)
+	}
+}
+
+func TestStreamRunTakesBatchedEventsOneAtATime(t *testing.T) {
+	// Batches of events, deltas one a response between them: the pieces come once each, the
+	// reconnect resumes after the last event of the last batch, and the handle's result in
+	// the middle of a batch ends the run.
+	client, s := dialStreamer(t)
+	const me, other = "root/writer.1", "root/other.1"
+	closed := make(chan struct{})
+	s.watch = func(n int, stream v1.AgentRuntime_WatchServer) error {
+		if n == 1 { // cut in the middle of turn 1
+			if err := sendAll(stream, batched(spawned(1, me), turnEvent(2, me, 1)), text(me, 1, 0, "Hel"),
+				text(me, 1, 1, "lo")); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		if err := sendAll(stream, text(me, 1, 0, "Hel"), text(me, 1, 1, "lo"), text(me, 1, 2, " world"),
+			batched(ended(3, me, 1), resultEvent(4, other, "theirs"), resultEvent(5, me, "Hello world"), turnEvent(6, other, 2)),
+			text(other, 2, 0, "after the result")); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		close(closed)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a client blind to batches waits forever
+	defer cancel()
+	var got []string
+	result, err := client.StreamRun(ctx, "rt", "writer", "write it", "root",
+		func(d *v1.Delta) { got = append(got, piece(d)) },
+		WithRunWatchOptions(WithWatchBackoff(time.Millisecond, 10*time.Millisecond)))
+	if err != nil || result.GetHandleId() != me || result.GetText() != "Hello world" {
+		t.Fatalf("StreamRun = %v, %v after pieces %q, want %s's result", result, err, got, me)
+	}
+	if want := []string{"1:Hel", "1:lo", "1: world"}; !slices.Equal(got, want) {
+		t.Errorf("pieces %q, want %q", got, want)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Error("StreamRun returned without ending its Watch stream")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var afterSeqs []int64
+	for _, w := range s.watches {
+		if !w.GetDeltas() || !w.GetBatch() {
+			t.Errorf("Watch %v, want deltas and batches", w)
+		}
+		afterSeqs = append(afterSeqs, w.GetAfterSeq())
+	}
+	if !slices.Equal(afterSeqs, []int64{0, 2}) {
+		t.Errorf("after_seq of each stream = %v, want [0 2]: the last event of the last batch", afterSeqs)
+	}
+	if len(s.wakes) != 1 {
+		t.Errorf("Wakes %v, want one", s.wakes)
 	}
 }
 
@@ -384,7 +442,7 @@ func TestWatchAsksForNoDeltasAndSkipsAnySent(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.watches[0].GetDeltas() {
-		t.Error("Watch asked for deltas")
+	if s.watches[0].GetDeltas() || !s.watches[0].GetBatch() {
+		t.Errorf("Watch %v, want batches and no deltas", s.watches[0])
 	}
 }

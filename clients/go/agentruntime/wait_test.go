@@ -228,8 +228,28 @@ func TestRetriesEveryCallOnUnavailableButNoOtherCode(t *testing.T) {
 	}
 }
 
+// event is a response of a server from before batches, one event in `event`.
 func event(seq int64) *v1.WatchResponse {
 	return &v1.WatchResponse{Event: &v1.Event{Seq: seq, HandleId: "root/a.1"}}
+}
+
+// batched is a response of a server that sends batches (WatchRequest.batch): the events
+// of responses, in that order, in its `events`, and `event` unset.
+func batched(responses ...*v1.WatchResponse) *v1.WatchResponse {
+	batch := &v1.WatchResponse{}
+	for _, resp := range responses {
+		batch.Events = append(batch.Events, resp.GetEvent())
+	}
+	return batch
+}
+
+// eventBatch is a batch of event(seq) for each of seqs.
+func eventBatch(seqs ...int64) *v1.WatchResponse {
+	batch := &v1.WatchResponse{}
+	for _, seq := range seqs {
+		batch.Events = append(batch.Events, event(seq).GetEvent())
+	}
+	return batch
 }
 
 func lagging() error {

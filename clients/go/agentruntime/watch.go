@@ -87,20 +87,23 @@ func (c *Client) WatchFunc(ctx context.Context, runtimeID string, afterSeq int64
 // watch is Watch's and WatchFunc's one implementation: it hands yield each event (with a
 // nil error) until yield returns false, or the final error (with a nil event).
 func (c *Client) watch(ctx context.Context, runtimeID string, afterSeq int64, opts []WatchOption, yield func(*v1.Event, error) bool) {
-	c.watchStream(ctx, runtimeID, afterSeq, false, opts, func(resp *v1.WatchResponse, err error) bool {
-		return yield(resp.GetEvent(), err)
+	c.watchStream(ctx, runtimeID, afterSeq, false, opts, func(event *v1.Event, _ *v1.Delta, err error) bool {
+		return yield(event, err)
 	})
 }
 
 // watchStream is the reconnecting watch under Watch, WatchFunc and StreamRun: it hands
-// yield each response (with a nil error) until yield returns false, or the final error
-// (with a nil response): each event once, in order, and, when deltas is set, each piece
-// of every handle's turns once (a reset every time). Only events move the seq a reconnect
-// resumes from: deltas have none. An event or a new piece ends a run of failures, so a
-// long turn cut several times is followed to its end; the pieces sent again after a
-// reconnect are skipped and do not count, nor do resets (the server may send them again
-// after each one), so a server that only ever resends is still given up on.
-func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int64, deltas bool, opts []WatchOption, yield func(*v1.WatchResponse, error) bool) {
+// yield each event (with a nil delta and error) and, when deltas is set, each piece of
+// every handle's turns (with a nil event and error), until yield returns false, or the
+// final error (with neither): each event once, in order, and each piece once (a reset
+// every time). It asks for batches (WatchRequest.batch): the events of a response's
+// `events` are handed over one at a time, in order, as are those of a server from before
+// batches, one a response in `event`. Only events move the seq a reconnect resumes from
+// (after a batch, its last event's): deltas have none. An event or a new piece ends a run
+// of failures, so a long turn cut several times is followed to its end; the pieces sent
+// again after a reconnect are skipped and do not count, nor do resets (the server may send
+// them again after each one), so a server that only ever resends is still given up on.
+func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int64, deltas bool, opts []WatchOption, yield func(*v1.Event, *v1.Delta, error) bool) {
 	o := watchOptions{maxRetries: DefaultWatchRetries, backoff: defaultWatchBackoff, maxBackoff: defaultWatchMaxBackoff}
 	if !c.retries {
 		o.maxRetries = 0
@@ -112,32 +115,38 @@ func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int
 	fresh := freshDeltas{}
 	var failingSince time.Time // the first of the failures in a row
 	for {
-		req := &v1.WatchRequest{RuntimeId: runtimeID, AfterSeq: seen, Deltas: deltas}
+		req := &v1.WatchRequest{RuntimeId: runtimeID, AfterSeq: seen, Deltas: deltas, Batch: true}
 		stopped, err := c.watchOnce(ctx, req, func(resp *v1.WatchResponse) bool {
-			if event := resp.GetEvent(); event != nil {
-				if event.GetSeq() <= seen {
-					return true // already delivered: never twice
-				}
-				failures, seen = 0, event.GetSeq()
-				fresh.forget(event)
-				return yield(resp, nil)
-			}
-			if delta := resp.GetDelta(); deltas && delta != nil {
-				if !fresh.take(delta) {
-					return true // handed over before the reconnect
+			if delta := resp.GetDelta(); delta != nil {
+				if !deltas || !fresh.take(delta) {
+					return true // not asked for, or handed over before the reconnect
 				}
 				if delta.GetReset_() == nil {
 					failures = 0
 				}
-				return yield(resp, nil)
+				return yield(nil, delta, nil)
 			}
-			return true // nothing this watcher asked for
+			events := resp.GetEvents()
+			if len(events) == 0 && resp.GetEvent() != nil { // a server from before batches
+				events = []*v1.Event{resp.GetEvent()}
+			}
+			for _, event := range events {
+				if event.GetSeq() <= seen {
+					continue // already delivered: never twice
+				}
+				failures, seen = 0, event.GetSeq()
+				fresh.forget(event)
+				if !yield(event, nil, nil) {
+					return false
+				}
+			}
+			return true
 		})
 		if stopped {
 			return
 		}
 		if ctx.Err() != nil {
-			yield(nil, ctx.Err())
+			yield(nil, nil, ctx.Err())
 			return
 		}
 		if err == io.EOF { // the server ended the stream (it is shutting down)
@@ -153,7 +162,7 @@ func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int
 		// CloseConn was called.
 		if !lagging && !c.retryable(ctx, err, false) || failures >= o.maxRetries ||
 			c.conn.GetState() == connectivity.Shutdown { // CloseConn: no way back
-			yield(nil, refused)
+			yield(nil, nil, refused)
 			return
 		}
 		var delay time.Duration
@@ -163,13 +172,13 @@ func (c *Client) watchStream(ctx context.Context, runtimeID string, afterSeq int
 				delay = max(delay, wait)
 			}
 			if time.Since(failingSince)+delay >= c.retryWindow { // failing for as long as the window
-				yield(nil, refused)
+				yield(nil, nil, refused)
 				return
 			}
 		}
 		failures++
 		if err := sleep(ctx, delay); err != nil {
-			yield(nil, err)
+			yield(nil, nil, err)
 			return
 		}
 	}

@@ -17,17 +17,21 @@ import (
 )
 
 func TestWatchReconnectsFromTheLastSeq(t *testing.T) {
+	// A server from before batches: it ignores WatchRequest.batch and sends one event a
+	// response, in `event`.
 	client, f := dialFake(t, WithToken("s3cret"), WithTimeout(time.Second))
 	var mu sync.Mutex
 	var afterSeqs []int64
 	var auth [][]string
 	var deadlines []bool
+	batches := true
 	closed := make(chan struct{})
 	f.watch = func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
 		md, _ := metadata.FromIncomingContext(stream.Context())
 		_, hasDeadline := stream.Context().Deadline()
 		mu.Lock()
 		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+		batches = batches && req.GetBatch() && !req.GetDeltas()
 		auth = append(auth, md.Get("authorization"))
 		deadlines = append(deadlines, hasDeadline)
 		n := len(afterSeqs)
@@ -78,6 +82,9 @@ func TestWatchReconnectsFromTheLastSeq(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(afterSeqs, []int64{0, 3, 5, 6}) {
 		t.Errorf("after_seq of each stream = %v, want [0 3 5 6]", afterSeqs)
+	}
+	if !batches {
+		t.Error("a Watch stream did not ask for batches, or asked for deltas")
 	}
 	for i := range auth {
 		if len(auth[i]) != 1 || auth[i][0] != "Bearer s3cret" || deadlines[i] {
@@ -186,5 +193,66 @@ func TestWatchReconnectsAfterAStreamTheServerCancelled(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(seqs, []int64{1, 2, 3, 4}) || !slices.Equal(afterSeqs, []int64{0, 3}) {
 		t.Errorf("events %v, after_seq of each stream %v; want [1 2 3 4] and [0 3]", seqs, afterSeqs)
+	}
+}
+
+func TestWatchHandsOverBatchesOneEventAtATime(t *testing.T) {
+	// A server that sends batches: their events come one at a time, in order; a reconnect
+	// resumes after the last event of the last batch; breaking out in the middle of a
+	// batch hands over none of the rest of it.
+	client, f := dialFake(t)
+	var mu sync.Mutex
+	var requests []*v1.WatchRequest
+	closed := make(chan struct{})
+	f.watch = func(req *v1.WatchRequest, stream v1.AgentRuntime_WatchServer) error {
+		mu.Lock()
+		requests = append(requests, req)
+		n := len(requests)
+		mu.Unlock()
+		if n == 1 { // two batches, then the server goes down
+			if err := sendAll(stream, eventBatch(1, 2, 3), eventBatch(4, 5)); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "restarting")
+		}
+		// 5 again (a replay the client must drop), then 6 to 8 in one batch; hold the stream.
+		if err := sendAll(stream, eventBatch(5, 6, 7, 8)); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		close(closed)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a client blind to batches waits forever
+	defer cancel()
+	var seqs []int64
+	for event, err := range client.Watch(ctx, "rt", 0, WithWatchBackoff(time.Millisecond, 10*time.Millisecond)) {
+		if err != nil {
+			t.Fatalf("Watch after events %v: %v", seqs, err)
+		}
+		seqs = append(seqs, event.GetSeq())
+		if event.GetSeq() == 7 {
+			break
+		}
+	}
+	if !slices.Equal(seqs, []int64{1, 2, 3, 4, 5, 6, 7}) {
+		t.Errorf("events = %v, want 1..7, each once, and not 8 after the break", seqs)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Error("breaking out of the loop in a batch did not end the stream")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var afterSeqs []int64
+	for _, req := range requests {
+		if !req.GetBatch() || req.GetDeltas() || req.GetRuntimeId() != "rt" {
+			t.Errorf("Watch %v, want batches and no deltas on rt", req)
+		}
+		afterSeqs = append(afterSeqs, req.GetAfterSeq())
+	}
+	if !slices.Equal(afterSeqs, []int64{0, 5}) {
+		t.Errorf("after_seq of each stream = %v, want [0 5]: the last event of the last batch", afterSeqs)
 	}
 }
