@@ -28,7 +28,7 @@ from ..domain.limits import MAX_CLOSE_GRACE, MAX_WAIT_TIMEOUT
 from ..domain.runtime.runtime import Runtime
 from ..domain.runtime.service import RuntimeService
 from ..domain.watching.deltas import Delta
-from ..domain.watching.event_log import BATCH, Event
+from ..domain.watching.event_log import BATCH
 from . import convert, paging
 from .auth_failures import FailedAuthentications
 from .definitions_memo import DecodedDefinitions
@@ -55,6 +55,7 @@ from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forw
 from .principals import DEFAULT, Authenticator, Principal
 from .request_ids import request_key
 from .serve_tools import checked_registration, read_outputs
+from .watch_batches import batched
 from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
@@ -100,25 +101,6 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
         except Unauthenticated as refused:
             self.failed_authentications.record(method, context.peer() or "", refused)
             raise
-
-    async def _batches(self, events: list[Event]) -> list[pb.WatchResponse]:
-        """Events as batched responses, each within half the send limit (an event larger than
-        that goes alone: the limit is the events' own, as for one a response)."""
-        responses: list[pb.WatchResponse] = []
-        batch: list[pb.Event] = []
-        size = 0
-        for event in events:
-            if event.result is not None:
-                await convert.prepare_output(event.result)
-            converted = convert.event_to_proto(event)
-            weight = converted.ByteSize() + 8  # (its tag and length in the response)
-            if batch and size + weight > self.page_bytes:
-                responses.append(pb.WatchResponse(events=batch))
-                batch, size = [], 0
-            batch.append(converted)
-            size += weight
-        responses.append(pb.WatchResponse(events=batch))
-        return responses
 
     async def _verified_again(self, context: Context, method: str, verified_at: float) -> float:
         """Streams outlive credentials: before a stream sends more, a credential revoked or
@@ -387,7 +369,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                                 seen = last
                                 yield pb.WatchResponse(event=convert.event_to_proto(item[0]))
                                 continue
-                            for response in await self._batches(item):
+                            for response in await batched(item, self.page_bytes):
                                 yield response
                                 seen = response.events[-1].seq
                     return
