@@ -14,6 +14,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -42,6 +43,28 @@ from tests.support.process import free_port
 
 FINISHER = pb.AgentDef(
     name="finisher", script=pb.Script(replies=[pb.ScriptedReply(text="done", tokens=10)]), instructions="Answer."
+)
+# A root that delegates: a lead hands one part to a worker through the task tool (two handles,
+# a parent and its child). Its tree of handles was a reference cycle until issue 43: each root
+# that left the cache waited for the collector's next full pass, 8 KB a root.
+DELEGATING = (
+    pb.AgentDef(
+        name="lead",
+        description="hands the part to a worker",
+        team=["worker"],
+        script=pb.Script(
+            replies=[
+                pb.ScriptedReply(
+                    tool_calls=[pb.ScriptedToolCall(name="task", arguments_json='{"agent": "worker", "prompt": "part"}')],
+                    tokens=10,
+                ),
+                pb.ScriptedReply(text="done", tokens=10),
+            ]
+        ),
+    ),
+    pb.AgentDef(
+        name="worker", description="does the part", script=pb.Script(replies=[pb.ScriptedReply(text="part done", tokens=10)])
+    ),
 )
 WAITER = pb.AgentDef(
     name="waiter",
@@ -117,8 +140,11 @@ async def _serve(store: Path, cache: int) -> tuple[asyncio.subprocess.Process, s
     return process, address
 
 
-async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int = 50, parts: int = 5) -> list[tuple[int, float]]:
-    """RSS after each of `parts` equal parts of `runtimes` runtimes, each one handle run to its result."""
+async def memory(
+    runtimes: int, agents: Sequence[pb.AgentDef], cache: int, concurrency: int = 50, parts: int = 5
+) -> list[tuple[int, float]]:
+    """RSS after each of `parts` equal parts of `runtimes` runtimes, each a root of the first
+    agent run to its result."""
     with tempfile.TemporaryDirectory() as folder:
         process, address = await _serve(Path(folder) / "rss.db", cache)
         points = []
@@ -129,8 +155,8 @@ async def memory(runtimes: int, agent: pb.AgentDef, cache: int, concurrency: int
 
                 async def one() -> None:
                     async with gate:
-                        runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=[agent]))).runtime_id
-                        handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent=agent.name))).handle_id
+                        runtime_id = (await stub.CreateRuntime(pb.CreateRuntimeRequest(agents=agents))).runtime_id
+                        handle_id = (await stub.Spawn(pb.SpawnRequest(runtime_id=runtime_id, agent=agents[0].name))).handle_id
                         await stub.Wake(pb.WakeRequest(runtime_id=runtime_id, handle_id=handle_id, prompt="go"))
                         await stub.Wait(pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id))
 
@@ -153,14 +179,17 @@ async def main() -> None:
     parser.add_argument("--only-flat", action="store_true", help="only the flatness figure")
     args = parser.parse_args()
     # Memory that stays flat (issue 43): a server that runs many small roots, each in a runtime
-    # of its own, past its cache of 1,000, holds what the cache holds and nothing per root more.
-    started = time.perf_counter()
-    points = await memory(args.flat, FINISHER, 1000, parts=args.flat // 2000)
-    elapsed = time.perf_counter() - started
-    series = ", ".join(f"{count:,}: {rss:.1f}" for count, rss in points)
-    grown = points[-1][1] / points[0][1] - 1
-    print(f"RSS (MB) by finished runtimes, default cache (1000): {series}  ({elapsed:.0f} s)")
-    print(f"  from the {points[0][0]:,}th to the {points[-1][0]:,}th: {grown:+.1%}")
+    # of its own, past its cache of 1,000, holds what the cache holds and nothing per root more:
+    # roots of one handle, and roots that delegate to a child (a tree of two handles).
+    for label, agents in (("one handle a root", (FINISHER,)), ("a root that delegates to a child", DELEGATING)):
+        started = time.perf_counter()
+        points = await memory(args.flat, agents, 1000, parts=args.flat // 2000)
+        elapsed = time.perf_counter() - started
+        series = ", ".join(f"{count:,}: {rss:.1f}" for count, rss in points)
+        grown = points[-1][1] / points[0][1] - 1
+        per_root = (points[-1][1] - points[0][1]) * 1024 * 1024 / (points[-1][0] - points[0][0])
+        print(f"RSS (MB) by finished runtimes, {label}, default cache (1000): {series}  ({elapsed:.0f} s)")
+        print(f"  from the {points[0][0]:,}th to the {points[-1][0]:,}th: {grown:+.1%} ({per_root:,.0f} bytes a root)")
     if args.only_flat:
         return
     cost = await journal_cost(turns=2000, batches=5)
@@ -171,7 +200,7 @@ async def main() -> None:
         ("suspended handles, all kept in memory", WAITER, args.runtimes + 1),
     ):
         started = time.perf_counter()
-        points = await memory(args.runtimes, agent, cache)
+        points = await memory(args.runtimes, (agent,), cache)
         elapsed = time.perf_counter() - started
         series = ", ".join(f"{count:,}: {rss:.0f} MB" for count, rss in points)
         print(f"RSS, {label}: {series}  ({elapsed:.0f} s)")

@@ -287,6 +287,54 @@ async def test_a_runtime_that_leaves_memory_is_freed_as_it_leaves(
         gc.enable()
 
 
+async def test_a_tree_of_handles_that_leaves_memory_leaves_no_cycle_behind(
+    durable: tuple[RunningServer, pb_grpc.AgentRuntimeAsyncStub], model: ScriptedModelServer, tools: ToolServer
+) -> None:
+    """A root that delegated (a parent and a child handle, a tool with an input schema): once
+    its runtime leaves the cache, every handle of it is freed, with the cyclic collector off.
+    Before, a child held its parent and the parent its children: each tree that left was a
+    cycle, which a serving process's collector thresholds (process/collector.py) kept for tens
+    of thousands of roots (issue 43: 8 KB a root, linear past the cache)."""
+    running, stub = durable
+    model.script(
+        "coordinator",
+        lambda body: (
+            Reply(calls=[("task", {"agent": "explore", "prompt": "x"})], tokens=10)
+            if tool_results(body) == 0
+            else Reply(text="done", tokens=10)
+        ),
+    )
+    model.script("explore", lambda body: Reply(text="found", tokens=10))
+    schema = {"type": "object", "properties": {"q": {"$ref": "#/$defs/q"}}, "$defs": {"q": {"type": "string"}}}
+    agents = (agent("coordinator", team=["explore"]), agent("explore", tools=[http_tool("look", tools.url("look"), schema)]))
+    await run(stub, await create(stub, *agents), "coordinator", "go")  # what a first root makes once (imports, caches)
+    gc.collect()
+    gc.disable()
+    try:
+        first = await create(stub, *agents)
+        await run(stub, first, "coordinator", "go")
+        (key,) = [key for key in running.service.cache.runtimes if key.endswith(first)]
+        assert len(running.service.cache.runtimes[key].tree.handles) == 2
+        for _ in range(2):  # the cache holds 2: the first runtime leaves
+            await run(stub, await create(stub, *agents), "coordinator", "go")
+        assert key not in running.service.cache.runtimes
+        # What the collector finds unreachable (kept in gc.garbage to be counted): nothing of
+        # the server's own, no handle, message or schema check of the roots that ran.
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        ours = sorted(
+            f"{type(each).__qualname__} {getattr(each, '__qualname__', '')}".strip()
+            for each in gc.garbage
+            if type(each).__module__.startswith("agentruntime_server")
+            or (callable(each) and str(getattr(each, "__module__", "")).startswith("agentruntime_server"))
+        )
+        assert ours == []
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
 # ---- a write the store did not take, and answers that wait for the group commit ---------------------
 
 

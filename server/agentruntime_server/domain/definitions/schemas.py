@@ -347,34 +347,44 @@ def _expanded_size(schema: dict[str, Any], anchors: dict[str, Any]) -> int:
     """How many nodes the schema has with every reference replaced by what it refers to
     (a reference back into its own path counts once). Each subschema is sized once; sizing
     stops early past the limit."""
-    sized: dict[int, int] = {}
-    path: set[int] = set()
+    return _Sizer(schema, anchors).size(schema)
 
-    def size(node: Any) -> int:
+
+class _Sizer:
+    """_expanded_size's walk. A class, not a nested function that calls itself: such a function
+    and its closure are a reference cycle, left to the collector with the schema it holds."""
+
+    __slots__ = ("anchors", "path", "schema", "sized")
+
+    def __init__(self, schema: dict[str, Any], anchors: dict[str, Any]) -> None:
+        self.schema = schema
+        self.anchors = anchors
+        self.sized: dict[int, int] = {}
+        self.path: set[int] = set()
+
+    def size(self, node: Any) -> int:
         if isinstance(node, list):
-            return 1 + sum(size(item) for item in node)
+            return 1 + sum(self.size(item) for item in node)
         if not isinstance(node, dict):
             return 1
-        if id(node) in sized:
-            return sized[id(node)]
-        if id(node) in path:
+        if id(node) in self.sized:
+            return self.sized[id(node)]
+        if id(node) in self.path:
             return 1
-        path.add(id(node))
+        self.path.add(id(node))
         total = 1
         for key, value in node.items():
             if key in DATA_KEYWORDS:
                 continue
             if key in REFERENCE_KEYWORDS and isinstance(value, str):
-                total += size(_target(schema, value, anchors))
+                total += self.size(_target(self.schema, value, self.anchors))
             else:
-                total += size(value)
+                total += self.size(value)
             if total > MAX_SCHEMA_EXPANDED_NODES:
                 break
-        path.discard(id(node))
-        sized[id(node)] = total
+        self.path.discard(id(node))
+        self.sized[id(node)] = total
         return total
-
-    return size(schema)
 
 
 def _walk(node: Any, depth: int) -> Iterator[tuple[dict[str, Any], int]]:

@@ -8,6 +8,7 @@ the store together."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,8 @@ NONE: frozenset[str] = frozenset()
 class Handle:
     # Slots: a runtime with thousands of suspended handles keeps every one in memory.
     __slots__ = (
+        "__weakref__",
+        "_parent",
         "agent",
         "approved",
         "budget",
@@ -52,7 +55,6 @@ class Handle:
         "last_result",
         "last_tick",
         "mark",
-        "parent",
         "pending",
         "run_start",
         "runs",
@@ -80,7 +82,11 @@ class Handle:
         seq: int = 0,
     ) -> None:
         self.id = handle_id
-        self.parent = parent
+        # The parent is held weakly (the tree holds every handle, and a parent its children):
+        # a tree of handles is no reference cycle, so a runtime that leaves memory is freed as
+        # it leaves, not at the collector's next full pass, which a serving process's
+        # thresholds put off for tens of thousands of roots (docs/performance.md#memory-flat).
+        self._parent = None if parent is None else weakref.ref(parent)
         self.agent = agent
         self.budget = budget
         self.child_key = child_key  # the parent's call id (or judge key) that spawned it
@@ -130,6 +136,10 @@ class Handle:
         self.mark: tuple[str, int] | None = None
         self.settled_at = 0  # Tree.clock at its latest Settled
         self.gate = FifoGate(budget.max_concurrent) if budget.max_concurrent else None
+
+    @property
+    def parent(self) -> Handle | None:
+        return None if self._parent is None else self._parent()
 
     @property
     def parent_id(self) -> str:
