@@ -462,3 +462,41 @@ async def test_a_watch_failing_in_a_row_gives_up_after_the_window_and_an_event_r
     assert refused.value.is_unavailable
     times = [attempt.at for attempt in servicer.attempts]
     assert len(times) >= 3 and times[-1] - times[0] < 0.5
+
+
+class Batches(pb_grpc.AgentRuntimeServicer):
+    """A Watch that sends the three events after `after_seq` in one batch (when asked for
+    batches), then cuts the stream; each request is kept."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.WatchRequest] = []
+
+    async def Watch(
+        self,
+        request: pb.WatchRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[pb.WatchResponse]:
+        self.requests.append(request)
+        events = [pb.Event(seq=request.after_seq + n, handle_id="root/a.1") for n in (1, 2, 3)]
+        if request.batch:
+            yield pb.WatchResponse(events=events)
+        await context.abort_with_status(UNAVAILABLE)
+
+
+async def test_a_watch_asks_for_batches_hands_their_events_over_one_by_one_and_goes_on_after_the_last() -> None:
+    servicer = Batches()  # type: ignore[abstract]
+    server = grpc.aio.server()
+    pb_grpc.add_AgentRuntimeServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        async with Client(address) as client:
+            seqs = []
+            async for event in client.watch("rt", max_retries=10, backoff=0.01):
+                seqs.append(event.seq)
+                if len(seqs) == 7:
+                    break
+    finally:
+        await server.stop(None)
+    assert seqs == [1, 2, 3, 4, 5, 6, 7]
+    assert [(r.after_seq, r.batch) for r in servicer.requests] == [(0, True), (3, True), (6, True)]

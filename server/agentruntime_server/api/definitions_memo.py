@@ -14,7 +14,7 @@ from ..domain.vocabulary import AgentSpec
 from . import convert
 
 KEPT = 64  # distinct definitions kept decoded
-KEPT_BYTES = 256 << 10  # definitions larger than this (encoded) are decoded each time
+KEPT_BYTES = 64 << 10  # definitions larger than this (encoded) are decoded each time: at most 4 MiB of them kept
 
 
 class DecodedDefinitions:
