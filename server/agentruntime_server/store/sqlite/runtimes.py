@@ -16,7 +16,6 @@ from ..payloads import definitions_json, grouped, journal_rows
 from .commits import GroupCommit
 from .creations import Creation, keep
 
-_EXISTS = "SELECT 1 FROM runtimes WHERE id = ?"
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _LISTED = "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced"
 # Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
@@ -38,8 +37,10 @@ class Runtimes(GroupCommit):
     ) -> None:
         # Written by the group commit, with the steps of every runtime at work (creations.py):
         # a runtime's own transaction cost as much as a commit of theirs, one a root.
+        # (An id in the file already is refused by the insert, alone: the service looked just
+        # before, so only a create of the same id under way here is refused without waiting.)
         self._raise_if_cannot_write()
-        if runtime_id in self._creating or self._db.execute(_EXISTS, (runtime_id,)).fetchone() is not None:
+        if runtime_id in self._creating:
             raise RuntimeExists(runtime_id)
         groups = grouped(journal_rows(runtime_id, 1, entries)[0])
         creation = Creation(runtime_id, tenant, definitions_json(agents), time.time(), groups, reply, quota)
