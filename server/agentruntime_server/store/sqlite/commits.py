@@ -167,22 +167,23 @@ class GroupCommit(SqliteConnection):
             raise self._broken from exc
         if committed is not None and not committed.done():
             committed.set_result(None)
-        for creation in creations:
-            self._creating.discard(creation.runtime_id)
-            if not creation.written.done():
-                failure = refused.get(creation)
-                if failure is None:
-                    creation.written.set_result(None)
-                else:
-                    creation.written.set_exception(failure)
+        self._created(creations, refused=refused)
         self._forget_committed()
 
-    def _created(self, creations: list[Creation], failure: BaseException) -> None:
-        """Creations the commit did not write: their callers are told why."""
+    def _created(
+        self, creations: list[Creation], failure: BaseException | None = None, refused: dict[Creation, Exception] | None = None
+    ) -> None:
+        """The creations' callers are told how the commit went: written, or why not (the
+        commit's `failure`, or a creation's own refusal)."""
         for creation in creations:
             self._creating.discard(creation.runtime_id)
-            if not creation.written.done():
-                creation.written.set_exception(failure.with_traceback(None))
+            why = failure or (refused or {}).get(creation)
+            if creation.written.done():
+                continue
+            if why is None:
+                creation.written.set_result(None)
+            else:
+                creation.written.set_exception(why.with_traceback(None))
 
     def forget(self, runtime_id: str) -> None:
         # A runtime whose rows are still buffered keeps its next seq until they are committed:
