@@ -55,7 +55,7 @@ from .forward import RETRIED, Forwarder, PeerUnavailable, Relayed, backoff, forw
 from .principals import DEFAULT, Authenticator, Principal
 from .request_ids import request_key
 from .serve_tools import checked_registration, read_outputs
-from .watch_batches import batched
+from .watch_batches import batched, event_to_proto
 from .worker_hub import WorkerHub, WorkerStream
 
 log = logging.getLogger(__name__)
@@ -364,10 +364,8 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
                             attempt, missed = 0, None
                             verified = await self._verified_again(context, "Watch", verified)
                             if not request.batch:
-                                if item[0].result is not None:
-                                    await convert.prepare_output(item[0].result)
                                 seen = last
-                                yield pb.WatchResponse(event=convert.event_to_proto(item[0]))
+                                yield pb.WatchResponse(event=await event_to_proto(item[0]))
                                 continue
                             for response in await batched(item, self.page_bytes):
                                 yield response

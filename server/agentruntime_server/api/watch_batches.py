@@ -9,6 +9,13 @@ from ..domain.watching.event_log import Event
 from . import convert
 
 
+async def event_to_proto(event: Event) -> pb.Event:
+    """An event as a Watch sends it (a result's typed output converted off the loop first)."""
+    if event.result is not None:
+        await convert.prepare_output(event.result)
+    return convert.event_to_proto(event)
+
+
 async def batched(events: list[Event], most_bytes: int) -> list[pb.WatchResponse]:
     """Events as responses of at most `most_bytes` each (an event larger than that goes alone:
     its limit is its own, as for one event a response)."""
@@ -16,9 +23,7 @@ async def batched(events: list[Event], most_bytes: int) -> list[pb.WatchResponse
     batch: list[pb.Event] = []
     size = 0
     for event in events:
-        if event.result is not None:
-            await convert.prepare_output(event.result)
-        converted = convert.event_to_proto(event)
+        converted = await event_to_proto(event)
         weight = converted.ByteSize() + 8  # (its tag and length in the response)
         if batch and size + weight > most_bytes:
             responses.append(pb.WatchResponse(events=batch))
