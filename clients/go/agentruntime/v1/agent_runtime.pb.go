@@ -257,6 +257,10 @@ const (
 	// Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
 	// model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
 	HandleState_HANDLE_STATE_QUEUED HandleState = 5
+	// A fork's run that was in flight at the fork's cut (or whose Request the fork answered):
+	// nothing runs until a Wake of it, or of a handle of its tree, continues it from its last
+	// recorded step.
+	HandleState_HANDLE_STATE_HELD HandleState = 6
 )
 
 // Enum value maps for HandleState.
@@ -268,6 +272,7 @@ var (
 		3: "HANDLE_STATE_SUSPENDED",
 		4: "HANDLE_STATE_CLOSED",
 		5: "HANDLE_STATE_QUEUED",
+		6: "HANDLE_STATE_HELD",
 	}
 	HandleState_value = map[string]int32{
 		"HANDLE_STATE_UNSPECIFIED": 0,
@@ -276,6 +281,7 @@ var (
 		"HANDLE_STATE_SUSPENDED":   3,
 		"HANDLE_STATE_CLOSED":      4,
 		"HANDLE_STATE_QUEUED":      5,
+		"HANDLE_STATE_HELD":        6,
 	}
 )
 
@@ -578,6 +584,64 @@ func (ScriptedStop) EnumDescriptor() ([]byte, []int) {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{8}
 }
 
+// What a replay does with a tool call the recording does not have (another handle, name,
+// arguments or place).
+type UnrecordedCalls int32
+
+const (
+	// As UNRECORDED_CALLS_RECORDED_ONLY.
+	UnrecordedCalls_UNRECORDED_CALLS_UNSPECIFIED UnrecordedCalls = 0
+	// Nothing runs: the call's result is an error saying no recorded result exists.
+	UnrecordedCalls_UNRECORDED_CALLS_RECORDED_ONLY UnrecordedCalls = 1
+	// The tool runs, with the replay's own idempotency key.
+	UnrecordedCalls_UNRECORDED_CALLS_LIVE UnrecordedCalls = 2
+	// The call suspends for the host, as a relay tool's does (a `tool_call` Request).
+	UnrecordedCalls_UNRECORDED_CALLS_HOST UnrecordedCalls = 3
+)
+
+// Enum value maps for UnrecordedCalls.
+var (
+	UnrecordedCalls_name = map[int32]string{
+		0: "UNRECORDED_CALLS_UNSPECIFIED",
+		1: "UNRECORDED_CALLS_RECORDED_ONLY",
+		2: "UNRECORDED_CALLS_LIVE",
+		3: "UNRECORDED_CALLS_HOST",
+	}
+	UnrecordedCalls_value = map[string]int32{
+		"UNRECORDED_CALLS_UNSPECIFIED":   0,
+		"UNRECORDED_CALLS_RECORDED_ONLY": 1,
+		"UNRECORDED_CALLS_LIVE":          2,
+		"UNRECORDED_CALLS_HOST":          3,
+	}
+)
+
+func (x UnrecordedCalls) Enum() *UnrecordedCalls {
+	p := new(UnrecordedCalls)
+	*p = x
+	return p
+}
+
+func (x UnrecordedCalls) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UnrecordedCalls) Descriptor() protoreflect.EnumDescriptor {
+	return file_agentruntime_v1_agent_runtime_proto_enumTypes[9].Descriptor()
+}
+
+func (UnrecordedCalls) Type() protoreflect.EnumType {
+	return &file_agentruntime_v1_agent_runtime_proto_enumTypes[9]
+}
+
+func (x UnrecordedCalls) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UnrecordedCalls.Descriptor instead.
+func (UnrecordedCalls) EnumDescriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{9}
+}
+
 // Failure says why a run settled STATUS_ERROR.
 type Failure struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -691,7 +755,13 @@ type TaskResult struct {
 	TotalCost *Cost `protobuf:"bytes,15,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
 	// The answer, validated against the agent's `output_schema`: set iff the agent has one and
 	// the status is STATUS_DONE (`text` keeps the answer's JSON text).
-	Output        *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
+	Output *structpb.Value `protobuf:"bytes,16,opt,name=output,proto3" json:"output,omitempty"`
+	// In a fork: the part of `total_usage` the subtree had spent at the fork's cut (inherited
+	// from the source, spent there, not again); unset elsewhere. The fork's own new spend is
+	// `total_usage` minus this.
+	InheritedUsage *Usage `protobuf:"bytes,17,opt,name=inherited_usage,json=inheritedUsage,proto3" json:"inherited_usage,omitempty"`
+	// In a fork: the part of `total_cost` spent before the cut.
+	InheritedCost *Cost `protobuf:"bytes,18,opt,name=inherited_cost,json=inheritedCost,proto3" json:"inherited_cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -834,6 +904,20 @@ func (x *TaskResult) GetTotalCost() *Cost {
 func (x *TaskResult) GetOutput() *structpb.Value {
 	if x != nil {
 		return x.Output
+	}
+	return nil
+}
+
+func (x *TaskResult) GetInheritedUsage() *Usage {
+	if x != nil {
+		return x.InheritedUsage
+	}
+	return nil
+}
+
+func (x *TaskResult) GetInheritedCost() *Cost {
+	if x != nil {
+		return x.InheritedCost
 	}
 	return nil
 }
@@ -1023,13 +1107,16 @@ type HandleView struct {
 	// The budget in force after carving from the ancestors.
 	Budget *Budget `protobuf:"bytes,11,opt,name=budget,proto3" json:"budget,omitempty"`
 	// The status of the last settled run; STATUS_UNSPECIFIED before the first.
-	LastStatus    Status `protobuf:"varint,12,opt,name=last_status,json=lastStatus,proto3,enum=agentruntime.v1.Status" json:"last_status,omitempty"`
-	OwnUsage      *Usage `protobuf:"bytes,13,opt,name=own_usage,json=ownUsage,proto3" json:"own_usage,omitempty"`
-	TotalUsage    *Usage `protobuf:"bytes,14,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
-	OwnCost       *Cost  `protobuf:"bytes,15,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
-	TotalCost     *Cost  `protobuf:"bytes,16,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastStatus Status `protobuf:"varint,12,opt,name=last_status,json=lastStatus,proto3,enum=agentruntime.v1.Status" json:"last_status,omitempty"`
+	OwnUsage   *Usage `protobuf:"bytes,13,opt,name=own_usage,json=ownUsage,proto3" json:"own_usage,omitempty"`
+	TotalUsage *Usage `protobuf:"bytes,14,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
+	OwnCost    *Cost  `protobuf:"bytes,15,opt,name=own_cost,json=ownCost,proto3" json:"own_cost,omitempty"`
+	TotalCost  *Cost  `protobuf:"bytes,16,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	// In a fork: what the subtree had spent at the cut (TaskResult.inherited_usage).
+	InheritedUsage *Usage `protobuf:"bytes,17,opt,name=inherited_usage,json=inheritedUsage,proto3" json:"inherited_usage,omitempty"`
+	InheritedCost  *Cost  `protobuf:"bytes,18,opt,name=inherited_cost,json=inheritedCost,proto3" json:"inherited_cost,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HandleView) Reset() {
@@ -1170,6 +1257,20 @@ func (x *HandleView) GetOwnCost() *Cost {
 func (x *HandleView) GetTotalCost() *Cost {
 	if x != nil {
 		return x.TotalCost
+	}
+	return nil
+}
+
+func (x *HandleView) GetInheritedUsage() *Usage {
+	if x != nil {
+		return x.InheritedUsage
+	}
+	return nil
+}
+
+func (x *HandleView) GetInheritedCost() *Cost {
+	if x != nil {
+		return x.InheritedCost
 	}
 	return nil
 }
@@ -3990,8 +4091,12 @@ func (x *InspectRequest) GetHandleId() string {
 }
 
 type InspectResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handle        *HandleView            `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Handle *HandleView            `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	// The runtime this one was forked from, and the last event of the source it holds (the
+	// cut); empty and 0 for a runtime that is no fork.
+	ForkedFrom    string `protobuf:"bytes,2,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	ForkSeq       int64  `protobuf:"varint,3,opt,name=fork_seq,json=forkSeq,proto3" json:"fork_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4031,6 +4136,20 @@ func (x *InspectResponse) GetHandle() *HandleView {
 		return x.Handle
 	}
 	return nil
+}
+
+func (x *InspectResponse) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
+func (x *InspectResponse) GetForkSeq() int64 {
+	if x != nil {
+		return x.ForkSeq
+	}
+	return 0
 }
 
 type ListRequest struct {
@@ -5279,7 +5398,9 @@ type ListRuntimesRequest struct {
 	// At most this many runtimes (0: 100; larger values are cut to 1000).
 	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// `next_page_token` of the previous page; empty for the first page.
-	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only the forks of this runtime (ForkRuntime's `source_runtime_id`), and its replays.
+	ForksOf       string `protobuf:"bytes,3,opt,name=forks_of,json=forksOf,proto3" json:"forks_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5324,6 +5445,13 @@ func (x *ListRuntimesRequest) GetPageSize() int32 {
 func (x *ListRuntimesRequest) GetPageToken() string {
 	if x != nil {
 		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListRuntimesRequest) GetForksOf() string {
+	if x != nil {
+		return x.ForksOf
 	}
 	return ""
 }
@@ -5392,7 +5520,11 @@ type RuntimeSummary struct {
 	// The tokens every handle of the runtime spent (the sum of its roots' `total_tokens`).
 	TotalTokens int64 `protobuf:"varint,6,opt,name=total_tokens,json=totalTokens,proto3" json:"total_tokens,omitempty"`
 	// What they cost (the sum of its roots' `total_cost`).
-	TotalCost     *Cost `protobuf:"bytes,7,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	TotalCost *Cost `protobuf:"bytes,7,opt,name=total_cost,json=totalCost,proto3" json:"total_cost,omitempty"`
+	// The runtime it was forked (or replayed) from; empty for one CreateRuntime made.
+	ForkedFrom string `protobuf:"bytes,8,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// A fork's cut: the last event of the source it holds; 0 for a replay and for others.
+	ForkSeq       int64 `protobuf:"varint,9,opt,name=fork_seq,json=forkSeq,proto3" json:"fork_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5474,6 +5606,20 @@ func (x *RuntimeSummary) GetTotalCost() *Cost {
 		return x.TotalCost
 	}
 	return nil
+}
+
+func (x *RuntimeSummary) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
+func (x *RuntimeSummary) GetForkSeq() int64 {
+	if x != nil {
+		return x.ForkSeq
+	}
+	return 0
 }
 
 type DeleteRuntimeRequest struct {
@@ -5934,6 +6080,544 @@ func (x *WorkerCall) GetDeadline() *timestamppb.Timestamp {
 	return nil
 }
 
+type ForkRuntimeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runtime to fork (the source): one of the caller's.
+	SourceRuntimeId string `protobuf:"bytes,1,opt,name=source_runtime_id,json=sourceRuntimeId,proto3" json:"source_runtime_id,omitempty"`
+	// The cut: the seq of one of the source's events (a Watch seq, 1 or more). The fork holds
+	// every journal step up to the one that made this event, and nothing after it.
+	AtSeq int64 `protobuf:"varint,2,opt,name=at_seq,json=atSeq,proto3" json:"at_seq,omitempty"`
+	// Optional: the fork's id (a slug, as CreateRuntime's). Generated when empty.
+	RuntimeId string `protobuf:"bytes,3,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// Replacement definitions (changes at the fork): an agent of the source's with the same
+	// name is replaced, and its handles at the cut go on with the replacement (their budgets
+	// carved again from it); a new name is added. Checked as CreateRuntime's.
+	Agents []*AgentDef `protobuf:"bytes,4,rep,name=agents,proto3" json:"agents,omitempty"`
+	// Handles whose last user message is dropped, with what followed it in their transcript,
+	// and whose inbox gets `text` instead: their next Wake runs on it.
+	Messages []*ForkMessage `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Answers to Requests pending at the cut (as Resume's `answer`): the answered run is held,
+	// and goes on at the next Wake.
+	Answers []*Answer `protobuf:"bytes,6,rep,name=answers,proto3" json:"answers,omitempty"`
+	// Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+	// `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+	// its answer is recorded with its effect; a repeat with the same id and the same request gets
+	// that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+	// (24 hours by default). The same id with another request is INVALID_ARGUMENT
+	// (ErrorInfo reason `REQUEST_ID_REUSED`).
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRuntimeRequest) Reset() {
+	*x = ForkRuntimeRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRuntimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRuntimeRequest) ProtoMessage() {}
+
+func (x *ForkRuntimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRuntimeRequest.ProtoReflect.Descriptor instead.
+func (*ForkRuntimeRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *ForkRuntimeRequest) GetSourceRuntimeId() string {
+	if x != nil {
+		return x.SourceRuntimeId
+	}
+	return ""
+}
+
+func (x *ForkRuntimeRequest) GetAtSeq() int64 {
+	if x != nil {
+		return x.AtSeq
+	}
+	return 0
+}
+
+func (x *ForkRuntimeRequest) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *ForkRuntimeRequest) GetAgents() []*AgentDef {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *ForkRuntimeRequest) GetMessages() []*ForkMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ForkRuntimeRequest) GetAnswers() []*Answer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *ForkRuntimeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// A change at a fork: a handle's last user message replaced.
+type ForkMessage struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HandleId string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	// At most the server's text limit (256 KiB by default).
+	Text          string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkMessage) Reset() {
+	*x = ForkMessage{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkMessage) ProtoMessage() {}
+
+func (x *ForkMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkMessage.ProtoReflect.Descriptor instead.
+func (*ForkMessage) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *ForkMessage) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *ForkMessage) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+type ForkRuntimeResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RuntimeId string                 `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// The last event the fork holds: `at_seq`, or the last event of the step that made it (a
+	// step's events come together: a settled run's pending, result and state change).
+	ForkSeq int64 `protobuf:"varint,2,opt,name=fork_seq,json=forkSeq,proto3" json:"fork_seq,omitempty"`
+	// The handles held at the cut (HANDLE_STATE_HELD): a Wake continues them.
+	HeldHandleIds []string `protobuf:"bytes,3,rep,name=held_handle_ids,json=heldHandleIds,proto3" json:"held_handle_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkRuntimeResponse) Reset() {
+	*x = ForkRuntimeResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRuntimeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRuntimeResponse) ProtoMessage() {}
+
+func (x *ForkRuntimeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRuntimeResponse.ProtoReflect.Descriptor instead.
+func (*ForkRuntimeResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ForkRuntimeResponse) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *ForkRuntimeResponse) GetForkSeq() int64 {
+	if x != nil {
+		return x.ForkSeq
+	}
+	return 0
+}
+
+func (x *ForkRuntimeResponse) GetHeldHandleIds() []string {
+	if x != nil {
+		return x.HeldHandleIds
+	}
+	return nil
+}
+
+type ReplayRuntimeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The recorded runtime (one of the caller's): its root handles' runs are replayed.
+	SourceRuntimeId string `protobuf:"bytes,1,opt,name=source_runtime_id,json=sourceRuntimeId,proto3" json:"source_runtime_id,omitempty"`
+	// Replacement definitions, by name, as ForkRuntime's (none: the recording's own).
+	Agents          []*AgentDef     `protobuf:"bytes,2,rep,name=agents,proto3" json:"agents,omitempty"`
+	UnrecordedCalls UnrecordedCalls `protobuf:"varint,3,opt,name=unrecorded_calls,json=unrecordedCalls,proto3,enum=agentruntime.v1.UnrecordedCalls" json:"unrecorded_calls,omitempty"`
+	// Optional: the replay's id (a slug). Generated when empty.
+	RuntimeId string `protobuf:"bytes,4,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// How long to wait for the replay's roots to settle (unset: until the call's deadline, at
+	// most 24 hours). Past it the response says `settled: false`: call again with the same
+	// `request_id` to wait on (nothing starts twice).
+	Timeout *durationpb.Duration `protobuf:"bytes,5,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Makes the call safe to send again, as CreateRuntime's.
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayRuntimeRequest) Reset() {
+	*x = ReplayRuntimeRequest{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayRuntimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayRuntimeRequest) ProtoMessage() {}
+
+func (x *ReplayRuntimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayRuntimeRequest.ProtoReflect.Descriptor instead.
+func (*ReplayRuntimeRequest) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ReplayRuntimeRequest) GetSourceRuntimeId() string {
+	if x != nil {
+		return x.SourceRuntimeId
+	}
+	return ""
+}
+
+func (x *ReplayRuntimeRequest) GetAgents() []*AgentDef {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *ReplayRuntimeRequest) GetUnrecordedCalls() UnrecordedCalls {
+	if x != nil {
+		return x.UnrecordedCalls
+	}
+	return UnrecordedCalls_UNRECORDED_CALLS_UNSPECIFIED
+}
+
+func (x *ReplayRuntimeRequest) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *ReplayRuntimeRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *ReplayRuntimeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type ReplayRuntimeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replay: a runtime of its own, to inspect, watch or delete.
+	RuntimeId string `protobuf:"bytes,1,opt,name=runtime_id,json=runtimeId,proto3" json:"runtime_id,omitempty"`
+	// One per root handle of the recording, in spawn order.
+	Diffs []*ReplayDiff `protobuf:"bytes,2,rep,name=diffs,proto3" json:"diffs,omitempty"`
+	// Every root of the replay has settled (or is suspended); false: the timeout passed first.
+	Settled bool `protobuf:"varint,3,opt,name=settled,proto3" json:"settled,omitempty"`
+	// How many diffs name a change.
+	ChangedCount  int32 `protobuf:"varint,4,opt,name=changed_count,json=changedCount,proto3" json:"changed_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayRuntimeResponse) Reset() {
+	*x = ReplayRuntimeResponse{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayRuntimeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayRuntimeResponse) ProtoMessage() {}
+
+func (x *ReplayRuntimeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayRuntimeResponse.ProtoReflect.Descriptor instead.
+func (*ReplayRuntimeResponse) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ReplayRuntimeResponse) GetRuntimeId() string {
+	if x != nil {
+		return x.RuntimeId
+	}
+	return ""
+}
+
+func (x *ReplayRuntimeResponse) GetDiffs() []*ReplayDiff {
+	if x != nil {
+		return x.Diffs
+	}
+	return nil
+}
+
+func (x *ReplayRuntimeResponse) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *ReplayRuntimeResponse) GetChangedCount() int32 {
+	if x != nil {
+		return x.ChangedCount
+	}
+	return 0
+}
+
+// A root handle's recording and its replay, side by side.
+type ReplayDiff struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HandleId string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	Recorded *TaskResult            `protobuf:"bytes,2,opt,name=recorded,proto3" json:"recorded,omitempty"`
+	Replayed *TaskResult            `protobuf:"bytes,3,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// The tool calls of the root's subtree, handle by handle in spawn order, each handle's in
+	// its transcript's order (`task` calls included).
+	RecordedCalls []*ReplayCall `protobuf:"bytes,4,rep,name=recorded_calls,json=recordedCalls,proto3" json:"recorded_calls,omitempty"`
+	ReplayedCalls []*ReplayCall `protobuf:"bytes,5,rep,name=replayed_calls,json=replayedCalls,proto3" json:"replayed_calls,omitempty"`
+	// What differs: any of `status`, `limit`, `turns`, `own_tokens`, `total_tokens`, `cost`,
+	// `text`, `output`, `tool_calls`; empty when nothing does.
+	Changed       []string `protobuf:"bytes,6,rep,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDiff) Reset() {
+	*x = ReplayDiff{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDiff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDiff) ProtoMessage() {}
+
+func (x *ReplayDiff) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDiff.ProtoReflect.Descriptor instead.
+func (*ReplayDiff) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *ReplayDiff) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *ReplayDiff) GetRecorded() *TaskResult {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+func (x *ReplayDiff) GetReplayed() *TaskResult {
+	if x != nil {
+		return x.Replayed
+	}
+	return nil
+}
+
+func (x *ReplayDiff) GetRecordedCalls() []*ReplayCall {
+	if x != nil {
+		return x.RecordedCalls
+	}
+	return nil
+}
+
+func (x *ReplayDiff) GetReplayedCalls() []*ReplayCall {
+	if x != nil {
+		return x.ReplayedCalls
+	}
+	return nil
+}
+
+func (x *ReplayDiff) GetChanged() []string {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+type ReplayCall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HandleId      string                 `protobuf:"bytes,1,opt,name=handle_id,json=handleId,proto3" json:"handle_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	ArgumentsJson string                 `protobuf:"bytes,3,opt,name=arguments_json,json=argumentsJson,proto3" json:"arguments_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayCall) Reset() {
+	*x = ReplayCall{}
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayCall) ProtoMessage() {}
+
+func (x *ReplayCall) ProtoReflect() protoreflect.Message {
+	mi := &file_agentruntime_v1_agent_runtime_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayCall.ProtoReflect.Descriptor instead.
+func (*ReplayCall) Descriptor() ([]byte, []int) {
+	return file_agentruntime_v1_agent_runtime_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *ReplayCall) GetHandleId() string {
+	if x != nil {
+		return x.HandleId
+	}
+	return ""
+}
+
+func (x *ReplayCall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReplayCall) GetArgumentsJson() string {
+	if x != nil {
+		return x.ArgumentsJson
+	}
+	return ""
+}
+
 var File_agentruntime_v1_agent_runtime_proto protoreflect.FileDescriptor
 
 const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
@@ -5945,7 +6629,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\vhttp_status\x18\x03 \x01(\x05R\n" +
 	"httpStatus\x12\x1c\n" +
 	"\tretryable\x18\x04 \x01(\bR\tretryable\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x9c\x05\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x9b\x06\n" +
 	"\n" +
 	"TaskResult\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
@@ -5968,7 +6652,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\bown_cost\x18\x0e \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
 	"\n" +
 	"total_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\x12.\n" +
-	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\"\x95\x02\n" +
+	"\x06output\x18\x10 \x01(\v2\x16.google.protobuf.ValueR\x06output\x12?\n" +
+	"\x0finherited_usage\x18\x11 \x01(\v2\x16.agentruntime.v1.UsageR\x0einheritedUsage\x12<\n" +
+	"\x0einherited_cost\x18\x12 \x01(\v2\x15.agentruntime.v1.CostR\rinheritedCost\"\x95\x02\n" +
 	"\x05Usage\x12!\n" +
 	"\finput_tokens\x18\x01 \x01(\x03R\vinputTokens\x12*\n" +
 	"\x11cache_read_tokens\x18\x02 \x01(\x03R\x0fcacheReadTokens\x12,\n" +
@@ -5980,7 +6666,7 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x04Cost\x12\x16\n" +
 	"\x06micros\x18\x01 \x01(\x03R\x06micros\x12\x1a\n" +
 	"\bcurrency\x18\x02 \x01(\tR\bcurrency\x12\x16\n" +
-	"\x06priced\x18\x03 \x01(\bR\x06priced\"\x8a\x05\n" +
+	"\x06priced\x18\x03 \x01(\bR\x06priced\"\x89\x06\n" +
 	"\n" +
 	"HandleView\x12\x1b\n" +
 	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x1b\n" +
@@ -6005,7 +6691,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"totalUsage\x120\n" +
 	"\bown_cost\x18\x0f \x01(\v2\x15.agentruntime.v1.CostR\aownCost\x124\n" +
 	"\n" +
-	"total_cost\x18\x10 \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"\x95\x06\n" +
+	"total_cost\x18\x10 \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\x12?\n" +
+	"\x0finherited_usage\x18\x11 \x01(\v2\x16.agentruntime.v1.UsageR\x0einheritedUsage\x12<\n" +
+	"\x0einherited_cost\x18\x12 \x01(\v2\x15.agentruntime.v1.CostR\rinheritedCost\"\x95\x06\n" +
 	"\bAgentDef\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\"\n" +
@@ -6252,9 +6940,12 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x0eInspectRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
-	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"F\n" +
+	"\thandle_id\x18\x02 \x01(\tR\bhandleId\"\x82\x01\n" +
 	"\x0fInspectResponse\x123\n" +
-	"\x06handle\x18\x01 \x01(\v2\x1b.agentruntime.v1.HandleViewR\x06handle\"h\n" +
+	"\x06handle\x18\x01 \x01(\v2\x1b.agentruntime.v1.HandleViewR\x06handle\x12\x1f\n" +
+	"\vforked_from\x18\x02 \x01(\tR\n" +
+	"forkedFrom\x12\x19\n" +
+	"\bfork_seq\x18\x03 \x01(\x03R\aforkSeq\"h\n" +
 	"\vListRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x1b\n" +
@@ -6347,14 +7038,15 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x19\n" +
 	"\bis_error\x18\x03 \x01(\bR\aisError\x12\x16\n" +
-	"\x06output\x18\x04 \x01(\tR\x06output\"Q\n" +
+	"\x06output\x18\x04 \x01(\tR\x06output\"l\n" +
 	"\x13ListRuntimesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"{\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x19\n" +
+	"\bforks_of\x18\x03 \x01(\tR\aforksOf\"{\n" +
 	"\x14ListRuntimesResponse\x12;\n" +
 	"\bruntimes\x18\x01 \x03(\v2\x1f.agentruntime.v1.RuntimeSummaryR\bruntimes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb6\x02\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf2\x02\n" +
 	"\x0eRuntimeSummary\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12;\n" +
@@ -6365,7 +7057,10 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x0fsuspended_count\x18\x05 \x01(\x05R\x0esuspendedCount\x12!\n" +
 	"\ftotal_tokens\x18\x06 \x01(\x03R\vtotalTokens\x124\n" +
 	"\n" +
-	"total_cost\x18\a \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\"j\n" +
+	"total_cost\x18\a \x01(\v2\x15.agentruntime.v1.CostR\ttotalCost\x12\x1f\n" +
+	"\vforked_from\x18\b \x01(\tR\n" +
+	"forkedFrom\x12\x19\n" +
+	"\bfork_seq\x18\t \x01(\x03R\aforkSeq\"j\n" +
 	"\x14DeleteRuntimeRequest\x12\x1d\n" +
 	"\n" +
 	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x14\n" +
@@ -6396,7 +7091,53 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\n" +
 	"runtime_id\x18\x03 \x01(\tR\truntimeId\x12\x1b\n" +
 	"\thandle_id\x18\x04 \x01(\tR\bhandleId\x126\n" +
-	"\bdeadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline*\xad\x01\n" +
+	"\bdeadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xb5\x02\n" +
+	"\x12ForkRuntimeRequest\x12*\n" +
+	"\x11source_runtime_id\x18\x01 \x01(\tR\x0fsourceRuntimeId\x12\x15\n" +
+	"\x06at_seq\x18\x02 \x01(\x03R\x05atSeq\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x03 \x01(\tR\truntimeId\x121\n" +
+	"\x06agents\x18\x04 \x03(\v2\x19.agentruntime.v1.AgentDefR\x06agents\x128\n" +
+	"\bmessages\x18\x05 \x03(\v2\x1c.agentruntime.v1.ForkMessageR\bmessages\x121\n" +
+	"\aanswers\x18\x06 \x03(\v2\x17.agentruntime.v1.AnswerR\aanswers\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\">\n" +
+	"\vForkMessage\x12\x1b\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\"w\n" +
+	"\x13ForkRuntimeResponse\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x12\x19\n" +
+	"\bfork_seq\x18\x02 \x01(\x03R\aforkSeq\x12&\n" +
+	"\x0fheld_handle_ids\x18\x03 \x03(\tR\rheldHandleIds\"\xb5\x02\n" +
+	"\x14ReplayRuntimeRequest\x12*\n" +
+	"\x11source_runtime_id\x18\x01 \x01(\tR\x0fsourceRuntimeId\x121\n" +
+	"\x06agents\x18\x02 \x03(\v2\x19.agentruntime.v1.AgentDefR\x06agents\x12K\n" +
+	"\x10unrecorded_calls\x18\x03 \x01(\x0e2 .agentruntime.v1.UnrecordedCallsR\x0funrecordedCalls\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x04 \x01(\tR\truntimeId\x123\n" +
+	"\atimeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xa8\x01\n" +
+	"\x15ReplayRuntimeResponse\x12\x1d\n" +
+	"\n" +
+	"runtime_id\x18\x01 \x01(\tR\truntimeId\x121\n" +
+	"\x05diffs\x18\x02 \x03(\v2\x1b.agentruntime.v1.ReplayDiffR\x05diffs\x12\x18\n" +
+	"\asettled\x18\x03 \x01(\bR\asettled\x12#\n" +
+	"\rchanged_count\x18\x04 \x01(\x05R\fchangedCount\"\xbd\x02\n" +
+	"\n" +
+	"ReplayDiff\x12\x1b\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x127\n" +
+	"\brecorded\x18\x02 \x01(\v2\x1b.agentruntime.v1.TaskResultR\brecorded\x127\n" +
+	"\breplayed\x18\x03 \x01(\v2\x1b.agentruntime.v1.TaskResultR\breplayed\x12B\n" +
+	"\x0erecorded_calls\x18\x04 \x03(\v2\x1b.agentruntime.v1.ReplayCallR\rrecordedCalls\x12B\n" +
+	"\x0ereplayed_calls\x18\x05 \x03(\v2\x1b.agentruntime.v1.ReplayCallR\rreplayedCalls\x12\x18\n" +
+	"\achanged\x18\x06 \x03(\tR\achanged\"d\n" +
+	"\n" +
+	"ReplayCall\x12\x1b\n" +
+	"\thandle_id\x18\x01 \x01(\tR\bhandleId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
+	"\x0earguments_json\x18\x03 \x01(\tR\rargumentsJson*\xad\x01\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSTATUS_DONE\x10\x01\x12\x12\n" +
@@ -6426,14 +7167,15 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"#FAILURE_REASON_PROVIDER_UNAVAILABLE\x10\x05\x12'\n" +
 	"#FAILURE_REASON_PROVIDER_BAD_REQUEST\x10\x06\x12%\n" +
 	"!FAILURE_REASON_PROVIDER_BAD_REPLY\x10\a\x12\x1a\n" +
-	"\x16FAILURE_REASON_RUNTIME\x10\b*\xaa\x01\n" +
+	"\x16FAILURE_REASON_RUNTIME\x10\b*\xc1\x01\n" +
 	"\vHandleState\x12\x1c\n" +
 	"\x18HANDLE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11HANDLE_STATE_IDLE\x10\x01\x12\x18\n" +
 	"\x14HANDLE_STATE_RUNNING\x10\x02\x12\x1a\n" +
 	"\x16HANDLE_STATE_SUSPENDED\x10\x03\x12\x17\n" +
 	"\x13HANDLE_STATE_CLOSED\x10\x04\x12\x17\n" +
-	"\x13HANDLE_STATE_QUEUED\x10\x05*S\n" +
+	"\x13HANDLE_STATE_QUEUED\x10\x05\x12\x15\n" +
+	"\x11HANDLE_STATE_HELD\x10\x06*S\n" +
 	"\x05Trust\x12\x15\n" +
 	"\x11TRUST_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -6456,7 +7198,13 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\x19SCRIPTED_STOP_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fSCRIPTED_STOP_MAX_OUTPUT_TOKENS\x10\x01\x12\x19\n" +
 	"\x15SCRIPTED_STOP_REFUSAL\x10\x02\x12&\n" +
-	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x032\xc1\t\n" +
+	"\"SCRIPTED_STOP_PROVIDER_UNAVAILABLE\x10\x03*\x8d\x01\n" +
+	"\x0fUnrecordedCalls\x12 \n" +
+	"\x1cUNRECORDED_CALLS_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eUNRECORDED_CALLS_RECORDED_ONLY\x10\x01\x12\x19\n" +
+	"\x15UNRECORDED_CALLS_LIVE\x10\x02\x12\x19\n" +
+	"\x15UNRECORDED_CALLS_HOST\x10\x032\xfb\n" +
+	"\n" +
 	"\fAgentRuntime\x12^\n" +
 	"\rCreateRuntime\x12%.agentruntime.v1.CreateRuntimeRequest\x1a&.agentruntime.v1.CreateRuntimeResponse\x12F\n" +
 	"\x05Spawn\x12\x1d.agentruntime.v1.SpawnRequest\x1a\x1e.agentruntime.v1.SpawnResponse\x12C\n" +
@@ -6473,7 +7221,9 @@ const file_agentruntime_v1_agent_runtime_proto_rawDesc = "" +
 	"\fListRuntimes\x12$.agentruntime.v1.ListRuntimesRequest\x1a%.agentruntime.v1.ListRuntimesResponse\x12^\n" +
 	"\rDeleteRuntime\x12%.agentruntime.v1.DeleteRuntimeRequest\x1a&.agentruntime.v1.DeleteRuntimeResponse\x12Y\n" +
 	"\n" +
-	"ServeTools\x12\".agentruntime.v1.ServeToolsRequest\x1a#.agentruntime.v1.ServeToolsResponse(\x010\x01Bz\n" +
+	"ServeTools\x12\".agentruntime.v1.ServeToolsRequest\x1a#.agentruntime.v1.ServeToolsResponse(\x010\x01\x12X\n" +
+	"\vForkRuntime\x12#.agentruntime.v1.ForkRuntimeRequest\x1a$.agentruntime.v1.ForkRuntimeResponse\x12^\n" +
+	"\rReplayRuntime\x12%.agentruntime.v1.ReplayRuntimeRequest\x1a&.agentruntime.v1.ReplayRuntimeResponseBz\n" +
 	"\x13dev.agentruntime.v1B\x11AgentRuntimeProtoP\x01ZNgithub.com/agentruntime/agentruntime/clients/go/agentruntime/v1;agentruntimev1b\x06proto3"
 
 var (
@@ -6488,8 +7238,8 @@ func file_agentruntime_v1_agent_runtime_proto_rawDescGZIP() []byte {
 	return file_agentruntime_v1_agent_runtime_proto_rawDescData
 }
 
-var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_agentruntime_v1_agent_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_agentruntime_v1_agent_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(Status)(0),                   // 0: agentruntime.v1.Status
 	(Limit)(0),                    // 1: agentruntime.v1.Limit
@@ -6500,219 +7250,246 @@ var file_agentruntime_v1_agent_runtime_proto_goTypes = []any{
 	(GuardrailAction)(0),          // 6: agentruntime.v1.GuardrailAction
 	(OnInterrupted)(0),            // 7: agentruntime.v1.OnInterrupted
 	(ScriptedStop)(0),             // 8: agentruntime.v1.ScriptedStop
-	(*Failure)(nil),               // 9: agentruntime.v1.Failure
-	(*TaskResult)(nil),            // 10: agentruntime.v1.TaskResult
-	(*Usage)(nil),                 // 11: agentruntime.v1.Usage
-	(*Cost)(nil),                  // 12: agentruntime.v1.Cost
-	(*HandleView)(nil),            // 13: agentruntime.v1.HandleView
-	(*AgentDef)(nil),              // 14: agentruntime.v1.AgentDef
-	(*Heartbeat)(nil),             // 15: agentruntime.v1.Heartbeat
-	(*Compaction)(nil),            // 16: agentruntime.v1.Compaction
-	(*RuntimeOptions)(nil),        // 17: agentruntime.v1.RuntimeOptions
-	(*Budget)(nil),                // 18: agentruntime.v1.Budget
-	(*ToolDef)(nil),               // 19: agentruntime.v1.ToolDef
-	(*RelayTool)(nil),             // 20: agentruntime.v1.RelayTool
-	(*HttpTool)(nil),              // 21: agentruntime.v1.HttpTool
-	(*McpServer)(nil),             // 22: agentruntime.v1.McpServer
-	(*WorkerTool)(nil),            // 23: agentruntime.v1.WorkerTool
-	(*ApprovalPolicy)(nil),        // 24: agentruntime.v1.ApprovalPolicy
-	(*CompletionGate)(nil),        // 25: agentruntime.v1.CompletionGate
-	(*Guardrail)(nil),             // 26: agentruntime.v1.Guardrail
-	(*Script)(nil),                // 27: agentruntime.v1.Script
-	(*ScriptedReply)(nil),         // 28: agentruntime.v1.ScriptedReply
-	(*ScriptedToolCall)(nil),      // 29: agentruntime.v1.ScriptedToolCall
-	(*Request)(nil),               // 30: agentruntime.v1.Request
-	(*ToolCall)(nil),              // 31: agentruntime.v1.ToolCall
-	(*Answer)(nil),                // 32: agentruntime.v1.Answer
-	(*ToolOutput)(nil),            // 33: agentruntime.v1.ToolOutput
-	(*Message)(nil),               // 34: agentruntime.v1.Message
-	(*Thinking)(nil),              // 35: agentruntime.v1.Thinking
-	(*CreateRuntimeRequest)(nil),  // 36: agentruntime.v1.CreateRuntimeRequest
-	(*CreateRuntimeResponse)(nil), // 37: agentruntime.v1.CreateRuntimeResponse
-	(*SpawnRequest)(nil),          // 38: agentruntime.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 39: agentruntime.v1.SpawnResponse
-	(*PostRequest)(nil),           // 40: agentruntime.v1.PostRequest
-	(*PostResponse)(nil),          // 41: agentruntime.v1.PostResponse
-	(*WakeRequest)(nil),           // 42: agentruntime.v1.WakeRequest
-	(*WakeResponse)(nil),          // 43: agentruntime.v1.WakeResponse
-	(*WaitRequest)(nil),           // 44: agentruntime.v1.WaitRequest
-	(*WaitResponse)(nil),          // 45: agentruntime.v1.WaitResponse
-	(*ResumeRequest)(nil),         // 46: agentruntime.v1.ResumeRequest
-	(*ResumeResponse)(nil),        // 47: agentruntime.v1.ResumeResponse
-	(*InterruptRequest)(nil),      // 48: agentruntime.v1.InterruptRequest
-	(*InterruptResponse)(nil),     // 49: agentruntime.v1.InterruptResponse
-	(*CloseRequest)(nil),          // 50: agentruntime.v1.CloseRequest
-	(*CloseResponse)(nil),         // 51: agentruntime.v1.CloseResponse
-	(*InspectRequest)(nil),        // 52: agentruntime.v1.InspectRequest
-	(*InspectResponse)(nil),       // 53: agentruntime.v1.InspectResponse
-	(*ListRequest)(nil),           // 54: agentruntime.v1.ListRequest
-	(*ListResponse)(nil),          // 55: agentruntime.v1.ListResponse
-	(*GetTranscriptRequest)(nil),  // 56: agentruntime.v1.GetTranscriptRequest
-	(*GetTranscriptResponse)(nil), // 57: agentruntime.v1.GetTranscriptResponse
-	(*WatchRequest)(nil),          // 58: agentruntime.v1.WatchRequest
-	(*WatchResponse)(nil),         // 59: agentruntime.v1.WatchResponse
-	(*Delta)(nil),                 // 60: agentruntime.v1.Delta
-	(*ToolCallDelta)(nil),         // 61: agentruntime.v1.ToolCallDelta
-	(*DeltaReset)(nil),            // 62: agentruntime.v1.DeltaReset
-	(*Event)(nil),                 // 63: agentruntime.v1.Event
-	(*HandleSpawned)(nil),         // 64: agentruntime.v1.HandleSpawned
-	(*StateChanged)(nil),          // 65: agentruntime.v1.StateChanged
-	(*TurnStarted)(nil),           // 66: agentruntime.v1.TurnStarted
-	(*TurnEnded)(nil),             // 67: agentruntime.v1.TurnEnded
-	(*ToolCallStarted)(nil),       // 68: agentruntime.v1.ToolCallStarted
-	(*ToolCallEnded)(nil),         // 69: agentruntime.v1.ToolCallEnded
-	(*ListRuntimesRequest)(nil),   // 70: agentruntime.v1.ListRuntimesRequest
-	(*ListRuntimesResponse)(nil),  // 71: agentruntime.v1.ListRuntimesResponse
-	(*RuntimeSummary)(nil),        // 72: agentruntime.v1.RuntimeSummary
-	(*DeleteRuntimeRequest)(nil),  // 73: agentruntime.v1.DeleteRuntimeRequest
-	(*DeleteRuntimeResponse)(nil), // 74: agentruntime.v1.DeleteRuntimeResponse
-	(*ServeToolsRequest)(nil),     // 75: agentruntime.v1.ServeToolsRequest
-	(*WorkerRegistration)(nil),    // 76: agentruntime.v1.WorkerRegistration
-	(*ServeToolsResponse)(nil),    // 77: agentruntime.v1.ServeToolsResponse
-	(*WorkerRegistered)(nil),      // 78: agentruntime.v1.WorkerRegistered
-	(*WorkerCall)(nil),            // 79: agentruntime.v1.WorkerCall
-	nil,                           // 80: agentruntime.v1.HttpTool.HeadersEntry
-	nil,                           // 81: agentruntime.v1.McpServer.HeadersEntry
-	(*structpb.Value)(nil),        // 82: google.protobuf.Value
-	(*structpb.Struct)(nil),       // 83: google.protobuf.Struct
-	(*durationpb.Duration)(nil),   // 84: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 85: google.protobuf.Timestamp
+	(UnrecordedCalls)(0),          // 9: agentruntime.v1.UnrecordedCalls
+	(*Failure)(nil),               // 10: agentruntime.v1.Failure
+	(*TaskResult)(nil),            // 11: agentruntime.v1.TaskResult
+	(*Usage)(nil),                 // 12: agentruntime.v1.Usage
+	(*Cost)(nil),                  // 13: agentruntime.v1.Cost
+	(*HandleView)(nil),            // 14: agentruntime.v1.HandleView
+	(*AgentDef)(nil),              // 15: agentruntime.v1.AgentDef
+	(*Heartbeat)(nil),             // 16: agentruntime.v1.Heartbeat
+	(*Compaction)(nil),            // 17: agentruntime.v1.Compaction
+	(*RuntimeOptions)(nil),        // 18: agentruntime.v1.RuntimeOptions
+	(*Budget)(nil),                // 19: agentruntime.v1.Budget
+	(*ToolDef)(nil),               // 20: agentruntime.v1.ToolDef
+	(*RelayTool)(nil),             // 21: agentruntime.v1.RelayTool
+	(*HttpTool)(nil),              // 22: agentruntime.v1.HttpTool
+	(*McpServer)(nil),             // 23: agentruntime.v1.McpServer
+	(*WorkerTool)(nil),            // 24: agentruntime.v1.WorkerTool
+	(*ApprovalPolicy)(nil),        // 25: agentruntime.v1.ApprovalPolicy
+	(*CompletionGate)(nil),        // 26: agentruntime.v1.CompletionGate
+	(*Guardrail)(nil),             // 27: agentruntime.v1.Guardrail
+	(*Script)(nil),                // 28: agentruntime.v1.Script
+	(*ScriptedReply)(nil),         // 29: agentruntime.v1.ScriptedReply
+	(*ScriptedToolCall)(nil),      // 30: agentruntime.v1.ScriptedToolCall
+	(*Request)(nil),               // 31: agentruntime.v1.Request
+	(*ToolCall)(nil),              // 32: agentruntime.v1.ToolCall
+	(*Answer)(nil),                // 33: agentruntime.v1.Answer
+	(*ToolOutput)(nil),            // 34: agentruntime.v1.ToolOutput
+	(*Message)(nil),               // 35: agentruntime.v1.Message
+	(*Thinking)(nil),              // 36: agentruntime.v1.Thinking
+	(*CreateRuntimeRequest)(nil),  // 37: agentruntime.v1.CreateRuntimeRequest
+	(*CreateRuntimeResponse)(nil), // 38: agentruntime.v1.CreateRuntimeResponse
+	(*SpawnRequest)(nil),          // 39: agentruntime.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 40: agentruntime.v1.SpawnResponse
+	(*PostRequest)(nil),           // 41: agentruntime.v1.PostRequest
+	(*PostResponse)(nil),          // 42: agentruntime.v1.PostResponse
+	(*WakeRequest)(nil),           // 43: agentruntime.v1.WakeRequest
+	(*WakeResponse)(nil),          // 44: agentruntime.v1.WakeResponse
+	(*WaitRequest)(nil),           // 45: agentruntime.v1.WaitRequest
+	(*WaitResponse)(nil),          // 46: agentruntime.v1.WaitResponse
+	(*ResumeRequest)(nil),         // 47: agentruntime.v1.ResumeRequest
+	(*ResumeResponse)(nil),        // 48: agentruntime.v1.ResumeResponse
+	(*InterruptRequest)(nil),      // 49: agentruntime.v1.InterruptRequest
+	(*InterruptResponse)(nil),     // 50: agentruntime.v1.InterruptResponse
+	(*CloseRequest)(nil),          // 51: agentruntime.v1.CloseRequest
+	(*CloseResponse)(nil),         // 52: agentruntime.v1.CloseResponse
+	(*InspectRequest)(nil),        // 53: agentruntime.v1.InspectRequest
+	(*InspectResponse)(nil),       // 54: agentruntime.v1.InspectResponse
+	(*ListRequest)(nil),           // 55: agentruntime.v1.ListRequest
+	(*ListResponse)(nil),          // 56: agentruntime.v1.ListResponse
+	(*GetTranscriptRequest)(nil),  // 57: agentruntime.v1.GetTranscriptRequest
+	(*GetTranscriptResponse)(nil), // 58: agentruntime.v1.GetTranscriptResponse
+	(*WatchRequest)(nil),          // 59: agentruntime.v1.WatchRequest
+	(*WatchResponse)(nil),         // 60: agentruntime.v1.WatchResponse
+	(*Delta)(nil),                 // 61: agentruntime.v1.Delta
+	(*ToolCallDelta)(nil),         // 62: agentruntime.v1.ToolCallDelta
+	(*DeltaReset)(nil),            // 63: agentruntime.v1.DeltaReset
+	(*Event)(nil),                 // 64: agentruntime.v1.Event
+	(*HandleSpawned)(nil),         // 65: agentruntime.v1.HandleSpawned
+	(*StateChanged)(nil),          // 66: agentruntime.v1.StateChanged
+	(*TurnStarted)(nil),           // 67: agentruntime.v1.TurnStarted
+	(*TurnEnded)(nil),             // 68: agentruntime.v1.TurnEnded
+	(*ToolCallStarted)(nil),       // 69: agentruntime.v1.ToolCallStarted
+	(*ToolCallEnded)(nil),         // 70: agentruntime.v1.ToolCallEnded
+	(*ListRuntimesRequest)(nil),   // 71: agentruntime.v1.ListRuntimesRequest
+	(*ListRuntimesResponse)(nil),  // 72: agentruntime.v1.ListRuntimesResponse
+	(*RuntimeSummary)(nil),        // 73: agentruntime.v1.RuntimeSummary
+	(*DeleteRuntimeRequest)(nil),  // 74: agentruntime.v1.DeleteRuntimeRequest
+	(*DeleteRuntimeResponse)(nil), // 75: agentruntime.v1.DeleteRuntimeResponse
+	(*ServeToolsRequest)(nil),     // 76: agentruntime.v1.ServeToolsRequest
+	(*WorkerRegistration)(nil),    // 77: agentruntime.v1.WorkerRegistration
+	(*ServeToolsResponse)(nil),    // 78: agentruntime.v1.ServeToolsResponse
+	(*WorkerRegistered)(nil),      // 79: agentruntime.v1.WorkerRegistered
+	(*WorkerCall)(nil),            // 80: agentruntime.v1.WorkerCall
+	(*ForkRuntimeRequest)(nil),    // 81: agentruntime.v1.ForkRuntimeRequest
+	(*ForkMessage)(nil),           // 82: agentruntime.v1.ForkMessage
+	(*ForkRuntimeResponse)(nil),   // 83: agentruntime.v1.ForkRuntimeResponse
+	(*ReplayRuntimeRequest)(nil),  // 84: agentruntime.v1.ReplayRuntimeRequest
+	(*ReplayRuntimeResponse)(nil), // 85: agentruntime.v1.ReplayRuntimeResponse
+	(*ReplayDiff)(nil),            // 86: agentruntime.v1.ReplayDiff
+	(*ReplayCall)(nil),            // 87: agentruntime.v1.ReplayCall
+	nil,                           // 88: agentruntime.v1.HttpTool.HeadersEntry
+	nil,                           // 89: agentruntime.v1.McpServer.HeadersEntry
+	(*structpb.Value)(nil),        // 90: google.protobuf.Value
+	(*structpb.Struct)(nil),       // 91: google.protobuf.Struct
+	(*durationpb.Duration)(nil),   // 92: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 93: google.protobuf.Timestamp
 }
 var file_agentruntime_v1_agent_runtime_proto_depIdxs = []int32{
 	2,   // 0: agentruntime.v1.Failure.reason:type_name -> agentruntime.v1.FailureReason
 	0,   // 1: agentruntime.v1.TaskResult.status:type_name -> agentruntime.v1.Status
 	1,   // 2: agentruntime.v1.TaskResult.limit:type_name -> agentruntime.v1.Limit
-	30,  // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
-	9,   // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
-	11,  // 5: agentruntime.v1.TaskResult.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 6: agentruntime.v1.TaskResult.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 7: agentruntime.v1.TaskResult.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 8: agentruntime.v1.TaskResult.total_cost:type_name -> agentruntime.v1.Cost
-	82,  // 9: agentruntime.v1.TaskResult.output:type_name -> google.protobuf.Value
-	3,   // 10: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
-	18,  // 11: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
-	0,   // 12: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
-	11,  // 13: agentruntime.v1.HandleView.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 14: agentruntime.v1.HandleView.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 15: agentruntime.v1.HandleView.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 16: agentruntime.v1.HandleView.total_cost:type_name -> agentruntime.v1.Cost
-	19,  // 17: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
-	18,  // 18: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
-	25,  // 19: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
-	26,  // 20: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
-	27,  // 21: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
-	15,  // 22: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
-	16,  // 23: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
-	22,  // 24: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
-	83,  // 25: agentruntime.v1.AgentDef.output_schema:type_name -> google.protobuf.Struct
-	84,  // 26: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
-	84,  // 27: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
-	5,   // 28: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
-	83,  // 29: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
-	20,  // 30: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
-	21,  // 31: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
-	23,  // 32: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
-	24,  // 33: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
-	7,   // 34: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
-	80,  // 35: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
-	84,  // 36: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
-	81,  // 37: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
-	84,  // 38: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
-	84,  // 39: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
-	6,   // 40: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
-	28,  // 41: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
-	29,  // 42: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
-	84,  // 43: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
-	8,   // 44: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
-	11,  // 45: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
-	84,  // 46: agentruntime.v1.ScriptedReply.stream_pause:type_name -> google.protobuf.Duration
-	83,  // 47: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
-	85,  // 48: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
-	31,  // 49: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
-	83,  // 50: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
-	33,  // 51: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
-	82,  // 52: agentruntime.v1.ToolOutput.structured:type_name -> google.protobuf.Value
-	31,  // 53: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
-	35,  // 54: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
-	4,   // 55: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
-	14,  // 56: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
-	17,  // 57: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
-	18,  // 58: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
-	4,   // 59: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
-	84,  // 60: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
-	10,  // 61: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
-	32,  // 62: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
-	10,  // 63: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
-	84,  // 64: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
-	13,  // 65: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
-	13,  // 66: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
-	34,  // 67: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
-	63,  // 68: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
-	60,  // 69: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
-	63,  // 70: agentruntime.v1.WatchResponse.events:type_name -> agentruntime.v1.Event
-	61,  // 71: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
-	62,  // 72: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
-	85,  // 73: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
-	64,  // 74: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
-	65,  // 75: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
-	66,  // 76: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
-	67,  // 77: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
-	68,  // 78: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
-	69,  // 79: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
-	30,  // 80: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
-	10,  // 81: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
-	3,   // 82: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
-	11,  // 83: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
-	12,  // 84: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
-	11,  // 85: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
-	11,  // 86: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
-	12,  // 87: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
-	12,  // 88: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
-	31,  // 89: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
-	72,  // 90: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
-	85,  // 91: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
-	12,  // 92: agentruntime.v1.RuntimeSummary.total_cost:type_name -> agentruntime.v1.Cost
-	76,  // 93: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
-	33,  // 94: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
-	78,  // 95: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
-	79,  // 96: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
-	31,  // 97: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
-	85,  // 98: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
-	36,  // 99: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
-	38,  // 100: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
-	40,  // 101: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
-	42,  // 102: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
-	44,  // 103: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
-	46,  // 104: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
-	48,  // 105: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
-	50,  // 106: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
-	52,  // 107: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
-	54,  // 108: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
-	56,  // 109: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
-	58,  // 110: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
-	70,  // 111: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
-	73,  // 112: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
-	75,  // 113: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
-	37,  // 114: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
-	39,  // 115: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
-	41,  // 116: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
-	43,  // 117: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
-	45,  // 118: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
-	47,  // 119: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
-	49,  // 120: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
-	51,  // 121: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
-	53,  // 122: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
-	55,  // 123: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
-	57,  // 124: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
-	59,  // 125: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
-	71,  // 126: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
-	74,  // 127: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
-	77,  // 128: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
-	114, // [114:129] is the sub-list for method output_type
-	99,  // [99:114] is the sub-list for method input_type
-	99,  // [99:99] is the sub-list for extension type_name
-	99,  // [99:99] is the sub-list for extension extendee
-	0,   // [0:99] is the sub-list for field type_name
+	31,  // 3: agentruntime.v1.TaskResult.pending:type_name -> agentruntime.v1.Request
+	10,  // 4: agentruntime.v1.TaskResult.failure:type_name -> agentruntime.v1.Failure
+	12,  // 5: agentruntime.v1.TaskResult.own_usage:type_name -> agentruntime.v1.Usage
+	12,  // 6: agentruntime.v1.TaskResult.total_usage:type_name -> agentruntime.v1.Usage
+	13,  // 7: agentruntime.v1.TaskResult.own_cost:type_name -> agentruntime.v1.Cost
+	13,  // 8: agentruntime.v1.TaskResult.total_cost:type_name -> agentruntime.v1.Cost
+	90,  // 9: agentruntime.v1.TaskResult.output:type_name -> google.protobuf.Value
+	12,  // 10: agentruntime.v1.TaskResult.inherited_usage:type_name -> agentruntime.v1.Usage
+	13,  // 11: agentruntime.v1.TaskResult.inherited_cost:type_name -> agentruntime.v1.Cost
+	3,   // 12: agentruntime.v1.HandleView.state:type_name -> agentruntime.v1.HandleState
+	19,  // 13: agentruntime.v1.HandleView.budget:type_name -> agentruntime.v1.Budget
+	0,   // 14: agentruntime.v1.HandleView.last_status:type_name -> agentruntime.v1.Status
+	12,  // 15: agentruntime.v1.HandleView.own_usage:type_name -> agentruntime.v1.Usage
+	12,  // 16: agentruntime.v1.HandleView.total_usage:type_name -> agentruntime.v1.Usage
+	13,  // 17: agentruntime.v1.HandleView.own_cost:type_name -> agentruntime.v1.Cost
+	13,  // 18: agentruntime.v1.HandleView.total_cost:type_name -> agentruntime.v1.Cost
+	12,  // 19: agentruntime.v1.HandleView.inherited_usage:type_name -> agentruntime.v1.Usage
+	13,  // 20: agentruntime.v1.HandleView.inherited_cost:type_name -> agentruntime.v1.Cost
+	20,  // 21: agentruntime.v1.AgentDef.tools:type_name -> agentruntime.v1.ToolDef
+	19,  // 22: agentruntime.v1.AgentDef.budget:type_name -> agentruntime.v1.Budget
+	26,  // 23: agentruntime.v1.AgentDef.completion:type_name -> agentruntime.v1.CompletionGate
+	27,  // 24: agentruntime.v1.AgentDef.guardrails:type_name -> agentruntime.v1.Guardrail
+	28,  // 25: agentruntime.v1.AgentDef.script:type_name -> agentruntime.v1.Script
+	16,  // 26: agentruntime.v1.AgentDef.heartbeat:type_name -> agentruntime.v1.Heartbeat
+	17,  // 27: agentruntime.v1.AgentDef.compaction:type_name -> agentruntime.v1.Compaction
+	23,  // 28: agentruntime.v1.AgentDef.mcp_servers:type_name -> agentruntime.v1.McpServer
+	91,  // 29: agentruntime.v1.AgentDef.output_schema:type_name -> google.protobuf.Struct
+	92,  // 30: agentruntime.v1.Heartbeat.every:type_name -> google.protobuf.Duration
+	92,  // 31: agentruntime.v1.Budget.max_wall_time:type_name -> google.protobuf.Duration
+	5,   // 32: agentruntime.v1.Budget.on_exhausted:type_name -> agentruntime.v1.OnExhausted
+	91,  // 33: agentruntime.v1.ToolDef.input_schema:type_name -> google.protobuf.Struct
+	21,  // 34: agentruntime.v1.ToolDef.relay:type_name -> agentruntime.v1.RelayTool
+	22,  // 35: agentruntime.v1.ToolDef.http:type_name -> agentruntime.v1.HttpTool
+	24,  // 36: agentruntime.v1.ToolDef.worker:type_name -> agentruntime.v1.WorkerTool
+	25,  // 37: agentruntime.v1.ToolDef.approval:type_name -> agentruntime.v1.ApprovalPolicy
+	7,   // 38: agentruntime.v1.ToolDef.on_interrupted:type_name -> agentruntime.v1.OnInterrupted
+	88,  // 39: agentruntime.v1.HttpTool.headers:type_name -> agentruntime.v1.HttpTool.HeadersEntry
+	92,  // 40: agentruntime.v1.HttpTool.timeout:type_name -> google.protobuf.Duration
+	89,  // 41: agentruntime.v1.McpServer.headers:type_name -> agentruntime.v1.McpServer.HeadersEntry
+	92,  // 42: agentruntime.v1.McpServer.timeout:type_name -> google.protobuf.Duration
+	92,  // 43: agentruntime.v1.WorkerTool.timeout:type_name -> google.protobuf.Duration
+	6,   // 44: agentruntime.v1.Guardrail.action:type_name -> agentruntime.v1.GuardrailAction
+	29,  // 45: agentruntime.v1.Script.replies:type_name -> agentruntime.v1.ScriptedReply
+	30,  // 46: agentruntime.v1.ScriptedReply.tool_calls:type_name -> agentruntime.v1.ScriptedToolCall
+	92,  // 47: agentruntime.v1.ScriptedReply.delay:type_name -> google.protobuf.Duration
+	8,   // 48: agentruntime.v1.ScriptedReply.stop:type_name -> agentruntime.v1.ScriptedStop
+	12,  // 49: agentruntime.v1.ScriptedReply.usage:type_name -> agentruntime.v1.Usage
+	92,  // 50: agentruntime.v1.ScriptedReply.stream_pause:type_name -> google.protobuf.Duration
+	91,  // 51: agentruntime.v1.Request.data:type_name -> google.protobuf.Struct
+	93,  // 52: agentruntime.v1.Request.expires_at:type_name -> google.protobuf.Timestamp
+	32,  // 53: agentruntime.v1.Request.calls:type_name -> agentruntime.v1.ToolCall
+	91,  // 54: agentruntime.v1.Answer.data:type_name -> google.protobuf.Struct
+	34,  // 55: agentruntime.v1.Answer.outputs:type_name -> agentruntime.v1.ToolOutput
+	90,  // 56: agentruntime.v1.ToolOutput.structured:type_name -> google.protobuf.Value
+	32,  // 57: agentruntime.v1.Message.tool_calls:type_name -> agentruntime.v1.ToolCall
+	36,  // 58: agentruntime.v1.Message.thinking:type_name -> agentruntime.v1.Thinking
+	4,   // 59: agentruntime.v1.Message.trust:type_name -> agentruntime.v1.Trust
+	15,  // 60: agentruntime.v1.CreateRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	18,  // 61: agentruntime.v1.CreateRuntimeRequest.options:type_name -> agentruntime.v1.RuntimeOptions
+	19,  // 62: agentruntime.v1.SpawnRequest.budget:type_name -> agentruntime.v1.Budget
+	4,   // 63: agentruntime.v1.PostRequest.trust:type_name -> agentruntime.v1.Trust
+	92,  // 64: agentruntime.v1.WaitRequest.timeout:type_name -> google.protobuf.Duration
+	11,  // 65: agentruntime.v1.WaitResponse.result:type_name -> agentruntime.v1.TaskResult
+	33,  // 66: agentruntime.v1.ResumeRequest.answer:type_name -> agentruntime.v1.Answer
+	11,  // 67: agentruntime.v1.ResumeResponse.result:type_name -> agentruntime.v1.TaskResult
+	92,  // 68: agentruntime.v1.CloseRequest.grace:type_name -> google.protobuf.Duration
+	14,  // 69: agentruntime.v1.InspectResponse.handle:type_name -> agentruntime.v1.HandleView
+	14,  // 70: agentruntime.v1.ListResponse.handles:type_name -> agentruntime.v1.HandleView
+	35,  // 71: agentruntime.v1.GetTranscriptResponse.messages:type_name -> agentruntime.v1.Message
+	64,  // 72: agentruntime.v1.WatchResponse.event:type_name -> agentruntime.v1.Event
+	61,  // 73: agentruntime.v1.WatchResponse.delta:type_name -> agentruntime.v1.Delta
+	64,  // 74: agentruntime.v1.WatchResponse.events:type_name -> agentruntime.v1.Event
+	62,  // 75: agentruntime.v1.Delta.tool_call:type_name -> agentruntime.v1.ToolCallDelta
+	63,  // 76: agentruntime.v1.Delta.reset:type_name -> agentruntime.v1.DeltaReset
+	93,  // 77: agentruntime.v1.Event.time:type_name -> google.protobuf.Timestamp
+	65,  // 78: agentruntime.v1.Event.spawned:type_name -> agentruntime.v1.HandleSpawned
+	66,  // 79: agentruntime.v1.Event.state_changed:type_name -> agentruntime.v1.StateChanged
+	67,  // 80: agentruntime.v1.Event.turn_started:type_name -> agentruntime.v1.TurnStarted
+	68,  // 81: agentruntime.v1.Event.turn_ended:type_name -> agentruntime.v1.TurnEnded
+	69,  // 82: agentruntime.v1.Event.tool_call_started:type_name -> agentruntime.v1.ToolCallStarted
+	70,  // 83: agentruntime.v1.Event.tool_call_ended:type_name -> agentruntime.v1.ToolCallEnded
+	31,  // 84: agentruntime.v1.Event.pending:type_name -> agentruntime.v1.Request
+	11,  // 85: agentruntime.v1.Event.result:type_name -> agentruntime.v1.TaskResult
+	3,   // 86: agentruntime.v1.StateChanged.state:type_name -> agentruntime.v1.HandleState
+	12,  // 87: agentruntime.v1.TurnEnded.usage:type_name -> agentruntime.v1.Usage
+	13,  // 88: agentruntime.v1.TurnEnded.cost:type_name -> agentruntime.v1.Cost
+	12,  // 89: agentruntime.v1.TurnEnded.own_usage:type_name -> agentruntime.v1.Usage
+	12,  // 90: agentruntime.v1.TurnEnded.total_usage:type_name -> agentruntime.v1.Usage
+	13,  // 91: agentruntime.v1.TurnEnded.own_cost:type_name -> agentruntime.v1.Cost
+	13,  // 92: agentruntime.v1.TurnEnded.total_cost:type_name -> agentruntime.v1.Cost
+	32,  // 93: agentruntime.v1.ToolCallStarted.call:type_name -> agentruntime.v1.ToolCall
+	73,  // 94: agentruntime.v1.ListRuntimesResponse.runtimes:type_name -> agentruntime.v1.RuntimeSummary
+	93,  // 95: agentruntime.v1.RuntimeSummary.create_time:type_name -> google.protobuf.Timestamp
+	13,  // 96: agentruntime.v1.RuntimeSummary.total_cost:type_name -> agentruntime.v1.Cost
+	77,  // 97: agentruntime.v1.ServeToolsRequest.registration:type_name -> agentruntime.v1.WorkerRegistration
+	34,  // 98: agentruntime.v1.ServeToolsRequest.output:type_name -> agentruntime.v1.ToolOutput
+	79,  // 99: agentruntime.v1.ServeToolsResponse.registered:type_name -> agentruntime.v1.WorkerRegistered
+	80,  // 100: agentruntime.v1.ServeToolsResponse.call:type_name -> agentruntime.v1.WorkerCall
+	32,  // 101: agentruntime.v1.WorkerCall.call:type_name -> agentruntime.v1.ToolCall
+	93,  // 102: agentruntime.v1.WorkerCall.deadline:type_name -> google.protobuf.Timestamp
+	15,  // 103: agentruntime.v1.ForkRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	82,  // 104: agentruntime.v1.ForkRuntimeRequest.messages:type_name -> agentruntime.v1.ForkMessage
+	33,  // 105: agentruntime.v1.ForkRuntimeRequest.answers:type_name -> agentruntime.v1.Answer
+	15,  // 106: agentruntime.v1.ReplayRuntimeRequest.agents:type_name -> agentruntime.v1.AgentDef
+	9,   // 107: agentruntime.v1.ReplayRuntimeRequest.unrecorded_calls:type_name -> agentruntime.v1.UnrecordedCalls
+	92,  // 108: agentruntime.v1.ReplayRuntimeRequest.timeout:type_name -> google.protobuf.Duration
+	86,  // 109: agentruntime.v1.ReplayRuntimeResponse.diffs:type_name -> agentruntime.v1.ReplayDiff
+	11,  // 110: agentruntime.v1.ReplayDiff.recorded:type_name -> agentruntime.v1.TaskResult
+	11,  // 111: agentruntime.v1.ReplayDiff.replayed:type_name -> agentruntime.v1.TaskResult
+	87,  // 112: agentruntime.v1.ReplayDiff.recorded_calls:type_name -> agentruntime.v1.ReplayCall
+	87,  // 113: agentruntime.v1.ReplayDiff.replayed_calls:type_name -> agentruntime.v1.ReplayCall
+	37,  // 114: agentruntime.v1.AgentRuntime.CreateRuntime:input_type -> agentruntime.v1.CreateRuntimeRequest
+	39,  // 115: agentruntime.v1.AgentRuntime.Spawn:input_type -> agentruntime.v1.SpawnRequest
+	41,  // 116: agentruntime.v1.AgentRuntime.Post:input_type -> agentruntime.v1.PostRequest
+	43,  // 117: agentruntime.v1.AgentRuntime.Wake:input_type -> agentruntime.v1.WakeRequest
+	45,  // 118: agentruntime.v1.AgentRuntime.Wait:input_type -> agentruntime.v1.WaitRequest
+	47,  // 119: agentruntime.v1.AgentRuntime.Resume:input_type -> agentruntime.v1.ResumeRequest
+	49,  // 120: agentruntime.v1.AgentRuntime.Interrupt:input_type -> agentruntime.v1.InterruptRequest
+	51,  // 121: agentruntime.v1.AgentRuntime.Close:input_type -> agentruntime.v1.CloseRequest
+	53,  // 122: agentruntime.v1.AgentRuntime.Inspect:input_type -> agentruntime.v1.InspectRequest
+	55,  // 123: agentruntime.v1.AgentRuntime.List:input_type -> agentruntime.v1.ListRequest
+	57,  // 124: agentruntime.v1.AgentRuntime.GetTranscript:input_type -> agentruntime.v1.GetTranscriptRequest
+	59,  // 125: agentruntime.v1.AgentRuntime.Watch:input_type -> agentruntime.v1.WatchRequest
+	71,  // 126: agentruntime.v1.AgentRuntime.ListRuntimes:input_type -> agentruntime.v1.ListRuntimesRequest
+	74,  // 127: agentruntime.v1.AgentRuntime.DeleteRuntime:input_type -> agentruntime.v1.DeleteRuntimeRequest
+	76,  // 128: agentruntime.v1.AgentRuntime.ServeTools:input_type -> agentruntime.v1.ServeToolsRequest
+	81,  // 129: agentruntime.v1.AgentRuntime.ForkRuntime:input_type -> agentruntime.v1.ForkRuntimeRequest
+	84,  // 130: agentruntime.v1.AgentRuntime.ReplayRuntime:input_type -> agentruntime.v1.ReplayRuntimeRequest
+	38,  // 131: agentruntime.v1.AgentRuntime.CreateRuntime:output_type -> agentruntime.v1.CreateRuntimeResponse
+	40,  // 132: agentruntime.v1.AgentRuntime.Spawn:output_type -> agentruntime.v1.SpawnResponse
+	42,  // 133: agentruntime.v1.AgentRuntime.Post:output_type -> agentruntime.v1.PostResponse
+	44,  // 134: agentruntime.v1.AgentRuntime.Wake:output_type -> agentruntime.v1.WakeResponse
+	46,  // 135: agentruntime.v1.AgentRuntime.Wait:output_type -> agentruntime.v1.WaitResponse
+	48,  // 136: agentruntime.v1.AgentRuntime.Resume:output_type -> agentruntime.v1.ResumeResponse
+	50,  // 137: agentruntime.v1.AgentRuntime.Interrupt:output_type -> agentruntime.v1.InterruptResponse
+	52,  // 138: agentruntime.v1.AgentRuntime.Close:output_type -> agentruntime.v1.CloseResponse
+	54,  // 139: agentruntime.v1.AgentRuntime.Inspect:output_type -> agentruntime.v1.InspectResponse
+	56,  // 140: agentruntime.v1.AgentRuntime.List:output_type -> agentruntime.v1.ListResponse
+	58,  // 141: agentruntime.v1.AgentRuntime.GetTranscript:output_type -> agentruntime.v1.GetTranscriptResponse
+	60,  // 142: agentruntime.v1.AgentRuntime.Watch:output_type -> agentruntime.v1.WatchResponse
+	72,  // 143: agentruntime.v1.AgentRuntime.ListRuntimes:output_type -> agentruntime.v1.ListRuntimesResponse
+	75,  // 144: agentruntime.v1.AgentRuntime.DeleteRuntime:output_type -> agentruntime.v1.DeleteRuntimeResponse
+	78,  // 145: agentruntime.v1.AgentRuntime.ServeTools:output_type -> agentruntime.v1.ServeToolsResponse
+	83,  // 146: agentruntime.v1.AgentRuntime.ForkRuntime:output_type -> agentruntime.v1.ForkRuntimeResponse
+	85,  // 147: agentruntime.v1.AgentRuntime.ReplayRuntime:output_type -> agentruntime.v1.ReplayRuntimeResponse
+	131, // [131:148] is the sub-list for method output_type
+	114, // [114:131] is the sub-list for method input_type
+	114, // [114:114] is the sub-list for extension type_name
+	114, // [114:114] is the sub-list for extension extendee
+	0,   // [0:114] is the sub-list for field type_name
 }
 
 func init() { file_agentruntime_v1_agent_runtime_proto_init() }
@@ -6756,8 +7533,8 @@ func file_agentruntime_v1_agent_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentruntime_v1_agent_runtime_proto_rawDesc), len(file_agentruntime_v1_agent_runtime_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   73,
+			NumEnums:      10,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

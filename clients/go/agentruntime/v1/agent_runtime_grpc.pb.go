@@ -34,6 +34,8 @@ const (
 	AgentRuntime_ListRuntimes_FullMethodName  = "/agentruntime.v1.AgentRuntime/ListRuntimes"
 	AgentRuntime_DeleteRuntime_FullMethodName = "/agentruntime.v1.AgentRuntime/DeleteRuntime"
 	AgentRuntime_ServeTools_FullMethodName    = "/agentruntime.v1.AgentRuntime/ServeTools"
+	AgentRuntime_ForkRuntime_FullMethodName   = "/agentruntime.v1.AgentRuntime/ForkRuntime"
+	AgentRuntime_ReplayRuntime_FullMethodName = "/agentruntime.v1.AgentRuntime/ReplayRuntime"
 )
 
 // AgentRuntimeClient is the client API for AgentRuntime service.
@@ -82,6 +84,16 @@ type AgentRuntimeClient interface {
 	// that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
 	// `on_interrupted` decides).
 	ServeTools(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse], error)
+	// Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+	// step up to the cut is replayed, never executed (no model call, no tool call), and the
+	// runs in flight at the cut are held until a Wake. The source is never written to.
+	// docs/fork-and-replay.md
+	ForkRuntime(ctx context.Context, in *ForkRuntimeRequest, opts ...grpc.CallOption) (*ForkRuntimeResponse, error)
+	// Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+	// definitions: tool calls are answered from the recording where the same handle made the
+	// same call at the same place. Returns, per root handle, the recording and the replay side
+	// by side, once every root of the replay has settled (or its `timeout` passed).
+	ReplayRuntime(ctx context.Context, in *ReplayRuntimeRequest, opts ...grpc.CallOption) (*ReplayRuntimeResponse, error)
 }
 
 type agentRuntimeClient struct {
@@ -254,6 +266,26 @@ func (c *agentRuntimeClient) ServeTools(ctx context.Context, opts ...grpc.CallOp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentRuntime_ServeToolsClient = grpc.BidiStreamingClient[ServeToolsRequest, ServeToolsResponse]
 
+func (c *agentRuntimeClient) ForkRuntime(ctx context.Context, in *ForkRuntimeRequest, opts ...grpc.CallOption) (*ForkRuntimeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForkRuntimeResponse)
+	err := c.cc.Invoke(ctx, AgentRuntime_ForkRuntime_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentRuntimeClient) ReplayRuntime(ctx context.Context, in *ReplayRuntimeRequest, opts ...grpc.CallOption) (*ReplayRuntimeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplayRuntimeResponse)
+	err := c.cc.Invoke(ctx, AgentRuntime_ReplayRuntime_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentRuntimeServer is the server API for AgentRuntime service.
 // All implementations must embed UnimplementedAgentRuntimeServer
 // for forward compatibility.
@@ -300,6 +332,16 @@ type AgentRuntimeServer interface {
 	// that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
 	// `on_interrupted` decides).
 	ServeTools(grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]) error
+	// Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+	// step up to the cut is replayed, never executed (no model call, no tool call), and the
+	// runs in flight at the cut are held until a Wake. The source is never written to.
+	// docs/fork-and-replay.md
+	ForkRuntime(context.Context, *ForkRuntimeRequest) (*ForkRuntimeResponse, error)
+	// Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+	// definitions: tool calls are answered from the recording where the same handle made the
+	// same call at the same place. Returns, per root handle, the recording and the replay side
+	// by side, once every root of the replay has settled (or its `timeout` passed).
+	ReplayRuntime(context.Context, *ReplayRuntimeRequest) (*ReplayRuntimeResponse, error)
 	mustEmbedUnimplementedAgentRuntimeServer()
 }
 
@@ -354,6 +396,12 @@ func (UnimplementedAgentRuntimeServer) DeleteRuntime(context.Context, *DeleteRun
 }
 func (UnimplementedAgentRuntimeServer) ServeTools(grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]) error {
 	return status.Error(codes.Unimplemented, "method ServeTools not implemented")
+}
+func (UnimplementedAgentRuntimeServer) ForkRuntime(context.Context, *ForkRuntimeRequest) (*ForkRuntimeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForkRuntime not implemented")
+}
+func (UnimplementedAgentRuntimeServer) ReplayRuntime(context.Context, *ReplayRuntimeRequest) (*ReplayRuntimeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplayRuntime not implemented")
 }
 func (UnimplementedAgentRuntimeServer) mustEmbedUnimplementedAgentRuntimeServer() {}
 func (UnimplementedAgentRuntimeServer) testEmbeddedByValue()                      {}
@@ -628,6 +676,42 @@ func _AgentRuntime_ServeTools_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentRuntime_ServeToolsServer = grpc.BidiStreamingServer[ServeToolsRequest, ServeToolsResponse]
 
+func _AgentRuntime_ForkRuntime_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkRuntimeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentRuntimeServer).ForkRuntime(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentRuntime_ForkRuntime_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentRuntimeServer).ForkRuntime(ctx, req.(*ForkRuntimeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentRuntime_ReplayRuntime_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplayRuntimeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentRuntimeServer).ReplayRuntime(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentRuntime_ReplayRuntime_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentRuntimeServer).ReplayRuntime(ctx, req.(*ReplayRuntimeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentRuntime_ServiceDesc is the grpc.ServiceDesc for AgentRuntime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -686,6 +770,14 @@ var AgentRuntime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRuntime",
 			Handler:    _AgentRuntime_DeleteRuntime_Handler,
+		},
+		{
+			MethodName: "ForkRuntime",
+			Handler:    _AgentRuntime_ForkRuntime_Handler,
+		},
+		{
+			MethodName: "ReplayRuntime",
+			Handler:    _AgentRuntime_ReplayRuntime_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

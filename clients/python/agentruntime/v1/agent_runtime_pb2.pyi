@@ -167,6 +167,11 @@ class _HandleStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HandleSta
     """Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
     model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
     """
+    HANDLE_STATE_HELD: _HandleState.ValueType  # 6
+    """A fork's run that was in flight at the fork's cut (or whose Request the fork answered):
+    nothing runs until a Wake of it, or of a handle of its tree, continues it from its last
+    recorded step.
+    """
 
 class HandleState(_HandleState, metaclass=_HandleStateEnumTypeWrapper): ...
 
@@ -178,6 +183,11 @@ HANDLE_STATE_CLOSED: HandleState.ValueType  # 4
 HANDLE_STATE_QUEUED: HandleState.ValueType  # 5
 """Woken, and waiting for a slot: its parent's `max_concurrent`, or the runtime's
 model-call concurrency (`RuntimeOptions.max_concurrent_model_calls`).
+"""
+HANDLE_STATE_HELD: HandleState.ValueType  # 6
+"""A fork's run that was in flight at the fork's cut (or whose Request the fork answered):
+nothing runs until a Wake of it, or of a handle of its tree, continues it from its last
+recorded step.
 """
 Global___HandleState: _TypeAlias = HandleState  # noqa: Y015
 
@@ -316,6 +326,36 @@ SCRIPTED_STOP_PROVIDER_UNAVAILABLE: ScriptedStop.ValueType  # 3
 """The provider failed this call (FAILURE_REASON_PROVIDER_UNAVAILABLE, HTTP 503)."""
 Global___ScriptedStop: _TypeAlias = ScriptedStop  # noqa: Y015
 
+class _UnrecordedCalls:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _UnrecordedCallsEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_UnrecordedCalls.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    UNRECORDED_CALLS_UNSPECIFIED: _UnrecordedCalls.ValueType  # 0
+    """As UNRECORDED_CALLS_RECORDED_ONLY."""
+    UNRECORDED_CALLS_RECORDED_ONLY: _UnrecordedCalls.ValueType  # 1
+    """Nothing runs: the call's result is an error saying no recorded result exists."""
+    UNRECORDED_CALLS_LIVE: _UnrecordedCalls.ValueType  # 2
+    """The tool runs, with the replay's own idempotency key."""
+    UNRECORDED_CALLS_HOST: _UnrecordedCalls.ValueType  # 3
+    """The call suspends for the host, as a relay tool's does (a `tool_call` Request)."""
+
+class UnrecordedCalls(_UnrecordedCalls, metaclass=_UnrecordedCallsEnumTypeWrapper):
+    """What a replay does with a tool call the recording does not have (another handle, name,
+    arguments or place).
+    """
+
+UNRECORDED_CALLS_UNSPECIFIED: UnrecordedCalls.ValueType  # 0
+"""As UNRECORDED_CALLS_RECORDED_ONLY."""
+UNRECORDED_CALLS_RECORDED_ONLY: UnrecordedCalls.ValueType  # 1
+"""Nothing runs: the call's result is an error saying no recorded result exists."""
+UNRECORDED_CALLS_LIVE: UnrecordedCalls.ValueType  # 2
+"""The tool runs, with the replay's own idempotency key."""
+UNRECORDED_CALLS_HOST: UnrecordedCalls.ValueType  # 3
+"""The call suspends for the host, as a relay tool's does (a `tool_call` Request)."""
+Global___UnrecordedCalls: _TypeAlias = UnrecordedCalls  # noqa: Y015
+
 @_typing.final
 class Failure(_message.Message):
     """Failure says why a run settled STATUS_ERROR."""
@@ -378,6 +418,8 @@ class TaskResult(_message.Message):
     OWN_COST_FIELD_NUMBER: _builtins.int
     TOTAL_COST_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
+    INHERITED_USAGE_FIELD_NUMBER: _builtins.int
+    INHERITED_COST_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     text: _builtins.str
     is_error: _builtins.bool
@@ -421,6 +463,17 @@ class TaskResult(_message.Message):
         the status is STATUS_DONE (`text` keeps the answer's JSON text).
         """
 
+    @_builtins.property
+    def inherited_usage(self) -> Global___Usage:
+        """In a fork: the part of `total_usage` the subtree had spent at the fork's cut (inherited
+        from the source, spent there, not again); unset elsewhere. The fork's own new spend is
+        `total_usage` minus this.
+        """
+
+    @_builtins.property
+    def inherited_cost(self) -> Global___Cost:
+        """In a fork: the part of `total_cost` spent before the cut."""
+
     def __init__(
         self,
         *,
@@ -440,10 +493,12 @@ class TaskResult(_message.Message):
         own_cost: Global___Cost | None = ...,
         total_cost: Global___Cost | None = ...,
         output: _struct_pb2.Value | None = ...,
+        inherited_usage: Global___Usage | None = ...,
+        inherited_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "output", b"output", "own_cost", b"own_cost", "own_usage", b"own_usage", "pending", b"pending", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "inherited_cost", b"inherited_cost", "inherited_usage", b"inherited_usage", "output", b"output", "own_cost", b"own_cost", "own_usage", b"own_usage", "pending", b"pending", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "is_error", b"is_error", "limit", b"limit", "output", b"output", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "handle_id", b"handle_id", "inherited_cost", b"inherited_cost", "inherited_usage", b"inherited_usage", "is_error", b"is_error", "limit", b"limit", "output", b"output", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "pending", b"pending", "status", b"status", "text", b"text", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -553,6 +608,8 @@ class HandleView(_message.Message):
     TOTAL_USAGE_FIELD_NUMBER: _builtins.int
     OWN_COST_FIELD_NUMBER: _builtins.int
     TOTAL_COST_FIELD_NUMBER: _builtins.int
+    INHERITED_USAGE_FIELD_NUMBER: _builtins.int
+    INHERITED_COST_FIELD_NUMBER: _builtins.int
     handle_id: _builtins.str
     parent_id: _builtins.str
     """`root` for a top-level handle."""
@@ -579,6 +636,12 @@ class HandleView(_message.Message):
     def own_cost(self) -> Global___Cost: ...
     @_builtins.property
     def total_cost(self) -> Global___Cost: ...
+    @_builtins.property
+    def inherited_usage(self) -> Global___Usage:
+        """In a fork: what the subtree had spent at the cut (TaskResult.inherited_usage)."""
+
+    @_builtins.property
+    def inherited_cost(self) -> Global___Cost: ...
     def __init__(
         self,
         *,
@@ -598,10 +661,12 @@ class HandleView(_message.Message):
         total_usage: Global___Usage | None = ...,
         own_cost: Global___Cost | None = ...,
         total_cost: Global___Cost | None = ...,
+        inherited_usage: Global___Usage | None = ...,
+        inherited_cost: Global___Cost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "own_cost", b"own_cost", "own_usage", b"own_usage", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget", b"budget", "inherited_cost", b"inherited_cost", "inherited_usage", b"inherited_usage", "own_cost", b"own_cost", "own_usage", b"own_usage", "total_cost", b"total_cost", "total_usage", b"total_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "handle_id", b"handle_id", "inbox_size", b"inbox_size", "last_status", b"last_status", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "parent_id", b"parent_id", "pending_kind", b"pending_kind", "state", b"state", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "budget", b"budget", "handle_id", b"handle_id", "inbox_size", b"inbox_size", "inherited_cost", b"inherited_cost", "inherited_usage", b"inherited_usage", "last_status", b"last_status", "own_cost", b"own_cost", "own_tokens", b"own_tokens", "own_usage", b"own_usage", "parent_id", b"parent_id", "pending_kind", b"pending_kind", "state", b"state", "tool_calls", b"tool_calls", "total_cost", b"total_cost", "total_tokens", b"total_tokens", "total_usage", b"total_usage", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2034,16 +2099,25 @@ class InspectResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     HANDLE_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_FIELD_NUMBER: _builtins.int
+    FORK_SEQ_FIELD_NUMBER: _builtins.int
+    forked_from: _builtins.str
+    """The runtime this one was forked from, and the last event of the source it holds (the
+    cut); empty and 0 for a runtime that is no fork.
+    """
+    fork_seq: _builtins.int
     @_builtins.property
     def handle(self) -> Global___HandleView: ...
     def __init__(
         self,
         *,
         handle: Global___HandleView | None = ...,
+        forked_from: _builtins.str = ...,
+        fork_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fork_seq", b"fork_seq", "forked_from", b"forked_from", "handle", b"handle"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2589,19 +2663,23 @@ class ListRuntimesRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    FORKS_OF_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """At most this many runtimes (0: 100; larger values are cut to 1000)."""
     page_token: _builtins.str
     """`next_page_token` of the previous page; empty for the first page."""
+    forks_of: _builtins.str
+    """Only the forks of this runtime (ForkRuntime's `source_runtime_id`), and its replays."""
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        forks_of: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forks_of", b"forks_of", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2642,6 +2720,8 @@ class RuntimeSummary(_message.Message):
     SUSPENDED_COUNT_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_COST_FIELD_NUMBER: _builtins.int
+    FORKED_FROM_FIELD_NUMBER: _builtins.int
+    FORK_SEQ_FIELD_NUMBER: _builtins.int
     runtime_id: _builtins.str
     handle_count: _builtins.int
     running_count: _builtins.int
@@ -2649,6 +2729,10 @@ class RuntimeSummary(_message.Message):
     suspended_count: _builtins.int
     total_tokens: _builtins.int
     """The tokens every handle of the runtime spent (the sum of its roots' `total_tokens`)."""
+    forked_from: _builtins.str
+    """The runtime it was forked (or replayed) from; empty for one CreateRuntime made."""
+    fork_seq: _builtins.int
+    """A fork's cut: the last event of the source it holds; 0 for a replay and for others."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -2665,10 +2749,12 @@ class RuntimeSummary(_message.Message):
         suspended_count: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
         total_cost: Global___Cost | None = ...,
+        forked_from: _builtins.str = ...,
+        fork_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "total_cost", b"total_cost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "handle_count", b"handle_count", "running_count", b"running_count", "runtime_id", b"runtime_id", "suspended_count", b"suspended_count", "total_cost", b"total_cost", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "fork_seq", b"fork_seq", "forked_from", b"forked_from", "handle_count", b"handle_count", "running_count", b"running_count", "runtime_id", b"runtime_id", "suspended_count", b"suspended_count", "total_cost", b"total_cost", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2869,3 +2955,278 @@ class WorkerCall(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerCall: _TypeAlias = WorkerCall  # noqa: Y015
+
+@_typing.final
+class ForkRuntimeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    AT_SEQ_FIELD_NUMBER: _builtins.int
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    source_runtime_id: _builtins.str
+    """The runtime to fork (the source): one of the caller's."""
+    at_seq: _builtins.int
+    """The cut: the seq of one of the source's events (a Watch seq, 1 or more). The fork holds
+    every journal step up to the one that made this event, and nothing after it.
+    """
+    runtime_id: _builtins.str
+    """Optional: the fork's id (a slug, as CreateRuntime's). Generated when empty."""
+    request_id: _builtins.str
+    """Makes the call safe to send again (a UUID is the usual choice): up to 64 characters of
+    `[A-Za-z0-9_-]`; empty: no such promise. The first call with an id takes effect once and
+    its answer is recorded with its effect; a repeat with the same id and the same request gets
+    that answer and changes nothing, for at least the server's AGENTRUNTIME_REQUEST_ID_TTL
+    (24 hours by default). The same id with another request is INVALID_ARGUMENT
+    (ErrorInfo reason `REQUEST_ID_REUSED`).
+    """
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentDef]:
+        """Replacement definitions (changes at the fork): an agent of the source's with the same
+        name is replaced, and its handles at the cut go on with the replacement (their budgets
+        carved again from it); a new name is added. Checked as CreateRuntime's.
+        """
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkMessage]:
+        """Handles whose last user message is dropped, with what followed it in their transcript,
+        and whose inbox gets `text` instead: their next Wake runs on it.
+        """
+
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Answer]:
+        """Answers to Requests pending at the cut (as Resume's `answer`): the answered run is held,
+        and goes on at the next Wake.
+        """
+
+    def __init__(
+        self,
+        *,
+        source_runtime_id: _builtins.str = ...,
+        at_seq: _builtins.int = ...,
+        runtime_id: _builtins.str = ...,
+        agents: _abc.Iterable[Global___AgentDef] | None = ...,
+        messages: _abc.Iterable[Global___ForkMessage] | None = ...,
+        answers: _abc.Iterable[Global___Answer] | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "answers", b"answers", "at_seq", b"at_seq", "messages", b"messages", "request_id", b"request_id", "runtime_id", b"runtime_id", "source_runtime_id", b"source_runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRuntimeRequest: _TypeAlias = ForkRuntimeRequest  # noqa: Y015
+
+@_typing.final
+class ForkMessage(_message.Message):
+    """A change at a fork: a handle's last user message replaced."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    handle_id: _builtins.str
+    text: _builtins.str
+    """At most the server's text limit (256 KiB by default)."""
+    def __init__(
+        self,
+        *,
+        handle_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle_id", b"handle_id", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkMessage: _TypeAlias = ForkMessage  # noqa: Y015
+
+@_typing.final
+class ForkRuntimeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    FORK_SEQ_FIELD_NUMBER: _builtins.int
+    HELD_HANDLE_IDS_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    fork_seq: _builtins.int
+    """The last event the fork holds: `at_seq`, or the last event of the step that made it (a
+    step's events come together: a settled run's pending, result and state change).
+    """
+    @_builtins.property
+    def held_handle_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The handles held at the cut (HANDLE_STATE_HELD): a Wake continues them."""
+
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        fork_seq: _builtins.int = ...,
+        held_handle_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fork_seq", b"fork_seq", "held_handle_ids", b"held_handle_ids", "runtime_id", b"runtime_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkRuntimeResponse: _TypeAlias = ForkRuntimeResponse  # noqa: Y015
+
+@_typing.final
+class ReplayRuntimeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    AGENTS_FIELD_NUMBER: _builtins.int
+    UNRECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    source_runtime_id: _builtins.str
+    """The recorded runtime (one of the caller's): its root handles' runs are replayed."""
+    unrecorded_calls: Global___UnrecordedCalls.ValueType
+    runtime_id: _builtins.str
+    """Optional: the replay's id (a slug). Generated when empty."""
+    request_id: _builtins.str
+    """Makes the call safe to send again, as CreateRuntime's."""
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentDef]:
+        """Replacement definitions, by name, as ForkRuntime's (none: the recording's own)."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long to wait for the replay's roots to settle (unset: until the call's deadline, at
+        most 24 hours). Past it the response says `settled: false`: call again with the same
+        `request_id` to wait on (nothing starts twice).
+        """
+
+    def __init__(
+        self,
+        *,
+        source_runtime_id: _builtins.str = ...,
+        agents: _abc.Iterable[Global___AgentDef] | None = ...,
+        unrecorded_calls: Global___UnrecordedCalls.ValueType = ...,
+        runtime_id: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | _datetime.timedelta | None = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents", "request_id", b"request_id", "runtime_id", b"runtime_id", "source_runtime_id", b"source_runtime_id", "timeout", b"timeout", "unrecorded_calls", b"unrecorded_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayRuntimeRequest: _TypeAlias = ReplayRuntimeRequest  # noqa: Y015
+
+@_typing.final
+class ReplayRuntimeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNTIME_ID_FIELD_NUMBER: _builtins.int
+    DIFFS_FIELD_NUMBER: _builtins.int
+    SETTLED_FIELD_NUMBER: _builtins.int
+    CHANGED_COUNT_FIELD_NUMBER: _builtins.int
+    runtime_id: _builtins.str
+    """The replay: a runtime of its own, to inspect, watch or delete."""
+    settled: _builtins.bool
+    """Every root of the replay has settled (or is suspended); false: the timeout passed first."""
+    changed_count: _builtins.int
+    """How many diffs name a change."""
+    @_builtins.property
+    def diffs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayDiff]:
+        """One per root handle of the recording, in spawn order."""
+
+    def __init__(
+        self,
+        *,
+        runtime_id: _builtins.str = ...,
+        diffs: _abc.Iterable[Global___ReplayDiff] | None = ...,
+        settled: _builtins.bool = ...,
+        changed_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed_count", b"changed_count", "diffs", b"diffs", "runtime_id", b"runtime_id", "settled", b"settled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayRuntimeResponse: _TypeAlias = ReplayRuntimeResponse  # noqa: Y015
+
+@_typing.final
+class ReplayDiff(_message.Message):
+    """A root handle's recording and its replay, side by side."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    RECORDED_CALLS_FIELD_NUMBER: _builtins.int
+    REPLAYED_CALLS_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    handle_id: _builtins.str
+    @_builtins.property
+    def recorded(self) -> Global___TaskResult: ...
+    @_builtins.property
+    def replayed(self) -> Global___TaskResult: ...
+    @_builtins.property
+    def recorded_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayCall]:
+        """The tool calls of the root's subtree, handle by handle in spawn order, each handle's in
+        its transcript's order (`task` calls included).
+        """
+
+    @_builtins.property
+    def replayed_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplayCall]: ...
+    @_builtins.property
+    def changed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """What differs: any of `status`, `limit`, `turns`, `own_tokens`, `total_tokens`, `cost`,
+        `text`, `output`, `tool_calls`; empty when nothing does.
+        """
+
+    def __init__(
+        self,
+        *,
+        handle_id: _builtins.str = ...,
+        recorded: Global___TaskResult | None = ...,
+        replayed: Global___TaskResult | None = ...,
+        recorded_calls: _abc.Iterable[Global___ReplayCall] | None = ...,
+        replayed_calls: _abc.Iterable[Global___ReplayCall] | None = ...,
+        changed: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded", "replayed", b"replayed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "handle_id", b"handle_id", "recorded", b"recorded", "recorded_calls", b"recorded_calls", "replayed", b"replayed", "replayed_calls", b"replayed_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayDiff: _TypeAlias = ReplayDiff  # noqa: Y015
+
+@_typing.final
+class ReplayCall(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDLE_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    handle_id: _builtins.str
+    name: _builtins.str
+    arguments_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        handle_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "handle_id", b"handle_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplayCall: _TypeAlias = ReplayCall  # noqa: Y015

@@ -111,6 +111,16 @@ class AgentRuntimeStub:
                 request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.SerializeToString,
                 response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.FromString,
                 _registered_method=True)
+        self.ForkRuntime = channel.unary_unary(
+                '/agentruntime.v1.AgentRuntime/ForkRuntime',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeResponse.FromString,
+                _registered_method=True)
+        self.ReplayRuntime = channel.unary_unary(
+                '/agentruntime.v1.AgentRuntime/ReplayRuntime',
+                request_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeRequest.SerializeToString,
+                response_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeResponse.FromString,
+                _registered_method=True)
 
 
 class AgentRuntimeServicer:
@@ -232,6 +242,26 @@ class AgentRuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkRuntime(self, request, context):
+        """Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+        step up to the cut is replayed, never executed (no model call, no tool call), and the
+        runs in flight at the cut are held until a Wake. The source is never written to.
+        docs/fork-and-replay.md
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayRuntime(self, request, context):
+        """Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+        definitions: tool calls are answered from the recording where the same handle made the
+        same call at the same place. Returns, per root handle, the recording and the replay side
+        by side, once every root of the replay has settled (or its `timeout` passed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentRuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +339,16 @@ def add_AgentRuntimeServicer_to_server(servicer, server):
                     servicer.ServeTools,
                     request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.FromString,
                     response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.SerializeToString,
+            ),
+            'ForkRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkRuntime,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeResponse.SerializeToString,
+            ),
+            'ReplayRuntime': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayRuntime,
+                    request_deserializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeRequest.FromString,
+                    response_serializer=agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -718,6 +758,60 @@ class AgentRuntime:
             '/agentruntime.v1.AgentRuntime/ServeTools',
             agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsRequest.SerializeToString,
             agentruntime_dot_v1_dot_agent__runtime__pb2.ServeToolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentruntime.v1.AgentRuntime/ForkRuntime',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ForkRuntimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayRuntime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentruntime.v1.AgentRuntime/ReplayRuntime',
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeRequest.SerializeToString,
+            agentruntime_dot_v1_dot_agent__runtime__pb2.ReplayRuntimeResponse.FromString,
             options,
             channel_credentials,
             insecure,

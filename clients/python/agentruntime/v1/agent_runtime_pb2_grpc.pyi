@@ -77,6 +77,18 @@ class AgentRuntimeStub:
     that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
     `on_interrupted` decides).
     """
+    ForkRuntime: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.ForkRuntimeRequest, _agent_runtime_pb2.ForkRuntimeResponse]
+    """Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+    step up to the cut is replayed, never executed (no model call, no tool call), and the
+    runs in flight at the cut are held until a Wake. The source is never written to.
+    docs/fork-and-replay.md
+    """
+    ReplayRuntime: _grpc.UnaryUnaryMultiCallable[_agent_runtime_pb2.ReplayRuntimeRequest, _agent_runtime_pb2.ReplayRuntimeResponse]
+    """Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+    definitions: tool calls are answered from the recording where the same handle made the
+    same call at the same place. Returns, per root handle, the recording and the replay side
+    by side, once every root of the replay has settled (or its `timeout` passed).
+    """
 
 @_typing.type_check_only
 class AgentRuntimeAsyncStub(AgentRuntimeStub):
@@ -126,6 +138,18 @@ class AgentRuntimeAsyncStub(AgentRuntimeStub):
     each with its output. A call runs inline in the turn: no suspension, no Resume. A host
     that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
     `on_interrupted` decides).
+    """
+    ForkRuntime: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.ForkRuntimeRequest, _agent_runtime_pb2.ForkRuntimeResponse]  # type: ignore[assignment]
+    """Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+    step up to the cut is replayed, never executed (no model call, no tool call), and the
+    runs in flight at the cut are held until a Wake. The source is never written to.
+    docs/fork-and-replay.md
+    """
+    ReplayRuntime: _aio.UnaryUnaryMultiCallable[_agent_runtime_pb2.ReplayRuntimeRequest, _agent_runtime_pb2.ReplayRuntimeResponse]  # type: ignore[assignment]
+    """Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+    definitions: tool calls are answered from the recording where the same handle made the
+    same call at the same place. Returns, per root handle, the recording and the replay side
+    by side, once every root of the replay has settled (or its `timeout` passed).
     """
 
 class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
@@ -263,6 +287,30 @@ class AgentRuntimeServicer(metaclass=_abc_1.ABCMeta):
         each with its output. A call runs inline in the turn: no suspension, no Resume. A host
         that goes away, or misses a call's deadline, leaves the call in doubt (the tool's
         `on_interrupted` decides).
+        """
+
+    @_abc_1.abstractmethod
+    def ForkRuntime(
+        self,
+        request: _agent_runtime_pb2.ForkRuntimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_runtime_pb2.ForkRuntimeResponse, _abc.Awaitable[_agent_runtime_pb2.ForkRuntimeResponse]]:
+        """Creates a runtime whose journal is a copy of another's up to one event (a fork): every
+        step up to the cut is replayed, never executed (no model call, no tool call), and the
+        runs in flight at the cut are held until a Wake. The source is never written to.
+        docs/fork-and-replay.md
+        """
+
+    @_abc_1.abstractmethod
+    def ReplayRuntime(
+        self,
+        request: _agent_runtime_pb2.ReplayRuntimeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_runtime_pb2.ReplayRuntimeResponse, _abc.Awaitable[_agent_runtime_pb2.ReplayRuntimeResponse]]:
+        """Runs a recorded runtime's root prompts again, in a new runtime, with replacement
+        definitions: tool calls are answered from the recording where the same handle made the
+        same call at the same place. Returns, per root handle, the recording and the replay side
+        by side, once every root of the replay has settled (or its `timeout` passed).
         """
 
 def add_AgentRuntimeServicer_to_server(servicer: AgentRuntimeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
