@@ -6,6 +6,9 @@ import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.CreateRuntimeResponse;
+import dev.agentruntime.v1.ForkMessage;
+import dev.agentruntime.v1.ForkRuntimeRequest;
+import dev.agentruntime.v1.ForkRuntimeResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.InspectRequest;
 import dev.agentruntime.v1.InspectResponse;
@@ -13,11 +16,14 @@ import dev.agentruntime.v1.ListRequest;
 import dev.agentruntime.v1.ListResponse;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.PostResponse;
+import dev.agentruntime.v1.ReplayRuntimeRequest;
+import dev.agentruntime.v1.ReplayRuntimeResponse;
 import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.ResumeResponse;
 import dev.agentruntime.v1.SpawnRequest;
 import dev.agentruntime.v1.SpawnResponse;
 import dev.agentruntime.v1.TaskResult;
+import dev.agentruntime.v1.UnrecordedCalls;
 import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WaitResponse;
 import dev.agentruntime.v1.WakeRequest;
@@ -27,6 +33,7 @@ import io.grpc.ManagedChannel;
 import io.grpc.stub.StreamObserver;
 import java.time.Duration;
 import java.util.List;
+import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
@@ -61,12 +68,14 @@ import java.util.function.Function;
  *       did not cause as a restarting server sends: grpc/grpc#41785, an attempt's own
  *       DEADLINE_EXCEEDED, any status with a RetryInfo; full jitter, at least the RetryInfo's
  *       delay; within the retry window from the call's start), with no thread held during the
- *       pauses; the mutating ones (CreateRuntime, Spawn, Post, Wake, Resume) carry a request id,
+ *       pauses; the mutating ones (CreateRuntime, Spawn, Post, Wake, Resume, ForkRuntime,
+ *       ReplayRuntime) carry a request id,
  *       the caller's or one generated once per call, on every attempt. The builder's
  *       {@code retries(false)} makes every call once.
  *   <li>{@link #waitFor} keeps waiting exactly as the blocking one does: repeated Waits of at most
  *       30 s each, past any default deadline, and through failures in a row for up to the retry
- *       window, until the run settles or the caller's {@code timeout} passes.
+ *       window, until the run settles or the caller's {@code timeout} passes; {@link #replayRuntime}
+ *       waits for a replay to settle the same way.
  *   <li>Cancelling a returned future cancels its call (and stops a wait's or a retry's next
  *       attempt). Closing the client completes the pending ones with CANCELLED (never retried).
  *   <li>The futures complete on gRPC's threads: chain blocking work with the {@code ...Async}
@@ -301,6 +310,90 @@ public final class AgentRuntimeAsyncClient {
   public CompletableFuture<TaskResult> resume(String runtimeId, Answer answer, String requestId) {
     ResumeRequest request = Requests.resume(runtimeId, answer, Retry.requestId(requestId));
     return call((s, o) -> s.resume(request, o), ResumeResponse::getResult);
+  }
+
+  /**
+   * {@link AgentRuntimeClient#forkRuntime(String, long)}: the fork's id, {@code fork_seq} and held
+   * handles (retried, with a generated request id: a repeat forks nothing more).
+   */
+  public CompletableFuture<ForkRuntimeResponse> forkRuntime(String sourceRuntimeId, long atSeq) {
+    return forkRuntime(sourceRuntimeId, atSeq, null, null, null, "", null);
+  }
+
+  /**
+   * {@link AgentRuntimeClient#forkRuntime(String, long, List, List, List, String, String)}: with the
+   * changes at the fork, the fork's id and this request id (each {@code null}: none, or generated).
+   */
+  public CompletableFuture<ForkRuntimeResponse> forkRuntime(String sourceRuntimeId, long atSeq, List<AgentDef> agents,
+      List<ForkMessage> messages, List<Answer> answers, String runtimeId, String requestId) {
+    Objects.requireNonNull(sourceRuntimeId, "sourceRuntimeId");
+    return forkRuntime(Requests.forkRuntime(sourceRuntimeId, atSeq, agents, messages, answers, runtimeId,
+        Retry.requestId(requestId)));
+  }
+
+  /** {@link AgentRuntimeClient#forkRuntime(ForkRuntimeRequest)}: the whole request, its request id generated when empty. */
+  public CompletableFuture<ForkRuntimeResponse> forkRuntime(ForkRuntimeRequest request) {
+    ForkRuntimeRequest sent = Requests.forkRuntime(Objects.requireNonNull(request, "request"));
+    return call((s, o) -> s.forkRuntime(sent, o), Function.<ForkRuntimeResponse>identity());
+  }
+
+  /**
+   * {@link AgentRuntimeClient#replayRuntime(String, List, UnrecordedCalls)} without holding a thread:
+   * the recording and the replay side by side once every root of the replay has settled.
+   */
+  public CompletableFuture<ReplayRuntimeResponse> replayRuntime(String sourceRuntimeId, List<AgentDef> agents,
+      UnrecordedCalls unrecordedCalls) {
+    return replayRuntime(sourceRuntimeId, agents, unrecordedCalls, "", null, null);
+  }
+
+  /**
+   * {@link AgentRuntimeClient#replayRuntime(String, List, UnrecordedCalls, String, String, Duration)}:
+   * with the replay's id, this request id and the caller's {@code timeout} (each {@code null}:
+   * generated, or none).
+   */
+  public CompletableFuture<ReplayRuntimeResponse> replayRuntime(String sourceRuntimeId, List<AgentDef> agents,
+      UnrecordedCalls unrecordedCalls, String runtimeId, String requestId, Duration timeout) {
+    Objects.requireNonNull(sourceRuntimeId, "sourceRuntimeId");
+    return replayRuntime(Requests.replayRuntime(sourceRuntimeId, agents, unrecordedCalls, runtimeId,
+        Retry.requestId(requestId)), timeout);
+  }
+
+  /**
+   * {@link AgentRuntimeClient#replayRuntime(ReplayRuntimeRequest, Duration)} without holding a
+   * thread: ReplayRuntime with one request id, each call asking the server to wait at most 30 s
+   * (its deadline 10 s past that), sent again while the answer says {@code settled: false}, and
+   * retried as a Wait is; with a non-null {@code timeout}, the last answer once it has passed.
+   */
+  public CompletableFuture<ReplayRuntimeResponse> replayRuntime(ReplayRuntimeRequest request, Duration timeout) {
+    ReplayRuntimeRequest sent = Requests.replayRuntime(Objects.requireNonNull(request, "request"));
+    CompletableFuture<ReplayRuntimeResponse> result = track(new CompletableFuture<>());
+    Long end = Requests.waitEnd(timeout);
+    new Retrying<ReplayRuntimeResponse, ReplayRuntimeResponse>(result, end, true) {
+      private Duration slice; // the server-side wait of the attempt under way
+
+      @Override
+      Duration deadline(long leftNanos) {
+        slice = Requests.nextSlice(end);
+        return slice.plus(AgentRuntimeClient.WAIT_MARGIN);
+      }
+
+      @Override
+      CompletableFuture<ReplayRuntimeResponse> attempt(Duration deadline) {
+        ReplayRuntimeRequest attempt = Requests.replaySlice(sent, slice);
+        return AgentRuntimeAsyncClient.this.<ReplayRuntimeResponse>attempt(deadline,
+            (s, o) -> s.replayRuntime(attempt, o));
+      }
+
+      @Override
+      boolean done(ReplayRuntimeResponse response) {
+        if (response.getSettled() || Requests.passed(end)) {
+          result.complete(response);
+          return true;
+        }
+        return false; // the server's slice ran out: ask again, with the same request id
+      }
+    }.start();
+    return result;
   }
 
   /**

@@ -10,6 +10,9 @@ import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.DeleteRuntimeRequest;
 import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Event;
+import dev.agentruntime.v1.ForkMessage;
+import dev.agentruntime.v1.ForkRuntimeRequest;
+import dev.agentruntime.v1.ForkRuntimeResponse;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
@@ -22,10 +25,13 @@ import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.PostResponse;
+import dev.agentruntime.v1.ReplayRuntimeRequest;
+import dev.agentruntime.v1.ReplayRuntimeResponse;
 import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.SpawnRequest;
 import dev.agentruntime.v1.TaskResult;
+import dev.agentruntime.v1.UnrecordedCalls;
 import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WakeRequest;
 import io.grpc.CallCredentials;
@@ -59,6 +65,7 @@ import java.util.concurrent.Executor;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Consumer;
 import java.util.function.Function;
+import java.util.function.Predicate;
 import java.util.stream.Stream;
 
 /**
@@ -81,14 +88,15 @@ import java.util.stream.Stream;
  * {@link Context}'s) or else the retry window ({@link #DEFAULT_RETRY_WINDOW}, 60 s; see
  * {@link Builder#retryWindow}) has passed, and never once the caller gave up (an interrupt, a
  * cancelled Context, the client closed). Every mutating call (CreateRuntime, Spawn, Post, Wake,
- * Resume, Interrupt, Close, DeleteRuntime) carries a request id, the caller's or one generated
+ * Resume, Interrupt, Close, DeleteRuntime, ForkRuntime, ReplayRuntime) carries a request id, the caller's or one generated
  * once per call ({@link java.util.UUID#randomUUID}), on all its attempts, so the server answers
  * a repeat with the first answer and acts once. {@link Builder#retries retries(false)} turns the
  * loop off (one attempt; the request id is still sent).
  *
  * <p>Each attempt gets the default deadline (60 s unless the builder says otherwise; {@code null}
- * means none), capped by what is left of the overall one; Wait ({@link #waitFor}) makes repeated
- * 30 s slices, each with its own deadline, and the streams (Watch, ServeTools) have none. The
+ * means none), capped by what is left of the overall one; Wait ({@link #waitFor}) and ReplayRuntime
+ * ({@link #replayRuntime}) make repeated 30 s slices, each with its own deadline, and the streams
+ * (Watch, ServeTools) have none. The
  * client is safe for concurrent use; {@link #close()} shuts its channel down.
  *
  * <p>{@link #async()} is the future-based variant of the main calls on the same channel;
@@ -629,18 +637,34 @@ public final class AgentRuntimeClient implements AutoCloseable {
    *     is interrupted (its interrupt flag is set again) or its Context cancelled
    */
   public TaskResult waitFor(String runtimeId, String handleId, Duration timeout) {
-    Long end = Requests.waitEnd(timeout); // System.nanoTime() when the caller's timeout passes; null: never
+    return sliced(Requests.waitEnd(timeout), slice -> {
+      WaitRequest request = Requests.waitSlice(runtimeId, handleId, slice);
+      return s -> s.wait(request).getResult();
+    }, result -> result.getStatus() != dev.agentruntime.v1.Status.STATUS_TIMEOUT);
+  }
+
+  /**
+   * The long-wait loop of {@link #waitFor} and {@link #replayRuntime}: each attempt asks the server
+   * to wait at most {@link #WAIT_SLICE} (less when {@code end} is nearer), with a call deadline
+   * {@link #WAIT_MARGIN} past it whatever the client's default timeout, and is repeated until its
+   * answer is {@code settled} or {@code end} (a {@link System#nanoTime()} value; null: never) has
+   * passed (then that answer is returned). A failed attempt is retried as every call is, while the
+   * failures in a row last less than the retry window (a success starts it again) and {@code end}
+   * has not passed; with retries off it is thrown at once.
+   */
+  private <R> R sliced(Long end, Function<Duration, Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, R>> attemptFor,
+      Predicate<R> settled) {
     int failures = 0; // in a row
     long failingUntil = 0; // System.nanoTime() when the window of this run of failures ends
     while (true) {
       checkInterrupted();
       Duration slice = Requests.nextSlice(end);
-      WaitRequest request = Requests.waitSlice(runtimeId, handleId, slice);
+      Function<AgentRuntimeGrpc.AgentRuntimeBlockingStub, R> rpc = attemptFor.apply(slice);
       Duration deadline = slice.plus(WAIT_MARGIN);
       long start = System.nanoTime();
-      TaskResult result;
+      R response;
       try {
-        result = attempt(deadline, s -> s.wait(request)).getResult();
+        response = attempt(deadline, rpc);
       } catch (AgentRuntimeException e) {
         long now = System.nanoTime();
         if (failures == 0) {
@@ -660,8 +684,8 @@ public final class AgentRuntimeClient implements AutoCloseable {
         continue;
       }
       failures = 0;
-      if (result.getStatus() != dev.agentruntime.v1.Status.STATUS_TIMEOUT || Requests.passed(end)) {
-        return result;
+      if (settled.test(response) || Requests.passed(end)) {
+        return response;
       }
     }
   }
@@ -683,6 +707,85 @@ public final class AgentRuntimeClient implements AutoCloseable {
   public TaskResult resume(String runtimeId, Answer answer, String requestId) {
     ResumeRequest request = Requests.resume(runtimeId, answer, Retry.requestId(requestId));
     return call(s -> s.resume(request)).getResult();
+  }
+
+  /**
+   * Forks the runtime {@code sourceRuntimeId} at its event {@code atSeq} (a Watch seq): a new
+   * runtime whose journal is the source's up to the step that made that event, replayed without a
+   * model or tool call; the runs in flight at the cut are held ({@code HANDLE_STATE_HELD}) until a
+   * Wake. Returns the fork's id, its {@code fork_seq} (the last event it holds) and its held
+   * handles. Retried like every call, with one generated request id: a repeat forks nothing more.
+   */
+  public ForkRuntimeResponse forkRuntime(String sourceRuntimeId, long atSeq) {
+    return forkRuntime(sourceRuntimeId, atSeq, null, null, null, "", null);
+  }
+
+  /**
+   * {@link #forkRuntime(String, long)} with changes at the fork: {@code agents} replace the
+   * source's of the same name (a new name is added), {@code messages} replace a handle's last user
+   * message, {@code answers} answer Requests pending at the cut (each {@code null}: none);
+   * {@code runtimeId} is the fork's id (empty or {@code null}: generated) and {@code requestId}
+   * the call's ({@code null}: generated).
+   */
+  public ForkRuntimeResponse forkRuntime(String sourceRuntimeId, long atSeq, List<AgentDef> agents,
+      List<ForkMessage> messages, List<Answer> answers, String runtimeId, String requestId) {
+    Objects.requireNonNull(sourceRuntimeId, "sourceRuntimeId");
+    ForkRuntimeRequest request = Requests.forkRuntime(sourceRuntimeId, atSeq, agents, messages, answers, runtimeId,
+        Retry.requestId(requestId));
+    return call(s -> s.forkRuntime(request));
+  }
+
+  /** ForkRuntime with the whole request; its {@code request_id}, when empty, is generated. Retried like every call. */
+  public ForkRuntimeResponse forkRuntime(ForkRuntimeRequest request) {
+    ForkRuntimeRequest sent = Requests.forkRuntime(Objects.requireNonNull(request, "request"));
+    return call(s -> s.forkRuntime(sent));
+  }
+
+  /**
+   * Replays the recorded runtime {@code sourceRuntimeId}'s root prompts in a new runtime, with
+   * {@code agents} replacing the recording's definitions of the same name ({@code null} or empty:
+   * the recording's own) and {@code unrecordedCalls} saying what a tool call the recording does not
+   * have does ({@code null}: the server's default, {@code UNRECORDED_CALLS_RECORDED_ONLY}); returns
+   * the recording and the replay side by side, root by root, once every root of the replay has
+   * settled, however long that takes. See {@link #replayRuntime(ReplayRuntimeRequest, Duration)}.
+   */
+  public ReplayRuntimeResponse replayRuntime(String sourceRuntimeId, List<AgentDef> agents,
+      UnrecordedCalls unrecordedCalls) {
+    return replayRuntime(sourceRuntimeId, agents, unrecordedCalls, "", null, null);
+  }
+
+  /**
+   * {@link #replayRuntime(String, List, UnrecordedCalls)} with the replay's id ({@code runtimeId};
+   * empty or {@code null}: generated), the call's request id ({@code null}: generated) and the
+   * caller's {@code timeout} ({@code null}: none).
+   */
+  public ReplayRuntimeResponse replayRuntime(String sourceRuntimeId, List<AgentDef> agents,
+      UnrecordedCalls unrecordedCalls, String runtimeId, String requestId, Duration timeout) {
+    Objects.requireNonNull(sourceRuntimeId, "sourceRuntimeId");
+    return replayRuntime(Requests.replayRuntime(sourceRuntimeId, agents, unrecordedCalls, runtimeId,
+        Retry.requestId(requestId)), timeout);
+  }
+
+  /**
+   * ReplayRuntime with the whole request (its {@code request_id}, when empty, is generated once; its
+   * {@code timeout} is replaced by each attempt's), waited on as {@link #waitFor} waits: each call
+   * asks the server to wait at most {@link #WAIT_SLICE} (30 s) for the replay's roots, with a call
+   * deadline {@link #WAIT_MARGIN} (10 s) past it whatever the client's default timeout, and while
+   * the answer says {@code settled: false} the same request, with the same request id, is sent
+   * again: the server starts the replay once and the repeats wait on it. A failed call is retried
+   * as a Wait is (failures in a row within the retry window). With a non-null {@code timeout}, the
+   * last answer once it has passed, {@code settled: false} when the replay is still running.
+   *
+   * @throws AgentRuntimeException a refusal (NOT_FOUND, INVALID_ARGUMENT, ...); the last failure
+   *     once the window or {@code timeout} has passed with the server still away; CANCELLED when the
+   *     calling thread is interrupted or its Context cancelled
+   */
+  public ReplayRuntimeResponse replayRuntime(ReplayRuntimeRequest request, Duration timeout) {
+    ReplayRuntimeRequest sent = Requests.replayRuntime(Objects.requireNonNull(request, "request"));
+    return sliced(Requests.waitEnd(timeout), slice -> {
+      ReplayRuntimeRequest attempt = Requests.replaySlice(sent, slice);
+      return s -> s.replayRuntime(attempt);
+    }, ReplayRuntimeResponse::getSettled);
   }
 
   /** Throws CANCELLED (the flag left set) when the calling thread has been interrupted. */
@@ -917,12 +1020,12 @@ public final class AgentRuntimeClient implements AutoCloseable {
 
   /** The pages of ListRuntimes, fetched lazily as {@link #listPages} does. */
   public Iterable<ListRuntimesResponse> listRuntimesPages(int pageSize) {
-    return new Pages<>(token -> listRuntimesPage(pageSize, token), ListRuntimesResponse::getNextPageToken);
+    return listRuntimesPages(pageSize, null);
   }
 
   /** Every runtime of the caller's tenant, newest first, as a lazy stream over {@link #listRuntimesPages}. */
   public Stream<RuntimeSummary> listRuntimesStream() {
-    return Pages.stream(listRuntimesPages(0), ListRuntimesResponse::getRuntimesList);
+    return listRuntimesStream(null);
   }
 
   /**
@@ -931,8 +1034,31 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * on the last page.
    */
   public ListRuntimesResponse listRuntimesPage(int pageSize, String pageToken) {
-    ListRuntimesRequest request = Requests.listRuntimes(pageSize, pageToken);
+    return listRuntimesPage(pageSize, pageToken, null);
+  }
+
+  /**
+   * {@link #listRuntimesPage(int, String)} of the forks and replays of {@code forksOf} only (their
+   * {@code forked_from}); {@code null} or empty: every runtime.
+   */
+  public ListRuntimesResponse listRuntimesPage(int pageSize, String pageToken, String forksOf) {
+    ListRuntimesRequest request = Requests.listRuntimes(pageSize, pageToken, forksOf);
     return call(s -> s.listRuntimes(request));
+  }
+
+  /** The forks and replays of {@code forksOf}, newest first: every page of ListRuntimes with {@code forks_of}. */
+  public List<RuntimeSummary> listRuntimes(String forksOf) {
+    return listRuntimesStream(forksOf).collect(java.util.stream.Collectors.toUnmodifiableList());
+  }
+
+  /** {@link #listRuntimesPages(int)} of the forks and replays of {@code forksOf} only ({@code null} or empty: every runtime). */
+  public Iterable<ListRuntimesResponse> listRuntimesPages(int pageSize, String forksOf) {
+    return new Pages<>(token -> listRuntimesPage(pageSize, token, forksOf), ListRuntimesResponse::getNextPageToken);
+  }
+
+  /** {@link #listRuntimesStream()} of the forks and replays of {@code forksOf} only. */
+  public Stream<RuntimeSummary> listRuntimesStream(String forksOf) {
+    return Pages.stream(listRuntimesPages(0, forksOf), ListRuntimesResponse::getRuntimesList);
   }
 
   /**

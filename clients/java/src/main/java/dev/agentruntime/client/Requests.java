@@ -6,14 +6,18 @@ import dev.agentruntime.v1.Budget;
 import dev.agentruntime.v1.CloseRequest;
 import dev.agentruntime.v1.CreateRuntimeRequest;
 import dev.agentruntime.v1.DeleteRuntimeRequest;
+import dev.agentruntime.v1.ForkMessage;
+import dev.agentruntime.v1.ForkRuntimeRequest;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.InspectRequest;
 import dev.agentruntime.v1.InterruptRequest;
 import dev.agentruntime.v1.ListRequest;
 import dev.agentruntime.v1.ListRuntimesRequest;
 import dev.agentruntime.v1.PostRequest;
+import dev.agentruntime.v1.ReplayRuntimeRequest;
 import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.SpawnRequest;
+import dev.agentruntime.v1.UnrecordedCalls;
 import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WakeRequest;
 import java.time.Duration;
@@ -133,7 +137,66 @@ final class Requests {
   }
 
   static ListRuntimesRequest listRuntimes(int pageSize, String pageToken) {
-    return ListRuntimesRequest.newBuilder().setPageSize(pageSize).setPageToken(orEmpty(pageToken)).build();
+    return listRuntimes(pageSize, pageToken, null);
+  }
+
+  static ListRuntimesRequest listRuntimes(int pageSize, String pageToken, String forksOf) {
+    return ListRuntimesRequest.newBuilder()
+        .setPageSize(pageSize)
+        .setPageToken(orEmpty(pageToken))
+        .setForksOf(orEmpty(forksOf))
+        .build();
+  }
+
+  static ForkRuntimeRequest forkRuntime(String sourceRuntimeId, long atSeq, List<AgentDef> agents,
+      List<ForkMessage> messages, List<Answer> answers, String runtimeId, String requestId) {
+    ForkRuntimeRequest.Builder request = ForkRuntimeRequest.newBuilder()
+        .setSourceRuntimeId(sourceRuntimeId)
+        .setAtSeq(atSeq)
+        .setRuntimeId(orEmpty(runtimeId))
+        .setRequestId(requestId);
+    if (agents != null) {
+      request.addAllAgents(agents);
+    }
+    if (messages != null) {
+      request.addAllMessages(messages);
+    }
+    if (answers != null) {
+      request.addAllAnswers(answers);
+    }
+    return request.build();
+  }
+
+  /** The caller's whole ForkRuntimeRequest, with a generated request id when it carries none. */
+  static ForkRuntimeRequest forkRuntime(ForkRuntimeRequest request) {
+    return request.getRequestId().isEmpty() ? request.toBuilder().setRequestId(Retry.requestId(null)).build() : request;
+  }
+
+  /**
+   * A ReplayRuntimeRequest with this request id and no {@code timeout} yet: each attempt sets its
+   * own ({@link #replaySlice}).
+   */
+  static ReplayRuntimeRequest replayRuntime(String sourceRuntimeId, List<AgentDef> agents,
+      UnrecordedCalls unrecordedCalls, String runtimeId, String requestId) {
+    ReplayRuntimeRequest.Builder request = ReplayRuntimeRequest.newBuilder()
+        .setSourceRuntimeId(sourceRuntimeId)
+        .setUnrecordedCalls(unrecordedCalls == null ? UnrecordedCalls.UNRECORDED_CALLS_UNSPECIFIED : unrecordedCalls)
+        .setRuntimeId(orEmpty(runtimeId))
+        .setRequestId(requestId);
+    if (agents != null) {
+      request.addAllAgents(agents);
+    }
+    return request.build();
+  }
+
+  /** The caller's whole ReplayRuntimeRequest, with a generated request id when it carries none. */
+  static ReplayRuntimeRequest replayRuntime(ReplayRuntimeRequest request) {
+    return request.getRequestId().isEmpty() ? request.toBuilder().setRequestId(Retry.requestId(null)).build() : request;
+  }
+
+  /** One attempt of a replay: {@code request} (its request id kept) asking the server to wait at most {@code slice}. */
+  static ReplayRuntimeRequest replaySlice(ReplayRuntimeRequest request, Duration slice) {
+    return request.toBuilder().setTimeout(toProto(slice)).build();
   }
 
   /**

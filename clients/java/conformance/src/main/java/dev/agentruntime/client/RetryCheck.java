@@ -13,6 +13,9 @@ import dev.agentruntime.v1.CreateRuntimeResponse;
 import dev.agentruntime.v1.DeleteRuntimeRequest;
 import dev.agentruntime.v1.DeleteRuntimeResponse;
 import dev.agentruntime.v1.Event;
+import dev.agentruntime.v1.ForkMessage;
+import dev.agentruntime.v1.ForkRuntimeRequest;
+import dev.agentruntime.v1.ForkRuntimeResponse;
 import dev.agentruntime.v1.GetTranscriptRequest;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
@@ -26,12 +29,16 @@ import dev.agentruntime.v1.ListRuntimesRequest;
 import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.PostResponse;
+import dev.agentruntime.v1.ReplayDiff;
+import dev.agentruntime.v1.ReplayRuntimeRequest;
+import dev.agentruntime.v1.ReplayRuntimeResponse;
 import dev.agentruntime.v1.ResumeRequest;
 import dev.agentruntime.v1.ResumeResponse;
 import dev.agentruntime.v1.SpawnRequest;
 import dev.agentruntime.v1.SpawnResponse;
 import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.Trust;
+import dev.agentruntime.v1.UnrecordedCalls;
 import dev.agentruntime.v1.WaitRequest;
 import dev.agentruntime.v1.WaitResponse;
 import dev.agentruntime.v1.WakeRequest;
@@ -160,11 +167,24 @@ final class RetryCheck {
     private final List<Seen> seen = new ArrayList<>(); // guarded by this
     private final Map<String, Deque<Outcome>> plans = new HashMap<>(); // guarded by this
     private final Map<String, Outcome> always = new HashMap<>(); // guarded by this
+    private final Map<String, List<com.google.protobuf.Message>> requests = new HashMap<>(); // guarded by this
 
     synchronized void reset() {
       seen.clear();
       plans.clear();
       always.clear();
+      requests.clear();
+    }
+
+    /** Records a request as the stand-in received it (for the methods whose fields a check reads). */
+    synchronized void record(String method, com.google.protobuf.Message request) {
+      requests.computeIfAbsent(method, m -> new ArrayList<>()).add(request);
+    }
+
+    /** The requests of {@code method} received so far, in order (recorded ones only). */
+    @SuppressWarnings("unchecked")
+    synchronized <M extends com.google.protobuf.Message> List<M> requests(String method) {
+      return (List<M>) (List<?>) List.copyOf(requests.getOrDefault(method, List.of()));
     }
 
     /** The next calls of {@code method} get these outcomes, in order. */
@@ -288,7 +308,46 @@ final class RetryCheck {
 
     @Override
     public void listRuntimes(ListRuntimesRequest request, StreamObserver<ListRuntimesResponse> observer) {
+      record("ListRuntimes", request);
       serve("ListRuntimes", "", observer, ListRuntimesResponse::getDefaultInstance);
+    }
+
+    @Override
+    public void forkRuntime(ForkRuntimeRequest request, StreamObserver<ForkRuntimeResponse> observer) {
+      record("ForkRuntime", request);
+      serve("ForkRuntime", request.getRequestId(), observer, () -> ForkRuntimeResponse.newBuilder()
+          .setRuntimeId(request.getRuntimeId().isEmpty() ? "fork-made" : request.getRuntimeId())
+          .setForkSeq(request.getAtSeq())
+          .addHeldHandleIds("root/w.1")
+          .build());
+    }
+
+    /**
+     * A replay: settled at once unless planned otherwise. Like the server, it answers no sooner than
+     * the request's {@code timeout} when that is under 5 s (the caller-timeout checks; the client's
+     * 30 s slices are answered at once).
+     */
+    @Override
+    public void replayRuntime(ReplayRuntimeRequest request, StreamObserver<ReplayRuntimeResponse> observer) {
+      record("ReplayRuntime", request);
+      long timeoutMillis = request.getTimeout().getSeconds() * 1000 + request.getTimeout().getNanos() / 1_000_000;
+      if (timeoutMillis < 5000) {
+        try {
+          Thread.sleep(timeoutMillis);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+        }
+      }
+      serve("ReplayRuntime", request.getRequestId(), observer, () -> replayed(request.getSourceRuntimeId(), true));
+    }
+
+    static ReplayRuntimeResponse replayed(String source, boolean settled) {
+      return ReplayRuntimeResponse.newBuilder()
+          .setRuntimeId("replay-of-" + source)
+          .setSettled(settled)
+          .addDiffs(ReplayDiff.newBuilder().setHandleId("root/w.1").setRecorded(done("root/w.1"))
+              .setReplayed(settled ? done("root/w.1") : TaskResult.getDefaultInstance()))
+          .build();
     }
 
     @Override
@@ -362,6 +421,9 @@ final class RetryCheck {
         callerGaveUp(client, peer, timer);
         runPassesItsIds(client, peer);
         asyncClient(client, peer);
+        forkSendsItsFields(client, peer);
+        replayLoopsUntilSettled(client, peer);
+        listRuntimesForksOf(client, peer);
       }
       try (AgentRuntimeClient shortAttempts = AgentRuntimeClient.newBuilder(target)
           .defaultTimeout(Duration.ofMillis(300)).build()) {
@@ -379,7 +441,9 @@ final class RetryCheck {
       server.shutdownNow();
       server.awaitTermination(5, TimeUnit.SECONDS);
     }
-    return "retries: one request id on every attempt of each mutating call (8 blocking, 5 async, run's Spawn and Wake), "
+    return "retries: one request id on every attempt of each mutating call (10 blocking, 7 async, run's Spawn and Wake), "
+        + "ForkRuntime's fields sent as given; ReplayRuntime sent again with its one request id while unsettled "
+        + "(30 s slices; a caller's timeout ends it unsettled), blocking and async; ListRuntimes' forks_of; "
         + "UNAVAILABLE / RetryInfo (its delay waited) / an attempt's own DEADLINE_EXCEEDED retried, reads too; "
         + "other codes, interrupts, cancelled Contexts and futures, a Context deadline not; retries(false) one attempt; "
         + "the window bounds a call, a Wait's and a Watch's failures in a row";
@@ -400,6 +464,8 @@ final class RetryCheck {
       client.deleteRuntime("rt", true, id);
       return "deleted";
     });
+    calls.put("ForkRuntime", id -> client.forkRuntime("rt", 6, null, null, null, "", id));
+    calls.put("ReplayRuntime", id -> client.replayRuntime("rt", null, null, "", id, null));
     for (Map.Entry<String, Function<String, Object>> call : calls.entrySet()) {
       String method = call.getKey();
       peer.reset();
@@ -580,6 +646,8 @@ final class RetryCheck {
     calls.put("Post", id -> async.post("rt", "root/w.1", "note", "", "", id));
     calls.put("Wake", id -> async.wake("rt", "root/w.1", "go", id));
     calls.put("Resume", id -> async.resume("rt", answer, id));
+    calls.put("ForkRuntime", id -> async.forkRuntime("rt", 6, null, null, null, "", id));
+    calls.put("ReplayRuntime", id -> async.replayRuntime("rt", null, null, "", id, null));
     for (Map.Entry<String, Function<String, CompletableFuture<?>>> call : calls.entrySet()) {
       String method = call.getKey();
       peer.reset();
@@ -627,6 +695,122 @@ final class RetryCheck {
     cancelled.cancel(true);
     Thread.sleep(1500); // the pause's time and more, for a retry that must not come
     expect(peer.seen("Spawn").size() == 1, "a cancelled async spawn: " + peer.seen("Spawn").size() + " attempts, want 1");
+  }
+
+  /** ForkRuntime: the source, the cut and the changes are sent as given; the whole-request form gets an id only when it has none. */
+  private static void forkSendsItsFields(AgentRuntimeClient client, Peer peer) {
+    peer.reset();
+    AgentDef agent = AgentDef.newBuilder().setName("w").setDescription("replaced").build();
+    ForkMessage message = ForkMessage.newBuilder().setHandleId("root/w.1").setText("instead").build();
+    Answer answer = Answer.newBuilder().setId("req-1").setOk(false).setReason("change freeze").build();
+    peer.plan("ForkRuntime", fail(Status.Code.UNAVAILABLE));
+    ForkRuntimeResponse forked = client.forkRuntime("rt-src", 7, List.of(agent), List.of(message), List.of(answer),
+        "fork-1", "fork-mine");
+    List<ForkRuntimeRequest> sent = peer.requests("ForkRuntime");
+    ForkRuntimeRequest want = ForkRuntimeRequest.newBuilder().setSourceRuntimeId("rt-src").setAtSeq(7).setRuntimeId("fork-1")
+        .addAgents(agent).addMessages(message).addAnswers(answer).setRequestId("fork-mine").build();
+    expect(sent.size() == 2 && sent.get(0).equals(want) && sent.get(1).equals(want),
+        "forkRuntime sent " + sent + ", want twice " + want);
+    expect(forked.getRuntimeId().equals("fork-1") && forked.getForkSeq() == 7
+        && forked.getHeldHandleIdsList().equals(List.of("root/w.1")), "forkRuntime answered " + forked);
+
+    peer.reset();
+    ForkRuntimeResponse plain = client.forkRuntime("rt-src", 3);
+    ForkRuntimeRequest bare = peer.<ForkRuntimeRequest>requests("ForkRuntime").get(0);
+    expect(plain.getRuntimeId().equals("fork-made") && bare.getAtSeq() == 3 && bare.getRuntimeId().isEmpty()
+        && bare.getAgentsCount() == 0 && bare.getMessagesCount() == 0 && bare.getAnswersCount() == 0
+        && isUuid4(bare.getRequestId()), "forkRuntime(source, 3) sent " + bare);
+
+    peer.reset();
+    peer.plan("ForkRuntime", fail(Status.Code.UNAVAILABLE));
+    client.forkRuntime(ForkRuntimeRequest.newBuilder().setSourceRuntimeId("rt-src").setAtSeq(4).build());
+    List<String> ids = peer.ids("ForkRuntime");
+    expect(ids.size() == 2 && isUuid4(ids.get(0)) && ids.get(0).equals(ids.get(1)),
+        "forkRuntime(ForkRuntimeRequest) without an id: the attempts carried " + ids);
+    peer.reset();
+    client.forkRuntime(ForkRuntimeRequest.newBuilder().setSourceRuntimeId("rt-src").setAtSeq(4).setRequestId("whole").build());
+    expect(peer.ids("ForkRuntime").equals(List.of("whole")), "forkRuntime(ForkRuntimeRequest) with an id: " + peer.ids("ForkRuntime"));
+  }
+
+  /**
+   * ReplayRuntime: answered {@code settled: false}, it is sent again, with the same request and the
+   * same request id, until settled (a failure between is retried as a Wait's is), each attempt asking
+   * the server for a 30 s slice; under a caller's timeout it ends with the unsettled answer. Blocking and async.
+   */
+  private static void replayLoopsUntilSettled(AgentRuntimeClient client, Peer peer) throws Exception {
+    ReplayRuntimeResponse unsettled = Peer.replayed("rt", false);
+    AgentDef agent = AgentDef.newBuilder().setName("w").setDescription("replaced").build();
+    for (boolean viaAsync : new boolean[] {false, true}) {
+      String how = viaAsync ? "async replayRuntime" : "replayRuntime";
+      peer.reset();
+      peer.plan("ReplayRuntime", answer(unsettled), fail(Status.Code.UNAVAILABLE), answer(unsettled), answer(unsettled));
+      AtomicReference<ReplayRuntimeResponse> replayed = new AtomicReference<>();
+      AgentRuntimeException error = viaAsync
+          ? failure(client.async().replayRuntime("rt", List.of(agent), UnrecordedCalls.UNRECORDED_CALLS_LIVE)
+              .thenAccept(replayed::set))
+          : thrown(() -> replayed.set(client.replayRuntime("rt", List.of(agent), UnrecordedCalls.UNRECORDED_CALLS_LIVE)));
+      expect(error == null, how + ": " + error);
+      List<String> ids = peer.ids("ReplayRuntime");
+      expect(replayed.get().getSettled() && replayed.get().getDiffs(0).getReplayed().getStatus() == dev.agentruntime.v1.Status.STATUS_DONE
+          && ids.size() == 5 && isUuid4(ids.get(0)) && ids.stream().distinct().count() == 1,
+          how + ": settled " + replayed.get().getSettled() + " after attempts with " + ids + ", want settled after 5 with one UUID");
+      List<ReplayRuntimeRequest> sent = peer.requests("ReplayRuntime");
+      ReplayRuntimeRequest first = sent.get(0);
+      expect(first.getSourceRuntimeId().equals("rt") && first.getAgentsList().equals(List.of(agent))
+          && first.getUnrecordedCalls() == UnrecordedCalls.UNRECORDED_CALLS_LIVE && first.getRuntimeId().isEmpty(),
+          how + " sent " + first);
+      for (ReplayRuntimeRequest request : sent) {
+        expect(request.equals(first), how + ": a repeat sent " + request + ", the first " + first);
+        expect(request.getTimeout().equals(com.google.protobuf.Duration.newBuilder().setSeconds(30).build()),
+            how + ": an attempt asked for a timeout of " + request.getTimeout() + ", want 30 s");
+      }
+
+      // The caller's id, and a caller's timeout of 1 s: the unsettled answer once it has passed.
+      peer.reset();
+      peer.always("ReplayRuntime", answer(unsettled));
+      long start = System.nanoTime();
+      error = viaAsync
+          ? failure(client.async().replayRuntime("rt", null, null, "replay-1", "replay-mine", Duration.ofSeconds(1))
+              .thenAccept(replayed::set))
+          : thrown(() -> replayed.set(client.replayRuntime("rt", null, null, "replay-1", "replay-mine", Duration.ofSeconds(1))));
+      long took = millisSince(start);
+      sent = peer.requests("ReplayRuntime");
+      expect(error == null && !replayed.get().getSettled() && took >= 900 && took < 5000,
+          how + " with a 1 s timeout: " + error + ", settled " + replayed.get().getSettled() + " after " + took + " ms");
+      expect(!sent.isEmpty() && sent.size() <= 3 && peer.ids("ReplayRuntime").stream().allMatch("replay-mine"::equals)
+          && sent.stream().allMatch(r -> r.getRuntimeId().equals("replay-1") && (r.getTimeout().getSeconds() < 1
+              || r.getTimeout().equals(com.google.protobuf.Duration.newBuilder().setSeconds(1).build()))),
+          how + " with a 1 s timeout sent " + sent.size() + " requests: " + sent);
+
+      // A refusal is thrown at once.
+      peer.reset();
+      peer.plan("ReplayRuntime", fail(Status.Code.NOT_FOUND));
+      error = viaAsync ? failure(client.async().replayRuntime("gone", null, null))
+          : thrown(() -> client.replayRuntime("gone", null, null));
+      expect(error != null && error.code() == Status.Code.NOT_FOUND && peer.seen("ReplayRuntime").size() == 1,
+          how + " NOT_FOUND: " + error + " after " + peer.seen("ReplayRuntime").size() + " attempts");
+    }
+
+    // The whole-request form: its fields kept, its timeout replaced by the slice, an id generated only when empty.
+    peer.reset();
+    peer.plan("ReplayRuntime", answer(unsettled));
+    client.replayRuntime(ReplayRuntimeRequest.newBuilder().setSourceRuntimeId("rt").setRuntimeId("replay-2")
+        .setTimeout(com.google.protobuf.Duration.newBuilder().setSeconds(3600)).build(), null);
+    List<ReplayRuntimeRequest> whole = peer.requests("ReplayRuntime");
+    expect(whole.size() == 2 && whole.get(0).equals(whole.get(1)) && isUuid4(whole.get(0).getRequestId())
+        && whole.get(0).getRuntimeId().equals("replay-2") && whole.get(0).getTimeout().getSeconds() == 30,
+        "replayRuntime(ReplayRuntimeRequest, null) sent " + whole);
+  }
+
+  /** ListRuntimes' forks_of: sent by the forksOf forms, empty from the others. */
+  private static void listRuntimesForksOf(AgentRuntimeClient client, Peer peer) {
+    peer.reset();
+    client.listRuntimes("rt-src");
+    client.listRuntimesPage(5, "", "rt-src");
+    client.listRuntimes();
+    List<String> forksOf = peer.<ListRuntimesRequest>requests("ListRuntimes").stream()
+        .map(ListRuntimesRequest::getForksOf).collect(Collectors.toList());
+    expect(forksOf.equals(List.of("rt-src", "rt-src", "")), "ListRuntimes' forks_of: " + forksOf);
   }
 
   /** retries(false): one attempt, and the request id is sent all the same. */
