@@ -29,6 +29,8 @@ import dev.agentruntime.v1.Cost;
 import dev.agentruntime.v1.Delta;
 import dev.agentruntime.v1.Event;
 import dev.agentruntime.v1.Failure;
+import dev.agentruntime.v1.ForkMessage;
+import dev.agentruntime.v1.ForkRuntimeResponse;
 import dev.agentruntime.v1.GetTranscriptResponse;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.ListResponse;
@@ -36,6 +38,9 @@ import dev.agentruntime.v1.ListRuntimesResponse;
 import dev.agentruntime.v1.Message;
 import dev.agentruntime.v1.PostRequest;
 import dev.agentruntime.v1.PostResponse;
+import dev.agentruntime.v1.ReplayCall;
+import dev.agentruntime.v1.ReplayDiff;
+import dev.agentruntime.v1.ReplayRuntimeResponse;
 import dev.agentruntime.v1.Request;
 import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.Status;
@@ -43,6 +48,7 @@ import dev.agentruntime.v1.TaskResult;
 import dev.agentruntime.v1.ToolCall;
 import dev.agentruntime.v1.ToolOutput;
 import dev.agentruntime.v1.Trust;
+import dev.agentruntime.v1.UnrecordedCalls;
 import dev.agentruntime.v1.Usage;
 import io.grpc.Context;
 import java.io.File;
@@ -197,13 +203,17 @@ public final class Runner {
 
   private static final List<String> VERBS =
       List.of("spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
-          "list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch", "stream_run");
+          "list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch", "stream_run", "fork", "replay");
 
   /** The arguments a wait step may have (README: Waiting, restarts and watching). */
   private static final List<String> WAIT_OPTIONS = List.of("handle", "client_timeout_ms", "restart_server_after_ms");
 
   /** The arguments a stream_run step may have (README: Waiting, restarts and watching). */
   private static final List<String> STREAM_RUN_OPTIONS = List.of("agent", "prompt", "parent");
+
+  /** The arguments a fork step and a replay step may have (README: Forks and replays). */
+  private static final List<String> FORK_OPTIONS = List.of("at_seq", "agents", "messages", "answer");
+  private static final List<String> REPLAY_OPTIONS = List.of("agents", "unrecorded_calls");
 
   /** The README's deadline for every call, Wait included. */
   private static final java.time.Duration CALL_TIMEOUT = java.time.Duration.ofSeconds(60);
@@ -327,9 +337,14 @@ public final class Runner {
 
   private static final SecureRandom RANDOM = new SecureRandom();
 
-  /** What a vector's steps share: its runtime, the last PENDING Request, the "$next" tokens, its request id token. */
+  /**
+   * What a vector's steps share: its runtime (after a fork step, the fork), the runtime its last
+   * fork forked, the last PENDING Request, the "$next" tokens, its request id token.
+   */
   private static final class VectorState {
-    final String runtimeId;
+    String runtimeId;
+    /** The runtime the vector's last fork step forked (null: none yet): list_runtimes' forked_from_source. */
+    String forkSource;
     /** 16 random hex digits, drawn once per vector run: the prefix of its steps' request ids. */
     final String token = String.format("%016x", RANDOM.nextLong());
     Request lastPending;
@@ -590,38 +605,8 @@ public final class Runner {
         return new Reply(result, fields);
       }
       case "resume": {
-        JsonObject args = step.getAsJsonObject("resume");
-        Request lastPending = state.lastPending;
-        List<ToolCall> calls = lastPending == null ? List.of() : lastPending.getCallsList();
-        String id = stringOr(args, "id", "");
-        if (id.isEmpty()) {
-          id = lastPending == null ? "" : lastPending.getId();
-        }
-        Answer.Builder answer = Answer.newBuilder()
-            .setId(id)
-            .setOk(args.has("ok") && args.get("ok").getAsBoolean())
-            .setReason(stringOr(args, "reason", ""));
-        if (args.has("data")) {
-          if (!args.get("data").isJsonObject()) {
-            throw new Mismatch(where + ": data must be an object, got " + pyRepr(args.get("data")));
-          }
-          Struct.Builder data = Struct.newBuilder();
-          JsonFormat.parser().merge(args.get("data").toString(), data);
-          answer.setData(data);
-        }
-        if (args.has("outputs")) {
-          JsonArray outputs = args.getAsJsonArray("outputs");
-          if (outputs.size() > calls.size()) {
-            throw new Mismatch(where + ": " + outputs.size() + " outputs for a Request with "
-                + calls.size() + " calls");
-          }
-          for (int i = 0; i < outputs.size(); i++) {
-            answer.addOutputs(ToolOutput.newBuilder()
-                .setCallId(calls.get(i).getId())
-                .setOutput(outputs.get(i).getAsString()));
-          }
-        }
-        TaskResult result = client.resume(runtimeId, answer.build(), requestId);
+        Answer answer = answerArg(where, step.getAsJsonObject("resume"), state.lastPending);
+        TaskResult result = client.resume(runtimeId, answer, requestId);
         if (result.getStatus() == Status.STATUS_PENDING) {
           state.lastPending = result.getPending();
         }
@@ -704,7 +689,7 @@ public final class Runner {
       case "inspect":
         return new Reply(null, inspect(client, runtimeId, where, step));
       case "list_runtimes":
-        return new Reply(null, listRuntimes(client, runtimeId, where, step));
+        return new Reply(null, listRuntimes(client, state, where, step));
       case "delete_runtime": {
         JsonObject args = objectArgs(where, step, "delete_runtime");
         client.deleteRuntime(runtimeId, boolArg(where, args, "force"), requestId);
@@ -739,9 +724,188 @@ public final class Runner {
         return new Reply(null, watchStep(client, runtimeId, where, step));
       case "stream_run":
         return streamRunStep(client, runtimeId, where, step);
+      case "fork":
+        return forkStep(client, state, where, step);
+      case "replay":
+        return replayStep(client, runtimeId, where, step);
       default:
         throw new Mismatch(where + ": unknown verb in " + pyRepr(sortedKeys(step)));
     }
+  }
+
+  /**
+   * A resume step's Answer (also a fork step's {@code answer}): for the Request of the last
+   * STATUS_PENDING result the vector saw ({@code lastPending}), its id unless {@code id} is given,
+   * {@code ok}, {@code reason}, {@code data} and {@code outputs} (one per call of that Request).
+   */
+  private static Answer answerArg(String where, JsonObject args, Request lastPending)
+      throws Mismatch, InvalidProtocolBufferException {
+    List<ToolCall> calls = lastPending == null ? List.of() : lastPending.getCallsList();
+    String id = stringOr(args, "id", "");
+    if (id.isEmpty()) {
+      id = lastPending == null ? "" : lastPending.getId();
+    }
+    Answer.Builder answer = Answer.newBuilder()
+        .setId(id)
+        .setOk(args.has("ok") && args.get("ok").getAsBoolean())
+        .setReason(stringOr(args, "reason", ""));
+    if (args.has("data")) {
+      if (!args.get("data").isJsonObject()) {
+        throw new Mismatch(where + ": data must be an object, got " + pyRepr(args.get("data")));
+      }
+      Struct.Builder data = Struct.newBuilder();
+      JsonFormat.parser().merge(args.get("data").toString(), data);
+      answer.setData(data);
+    }
+    if (args.has("outputs")) {
+      JsonArray outputs = args.getAsJsonArray("outputs");
+      if (outputs.size() > calls.size()) {
+        throw new Mismatch(where + ": " + outputs.size() + " outputs for a Request with "
+            + calls.size() + " calls");
+      }
+      for (int i = 0; i < outputs.size(); i++) {
+        answer.addOutputs(ToolOutput.newBuilder()
+            .setCallId(calls.get(i).getId())
+            .setOutput(outputs.get(i).getAsString()));
+      }
+    }
+    return answer.build();
+  }
+
+  /** A step's arguments that must all be among {@code known} (else a broken vector). */
+  private static void knownArgs(String where, String verb, JsonObject args, List<String> known) throws Mismatch {
+    JsonArray unknown = new JsonArray();
+    new TreeSet<>(args.keySet()).stream().filter(key -> !known.contains(key)).forEach(unknown::add);
+    if (unknown.size() > 0) {
+      throw new Mismatch(where + ": unknown " + verb + " arguments " + pyRepr(unknown));
+    }
+  }
+
+  /** A step's {@code agents} argument: absent, an empty list; else a list of AgentDef objects in proto3 JSON. */
+  private static List<AgentDef> agentsArg(String where, JsonObject args) throws Mismatch, InvalidProtocolBufferException {
+    JsonElement definitions = args.get("agents");
+    List<AgentDef> agents = new ArrayList<>();
+    if (definitions == null) {
+      return agents;
+    }
+    if (!definitions.isJsonArray()) {
+      throw new Mismatch(where + ": agents must be a list, got " + pyRepr(definitions));
+    }
+    for (JsonElement definition : definitions.getAsJsonArray()) {
+      if (!definition.isJsonObject()) {
+        throw new Mismatch(where + ": an agent must be an object, got " + pyRepr(definition));
+      }
+      AgentDef.Builder builder = AgentDef.newBuilder();
+      JsonFormat.parser().merge(definition.toString(), builder);
+      agents.add(builder.build());
+    }
+    return agents;
+  }
+
+  /**
+   * The client's fork helper on this vector's runtime (README: Forks and replays): at {@code at_seq},
+   * with the step's {@code agents}, {@code messages} and {@code answer} (built as a resume step's,
+   * for the last PENDING Request), a generated fork id and the client's own request id. Once it is
+   * created the fork is the vector's runtime, and the runtime it forked its source.
+   */
+  private static Reply forkStep(AgentRuntimeClient client, VectorState state, String where, JsonObject step)
+      throws Mismatch, InvalidProtocolBufferException {
+    JsonObject args = objectArgs(where, step, "fork");
+    knownArgs(where, "fork", args, FORK_OPTIONS);
+    JsonElement seq = args.get("at_seq");
+    if (seq == null) {
+      throw new Mismatch(where + ": missing argument " + pyRepr(new JsonPrimitive("at_seq")));
+    }
+    long atSeq;
+    try {
+      String text = seq.getAsJsonPrimitive().getAsString();
+      if (!seq.getAsJsonPrimitive().isNumber() || text.contains(".") || text.contains("e") || text.contains("E")) {
+        throw new NumberFormatException(text);
+      }
+      atSeq = new BigDecimal(text).longValueExact();
+    } catch (RuntimeException notAnInteger) {
+      throw new Mismatch(where + ": at_seq must be an integer, got " + pyRepr(seq));
+    }
+    List<AgentDef> agents = agentsArg(where, args);
+    List<ForkMessage> messages = new ArrayList<>();
+    JsonElement entries = args.get("messages");
+    if (entries != null) {
+      if (!entries.isJsonArray()) {
+        throw new Mismatch(where + ": messages must be a list, got " + pyRepr(entries));
+      }
+      for (JsonElement entry : entries.getAsJsonArray()) {
+        if (!entry.isJsonObject()) {
+          throw new Mismatch(where + ": a message must be an object {\"handle_id\", \"text\"}, got " + pyRepr(entry));
+        }
+        JsonObject message = entry.getAsJsonObject();
+        knownArgs(where, "fork message", message, List.of("handle_id", "text"));
+        messages.add(ForkMessage.newBuilder()
+            .setHandleId(stringArg(where, message, "handle_id", null))
+            .setText(stringArg(where, message, "text", null))
+            .build());
+      }
+    }
+    List<Answer> answers = new ArrayList<>();
+    if (args.has("answer")) {
+      JsonElement answer = args.get("answer");
+      if (!answer.isJsonObject()) {
+        throw new Mismatch(where + ": answer must be an object of resume's arguments, got " + pyRepr(answer));
+      }
+      answers.add(answerArg(where, answer.getAsJsonObject(), state.lastPending));
+    }
+    ForkRuntimeResponse forked = client.forkRuntime(state.runtimeId, atSeq, agents, messages, answers, "", null);
+    state.forkSource = state.runtimeId;
+    state.runtimeId = forked.getRuntimeId();
+    JsonObject outcome = new JsonObject();
+    outcome.addProperty("fork_seq", forked.getForkSeq());
+    JsonArray held = new JsonArray();
+    forked.getHeldHandleIdsList().forEach(held::add);
+    outcome.add("held", held);
+    return new Reply(forked, outcome);
+  }
+
+  /**
+   * The client's replay helper on this vector's runtime (README: Forks and replays), which repeats
+   * ReplayRuntime with one request id until it is settled: {@code changed_count}, {@code count} (the
+   * diffs) and {@code diffs}, by root handle id: {@code changed}, {@code recorded} and
+   * {@code replayed} (as a wait's result), and the names of {@code recorded_calls} and
+   * {@code replayed_calls}. The vector's runtime stays the same.
+   */
+  private static Reply replayStep(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+      throws Mismatch, InvalidProtocolBufferException {
+    JsonObject args = objectArgs(where, step, "replay");
+    knownArgs(where, "replay", args, REPLAY_OPTIONS);
+    List<AgentDef> agents = agentsArg(where, args);
+    String unrecordedName = stringArg(where, args, "unrecorded_calls", "UNRECORDED_CALLS_UNSPECIFIED");
+    EnumValueDescriptor unrecorded = UnrecordedCalls.getDescriptor().findValueByName(unrecordedName);
+    if (unrecorded == null) {
+      throw new Mismatch(where + ": unrecorded_calls " + pyRepr(new JsonPrimitive(unrecordedName))
+          + " is not a value of UnrecordedCalls");
+    }
+    ReplayRuntimeResponse replayed = client.replayRuntime(runtimeId, agents, UnrecordedCalls.valueOf(unrecorded));
+    JsonObject diffs = new JsonObject();
+    for (ReplayDiff diff : replayed.getDiffsList()) {
+      JsonObject fields = new JsonObject();
+      JsonArray changed = new JsonArray();
+      diff.getChangedList().forEach(changed::add);
+      fields.add("changed", changed);
+      fields.add("recorded", resultFields(diff.getRecorded()));
+      fields.add("replayed", resultFields(diff.getReplayed()));
+      fields.add("recorded_calls", callNames(diff.getRecordedCallsList()));
+      fields.add("replayed_calls", callNames(diff.getReplayedCallsList()));
+      diffs.add(diff.getHandleId(), fields);
+    }
+    JsonObject outcome = new JsonObject();
+    outcome.addProperty("changed_count", replayed.getChangedCount());
+    outcome.addProperty("count", replayed.getDiffsCount());
+    outcome.add("diffs", diffs);
+    return new Reply(replayed, outcome);
+  }
+
+  private static JsonArray callNames(List<ReplayCall> calls) {
+    JsonArray names = new JsonArray();
+    calls.forEach(call -> names.add(call.getName()));
+    return names;
   }
 
   /** A wait step's millisecond argument: a non-negative integer, or null when absent. */
@@ -1091,8 +1255,9 @@ public final class Runner {
    * Every page of ListRuntimes (of {@code page_size} each): whether this vector's runtime is among
    * them and, when it is, its summary's counts.
    */
-  private static JsonObject listRuntimes(AgentRuntimeClient client, String runtimeId, String where, JsonObject step)
+  private static JsonObject listRuntimes(AgentRuntimeClient client, VectorState state, String where, JsonObject step)
       throws Mismatch {
+    String runtimeId = state.runtimeId;
     int size = pageSize(where, objectArgs(where, step, "list_runtimes"));
     JsonObject outcome = new JsonObject();
     outcome.addProperty("contains_this_runtime", false);
@@ -1109,6 +1274,9 @@ public final class Runner {
         counts.addProperty("suspended_count", summary.getSuspendedCount());
         counts.addProperty("total_tokens", summary.getTotalTokens());
         counts.add("total_cost", costFields(summary.getTotalCost()));
+        counts.addProperty("fork_seq", summary.getForkSeq());
+        counts.addProperty("forked_from_source",
+            state.forkSource != null && summary.getForkedFrom().equals(state.forkSource));
         outcome.addProperty("contains_this_runtime", true);
         outcome.add("this_runtime", counts);
       }
@@ -1225,6 +1393,8 @@ public final class Runner {
     fields.add("total_usage", usageFields(result.getTotalUsage()));
     fields.add("own_cost", costFields(result.getOwnCost()));
     fields.add("total_cost", costFields(result.getTotalCost()));
+    fields.add("inherited_usage", usageFields(result.getInheritedUsage()));
+    fields.add("inherited_cost", costFields(result.getInheritedCost()));
     fields.addProperty("tool_calls", result.getToolCalls());
     JsonObject pending = new JsonObject();
     pending.addProperty("kind", result.getPending().getKind());
@@ -1290,6 +1460,8 @@ public final class Runner {
     fields.add("total_usage", usageFields(view.getTotalUsage()));
     fields.add("own_cost", costFields(view.getOwnCost()));
     fields.add("total_cost", costFields(view.getTotalCost()));
+    fields.add("inherited_usage", usageFields(view.getInheritedUsage()));
+    fields.add("inherited_cost", costFields(view.getInheritedCost()));
     fields.addProperty("tool_calls", view.getToolCalls());
     fields.addProperty("pending_kind", view.getPendingKind());
     fields.addProperty("inbox_size", view.getInboxSize());
