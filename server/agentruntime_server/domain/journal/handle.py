@@ -52,6 +52,7 @@ class Handle:
         "id",
         "in_doubt",
         "inbox",
+        "inherited",
         "last_result",
         "last_tick",
         "mark",
@@ -116,6 +117,7 @@ class Handle:
         self.held_tokens = 0
         self.held_micros = 0
         self.last_result: TaskResult | None = None
+        self.inherited: Usage | None = None  # in a fork: its figures at the cut (Forked)
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
         self.approved: frozenset[str] = NONE
@@ -275,6 +277,23 @@ class Handle:
         if state is not HandleState.SUSPENDED:
             self._end_calls(self.calls_out)  # calls cut off with their run: never finished, never counted
 
+    def rewind(self, to: int) -> None:
+        """The transcript from `to` on leaves (a fork's change): the calls its messages made are
+        forgotten (a later run's call of the same id is a new call), and those under way end."""
+        dropped = {call.id for message in self.transcript[to:] for call in message.tool_calls}
+        del self.transcript[to:]
+        self.compactions = [compaction for compaction in self.compactions if compaction[0] <= to]
+        self._end_calls(self.calls_out)
+        for call_id in dropped:
+            self.tool_results.pop(call_id, None)
+            self.tool_rounds.pop(call_id, None)
+            self.tool_answers.pop(call_id, None)
+            self.children_by_key.pop(call_id, None)
+        self.started = self.started - dropped
+        self.in_doubt = self.in_doubt - dropped
+        self.approved = self.approved - dropped
+        self.pending = None
+
     def set_budget(self, budget: Budget) -> None:
         self.budget = budget
         if budget.max_concurrent and self.gate is not None:
@@ -309,6 +328,7 @@ class Handle:
             usage=self.usage,
             failure=failure,
             output=output,
+            inherited=self.inherited,
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
@@ -338,4 +358,5 @@ class Handle:
             inbox_size=len(self.inbox),
             budget=self.budget,
             last_status=self.last_result.status if self.last_result else Status.UNSPECIFIED,
+            inherited=self.inherited,
         )
