@@ -172,7 +172,10 @@ async def test_a_replay_refused_creates_nothing(stub: pb_grpc.AgentRuntimeAsyncS
     before = len((await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes)
     for request, code in (
         (pb.ReplayRuntimeRequest(source_runtime_id="nope"), grpc.StatusCode.NOT_FOUND),
-        (pb.ReplayRuntimeRequest(source_runtime_id=source, unrecorded_calls=pb.UnrecordedCalls.ValueType(9)), grpc.StatusCode.INVALID_ARGUMENT),
+        (
+            pb.ReplayRuntimeRequest(source_runtime_id=source, unrecorded_calls=pb.UnrecordedCalls.ValueType(9)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
         (
             pb.ReplayRuntimeRequest(
                 source_runtime_id=source, agents=[agent("clerk", tools=[pb.ToolDef(name="t", http=pb.HttpTool(url="ftp://x"))])]
