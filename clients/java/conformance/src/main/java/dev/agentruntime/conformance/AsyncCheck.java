@@ -5,12 +5,15 @@ import dev.agentruntime.client.AgentRuntimeClient;
 import dev.agentruntime.client.AgentRuntimeException;
 import dev.agentruntime.v1.AgentDef;
 import dev.agentruntime.v1.Delta;
+import dev.agentruntime.v1.ForkRuntimeResponse;
 import dev.agentruntime.v1.Answer;
 import dev.agentruntime.v1.ApprovalPolicy;
 import dev.agentruntime.v1.HandleState;
 import dev.agentruntime.v1.HandleView;
 import dev.agentruntime.v1.HttpTool;
 import dev.agentruntime.v1.ListResponse;
+import dev.agentruntime.v1.ReplayRuntimeResponse;
+import dev.agentruntime.v1.RuntimeSummary;
 import dev.agentruntime.v1.Script;
 import dev.agentruntime.v1.ScriptedReply;
 import dev.agentruntime.v1.ScriptedToolCall;
@@ -25,6 +28,7 @@ import io.grpc.MethodDescriptor;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
@@ -33,13 +37,15 @@ import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.stream.Collectors;
 
 /**
  * The async client (AgentRuntimeAsyncClient), the pagination iterators and the builder's keepalive
  * and interceptor options against the real server at AGENTRUNTIME_ADDR (TLS and token from the
  * same variables as the runner): a 2 s run waited for through a client whose default deadline is
  * 1 s, an approval answered with resume, a typed NOT_FOUND, a cancelled wait, List's pages one
- * handle at a time, and, with the restart hook, a wait and a streamRun across a server restart. Prints one line and exits 0, or says what differed and exits 1.
+ * handle at a time, a fork and a replay (its 2 s root replayed past the 1 s deadline) listed as
+ * forks of their source, and, with the restart hook, a wait and a streamRun across a server restart. Prints one line and exits 0, or says what differed and exits 1.
  */
 public final class AsyncCheck {
   private AsyncCheck() {}
@@ -82,6 +88,45 @@ public final class AsyncCheck {
         && resets >= 1, "streamRun across a restart: " + streamed.getStatus() + " " + resets + " resets, joined "
         + joined);
     return "streamRun across a restart mid-stream (" + resets + " reset, " + deltas.size() + " deltas joined to the result)";
+  }
+
+  /**
+   * An async fork at the runtime's first event (its one root spawned, nothing held) and an async
+   * replay of its one root (2 s of scripted delay, through the client's 1 s default deadline: the
+   * replay's calls have their own), a blocking replay cut by a 500 ms timeout then waited on with
+   * the same request id, then all three listed as forks of the runtime, and deleted.
+   */
+  private static String forkAndReplay(AgentRuntimeClient client, AgentRuntimeAsyncClient async, String runtimeId)
+      throws Exception {
+    ForkRuntimeResponse fork = await(async.forkRuntime(runtimeId, 1));
+    expect(!fork.getRuntimeId().isEmpty() && fork.getForkSeq() >= 1 && fork.getHeldHandleIdsList().isEmpty(),
+        "forkRuntime at seq 1: " + fork);
+    HandleView spawned = await(async.inspect(fork.getRuntimeId(), "root/patient.1"));
+    expect(spawned.getTurns() == 0 && spawned.getState() == HandleState.HANDLE_STATE_IDLE, "the fork's root/patient.1: " + spawned);
+    ReplayRuntimeResponse replay = await(async.replayRuntime(runtimeId, null, null));
+    expect(replay.getSettled() && replay.getDiffsCount() == 1 && replay.getChangedCount() == 0
+        && replay.getDiffs(0).getHandleId().equals("root/patient.1") && replay.getDiffs(0).getChangedCount() == 0
+        && replay.getDiffs(0).getReplayed().getText().equals("worth the wait"), "replayRuntime: " + replay);
+    // The blocking helper under a caller's timeout shorter than the replay: unsettled; the same
+    // request id again (another timeout, the same request): the same replay, settled.
+    String requestId = java.util.UUID.randomUUID().toString();
+    ReplayRuntimeResponse early = client.replayRuntime(runtimeId, null, null, "", requestId, Duration.ofMillis(500));
+    ReplayRuntimeResponse later = client.replayRuntime(runtimeId, null, null, "", requestId, null);
+    expect(!early.getSettled() && later.getSettled() && later.getRuntimeId().equals(early.getRuntimeId())
+        && later.getDiffs(0).getChangedCount() == 0, "replayRuntime with a 500 ms timeout, then again: " + early + " / " + later);
+    Map<String, RuntimeSummary> forks = client.listRuntimes(runtimeId).stream()
+        .collect(Collectors.toMap(RuntimeSummary::getRuntimeId, summary -> summary));
+    RuntimeSummary forkSummary = forks.get(fork.getRuntimeId());
+    RuntimeSummary replaySummary = forks.get(replay.getRuntimeId());
+    expect(forks.size() == 3 && forks.containsKey(later.getRuntimeId()) && forkSummary != null && replaySummary != null
+        && forkSummary.getForkedFrom().equals(runtimeId) && forkSummary.getForkSeq() == fork.getForkSeq()
+        && replaySummary.getForkedFrom().equals(runtimeId) && replaySummary.getForkSeq() == 0,
+        "listRuntimes(forksOf " + runtimeId + "): " + forks.values());
+    client.deleteRuntime(fork.getRuntimeId(), true);
+    client.deleteRuntime(replay.getRuntimeId(), true);
+    client.deleteRuntime(later.getRuntimeId(), true);
+    return "fork at seq " + fork.getForkSeq() + " and replay (" + replay.getDiffsCount() + " diff, unchanged; unsettled "
+        + "after a 500 ms timeout, then settled with the same request id) listed as forks";
   }
 
   public static void main(String[] args) throws Exception {
@@ -133,6 +178,7 @@ public final class AsyncCheck {
       TaskResult run = await(async.run(runtimeId, "patient", "take two seconds"));
       expect(run.getStatus() == Status.STATUS_DONE && run.getText().equals("worth the wait")
           && run.getOwnTokens() == 7 && run.getTotalTokens() == 7 && run.getTurns() == 1, "run: " + run);
+      String forked = forkAndReplay(client, async, runtimeId);
 
       // spawn + wake + waitFor: PENDING on the approval, then resume.
       String committer = await(async.spawn(runtimeId, "committer", "root", null));
@@ -219,7 +265,7 @@ public final class AsyncCheck {
       client.deleteRuntime(runtimeId, true);
       System.out.println("async-check: ok (run " + run.getStatus().name() + " " + run.getTotalTokens()
           + " tokens past a 1 s deadline, resume " + resumed.getStatus().name() + " " + resumed.getTotalTokens()
-          + " tokens, NOT_FOUND typed, wait cancelled, async wait " + restarted + ", " + pages + " pages of 1, interceptor saw "
+          + " tokens, " + forked + ", NOT_FOUND typed, wait cancelled, async wait " + restarted + ", " + pages + " pages of 1, interceptor saw "
           + intercepted.get() + " calls)");
     } catch (IllegalStateException | AgentRuntimeException | java.util.concurrent.ExecutionException
         | java.util.concurrent.TimeoutException failure) {
