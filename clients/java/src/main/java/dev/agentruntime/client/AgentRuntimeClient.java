@@ -774,7 +774,9 @@ public final class AgentRuntimeClient implements AutoCloseable {
    * the answer says {@code settled: false} the same request, with the same request id, is sent
    * again: the server starts the replay once and the repeats wait on it. A failed call is retried
    * as a Wait is (failures in a row within the retry window). With a non-null {@code timeout}, the
-   * last answer once it has passed, {@code settled: false} when the replay is still running.
+   * last answer once it has passed, {@code settled: false} when the replay is still running; under
+   * a Context deadline, the last answer a second before it (half what is left under 2 s), as the
+   * server itself answers, rather than DEADLINE_EXCEEDED.
    *
    * @throws AgentRuntimeException a refusal (NOT_FOUND, INVALID_ARGUMENT, ...); the last failure
    *     once the window or {@code timeout} has passed with the server still away; CANCELLED when the
@@ -782,7 +784,7 @@ public final class AgentRuntimeClient implements AutoCloseable {
    */
   public ReplayRuntimeResponse replayRuntime(ReplayRuntimeRequest request, Duration timeout) {
     ReplayRuntimeRequest sent = Requests.replayRuntime(Objects.requireNonNull(request, "request"));
-    return sliced(Requests.waitEnd(timeout), slice -> {
+    return sliced(Requests.replayEnd(timeout, Context.current().getDeadline()), slice -> {
       ReplayRuntimeRequest attempt = Requests.replaySlice(sent, slice);
       return s -> s.replayRuntime(attempt);
     }, ReplayRuntimeResponse::getSettled);

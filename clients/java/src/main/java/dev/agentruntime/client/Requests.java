@@ -211,6 +211,24 @@ final class Requests {
     return nanos < Long.MAX_VALUE / 2 ? System.nanoTime() + nanos : null;
   }
 
+  /**
+   * When a replay helper with this caller's {@code timeout} under this Context {@code deadline}
+   * (null: none) stops asking, as {@link #waitEnd} says: the sooner of the timeout and, under a
+   * deadline, a second before it (half what is left when that is under 2 s), when the server
+   * answers {@code settled: false} by itself; so the last answer is returned before the deadline
+   * rather than the deadline's error.
+   */
+  static Long replayEnd(Duration timeout, io.grpc.Deadline deadline) {
+    Long end = waitEnd(timeout);
+    if (deadline == null) {
+      return end;
+    }
+    long remaining = Math.max(deadline.timeRemaining(java.util.concurrent.TimeUnit.NANOSECONDS), 0);
+    long second = Duration.ofSeconds(1).toNanos();
+    long answerBy = System.nanoTime() + (remaining > 2 * second ? remaining - second : remaining / 2);
+    return end == null || end - answerBy > 0 ? Long.valueOf(answerBy) : end;
+  }
+
   /** Whether the wait ending at {@code end} (see {@link #waitEnd}) is over. */
   static boolean passed(Long end) {
     return end != null && System.nanoTime() - end >= 0;

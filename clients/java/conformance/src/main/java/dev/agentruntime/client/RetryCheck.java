@@ -443,7 +443,7 @@ final class RetryCheck {
     }
     return "retries: one request id on every attempt of each mutating call (10 blocking, 7 async, run's Spawn and Wake), "
         + "ForkRuntime's fields sent as given; ReplayRuntime sent again with its one request id while unsettled "
-        + "(30 s slices; a caller's timeout ends it unsettled), blocking and async; ListRuntimes' forks_of; "
+        + "(30 s slices; a caller's timeout, or a second before a Context deadline, ends it unsettled), blocking and async; ListRuntimes' forks_of; "
         + "UNAVAILABLE / RetryInfo (its delay waited) / an attempt's own DEADLINE_EXCEEDED retried, reads too; "
         + "other codes, interrupts, cancelled Contexts and futures, a Context deadline not; retries(false) one attempt; "
         + "the window bounds a call, a Wait's and a Watch's failures in a row";
@@ -789,6 +789,24 @@ final class RetryCheck {
           : thrown(() -> client.replayRuntime("gone", null, null));
       expect(error != null && error.code() == Status.Code.NOT_FOUND && peer.seen("ReplayRuntime").size() == 1,
           how + " NOT_FOUND: " + error + " after " + peer.seen("ReplayRuntime").size() + " attempts");
+    }
+
+    // Under a Context deadline of 3 s: the unsettled answer a second before it (the slices fitted under it), not its error.
+    peer.reset();
+    peer.always("ReplayRuntime", answer(unsettled));
+    ScheduledExecutorService deadlines = Executors.newSingleThreadScheduledExecutor();
+    try {
+      long start = System.nanoTime();
+      AtomicReference<ReplayRuntimeResponse> cut = new AtomicReference<>();
+      Context.CancellableContext deadline = Context.current().withDeadlineAfter(3, TimeUnit.SECONDS, deadlines);
+      AgentRuntimeException error = deadline.call(() -> thrown(() -> cut.set(client.replayRuntime("rt", null, null))));
+      deadline.cancel(null);
+      long took = millisSince(start);
+      expect(error == null && !cut.get().getSettled() && took >= 1800 && took < 3000 && peer.seen("ReplayRuntime").size() <= 2,
+          "replayRuntime under a 3 s Context deadline: " + error + " after " + took + " ms and "
+              + peer.seen("ReplayRuntime").size() + " attempts, want the unsettled answer within about 2 s");
+    } finally {
+      deadlines.shutdownNow();
     }
 
     // The whole-request form: its fields kept, its timeout replaced by the slice, an id generated only when empty.
