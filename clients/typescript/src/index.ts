@@ -115,7 +115,10 @@ export interface RequestOptions {
   signal?: AbortSignal;
 }
 
-/** Options of one call of a mutating method (CreateRuntime, Spawn, Post, Wake, Resume, Interrupt, Close, DeleteRuntime, ForkRuntime). */
+/**
+ * Options of one call of a mutating method (CreateRuntime, Spawn, Post, Wake, Resume, Interrupt,
+ * Close, DeleteRuntime, ForkRuntime).
+ */
 export interface MutationOptions extends RequestOptions {
   /**
    * The request id every attempt of this call carries: up to 64 characters of

@@ -221,7 +221,7 @@ describe("forks and replays (a loopback gRPC server)", () => {
       assert.equal(new Set(ids).size, 1);
     });
 
-    it("with timeoutMs: the last unsettled response once it has passed, each slice what was left", { timeout: 10_000 }, async () => {
+    it("with timeoutMs: the last unsettled response after it, each slice what is left", { timeout: 10_000 }, async () => {
       peer.failAlways("ReplayRuntime", "timeout");
       const started = performance.now();
       const response = await client().replayRuntime("rt-1", { timeoutMs: 300 });
@@ -268,7 +268,9 @@ describe("forks and replays (a loopback gRPC server)", () => {
       const c = client();
       await c.listRuntimes({ forksOf: "rt-1" });
       await c.listRuntimesPage(10, "", { forksOf: "rt-2" });
-      for await (const summary of c.iterateRuntimes(0, { forksOf: "rt-3" })) assert.fail(`nothing listed, got ${summary.runtimeId}`);
+      for await (const summary of c.iterateRuntimes(0, { forksOf: "rt-3" })) {
+        assert.fail(`nothing listed, got ${summary.runtimeId}`);
+      }
       await c.listRuntimesPage();
       assert.deepEqual(
         peer.listRuntimesRequests.map((request) => [request.forksOf, request.pageSize]),
