@@ -249,7 +249,7 @@ run: $(STAMP) ## serve on 127.0.0.1:50051, and the web console on http://127.0.0
 smoke: $(STAMP) $(TOOLS)/grpcurl ## start a server on a free port and walk docs/walkthrough.md with grpcurl
 	scripts/smoke.sh
 
-bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, watchers, replicas, capacity
+bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP transports, journal cost, memory, watchers, replicas, capacity, forks
 	$(BIN)/python bench/encoders.py
 	$(BIN)/python bench/workload.py
 	$(BIN)/python bench/streaming.py
@@ -261,6 +261,7 @@ bench: $(STAMP) ## measured figures (not asserted): the service workload, HTTP t
 	$(BIN)/python bench/replicas.py
 	$(BIN)/python bench/pg_drivers.py
 	$(BIN)/python bench/capacity.py
+	$(BIN)/python bench/fork.py
 
 # Release 0.1.0 (tag v0.1.0, before the journal), served from its own tree and venv under .bench/, and
 # this tree, alternating on the bench workload: issue 10's "a third of the CPU per turn".

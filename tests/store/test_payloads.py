@@ -35,13 +35,17 @@ from agentruntime_server.domain.journal import (
     Compacted,
     Configured,
     EventsImported,
+    Forked,
+    Held,
     Imported,
     InDoubt,
     MessagesAppended,
     ModelReplied,
     Posted,
     Queued,
+    Replaying,
     Replied,
+    Rewound,
     RunStarted,
     Settled,
     Spawned,
@@ -49,6 +53,7 @@ from agentruntime_server.domain.journal import (
     Ticked,
     TurnStarted,
 )
+from agentruntime_server.domain.journal.recording import Recording, ReplayRoot
 from agentruntime_server.domain.vocabulary import (
     Answer,
     Budget,
@@ -60,6 +65,7 @@ from agentruntime_server.domain.vocabulary import (
     Message,
     OnExhausted,
     PendingRequest,
+    RecordedCall,
     RuntimeOptions,
     Status,
     TaskResult,
@@ -68,6 +74,7 @@ from agentruntime_server.domain.vocabulary import (
     ToolOutput,
     ToolResult,
     Trust,
+    UnrecordedCalls,
 )
 from agentruntime_server.domain.watching.event_log import Event, EventKind
 from agentruntime_server.store import payloads
@@ -143,6 +150,7 @@ RESULT = TaskResult(
     usage=USAGE,
     failure=Failure(FailureReason.PROVIDER_UNAVAILABLE, "openai", 503, True, "server_error: overloaded"),
     output={"label": "bug", "confidence": 0.75, "tags": ["crash", "ui"], "nested": [{"deep": None}]},
+    inherited=USAGE,
 )
 ANSWER = Answer(
     id=PENDING.id,
@@ -229,6 +237,17 @@ SAMPLES: tuple[Step, ...] = (
     ),
     EventsImported((EVENT,)),
     Replied("0b0e6f8c-4e52-4c8e-9a55-7a4f3f0b9d21", "Close", "9f2c1d", (HANDLE, "root/worker.2"), 2),
+    Forked("rt-source", 57, ("worker",), (HANDLE,), ((HANDLE, BUDGET),)),
+    Held(HANDLE),
+    Rewound(HANDLE, 4, ITEM, idle=True),
+    Replaying(
+        Recording(
+            "rt-recorded",
+            UnrecordedCalls.HOST,
+            (RecordedCall(HANDLE, 2, "fetch", CALL.arguments_json, ToolResult("404 not found", is_error=True)),),
+            (ReplayRoot("root/coordinator.1", "coordinator", BUDGET, 1, (MESSAGE,), RESULT, ((HANDLE, "fetch", "{}"),)),),
+        )
+    ),
 )
 
 

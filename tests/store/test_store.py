@@ -228,6 +228,9 @@ async def test_longer_rows_a_store_wrote_before_are_cut_when_it_opens(tmp_path: 
             (long,),
         )
         db.execute("UPDATE runtimes SET bytes = bytes + ? WHERE id = 'rt'", (len(long),))
+        for undone in ("DROP INDEX runtimes_forks", "ALTER TABLE runtimes DROP COLUMN forked_from"):  # migration 13
+            db.execute(undone)
+        db.execute("ALTER TABLE runtimes DROP COLUMN fork_seq")
         db.execute("PRAGMA user_version = 11")
     store = SqliteStore(str(path))
     try:

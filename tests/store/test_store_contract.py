@@ -373,7 +373,7 @@ async def test_replaying_the_loaded_journal_rebuilds_the_live_tree_at_every_poin
     assert (coordinator.usage.own_tokens, coordinator.usage.total_tokens, coordinator.usage.turns) == (200, 220, 2)
     assert (worker.usage.own_tokens, worker.usage.tool_calls, worker.state) == (20, 2, HandleState.CLOSED)
     assert coordinator.state is HandleState.IDLE and coordinator.in_doubt == {"call_2_1"}
-    assert [item.text for item in coordinator.inbox] == ["first note", "second note"]
+    assert [item.text for item in coordinator.inbox] == ["first note", "second note", "a note at the fork"]
     assert list(tree.answered) == [f"{WORKER}/call_1_1:tool_call"] and tree.requests == {}
 
 

@@ -18,12 +18,16 @@ from agentruntime_server.domain.journal import (
     Closed,
     Compacted,
     Configured,
+    Forked,
+    Held,
     InDoubt,
     MessagesAppended,
     ModelReplied,
     Posted,
     Queued,
+    Replaying,
     Replied,
+    Rewound,
     RunStarted,
     Settled,
     Spawned,
@@ -32,6 +36,7 @@ from agentruntime_server.domain.journal import (
     Tree,
     TurnStarted,
 )
+from agentruntime_server.domain.journal.recording import Recording
 from agentruntime_server.domain.vocabulary import (
     AgentSpec,
     Answer,
@@ -57,6 +62,7 @@ from agentruntime_server.domain.vocabulary import (
     ToolOutput,
     ToolResult,
     ToolSpec,
+    UnrecordedCalls,
 )
 
 COORDINATOR = "root/coordinator.1"
@@ -192,6 +198,10 @@ def story(tree: Tree) -> Iterator[tuple[Step, ...]]:
         ),
         MessagesAppended(COORDINATOR, (Message("tool", "not run: the run stopped", tool_call_id="call_2_1", is_error=True),)),
     )
+    # A fork's and a replay's own steps (they stand here for those a fork of it would record).
+    yield (Forked("rt-source", 40, ("worker",), (), ((WORKER, Budget(max_turns=6, max_tokens=900)),)),)
+    yield Held(COORDINATOR), Rewound(COORDINATOR, 1, InboxItem("a note at the fork", "ops", "carol"), idle=True)
+    yield (Replaying(Recording("rt-source", UnrecordedCalls.LIVE)),)
     yield (Spawned(SPARE, "", "worker", Budget(), "", 1),)
     yield Closed(SPARE), Closed(WORKER)
 

@@ -278,6 +278,14 @@ def with_usage(message: Counted, usage: Usage) -> Counted:
     return message
 
 
+def with_inherited(message: Counted, inherited: Usage | None) -> Counted:
+    """A fork's figures at its cut: set only in a fork."""
+    if inherited is not None:
+        message.inherited_usage.CopyFrom(usage_to_proto(inherited.total_split, inherited.total_estimated))
+        message.inherited_cost.CopyFrom(cost_to_proto(inherited.total_cost))
+    return message
+
+
 def usage_to_proto(tokens: Tokens, estimated: bool = False) -> pb.Usage:
     return pb.Usage(
         input_tokens=tokens.input,
@@ -312,6 +320,7 @@ def result_to_proto(result: m.TaskResult) -> pb.TaskResult:
         limit=result.limit.value,  # type: ignore[arg-type]
     )
     with_usage(message, result.usage)
+    with_inherited(message, result.inherited)
     if result.failure is not None:
         failure = result.failure
         message.failure.CopyFrom(
@@ -341,7 +350,7 @@ def handle_to_proto(snapshot: m.HandleSnapshot) -> pb.HandleView:
         budget=budget_to_proto(snapshot.budget),
         last_status=snapshot.last_status.value,  # type: ignore[arg-type]
     )
-    return with_usage(view, snapshot.usage)
+    return with_inherited(with_usage(view, snapshot.usage), snapshot.inherited)
 
 
 def message_to_proto(message: m.Message) -> pb.Message:
@@ -396,6 +405,8 @@ def runtime_summary(row: RuntimeRow) -> pb.RuntimeSummary:
         suspended_count=figures.suspended,
         total_tokens=figures.tokens,
         total_cost=pb.Cost(micros=figures.cost_micros, currency=figures.cost_currency, priced=figures.cost_priced),
+        forked_from=row.forked_from,
+        fork_seq=row.fork_seq,
     )
     summary.create_time.FromNanoseconds(int(row.created_at * 1e9))
     return summary

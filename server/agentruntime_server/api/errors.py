@@ -27,7 +27,7 @@ def _cut(text: str, limit: int) -> str:
 def to_status(error: e.DomainError) -> status_pb2.Status:
     details: list[object] = []
     if isinstance(error, e.InvalidArgument):
-        code = code_pb2.INVALID_ARGUMENT
+        code = code_pb2.OUT_OF_RANGE if isinstance(error, e.OutOfRange) else code_pb2.INVALID_ARGUMENT
         if error.reason:
             details.append(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN))
         details.append(

@@ -13,8 +13,9 @@ from ..domain.runtime.request_ids import RequestKey
 REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def request_key(request: Any) -> RequestKey | None:
-    """None when the request carries no request id (no promise: today's behaviour)."""
+def request_key(request: Any, waits: bool = False) -> RequestKey | None:
+    """None when the request carries no request id (no promise: today's behaviour). `waits`:
+    the request's `timeout` (how long this attempt waits) is no part of what it asks for."""
     request_id: str = request.request_id
     if not request_id:
         return None
@@ -25,8 +26,15 @@ def request_key(request: Any) -> RequestKey | None:
     # The request as its fields say it, the id aside (deterministic: map fields in key order).
     # Cleared in place and put back, rather than copied: a CreateRuntime may be megabytes.
     request.request_id = ""
+    timeout = None
+    if waits and request.HasField("timeout"):
+        timeout = type(request.timeout)()
+        timeout.CopyFrom(request.timeout)
+        request.ClearField("timeout")
     try:
         said = request.SerializeToString(deterministic=True)
     finally:
         request.request_id = request_id
+        if timeout is not None:
+            request.timeout.CopyFrom(timeout)
     return RequestKey(request_id, hashlib.blake2b(said, digest_size=16).hexdigest())

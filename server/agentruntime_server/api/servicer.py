@@ -31,6 +31,7 @@ from ..domain.watching.deltas import Delta
 from ..domain.watching.event_log import BATCH
 from . import convert, paging
 from .auth_failures import FailedAuthentications
+from .branches import ForkAndReplay
 from .definitions_memo import DecodedDefinitions
 from .edge import (
     Context,
@@ -64,7 +65,7 @@ SERVICE = pb.DESCRIPTOR.services_by_name["AgentRuntime"]
 STREAM_RECHECK_SECONDS = 1.0  # an open stream verifies its caller's credential again at most this often
 
 
-class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
+class AgentRuntimeServicer(ForkAndReplay, pb_grpc.AgentRuntimeServicer):
     def __init__(
         self,
         service: RuntimeService,
@@ -259,7 +260,9 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
     @edge
     async def Inspect(self, request: pb.InspectRequest, context: Context) -> pb.InspectResponse:
         runtime = await self._readable(request)
-        return pb.InspectResponse(handle=convert.handle_to_proto(runtime.inspect(request.handle_id)))
+        source, cut = runtime.tree.origin or ("", 0)
+        view = convert.handle_to_proto(runtime.inspect(request.handle_id))
+        return pb.InspectResponse(handle=view, forked_from=source, fork_seq=cut)
 
     @edge
     async def List(self, request: pb.ListRequest, context: Context) -> pb.ListResponse:
@@ -302,7 +305,7 @@ class AgentRuntimeServicer(pb_grpc.AgentRuntimeServicer):
             raise InvalidArgument([FieldViolation("page_size", "must be >= 0 (0: 100)")])
         limit = min(request.page_size or 100, 1000)
         after = paging.cursor(request.page_token, ("ListRuntimes", tenant()))
-        rows = await self.service.list_runtimes(tenant(), after, limit + 1)
+        rows = await self.service.list_runtimes(tenant(), after, limit + 1, request.forks_of)
         page = rows[:limit]
         response = pb.ListRuntimesResponse(runtimes=[convert.runtime_summary(row) for row in page])
         if len(rows) > limit:

@@ -50,6 +50,11 @@ class RequestIdReused(InvalidArgument):
         )
 
 
+class OutOfRange(InvalidArgument):
+    """A position past what exists now (a fork's seq past the source's last event): it may
+    exist later, unlike an invalid argument."""
+
+
 class NotFound(DomainError):
     def __init__(self, kind: str, name: str, hint: str = "") -> None:
         self.kind = kind

@@ -75,6 +75,7 @@ class HandleState(enum.Enum):
     SUSPENDED = 3
     CLOSED = 4
     QUEUED = 5  # woken, waiting for a slot (max_concurrent, the runtime's model-call limit)
+    HELD = 6  # a fork's run cut at its last recorded step (or answered at the fork): a Wake continues it
 
     @property
     def in_flight(self) -> bool:
@@ -360,6 +361,7 @@ class TaskResult:
     usage: Usage = field(default_factory=Usage)  # the handle's figures when the result was read
     failure: Failure | None = None  # set iff the status is ERROR
     output: Any = None  # the answer as JSON data: set iff the agent has an output_schema and the status is DONE
+    inherited: Usage | None = None  # in a fork: the subtree's figures at the cut (spent in the source)
 
 
 @dataclass(frozen=True)
@@ -383,6 +385,7 @@ class HandleSnapshot:
     inbox_size: int
     budget: Budget
     last_status: Status
+    inherited: Usage | None = None  # in a fork: the subtree's figures at the cut
 
 
 @dataclass(frozen=True)
@@ -399,3 +402,23 @@ class Answer:
     data: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     outputs: tuple[ToolOutput, ...] = ()
+
+
+class UnrecordedCalls(enum.Enum):
+    """What a replay does with a tool call its recording has no result for."""
+
+    RECORDED_ONLY = 1  # an error result: nothing runs
+    LIVE = 2  # the tool runs, with the replay's own idempotency key
+    HOST = 3  # the call suspends for the host, as a relay tool's does
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """A tool call of a recorded run, and its result: a replay answers the same call (the same
+    handle, name and arguments, at the same place in the handle's calls) with it."""
+
+    handle_id: str
+    place: int  # the call's index among the handle's tool calls, in its transcript's order
+    name: str
+    arguments_json: str
+    result: ToolResult

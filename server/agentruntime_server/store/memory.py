@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ..domain.errors import RequestIdTaken, RuntimeExists
 from ..domain.journal import Entry
 from ..domain.journal.tree import NO_COUNTS, RuntimeCounts
-from ..domain.ports import RuntimeRow, StoredRuntime, TenantReply
+from ..domain.ports import Origin, RuntimeRow, StoredRuntime, TenantReply
 from ..domain.tenancy.quotas import runtimes_quota_reached
 from ..domain.vocabulary import AgentSpec
 from .payloads import definitions_json, journal_rows, payload_bytes
@@ -27,6 +27,8 @@ class _Runtime:
     last_events: list[int] = field(default_factory=list)  # each entry's last event, for bisect
     running: bool = False
     bytes: int = 0  # its definitions' JSON and its steps' payloads
+    forked_from: str = ""
+    fork_seq: int = 0
 
     def add(self, entries: Sequence[Entry], size: int) -> None:
         self.bytes += size
@@ -55,6 +57,7 @@ class MemoryStore:
         entries: Sequence[Entry] = (),
         quota: int = 0,
         reply: TenantReply | None = None,
+        origin: Origin | None = None,
     ) -> None:
         if runtime_id in self._runtimes:
             raise RuntimeExists(runtime_id)
@@ -64,6 +67,10 @@ class MemoryStore:
         rows, _ = journal_rows(runtime_id, 1, entries)  # held to what a durable store can keep
         now = time.time()
         self._runtimes[runtime_id] = _Runtime(agents, tenant, now, updated_at=now)
+        if origin is not None:
+            created = self._runtimes[runtime_id]
+            created.forked_from, created.fork_seq = origin.forked_from, origin.fork_seq
+            created.counts, created.running = origin.counts, origin.running
         self._runtimes[runtime_id].add(entries, len(definitions_json(agents)) + payload_bytes(rows))
 
     async def runtime_exists(self, runtime_id: str) -> bool:
@@ -95,12 +102,23 @@ class MemoryStore:
         end = None if limit is None else start + limit
         return [entry for entry in runtime.entries[start:end] if entry.last_event > after_event]
 
-    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+    async def list_runtimes(
+        self, tenant: str, after: tuple[float, str] | None, limit: int, forks_of: str = ""
+    ) -> list[RuntimeRow]:
         ordered = sorted(
-            ((runtime.created_at, key) for key, runtime in self._runtimes.items() if runtime.tenant == tenant), reverse=True
+            (
+                (runtime.created_at, key)
+                for key, runtime in self._runtimes.items()
+                if runtime.tenant == tenant and (not forks_of or runtime.forked_from == forks_of)
+            ),
+            reverse=True,
         )
         rows = [position for position in ordered if after is None or position < after][:limit]
-        return [RuntimeRow(key, tenant, created, self._runtimes[key].counts) for created, key in rows]
+        return [self._row(key) for _, key in rows]
+
+    def _row(self, key: str) -> RuntimeRow:
+        runtime = self._runtimes[key]
+        return RuntimeRow(key, runtime.tenant, runtime.created_at, runtime.counts, runtime.forked_from, runtime.fork_seq)
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
         self._keep(reply)

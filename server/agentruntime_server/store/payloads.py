@@ -22,7 +22,7 @@ from ..domain.definitions.same_objects import SameObjects
 from ..domain.journal import STEPS, Entry, Step
 from ..domain.vocabulary import AgentSpec
 
-PAYLOAD_VERSION = 6
+PAYLOAD_VERSION = 7
 
 
 def _unchanged(kind: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -87,6 +87,9 @@ UPGRADES: dict[int, Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]]
     4: _split_usage,
     # 6 added a field with a default (a result's output, of an agent with an output schema).
     5: _unchanged,
+    # 7 added steps (Forked, Held, Rewound, Replaying) and a field with a default (a result's
+    # figures inherited at a fork's cut).
+    6: _unchanged,
 }
 
 

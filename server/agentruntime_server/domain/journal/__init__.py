@@ -13,6 +13,7 @@ imports nothing that does I/O."""
 
 from .entry import Entry, events_of
 from .events import Event, EventKind
+from .forks import Forked, Held, Replaying, Rewound
 from .imported import EventsImported, Imported
 from .record import EventSink, Journal, JournalStore
 from .replay import apply, replay
@@ -60,6 +61,8 @@ __all__ = [
     "EventKind",
     "EventSink",
     "EventsImported",
+    "Forked",
+    "Held",
     "Imported",
     "InDoubt",
     "Journal",
@@ -68,8 +71,10 @@ __all__ = [
     "ModelReplied",
     "Posted",
     "Queued",
+    "Replaying",
     "Replied",
     "ReplyBook",
+    "Rewound",
     "RunStarted",
     "Settled",
     "Spawned",

@@ -52,6 +52,7 @@ class Handle:
         "id",
         "in_doubt",
         "inbox",
+        "inherited",
         "last_result",
         "last_tick",
         "mark",
@@ -109,13 +110,16 @@ class Handle:
         # that have no result yet (any kind: a task call while its child runs too), and how many
         # the whole subtree has. Budgets count them as spent from the moment they start, so
         # calls running at once (a child's and its sibling's) never pass a budget together.
-        self.calls_out: frozenset[str] = NONE
+        # A set of its own once a call is out (changed in place: a turn's 1,000 task calls
+        # would copy a frozenset 1,000 times), the shared empty one again once none is.
+        self.calls_out: frozenset[str] | set[str] = NONE
         self.subtree_calls_out = 0
         # In memory only, never journaled (reservations.py): what the model turns under way in
         # its subtree are reserved, held against its max_tokens and max_cost until they reply.
         self.held_tokens = 0
         self.held_micros = 0
         self.last_result: TaskResult | None = None
+        self.inherited: Usage | None = None  # in a fork: its figures at the cut (Forked)
         # The Request this handle presents while SUSPENDED: its own, or a suspended child's.
         self.pending: PendingRequest | None = None
         self.approved: frozenset[str] = NONE
@@ -237,20 +241,28 @@ class Handle:
         from now (a call started again, as after a crash, is counted once)."""
         if call_id in self.calls_out or call_id in self.tool_results:
             return
-        self.calls_out = self.calls_out | {call_id}
+        if isinstance(self.calls_out, set):
+            self.calls_out.add(call_id)
+        else:
+            self.calls_out = {call_id}
         for node in self.lineage():
             node.subtree_calls_out += 1
 
-    def _end_calls(self, call_ids: frozenset[str]) -> None:
-        ended = call_ids & self.calls_out
-        if not ended:
-            return
-        self.calls_out = self.calls_out - ended
-        for node in self.lineage():
-            node.subtree_calls_out -= len(ended)
+    def _end_all_calls(self) -> None:
+        ended = len(self.calls_out)
+        self.calls_out = NONE
+        if ended:
+            for node in self.lineage():
+                node.subtree_calls_out -= ended
 
     def add_result(self, call_id: str, result: ToolResult) -> None:
-        self._end_calls(frozenset((call_id,)))
+        if call_id in self.calls_out:
+            assert isinstance(self.calls_out, set)
+            self.calls_out.discard(call_id)
+            if not self.calls_out:
+                self.calls_out = NONE
+            for holder in self.lineage():
+                holder.subtree_calls_out -= 1
         self.tool_results[call_id] = result
         if call_id in self.started:
             self.started = self.started - {call_id}
@@ -273,7 +285,24 @@ class Handle:
         self.state = state
         self.pending = result.pending if result.status is Status.PENDING else None
         if state is not HandleState.SUSPENDED:
-            self._end_calls(self.calls_out)  # calls cut off with their run: never finished, never counted
+            self._end_all_calls()  # calls cut off with their run: never finished, never counted
+
+    def rewind(self, to: int) -> None:
+        """The transcript from `to` on leaves (a fork's change): the calls its messages made are
+        forgotten (a later run's call of the same id is a new call), and those under way end."""
+        dropped = {call.id for message in self.transcript[to:] for call in message.tool_calls}
+        del self.transcript[to:]
+        self.compactions = [compaction for compaction in self.compactions if compaction[0] <= to]
+        self._end_all_calls()
+        for call_id in dropped:
+            self.tool_results.pop(call_id, None)
+            self.tool_rounds.pop(call_id, None)
+            self.tool_answers.pop(call_id, None)
+            self.children_by_key.pop(call_id, None)
+        self.started = self.started - dropped
+        self.in_doubt = self.in_doubt - dropped
+        self.approved = self.approved - dropped
+        self.pending = None
 
     def set_budget(self, budget: Budget) -> None:
         self.budget = budget
@@ -285,7 +314,7 @@ class Handle:
     def close(self) -> None:
         self.state = HandleState.CLOSED
         self.pending = None
-        self._end_calls(self.calls_out)
+        self._end_all_calls()
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -309,6 +338,7 @@ class Handle:
             usage=self.usage,
             failure=failure,
             output=output,
+            inherited=self.inherited,
         )
 
     def with_current_figures(self, result: TaskResult, status: Status | None = None) -> TaskResult:
@@ -338,4 +368,5 @@ class Handle:
             inbox_size=len(self.inbox),
             budget=self.budget,
             last_status=self.last_result.status if self.last_result else Status.UNSPECIFIED,
+            inherited=self.inherited,
         )

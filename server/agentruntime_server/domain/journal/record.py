@@ -80,6 +80,12 @@ class Journal:
         entries, _ = self._applied(steps, self.clock.time())
         return entries
 
+    def stored(self) -> None:
+        """Its entries so far were stored with the runtime (a fork's, a replay's: Store.create_runtime,
+        with the running flag and the figures the tree has now)."""
+        self._was_running = self.tree.active
+        self._counts = self.tree.counts
+
     def _applied(self, steps: Sequence[Step], now: float) -> tuple[list[Entry], list[_Made]]:
         entries: list[Entry] = []
         made: list[_Made] = []

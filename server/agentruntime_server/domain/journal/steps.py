@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..billing.usage import NO_COST, NO_TOKENS, Cost, Tokens, Usage
 from ..vocabulary import Answer, Budget, HandleState, InboxItem, Message, RuntimeOptions, TaskResult, ToolCall, ToolResult
 from .events import EventKind
+from .forks import Forked, Held, Replaying, Rewound
 from .handle import Handle
 from .imported import EventsImported, Imported
 from .replied import Replied
@@ -416,6 +417,10 @@ Step = (
     | Imported
     | EventsImported
     | Replied
+    | Forked
+    | Held
+    | Rewound
+    | Replaying
 )
 STEPS: tuple[type[Step], ...] = (
     Configured,
@@ -439,4 +444,8 @@ STEPS: tuple[type[Step], ...] = (
     Imported,
     EventsImported,
     Replied,
+    Forked,
+    Held,
+    Rewound,
+    Replaying,
 )

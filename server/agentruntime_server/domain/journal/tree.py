@@ -7,6 +7,7 @@ from typing import NamedTuple
 from ..billing.usage import NO_COST, Cost, Tokens
 from ..vocabulary import AgentSpec, Answer, HandleState, RuntimeOptions
 from .handle import Handle
+from .recording import Recording
 from .replied import Replied
 
 REPLIES_KEPT = 1000  # a runtime's answered request ids kept, newest last (AGENTRUNTIME_REQUEST_IDS_KEPT)
@@ -76,6 +77,12 @@ class Tree:
         self.spent_cost = NO_COST
         self.options = RuntimeOptions()
         self.replies = ReplyBook(replies_kept)  # the answers of the host's calls made with request ids
+        self.origin: tuple[str, int] | None = None  # a fork's source and cut; a replay's recording and 0
+        self.replaying: Recording | None = None  # a replay's recording (forks.Replaying)
+
+    @property
+    def held(self) -> list[Handle]:
+        return [handle for handle in self.handles.values() if handle.state is HandleState.HELD]
 
     def changed_state(self, before: HandleState, after: HandleState, beats: bool = False) -> None:
         """Keeps the counts the store indexes: handles in flight (runtimes to recover),

@@ -22,7 +22,7 @@ from .models import (
     ReplyStream,
     ToolSchema,
 )
-from .store import Leases, RuntimeRow, Store, StoredRuntime, TenantReply
+from .store import Leases, Origin, RuntimeRow, Store, StoredRuntime, TenantReply
 from .tools import (
     AnyUrl,
     CallInDoubt,
@@ -58,6 +58,7 @@ __all__ = [
     "NoMcp",
     "NoPrices",
     "NoWorkers",
+    "Origin",
     "PriceSource",
     "ProviderError",
     "ReplyBound",

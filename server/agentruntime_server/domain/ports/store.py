@@ -20,6 +20,19 @@ class RuntimeRow:
     tenant: str
     created_at: float
     counts: RuntimeCounts
+    forked_from: str = ""  # the tenant's id of the runtime it was forked (or replayed) from
+    fork_seq: int = 0  # a fork's cut: the last event of the source it holds
+
+
+@dataclass(frozen=True)
+class Origin:
+    """A runtime created from another's journal (a fork, a replay): where it came from, and
+    its figures and running flag as its first entries leave them (a new runtime's are nil)."""
+
+    forked_from: str  # the tenant's id of the source
+    fork_seq: int  # a fork's cut; 0 for a replay
+    counts: RuntimeCounts
+    running: bool
 
 
 @dataclass(frozen=True)
@@ -64,8 +77,10 @@ class Store(Protocol):
         entries: Sequence[Entry] = (),
         quota: int = 0,
         reply: TenantReply | None = None,
+        origin: Origin | None = None,
     ) -> None:
-        """`runtime_id` is the store's key, unique over every tenant (AlreadyExists).
+        """`origin`: where a fork or a replay came from, kept in its row for listings.
+        `runtime_id` is the store's key, unique over every tenant (AlreadyExists).
         `reply`: the call's answer, kept in the same transaction (errors.RequestIdTaken, and
         nothing created, if the tenant's scope holds that request id already).
         `entries`: its first journal entries, seq 1 on, stored with it in one transaction: a
@@ -88,8 +103,11 @@ class Store(Protocol):
         figures now, for listings (None: unchanged)."""
         ...
 
-    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
-        """A tenant's runtimes, newest first, after the (created_at, runtime_id) cursor."""
+    async def list_runtimes(
+        self, tenant: str, after: tuple[float, str] | None, limit: int, forks_of: str = ""
+    ) -> list[RuntimeRow]:
+        """A tenant's runtimes, newest first, after the (created_at, runtime_id) cursor
+        (`forks_of`: only those forked or replayed from the runtime of that tenant's id)."""
         ...
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:

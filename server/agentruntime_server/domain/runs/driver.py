@@ -158,6 +158,13 @@ class RunDriver:
         run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
         return run
 
+    async def start_recorded_run(self, handle: Handle, message: Message) -> Run:
+        """A new run on a message a recording started one on (a replay: replays.py)."""
+        run = self._begin(handle, [], None)
+        await self.host.journal.record(RunStarted(handle.id, message))
+        run.task = asyncio.get_running_loop().create_task(self._execute(handle, run))
+        return run
+
     async def continue_run(self, handle: Handle) -> Run:
         """Re-enters a handle's turn from its transcript and journal (after a Resume or a restart)."""
         run = self._begin(handle, [], None)

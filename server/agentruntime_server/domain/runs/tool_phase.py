@@ -14,6 +14,7 @@ from ..definitions.schema_checks import schema_problem
 from ..errors import shown
 from ..journal import CallFinished, CallStarted, CallSuspended, InDoubt, MessagesAppended
 from ..journal.handle import Handle
+from ..journal.recording import Recording
 from ..ports import CallInDoubt, CallNotSent, StructuredContent, WorkerLost
 from ..suspension.requests import budget_request, idempotency_key, own_request, tool_request
 from ..tenancy.quotas import RunningSlot
@@ -30,6 +31,7 @@ from ..vocabulary import (
     ToolResult,
     ToolSpec,
     ToolSuspension,
+    UnrecordedCalls,
     WorkerExecutor,
 )
 from . import budgets, prompts
@@ -69,7 +71,18 @@ class ToolPhase:
         relay: list[ToolCall] = []
         held: list[PendingRequest] = []  # approvals and questions, one Request each
         starts: list[CallStarted] = []
+        replaying = self.host.tree.replaying
         for call in runnable:
+            if replaying is not None and call.name != "task" and call.id not in handle.calls_out:
+                answered = _replayed(replaying, handle, call)
+                if isinstance(answered, ToolResult):
+                    now.append((call, answered))
+                    starts.append(CallStarted(handle.id, call))
+                    continue
+                if answered is UnrecordedCalls.HOST:
+                    relay.append(call)
+                    starts.append(CallStarted(handle.id, call, announce=False))
+                    continue
             kind = self._suspension_kind(handle, call)
             arguments = None
             if kind in ("approval", "relay"):
@@ -349,6 +362,21 @@ class ToolPhase:
         if result.status is Status.PENDING and result.pending is not None:
             return result.pending
         return ToolResult(prompts.task_output(result), is_error=result.status is not Status.DONE)
+
+
+def _replayed(replaying: Recording, handle: Handle, call: ToolCall) -> ToolResult | UnrecordedCalls:
+    """A replay's answer to a call: the recorded result of the same call, or what its policy
+    does with one the recording does not have (an error result, or LIVE or HOST)."""
+    recorded = replaying.answer(handle, call)
+    if recorded is not None:
+        return recorded.result
+    if replaying.unrecorded is not UnrecordedCalls.RECORDED_ONLY:
+        return replaying.unrecorded
+    return ToolResult(
+        "not run: this replay answers tool calls from its recording, which has no result for this one "
+        "(the same handle, name and arguments at the same place): UNRECORDED_CALLS_RECORDED_ONLY",
+        is_error=True,
+    )
 
 
 def _leaver(slot: RunningSlot) -> Callable[[asyncio.Future[Any]], None]:

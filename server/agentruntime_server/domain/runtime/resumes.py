@@ -9,12 +9,12 @@ import asyncio
 from typing import Protocol
 
 from ..errors import FailedPrecondition, Unavailable, shown
-from ..journal import Answered, BudgetSet, CallFinished, Journal, Replied, Settled, Tree
+from ..journal import Answered, BudgetSet, CallFinished, Journal, Replied, Settled, Step, Tree
 from ..journal.handle import Handle
 from ..ports import Services
 from ..runs import budgets
 from ..runs.driver import Run, RunDriver, dangling_answers
-from ..suspension.answers import read_answer
+from ..suspension.answers import AnswerOutcome, read_answer
 from ..tenancy.quotas import Tenancy
 from ..vocabulary import Answer, HandleState, Limit, Status, TaskResult
 from .request_ids import RequestKey
@@ -34,6 +34,35 @@ class ResumeHost(Protocol):
     def handle(self, handle_id: str) -> Handle: ...
 
     def settled_result(self, handle: Handle) -> TaskResult: ...
+
+
+def answered_steps(leaf: Handle, answer: Answer, outcome: AnswerOutcome) -> list[Step]:
+    """What an answer that does not decline records: the answer, a budget it extends, and the
+    results it gives (a Resume, or a change at a fork: forks.py)."""
+    assert leaf.pending is not None
+    calls = {call.id: call for call, _ in leaf.pending.calls}
+    extension: list[Step] = []
+    if outcome.extend:
+        budget = budgets.extended(leaf, outcome.extend)
+        budgets.check_raised(leaf, budget, str(leaf.pending.data.get("field", "")))
+        extension = [BudgetSet(leaf.id, budget)]
+    return [
+        Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
+        *extension,
+        *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
+    ]
+
+
+def declined_steps(leaf: Handle, answer: Answer) -> list[Step]:
+    """What a declined budget Request records: the run stops there, as a STOP budget would."""
+    assert leaf.pending is not None
+    limit = next((limit for limit in Limit if limit.wire_name == leaf.pending.data.get("limit")), Limit.MAX_TURNS)
+    result = leaf.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
+    return [
+        Answered(answer.id, answer, leaf.id),
+        Settled(leaf.id, result, HandleState.IDLE),
+        *dangling_answers(leaf, leaf.transcript, f"not run: the run stopped at {limit.wire_name}"),
+    ]
 
 
 class Resumes:
@@ -57,18 +86,7 @@ class Resumes:
         replied = [request.replied("Resume")] if request else []
         if outcome.declined:
             return await self._stop_at_budget(leaf, answer, replied)
-        calls = {call.id: call for call, _ in leaf.pending.calls}
-        extension = []
-        if outcome.extend:
-            budget = budgets.extended(leaf, outcome.extend)
-            budgets.check_raised(leaf, budget, str(leaf.pending.data.get("field", "")))
-            extension = [BudgetSet(leaf.id, budget)]
-        await self.host.journal.record(
-            Answered(answer.id, answer, leaf.id, tuple(outcome.approved), tuple(outcome.rerun), tuple(outcome.for_tool)),
-            *extension,
-            *(CallFinished(leaf.id, calls[call_id], result) for call_id, result in outcome.results),
-            *replied,
-        )
+        await self.host.journal.record(*answered_steps(leaf, answer, outcome), *replied)
         run = await self.host.runs.continue_run(leaf)
         self.following[answer.id] = run
         try:
@@ -79,15 +97,7 @@ class Resumes:
 
     async def _stop_at_budget(self, leaf: Handle, answer: Answer, replied: list[Replied]) -> TaskResult:
         """The host declined to extend a budget: the run stops there, as a STOP budget would."""
-        assert leaf.pending is not None
-        limit = next((limit for limit in Limit if limit.wire_name == leaf.pending.data.get("limit")), Limit.MAX_TURNS)
-        result = leaf.result(Status.INCOMPLETE, text=f"stopped at {limit.wire_name}", limit=limit)
-        await self.host.journal.record(
-            Answered(answer.id, answer, leaf.id),
-            Settled(leaf.id, result, HandleState.IDLE),
-            *dangling_answers(leaf, leaf.transcript, f"not run: the run stopped at {limit.wire_name}"),
-            *replied,
-        )
+        await self.host.journal.record(*declined_steps(leaf, answer), *replied)
         run = await self.host.runs.continue_waiting_parent(leaf)
         if run is None:
             return self.host.settled_result(leaf)

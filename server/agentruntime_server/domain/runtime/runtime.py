@@ -47,7 +47,7 @@ from ..vocabulary import (
     Trust,
 )
 from ..watching.event_log import Event, EventLog
-from .recovery import continue_interrupted
+from .recovery import continue_held, continue_interrupted, held_in_tree
 from .request_ids import OneAtATime, RequestKey
 from .resumes import Resumes
 from .timers import Timers
@@ -87,6 +87,7 @@ class Runtime:
         self.draining = False  # set at shutdown: runs stop at their next journal point
         self.taken_over = False  # set by take_over: this process runs it (timers armed, runs continued)
         self._taking_over: asyncio.Task[int] | None = None
+        self.replay_driver: asyncio.Task[None] | None = None  # a replay's (replays.driving)
 
     @classmethod
     def restore(cls, runtime_id: str, stored: StoredRuntime, services: Services, key: str = "") -> Runtime:
@@ -319,6 +320,9 @@ class Runtime:
     async def _wake(self, handle_id: str, prompt: str, request: RequestKey | None) -> bool:
         check_text_size(prompt, "prompt", self.services.limits)
         handle = self.handle(handle_id)
+        held = held_in_tree(handle)
+        if held:
+            return await self._release(handle, held, prompt, request)
         self._check_wakeable(handle)
         if self.tenancy is not None:
             self.tenancy.check_running(self.tenant)
@@ -329,10 +333,36 @@ class Runtime:
         await self.runs.start_run(handle, prompt, also=[request.replied("Wake", number=1)] if request else [])
         return True
 
+    async def _release(self, woken: Handle, held: list[Handle], prompt: str, request: RequestKey | None) -> bool:
+        """A Wake in a fork's tree with runs held at the cut: they go on from their journal, as
+        after a restart (a call in doubt at the cut under its tool's policy), children first."""
+        if prompt:
+            raise InvalidArgument(
+                [
+                    FieldViolation(
+                        "prompt",
+                        f"{woken.id!r} is in a tree whose runs are held at the fork's cut ({held[0].id!r}): Wake it "
+                        "with no prompt to let them go on (Post adds a message for its next run)",
+                    )
+                ]
+            )
+        if self.tenancy is not None:
+            self.tenancy.check_running(self.tenant)
+        for handle in held:
+            await continue_held(self, handle)
+        if request is not None:
+            await self.journal.record(request.replied("Wake", number=1))
+        return True
+
     async def wait(self, handle_id: str, timeout: float | None) -> TaskResult:
         """The result of the handle's run in flight, once it settles (TIMEOUT past `timeout`);
         with none (always so in a copy not taken over), its settled result as stored."""
         handle = self.handle(handle_id)
+        if handle.state is HandleState.HELD:
+            raise FailedPrecondition(
+                f"handle {handle_id!r} is held at the fork's cut; Wake it (with no prompt) to let its run go on",
+                reason="HANDLE_HELD",
+            )
         run = self.runs.get(handle.id)
         if run is not None and run.task is not None:
             try:

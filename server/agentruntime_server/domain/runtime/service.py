@@ -112,6 +112,17 @@ class RuntimeService:
 
     # ---- creating ------------------------------------------------------------------------
 
+    async def new_key(self, runtime_id: str, tenant: str) -> tuple[str, str]:
+        """A new runtime's id (the caller's, checked, or a fresh one) and key, if it may be created."""
+        self._refuse_while_draining()
+        if runtime_id:
+            check_runtime_id(runtime_id)
+        else:
+            runtime_id = new_runtime_id(self.services.clock.time())
+        key = runtime_key(tenant, runtime_id)
+        await self._check_new(key, runtime_id, tenant)
+        return runtime_id, key
+
     async def _check_new(self, key: str, runtime_id: str, tenant: str) -> None:
         if key in self.cache.runtimes or await self.services.store.runtime_exists(key):
             raise RuntimeExists(runtime_id)
@@ -148,7 +159,7 @@ class RuntimeService:
         request: RequestKey | None = None,
     ) -> str:
         """The id of the runtime created (`request`: or of the one the request id's first call
-        created). `found`: what the edge found wrong while decoding the definitions."""
+        created). `found`: what the edge found wrong decoding the definitions."""
         if request is None:
             return (await self._create(runtime_id, agents, found, options, tenant, None)).id
         async with self.requests_served.turn(f"{tenant}\n{request.id}"):
@@ -203,9 +214,8 @@ class RuntimeService:
         return runtime
 
     def _check(self, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation], options: list[FieldViolation]) -> None:
-        """The definitions and options checked (InvalidArgument with every violation): the
-        same definitions object (the edge hands the same one on for the same AgentDefs) is
-        checked once, as nothing it is checked against changes while the process runs."""
+        """The definitions and options checked (InvalidArgument with every violation): the same
+        definitions object (the edge's for the same AgentDefs) is checked once a process."""
         if found or self._checked.get(agents) is None:
             check_agents(agents, self.services.models.names, [*found, *options], self.services.egress)
             if not found:
@@ -369,8 +379,12 @@ class RuntimeService:
             # UNAVAILABLE, as every other call refused by a shutdown: a retry elsewhere succeeds.
             raise Unavailable("the server is shutting down; retry against its replacement")
 
-    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
-        return await self.services.store.list_runtimes(tenant, after, limit)
+    async def list_runtimes(
+        self, tenant: str, after: tuple[float, str] | None, limit: int, forks_of: str = ""
+    ) -> list[RuntimeRow]:
+        if forks_of and not RUNTIME_ID.fullmatch(forks_of):
+            raise InvalidArgument([FieldViolation("forks_of", "a runtime id (a slug of at most 64 characters)")])
+        return await self.services.store.list_runtimes(tenant, after, limit, forks_of)
 
     # ---- deleting ------------------------------------------------------------------------
 

@@ -87,6 +87,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runtimes ADD COLUMN cost_currency TEXT NOT NULL DEFAULT '';
     ALTER TABLE runtimes ADD COLUMN cost_priced BOOLEAN NOT NULL DEFAULT TRUE
     """,
+    # 7: where a fork or a replay came from (its source's id, the cut), for ListRuntimes.
+    """
+    ALTER TABLE runtimes ADD COLUMN forked_from TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runtimes ADD COLUMN fork_seq BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX runtimes_forks ON runtimes (tenant, forked_from, created_at) WHERE forked_from <> ''
+    """,
 ]
 
 # pg_advisory_xact_lock's key: stores opening one database at once migrate it one at a time.

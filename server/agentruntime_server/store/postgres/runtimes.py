@@ -12,8 +12,8 @@ import asyncpg  # type: ignore[import-untyped]
 
 from ...domain.errors import RuntimeExists
 from ...domain.journal import Entry
-from ...domain.journal.tree import RuntimeCounts
-from ...domain.ports import RuntimeRow, TenantReply
+from ...domain.journal.tree import NO_COUNTS, RuntimeCounts
+from ...domain.ports import Origin, RuntimeRow, TenantReply
 from ...domain.tenancy.quotas import runtimes_quota_reached
 from ...domain.vocabulary import AgentSpec
 from ..payloads import definitions_json, journal_rows, payload_bytes
@@ -35,6 +35,7 @@ class Runtimes(GroupCommit):
         entries: Sequence[Entry] = (),
         quota: int = 0,
         reply: TenantReply | None = None,
+        origin: Origin | None = None,
     ) -> None:
         rows, next_seq = journal_rows(runtime_id, 1, entries)
         pool = await self.pool()
@@ -49,6 +50,10 @@ class Runtimes(GroupCommit):
             quota,
             *([row[n] for row in rows] for n in range(6)),
             len(definitions) + payload_bytes(rows),
+            origin.forked_from if origin else "",
+            origin.fork_seq if origin else 0,
+            *(origin.counts if origin else NO_COUNTS),
+            origin.running if origin else False,
         )
         # Until its epoch is recorded below, a renewal that already reads the new row must not
         # release it as a runtime this replica no longer holds (another would then claim it
@@ -99,18 +104,23 @@ class Runtimes(GroupCommit):
         self.fenced.pop(runtime_id, None)
 
     @guarded
-    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+    async def list_runtimes(
+        self, tenant: str, after: tuple[float, str] | None, limit: int, forks_of: str = ""
+    ) -> list[RuntimeRow]:
         await self._settle()
         pool = await self.pool()
         # COLLATE "C": ids order by their bytes, as in SQLite, whatever the database's locale.
         query = (
             "SELECT id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency,"
-            " cost_priced FROM runtimes WHERE tenant = $1"
-            + (' AND (created_at < $2 OR (created_at = $2 AND id COLLATE "C" < $3))' if after else "")
-            + f' ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT ${4 if after else 2}'
+            " cost_priced, forked_from, fork_seq FROM runtimes WHERE tenant = $1 AND ($2::text = '' OR forked_from = $2::text)"
+            + (' AND (created_at < $3 OR (created_at = $3 AND id COLLATE "C" < $4))' if after else "")
+            + f' ORDER BY created_at DESC, id COLLATE "C" DESC LIMIT ${5 if after else 3}'
         )
-        parameters = (tenant, after[0], after[1], limit) if after else (tenant, limit)
-        return [RuntimeRow(row[0], row[1], row[2], RuntimeCounts(*row[3:])) for row in await pool.fetch(query, *parameters)]
+        parameters = (tenant, forks_of, after[0], after[1], limit) if after else (tenant, forks_of, limit)
+        return [
+            RuntimeRow(row[0], row[1], row[2], RuntimeCounts(*row[3:10]), row[10], row[11])
+            for row in await pool.fetch(query, *parameters)
+        ]
 
     @guarded
     async def idle_runtimes(self, before: float | None, suspended_before: float | None = None) -> list[str]:

@@ -69,8 +69,12 @@ SELECT id FROM mine
 # see one snapshot: a delete and an insert of one key would collide), the rest are deleted.
 CREATE = """
 WITH created AS (
-    INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, owner, epoch, bytes)
-    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1, $13::bigint
+    INSERT INTO runtimes (
+        id, agents, created_at, tenant, updated_at, owner, epoch, bytes, forked_from, fork_seq,
+        handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced, running
+    )
+    SELECT $1::text, $2::json, $3::float8, $4::text, $3::float8, $5::text, 1, $13::bigint, $14::text, $15::bigint,
+        $16::int, $17::int, $18::int, $19::bigint, $20::bigint, $21::text, $22::boolean, $23::boolean
     WHERE $6::int = 0 OR (SELECT COUNT(*) FROM runtimes WHERE tenant = $4::text) < $6::int
     RETURNING id
 ), appended AS (

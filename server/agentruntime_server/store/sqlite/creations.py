@@ -10,13 +10,17 @@ import sqlite3
 from dataclasses import dataclass, field
 
 from ...domain.errors import RequestIdTaken, RuntimeExists
-from ...domain.ports import TenantReply
+from ...domain.ports import Origin, TenantReply
 from ...domain.tenancy.quotas import QuotaExceeded, runtimes_quota_reached
 from ..payloads import GroupRow
 
 APPEND = "INSERT INTO journal (runtime_id, seq, at, first_event, last_event, step, last_seq) VALUES (?, ?, ?, ?, ?, ?, ?)"
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
 _INSERT = "INSERT INTO runtimes (id, agents, created_at, tenant, updated_at, bytes) VALUES (?, ?, ?, ?, ?, ?)"
+_ORIGIN = (
+    "UPDATE runtimes SET forked_from = ?, fork_seq = ?, handles = ?, running_handles = ?, suspended_handles = ?,"
+    " tokens = ?, cost_micros = ?, cost_currency = ?, cost_priced = ?, running = ? WHERE id = ?"
+)
 
 
 @dataclass(eq=False)
@@ -30,6 +34,7 @@ class Creation:
     groups: list[GroupRow]
     reply: TenantReply | None
     quota: int = 0  # the tenant's runtimes at most (0: no quota), counted in the commit's transaction
+    origin: Origin | None = None  # a fork's or a replay's
     written: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
@@ -70,6 +75,9 @@ def _write(db: sqlite3.Connection, creation: Creation) -> None:
     # appended). The new runtime must not inherit their seqs and handles.
     db.execute("DELETE FROM journal WHERE runtime_id = ?", (creation.runtime_id,))
     db.executemany(APPEND, creation.groups)
+    origin = creation.origin
+    if origin is not None:
+        db.execute(_ORIGIN, (origin.forked_from, origin.fork_seq, *origin.counts, origin.running, creation.runtime_id))
     keep(db, creation.reply)
 
 

@@ -233,6 +233,12 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     "ALTER TABLE tenant_tokens ADD COLUMN micros INTEGER NOT NULL DEFAULT 0",
     _spent,
     _short_groups,
+    # 13: where a fork or a replay came from (its source's id, the cut), for ListRuntimes.
+    """
+    ALTER TABLE runtimes ADD COLUMN forked_from TEXT NOT NULL DEFAULT '';
+    ALTER TABLE runtimes ADD COLUMN fork_seq INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runtimes_forks ON runtimes (tenant, forked_from, created_at, id) WHERE forked_from != ''
+    """,
 ]
 
 

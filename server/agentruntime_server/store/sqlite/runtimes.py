@@ -10,14 +10,17 @@ from collections.abc import Sequence
 from ...domain.errors import RuntimeExists
 from ...domain.journal import Entry
 from ...domain.journal.tree import RuntimeCounts
-from ...domain.ports import RuntimeRow, TenantReply
+from ...domain.ports import Origin, RuntimeRow, TenantReply
 from ...domain.vocabulary import AgentSpec
 from ..payloads import definitions_json, grouped, journal_rows
 from .commits import GroupCommit
 from .creations import Creation, keep
 
 _COUNT = "SELECT COUNT(*) FROM runtimes WHERE tenant = ?"
-_LISTED = "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced"
+_LISTED = (
+    "id, tenant, created_at, handles, running_handles, suspended_handles, tokens, cost_micros, cost_currency, cost_priced,"
+    " forked_from, fork_seq"
+)
 # Retention's test (ports.Store.idle_runtimes): nothing running, and not written since the
 # cutoff of its kind (NULL: never idle); `latest`, the later cutoff, bounds the index scan.
 _IDLE = "updated_at < :latest AND running = 0 AND updated_at < CASE WHEN suspended_handles = 0 THEN :settled ELSE :suspended END"
@@ -34,6 +37,7 @@ class Runtimes(GroupCommit):
         entries: Sequence[Entry] = (),
         quota: int = 0,
         reply: TenantReply | None = None,
+        origin: Origin | None = None,
     ) -> None:
         # Written by the group commit, with the steps of every runtime at work (creations.py):
         # a runtime's own transaction cost as much as a commit of theirs, one a root.
@@ -43,7 +47,7 @@ class Runtimes(GroupCommit):
         if runtime_id in self._creating:
             raise RuntimeExists(runtime_id)
         groups = grouped(journal_rows(runtime_id, 1, entries)[0])
-        creation = Creation(runtime_id, tenant, definitions_json(agents), time.time(), groups, reply, quota)
+        creation = Creation(runtime_id, tenant, definitions_json(agents), time.time(), groups, reply, quota, origin)
         self._creations.append(creation)
         self._creating.add(runtime_id)
         self._schedule_commit()
@@ -51,14 +55,22 @@ class Runtimes(GroupCommit):
         self._next_seq.pop(runtime_id, None)  # read again at its first append, from what is there now
         self.unwritten.discard(runtime_id)
 
-    async def list_runtimes(self, tenant: str, after: tuple[float, str] | None, limit: int) -> list[RuntimeRow]:
+    async def list_runtimes(
+        self, tenant: str, after: tuple[float, str] | None, limit: int, forks_of: str = ""
+    ) -> list[RuntimeRow]:
         self._before_read()
         query = (
             f"SELECT {_LISTED} FROM runtimes WHERE tenant = ?"
+            + (" AND forked_from = ?" if forks_of else "")
             + (" AND (created_at < ? OR (created_at = ? AND id < ?))" if after else "")
             + " ORDER BY created_at DESC, id DESC LIMIT ?"
         )
-        parameters = (tenant, after[0], after[0], after[1], limit) if after else (tenant, limit)
+        parameters = (
+            tenant,
+            *((forks_of,) if forks_of else ()),
+            *((after[0], after[0], after[1]) if after else ()),
+            limit,
+        )
         return [_row(*row) for row in self._db.execute(query, parameters)]
 
     async def delete_runtime(self, runtime_id: str, reply: TenantReply | None = None) -> None:
@@ -106,6 +118,6 @@ def _cutoffs(settled: float | None, suspended: float | None) -> dict[str, float 
 
 
 def _row(runtime_id: str, tenant: str, created_at: float, *counts: object) -> RuntimeRow:
-    handles, running, suspended, tokens, micros, currency, priced = counts
+    handles, running, suspended, tokens, micros, currency, priced, forked_from, fork_seq = counts
     figures = RuntimeCounts(handles, running, suspended, tokens, micros, currency, bool(priced))  # type: ignore[arg-type]
-    return RuntimeRow(runtime_id, tenant, created_at, figures)
+    return RuntimeRow(runtime_id, tenant, created_at, figures, str(forked_from), int(fork_seq))  # type: ignore[call-overload]
