@@ -91,7 +91,10 @@ Request = TypeVar("Request", bound=ProtoMessage)
 def with_runtime(request: Request, runtime_id: str) -> Request:
     other = type(request)()
     other.CopyFrom(request)
-    other.runtime_id = runtime_id  # type: ignore[attr-defined]  # each request given names a runtime
+    if isinstance(other, pb.ForkRuntimeRequest | pb.ReplayRuntimeRequest):
+        other.source_runtime_id = runtime_id  # (the fork's or the replay's own id is left to the server)
+    else:
+        other.runtime_id = runtime_id  # type: ignore[attr-defined]  # each request given names a runtime
     return other
 
 
@@ -137,6 +140,11 @@ def requests_naming(runtime_id: str, handle_id: str, request_id: str, call_id: s
             pb.DeleteRuntimeRequest(runtime_id=runtime_id),
             pb.DeleteRuntimeRequest(runtime_id=runtime_id, force=True),
         ],
+        "ForkRuntime": [
+            pb.ForkRuntimeRequest(source_runtime_id=runtime_id, at_seq=1),
+            pb.ForkRuntimeRequest(source_runtime_id=runtime_id, at_seq=10**9, answers=[answer]),
+        ],
+        "ReplayRuntime": [pb.ReplayRuntimeRequest(source_runtime_id=runtime_id)],
     }
 
 

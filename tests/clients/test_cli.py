@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from agentruntime.cli import command_first
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -485,3 +486,180 @@ async def test_run_marks_a_provider_call_cut_mid_stream_and_prints_the_retry(mod
     assert marker and len(attempts) == 2, out
     # What came before the cut, the marker on a line of its own, then the whole reply from its start.
     assert "turn 1 started\nStreaming lets a person" in before and after.startswith(STREAMED + "\n#"), out
+
+
+# ---- fork and replay -----------------------------------------------------------------------------
+
+
+def definitions_file(tmp_path: Path, name: str, *agents: pb.AgentDef) -> Path:
+    """A runtime file (`run`'s format) holding `agents`: what `--definitions` reads."""
+    path = tmp_path / name
+    path.write_text(json_format.MessageToJson(pb.CreateRuntimeRequest(agents=agents)))
+    return path
+
+
+def scripted_agent(name: str, *replies: pb.ScriptedReply) -> pb.AgentDef:
+    return pb.AgentDef(name=name, description=f"the {name} agent", script=pb.Script(replies=replies))
+
+
+class StandIn(pb_grpc.AgentRuntimeServicer):
+    """ForkRuntime and ReplayRuntime answered as a test says, each request kept: what the CLI
+    sends and how it shows the answers, whatever the server makes of them."""
+
+    def __init__(self, replays: dict[str, pb.ReplayRuntimeResponse]) -> None:
+        self.replays = replays
+        self.forks: list[pb.ForkRuntimeRequest] = []
+        self.replayed: list[pb.ReplayRuntimeRequest] = []
+
+    async def ForkRuntime(self, request: pb.ForkRuntimeRequest, context: Any) -> pb.ForkRuntimeResponse:
+        self.forks.append(request)
+        held = ["root/a.1", "root/b.1"] if request.at_seq < 5 else []
+        return pb.ForkRuntimeResponse(
+            runtime_id=request.runtime_id or "rt-fork", fork_seq=request.at_seq + 1, held_handle_ids=held
+        )
+
+    async def ReplayRuntime(self, request: pb.ReplayRuntimeRequest, context: Any) -> pb.ReplayRuntimeResponse:
+        self.replayed.append(request)
+        return self.replays[request.source_runtime_id]
+
+
+@pytest.fixture
+async def stand_in() -> AsyncIterator[tuple[StandIn, str]]:
+    def result(status: pb.Status.ValueType, turns: int, tokens: int, micros: int = 0) -> pb.TaskResult:
+        cost = pb.Cost(micros=micros, currency="USD", priced=True) if micros else pb.Cost()
+        return pb.TaskResult(status=status, turns=turns, total_tokens=tokens, total_cost=cost)
+
+    same = pb.ReplayDiff(handle_id="root/a.1", recorded=result(pb.STATUS_DONE, 2, 30), replayed=result(pb.STATUS_DONE, 2, 30))
+    text = pb.ReplayDiff(
+        handle_id="root/a.2",
+        recorded=result(pb.STATUS_DONE, 2, 30, 1500),
+        replayed=result(pb.STATUS_DONE, 2, 32, 1700),
+        changed=["total_tokens", "cost", "text"],
+    )
+    broke = pb.ReplayDiff(
+        handle_id="root/a.1",
+        recorded=result(pb.STATUS_DONE, 2, 30),
+        replayed=result(pb.STATUS_ERROR, 1, 20),
+        changed=["status", "turns", "total_tokens"],
+    )
+    replays = {
+        "calm": pb.ReplayRuntimeResponse(runtime_id="calm-replay", diffs=[same, text], settled=True, changed_count=1),
+        "broken": pb.ReplayRuntimeResponse(runtime_id="broken-replay", diffs=[broke], settled=True, changed_count=1),
+    }
+    servicer = StandIn(replays)  # type: ignore[abstract]
+    server = grpc.aio.server()
+    pb_grpc.add_AgentRuntimeServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+async def test_replay_prints_a_row_per_root_and_exits_1_only_when_a_status_changed(
+    stand_in: tuple[StandIn, str], tmp_path: Path
+) -> None:
+    servicer, address = stand_in
+    definitions = definitions_file(tmp_path, "new.json", scripted_agent("a", pb.ScriptedReply(text="better")))
+    code, out, err = await cli(None, "replay", "calm", "--definitions", str(definitions), "--addr", address)
+    assert (code, err) == (0, ""), out + err
+    header, *rows = out.splitlines()
+    assert header.split() == ["runtime", "handle", "status", "turns", "tokens", "cost", "changed"]
+    assert rows[0].split() == ["calm", "root/a.1", "DONE", "2", "30", "unpriced", "-"]
+    assert rows[1].split() == ["calm", "root/a.2", "DONE", "2", "30→32", "0.0015", "USD→0.0017", "USD", "total_tokens,cost,text"]
+    assert rows[2] == "calm: replayed as calm-replay, 1 of 2 roots changed"
+    [request] = servicer.replayed
+    assert [agent.name for agent in request.agents] == ["a"] and request.agents[0].script.replies[0].text == "better"
+    assert request.unrecorded_calls == pb.UNRECORDED_CALLS_RECORDED_ONLY and request.request_id
+
+    # Two runtimes, one of whose roots ends otherwise: exit 1, for CI.
+    args = ["replay", "calm", "broken", "--definitions", str(definitions), "--unrecorded", "live", "--addr", address]
+    code, out, err = await cli(None, *args)
+    assert (code, err) == (1, ""), out + err
+    table = [line.split() for line in out.splitlines()]
+    assert ["broken", "root/a.1", "DONE→ERROR", "2→1", "30→20", "unpriced", "status,turns,total_tokens"] in table
+    assert out.splitlines()[-1] == "a status changed"
+    assert [r.unrecorded_calls for r in servicer.replayed[1:]] == [pb.UNRECORDED_CALLS_LIVE] * 2
+
+    code, out, _ = await cli(None, "replay", "broken", "--definitions", str(definitions), "--json", "--addr", address)
+    assert code == 1 and json.loads(out)["diffs"][0]["changed"] == ["status", "turns", "total_tokens"]
+
+    code, _, err = await cli(None, "replay", "calm", "--addr", address)  # the definitions are required
+    assert code == 2 and "--definitions" in err
+    code, _, err = await cli(
+        None, "replay", "calm", "--definitions", str(definitions), "--unrecorded", "maybe", "--addr", address
+    )
+    assert code == 2 and "invalid choice: 'maybe'" in err
+    code, _, err = await cli(None, "replay", "calm", "--definitions", str(tmp_path / "none.json"), "--addr", address)
+    assert (code, err) == (2, f"error: cannot read {tmp_path / 'none.json'}: No such file or directory\n")
+
+
+async def test_fork_prints_the_fork_its_cut_and_its_held_handles(stand_in: tuple[StandIn, str], tmp_path: Path) -> None:
+    servicer, address = stand_in
+    code, out, err = await cli(None, "fork", "src", "--at", "3", "--addr", address)
+    assert (code, err) == (0, ""), out + err
+    rows = block("--- fork\n" + out, "fork")
+    assert (rows["runtime"], rows["forked from"], rows["fork seq"], rows["held"]) == ("rt-fork", "src", "4", "root/a.1")
+    assert "root/b.1" in out.splitlines()[4]  # the second held handle, on a line of its own
+    definitions = definitions_file(tmp_path, "new.json", scripted_agent("a", pb.ScriptedReply(text="other")))
+    code, out, err = await cli(
+        None, "fork", "src", "--at", "9", "--definitions", str(definitions), "--runtime-id", "mine", "--addr", address
+    )
+    assert (code, err) == (0, ""), out + err
+    assert block("--- fork\n" + out, "fork")["held"] == "-"
+    first, second = servicer.forks
+    assert (first.source_runtime_id, first.at_seq, first.runtime_id, list(first.agents)) == ("src", 3, "", [])
+    assert (second.at_seq, second.runtime_id, [a.name for a in second.agents]) == (9, "mine", ["a"])
+    assert first.request_id and first.request_id != second.request_id
+
+    code, out, _ = await cli(None, "fork", "src", "--at", "3", "--json", "--addr", address)
+    assert code == 0 and json.loads(out) == {
+        "runtime_id": "rt-fork",
+        "fork_seq": "4",
+        "held_handle_ids": ["root/a.1", "root/b.1"],
+    }
+    code, _, err = await cli(None, "fork", "src", "--addr", address)
+    assert code == 2 and "--at" in err
+    code, _, err = await cli(None, "fork", "src", "--at", "0", "--addr", address)
+    assert (code, err) == (2, "error: --at is an event's seq: 1 or more\n")
+    assert len(servicer.forks) == 3  # nothing sent for the refused arguments
+
+
+async def test_fork_and_replay_against_the_server(
+    scripted: RunningServer, stub: pb_grpc.AgentRuntimeAsyncStub, tmp_path: Path
+) -> None:
+    """A recorded run forked at its model call (held, then continued with other definitions) and
+    replayed: with its own definitions nothing changes (exit 0); with a provider that fails, the
+    status does (exit 1)."""
+    recorded = definitions_file(tmp_path, "recorded.json", scripted_agent("a", pb.ScriptedReply(text="first", tokens=5)))
+    code, out, err = await cli(scripted, "run", str(recorded), "--runtime-id", "rec", "--prompt", "go")
+    assert (code, err) == (0, ""), out + err
+    # #1 spawned, #2 RUNNING, #3 turn 1 started, #4 turn 1 ended, #5 result, #6 IDLE
+    assert "#3 root/a.1 turn 1 started" in out
+
+    other = definitions_file(tmp_path, "other.json", scripted_agent("a", pb.ScriptedReply(text="second", tokens=7)))
+    code, out, err = await cli(scripted, "fork", "rec", "--at", "3", "--definitions", str(other), "--runtime-id", "rec-f")
+    assert (code, err) == (0, ""), out + err
+    rows = block("--- fork\n" + out, "fork")
+    assert (rows["runtime"], rows["forked from"], rows["fork seq"], rows["held"]) == ("rec-f", "rec", "3", "root/a.1")
+    code, out, _ = await cli(scripted, "ls", "rec-f")
+    assert code == 0 and out.splitlines()[1].split()[:3] == ["root/a.1", "a", "HELD"]
+    await stub.Wake(pb.WakeRequest(runtime_id="rec-f", handle_id="root/a.1"))
+    waited = await stub.Wait(pb.WaitRequest(runtime_id="rec-f", handle_id="root/a.1"))
+    assert (waited.result.status, waited.result.text, waited.result.total_tokens) == (pb.STATUS_DONE, "second", 7)
+    code, out, _ = await cli(scripted, "runtimes", "--forks-of", "rec")
+    assert code == 0 and [row.split()[0] for row in out.splitlines()[1:]] == ["rec-f"]
+
+    code, out, err = await cli(scripted, "replay", "rec", "--definitions", str(recorded))
+    assert (code, err) == (0, ""), out + err
+    _, row, summary = out.splitlines()
+    assert row.split() == ["rec", "root/a.1", "DONE", "1", "5", "unpriced", "-"]
+    assert summary.startswith("rec: replayed as ") and summary.endswith(", 0 of 1 roots changed")
+
+    failing = pb.ScriptedReply(text="", stop=pb.SCRIPTED_STOP_PROVIDER_UNAVAILABLE)
+    broken = definitions_file(tmp_path, "broken.json", scripted_agent("a", failing))
+    code, out, err = await cli(scripted, "replay", "rec", "--definitions", str(broken))
+    assert (code, err) == (1, ""), out + err
+    cells = out.splitlines()[1].split()
+    assert cells[:3] == ["rec", "root/a.1", "DONE→ERROR"] and "status" in cells[-1].split(",")

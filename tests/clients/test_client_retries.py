@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,10 @@ ANSWERS: dict[str, Callable[[Any], Any]] = {
     "GetTranscript": lambda request: pb.GetTranscriptResponse(messages=[pb.Message(role="user", content="hi")]),
     "ListRuntimes": lambda request: pb.ListRuntimesResponse(runtimes=[pb.RuntimeSummary(runtime_id="rt")]),
     "DeleteRuntime": lambda request: pb.DeleteRuntimeResponse(),
+    "ForkRuntime": lambda request: pb.ForkRuntimeResponse(
+        runtime_id=request.runtime_id or "rt-fork", fork_seq=request.at_seq, held_handle_ids=["root/a.1"]
+    ),
+    "ReplayRuntime": lambda request: pb.ReplayRuntimeResponse(runtime_id=request.runtime_id or "rt-replay", settled=True),
 }
 
 # Each mutating method of the client, called with a request id (None: the client's own).
@@ -60,6 +65,8 @@ MUTATING: dict[str, Callable[[Client, str | None], Awaitable[Any]]] = {
     "Interrupt": lambda client, request_id: client.interrupt("rt", "root/a.1", request_id=request_id),
     "Close": lambda client, request_id: client.close("rt", "root/a.1", request_id=request_id),
     "DeleteRuntime": lambda client, request_id: client.delete_runtime("rt", request_id=request_id),
+    "ForkRuntime": lambda client, request_id: client.fork_runtime("rt", 3, request_id=request_id),
+    "ReplayRuntime": lambda client, request_id: client.replay_runtime("rt", request_id=request_id),
 }
 
 # Each read of the client.
@@ -500,3 +507,166 @@ async def test_a_watch_asks_for_batches_hands_their_events_over_one_by_one_and_g
         await server.stop(None)
     assert seqs == [1, 2, 3, 4, 5, 6, 7]
     assert [(r.after_seq, r.batch) for r in servicer.requests] == [(0, True), (3, True), (6, True)]
+
+
+# ---- (f) forks and replays -----------------------------------------------------------------------
+
+
+async def test_a_fork_is_retried_on_unavailable_with_one_request_id_and_sends_its_changes(flaky: tuple[Flaky, str]) -> None:
+    servicer, address = flaky
+    seen: list[pb.ForkRuntimeRequest] = []
+    servicer.plan = [UNAVAILABLE, UNAVAILABLE]
+    answer = pb.Answer(id="req-1", ok=False, reason="change freeze")
+    agents = [pb.AgentDef(name="a", description="the a agent")]
+    original = ANSWERS["ForkRuntime"]
+
+    def recording(request: pb.ForkRuntimeRequest) -> Any:
+        seen.append(request)
+        return original(request)
+
+    ANSWERS["ForkRuntime"] = recording
+    try:
+        async with Client(address) as client:
+            forked = await client.fork_runtime(
+                "rt",
+                6,
+                runtime_id="rt-f",
+                agents=agents,
+                messages=[pb.ForkMessage(handle_id="root/a.1", text="again")],
+                answers=[answer],
+            )
+    finally:
+        ANSWERS["ForkRuntime"] = original
+    assert (forked.runtime_id, forked.fork_seq, list(forked.held_handle_ids)) == ("rt-f", 6, ["root/a.1"])
+    ids = [attempt.request_id for attempt in servicer.of("ForkRuntime")]
+    assert len(ids) == 3 and len(set(ids)) == 1 and _is_uuid4(ids[0])  # two refusals, then the answer: one id
+    [request] = seen
+    assert (request.source_runtime_id, request.at_seq, request.runtime_id) == ("rt", 6, "rt-f")
+    assert list(request.agents) == agents and list(request.answers) == [answer]
+    assert [(m.handle_id, m.text) for m in request.messages] == [("root/a.1", "again")]
+
+
+class Replays(pb_grpc.AgentRuntimeServicer):
+    """A ReplayRuntime that answers `settled: false` the first `unsettled` times (after holding
+    each attempt `hold` seconds, as a server waiting its `timeout` out would), then settled; each
+    request is kept with the time it came."""
+
+    def __init__(self, unsettled: int, hold: float = 0.0) -> None:
+        self.unsettled = unsettled
+        self.hold = hold
+        self.requests: list[tuple[pb.ReplayRuntimeRequest, float]] = []
+
+    async def ReplayRuntime(
+        self,
+        request: pb.ReplayRuntimeRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> pb.ReplayRuntimeResponse:
+        self.requests.append((request, asyncio.get_running_loop().time()))
+        await asyncio.sleep(self.hold)
+        diff = pb.ReplayDiff(handle_id="root/a.1", recorded=DONE, changed=["text"])
+        if len(self.requests) <= self.unsettled:
+            return pb.ReplayRuntimeResponse(runtime_id="rt-replay", diffs=[diff], settled=False)
+        diff.replayed.CopyFrom(DONE)
+        return pb.ReplayRuntimeResponse(runtime_id="rt-replay", diffs=[diff], settled=True, changed_count=1)
+
+
+@asynccontextmanager
+async def serving(servicer: pb_grpc.AgentRuntimeServicer) -> AsyncIterator[str]:
+    server = grpc.aio.server()
+    pb_grpc.add_AgentRuntimeServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        yield address
+    finally:
+        await server.stop(None)
+
+
+async def test_a_replay_sends_the_same_request_again_while_it_is_not_settled() -> None:
+    servicer = Replays(unsettled=3)  # type: ignore[abstract]
+    agents = [pb.AgentDef(name="a", description="the a agent")]
+    async with serving(servicer) as address, Client(address, timeout=1.0) as client:
+        replayed = await client.replay_runtime(
+            "rt", agents=agents, unrecorded_calls=pb.UNRECORDED_CALLS_LIVE, runtime_id="rt-replay"
+        )
+    assert replayed.settled and replayed.changed_count == 1 and replayed.diffs[0].replayed == DONE
+    requests = [request for request, _ in servicer.requests]
+    assert len(requests) == 4
+    assert all(request == requests[0] for request in requests)  # the same request, request id and timeout included
+    first = requests[0]
+    assert _is_uuid4(first.request_id)
+    assert (first.source_runtime_id, first.runtime_id, first.unrecorded_calls) == ("rt", "rt-replay", pb.UNRECORDED_CALLS_LIVE)
+    assert list(first.agents) == agents
+    # Each attempt asks the server to wait one slice, under the attempt's own deadline (the
+    # client's default of 1 s is far shorter: the attempt's deadline is the slice and a margin).
+    assert first.timeout.ToSeconds() == 30
+
+
+async def test_a_replay_gives_the_callers_request_id_and_stops_at_its_timeout() -> None:
+    servicer = Replays(unsettled=1000, hold=0.3)  # type: ignore[abstract]
+    async with serving(servicer) as address, Client(address) as client:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        replayed = await client.replay_runtime("rt", request_id="mine", timeout=1.0)
+        took = loop.time() - started
+    assert not replayed.settled  # the last answer, as it was
+    requests = [request for request, _ in servicer.requests]
+    assert {request.request_id for request in requests} == {"mine"}
+    assert 1.0 <= took < 2.5 and 3 <= len(requests) <= 5
+    assert all(request.timeout.ToMilliseconds() == 1000 for request in requests)  # one slice: the timeout
+
+
+async def test_a_replay_attempt_refused_unavailable_is_retried_with_its_request_id(flaky: tuple[Flaky, str]) -> None:
+    servicer, address = flaky
+    servicer.plan = [UNAVAILABLE, pb.ReplayRuntimeResponse(runtime_id="rt-replay", settled=False), UNAVAILABLE]
+    async with Client(address) as client:
+        replayed = await client.replay_runtime("rt")
+    assert replayed.settled
+    ids = [attempt.request_id for attempt in servicer.of("ReplayRuntime")]
+    assert len(ids) == 4 and len(set(ids)) == 1 and _is_uuid4(ids[0])
+
+
+async def test_list_runtimes_sends_forks_of() -> None:
+    class Listing(pb_grpc.AgentRuntimeServicer):
+        def __init__(self) -> None:
+            self.requests: list[pb.ListRuntimesRequest] = []
+
+        async def ListRuntimes(
+            self,
+            request: pb.ListRuntimesRequest,
+            context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        ) -> pb.ListRuntimesResponse:
+            self.requests.append(request)
+            fork = pb.RuntimeSummary(runtime_id="rt-f", forked_from=request.forks_of, fork_seq=7)
+            return pb.ListRuntimesResponse(runtimes=[fork], next_page_token="" if request.page_token else "more")
+
+    servicer = Listing()  # type: ignore[abstract]
+    async with serving(servicer) as address:
+        async with Client(address) as client:
+            forks = await client.list_runtimes(forks_of="rt")
+
+        def blocking() -> list[pb.RuntimeSummary]:
+            with SyncClient(address) as sync:
+                return sync.list_runtimes(forks_of="rt")
+
+        synced = await asyncio.to_thread(blocking)
+    assert (
+        [(f.runtime_id, f.forked_from, f.fork_seq) for f in forks]
+        == [("rt-f", "rt", 7)] * 2
+        == [(f.runtime_id, f.forked_from, f.fork_seq) for f in synced]
+    )
+    assert [(r.forks_of, r.page_token) for r in servicer.requests] == [("rt", ""), ("rt", "more")] * 2
+
+
+async def test_the_sync_client_forks_and_replays(flaky: tuple[Flaky, str]) -> None:
+    servicer, address = flaky
+    servicer.refuse(1)
+
+    def blocking() -> tuple[pb.ForkRuntimeResponse, pb.ReplayRuntimeResponse]:
+        with SyncClient(address) as client:
+            return client.fork_runtime("rt", 4, request_id="sync-f"), client.replay_runtime("rt", request_id="sync-r")
+
+    forked, replayed = await asyncio.to_thread(blocking)
+    assert (forked.runtime_id, forked.fork_seq, replayed.settled) == ("rt-fork", 4, True)
+    sent = [(attempt.method, attempt.request_id) for attempt in servicer.attempts]
+    assert sent == [("ForkRuntime", "sync-f"), ("ForkRuntime", "sync-f"), ("ReplayRuntime", "sync-r")]

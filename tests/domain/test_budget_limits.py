@@ -384,7 +384,7 @@ async def test_a_call_out_to_the_host_counts_until_answered_and_replay_rebuilds_
     replay(rebuilt, stored.entries)
 
     def under_way(tree: Tree) -> dict[str, tuple[frozenset[str], int]]:
-        return {key: (handle.calls_out, handle.subtree_calls_out) for key, handle in tree.handles.items()}
+        return {key: (frozenset(handle.calls_out), handle.subtree_calls_out) for key, handle in tree.handles.items()}
 
     assert under_way(rebuilt) == under_way(runtime.tree)
     assert runtime.handle(handle_id).subtree_calls_out == 2  # the asker's task call, still waiting, and its relay call

@@ -373,8 +373,7 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 		end = time.Now().Add(timeout)
 	}
 	over := func() bool { return timeout > 0 && !time.Now().Before(end) }
-	failures := 0
-	var failingSince time.Time // the first of the failures in a row
+	var failures failuresInARow
 	ownLoop := context.WithValue(ctx, ownLoopKey{}, true)
 	for {
 		slice := WaitSlice
@@ -388,23 +387,15 @@ func (c *Client) Wait(ctx context.Context, runtimeID, handleID string, timeout t
 		cancel()
 		expired := !time.Now().Before(deadline) // the RPC's own deadline passed (see retrying)
 		if err != nil {
-			if failures == 0 {
-				failingSince = time.Now()
-			}
-			if !c.retries || !c.retryable(ctx, err, expired) || over() {
+			if over() {
 				return nil, wrap(err)
 			}
-			delay := retryDelay(failures, err)
-			if time.Since(failingSince)+delay >= c.retryWindow {
-				return nil, wrap(err)
+			if err := c.retryInLoop(ctx, &failures, err, expired); err != nil {
+				return nil, err
 			}
-			if err := sleep(ctx, delay); err != nil {
-				return nil, contextError(err)
-			}
-			failures++
 			continue
 		}
-		failures = 0
+		failures = failuresInARow{}
 		if result := resp.GetResult(); result.GetStatus() != v1.Status_STATUS_TIMEOUT || over() {
 			return result, nil
 		}
@@ -421,6 +412,37 @@ func (c *Client) Resume(ctx context.Context, runtimeID string, answer *v1.Answer
 		return nil, wrap(err)
 	}
 	return resp.GetResult(), nil
+}
+
+// failuresInARow is the run of consecutive failed RPCs of a loop that retries them
+// itself (Wait, ReplayRuntime): how many, and when the first came.
+type failuresInARow struct {
+	n     int
+	since time.Time
+}
+
+// retryInLoop decides, for a loop that makes its RPCs under ownLoopKey (so the retrying
+// interceptor makes each once), whether the RPC that failed with err is made again: when
+// the client retries, err is retryable (expired: the RPC's own deadline passed) and the
+// failures in a row, with the delay before the next attempt, stay within the retry window.
+// Then it sleeps that delay (full jitter, at least the RetryInfo's retry_delay) and returns
+// nil; otherwise it returns the error to give the caller (err, or ctx's once it is done).
+func (c *Client) retryInLoop(ctx context.Context, failures *failuresInARow, err error, expired bool) error {
+	if failures.n == 0 {
+		failures.since = time.Now()
+	}
+	if !c.retries || !c.retryable(ctx, err, expired) {
+		return wrap(err)
+	}
+	delay := retryDelay(failures.n, err)
+	if time.Since(failures.since)+delay >= c.retryWindow {
+		return wrap(err)
+	}
+	if err := sleep(ctx, delay); err != nil {
+		return contextError(err)
+	}
+	failures.n++
+	return nil
 }
 
 // contextError is ctx's error as an *Error (CANCELLED or DEADLINE_EXCEEDED), like the
@@ -531,16 +553,21 @@ func (c *Client) TranscriptPage(ctx context.Context, runtimeID, handleID string,
 }
 
 // ListRuntimes returns every runtime of the caller's tenant, newest first: it follows
-// the pages of ListRuntimes until the last one.
-func (c *Client) ListRuntimes(ctx context.Context) ([]*v1.RuntimeSummary, error) {
-	return collect(c.runtimePages(ctx, 0))
+// the pages of ListRuntimes until the last one. WithForksOf lists only a runtime's forks
+// and replays.
+func (c *Client) ListRuntimes(ctx context.Context, opts ...ListRuntimesOption) ([]*v1.RuntimeSummary, error) {
+	return collect(c.runtimePages(ctx, 0, opts))
 }
 
 // ListRuntimesPage returns one page of ListRuntimes: at most pageSize runtimes (0: the
 // server's default), newest first, from pageToken on ("" for the first page). Its
-// NextPageToken is empty on the last page.
-func (c *Client) ListRuntimesPage(ctx context.Context, pageSize int32, pageToken string) (*v1.ListRuntimesResponse, error) {
-	resp, err := c.stub.ListRuntimes(c.withAttemptTimeout(ctx), &v1.ListRuntimesRequest{PageSize: pageSize, PageToken: pageToken})
+// NextPageToken is empty on the last page. Give every page the same options.
+func (c *Client) ListRuntimesPage(ctx context.Context, pageSize int32, pageToken string, opts ...ListRuntimesOption) (*v1.ListRuntimesResponse, error) {
+	req := &v1.ListRuntimesRequest{PageSize: pageSize, PageToken: pageToken}
+	for _, opt := range opts {
+		opt(req)
+	}
+	resp, err := c.stub.ListRuntimes(c.withAttemptTimeout(ctx), req)
 	if err != nil {
 		return nil, wrap(err)
 	}

@@ -37,6 +37,7 @@ type fake struct {
 	auth     []string
 	deadline time.Duration
 	tokens   []string // the page_token of every List, GetTranscript and ListRuntimes call
+	forksOf  []string // the forks_of of every ListRuntimes call
 	listErr  error    // what List refuses the page at token "p2" with, when set
 	deleted  []*v1.DeleteRuntimeRequest
 	peerCN   string // the client certificate's common name, over mTLS
@@ -60,6 +61,7 @@ func (f *fake) ListRuntimes(ctx context.Context, req *v1.ListRuntimesRequest) (*
 		}
 	}
 	f.tokens = append(f.tokens, req.GetPageToken())
+	f.forksOf = append(f.forksOf, req.GetForksOf())
 	page, ok := pages[req.GetPageToken()]
 	if !ok {
 		return nil, status.Error(codes.InvalidArgument, "bad page_token")

@@ -63,9 +63,10 @@ func (c *Client) AllMessages(ctx context.Context, runtimeID, handleID string, pa
 
 // AllRuntimes returns the caller's runtimes, newest first, one ListRuntimes page of
 // pageSize (0: the server's default) at a time; a refused page ends the sequence with its
-// *Error. (Go 1.22: ListRuntimes, or ListRuntimesPage page by page.)
-func (c *Client) AllRuntimes(ctx context.Context, pageSize int32) iter.Seq2[*v1.RuntimeSummary, error] {
+// *Error; WithForksOf lists only a runtime's forks and replays. (Go 1.22: ListRuntimes, or
+// ListRuntimesPage page by page.)
+func (c *Client) AllRuntimes(ctx context.Context, pageSize int32, opts ...ListRuntimesOption) iter.Seq2[*v1.RuntimeSummary, error] {
 	return func(yield func(*v1.RuntimeSummary, error) bool) {
-		eachItem(c.runtimePages(ctx, pageSize), yield)
+		eachItem(c.runtimePages(ctx, pageSize, opts), yield)
 	}
 }

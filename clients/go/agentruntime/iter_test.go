@@ -64,3 +64,17 @@ func TestIteratorsFollowPagesLazily(t *testing.T) {
 		t.Errorf("AllHandles with a refused second page: %v then %v, want a, b then INVALID_ARGUMENT", got, failed)
 	}
 }
+
+func TestAllRuntimesSendsForksOfOnEveryPage(t *testing.T) {
+	client, f := dialFake(t)
+	var runtimes []string
+	for summary, err := range client.AllRuntimes(context.Background(), 0, WithForksOf("src")) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		runtimes = append(runtimes, summary.GetRuntimeId())
+	}
+	if !slices.Equal(runtimes, []string{"a", "b", "c", "d", "e"}) || !slices.Equal(f.forksOf, []string{"src", "src", "src"}) {
+		t.Errorf("AllRuntimes(WithForksOf) = %v with forks_of %q, want every page asked for src's forks", runtimes, f.forksOf)
+	}
+}

@@ -67,9 +67,9 @@ func (c *Client) messagePages(ctx context.Context, runtimeID, handleID string, p
 	}
 }
 
-func (c *Client) runtimePages(ctx context.Context, pageSize int32) pager[*v1.RuntimeSummary] {
+func (c *Client) runtimePages(ctx context.Context, pageSize int32, opts []ListRuntimesOption) pager[*v1.RuntimeSummary] {
 	return func(token string) ([]*v1.RuntimeSummary, string, error) {
-		resp, err := c.ListRuntimesPage(ctx, pageSize, token)
+		resp, err := c.ListRuntimesPage(ctx, pageSize, token, opts...)
 		return resp.GetRuntimes(), resp.GetNextPageToken(), err
 	}
 }

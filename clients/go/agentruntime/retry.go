@@ -48,7 +48,7 @@ func WithRetryWindow(d time.Duration) Option {
 }
 
 // CallOption configures one call of a mutating method (CreateRuntime, Spawn, Post,
-// Wake, Resume, Interrupt, Close, DeleteRuntime).
+// Wake, Resume, Interrupt, Close, DeleteRuntime, ForkRuntime, ReplayRuntime).
 type CallOption func(*callOptions)
 
 type callOptions struct {

@@ -41,6 +41,11 @@ type flaky struct {
 	fail func(ctx context.Context, method string, n int) error
 	// wait answers the Wait RPCs fail lets through (default: STATUS_DONE).
 	wait func(n int) *v1.TaskResult
+	// replay answers the ReplayRuntime RPCs fail lets through, n counting them from 1
+	// (default: settled); replays records their requests (fork_test.go).
+	replay  func(ctx context.Context, n int) *v1.ReplayRuntimeResponse
+	replays []*v1.ReplayRuntimeRequest
+	forks   []*v1.ForkRuntimeRequest // the ForkRuntime requests it answered
 }
 
 // serve records the attempt and returns fail's answer for it.
@@ -232,6 +237,10 @@ var mutating = []struct {
 	}},
 	{"DeleteRuntime", func(ctx context.Context, c *Client, opts ...CallOption) error {
 		return c.DeleteRuntime(ctx, "rt", true, opts...)
+	}},
+	{"ForkRuntime", func(ctx context.Context, c *Client, opts ...CallOption) error {
+		resp, err := c.ForkRuntime(ctx, "rt", 6, nil, opts...)
+		return check(err, resp.GetRuntimeId() == "rt-fork" && resp.GetForkSeq() == 7)
 	}},
 }
 

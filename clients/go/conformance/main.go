@@ -133,6 +133,10 @@ const nextToken = "$next"
 
 // state is what a vector's steps carry over to later steps.
 type state struct {
+	// The vector's runtime: the one it created, then the last fork a fork step made.
+	runtimeID string
+	// The runtime the last fork step forked (its source); "" before any fork.
+	forkSource string
 	// The Request the next resume answers: the last STATUS_PENDING result seen.
 	lastPending *v1.Request
 	// The next_page_token of the last list / transcript step that succeeded (nil: none yet).
@@ -158,6 +162,7 @@ type expectedResource struct {
 var verbs = []string{
 	"spawn", "wake", "wait", "resume", "list", "transcript", "post", "close", "inspect",
 	"list_runtimes", "delete_runtime", "create_runtime", "interrupt", "watch", "stream_run",
+	"fork", "replay",
 }
 
 func main() {
@@ -343,10 +348,10 @@ func runSteps(ctx context.Context, client *agentruntime.Client, v *vector) error
 	if err != nil {
 		return err
 	}
-	var st state
+	st := state{runtimeID: runtimeID}
 	for i, step := range v.Steps {
 		where := fmt.Sprintf("step %d", i+1)
-		if err := runStep(ctx, client, runtimeID, token, step, &st); err != nil {
+		if err := runStep(ctx, client, token, step, &st); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		}
 	}
@@ -355,7 +360,8 @@ func runSteps(ctx context.Context, client *agentruntime.Client, v *vector) error
 
 // runStep runs one step and checks its expect or expect_error; a mutating verb's step
 // with "repeat" is sent twice (README: Request ids and repeats) and each answer checked.
-func runStep(ctx context.Context, client *agentruntime.Client, runtimeID, token string, step map[string]json.RawMessage, st *state) error {
+func runStep(ctx context.Context, client *agentruntime.Client, token string, step map[string]json.RawMessage, st *state) error {
+	runtimeID := st.runtimeID // after a fork step, the fork
 	verb, args, err := verbOf(step)
 	if err != nil {
 		return err
@@ -552,29 +558,9 @@ func prepare(ctx context.Context, client *agentruntime.Client, runtimeID, verb s
 			return answer{nil, &v1.WakeResponse{Queued: queued}, err}
 		}, nil
 	case "resume":
-		var a resumeArgs
-		if err := json.Unmarshal(args, &a); err != nil {
+		reply, err := buildAnswer(args, st.lastPending)
+		if err != nil {
 			return nil, err
-		}
-		reply := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
-		if len(a.Data) > 0 {
-			if !bytes.HasPrefix(bytes.TrimSpace(a.Data), []byte("{")) {
-				return nil, fmt.Errorf("data must be an object, got %s", a.Data)
-			}
-			reply.Data = &structpb.Struct{}
-			if err := protojson.Unmarshal(a.Data, reply.Data); err != nil {
-				return nil, fmt.Errorf("data: %w", err)
-			}
-		}
-		if reply.Id == "" {
-			reply.Id = st.lastPending.GetId()
-		}
-		calls := st.lastPending.GetCalls()
-		if len(a.Outputs) > len(calls) {
-			return nil, fmt.Errorf("resume gives %d outputs, the pending Request has %d calls", len(a.Outputs), len(calls))
-		}
-		for i, text := range a.Outputs {
-			reply.Outputs = append(reply.Outputs, &v1.ToolOutput{CallId: calls[i].GetId(), Output: text})
 		}
 		return func(requestID string) answer {
 			result, err := client.Resume(ctx, runtimeID, reply, with(requestID)...)
@@ -682,11 +668,47 @@ func prepare(ctx context.Context, client *agentruntime.Client, runtimeID, verb s
 	}
 }
 
-// do runs one step of a verb that changes nothing (wait, watch, list, transcript, inspect,
-// list_runtimes) and returns what its expect is checked against. A refused call comes back
-// as an *agentruntime.Error; any other error is the vector's.
+// buildAnswer is a resume step's Answer (and a fork step's `answer`): for the Request of the
+// last STATUS_PENDING result the vector saw, its id unless the arguments give one, the
+// outputs for its calls in order, and data.
+func buildAnswer(args json.RawMessage, lastPending *v1.Request) (*v1.Answer, error) {
+	var a resumeArgs
+	if err := json.Unmarshal(args, &a); err != nil {
+		return nil, err
+	}
+	reply := &v1.Answer{Id: a.ID, Ok: a.OK, Reason: a.Reason}
+	if len(a.Data) > 0 {
+		if !bytes.HasPrefix(bytes.TrimSpace(a.Data), []byte("{")) {
+			return nil, fmt.Errorf("data must be an object, got %s", a.Data)
+		}
+		reply.Data = &structpb.Struct{}
+		if err := protojson.Unmarshal(a.Data, reply.Data); err != nil {
+			return nil, fmt.Errorf("data: %w", err)
+		}
+	}
+	if reply.Id == "" {
+		reply.Id = lastPending.GetId()
+	}
+	calls := lastPending.GetCalls()
+	if len(a.Outputs) > len(calls) {
+		return nil, fmt.Errorf("resume gives %d outputs, the pending Request has %d calls", len(a.Outputs), len(calls))
+	}
+	for i, text := range a.Outputs {
+		reply.Outputs = append(reply.Outputs, &v1.ToolOutput{CallId: calls[i].GetId(), Output: text})
+	}
+	return reply, nil
+}
+
+// do runs one step of a verb that is not mutating in the README's sense (wait, watch, list,
+// transcript, inspect, list_runtimes, stream_run, fork, replay: no request_id nor repeat)
+// and returns what its expect is checked against. A refused call comes back as an
+// *agentruntime.Error; any other error is the vector's.
 func do(ctx context.Context, client *agentruntime.Client, runtimeID, verb string, args json.RawMessage, step map[string]json.RawMessage, st *state) (map[string]any, error) {
 	switch verb {
+	case "fork":
+		return fork(ctx, client, args, st)
+	case "replay":
+		return replay(ctx, client, runtimeID, args)
 	case "wait":
 		result, err := wait(ctx, client, runtimeID, args)
 		if err != nil {
@@ -735,7 +757,7 @@ func do(ctx context.Context, client *agentruntime.Client, runtimeID, verb string
 		if err := strictArgs(args, &a); err != nil {
 			return nil, err
 		}
-		return listRuntimes(ctx, client, runtimeID, a.PageSize)
+		return listRuntimes(ctx, client, runtimeID, st.forkSource, a.PageSize)
 	default: // transcript
 		a, err := parsePageArgs(args, st.nextTranscript)
 		if err != nil {
@@ -970,9 +992,140 @@ func streamRun(ctx context.Context, client *agentruntime.Client, runtimeID strin
 	return outcome, nil
 }
 
+// forkArgs are a fork step's arguments: at_seq is required (nil: absent).
+type forkArgs struct {
+	AtSeq    *json.RawMessage  `json:"at_seq"`
+	Agents   []json.RawMessage `json:"agents"`
+	Messages []json.RawMessage `json:"messages"`
+	Answer   json.RawMessage   `json:"answer"`
+}
+
+// fork is the fork step: the client's ForkRuntime of this vector's runtime at at_seq, with
+// the step's agents, messages and answer (a resume step's Answer for the last pending
+// Request), a generated fork id and the client's request id. Once it succeeds the fork is
+// this vector's runtime, and the runtime it forked its source (README: Forks and replays).
+func fork(ctx context.Context, client *agentruntime.Client, args json.RawMessage, st *state) (map[string]any, error) {
+	var a forkArgs
+	if err := strictArgs(args, &a); err != nil {
+		return nil, err
+	}
+	if a.AtSeq == nil {
+		return nil, errors.New("fork needs at_seq")
+	}
+	atSeq, err := integer(*a.AtSeq)
+	if err != nil {
+		return nil, fmt.Errorf("at_seq: %w", err)
+	}
+	changes := &agentruntime.ForkChanges{}
+	if changes.Agents, err = agentDefs(a.Agents); err != nil {
+		return nil, err
+	}
+	for i, raw := range a.Messages {
+		if !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")) {
+			return nil, fmt.Errorf("messages[%d] must be an object, got %s", i, raw)
+		}
+		message := &v1.ForkMessage{}
+		if err := protojson.Unmarshal(raw, message); err != nil {
+			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		changes.Messages = append(changes.Messages, message)
+	}
+	if len(a.Answer) > 0 {
+		if !bytes.HasPrefix(bytes.TrimSpace(a.Answer), []byte("{")) {
+			return nil, fmt.Errorf("answer must be an object, got %s", a.Answer)
+		}
+		reply, err := buildAnswer(a.Answer, st.lastPending)
+		if err != nil {
+			return nil, fmt.Errorf("answer: %w", err)
+		}
+		changes.Answers = []*v1.Answer{reply}
+	}
+	resp, err := client.ForkRuntime(ctx, st.runtimeID, atSeq, changes)
+	if err != nil {
+		return nil, err
+	}
+	st.forkSource, st.runtimeID = st.runtimeID, resp.GetRuntimeId()
+	return map[string]any{"fork_seq": resp.GetForkSeq(), "held": append([]string{}, resp.GetHeldHandleIds()...)}, nil
+}
+
+// replay is the replay step: the client's ReplayRuntime of this vector's runtime (which
+// stays this vector's runtime), with the step's agents and unrecorded_calls, within the
+// 60 s call deadline; its diffs by root handle id (README: Forks and replays).
+func replay(ctx context.Context, client *agentruntime.Client, runtimeID string, args json.RawMessage) (map[string]any, error) {
+	var a struct {
+		Agents          []json.RawMessage `json:"agents"`
+		UnrecordedCalls *string           `json:"unrecorded_calls"`
+	}
+	if err := strictArgs(args, &a); err != nil {
+		return nil, err
+	}
+	changes := &agentruntime.ReplayChanges{}
+	var err error
+	if changes.Agents, err = agentDefs(a.Agents); err != nil {
+		return nil, err
+	}
+	if a.UnrecordedCalls != nil {
+		number, ok := v1.UnrecordedCalls_value[*a.UnrecordedCalls]
+		if !ok {
+			return nil, fmt.Errorf("unrecorded_calls %q is not a value of UnrecordedCalls", *a.UnrecordedCalls)
+		}
+		changes.UnrecordedCalls = v1.UnrecordedCalls(number)
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := client.ReplayRuntime(ctx, runtimeID, changes)
+	if err != nil {
+		return nil, err
+	}
+	diffs := map[string]any{}
+	for _, d := range resp.GetDiffs() {
+		var pending *v1.Request // a resume answers a wait's or a resume's Request, not a replay's
+		diffs[d.GetHandleId()] = map[string]any{
+			"changed":        append([]string{}, d.GetChanged()...),
+			"recorded":       resultFields(d.GetRecorded(), &pending),
+			"replayed":       resultFields(d.GetReplayed(), &pending),
+			"recorded_calls": callNames(d.GetRecordedCalls()),
+			"replayed_calls": callNames(d.GetReplayedCalls()),
+		}
+	}
+	return map[string]any{"changed_count": resp.GetChangedCount(), "count": len(resp.GetDiffs()), "diffs": diffs}, nil
+}
+
+// callNames are the names of a ReplayDiff's calls, in order.
+func callNames(calls []*v1.ReplayCall) []string {
+	names := []string{}
+	for _, call := range calls {
+		names = append(names, call.GetName())
+	}
+	return names
+}
+
+// agentDefs reads a list of AgentDef in proto3 JSON (nil for none).
+func agentDefs(raws []json.RawMessage) ([]*v1.AgentDef, error) {
+	var agents []*v1.AgentDef
+	for i, raw := range raws {
+		agent := &v1.AgentDef{}
+		if err := protojson.Unmarshal(raw, agent); err != nil {
+			return nil, fmt.Errorf("agents[%d]: %w", i, err)
+		}
+		agents = append(agents, agent)
+	}
+	return agents, nil
+}
+
+// integer is a JSON integer (not 1.0, not "1", not null).
+func integer(raw json.RawMessage) (int64, error) {
+	var value int64
+	if err := json.Unmarshal(raw, &value); err != nil || bytes.ContainsAny(raw, ".eE") {
+		return 0, fmt.Errorf("must be an integer, got %s", raw)
+	}
+	return value, nil
+}
+
 // listRuntimes follows every page of ListRuntimes (of pageSize each) and says whether this
-// vector's runtime is among them and, when it is, its summary's counts.
-func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID string, pageSize int32) (map[string]any, error) {
+// vector's runtime is among them and, when it is, its summary's counts, its cut and
+// whether it was forked from forkSource (the last fork step's source; "": no fork step).
+func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID, forkSource string, pageSize int32) (map[string]any, error) {
 	outcome := map[string]any{"contains_this_runtime": false}
 	token := ""
 	for {
@@ -984,11 +1137,13 @@ func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID st
 			if r.GetRuntimeId() == runtimeID {
 				outcome["contains_this_runtime"] = true
 				outcome["this_runtime"] = map[string]any{
-					"handle_count":    r.GetHandleCount(),
-					"running_count":   r.GetRunningCount(),
-					"suspended_count": r.GetSuspendedCount(),
-					"total_tokens":    r.GetTotalTokens(),
-					"total_cost":      costFields(r.GetTotalCost()),
+					"handle_count":       r.GetHandleCount(),
+					"running_count":      r.GetRunningCount(),
+					"suspended_count":    r.GetSuspendedCount(),
+					"total_tokens":       r.GetTotalTokens(),
+					"total_cost":         costFields(r.GetTotalCost()),
+					"fork_seq":           r.GetForkSeq(),
+					"forked_from_source": forkSource != "" && r.GetForkedFrom() == forkSource,
 				}
 			}
 		}
@@ -1001,17 +1156,19 @@ func listRuntimes(ctx context.Context, client *agentruntime.Client, runtimeID st
 // viewFields is a HandleView as the vectors name it (list and inspect).
 func viewFields(h *v1.HandleView) map[string]any {
 	return map[string]any{
-		"state":        h.GetState().String(),
-		"turns":        h.GetTurns(),
-		"own_tokens":   h.GetOwnTokens(),
-		"total_tokens": h.GetTotalTokens(),
-		"own_usage":    usageFields(h.GetOwnUsage()),
-		"total_usage":  usageFields(h.GetTotalUsage()),
-		"own_cost":     costFields(h.GetOwnCost()),
-		"total_cost":   costFields(h.GetTotalCost()),
-		"tool_calls":   h.GetToolCalls(),
-		"pending_kind": h.GetPendingKind(),
-		"inbox_size":   h.GetInboxSize(),
+		"state":           h.GetState().String(),
+		"turns":           h.GetTurns(),
+		"own_tokens":      h.GetOwnTokens(),
+		"total_tokens":    h.GetTotalTokens(),
+		"own_usage":       usageFields(h.GetOwnUsage()),
+		"total_usage":     usageFields(h.GetTotalUsage()),
+		"own_cost":        costFields(h.GetOwnCost()),
+		"total_cost":      costFields(h.GetTotalCost()),
+		"inherited_usage": usageFields(h.GetInheritedUsage()),
+		"inherited_cost":  costFields(h.GetInheritedCost()),
+		"tool_calls":      h.GetToolCalls(),
+		"pending_kind":    h.GetPendingKind(),
+		"inbox_size":      h.GetInboxSize(),
 	}
 }
 
@@ -1136,19 +1293,21 @@ func resultFields(r *v1.TaskResult, lastPending **v1.Request) map[string]any {
 		callNames = append(callNames, call.GetName())
 	}
 	return map[string]any{
-		"handle_id":    r.GetHandleId(),
-		"text":         r.GetText(),
-		"is_error":     r.GetIsError(),
-		"status":       r.GetStatus().String(),
-		"limit":        r.GetLimit().String(),
-		"turns":        r.GetTurns(),
-		"total_tokens": r.GetTotalTokens(),
-		"own_tokens":   r.GetOwnTokens(),
-		"own_usage":    usageFields(r.GetOwnUsage()),
-		"total_usage":  usageFields(r.GetTotalUsage()),
-		"own_cost":     costFields(r.GetOwnCost()),
-		"total_cost":   costFields(r.GetTotalCost()),
-		"tool_calls":   r.GetToolCalls(),
+		"handle_id":       r.GetHandleId(),
+		"text":            r.GetText(),
+		"is_error":        r.GetIsError(),
+		"status":          r.GetStatus().String(),
+		"limit":           r.GetLimit().String(),
+		"turns":           r.GetTurns(),
+		"total_tokens":    r.GetTotalTokens(),
+		"own_tokens":      r.GetOwnTokens(),
+		"own_usage":       usageFields(r.GetOwnUsage()),
+		"total_usage":     usageFields(r.GetTotalUsage()),
+		"own_cost":        costFields(r.GetOwnCost()),
+		"total_cost":      costFields(r.GetTotalCost()),
+		"inherited_usage": usageFields(r.GetInheritedUsage()),
+		"inherited_cost":  costFields(r.GetInheritedCost()),
+		"tool_calls":      r.GetToolCalls(),
 		"pending": map[string]any{
 			"kind":       p.GetKind(),
 			"path":       append([]string{}, p.GetPath()...),

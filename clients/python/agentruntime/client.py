@@ -59,6 +59,8 @@ _UNARY = (
     "GetTranscript",
     "ListRuntimes",
     "DeleteRuntime",
+    "ForkRuntime",
+    "ReplayRuntime",
 )
 # The requests that change something: each carries a request id (the caller's, or a fresh one).
 _MUTATING = (
@@ -70,6 +72,8 @@ _MUTATING = (
     pb.InterruptRequest,
     pb.CloseRequest,
     pb.DeleteRuntimeRequest,
+    pb.ForkRuntimeRequest,
+    pb.ReplayRuntimeRequest,
 )
 
 _DETAIL_TYPES = (
@@ -581,26 +585,113 @@ class Client:
         """The handle's whole stored transcript (all pages)."""
         return [message async for message in self.iter_transcript(runtime_id, handle_id)]
 
-    async def list_runtimes_page(self, page_size: int = 0, page_token: str = "") -> pb.ListRuntimesResponse:
+    async def list_runtimes_page(
+        self, page_size: int = 0, page_token: str = "", *, forks_of: str = ""
+    ) -> pb.ListRuntimesResponse:
         """One page of ListRuntimes: at most `page_size` of the caller's runtimes (0: the
         server's default), newest first, from `page_token` on; `next_page_token` is empty on
-        the last page."""
-        request = pb.ListRuntimesRequest(page_size=page_size, page_token=page_token)
+        the last page. `forks_of`: only the forks (and replays) of that runtime."""
+        request = pb.ListRuntimesRequest(page_size=page_size, page_token=page_token, forks_of=forks_of)
         return await self._call(self._stub.ListRuntimes, request)  # type: ignore[no-any-return]
 
-    async def iter_runtimes(self, page_size: int = 0) -> AsyncIterator[pb.RuntimeSummary]:
-        """The caller's runtimes, newest first, a page fetched as the loop reaches it."""
+    async def iter_runtimes(self, page_size: int = 0, *, forks_of: str = "") -> AsyncIterator[pb.RuntimeSummary]:
+        """The caller's runtimes (`forks_of`: that runtime's forks and replays only), newest
+        first, a page fetched as the loop reaches it."""
 
         async def page(token: str) -> tuple[Sequence[pb.RuntimeSummary], str]:
-            response = await self.list_runtimes_page(page_size, token)
+            response = await self.list_runtimes_page(page_size, token, forks_of=forks_of)
             return response.runtimes, response.next_page_token
 
         async for runtime in _paged(page):
             yield runtime
 
-    async def list_runtimes(self) -> list[pb.RuntimeSummary]:
-        """Every runtime of the caller's tenant, newest first (all pages)."""
-        return [runtime async for runtime in self.iter_runtimes()]
+    async def list_runtimes(self, *, forks_of: str = "") -> list[pb.RuntimeSummary]:
+        """Every runtime of the caller's tenant (`forks_of`: that runtime's forks and replays
+        only), newest first (all pages)."""
+        return [runtime async for runtime in self.iter_runtimes(forks_of=forks_of)]
+
+    async def fork_runtime(
+        self,
+        source_runtime_id: str,
+        at_seq: int,
+        *,
+        runtime_id: str = "",
+        agents: Sequence[pb.AgentDef] = (),
+        messages: Sequence[pb.ForkMessage] = (),
+        answers: Sequence[pb.Answer] = (),
+        request_id: str | None = None,
+    ) -> pb.ForkRuntimeResponse:
+        """A new runtime holding `source_runtime_id`'s journal up to the step that made its event
+        `at_seq` (a Watch seq): replayed, never executed, the runs in flight at the cut held
+        (HANDLE_STATE_HELD) until a Wake. `agents` replace (by name) or add definitions,
+        `messages` replace handles' last user messages, `answers` answer Requests pending at the
+        cut. Returns the fork's id, its `fork_seq` (the last event of the source it holds) and
+        the held handles. Retried as every mutating call is, with one request id (the caller's,
+        or a fresh one): a repeat makes one fork."""
+        request = pb.ForkRuntimeRequest(
+            source_runtime_id=source_runtime_id,
+            at_seq=at_seq,
+            runtime_id=runtime_id,
+            agents=agents,
+            messages=messages,
+            answers=answers,
+            request_id=_request_id(request_id),
+        )
+        return await self._call(self._stub.ForkRuntime, request)  # type: ignore[no-any-return]
+
+    async def replay_runtime(
+        self,
+        source_runtime_id: str,
+        *,
+        agents: Sequence[pb.AgentDef] = (),
+        unrecorded_calls: pb.UnrecordedCalls.ValueType = pb.UNRECORDED_CALLS_UNSPECIFIED,
+        runtime_id: str = "",
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> pb.ReplayRuntimeResponse:
+        """Runs `source_runtime_id`'s root prompts again in a new runtime (the replay), with
+        `agents` replacing the recording's definitions by name, tool calls answered from the
+        recording (`unrecorded_calls`: what a call it does not have does), and returns, per root,
+        the recording and the replay side by side, once every root of the replay has settled,
+        however long that takes.
+
+        Like `wait`, a long wait: each ReplayRuntime asks the server to wait at most WAIT_SLICE
+        seconds (`ReplayRuntimeRequest.timeout`), under the call's deadline, and while its answer
+        says `settled: false` the same request (the same request id: nothing starts twice) is
+        sent again. Every attempt is the same request, so with `timeout` the slice is that
+        timeout cut into equal parts of at most WAIT_SLICE; after `timeout` seconds the last
+        (unsettled) answer is returned. Failed attempts are retried as `wait`'s are."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        if timeout is None or timeout <= 0:
+            slice_ = WAIT_SLICE if timeout is None else 0.0
+        else:
+            slice_ = timeout / math.ceil(timeout / WAIT_SLICE)
+        request = pb.ReplayRuntimeRequest(
+            source_runtime_id=source_runtime_id,
+            agents=agents,
+            unrecorded_calls=unrecorded_calls,
+            runtime_id=runtime_id,
+            timeout=_duration(slice_),
+            request_id=_request_id(request_id),
+        )
+        failures = self._failures()
+        while True:
+            started = loop.time()
+            try:
+                response: pb.ReplayRuntimeResponse = await self._attempt(self._stub.ReplayRuntime, request, slice_ + WAIT_MARGIN)
+            except AgentRuntimeError as error:
+                own_deadline = loop.time() - started >= slice_ + WAIT_MARGIN
+                if not self._retries or not _retryable(error, own_deadline):
+                    raise
+                pause = failures.pause(error, loop.time(), _jittered(RETRY_BASE, failures.count, RETRY_CAP), end)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+                continue
+            failures.reset()
+            if response.settled or (end is not None and loop.time() >= end):
+                return response
 
     async def delete_runtime(self, runtime_id: str, force: bool = False, *, request_id: str | None = None) -> None:
         """Closes the runtime and deletes everything stored of it; `force` interrupts running

@@ -154,11 +154,55 @@ class SyncClient:
     def transcript(self, runtime_id: str, handle_id: str) -> list[pb.Message]:
         return self._run(self._client.transcript(runtime_id, handle_id))
 
-    def list_runtimes_page(self, page_size: int = 0, page_token: str = "") -> pb.ListRuntimesResponse:
-        return self._run(self._client.list_runtimes_page(page_size, page_token))
+    def list_runtimes_page(self, page_size: int = 0, page_token: str = "", *, forks_of: str = "") -> pb.ListRuntimesResponse:
+        return self._run(self._client.list_runtimes_page(page_size, page_token, forks_of=forks_of))
 
-    def list_runtimes(self) -> list[pb.RuntimeSummary]:
-        return self._run(self._client.list_runtimes())
+    def list_runtimes(self, *, forks_of: str = "") -> list[pb.RuntimeSummary]:
+        return self._run(self._client.list_runtimes(forks_of=forks_of))
+
+    def fork_runtime(
+        self,
+        source_runtime_id: str,
+        at_seq: int,
+        *,
+        runtime_id: str = "",
+        agents: Sequence[pb.AgentDef] = (),
+        messages: Sequence[pb.ForkMessage] = (),
+        answers: Sequence[pb.Answer] = (),
+        request_id: str | None = None,
+    ) -> pb.ForkRuntimeResponse:
+        """A fork of the runtime at event `at_seq`, as Client.fork_runtime makes it."""
+        fork = self._client.fork_runtime(
+            source_runtime_id,
+            at_seq,
+            runtime_id=runtime_id,
+            agents=agents,
+            messages=messages,
+            answers=answers,
+            request_id=request_id,
+        )
+        return self._run(fork)
+
+    def replay_runtime(
+        self,
+        source_runtime_id: str,
+        *,
+        agents: Sequence[pb.AgentDef] = (),
+        unrecorded_calls: pb.UnrecordedCalls.ValueType = pb.UNRECORDED_CALLS_UNSPECIFIED,
+        runtime_id: str = "",
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> pb.ReplayRuntimeResponse:
+        """The replay's diffs once it has settled, as Client.replay_runtime waits for them."""
+        replay = self._client.replay_runtime(
+            source_runtime_id,
+            agents=agents,
+            unrecorded_calls=unrecorded_calls,
+            runtime_id=runtime_id,
+            request_id=request_id,
+            timeout=timeout,
+        )
+        return self._run(replay)
 
     def delete_runtime(self, runtime_id: str, force: bool = False, *, request_id: str | None = None) -> None:
         self._run(self._client.delete_runtime(runtime_id, force, request_id=request_id))
@@ -169,8 +213,8 @@ class SyncClient:
     def iter_transcript(self, runtime_id: str, handle_id: str, page_size: int = 0) -> Iterator[pb.Message]:
         return self._iterate(self._client.iter_transcript(runtime_id, handle_id, page_size))
 
-    def iter_runtimes(self, page_size: int = 0) -> Iterator[pb.RuntimeSummary]:
-        return self._iterate(self._client.iter_runtimes(page_size))
+    def iter_runtimes(self, page_size: int = 0, *, forks_of: str = "") -> Iterator[pb.RuntimeSummary]:
+        return self._iterate(self._client.iter_runtimes(page_size, forks_of=forks_of))
 
     def watch(self, runtime_id: str, after_seq: int = 0, *, max_retries: int = 5, backoff: float = 1.0) -> Iterator[pb.Event]:
         """The runtime's events, as Client.watch gives them (reconnecting from the last seq);

@@ -45,6 +45,8 @@ VERBS = (
     "watch",
     "interrupt",
     "stream_run",
+    "fork",
+    "replay",
 )
 # The verbs whose step may carry "request_id" and "repeat" (README: Request ids and repeats).
 MUTATING = ("spawn", "post", "wake", "resume", "interrupt", "close", "create_runtime", "delete_runtime")
@@ -159,6 +161,8 @@ def _bill_fields(carrier: pb.TaskResult | pb.HandleView) -> dict[str, Any]:
         "total_usage": _usage_fields(carrier.total_usage),
         "own_cost": _cost_fields(carrier.own_cost),
         "total_cost": _cost_fields(carrier.total_cost),
+        "inherited_usage": _usage_fields(carrier.inherited_usage),
+        "inherited_cost": _cost_fields(carrier.inherited_cost),
     }
 
 
@@ -311,9 +315,10 @@ async def _inspect(client: Client, runtime_id: str, where: str, step: dict[str, 
         await asyncio.sleep(POLL_EVERY)
 
 
-async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict[str, Any]) -> dict[str, Any]:
+async def _list_runtimes(client: Client, runtime_id: str, source: str | None, where: str, step: dict[str, Any]) -> dict[str, Any]:
     """Every page of ListRuntimes (of `page_size` each): whether this vector's runtime is among
-    them and, when it is, its summary's counts."""
+    them and, when it is, its summary's counts, its fork's cut and whether it was forked from
+    `source` (the runtime the vector's last fork forked; None: it made none)."""
     args = _args(where, step, "list_runtimes")
     size = _arg(where, args, "page_size", int, 0)
     token = ""
@@ -329,6 +334,8 @@ async def _list_runtimes(client: Client, runtime_id: str, where: str, step: dict
                     "suspended_count": summary.suspended_count,
                     "total_tokens": summary.total_tokens,
                     "total_cost": _cost_fields(summary.total_cost),
+                    "fork_seq": summary.fork_seq,
+                    "forked_from_source": source is not None and summary.forked_from == source,
                 }
         token = page.next_page_token
         if not token:
@@ -532,6 +539,7 @@ class VectorRun:
         self.last_pending: pb.Request | None = None
         self.next_list: str | None = None
         self.next_transcript: str | None = None
+        self.source: str | None = None  # the runtime the last fork forked (this vector's before it)
 
     async def step(self, where: str, step: dict[str, Any]) -> None:
         verbs = [verb for verb in VERBS if verb in step]
@@ -630,7 +638,8 @@ class VectorRun:
         if verb == "inspect":
             return lambda: _inspect(client, runtime_id, where, step), lambda outcome: outcome
         if verb == "list_runtimes":
-            return lambda: _list_runtimes(client, runtime_id, where, step), lambda outcome: outcome
+            source = self.source
+            return lambda: _list_runtimes(client, runtime_id, source, where, step), lambda outcome: outcome
         if verb == "delete_runtime":
             force = _arg(where, _args(where, step, "delete_runtime"), "force", bool, False)
             return lambda: client.delete_runtime(runtime_id, force, request_id=request_id), lambda response: None
@@ -647,7 +656,67 @@ class VectorRun:
                 return {**_result_fields(self._pending(result)), **text}
 
             return lambda: _stream_run(client, runtime_id, where, step), streamed
+        if verb == "fork":
+            return self._fork(where, step)
+        if verb == "replay":
+            return self._replay(where, step)
         raise Mismatch(f"{where}: unknown verb in {sorted(step)}")
+
+    def _fork(self, where: str, step: dict[str, Any]) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Any]]:
+        """ForkRuntime of this vector's runtime through the client's fork helper; once made, the
+        fork is this vector's runtime, and the runtime it forked its source (README: Forks and
+        replays)."""
+        args = _args(where, step, "fork")
+        at_seq = _arg(where, args, "at_seq", int)
+        agents = [json_format.ParseDict(d, pb.AgentDef()) for d in _arg(where, args, "agents", list, [])]
+        messages = []
+        for entry in _arg(where, args, "messages", list, []):
+            if not isinstance(entry, dict):
+                raise Mismatch(f"{where}: each of messages must be an object, got {entry!r}")
+            messages.append(pb.ForkMessage(handle_id=_arg(where, entry, "handle_id", str), text=_arg(where, entry, "text", str)))
+        answers = [self._answer(where, _arg(where, args, "answer", dict))] if "answer" in args else []
+        client, source = self.client, self.runtime_id
+
+        def forked(response: pb.ForkRuntimeResponse) -> dict[str, Any]:
+            self.source, self.runtime_id = source, response.runtime_id
+            return {"fork_seq": response.fork_seq, "held": list(response.held_handle_ids)}
+
+        return (
+            lambda: client.fork_runtime(source, at_seq, agents=agents, messages=messages, answers=answers),
+            forked,
+        )
+
+    def _replay(self, where: str, step: dict[str, Any]) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Any]]:
+        """ReplayRuntime of this vector's runtime through the client's replay helper (it asks
+        again while the replay has not settled); this vector's runtime stays what it was."""
+        args = _args(where, step, "replay")
+        agents = [json_format.ParseDict(d, pb.AgentDef()) for d in _arg(where, args, "agents", list, [])]
+        name = _arg(where, args, "unrecorded_calls", str, "UNRECORDED_CALLS_UNSPECIFIED")
+        try:
+            unrecorded = pb.UnrecordedCalls.Value(name)
+        except ValueError:
+            raise Mismatch(f"{where}: unrecorded_calls {name!r} is not a value of UnrecordedCalls") from None
+        client, runtime_id = self.client, self.runtime_id
+
+        def compared(response: pb.ReplayRuntimeResponse) -> dict[str, Any]:
+            if not response.settled:
+                raise Mismatch(f"{where}: the replay helper returned a replay that has not settled")
+            return {
+                "changed_count": response.changed_count,
+                "count": len(response.diffs),
+                "diffs": {
+                    diff.handle_id: {
+                        "changed": list(diff.changed),
+                        "recorded": _result_fields(diff.recorded),
+                        "replayed": _result_fields(diff.replayed),
+                        "recorded_calls": [call.name for call in diff.recorded_calls],
+                        "replayed_calls": [call.name for call in diff.replayed_calls],
+                    }
+                    for diff in response.diffs
+                },
+            }
+
+        return lambda: client.replay_runtime(runtime_id, agents=agents, unrecorded_calls=unrecorded), compared
 
     def _answer(self, where: str, args: dict[str, Any]) -> pb.Answer:
         """The Answer to the last pending Request (README: resume)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentruntime.client import AgentRuntimeError, Client
 from agentruntime.v1 import agent_runtime_pb2 as pb
@@ -16,6 +16,13 @@ TRANSCRIPT_PAGE = 50
 INBOX_WAITS = 50  # Waits an inbox page makes at most (a Request each): whole runtimes, newest first
 INBOX_SCANNED = 10  # pages of 100 runtimes an inbox page reads at most to find them
 PAGE_WAITS = 100  # Waits a runtime's page makes at most
+# A transcript page reads the runtime's Watch history for its messages' seqs (a fork's cut): it
+# stops once it has them all; else, as the live feeds do, when the stream goes quiet (the history
+# is sent, what follows is live), after HISTORY_WAIT for the first event and HISTORY_QUIET for
+# the next, or after HISTORY_AT_MOST in all (a busy runtime's stream is never quiet).
+HISTORY_WAIT = 1.0
+HISTORY_QUIET = 0.25
+HISTORY_AT_MOST = 5.0
 STATUSES = ("running", "waiting", "idle")
 
 
@@ -135,3 +142,116 @@ async def settled_result(client: Client, runtime_id: str, view: pb.HandleView) -
     if view.state in (pb.HANDLE_STATE_RUNNING, pb.HANDLE_STATE_QUEUED) or view.last_status == pb.STATUS_UNSPECIFIED:
         return None
     return await client.wait(runtime_id, view.handle_id, timeout=1.0)
+
+
+@dataclass
+class HandleHistory:
+    """What one handle's events say about its transcript: the seq of the event of the step that
+    recorded each reply (`turn_ended`, by turn) and each tool result (`tool_call_ended`, by call
+    id), and of each `state_changed` RUNNING (a run started, or went on)."""
+
+    replies: dict[int, int] = field(default_factory=dict)
+    results: dict[str, int] = field(default_factory=dict)
+    runs: list[int] = field(default_factory=list)
+    last_turn: int = 0  # the highest turn whose reply was seen
+
+    def add(self, event: pb.Event) -> None:
+        kind = event.WhichOneof("payload")
+        if kind == "turn_ended":
+            self.replies.setdefault(event.turn_ended.turn, event.seq)
+            self.last_turn = max(self.last_turn, event.turn_ended.turn)
+        elif kind == "tool_call_ended":
+            self.results.setdefault(event.tool_call_ended.call_id, event.seq)
+        elif kind == "state_changed" and event.state_changed.state == pb.HANDLE_STATE_RUNNING:
+            self.runs.append(event.seq)
+
+
+async def handle_history(client: Client, runtime_id: str, handle_id: str, messages: Sequence[pb.Message]) -> HandleHistory:
+    """The handle's events from the runtime's Watch history, read until every reply and tool
+    result of `messages` has its event (or a reply after them shows the rest never will), or the
+    stream goes quiet (HISTORY_WAIT, HISTORY_QUIET, HISTORY_AT_MOST). Events come in seq order, so
+    whatever was read is the whole history up to the last event read."""
+    turns = {message.turn for message in messages if message.role == "assistant"}
+    calls = {message.tool_call_id for message in messages if message.role == "tool" and message.tool_call_id}
+    after = max(turns, default=0) + 1  # a reply past the page's: every result of the page's calls came before it
+    history = HandleHistory()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + HISTORY_AT_MOST
+    wait = HISTORY_WAIT
+    events = client.watch(runtime_id)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(max(min(wait, end - loop.time()), 0.0)):
+                    event = await anext(events)
+            except (TimeoutError, StopAsyncIteration):
+                return history
+            wait = HISTORY_QUIET
+            if event.handle_id != handle_id:
+                continue
+            history.add(event)
+            if (turns <= history.replies.keys() and calls <= history.results.keys()) or after in history.replies:
+                return history
+    finally:
+        closing = getattr(events, "aclose", None)  # (an async generator: its Watch ends now)
+        if closing is not None:
+            await closing()
+
+
+def message_seqs(messages: Sequence[pb.Message], history: HandleHistory, first_page: bool) -> list[int | None]:
+    """For each message of a transcript page, the seq of the event to fork at to hold the
+    transcript up to that message and nothing after it (None: no such event is known):
+
+    - a reply: its turn's `turn_ended` (the step that recorded it);
+    - a tool result: its call's `tool_call_ended` (the step that recorded it; the phase's other
+      results recorded before it are held too);
+    - a user message a run started on: the last `state_changed` RUNNING between the reply before
+      it (turn T-1) and the reply it got (turn T): the step that started the run recorded it (or,
+      when the run went on after a Resume or a restart before its first reply, a later one that
+      added nothing to the transcript). Only when that reply is on the page and the message is
+      the one user message since the reply before it (or since the transcript's start, on its
+      first page): a completion gate's feedback is recorded by no event of its own.
+
+    A summary (compaction) and a system message have none."""
+    seqs: list[int | None] = []
+    for index, message in enumerate(messages):
+        seq: int | None = None
+        if message.summary:
+            pass
+        elif message.role == "assistant":
+            seq = history.replies.get(message.turn)
+        elif message.role == "tool":
+            seq = history.results.get(message.tool_call_id)
+        elif message.role == "user":
+            seq = _run_start(messages, index, history, first_page)
+        seqs.append(seq)
+    return seqs
+
+
+def _run_start(messages: Sequence[pb.Message], index: int, history: HandleHistory, first_page: bool) -> int | None:
+    following = next((i for i in range(index + 1, len(messages)) if messages[i].role == "assistant"), None)
+    before = next((i for i in range(index - 1, -1, -1) if messages[i].role == "assistant"), None)
+    if following is None or (before is None and not first_page):
+        return None
+    start = 0 if before is None else before + 1
+    users = [i for i in range(start, following) if messages[i].role == "user" and not messages[i].summary]
+    if users != [index]:
+        return None
+    turn = messages[following].turn
+    high = history.replies.get(turn)
+    low = 0 if turn <= 1 else history.replies.get(turn - 1)
+    if high is None or low is None:
+        return None
+    runs = [seq for seq in history.runs if low < seq < high]
+    return runs[-1] if runs else None
+
+
+async def fork_origin(client: Client, views: Sequence[pb.HandleView], runtime_id: str) -> tuple[str, int]:
+    """The runtime this one was forked (or replayed) from and the fork's cut, from Inspect of
+    one of its handles (a runtime with none says nothing): ("", 0) for one CreateRuntime made."""
+    if not views:
+        return "", 0
+    inspected: pb.InspectResponse = await client.call(
+        "Inspect", pb.InspectRequest(runtime_id=runtime_id, handle_id=views[0].handle_id)
+    )
+    return inspected.forked_from, inspected.fork_seq

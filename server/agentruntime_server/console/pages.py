@@ -123,6 +123,7 @@ def add_routes(app: web.Application, console: Console) -> None:
         client = _client(request)
         views = sorted(await gateway.handles(client, runtime_id), key=lambda view: tree_order(view.handle_id))
         pending, unread = await gateway.pending_requests(client, runtime_id, views)
+        forked_from, fork_seq = await gateway.fork_origin(client, views, runtime_id)
         return render(
             request,
             "runtime.html",
@@ -131,6 +132,8 @@ def add_routes(app: web.Application, console: Console) -> None:
             pending=pending,
             unread=_unread(runtime_id, unread),
             back="runtime",
+            forked_from=forked_from,
+            fork_seq=fork_seq,
         )
 
     async def requests_fragment(request: web.Request) -> web.Response:
@@ -188,8 +191,11 @@ def add_routes(app: web.Application, console: Console) -> None:
         handle_id = request.query.get("handle", "")[:1024]
         client = _client(request)
         view = await client.inspect(runtime_id, handle_id)
-        page = await client.transcript_page(runtime_id, handle_id, gateway.TRANSCRIPT_PAGE, request.query.get("page", "")[:4096])
+        page_token = request.query.get("page", "")[:4096]
+        page = await client.transcript_page(runtime_id, handle_id, gateway.TRANSCRIPT_PAGE, page_token)
         result = await gateway.settled_result(client, runtime_id, view)
+        history = await gateway.handle_history(client, runtime_id, handle_id, page.messages)
+        seqs = gateway.message_seqs(page.messages, history, first_page=not page_token)
         results = {message.tool_call_id: message for message in page.messages if message.role == "tool"}
         next_url = transcript_url(runtime_id, handle_id, page.next_page_token) if page.next_page_token else ""
         return render(
@@ -201,6 +207,7 @@ def add_routes(app: web.Application, console: Console) -> None:
             results=results,
             result=result,
             next_url=next_url,
+            seqs=seqs,
         )
 
     async def inbox(request: web.Request) -> web.Response:
@@ -249,6 +256,31 @@ def add_routes(app: web.Application, console: Console) -> None:
                 raise
         raise web.HTTPSeeOther(runtime_url(runtime_id))
 
+    async def fork(request: web.Request) -> web.StreamResponse:
+        """ForkRuntime at the event a transcript message's form names; then the fork's page."""
+        runtime_id = request.match_info["runtime_id"]
+        form = await form_of(request)
+        at = text_field(form, "at_seq")
+        if not at.isdigit() or len(at) > 18 or int(at) < 1:
+            raise web.HTTPBadRequest(text="at_seq must be an event's seq: 1 or more")
+        session = _session(request)
+        try:
+            forked = await _client(request).fork_runtime(
+                runtime_id, int(at), request_id=text_field(form, "request_id")[:128] or None
+            )
+        except AgentRuntimeError as error:
+            if error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                session.flash("error", f"Fork refused: {_violations(error)}")
+                raise web.HTTPSeeOther(runtime_url(runtime_id)) from None
+            raise
+        held = ", ".join(forked.held_handle_ids)
+        session.flash(
+            "ok",
+            f"Forked {runtime_id} at event #{forked.fork_seq}."
+            + (f" Held until a Wake: {held}." if held else " Nothing was in flight at the cut."),
+        )
+        raise web.HTTPSeeOther(runtime_url(forked.runtime_id))
+
     async def resume(request: web.Request) -> web.StreamResponse:
         runtime_id = request.match_info["runtime_id"]
         form = await form_of(request)
@@ -289,6 +321,7 @@ def add_routes(app: web.Application, console: Console) -> None:
     app.router.add_get("/runtimes/{runtime_id}/confirm", confirm)
     app.router.add_post("/runtimes/{runtime_id}/{action:interrupt|close}", act)
     app.router.add_post("/runtimes/{runtime_id}/resume", resume)
+    app.router.add_post("/runtimes/{runtime_id}/fork", fork)
 
 
 def _report_late(session: Session) -> Any:

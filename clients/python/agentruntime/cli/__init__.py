@@ -1,4 +1,5 @@
-"""`agentruntime run | ls | inspect | transcript | resume | watch | runtimes | rm`: operate a server from a terminal.
+"""`agentruntime run | ls | inspect | transcript | resume | watch | runtimes | rm | fork | replay`: operate a server
+from a terminal.
 
 The commands are listed here without importing them, so a host (the server's console
 script) can offer them at no cost; `main` imports the implementation."""
@@ -16,6 +17,8 @@ COMMANDS = {
     "watch": "print a runtime's events as they happen",
     "runtimes": "list your runtimes, newest first",
     "rm": "delete a runtime and everything stored of it",
+    "fork": "fork a runtime at one of its events: a new runtime holding its history up to there",
+    "replay": "replay recorded runtimes with other definitions and show what changed (exit 1: a status changed)",
 }
 
 

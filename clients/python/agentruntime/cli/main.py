@@ -49,6 +49,12 @@ DEFAULT_ADDR = "127.0.0.1:50051"
 # learns it soon (the client's own default, 60 s, is for services).
 DEFAULT_RETRY_WINDOW = 10.0
 EXIT_OK, EXIT_NOT_DONE, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+# `replay --unrecorded`: what a tool call the recording does not have does.
+UNRECORDED = {
+    "recorded-only": pb.UNRECORDED_CALLS_RECORDED_ONLY,
+    "live": pb.UNRECORDED_CALLS_LIVE,
+    "host": pb.UNRECORDED_CALLS_HOST,
+}
 
 
 class Failure(Exception):
@@ -155,10 +161,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     runtimes = command("runtimes")
     runtimes.add_argument("--json", action="store_true", help="print the ListRuntimesResponse as proto3 JSON")
+    runtimes.add_argument("--forks-of", default="", metavar="RUNTIME", help="only the forks and replays of this runtime")
 
     rm = command("rm")
     rm.add_argument("runtime")
     rm.add_argument("--force", action="store_true", help="interrupt running handles (without it a running runtime is refused)")
+
+    fork = command("fork")
+    fork.add_argument("runtime", help="the runtime to fork (the source; it is not changed)")
+    fork.add_argument(
+        "--at", type=int, required=True, metavar="SEQ", help="the cut: the seq of one of its events (`watch` shows them)"
+    )
+    fork.add_argument(
+        "--definitions",
+        type=Path,
+        metavar="FILE",
+        help="agent definitions that replace the source's of the same name (or are added): a file like `run`'s",
+    )
+    fork.add_argument("--runtime-id", default="", help="the fork's id (default: the server makes one)")
+    fork.add_argument("--json", action="store_true", help="print the ForkRuntimeResponse as proto3 JSON")
+
+    replay = command("replay")
+    replay.add_argument("runtimes", nargs="+", metavar="RUNTIME", help="the recorded runtimes to replay")
+    replay.add_argument(
+        "--definitions",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the agent definitions to replay them with (by name): a file like `run`'s",
+    )
+    replay.add_argument(
+        "--unrecorded",
+        choices=list(UNRECORDED),
+        default="recorded-only",
+        help="what a tool call the recording does not have does: an error result (recorded-only, the default),"
+        " runs (live), or asks you (host)",
+    )
+    replay.add_argument("--json", action="store_true", help="print each ReplayRuntimeResponse as proto3 JSON")
 
     watch = command("watch")
     watch.add_argument("runtime")
@@ -193,6 +232,8 @@ async def _dispatch(args: argparse.Namespace) -> int:
         "watch": _watch,
         "runtimes": _runtimes,
         "rm": _rm,
+        "fork": _fork,
+        "replay": _replay,
     }
     task = asyncio.current_task()
     if task is not None:  # SIGTERM stops a command as Ctrl-C does (a background job ignores SIGINT)
@@ -201,8 +242,9 @@ async def _dispatch(args: argparse.Namespace) -> int:
         pem = _read_pem(args)
     except Failure as error:
         return _fail(str(error))
-    # Run, Resume and Watch last as long as the agents do: no deadline. The rest are quick.
-    timeout = None if args.command in ("run", "resume", "watch") else 30.0
+    # Run, Resume, Watch and Replay last as long as the agents do: no deadline (a replay's
+    # attempts have their own). The rest are quick.
+    timeout = None if args.command in ("run", "resume", "watch", "replay") else 30.0
     client = Client(
         args.addr,
         token=args.token,
@@ -560,7 +602,7 @@ def _when(timestamp: timestamp_pb2.Timestamp) -> str:
 
 
 async def _runtimes(args: argparse.Namespace, client: Client) -> int:
-    runtimes = await client.list_runtimes()
+    runtimes = await client.list_runtimes(forks_of=args.forks_of)
     if args.json:
         _json(pb.ListRuntimesResponse(runtimes=runtimes))
         return EXIT_OK
@@ -594,3 +636,79 @@ async def _watch(args: argparse.Namespace, client: Client) -> int:
     async for event in client.watch(args.runtime, args.after):
         _print(event_line(event))
     return EXIT_OK
+
+
+def _definitions(path: Path) -> list[pb.AgentDef]:
+    """The agents of a runtime file (`run`'s format: a CreateRuntimeRequest in proto3 JSON)."""
+    agents = list(load_runtime_file(path).agents)
+    if not agents:
+        raise Failure(f"{path} defines no agents")
+    return agents
+
+
+async def _fork(args: argparse.Namespace, client: Client) -> int:
+    if args.at < 1:
+        raise Failure("--at is an event's seq: 1 or more")
+    agents = _definitions(args.definitions) if args.definitions is not None else []
+    forked = await client.fork_runtime(args.runtime, args.at, runtime_id=args.runtime_id, agents=agents)
+    if args.json:
+        _json(forked)
+        return EXIT_OK
+    rows = [
+        ("runtime", forked.runtime_id),
+        ("forked from", args.runtime),
+        ("fork seq", str(forked.fork_seq)),
+        ("held", "\n".join(forked.held_handle_ids) or "-"),
+    ]
+    _print(key_values(rows))
+    if forked.held_handle_ids:
+        _print(f"a Wake continues a held handle: agentruntime watch {forked.runtime_id} shows it go on")
+    return EXIT_OK
+
+
+def _changed(before: str, after: str) -> str:
+    return before if before == after else f"{before}→{after}"
+
+
+def replay_rows(source: str, response: pb.ReplayRuntimeResponse) -> list[list[str]]:
+    """One row per root: the recording's figures and the replay's (`A→B` where they differ)."""
+    rows = []
+    for diff in response.diffs:
+        recorded, replayed = diff.recorded, diff.replayed
+        rows.append(
+            [
+                source,
+                diff.handle_id,
+                _changed(status_name(recorded.status), status_name(replayed.status)),
+                _changed(str(recorded.turns), str(replayed.turns)),
+                _changed(str(recorded.total_tokens), str(replayed.total_tokens)),
+                _changed(cost_text(recorded.total_cost), cost_text(replayed.total_cost)),
+                ",".join(diff.changed) or "-",
+            ]
+        )
+    return rows
+
+
+def status_changed(response: pb.ReplayRuntimeResponse) -> bool:
+    return any("status" in diff.changed or diff.recorded.status != diff.replayed.status for diff in response.diffs)
+
+
+async def _replay(args: argparse.Namespace, client: Client) -> int:
+    agents = _definitions(args.definitions)
+    replays: list[tuple[str, pb.ReplayRuntimeResponse]] = []
+    for source in args.runtimes:
+        response = await client.replay_runtime(source, agents=agents, unrecorded_calls=UNRECORDED[args.unrecorded])
+        replays.append((source, response))
+    changed = any(status_changed(response) for _, response in replays)
+    if args.json:
+        for _, response in replays:
+            _json(response)
+        return EXIT_NOT_DONE if changed else EXIT_OK
+    headers = ["runtime", "handle", "status", "turns", "tokens", "cost", "changed"]
+    _table(headers, [row for source, response in replays for row in replay_rows(source, response)])
+    for source, response in replays:
+        roots = len(response.diffs)
+        _print(f"{source}: replayed as {response.runtime_id}, {response.changed_count} of {roots} roots changed")
+    if changed:
+        _print("a status changed")
+    return EXIT_NOT_DONE if changed else EXIT_OK

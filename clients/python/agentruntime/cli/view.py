@@ -15,7 +15,14 @@ from rich.text import Text
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 
-STATE_STYLES = {"RUNNING": "bold yellow", "QUEUED": "yellow", "SUSPENDED": "bold magenta", "IDLE": "green", "CLOSED": "dim"}
+STATE_STYLES = {
+    "RUNNING": "bold yellow",
+    "QUEUED": "yellow",
+    "SUSPENDED": "bold magenta",
+    "IDLE": "green",
+    "CLOSED": "dim",
+    "HELD": "cyan",  # a fork's run in flight at its cut: a Wake continues it
+}
 
 
 def state_name(state: int) -> str:
@@ -372,6 +379,8 @@ def handle_lines(view: pb.HandleView) -> list[tuple[str, str]]:
     ]
     if view.pending_kind:
         rows.append(("pending", view.pending_kind))
+    if view.HasField("inherited_usage"):  # a fork's handle: what it had spent at the cut
+        rows.append(("inherited", f"{view.inherited_usage.total_tokens} tokens, {cost_text(view.inherited_cost)}"))
     budget = json_format.MessageToDict(view.budget, preserving_proto_field_name=True)
     rows.append(("budget", ", ".join(f"{key}={value}" for key, value in budget.items()) or "unlimited"))
     return rows
