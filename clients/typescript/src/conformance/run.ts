@@ -39,10 +39,12 @@ import {
   OutputError,
   PostResponseSchema,
   ResourceInfoSchema,
+  TaskResultSchema,
   Status,
   StatusSchema,
   ToolOutputSchema,
   TrustSchema,
+  UnrecordedCallsSchema,
   createClient,
   describeError,
   grpcCodeName,
@@ -50,12 +52,17 @@ import {
   outputJson,
   type AgentDef,
   type AgentRuntimeClient,
+  type Answer as AnswerMessage,
   type ClientOptions,
   type Cost,
   type Event,
   type Failure,
   type HandleView,
+  type ForkMessageInit,
+  type ForkRuntimeResponse,
   type Message,
+  type ReplayCall,
+  type ReplayDiff,
   type Request,
   type TaskResult,
   type ToolHandler,
@@ -95,6 +102,8 @@ const VERBS = [
   "interrupt",
   "watch",
   "stream_run",
+  "fork",
+  "replay",
 ] as const;
 
 /** The verbs that may carry `request_id` and `repeat` (README: Request ids and repeats). */
@@ -108,6 +117,10 @@ const WAIT_OPTIONS = ["handle", "client_timeout_ms", "restart_server_after_ms"];
 
 /** The arguments a stream_run step may carry. */
 const STREAM_RUN_ARGS = ["agent", "prompt", "parent"];
+
+/** The arguments a fork step may carry, and a replay step (README: Forks and replays). */
+const FORK_ARGS = ["at_seq", "agents", "messages", "answer"];
+const REPLAY_ARGS = ["agents", "unrecorded_calls"];
 
 /** The README's deadline for every call, Wait included. */
 const CALL_TIMEOUT_MS = 60_000;
@@ -198,13 +211,18 @@ function failureFields(failure: Failure): Actual {
   };
 }
 
-/** A TaskResult's or HandleView's usage and cost; an unset message reads as its zeros. */
+/**
+ * A TaskResult's or HandleView's usage and cost (in a fork, what was inherited at the cut too); an
+ * unset message reads as its zeros.
+ */
 function billFields(carrier: TaskResult | HandleView): Actual {
   return {
     own_usage: usageFields(carrier.ownUsage),
     total_usage: usageFields(carrier.totalUsage),
+    inherited_usage: usageFields(carrier.inheritedUsage),
     own_cost: costFields(carrier.ownCost),
     total_cost: costFields(carrier.totalCost),
+    inherited_cost: costFields(carrier.inheritedCost),
   };
 }
 
@@ -416,9 +434,16 @@ function agentDefs(where: string, a: { [key: string]: JsonValue }): AgentDef[] {
 
 /**
  * Every page of ListRuntimes (of `page_size` each): whether this vector's runtime is among them
- * and, when it is, its summary's counts.
+ * and, when it is, its summary's counts, its fork_seq and whether it was forked from `forkSource`
+ * (the runtime the vector's last fork forked; undefined: none).
  */
-async function listRuntimes(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+async function listRuntimes(
+  client: AgentRuntimeClient,
+  runtimeId: string,
+  forkSource: string | undefined,
+  where: string,
+  step: Step,
+): Promise<Actual> {
   const a = objectArgs(where, step, "list_runtimes");
   const size = "page_size" in a ? a.page_size : 0;
   if (typeof size !== "number" || !Number.isInteger(size) || size < -(2 ** 31) || size >= 2 ** 31) {
@@ -437,6 +462,8 @@ async function listRuntimes(client: AgentRuntimeClient, runtimeId: string, where
         suspended_count: summary.suspendedCount,
         total_tokens: summary.totalTokens,
         total_cost: costFields(summary.totalCost),
+        fork_seq: summary.forkSeq,
+        forked_from_source: forkSource !== undefined && summary.forkedFrom === forkSource,
       };
     }
     token = page.nextPageToken;
@@ -633,6 +660,87 @@ async function streamRunStep(client: AgentRuntimeClient, runtimeId: string, wher
   throw new Mismatch(
     `${where}: no result within ${CALL_TIMEOUT_MS / 1000}s; ${textDeltas} text deltas so far, joined: ${show(joinTurns(turns))}`,
   );
+}
+
+/** A step's arguments other than `allowed` are a broken vector. */
+function onlyArgs(where: string, verb: string, a: { [key: string]: JsonValue }, allowed: string[]): void {
+  const unknown = Object.keys(a)
+    .filter((key) => !allowed.includes(key))
+    .sort();
+  if (unknown.length > 0) throw new Mismatch(`${where}: unknown ${verb} arguments ${show(unknown)}`);
+}
+
+/**
+ * A fork step (README: Forks and replays): the client's forkRuntime of this vector's runtime at
+ * `at_seq`, with `agents`, `messages` and `answer` (built as a resume step's Answer, for the last
+ * pending Request) as the one entry of `answers`; a generated fork id, the client's request id.
+ */
+async function forkStep(
+  client: AgentRuntimeClient,
+  runtimeId: string,
+  where: string,
+  step: Step,
+  lastPending: Request | undefined,
+): Promise<ForkRuntimeResponse> {
+  const a = objectArgs(where, step, "fork");
+  onlyArgs(where, "fork", a, FORK_ARGS);
+  if (!("at_seq" in a)) throw new Mismatch(`${where}: missing argument ${show("at_seq")}`);
+  const atSeq = a.at_seq;
+  if (typeof atSeq !== "number" || !Number.isSafeInteger(atSeq)) {
+    throw new Mismatch(`${where}: at_seq must be an integer, got ${show(atSeq)}`);
+  }
+  const agents = "agents" in a ? agentDefs(where, a) : [];
+  const list = "messages" in a ? a.messages : [];
+  if (!Array.isArray(list)) throw new Mismatch(`${where}: messages must be a list, got ${show(list)}`);
+  const messages: ForkMessageInit[] = list.map((entry, i) => {
+    if (!isObject(entry)) throw new Mismatch(`${where}: messages[${i}] must be an object, got ${show(entry)}`);
+    const at = `${where}: messages[${i}]`;
+    onlyArgs(at, "message", entry, ["handle_id", "text"]);
+    return { handleId: strArg(at, entry, "handle_id"), text: strArg(at, entry, "text") };
+  });
+  let answers: AnswerMessage[] = [];
+  if ("answer" in a) {
+    if (!isObject(a.answer)) throw new Mismatch(`${where}: answer must be an object, got ${show(a.answer)}`);
+    answers = [answerArg(`${where}: answer`, a.answer, lastPending)];
+  }
+  return client.forkRuntime(runtimeId, atSeq, { agents, messages, answers });
+}
+
+/**
+ * A replay step (README: Forks and replays): the client's replayRuntime of this vector's runtime
+ * (which stays the vector's) with `agents` and `unrecorded_calls`, waited on until settled
+ * (CALL_TIMEOUT_MS at most); its changed_count, the number of its diffs and each diff by handle id.
+ */
+async function replayStep(client: AgentRuntimeClient, runtimeId: string, where: string, step: Step): Promise<Actual> {
+  const a = objectArgs(where, step, "replay");
+  onlyArgs(where, "replay", a, REPLAY_ARGS);
+  const agents = "agents" in a ? agentDefs(where, a) : [];
+  const name = strArg(where, a, "unrecorded_calls", "UNRECORDED_CALLS_UNSPECIFIED");
+  const unrecorded = UnrecordedCallsSchema.values.find((candidate) => candidate.name === name);
+  if (!unrecorded) throw new Mismatch(`${where}: unrecorded_calls ${show(name)} is not a value of UnrecordedCalls`);
+  const response = await client.replayRuntime(runtimeId, {
+    agents,
+    unrecordedCalls: unrecorded.number,
+    timeoutMs: CALL_TIMEOUT_MS,
+  });
+  if (!response.settled) {
+    throw new Mismatch(`${where}: the replay ${response.runtimeId} had not settled after ${CALL_TIMEOUT_MS / 1000} s`);
+  }
+  const diffs: Actual = Object.create(null) as Actual;
+  for (const diff of response.diffs) diffs[diff.handleId] = diffFields(diff);
+  return { changed_count: response.changedCount, count: response.diffs.length, diffs };
+}
+
+/** A ReplayDiff as a replay step's expect reads it; an unset TaskResult reads as its defaults. */
+function diffFields(diff: ReplayDiff): Actual {
+  const names = (calls: ReplayCall[]) => calls.map((call) => call.name);
+  return {
+    changed: [...diff.changed],
+    recorded: resultFields(diff.recorded ?? create(TaskResultSchema)),
+    replayed: resultFields(diff.replayed ?? create(TaskResultSchema)),
+    recorded_calls: names(diff.recordedCalls),
+    replayed_calls: names(diff.replayedCalls),
+  };
 }
 
 /** The text of every turn, in the order the turns began. */
@@ -914,7 +1022,10 @@ function checkAnswer(where: string, step: Step, got: Answer): void {
 
 async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<void> {
   const agents = vector.agents.map((agent) => fromJson(AgentDefSchema, agent));
-  const runtimeId = await client.createRuntime(agents);
+  // This vector's runtime: the one created here, then the fork of the last fork step (README:
+  // Forks and replays), forked from `forkSource`.
+  let runtimeId = await client.createRuntime(agents);
+  let forkSource: string | undefined;
   // The prefix of this run's request ids: the server is shared, and a CreateRuntime's request
   // id is recorded per tenant, so no two runs may share one.
   const token = randomBytes(8).toString("hex");
@@ -979,7 +1090,15 @@ async function runSteps(client: AgentRuntimeClient, vector: Vector): Promise<voi
           },
         };
       }
-      if ("list_runtimes" in step) return { outcome: await listRuntimes(client, runtimeId, where, step) };
+      if ("list_runtimes" in step) return { outcome: await listRuntimes(client, runtimeId, forkSource, where, step) };
+      if ("fork" in step) {
+        const fork = await forkStep(client, runtimeId, where, step, lastPending);
+        // Every later step acts on the fork; the runtime it was forked from is its source.
+        forkSource = runtimeId;
+        runtimeId = fork.runtimeId;
+        return { outcome: { fork_seq: fork.forkSeq, held: [...fork.heldHandleIds] } };
+      }
+      if ("replay" in step) return { outcome: await replayStep(client, runtimeId, where, step) };
       if ("watch" in step) return { outcome: await watchStep(client, runtimeId, where, step) };
       if ("stream_run" in step) return { outcome: await streamRunStep(client, runtimeId, where, step) };
       return { outcome: await inspect(client, runtimeId, where, step) };
@@ -1019,21 +1138,7 @@ function prepareMutation(
       };
     }
     case "resume": {
-      const a = args(step, "resume");
-      const calls = lastPending?.calls ?? [];
-      const outputs = Array.isArray(a.outputs) ? a.outputs : [];
-      if ("data" in a && !isObject(a.data)) throw new Mismatch(`${where}: data must be an object, got ${show(a.data)}`);
-      const reply = create(AnswerSchema, {
-        id: str(a.id) || (lastPending?.id ?? ""),
-        ok: a.ok === true,
-        reason: str(a.reason),
-        ...(isObject(a.data) ? { data: a.data as JsonObject } : {}),
-        outputs: outputs.map((text, i) => {
-          const call = calls[i];
-          if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
-          return create(ToolOutputSchema, { callId: call.id, output: str(text) });
-        }),
-      });
+      const reply = answerArg(where, args(step, "resume"), lastPending);
       return async () => {
         const result = await client.resume(runtimeId, reply, options);
         const pending = result.status === Status.PENDING ? result.pending : undefined;
@@ -1099,6 +1204,28 @@ function prepareMutation(
     default:
       throw new Error(`not a mutating verb: ${verb}`);
   }
+}
+
+/**
+ * The Answer a resume step's arguments make (and a fork step's `answer`) for the last pending
+ * Request: its `id` unless the step gives one, `outputs[i]` a ToolOutput for its `calls[i]`,
+ * `data` (an object) as the Answer's Struct.
+ */
+function answerArg(where: string, a: { [key: string]: JsonValue }, lastPending: Request | undefined): AnswerMessage {
+  const calls = lastPending?.calls ?? [];
+  const outputs = Array.isArray(a.outputs) ? a.outputs : [];
+  if ("data" in a && !isObject(a.data)) throw new Mismatch(`${where}: data must be an object, got ${show(a.data)}`);
+  return create(AnswerSchema, {
+    id: str(a.id) || (lastPending?.id ?? ""),
+    ok: a.ok === true,
+    reason: str(a.reason),
+    ...(isObject(a.data) ? { data: a.data as JsonObject } : {}),
+    outputs: outputs.map((text, i) => {
+      const call = calls[i];
+      if (!call) throw new Mismatch(`${where}: outputs[${i}] has no call in the last pending Request`);
+      return create(ToolOutputSchema, { callId: call.id, output: str(text) });
+    }),
+  });
 }
 
 /** `Mismatch: why`, `ConnectError: CODE: message`, `SyntaxError: ...`, as Python's `Type: problem`. */

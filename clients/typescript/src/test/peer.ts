@@ -2,6 +2,7 @@
 // peer of the retry tests: each method fails its next attempts as a test tells it to, then
 // answers, and every attempt it sees is recorded with its request id; a Watch stream can be
 // scripted (its responses, deltas and batches of events among them, then a drop or silence).
+// ForkRuntime, ReplayRuntime and ListRuntimes requests are kept whole, to check what was sent.
 
 import { once } from "node:events";
 import * as http2 from "node:http2";
@@ -12,7 +13,14 @@ import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type ConnectRouter, type HandlerContext } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
-import { AgentRuntime, Status, type WatchResponseSchema } from "../gen/agentruntime/v1/agent_runtime_pb.js";
+import {
+  AgentRuntime,
+  Status,
+  type ForkRuntimeRequest,
+  type ListRuntimesRequest,
+  type ReplayRuntimeRequest,
+  type WatchResponseSchema,
+} from "../gen/agentruntime/v1/agent_runtime_pb.js";
 import { ErrorInfoSchema, RetryInfoSchema } from "../gen/google/rpc/error_details_pb.js";
 
 /** What the peer does with one attempt instead of answering it. */
@@ -21,7 +29,7 @@ export type Fault =
   | "hang" // never answers: the attempt ends by its deadline or its cancellation
   | "reset" // kills the connection under it with a TCP RST (ECONNRESET), as a dying server's kernel may
   | "rst" // resets its HTTP/2 stream with CANCEL (as a server going away may)
-  | "timeout"; // (Wait) answers at once with a STATUS_TIMEOUT result: the handle still runs
+  | "timeout"; // (Wait) answers at once with a STATUS_TIMEOUT result: the handle still runs; (ReplayRuntime) `settled: false`
 
 /** One attempt the peer saw. */
 export interface Attempt {
@@ -65,6 +73,10 @@ export class Peer {
   readonly timeline: string[] = [];
   /** Each Watch request's after_seq, deltas and batch, in order. */
   readonly watchRequests: { afterSeq: bigint; deltas: boolean; batch: boolean }[] = [];
+  /** Every ForkRuntime, ReplayRuntime and ListRuntimes request whose body was read, in order. */
+  readonly forkRequests: ForkRuntimeRequest[] = [];
+  readonly replayRequests: ReplayRuntimeRequest[] = [];
+  readonly listRuntimesRequests: ListRuntimesRequest[] = [];
   private readonly watchScripts: WatchScript[] = [];
   private readonly faults = new Map<string, Fault[]>();
   private readonly always = new Map<string, Fault>();
@@ -83,6 +95,9 @@ export class Peer {
     this.always.clear();
     this.watchRequests.length = 0;
     this.watchScripts.length = 0;
+    this.forkRequests.length = 0;
+    this.replayRequests.length = 0;
+    this.listRuntimesRequests.length = 0;
   }
 
   /** The next Watch streams play these scripts, one each, in order (then the default stream). */
@@ -228,7 +243,30 @@ export class Peer {
         this.attempt("Inspect", "", context, () => ({ handle: { handleId: request.handleId } })),
       list: (_request, context) => this.attempt("List", "", context, () => ({ handles: [] })),
       getTranscript: (_request, context) => this.attempt("GetTranscript", "", context, () => ({ messages: [] })),
-      listRuntimes: (_request, context) => this.attempt("ListRuntimes", "", context, () => ({ runtimes: [] })),
+      listRuntimes: (request, context) => {
+        this.listRuntimesRequests.push(request);
+        return this.attempt("ListRuntimes", "", context, () => ({ runtimes: [] }));
+      },
+      forkRuntime: (request, context) => {
+        this.forkRequests.push(request);
+        return this.attempt("ForkRuntime", request.requestId, context, () => ({
+          runtimeId: request.runtimeId || "fork-1",
+          forkSeq: request.atSeq,
+          heldHandleIds: ["root/worker.1"],
+        }));
+      },
+      replayRuntime: (request, context) => {
+        this.replayRequests.push(request);
+        return this.attempt("ReplayRuntime", request.requestId, context, (fault) => {
+          const settled = fault !== "timeout";
+          const done = { handleId: "root/worker.1", status: Status.DONE, text: "done" };
+          return {
+            runtimeId: request.runtimeId || "replay-1",
+            settled,
+            diffs: [{ handleId: "root/worker.1", recorded: done, ...(settled ? { replayed: done } : {}) }],
+          };
+        });
+      },
       wait: (request, context) =>
         this.attempt("Wait", "", context, (fault) => ({
           result:

@@ -29,6 +29,8 @@ const MUTATIONS: [string, (client: AgentRuntimeClient, options?: MutationOptions
   ["Interrupt", (client, options) => client.interrupt("rt-1", "root/worker.1", options)],
   ["Close", (client, options) => client.close("rt-1", "root/worker.1", false, options)],
   ["DeleteRuntime", (client, options) => client.deleteRuntime("rt-1", false, options)],
+  ["ForkRuntime", (client, options) => client.forkRuntime("rt-1", 6, options)],
+  ["ReplayRuntime", (client, options) => client.replayRuntime("rt-1", options)],
 ];
 
 /** Each method that reads, and its RPC. */
