@@ -16,9 +16,12 @@ from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
 
 from tests.support.build import agent, create, spawn, status_details, transcript, views
 from tests.support.forks import LEAD, definitions, events, figures_at, finish, journal_json, last_seq, script
+from tests.support.mcp import Calc, calc, call_then_answer
 from tests.support.model_server import Reply, ScriptedModelServer
 from tests.support.servers import Served, serve
 from tests.support.tool_server import ToolServer
+
+__all__ = ["calc"]  # a fixture of tests/support/mcp.py, used here
 
 
 @pytest.fixture
@@ -43,6 +46,16 @@ async def _recorded(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelSer
     assert (result.status, result.text, result.total_tokens) == (pb.STATUS_DONE, "lead done", 11 + 12 + 13 + 14 + 20 + 24), result
     assert tools.hits == {"fetch": 3, "commit": 1}
     return runtime_id
+
+
+async def _one_run(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> tuple[str, str]:
+    """A runtime whose one handle ran once, to its end: (its id, the handle's)."""
+    model.script("a", lambda body: Reply(text="done", tokens=3))
+    source = await create(stub, agent("a"))
+    handle = await spawn(stub, source, "a")
+    await stub.Wake(pb.WakeRequest(runtime_id=source, handle_id=handle, prompt="go"))
+    await stub.Wait(pb.WaitRequest(runtime_id=source, handle_id=handle), timeout=30)
+    return source, handle
 
 
 async def test_a_fork_at_every_event_holds_the_source_as_it_was_there_and_goes_on_alone(
@@ -163,11 +176,7 @@ async def test_a_fork_of_a_running_source_leaves_it_running_and_a_fork_of_a_fork
 
 
 async def test_a_fork_refused_creates_nothing(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
-    model.script("a", lambda body: Reply(text="done", tokens=3))
-    source = await create(stub, agent("a"))
-    handle = await spawn(stub, source, "a")
-    await stub.Wake(pb.WakeRequest(runtime_id=source, handle_id=handle, prompt="go"))
-    await stub.Wait(pb.WaitRequest(runtime_id=source, handle_id=handle), timeout=30)
+    source, handle = await _one_run(stub, model)
     last = await last_seq(stub, source, handle)
     before = len((await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes)
 
@@ -196,11 +205,7 @@ async def test_a_fork_refused_creates_nothing(stub: pb_grpc.AgentRuntimeAsyncStu
 
 
 async def test_a_fork_with_a_request_id_is_made_once(stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer) -> None:
-    model.script("a", lambda body: Reply(text="done", tokens=3))
-    source = await create(stub, agent("a"))
-    handle = await spawn(stub, source, "a")
-    await stub.Wake(pb.WakeRequest(runtime_id=source, handle_id=handle, prompt="go"))
-    await stub.Wait(pb.WaitRequest(runtime_id=source, handle_id=handle), timeout=30)
+    source, _ = await _one_run(stub, model)
     request = pb.ForkRuntimeRequest(source_runtime_id=source, at_seq=3, request_id="fork-once")
     first, again = await stub.ForkRuntime(request), await stub.ForkRuntime(request)
     assert first == again
@@ -209,3 +214,24 @@ async def test_a_fork_with_a_request_id_is_made_once(stub: pb_grpc.AgentRuntimeA
     with pytest.raises(grpc.aio.AioRpcError) as reused:
         await stub.ForkRuntime(other)
     assert reused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_replacement_at_a_fork_may_add_mcp_servers_and_name_the_sources_agents(
+    stub: pb_grpc.AgentRuntimeAsyncStub, model: ScriptedModelServer, calc: Calc
+) -> None:
+    model.script("helper", call_then_answer("calc__add", {"a": 2, "b": 3}))
+    source = await create(stub, agent("helper"), agent("aide"))
+    handle = await spawn(stub, source, "helper")
+    # The replacement's team names an agent only the source defines; its MCP server is listed at the fork.
+    replaced = agent("helper", team=["aide"], mcp_servers=[pb.McpServer(name="calc", url=calc.url)])
+    forked = await stub.ForkRuntime(pb.ForkRuntimeRequest(source_runtime_id=source, at_seq=1, agents=[replaced]))
+    await stub.Wake(pb.WakeRequest(runtime_id=forked.runtime_id, handle_id=handle, prompt="add"))
+    result = (await stub.Wait(pb.WaitRequest(runtime_id=forked.runtime_id, handle_id=handle), timeout=30)).result
+    assert (result.status, result.tool_calls) == (pb.STATUS_DONE, 1)
+    assert calc.meta == [{"idempotency_key": f"{forked.runtime_id}/{handle}/call_1_1"}]
+    unreachable = agent("helper", mcp_servers=[pb.McpServer(name="gone", url="http://127.0.0.1:9/mcp")])
+    before = len((await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.ForkRuntime(pb.ForkRuntimeRequest(source_runtime_id=source, at_seq=1, agents=[unreachable]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len((await stub.ListRuntimes(pb.ListRuntimesRequest())).runtimes) == before

@@ -18,6 +18,7 @@ from .runtime import Runtime
 from .service import RuntimeService
 
 Made = Callable[[TenantReply | None], Awaitable[Runtime]]
+SETTLED_POLL = 0.05  # seconds between looks at a replay whose roots no task of this process runs
 
 
 class Branches:
@@ -88,14 +89,16 @@ class Branches:
     ) -> tuple[tuple[AgentSpec, ...], tuple[str, ...]]:
         """The new runtime's definitions (the source's, replaced by name), checked as CreateRuntime's."""
         service = self.service
-        if replacements and any(agent.mcp_servers for agent in replacements) and not found:
-            service._check(replacements, found, [])
-            replacements, unlisted = await with_mcp_tools(replacements, service.services.mcp)
-            if unlisted:
-                raise InvalidArgument(unlisted)
         agents, replaced = forks.merged(source, replacements)
         if replacements or found:
             service._check(agents, found, [])
+        if any(agent.mcp_servers for agent in replacements):
+            # Only definitions that are otherwise right reach out to their MCP servers.
+            replacements, unlisted = await with_mcp_tools(replacements, service.services.mcp)
+            if unlisted:
+                raise InvalidArgument(unlisted)
+            agents, replaced = forks.merged(source, replacements)
+            service._check(agents, (), [])  # the listed tools, schemas and all
         return agents, replaced
 
     async def _fork(
@@ -113,7 +116,7 @@ class Branches:
         agents, replaced = await self._definitions(stored.agents, changes.agents, found)
         fork_id, key = await self.service.new_key(fork_id, tenant)
         runtime, entries = forks.build(
-            fork_id, key, source_id, stored, prefix, fork_seq, agents, replaced, changes, self.service.services
+            fork_id, key, source_id, prefix, fork_seq, agents, replaced, changes, self.service.services
         )
         return await self._store(
             runtime, agents, entries, Origin(source_id, fork_seq, runtime.tree.counts, runtime.tree.active), reply
@@ -169,6 +172,8 @@ async def replay_settled(runtime: Runtime, timeout: float | None) -> bool:
                 done, _ = await asyncio.wait([driver, *runs], return_when=asyncio.FIRST_COMPLETED)
                 if driver in done and not driver.cancelled() and driver.exception() is not None:
                     raise driver.exception()  # type: ignore[misc]
+                if driver.done() and not runs:  # a run in flight with no task here (its copy is not this process's)
+                    await runtime.services.clock.sleep(SETTLED_POLL)
     except TimeoutError:
         return False
     return True

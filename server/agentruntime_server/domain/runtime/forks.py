@@ -53,7 +53,6 @@ def build(
     fork_id: str,
     key: str,
     source_id: str,
-    stored: StoredRuntime,
     prefix: list[Entry],
     fork_seq: int,
     agents: tuple[AgentSpec, ...],
