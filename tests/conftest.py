@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import pytest
 from agentruntime_server.process.event_loop import DEFAULT_LOOP, LoopFactory, loop_factory
 
+from tests.support.forking import keep_the_collector_out_of_forks
+
 if TYPE_CHECKING:  # the fixtures import what they start when they start it: the fast tier (tests/domain) imports no server
     from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
     from agentruntime_server.app import RunningServer
@@ -19,6 +21,8 @@ if TYPE_CHECKING:  # the fixtures import what they start when they start it: the
 
 # A hung test fails with its name, on uvloop too (pytest-timeout with tests/support/timeouts.py).
 pytest_plugins = ["tests.support.timeouts"]
+
+keep_the_collector_out_of_forks()  # a child uvloop forks never collects before its exec (tests/support/forking.py)
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, LoopFactory]:

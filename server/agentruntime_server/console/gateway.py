@@ -19,8 +19,10 @@ PAGE_WAITS = 100  # Waits a runtime's page makes at most
 # A transcript page reads the runtime's Watch history for its messages' seqs (a fork's cut): it
 # stops once it has them all; else, as the live feeds do, when the stream goes quiet (the history
 # is sent, what follows is live), after HISTORY_WAIT for the first event and HISTORY_QUIET for
-# the next, or after HISTORY_AT_MOST in all (a busy runtime's stream is never quiet).
-HISTORY_WAIT = 1.0
+# the next, or after HISTORY_AT_MOST in all (a busy runtime's stream is never quiet). A handle
+# with messages has events, and its first page of history comes whole: the first wait is the
+# whole bound, so that a slow server leaves no button out of a page it can place.
+HISTORY_WAIT = 5.0
 HISTORY_QUIET = 0.25
 HISTORY_AT_MOST = 5.0
 STATUSES = ("running", "waiting", "idle")
