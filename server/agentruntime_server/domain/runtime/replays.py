@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..journal import Entry, Replaying, RunStarted, Spawned, Step, Tree
 from ..journal.handle import Handle
 from ..journal.recording import Recording, ReplayRoot
-from ..vocabulary import AgentSpec, HandleState, RecordedCall, Status, TaskResult, UnrecordedCalls
+from ..vocabulary import AgentSpec, HandleState, Message, RecordedCall, Status, TaskResult, UnrecordedCalls
 from .runtime import Runtime
 
 Call = tuple[str, str, str]  # handle id, name, arguments
@@ -62,7 +62,7 @@ def plan(
     """What the replay makes again: every top-level handle of the recording, spawned as it was
     (a replaced agent's with its replacement's budget), and the runs started on a message, in
     order; with the recorded results and calls the diff compares with."""
-    messages: dict[str, list[object]] = {}
+    messages: dict[str, list[Message]] = {}
     spawns: list[Spawned] = []
     for entry in entries:
         step = entry.step
@@ -82,7 +82,7 @@ def plan(
                 spawned.agent,
                 budget,
                 spawned.number,
-                tuple(messages[spawned.handle_id]),  # type: ignore[arg-type]
+                tuple(messages[spawned.handle_id]),
                 recorded,
                 subtree_calls(tree, spawned.handle_id),
             )
