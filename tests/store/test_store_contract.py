@@ -356,6 +356,21 @@ async def test_every_entry_loads_back_in_order_field_by_field(store: Store) -> N
     assert lived.journal.last_seq == len(appended)
 
 
+async def test_a_journal_read_up_to_an_event_is_the_loaded_one_up_to_the_entry_that_made_it(store: Store) -> None:
+    """What a fork reads of its source (domain/runtime/forks.py): every entry up to the one
+    that made the event, whatever the backend groups in a row, and a read that changes nothing."""
+    await (await created(store, "rt-1")).run()
+    whole = await store.load("rt-1")
+    assert whole is not None
+    last = max(entry.last_event for entry in whole.entries)
+    for upto in range(0, last + 2):
+        read = await store.load_until("rt-1", upto)
+        assert read is not None and read.agents == whole.agents
+        assert read.entries == [entry for entry in whole.entries if entry.first_event <= upto], upto
+    assert await store.load_until("rt-none", 5) is None
+    assert await store.load("rt-1") == whole
+
+
 async def test_replaying_the_loaded_journal_rebuilds_the_live_tree_at_every_point(store: Store) -> None:
     lived = await (await created(store, "rt-1")).run()
     loaded = await store.load("rt-1")

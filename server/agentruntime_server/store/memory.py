@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,12 @@ class MemoryStore:
     async def load(self, runtime_id: str) -> StoredRuntime | None:
         runtime = self._runtimes.get(runtime_id)
         return None if runtime is None else StoredRuntime(runtime.agents, list(runtime.entries))
+
+    async def load_until(self, runtime_id: str, upto_event: int) -> StoredRuntime | None:
+        runtime = self._runtimes.get(runtime_id)
+        if runtime is None:
+            return None
+        return StoredRuntime(runtime.agents, list(itertools.takewhile(lambda e: e.first_event <= upto_event, runtime.entries)))
 
     async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         runtime = self._runtimes[runtime_id]

@@ -162,6 +162,13 @@ class Store(Protocol):
 
     async def load(self, runtime_id: str) -> StoredRuntime | None: ...
 
+    async def load_until(self, runtime_id: str, upto_event: int) -> StoredRuntime | None:
+        """A runtime's definitions and its journal's first entries, as load has them: every
+        entry whose first event is `upto_event` or before (so the one that made that event, and
+        every entry before it), and none after. A read alone: the store learns nothing of the
+        runtime from it (a fork reads its source so: domain/runtime/forks.py)."""
+        ...
+
     async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         """Every entry that made an event numbered above `after_event`, in order (and the
         entries without events between them); with `limit`, only the first `limit` of them.

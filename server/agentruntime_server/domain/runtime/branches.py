@@ -78,11 +78,14 @@ class Branches:
                 except RequestIdTaken:
                     continue  # another replica kept this id first: its answer
 
-    async def _source(self, source_id: str, tenant: str) -> StoredRuntime:
+    async def _source(self, source_id: str, tenant: str, upto_event: int | None = None) -> StoredRuntime:
+        """The source as acknowledged: whole, or (a fork's) up to the step that made `upto_event`."""
         service = self.service
         key = service._key(source_id, tenant)
-        await service.services.store.flush()  # what this process appended of it is in the store
-        return forks.source_of(await service.services.store.load(key), source_id)
+        store = service.services.store
+        await store.flush()  # what this process appended of it is in the store
+        stored = await (store.load(key) if upto_event is None else store.load_until(key, upto_event))
+        return forks.source_of(stored, source_id)
 
     async def _definitions(
         self, source: tuple[AgentSpec, ...], replacements: tuple[AgentSpec, ...], found: Sequence[FieldViolation]
@@ -111,7 +114,7 @@ class Branches:
         tenant: str,
         reply: TenantReply | None,
     ) -> Runtime:
-        stored = await self._source(source_id, tenant)
+        stored = await self._source(source_id, tenant, max(at_seq, 0))
         prefix, fork_seq = forks.cut(stored, at_seq)
         agents, replaced = await self._definitions(stored.agents, changes.agents, found)
         fork_id, key = await self.service.new_key(fork_id, tenant)

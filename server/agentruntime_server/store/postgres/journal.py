@@ -96,6 +96,17 @@ class Journal(GroupCommit):
         return StoredRuntime(_AGENTS.validate_json(agents), entries)
 
     @guarded
+    async def load_until(self, runtime_id: str, upto_event: int) -> StoredRuntime | None:
+        await self._settle()
+        pool = await self.pool()
+        async with pool.acquire() as connection, connection.transaction(isolation="repeatable_read", readonly=True):
+            agents = await connection.fetchval("SELECT agents FROM runtimes WHERE id = $1", runtime_id)
+            if agents is None:
+                return None
+            rows = await connection.fetch(ENTRIES + " AND first_event <= $2 ORDER BY seq", runtime_id, upto_event)
+        return StoredRuntime(_AGENTS.validate_json(agents), [entry(*row) for row in rows])
+
+    @guarded
     async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         await self._settle()
         pool = await self.pool()

@@ -64,6 +64,18 @@ class Journal(GroupCommit):
         )
         return StoredRuntime(_AGENTS.validate_json(row[0]), [entry for values in rows for entry in ungrouped(*values)])
 
+    async def load_until(self, runtime_id: str, upto_event: int) -> StoredRuntime | None:
+        self._before_read()
+        row = self._db.execute("SELECT agents FROM runtimes WHERE id = ?", (runtime_id,)).fetchone()
+        if row is None:
+            return None
+        rows = self._db.execute(
+            "SELECT seq, at, first_event, last_event, step FROM journal WHERE runtime_id = ? AND first_event <= ? ORDER BY seq",
+            (runtime_id, upto_event),
+        )
+        entries = [entry for values in rows for entry in ungrouped(*values) if entry.first_event <= upto_event]
+        return StoredRuntime(_AGENTS.validate_json(row[0]), entries)
+
     async def entries_after_event(self, runtime_id: str, after_event: int, limit: int | None = None) -> list[Entry]:
         self._before_read()
         if limit is None:
