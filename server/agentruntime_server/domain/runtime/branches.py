@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from ..definitions.mcp_tools import with_mcp_tools
-from ..errors import FieldViolation, InvalidArgument, RequestIdTaken
+from ..errors import FieldViolation, InvalidArgument
 from ..journal import Configured, Entry
 from ..ports import Origin, StoredRuntime, TenantReply
 from ..vocabulary import AgentSpec, RuntimeOptions, UnrecordedCalls
@@ -17,7 +17,6 @@ from .request_ids import RequestKey
 from .runtime import Runtime
 from .service import RuntimeService
 
-Made = Callable[[TenantReply | None], Awaitable[Runtime]]
 SETTLED_POLL = 0.05  # seconds between looks at a replay whose roots no task of this process runs
 
 
@@ -37,10 +36,10 @@ class Branches:
     ) -> Runtime:
         """The fork (`request`: or the one the request id's first call made)."""
 
-        async def make(reply: TenantReply | None) -> Runtime:
-            return await self._fork(source_id, at_seq, fork_id, changes, found, tenant, reply)
+        async def make() -> str:
+            return (await self._fork(source_id, at_seq, fork_id, changes, found, tenant, request)).id
 
-        return await self._once("ForkRuntime", tenant, request, make)
+        return await self.service.readable(await self._once("ForkRuntime", tenant, request, make), tenant)
 
     async def replay(
         self,
@@ -55,33 +54,22 @@ class Branches:
         """The replay, created (`request`: or the one the request id's first call made) and
         driven: its roots go through their recorded runs (replays.driving)."""
 
-        async def make(reply: TenantReply | None) -> Runtime:
-            return await self._replay(source_id, replacements, unrecorded, replay_id, found, tenant, reply)
+        async def make() -> str:
+            return (await self._replay(source_id, replacements, unrecorded, replay_id, found, tenant, request)).id
 
         made = await self._once("ReplayRuntime", tenant, request, make)
-        runtime = await self.service.runtime(made.id, tenant)  # taken over: its runs go on here
+        runtime = await self.service.runtime(made, tenant)  # taken over: its runs go on here
         replays.driving(runtime)
         return runtime
 
-    async def _once(self, rpc: str, tenant: str, request: RequestKey | None, make: Made) -> Runtime:
-        if request is None:
-            return await make(None)
-        service = self.service
-        async with service.requests_served.turn(f"{tenant}\n{request.id}"):
-            while True:
-                earlier = await service._earlier_reply(tenant, "", rpc, request)
-                if earlier is not None:
-                    return await service.readable(earlier.runtime_id, tenant)
-                reply = TenantReply(tenant, "", request.id, rpc, request.digest, "", service.services.clock.time())
-                try:
-                    return await make(reply)
-                except RequestIdTaken:
-                    continue  # another replica kept this id first: its answer
+    async def _once(self, rpc: str, tenant: str, request: RequestKey | None, make: Callable[[], Awaitable[str]]) -> str:
+        """The id of the runtime `make` creates, or (`request`) of the one the request id's first call made."""
+        return await (make() if request is None else self.service.replies.created_once(rpc, tenant, request, make))
 
     async def _source(self, source_id: str, tenant: str, upto_event: int | None = None) -> StoredRuntime:
         """The source as acknowledged: whole, or (a fork's) up to the step that made `upto_event`."""
         service = self.service
-        key = service._key(source_id, tenant)
+        key = service.key_of(source_id, tenant)
         store = service.services.store
         await store.flush()  # what this process appended of it is in the store
         stored = await (store.load(key) if upto_event is None else store.load_until(key, upto_event))
@@ -94,14 +82,14 @@ class Branches:
         service = self.service
         agents, replaced = forks.merged(source, replacements)
         if replacements or found:
-            service._check(agents, found, [])
+            service.check_definitions(agents, found, [])
         if any(agent.mcp_servers for agent in replacements):
             # Only definitions that are otherwise right reach out to their MCP servers.
             replacements, unlisted = await with_mcp_tools(replacements, service.services.mcp)
             if unlisted:
                 raise InvalidArgument(unlisted)
             agents, replaced = forks.merged(source, replacements)
-            service._check(agents, (), [])  # the listed tools, schemas and all
+            service.check_definitions(agents, (), [])  # the listed tools, schemas and all
         return agents, replaced
 
     async def _fork(
@@ -112,7 +100,7 @@ class Branches:
         changes: forks.ForkChanges,
         found: Sequence[FieldViolation],
         tenant: str,
-        reply: TenantReply | None,
+        request: RequestKey | None,
     ) -> Runtime:
         stored = await self._source(source_id, tenant, max(at_seq, 0))
         prefix, fork_seq = forks.cut(stored, at_seq)
@@ -121,9 +109,8 @@ class Branches:
         runtime, entries = forks.build(
             fork_id, key, source_id, prefix, fork_seq, agents, replaced, changes, self.service.services
         )
-        return await self._store(
-            runtime, agents, entries, Origin(source_id, fork_seq, runtime.tree.counts, runtime.tree.active), reply
-        )
+        origin = Origin(source_id, fork_seq, runtime.tree.counts, runtime.tree.active)
+        return await self._store(runtime, agents, entries, origin, "ForkRuntime", request)
 
     async def _replay(
         self,
@@ -133,28 +120,37 @@ class Branches:
         replay_id: str,
         found: Sequence[FieldViolation],
         tenant: str,
-        reply: TenantReply | None,
+        request: RequestKey | None,
     ) -> Runtime:
         stored = await self._source(source_id, tenant)
         agents, replaced = await self._definitions(stored.agents, replacements, found)
         replay_id, key = await self.service.new_key(replay_id, tenant)
         services = self.service.services
-        recording = Runtime.restore(source_id, stored, services, self.service._key(source_id, tenant))
+        recording = Runtime.restore(source_id, stored, services, self.service.key_of(source_id, tenant))
         replaying = replays.plan(recording.tree, stored.entries, {agent.name: agent for agent in agents}, replaced, unrecorded)
         runtime = Runtime(replay_id, agents, services, key)
         options = recording.tree.options
         entries = runtime.journal.first(
             *([Configured(options)] if options != RuntimeOptions() else []), *replays.first_steps(replaying)
         )
-        return await self._store(runtime, agents, entries, Origin(source_id, 0, runtime.tree.counts, runtime.tree.active), reply)
+        origin = Origin(source_id, 0, runtime.tree.counts, runtime.tree.active)
+        return await self._store(runtime, agents, entries, origin, "ReplayRuntime", request)
 
     async def _store(
-        self, runtime: Runtime, agents: tuple[AgentSpec, ...], entries: list[Entry], origin: Origin, reply: TenantReply | None
+        self,
+        runtime: Runtime,
+        agents: tuple[AgentSpec, ...],
+        entries: list[Entry],
+        origin: Origin,
+        rpc: str,
+        request: RequestKey | None,
     ) -> Runtime:
         """Stored whole, in one write with the request id's answer, or not at all."""
         service = self.service
-        if reply is not None:
-            reply = TenantReply(reply.tenant, "", reply.request_id, reply.rpc, reply.digest, runtime.id, reply.at)
+        reply = None
+        if request is not None:
+            now = service.services.clock.time()
+            reply = TenantReply(runtime.tenant, "", request.id, rpc, request.digest, runtime.id, now)
         quota = service.tenancy.quotas(runtime.tenant).runtimes
         await service.services.store.create_runtime(runtime.key, agents, runtime.tenant, entries, quota, reply, origin)
         runtime.journal.stored()

@@ -35,14 +35,14 @@ from ..tenancy.quotas import StreamQuota
 from ..vocabulary import AgentSpec, RuntimeOptions
 from ..watching.event_log import tell_gone
 from .cache import RuntimeCache
-from .request_ids import OneAtATime, RequestKey
+from .request_ids import RequestKey
 from .runtime import Runtime
+from .tenant_replies import TenantReplies
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TENANT = "default"
 CHECKED_KEPT = 64  # definitions objects known to pass their checks
-PRUNE_REPLIES_EVERY = 60.0  # seconds: a tenant's expired CreateRuntime/DeleteRuntime answers go at most this often
 
 
 def runtime_key(tenant: str, runtime_id: str) -> str:
@@ -74,8 +74,7 @@ class RuntimeService:
         self.cache.tenancy = self.tenancy
         self._recovering: asyncio.Task[None] | None = None  # replicas: the takeover of dead replicas' runtimes under way
         self.recovered = 0  # handles continued from their journal since the start
-        self.requests_served = OneAtATime()  # CreateRuntime and DeleteRuntime calls with request ids
-        self._replies_pruned = 0.0
+        self.replies = TenantReplies(services)  # the answers of calls that create or delete runtimes
         self._checked: SameObjects[tuple[AgentSpec, ...], bool] = SameObjects(CHECKED_KEPT)
         services.leases.on_lost(self.cache.lost)
         # The store going away (docs/durability.md#store-unavailable): the copies it did not
@@ -129,26 +128,6 @@ class RuntimeService:
         await self.tenancy.check_runtimes(tenant)
         await self.tenancy.check_store(tenant)
 
-    async def _earlier_reply(self, tenant: str, scope: str, rpc: str, request: RequestKey) -> TenantReply | None:
-        """The answer kept for the request id, if it is recent enough to count; the same id
-        with another request is refused."""
-        ttl = self.services.limits.request_id_ttl
-        now = self.services.clock.time()
-        earlier = await self.services.store.reply(tenant, scope, request.id)
-        if earlier is not None and earlier.at < now - ttl:
-            await self._prune_replies(now, force=True)  # so that the id can be kept again
-            earlier = None
-        elif now - self._replies_pruned > PRUNE_REPLIES_EVERY:
-            await self._prune_replies(now)
-        if earlier is not None and not request.matches(rpc, earlier.rpc, earlier.digest):
-            raise RequestIdReused(request.id, rpc)
-        return earlier
-
-    async def _prune_replies(self, now: float, force: bool = False) -> None:
-        if force or now - self._replies_pruned > PRUNE_REPLIES_EVERY:
-            self._replies_pruned = now
-            await self.services.store.forget_replies_before(now - self.services.limits.request_id_ttl)
-
     async def create_runtime(
         self,
         runtime_id: str,
@@ -162,15 +141,11 @@ class RuntimeService:
         created). `found`: what the edge found wrong decoding the definitions."""
         if request is None:
             return (await self._create(runtime_id, agents, found, options, tenant, None)).id
-        async with self.requests_served.turn(f"{tenant}\n{request.id}"):
-            while True:
-                earlier = await self._earlier_reply(tenant, "", "CreateRuntime", request)
-                if earlier is not None:
-                    return earlier.runtime_id
-                try:
-                    return (await self._create(runtime_id, agents, found, options, tenant, request)).id
-                except RequestIdTaken:
-                    continue  # another replica kept this id first, since the look above: its answer
+
+        async def create() -> str:
+            return (await self._create(runtime_id, agents, found, options, tenant, request)).id
+
+        return await self.replies.created_once("CreateRuntime", tenant, request, create)
 
     async def _create(
         self,
@@ -187,7 +162,7 @@ class RuntimeService:
         else:
             runtime_id = new_runtime_id(self.services.clock.time())
         options = options or RuntimeOptions()
-        self._check(agents, found, check_options(options, self.services))
+        self.check_definitions(agents, found, check_options(options, self.services))
         key = runtime_key(tenant, runtime_id)
         if any(agent.mcp_servers for agent in agents):
             # Only definitions that are otherwise right, for a runtime that may be created,
@@ -213,7 +188,9 @@ class RuntimeService:
         await self.take_over(runtime)  # nothing to arm or continue yet: it is this process's from the start
         return runtime
 
-    def _check(self, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation], options: list[FieldViolation]) -> None:
+    def check_definitions(
+        self, agents: tuple[AgentSpec, ...], found: Sequence[FieldViolation], options: list[FieldViolation]
+    ) -> None:
         """The definitions and options checked (InvalidArgument with every violation): the same
         definitions object (the edge's for the same AgentDefs) is checked once a process."""
         if found or self._checked.get(agents) is None:
@@ -226,7 +203,7 @@ class RuntimeService:
     # ---- reading, and taking over -----------------------------------------------------------
 
     @staticmethod
-    def _key(runtime_id: str, tenant: str) -> str:
+    def key_of(runtime_id: str, tenant: str) -> str:
         if not RUNTIME_ID.fullmatch(runtime_id):
             raise NotFound("runtime", runtime_id, "create it with CreateRuntime first")
         return runtime_key(tenant, runtime_id)
@@ -235,7 +212,7 @@ class RuntimeService:
         """A tenant's runtime, run by this process: loaded (`loaded`) and taken over, for a verb
         that changes it. Another tenant's answers exactly as one that does not exist: an id
         that is not a slug (`acme:demo`) names no runtime of any caller."""
-        runtime = await self.cache.load(runtime_id, self._key(runtime_id, tenant))
+        runtime = await self.cache.load(runtime_id, self.key_of(runtime_id, tenant))
         await self.take_over(runtime)
         return runtime
 
@@ -244,7 +221,7 @@ class RuntimeService:
         not in memory, and not taken over by the load. On replicas its lease is taken (a live
         owner elsewhere: OwnedElsewhere, the call goes there), and a claimed lease is a
         take-over: while this replica lives, no other one would run it."""
-        runtime = await self.cache.load(runtime_id, self._key(runtime_id, tenant))
+        runtime = await self.cache.load(runtime_id, self.key_of(runtime_id, tenant))
         if self.leases.shared:
             await self.take_over(runtime)
         return runtime
@@ -264,7 +241,7 @@ class RuntimeService:
         """A runtime to read (Inspect, List, GetTranscript): never taken over by the read.
         Replicas read one that another replica runs, or that nobody runs, from the database
         as acknowledged, without taking its lease."""
-        return await self.cache.read(runtime_id, self._key(runtime_id, tenant))
+        return await self.cache.read(runtime_id, self.key_of(runtime_id, tenant))
 
     async def take_over(self, runtime: Runtime) -> None:
         """This process runs the runtime from now on (Runtime.take_over): its heartbeats and
@@ -396,9 +373,9 @@ class RuntimeService:
         runtime (a repeat is answered as the first was, not NOT_FOUND)."""
         if request is None:
             return await self._delete(runtime_id, force, tenant, None)
-        async with self.requests_served.turn(f"{tenant}\n{runtime_id}\n{request.id}"):
+        async with self.replies.served.turn(f"{tenant}\n{runtime_id}\n{request.id}"):
             while True:
-                if await self._earlier_reply(tenant, runtime_id, "DeleteRuntime", request) is not None:
+                if await self.replies.earlier(tenant, runtime_id, "DeleteRuntime", request) is not None:
                     return None
                 await self._refuse_ids_of_the_runtime(runtime_id, tenant, request)
                 reply = TenantReply(
