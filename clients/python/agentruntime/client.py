@@ -85,6 +85,7 @@ _DETAIL_TYPES = (
 )
 _Detail = TypeVar("_Detail", bound=Message)
 _Item = TypeVar("_Item")
+_Answered = TypeVar("_Answered")  # what a long wait's attempts answer (a WaitResponse, a ReplayRuntimeResponse)
 
 
 def _retryable(error: AgentRuntimeError, own_deadline: bool = False) -> bool:
@@ -485,14 +486,38 @@ class Client:
         failing (UNAVAILABLE STORE_BROKEN) fails the wait after the window."""
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
+
+        def next_slice() -> float:
+            remaining = None if end is None else max(end - loop.time(), 0.0)
+            return WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
+
+        async def attempt(slice_: float) -> pb.WaitResponse:
+            request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=_duration(slice_))
+            response: pb.WaitResponse = await self._attempt(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
+            return response
+
+        waited = await self._long_wait(attempt, next_slice, lambda response: response.result.status != pb.STATUS_TIMEOUT, end)
+        return waited.result
+
+    async def _long_wait(
+        self,
+        attempt: Callable[[float], Awaitable[_Answered]],
+        next_slice: Callable[[], float],
+        done: Callable[[_Answered], bool],
+        end: float | None,
+    ) -> _Answered:
+        """Wait's and replay_runtime's loop: an attempt asks the server to wait at most a slice
+        (under its own deadline, WAIT_MARGIN past it) and is made again until its answer is
+        `done` or `end` passes; a failed one is retried as every call is (`_retryable`, with
+        backoff and jitter, at least the RetryInfo's delay), for a run of failures of at most
+        the retry window and never past `end`."""
+        loop = asyncio.get_running_loop()
         failures = self._failures()
         while True:
-            remaining = None if end is None else max(end - loop.time(), 0.0)
-            slice_ = WAIT_SLICE if remaining is None else min(WAIT_SLICE, remaining)
-            request = pb.WaitRequest(runtime_id=runtime_id, handle_id=handle_id, timeout=_duration(slice_))
+            slice_ = next_slice()
             started = loop.time()
             try:
-                response = await self._attempt(self._stub.Wait, request, timeout=slice_ + WAIT_MARGIN)
+                answered = await attempt(slice_)
             except AgentRuntimeError as error:
                 own_deadline = loop.time() - started >= slice_ + WAIT_MARGIN
                 if not self._retries or not _retryable(error, own_deadline):
@@ -503,9 +528,8 @@ class Client:
                 await asyncio.sleep(pause)
                 continue
             failures.reset()
-            result: pb.TaskResult = response.result
-            if result.status != pb.STATUS_TIMEOUT or (end is not None and loop.time() >= end):
-                return result
+            if done(answered) or (end is not None and loop.time() >= end):
+                return answered
 
     async def resume(self, runtime_id: str, answer: pb.Answer, *, request_id: str | None = None) -> pb.TaskResult:
         """Answers a pending Request and returns the next result (settled, or PENDING again)."""
@@ -675,23 +699,12 @@ class Client:
             timeout=_duration(slice_),
             request_id=_request_id(request_id),
         )
-        failures = self._failures()
-        while True:
-            started = loop.time()
-            try:
-                response: pb.ReplayRuntimeResponse = await self._attempt(self._stub.ReplayRuntime, request, slice_ + WAIT_MARGIN)
-            except AgentRuntimeError as error:
-                own_deadline = loop.time() - started >= slice_ + WAIT_MARGIN
-                if not self._retries or not _retryable(error, own_deadline):
-                    raise
-                pause = failures.pause(error, loop.time(), _jittered(RETRY_BASE, failures.count, RETRY_CAP), end)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
-                continue
-            failures.reset()
-            if response.settled or (end is not None and loop.time() >= end):
-                return response
+
+        async def attempt(slice_: float) -> pb.ReplayRuntimeResponse:
+            response: pb.ReplayRuntimeResponse = await self._attempt(self._stub.ReplayRuntime, request, slice_ + WAIT_MARGIN)
+            return response
+
+        return await self._long_wait(attempt, lambda: slice_, lambda response: response.settled, end)
 
     async def delete_runtime(self, runtime_id: str, force: bool = False, *, request_id: str | None = None) -> None:
         """Closes the runtime and deletes everything stored of it; `force` interrupts running
