@@ -9,6 +9,7 @@ from typing import Any
 
 from agentruntime.v1 import agent_runtime_pb2 as pb
 from agentruntime.v1 import agent_runtime_pb2_grpc as pb_grpc
+from google.protobuf import json_format
 
 from tests.support.build import agent, http_tool
 from tests.support.model_server import Reply, ScriptedModelServer, last_user, tool_results
@@ -145,6 +146,4 @@ def figures_at(events: list[pb.Event]) -> dict[str, dict[str, int]]:
 
 
 def journal_json(event: pb.Event) -> str:
-    from google.protobuf import json_format
-
     return json.dumps(json_format.MessageToDict(event), sort_keys=True)
